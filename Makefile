@@ -1,0 +1,204 @@
+# tensordd -- one entry point: deps, all, run, test, bench, format, clean.
+#
+#   make            build everything into build/
+#   make run        install what is missing, build, run a real session over the wire
+#   make test       install what is missing, build, run every suite
+#   make SAN=address,undefined test    the same under sanitizers (output in build/san/)
+
+SHELL := /bin/bash
+PY ?= /usr/bin/python3
+SAN ?=
+WERROR ?= 1
+
+ifeq ($(SAN),)
+BUILD ?= build
+else
+BUILD ?= build/san
+endif
+
+# Debian packages the project needs; `make deps` installs the missing ones.
+APT_PKGS := build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
+            protobuf-compiler libopenblas-dev check libsubunit-dev python3 python3-numpy \
+            python3-protobuf python3-pytest python3-sklearn python3-torch procps
+
+CC ?= cc
+PKGS := libuv libprotobuf-c check
+OPENBLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+OPENBLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+
+WARN := -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 \
+        -Wconversion -Wvla -Wundef
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+OPT ?= -O2 -g
+CPPFLAGS := -D_GNU_SOURCE -Iclient -Iproto -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
+CFLAGS := -std=c11 $(OPT) -fPIC -pthread $(WARN)
+LDFLAGS := -pthread
+ifneq ($(SAN),)
+CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SAN)
+endif
+
+# CUDA: compiled and linked when nvcc is found; the daemon still starts without a driver.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+HAVE_CUDA := 1
+CUDA_CPPFLAGS := -DTDD_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt
+NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=compute_90
+else
+HAVE_CUDA := 0
+endif
+
+GEN := $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h
+PYGEN := client/python/tensordd/tensordd_pb2.py
+
+COMMON_SRC := proto/frame.c $(wildcard common/*.c)
+BACKEND_SRC := backends/tensor.c backends/ops.c $(wildcard backends/ops_*.c) \
+               $(wildcard backends/ref/*.c) $(wildcard backends/cpu/*.c)
+ifeq ($(HAVE_CUDA),1)
+BACKEND_SRC += $(wildcard backends/cuda/*.c)
+CUDA_CU := $(wildcard backends/cuda/*.cu)
+else
+BACKEND_SRC += backends/cuda/none.c
+endif
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CLIENT_SRC := $(wildcard client/lib/*.c)
+TDCTL_SRC := $(wildcard client/tdctl/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+GEN_OBJ := $(BUILD)/obj/gen/tensordd.pb-c.o
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(GEN_OBJ)
+BACKEND_OBJ := $(call obj,$(BACKEND_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+
+DAEMON_LIBS := $(shell pkg-config --libs libuv libprotobuf-c 2>/dev/null) $(OPENBLAS_LIBS) \
+               -fopenmp -lm $(CUDA_LIBS)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BUILD)/tdctl \
+           $(BUILD)/tensordd.pc $(PYGEN)
+
+.PHONY: all deps run test test-unit test-integration test-python test-fuzz bench clean format \
+        lint check-deps
+.DEFAULT_GOAL := all
+
+all: $(TARGETS)
+
+# ---------------------------------------------------------------- deps
+deps:
+	@missing=""; for p in $(APT_PKGS); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	    echo "deps: installing$$missing"; \
+	    if [ "$$(id -u)" != 0 ]; then echo "deps: need root to apt-get install:$$missing" >&2; exit 1; fi; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    (apt-get install -y -q --no-install-recommends $$missing || \
+	     (apt-get update -q && apt-get install -y -q --no-install-recommends $$missing)) >$(or $(TMPDIR),/tmp)/tensordd-deps.log 2>&1 \
+	     || { tail -20 $(or $(TMPDIR),/tmp)/tensordd-deps.log; exit 1; }; \
+	else echo "deps: all installed"; fi
+
+# ---------------------------------------------------------------- generated code
+$(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h: proto/tensordd.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+
+$(PYGEN): proto/tensordd.proto
+	protoc --python_out=client/python/tensordd -Iproto $<
+
+# generated code is not ours to warn about
+$(GEN_OBJ): $(BUILD)/gen/tensordd.pb-c.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -std=c11 $(OPT) -fPIC $(filter -fsanitize=%,$(CFLAGS)) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(BUILD)/gen/tensordd.pb-c.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(call obj,$(wildcard backends/cpu/*.c)): CFLAGS += -fopenmp -O3
+$(call obj,$(wildcard backends/cuda/*.c) daemon/main.c daemon/device.c): CPPFLAGS += $(CUDA_CPPFLAGS)
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC $(NVCC_ARCH) -Iclient -Iproto -Ibackends -c $< -o $@
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---------------------------------------------------------------- products
+$(BUILD)/tensordd: $(call obj,daemon/main.c) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
+	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -o $@
+
+$(BUILD)/libtensordd.a: $(CLIENT_OBJ) $(COMMON_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libtensordd.so: $(CLIENT_OBJ) $(COMMON_OBJ)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensordd.so.0 $^ $(shell pkg-config --libs libprotobuf-c) -o $@
+
+$(BUILD)/tdctl: $(call obj,$(TDCTL_SRC)) $(BUILD)/libtensordd.a
+	$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
+
+PREFIX ?= /usr/local
+$(BUILD)/tensordd.pc: client/tensordd.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+
+# ---------------------------------------------------------------- tests
+UNIT_SRC := $(wildcard tests/unit/*.c)
+INTEG_SRC := $(wildcard tests/integration/*.c)
+TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
+
+$(BUILD)/tests/unit: $(call obj,$(UNIT_SRC)) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) $(CHECK_LIBS) -o $@
+
+$(BUILD)/tests/integration: $(call obj,$(INTEG_SRC)) $(TEST_SUPPORT) $(BUILD)/libtensordd.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(CHECK_LIBS) -o $@
+
+$(BUILD)/tests/fuzz_replay: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -DTDD_FUZZ_REPLAY $^ $(DAEMON_LIBS) -o $@
+
+test: deps
+	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration
+	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz test-python
+
+test-unit: $(BUILD)/tests/unit
+	CK_DEFAULT_TIMEOUT=120 $(BUILD)/tests/unit
+
+test-integration: $(BUILD)/tests/integration $(BUILD)/tensordd
+	CK_DEFAULT_TIMEOUT=300 TDD_BIN=$(BUILD)/tensordd $(BUILD)/tests/integration
+
+test-fuzz:
+	@if [ -f tests/fuzz/fuzz_frame.c ]; then \
+	    $(MAKE) --no-print-directory $(BUILD)/tests/fuzz_replay && \
+	    $(BUILD)/tests/fuzz_replay tests/fuzz/corpus/*; \
+	else echo "fuzz: no targets yet"; fi
+
+test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
+	@if ls tests/python/test_*.py >/dev/null 2>&1; then \
+	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python \
+	        $(PY) -m pytest -q -p no:cacheprovider tests/python; \
+	else echo "python: no tests yet"; fi
+
+# ---------------------------------------------------------------- run
+run: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) PY=$(PY) bash examples/run.sh
+
+bench: all
+	@BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
+
+lint:
+	cppcheck --quiet --enable=warning,performance --inline-suppr -Iclient -Iproto -Ibackends \
+	    -Idaemon daemon backends client proto common
+
+clean:
+	rm -rf build $(PYGEN)

@@ -1,0 +1,45 @@
+/* backend.h -- the table of functions every backend fills (the ggml pattern).
+ *
+ * A backend never aborts on client input: kernels receive only validated
+ * calls (tdd_op_prepare ran first) and return TD_E* codes for anything they
+ * cannot do. Optional slots may be NULL; daemon/device.c supplies defaults. */
+#ifndef TDD_BACKEND_H
+#define TDD_BACKEND_H
+
+#include "ops.h"
+
+typedef struct {
+    int cpu_devices; /* logical cpu devices to expose */
+    int threads;     /* worker threads for the cpu backend; 0 = cores */
+} tdd_backend_config;
+
+typedef struct tdd_backend {
+    const char *name; /* "ref", "cpu", "cuda" */
+    /* Storage is host memory: uploads land and downloads leave directly. */
+    bool host_memory;
+    /* Creates the context; returns the number of devices (>= 0; 0 means the
+     * backend is built but has nothing to serve, e.g. no GPU driver) or a
+     * negative TD_E* code. why (may be NULL) gets a line for the log. */
+    int (*init)(const tdd_backend_config *cfg, void **ctx, char *why, size_t why_len);
+    void (*shutdown)(void *ctx);
+    void (*device_name)(void *ctx, int ordinal, char *buf, size_t len);
+    /* optional: total memory in bytes (0 unknown) */
+    uint64_t (*memory_total)(void *ctx, int ordinal);
+    void *(*alloc)(void *ctx, int ordinal, size_t nbytes);
+    void (*free)(void *ctx, int ordinal, void *p, size_t nbytes);
+    /* optional when host_memory */
+    int (*from_host)(void *ctx, int ordinal, void *dst, const void *src, size_t n);
+    int (*to_host)(void *ctx, int ordinal, void *dst, const void *src, size_t n);
+    /* 0, TD_EUNSUPPORTED_OP or TD_EUNSUPPORTED_DTYPE. optional: all supported */
+    int (*supports)(void *ctx, const tdd_opcall *call);
+    /* Runs one call on the device's worker thread. */
+    int (*execute)(void *ctx, int ordinal, const tdd_opcall *call);
+    /* optional: wait for queued device work */
+    int (*synchronize)(void *ctx, int ordinal);
+} tdd_backend;
+
+extern const tdd_backend tdd_backend_ref;
+extern const tdd_backend tdd_backend_cpu;
+extern const tdd_backend tdd_backend_cuda;
+
+#endif

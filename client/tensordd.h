@@ -1,0 +1,301 @@
+/* tensordd.h -- the one public header of libtensordd, the C client of tensordd.
+ *
+ * Contract (as libuv's): a function returning int returns 0 on success or a
+ * negative TD_E* code; on failure the td_error it was given (may be NULL)
+ * holds the code, a message, the failing request id and a typed detail.
+ *
+ * Ops are asynchronous: td_op() returns the new tensor's handle at once and
+ * sends nothing the daemon must answer. A failed op poisons its outputs; the
+ * session's first error is reported by the next synchronising call
+ * (td_sync, td_download, td_describe, td_backward, td_grad*, ...).
+ */
+#ifndef TENSORDD_H
+#define TENSORDD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TD_PROTOCOL_VERSION 1
+#define TD_MAX_NDIM 8
+
+/* The error list. Numbers equal the protobuf ErrorCode values; a unit test
+ * fails if the two drift. XX(name, number, message) */
+#define TD_ERRNO_MAP(XX)                                                                         \
+    XX(INVALID_ARGUMENT, 1, "invalid argument")                                                  \
+    XX(UNKNOWN_HANDLE, 2, "unknown handle")                                                      \
+    XX(WRONG_HANDLE_KIND, 3, "handle is of the wrong kind")                                      \
+    XX(BACKEND_MISMATCH, 4, "tensors are on different backends")                                 \
+    XX(DEVICE_MISMATCH, 5, "tensors are on different devices")                                   \
+    XX(DTYPE_MISMATCH, 6, "tensors have different dtypes")                                       \
+    XX(SHAPE_MISMATCH, 7, "tensor shapes do not match")                                          \
+    XX(NOT_TRACKED, 8, "tensor is not tracked by autodiff")                                      \
+    XX(UNSUPPORTED_OP, 9, "operation not supported")                                             \
+    XX(UNSUPPORTED_DTYPE, 10, "dtype not supported")                                             \
+    XX(DEVICE_UNAVAILABLE, 11, "device unavailable")                                             \
+    XX(RESOURCE_EXHAUSTED, 12, "resource exhausted")                                             \
+    XX(POISONED, 13, "input was produced by a failed request")                                   \
+    XX(PROTOCOL_ERROR, 14, "protocol error")                                                     \
+    XX(FRAME_TOO_LARGE, 15, "frame too large")                                                   \
+    XX(VERSION_MISMATCH, 16, "protocol version mismatch")                                        \
+    XX(UNAUTHENTICATED, 17, "unauthenticated")                                                   \
+    XX(INTERNAL, 18, "internal error")                                                           \
+    XX(HANDLE_IN_USE, 19, "handle id already in use")                                            \
+    XX(IO, 20, "i/o error")                                                                      \
+    XX(TIMEOUT, 21, "timed out")                                                                 \
+    XX(CLOSED, 22, "connection closed")
+
+typedef enum {
+    TD_OK = 0,
+#define TD__ERR_ENUM(name, num, msg) TD_E##name = -(num),
+    TD_ERRNO_MAP(TD__ERR_ENUM)
+#undef TD__ERR_ENUM
+        TD_ERRNO_COUNT = 23 /* one past the largest number */
+} td_errno;
+
+/* "SHAPE_MISMATCH" for TD_ESHAPE_MISMATCH; "UNKNOWN" for anything else. */
+const char *td_err_name(int code);
+/* A one-line English description of the code. */
+const char *td_strerror(int code);
+
+/* Values equal the protobuf DType. */
+typedef enum {
+    TD_DTYPE_INVALID = 0,
+    TD_F32 = 1,
+    TD_F64 = 2,
+    TD_F16 = 3,
+    TD_BF16 = 4,
+    TD_I32 = 5,
+    TD_I64 = 6,
+    TD_BOOL = 7,
+    TD_DTYPE_COUNT = 8
+} td_dtype;
+
+const char *td_dtype_name(td_dtype dt); /* "float32", "int64", ... (numpy's names) */
+size_t td_dtype_size(td_dtype dt);      /* bytes per element; 0 if invalid */
+
+/* Handle kinds, as in the protobuf HandleKind. */
+typedef enum {
+    TD_HANDLE_NONE = 0,
+    TD_HANDLE_TENSOR = 1,
+    TD_HANDLE_GRADIENTS = 2,
+    TD_HANDLE_OPTIMIZER = 3
+} td_handle_kind;
+
+typedef struct {
+    char backend[16];
+    uint32_t ordinal;
+} td_device;
+
+/* Which member of td_error.detail is meaningful. */
+typedef enum {
+    TD_DETAIL_NONE = 0,
+    TD_DETAIL_DEVICES,       /* BACKEND_MISMATCH, DEVICE_MISMATCH */
+    TD_DETAIL_DTYPES,        /* DTYPE_MISMATCH */
+    TD_DETAIL_SHAPES,        /* SHAPE_MISMATCH */
+    TD_DETAIL_HANDLE,        /* UNKNOWN_HANDLE */
+    TD_DETAIL_HANDLE_KIND,   /* WRONG_HANDLE_KIND */
+    TD_DETAIL_POISONED,      /* POISONED */
+    TD_DETAIL_RESOURCE,      /* RESOURCE_EXHAUSTED */
+    TD_DETAIL_VERSION,       /* VERSION_MISMATCH */
+    TD_DETAIL_ARGUMENT       /* INVALID_ARGUMENT naming the attribute */
+} td_detail_kind;
+
+typedef struct {
+    int code;           /* TD_E*, 0 if none */
+    uint64_t request_id; /* the request that failed; 0 if local */
+    char message[256];
+    td_detail_kind detail_kind;
+    union {
+        struct {
+            td_device target, grad; /* grad_replace: target tensor, offered gradient */
+            uint32_t target_index, grad_index;
+        } devices;
+        struct {
+            td_dtype target, grad;
+        } dtypes;
+        struct {
+            int expected_ndim, got_ndim;
+            int64_t expected[TD_MAX_NDIM], got[TD_MAX_NDIM];
+        } shapes;
+        struct {
+            uint64_t handle;
+        } handle;
+        struct {
+            uint64_t handle;
+            td_handle_kind expected, got;
+        } handle_kind;
+        struct {
+            uint64_t handle, origin_request;
+            int origin_code; /* TD_E* */
+        } poisoned;
+        struct {
+            char resource[32];
+            uint64_t requested, available;
+        } resource;
+        struct {
+            uint32_t server_min, server_max;
+        } version;
+        struct {
+            char argument[32];
+        } argument;
+    } detail;
+} td_error;
+
+/* ------------------------------------------------------------------ client */
+
+typedef struct td_client td_client;
+typedef uint64_t td_handle; /* 0 is never a valid handle */
+
+typedef struct {
+    const char *token;       /* NULL: none */
+    const char *client_name; /* NULL: "libtensordd" */
+    int timeout_ms;          /* per blocking call; 0: wait forever */
+} td_connect_opts;
+
+/* endpoint: "tcp://HOST:PORT" or "unix:///PATH". opts may be NULL. */
+int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **out, td_error *err);
+/* Says Goodbye, closes the connection; the daemon frees everything the session held. */
+void td_close(td_client *c);
+/* Text the daemon sent with Hello (e.g. that it serves CPU backends only). */
+const char *td_server_note(const td_client *c);
+uint64_t td_session_id(const td_client *c);
+
+typedef struct {
+    td_device device;
+    char name[64];
+    uint64_t memory_total, memory_used;
+} td_device_info;
+
+/* Fills up to cap entries, sets *n to the number of devices (may exceed cap). */
+int td_list_devices(td_client *c, td_device_info *out, size_t cap, size_t *n, td_error *err);
+
+/* Parses "cpu:0" / "ref" / "cuda:1". Returns TD_EINVALID_ARGUMENT on bad text. */
+int td_device_parse(const char *text, td_device *out);
+/* Writes "cpu:0". */
+void td_device_format(const td_device *d, char *buf, size_t len);
+
+/* Tensor metadata. */
+typedef struct {
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_NDIM];
+    td_device device;
+    int requires_grad;
+} td_tensor_info;
+
+/* Uploads data (C order, numel*itemsize bytes) to a new tensor on device.
+ * Asynchronous: errors surface at the next synchronising call. */
+int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim,
+              const int64_t *shape, const void *data, int requires_grad, td_handle *out,
+              td_error *err);
+
+/* Downloads a tensor into buf (cap bytes). Synchronising. info may be NULL. */
+int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info *info,
+                td_error *err);
+
+/* Shape, dtype and device of a tensor. Synchronising. */
+int td_describe(td_client *c, td_handle h, td_tensor_info *info, td_error *err);
+
+/* ---- ops */
+
+typedef enum { TD_ATTR_INT = 1, TD_ATTR_FLOAT, TD_ATTR_BOOL, TD_ATTR_INTS, TD_ATTR_FLOATS, TD_ATTR_STR } td_attr_kind;
+
+typedef struct {
+    const char *name;
+    td_attr_kind kind;
+    int64_t i;
+    double f;
+    int b;
+    const int64_t *ints;
+    const double *floats;
+    size_t n; /* length of ints/floats */
+    const char *s;
+} td_attr;
+
+/* Convenience constructors. */
+td_attr td_attr_int(const char *name, int64_t v);
+td_attr td_attr_float(const char *name, double v);
+td_attr td_attr_bool(const char *name, int v);
+td_attr td_attr_ints(const char *name, const int64_t *v, size_t n);
+
+typedef struct {
+    const td_device *device; /* creation ops; NULL: cpu:0 */
+    td_dtype dtype;          /* creation ops, cast; 0: default */
+    int requires_grad;
+    const td_attr *attrs;
+    size_t nattrs;
+    int want_reply; /* wait for the daemon's verdict (synchronous) */
+} td_op_opts;
+
+/* Runs op `name` (PyTorch's names) on inputs; writes n_out new handles.
+ * Asynchronous unless opts->want_reply. opts may be NULL. */
+int td_op(td_client *c, const char *name, const td_handle *inputs, size_t n_in,
+          const td_op_opts *opts, td_handle *outputs, size_t n_out, td_error *err);
+/* One-output shorthand: returns the new handle, or 0 if the call failed locally. */
+td_handle td_op1(td_client *c, const char *name, const td_handle *inputs, size_t n_in,
+                 const td_op_opts *opts, td_error *err);
+
+/* Copies a tensor to another device (keeps the autodiff graph). */
+int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out,
+                 td_error *err);
+
+/* Waits until every earlier request has run; reports the session's first error. */
+int td_sync(td_client *c, td_error *err);
+
+/* Releases handles (batched; sent with the next request). */
+int td_release(td_client *c, const td_handle *hs, size_t n, td_error *err);
+
+/* Sends buffered requests now. */
+int td_flush(td_client *c, td_error *err);
+
+/* Round trip with no work (Sync of an idle session); for tdctl ping. */
+int td_ping(td_client *c, td_error *err);
+
+/* ---- daemon statistics */
+
+typedef struct {
+    uint64_t sessions, handles, bytes_received, bytes_sent, requests, tensors_alive, uptime_ms;
+    uint64_t errors[TD_ERRNO_COUNT]; /* by number (index = -code) */
+    size_t ndevices;
+    struct {
+        td_device device;
+        uint64_t bytes_in_use, peak_bytes;
+    } memory[16];
+    size_t nsessions; /* may exceed the 64 listed */
+    struct {
+        uint64_t session_id, handles, bytes_in_use, requests;
+        char peer[64], client_name[64];
+    } session_list[64];
+} td_stats;
+
+int td_stats_get(td_client *c, td_stats *out, td_error *err);
+
+/* ---- autodiff */
+
+/* Runs the backward pass of loss in the daemon; *grads is a Gradients handle.
+ * grad_output 0: loss must be a single element and its gradient is 1. */
+int td_backward(td_client *c, td_handle loss, td_handle grad_output, int retain_graph,
+                td_handle *grads, td_error *err);
+/* A new tensor handle holding t's gradient in grads. */
+int td_grad(td_client *c, td_handle grads, td_handle t, td_handle *out, td_error *err);
+/* Takes t's gradient out of grads and returns it as a new handle. */
+int td_grad_remove(td_client *c, td_handle grads, td_handle t, td_handle *out, td_error *err);
+/* Installs g as t's gradient after checking grads, tracking, backend, device, dtype, shape. */
+int td_grad_replace(td_client *c, td_handle grads, td_handle t, td_handle g, td_error *err);
+/* Enables or disables graph recording for the session (no-grad mode). */
+int td_set_grad_enabled(td_client *c, int enabled, td_error *err);
+
+/* kind: "sgd", "adam", "adamw"; attrs: lr, momentum, dampening, nesterov, weight_decay,
+ * beta1, beta2, eps. */
+int td_optimizer_create(td_client *c, const char *kind, const td_handle *params, size_t n,
+                        const td_attr *attrs, size_t nattrs, td_handle *out, td_error *err);
+int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TENSORDD_H */

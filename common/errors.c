@@ -1,0 +1,51 @@
+/* errors.c -- names and messages of the TD_E* codes, expanded from TD_ERRNO_MAP. */
+#include <stddef.h>
+
+#include "tensordd.h"
+
+const char *td_err_name(int code)
+{
+    switch (code) {
+    case 0:
+        return "OK";
+#define XX(name, num, msg)                                                                         \
+    case -(num):                                                                                   \
+        return #name;
+        TD_ERRNO_MAP(XX)
+#undef XX
+    }
+    return "UNKNOWN";
+}
+
+const char *td_strerror(int code)
+{
+    switch (code) {
+    case 0:
+        return "success";
+#define XX(name, num, msg)                                                                         \
+    case -(num):                                                                                   \
+        return msg;
+        TD_ERRNO_MAP(XX)
+#undef XX
+    }
+    return "unknown error";
+}
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[TD_DTYPE_COUNT] = {
+    [TD_DTYPE_INVALID] = {"invalid", 0}, [TD_F32] = {"float32", 4}, [TD_F64] = {"float64", 8},
+    [TD_F16] = {"float16", 2},           [TD_BF16] = {"bfloat16", 2}, [TD_I32] = {"int32", 4},
+    [TD_I64] = {"int64", 8},             [TD_BOOL] = {"bool", 1},
+};
+
+const char *td_dtype_name(td_dtype dt)
+{
+    return (unsigned)dt < TD_DTYPE_COUNT ? dtypes[dt].name : "invalid";
+}
+
+size_t td_dtype_size(td_dtype dt)
+{
+    return (unsigned)dt < TD_DTYPE_COUNT ? dtypes[dt].size : 0;
+}
