@@ -255,6 +255,12 @@ int td_flush(td_client *c, td_error *err);
 /* Round trip with no work (Sync of an idle session); for tdctl ping. */
 int td_ping(td_client *c, td_error *err);
 
+/* Progress of one large payload transfer (upload or download): done of total bytes.
+ * Called from inside td_upload/td_download on the caller's thread. */
+typedef void (*td_progress_fn)(void *arg, uint64_t done, uint64_t total);
+/* Installs (or with NULL removes) the progress callback for this client. */
+void td_set_progress(td_client *c, td_progress_fn fn, void *arg);
+
 /* ---- daemon statistics */
 
 typedef struct {

@@ -1,0 +1,722 @@
+/* calls.c -- libtensordd's API calls: each builds one Request and reads its Response. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define REQ(var, field, CASE, body)                                                                \
+    Tensordd__V1__Request var = TENSORDD__V1__REQUEST__INIT;                                      \
+    var.body_case = TENSORDD__V1__REQUEST__BODY_##CASE;                                           \
+    var.field = (body)
+
+static const td_device default_device = {.backend = "cpu", .ordinal = 0};
+
+static void device_to_pb(const td_device *d, Tensordd__V1__Device *out)
+{
+    tensordd__v1__device__init(out);
+    out->backend = (char *)(uintptr_t)d->backend;
+    out->ordinal = d->ordinal;
+}
+
+static int check_client(td_client *c, td_error *err)
+{
+    return c ? 0 : td__fail(err, TD_EINVALID_ARGUMENT, "no client");
+}
+
+/* A synchronising request whose answer carries nothing but Ok. */
+static int call_ok(td_client *c, Tensordd__V1__Request *req, td_error *err)
+{
+    td__reply r;
+    int rc = td__call(c, req, NULL, 0, &r, err);
+    if (rc)
+        return rc;
+    uint64_t pl = r.payload_len;
+    td__reply_free(&r);
+    if (pl && (rc = td__drain(c, pl, err)) != 0)
+        return rc;
+    return td__take_early(c, err);
+}
+
+static int unexpected(td_client *c, td__reply *r, const char *what, td_error *err)
+{
+    int body = r->msg ? (int)r->msg->body_case : -1;
+    td__reply_free(r);
+    if (!c->dead)
+        c->dead = TD_EPROTOCOL_ERROR;
+    return td__fail(err, TD_EPROTOCOL_ERROR, "daemon answered %s with response body %d", what,
+                    body);
+}
+
+/* ---------------------------------------------------------------- session */
+
+int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **out, td_error *err)
+{
+    if (!out)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no output pointer");
+    *out = NULL;
+    td_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory");
+    c->fd = -1;
+    c->next_handle = 1;
+    c->next_request = 1;
+    c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 0;
+    int rc = td__open(c, endpoint, err);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+
+    Tensordd__V1__Hello hello = TENSORDD__V1__HELLO__INIT;
+    hello.min_version = TD_PROTOCOL_VERSION;
+    hello.max_version = TD_PROTOCOL_VERSION;
+    hello.token = (char *)(uintptr_t)(opts && opts->token ? opts->token : "");
+    hello.client_name =
+        (char *)(uintptr_t)(opts && opts->client_name ? opts->client_name : "libtensordd");
+    REQ(req, hello, HELLO, &hello);
+    td__reply r;
+    rc = td__call(c, &req, NULL, 0, &r, err);
+    if (rc == 0) {
+        if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_HELLO || !r.msg->hello) {
+            rc = unexpected(c, &r, "Hello", err);
+        } else if (r.msg->hello->version != TD_PROTOCOL_VERSION) {
+            rc = td__fail(err, TD_EVERSION_MISMATCH, "daemon chose protocol version %u, we speak %d",
+                          r.msg->hello->version, TD_PROTOCOL_VERSION);
+            td__reply_free(&r);
+        } else {
+            c->session_id = r.msg->hello->session_id;
+            snprintf(c->note, sizeof c->note, "%s", r.msg->hello->note ? r.msg->hello->note : "");
+            td__reply_free(&r);
+        }
+    }
+    if (rc) {
+        c->dead = rc; /* no Goodbye on a session that never opened */
+        td_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void td_close(td_client *c)
+{
+    if (!c)
+        return;
+    if (!c->dead && c->fd >= 0) {
+        /* Bounded: closing must not hang on a daemon that stopped answering. */
+        if (c->timeout_ms == 0 || c->timeout_ms > 5000)
+            c->timeout_ms = 5000;
+        Tensordd__V1__Goodbye bye = TENSORDD__V1__GOODBYE__INIT;
+        REQ(req, goodbye, GOODBYE, &bye);
+        td__reply r;
+        if (td__call(c, &req, NULL, 0, &r, NULL) == 0)
+            td__reply_free(&r);
+    }
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->wbuf);
+    free(c->rbuf);
+    free(c->rel);
+    free(c);
+}
+
+const char *td_server_note(const td_client *c)
+{
+    return c ? c->note : "";
+}
+
+uint64_t td_session_id(const td_client *c)
+{
+    return c ? c->session_id : 0;
+}
+
+void td_set_progress(td_client *c, td_progress_fn fn, void *arg)
+{
+    if (!c)
+        return;
+    c->progress = fn;
+    c->progress_arg = arg;
+}
+
+int td_flush(td_client *c, td_error *err)
+{
+    int rc = check_client(c, err);
+    return rc ? rc : td__flush(c, err);
+}
+
+int td_sync(td_client *c, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__Sync s = TENSORDD__V1__SYNC__INIT;
+    REQ(req, sync, SYNC, &s);
+    return call_ok(c, &req, err);
+}
+
+int td_ping(td_client *c, td_error *err)
+{
+    return td_sync(c, err);
+}
+
+int td_release(td_client *c, const td_handle *hs, size_t n, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        if (!hs[i])
+            continue;
+        if (c->nrel == c->relcap) {
+            size_t cap = c->relcap ? c->relcap * 2 : 256;
+            uint64_t *p = realloc(c->rel, cap * sizeof *p);
+            if (!p)
+                return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory");
+            c->rel = p;
+            c->relcap = cap;
+        }
+        c->rel[c->nrel++] = hs[i];
+    }
+    if (c->nrel >= TD__RELEASE_BATCH)
+        return td__flush(c, err);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- devices */
+
+int td_device_parse(const char *text, td_device *out)
+{
+    if (!text || !out)
+        return TD_EINVALID_ARGUMENT;
+    memset(out, 0, sizeof *out);
+    size_t n = 0;
+    while (text[n] && text[n] != ':') {
+        char ch = text[n];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_'))
+            return TD_EINVALID_ARGUMENT;
+        n++;
+    }
+    if (n == 0 || n >= sizeof out->backend)
+        return TD_EINVALID_ARGUMENT;
+    memcpy(out->backend, text, n);
+    if (!text[n])
+        return 0; /* "ref" means ref:0 */
+    const char *p = text + n + 1;
+    if (!*p)
+        return TD_EINVALID_ARGUMENT;
+    uint64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return TD_EINVALID_ARGUMENT;
+        v = v * 10 + (uint64_t)(*p - '0');
+        if (v > UINT32_MAX)
+            return TD_EINVALID_ARGUMENT;
+    }
+    out->ordinal = (uint32_t)v;
+    return 0;
+}
+
+void td_device_format(const td_device *d, char *buf, size_t len)
+{
+    if (buf && len)
+        snprintf(buf, len, "%s:%u", d ? d->backend : "?", d ? d->ordinal : 0);
+}
+
+int td_list_devices(td_client *c, td_device_info *out, size_t cap, size_t *n, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__ListDevices ld = TENSORDD__V1__LIST_DEVICES__INIT;
+    REQ(req, list_devices, LIST_DEVICES, &ld);
+    td__reply r;
+    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_DEVICES || !r.msg->devices ||
+        r.payload_len)
+        return unexpected(c, &r, "ListDevices", err);
+    const Tensordd__V1__ListDevicesReply *d = r.msg->devices;
+    for (size_t i = 0; i < d->n_devices && i < cap; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        td__device_from_pb(d->devices[i]->device, &out[i].device);
+        snprintf(out[i].name, sizeof out[i].name, "%s",
+                 d->devices[i]->name ? d->devices[i]->name : "");
+        out[i].memory_total = d->devices[i]->memory_total;
+        out[i].memory_used = d->devices[i]->memory_used;
+    }
+    if (n)
+        *n = d->n_devices;
+    td__reply_free(&r);
+    return td__take_early(c, err);
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+/* numel * itemsize with every multiplication checked; -1 on bad input. */
+static int tensor_bytes(td_dtype dt, int ndim, const int64_t *shape, uint64_t *out)
+{
+    uint64_t b = td_dtype_size(dt);
+    if (!b || ndim < 0 || ndim > TD_MAX_NDIM || (ndim > 0 && !shape))
+        return -1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return -1;
+        uint64_t d = (uint64_t)shape[i];
+        if (d && b > UINT64_MAX / d)
+            return -1;
+        b *= d;
+    }
+    *out = b;
+    return 0;
+}
+
+static void info_from_pb(const Tensordd__V1__TensorInfo *t, td_tensor_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->dtype = (unsigned)t->dtype < TD_DTYPE_COUNT ? (td_dtype)t->dtype : TD_DTYPE_INVALID;
+    info->ndim = (int)(t->n_shape < TD_MAX_NDIM ? t->n_shape : TD_MAX_NDIM);
+    for (int i = 0; i < info->ndim; i++)
+        info->shape[i] = t->shape[i];
+    td__device_from_pb(t->device, &info->device);
+    info->requires_grad = t->requires_grad ? 1 : 0;
+}
+
+int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim,
+              const int64_t *shape, const void *data, int requires_grad, td_handle *out,
+              td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    uint64_t bytes;
+    if (tensor_bytes(dtype, ndim, shape, &bytes) != 0)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "bad dtype (%d) or shape (ndim %d)", (int)dtype,
+                        ndim);
+    if (bytes && !data)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no data for a %llu-byte tensor",
+                        (unsigned long long)bytes);
+    Tensordd__V1__Device dev;
+    device_to_pb(device ? device : &default_device, &dev);
+    Tensordd__V1__Upload up = TENSORDD__V1__UPLOAD__INIT;
+    up.handle = c->next_handle++;
+    up.dtype = (Tensordd__V1__DType)dtype;
+    up.n_shape = (size_t)ndim;
+    up.shape = (int64_t *)(uintptr_t)shape;
+    up.device = &dev;
+    up.requires_grad = requires_grad ? 1 : 0;
+    REQ(req, upload, UPLOAD, &up);
+    rc = td__call(c, &req, data, bytes, NULL, err);
+    if (rc == 0 && out)
+        *out = up.handle;
+    return rc;
+}
+
+int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info *info,
+                td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__Download dl = TENSORDD__V1__DOWNLOAD__INIT;
+    dl.handle = h;
+    REQ(req, download, DOWNLOAD, &dl);
+    td__reply r;
+    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_TENSOR || !r.msg->tensor)
+        return unexpected(c, &r, "Download", err);
+    td_tensor_info ti;
+    info_from_pb(r.msg->tensor, &ti);
+    uint64_t want = 0, pl = r.payload_len;
+    int shape_ok = r.msg->tensor->n_shape <= TD_MAX_NDIM &&
+                   tensor_bytes(ti.dtype, ti.ndim, ti.shape, &want) == 0;
+    td__reply_free(&r);
+    if (!shape_ok || want != pl) {
+        rc = td__drain(c, pl, err);
+        return rc ? rc
+                  : td__fail(err, TD_EPROTOCOL_ERROR,
+                             "download payload is %llu bytes, tensor info says %llu",
+                             (unsigned long long)pl, (unsigned long long)want);
+    }
+    if (pl > cap) {
+        /* Keep the stream in step, then tell the caller what it needs. */
+        rc = td__drain(c, pl, err);
+        return rc ? rc
+                  : td__fail(err, TD_EINVALID_ARGUMENT,
+                             "tensor is %llu bytes, the buffer holds %zu",
+                             (unsigned long long)pl, cap);
+    }
+    if ((rc = td__read_payload(c, buf, pl, err)) != 0)
+        return rc;
+    if (info)
+        *info = ti;
+    return td__take_early(c, err);
+}
+
+int td_describe(td_client *c, td_handle h, td_tensor_info *info, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__Describe d = TENSORDD__V1__DESCRIBE__INIT;
+    d.handle = h;
+    REQ(req, describe, DESCRIBE, &d);
+    td__reply r;
+    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_TENSOR || !r.msg->tensor)
+        return unexpected(c, &r, "Describe", err);
+    if (info)
+        info_from_pb(r.msg->tensor, info);
+    uint64_t pl = r.payload_len;
+    td__reply_free(&r);
+    if (pl && (rc = td__drain(c, pl, err)) != 0)
+        return rc;
+    return td__take_early(c, err);
+}
+
+/* ---------------------------------------------------------------- ops */
+
+td_attr td_attr_int(const char *name, int64_t v)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_INT, .i = v};
+}
+
+td_attr td_attr_float(const char *name, double v)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_FLOAT, .f = v};
+}
+
+td_attr td_attr_bool(const char *name, int v)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_BOOL, .b = v};
+}
+
+td_attr td_attr_ints(const char *name, const int64_t *v, size_t n)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_INTS, .ints = v, .n = n};
+}
+
+/* Protobuf views of a caller's attrs: one allocation, pointing into theirs. */
+typedef struct {
+    Tensordd__V1__Attr **ptrs;
+    Tensordd__V1__Attr *attrs;
+    Tensordd__V1__IntList *ilists;
+    Tensordd__V1__FloatList *flists;
+} attr_block;
+
+static int attrs_to_pb(const td_attr *a, size_t n, attr_block *b, td_error *err)
+{
+    memset(b, 0, sizeof *b);
+    if (!n)
+        return 0;
+    if (!a)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "nattrs without attrs");
+    b->ptrs = calloc(n, sizeof *b->ptrs);
+    b->attrs = calloc(n, sizeof *b->attrs);
+    b->ilists = calloc(n, sizeof *b->ilists);
+    b->flists = calloc(n, sizeof *b->flists);
+    if (!b->ptrs || !b->attrs || !b->ilists || !b->flists)
+        return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        Tensordd__V1__Attr *p = &b->attrs[i];
+        tensordd__v1__attr__init(p);
+        if (!a[i].name)
+            return td__fail(err, TD_EINVALID_ARGUMENT, "attribute %zu has no name", i);
+        p->name = (char *)(uintptr_t)a[i].name;
+        switch (a[i].kind) {
+        case TD_ATTR_INT:
+            p->value_case = TENSORDD__V1__ATTR__VALUE_I;
+            p->i = a[i].i;
+            break;
+        case TD_ATTR_FLOAT:
+            p->value_case = TENSORDD__V1__ATTR__VALUE_F;
+            p->f = a[i].f;
+            break;
+        case TD_ATTR_BOOL:
+            p->value_case = TENSORDD__V1__ATTR__VALUE_B;
+            p->b = a[i].b ? 1 : 0;
+            break;
+        case TD_ATTR_INTS:
+            tensordd__v1__int_list__init(&b->ilists[i]);
+            b->ilists[i].n_v = a[i].n;
+            b->ilists[i].v = (int64_t *)(uintptr_t)a[i].ints;
+            p->value_case = TENSORDD__V1__ATTR__VALUE_INTS;
+            p->ints = &b->ilists[i];
+            break;
+        case TD_ATTR_FLOATS:
+            tensordd__v1__float_list__init(&b->flists[i]);
+            b->flists[i].n_v = a[i].n;
+            b->flists[i].v = (double *)(uintptr_t)a[i].floats;
+            p->value_case = TENSORDD__V1__ATTR__VALUE_FLOATS;
+            p->floats = &b->flists[i];
+            break;
+        case TD_ATTR_STR:
+            p->value_case = TENSORDD__V1__ATTR__VALUE_S;
+            p->s = (char *)(uintptr_t)(a[i].s ? a[i].s : "");
+            break;
+        default:
+            return td__fail(err, TD_EINVALID_ARGUMENT, "attribute '%s' has an unknown kind %d",
+                            a[i].name, (int)a[i].kind);
+        }
+        if ((a[i].kind == TD_ATTR_INTS && a[i].n && !a[i].ints) ||
+            (a[i].kind == TD_ATTR_FLOATS && a[i].n && !a[i].floats))
+            return td__fail(err, TD_EINVALID_ARGUMENT, "attribute '%s' has no values", a[i].name);
+        b->ptrs[i] = p;
+    }
+    return 0;
+}
+
+static void attrs_free(attr_block *b)
+{
+    free(b->ptrs);
+    free(b->attrs);
+    free(b->ilists);
+    free(b->flists);
+}
+
+int td_op(td_client *c, const char *name, const td_handle *inputs, size_t n_in,
+          const td_op_opts *opts, td_handle *outputs, size_t n_out, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (!name || !name[0])
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no op name");
+    if ((n_in && !inputs) || (n_out && !outputs))
+        return td__fail(err, TD_EINVALID_ARGUMENT, "missing inputs or outputs array");
+    attr_block ab;
+    if ((rc = attrs_to_pb(opts ? opts->attrs : NULL, opts ? opts->nattrs : 0, &ab, err)) != 0) {
+        attrs_free(&ab);
+        return rc;
+    }
+    for (size_t i = 0; i < n_out; i++)
+        outputs[i] = c->next_handle++;
+    Tensordd__V1__Device dev;
+    Tensordd__V1__Op op = TENSORDD__V1__OP__INIT;
+    op.op = (char *)(uintptr_t)name;
+    op.n_inputs = n_in;
+    op.inputs = (uint64_t *)(uintptr_t)inputs;
+    op.n_outputs = n_out;
+    op.outputs = outputs;
+    op.n_attrs = opts ? opts->nattrs : 0;
+    op.attrs = ab.ptrs;
+    if (opts && opts->device) {
+        device_to_pb(opts->device, &dev);
+        op.device = &dev;
+    }
+    op.dtype = (Tensordd__V1__DType)(opts ? opts->dtype : TD_DTYPE_INVALID);
+    op.requires_grad = opts && opts->requires_grad ? 1 : 0;
+    REQ(req, op, OP, &op);
+    if (opts && opts->want_reply) {
+        rc = call_ok(c, &req, err);
+    } else {
+        rc = td__call(c, &req, NULL, 0, NULL, err);
+    }
+    attrs_free(&ab);
+    return rc;
+}
+
+td_handle td_op1(td_client *c, const char *name, const td_handle *inputs, size_t n_in,
+                 const td_op_opts *opts, td_error *err)
+{
+    td_handle out = 0;
+    if (td_op(c, name, inputs, n_in, opts, &out, 1, err) != 0)
+        return 0;
+    return out;
+}
+
+int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out,
+                 td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (!device)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no device");
+    Tensordd__V1__Device dev;
+    device_to_pb(device, &dev);
+    Tensordd__V1__ToDevice td = TENSORDD__V1__TO_DEVICE__INIT;
+    td.input = h;
+    td.output = c->next_handle++;
+    td.device = &dev;
+    REQ(req, to_device, TO_DEVICE, &td);
+    rc = td__call(c, &req, NULL, 0, NULL, err);
+    if (rc == 0 && out)
+        *out = td.output;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- stats */
+
+int td_stats_get(td_client *c, td_stats *out, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (!out)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no output");
+    Tensordd__V1__Stats st = TENSORDD__V1__STATS__INIT;
+    REQ(req, stats, STATS, &st);
+    td__reply r;
+    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_STATS || !r.msg->stats || r.payload_len)
+        return unexpected(c, &r, "Stats", err);
+    const Tensordd__V1__StatsReply *s = r.msg->stats;
+    memset(out, 0, sizeof *out);
+    out->sessions = s->sessions;
+    out->handles = s->handles;
+    out->bytes_received = s->bytes_received;
+    out->bytes_sent = s->bytes_sent;
+    out->requests = s->requests;
+    out->tensors_alive = s->tensors_alive;
+    out->uptime_ms = s->uptime_ms;
+    for (size_t i = 0; i < s->n_errors; i++) {
+        int code = (int)s->errors[i]->code;
+        if (code > 0 && code < TD_ERRNO_COUNT)
+            out->errors[code] += s->errors[i]->count;
+    }
+    size_t maxdev = sizeof out->memory / sizeof out->memory[0];
+    out->ndevices = s->n_memory < maxdev ? s->n_memory : maxdev;
+    for (size_t i = 0; i < out->ndevices; i++) {
+        td__device_from_pb(s->memory[i]->device, &out->memory[i].device);
+        out->memory[i].bytes_in_use = s->memory[i]->bytes_in_use;
+        out->memory[i].peak_bytes = s->memory[i]->peak_bytes;
+    }
+    size_t maxs = sizeof out->session_list / sizeof out->session_list[0];
+    out->nsessions = s->n_session_list;
+    for (size_t i = 0; i < s->n_session_list && i < maxs; i++) {
+        const Tensordd__V1__SessionInfo *si = s->session_list[i];
+        out->session_list[i].session_id = si->session_id;
+        out->session_list[i].handles = si->handles;
+        out->session_list[i].bytes_in_use = si->bytes_in_use;
+        out->session_list[i].requests = si->requests;
+        snprintf(out->session_list[i].peer, sizeof out->session_list[i].peer, "%s",
+                 si->peer ? si->peer : "");
+        snprintf(out->session_list[i].client_name, sizeof out->session_list[i].client_name, "%s",
+                 si->client_name ? si->client_name : "");
+    }
+    td__reply_free(&r);
+    return td__take_early(c, err);
+}
+
+/* ---------------------------------------------------------------- autodiff */
+
+int td_backward(td_client *c, td_handle loss, td_handle grad_output, int retain_graph,
+                td_handle *grads, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__Backward b = TENSORDD__V1__BACKWARD__INIT;
+    b.loss = loss;
+    b.grad_output = grad_output;
+    b.retain_graph = retain_graph ? 1 : 0;
+    b.grads = c->next_handle++;
+    REQ(req, backward, BACKWARD, &b);
+    rc = call_ok(c, &req, err);
+    if (rc == 0 && grads)
+        *grads = b.grads;
+    return rc;
+}
+
+static int grad_call(td_client *c, int remove, td_handle grads, td_handle t, td_handle *out,
+                     td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__Grad g = TENSORDD__V1__GRAD__INIT;
+    g.grads = grads;
+    g.tensor = t;
+    g.output = c->next_handle++;
+    Tensordd__V1__Request req = TENSORDD__V1__REQUEST__INIT;
+    if (remove) {
+        req.body_case = TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE;
+        req.grad_remove = &g;
+    } else {
+        req.body_case = TENSORDD__V1__REQUEST__BODY_GRAD;
+        req.grad = &g;
+    }
+    rc = call_ok(c, &req, err);
+    if (rc == 0 && out)
+        *out = g.output;
+    return rc;
+}
+
+int td_grad(td_client *c, td_handle grads, td_handle t, td_handle *out, td_error *err)
+{
+    return grad_call(c, 0, grads, t, out, err);
+}
+
+int td_grad_remove(td_client *c, td_handle grads, td_handle t, td_handle *out, td_error *err)
+{
+    return grad_call(c, 1, grads, t, out, err);
+}
+
+int td_grad_replace(td_client *c, td_handle grads, td_handle t, td_handle g, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__GradReplace gr = TENSORDD__V1__GRAD_REPLACE__INIT;
+    gr.grads = grads;
+    gr.tensor = t;
+    gr.grad = g;
+    REQ(req, grad_replace, GRAD_REPLACE, &gr);
+    return call_ok(c, &req, err);
+}
+
+int td_set_grad_enabled(td_client *c, int enabled, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__SetGradMode m = TENSORDD__V1__SET_GRAD_MODE__INIT;
+    m.enabled = enabled ? 1 : 0;
+    REQ(req, set_grad_mode, SET_GRAD_MODE, &m);
+    return td__call(c, &req, NULL, 0, NULL, err);
+}
+
+int td_optimizer_create(td_client *c, const char *kind, const td_handle *params, size_t n,
+                        const td_attr *attrs, size_t nattrs, td_handle *out, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (!kind || (n && !params))
+        return td__fail(err, TD_EINVALID_ARGUMENT, "optimizer needs a kind and its params");
+    attr_block ab;
+    if ((rc = attrs_to_pb(attrs, nattrs, &ab, err)) != 0) {
+        attrs_free(&ab);
+        return rc;
+    }
+    Tensordd__V1__OptimizerCreate oc = TENSORDD__V1__OPTIMIZER_CREATE__INIT;
+    oc.handle = c->next_handle++;
+    oc.kind = (char *)(uintptr_t)kind;
+    oc.n_params = n;
+    oc.params = (uint64_t *)(uintptr_t)params;
+    oc.n_attrs = nattrs;
+    oc.attrs = ab.ptrs;
+    REQ(req, optimizer_create, OPTIMIZER_CREATE, &oc);
+    rc = td__call(c, &req, NULL, 0, NULL, err);
+    attrs_free(&ab);
+    if (rc == 0 && out)
+        *out = oc.handle;
+    return rc;
+}
+
+int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__OptimizerStep s = TENSORDD__V1__OPTIMIZER_STEP__INIT;
+    s.optimizer = optimizer;
+    s.grads = grads;
+    REQ(req, optimizer_step, OPTIMIZER_STEP, &s);
+    return call_ok(c, &req, err);
+}

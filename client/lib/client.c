@@ -1,0 +1,512 @@
+/* client.c -- libtensordd's connection: sockets, the coalescing write buffer, and framed reads. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define RBUF_INITIAL (64u * 1024u)
+/* Payloads are received in slices this big so the progress callback ticks. */
+#define PAYLOAD_SLICE (4u << 20)
+
+/* Once the stream is out of step (a timeout mid-frame, garbage, a close) no
+ * later reply could be trusted: every call from now on fails with this code. */
+static int kill_stream(td_client *c, td_error *err, int code, const char *what)
+{
+    if (!c->dead)
+        c->dead = code;
+    return td__fail(err, code, "%s", what);
+}
+
+/* Waits until fd is ready for ev; 0, or TD_ETIMEOUT / TD_EIO. */
+static int wait_fd(td_client *c, short ev)
+{
+    struct pollfd p = {.fd = c->fd, .events = ev};
+    for (;;) {
+        int n = poll(&p, 1, c->timeout_ms > 0 ? c->timeout_ms : -1);
+        if (n > 0)
+            return 0;
+        if (n == 0)
+            return TD_ETIMEOUT;
+        if (errno != EINTR)
+            return TD_EIO;
+    }
+}
+
+/* ---------------------------------------------------------------- connect */
+
+static int connect_fd(int fd, const struct sockaddr *sa, socklen_t len, int timeout_ms)
+{
+    if (timeout_ms <= 0)
+        return connect(fd, sa, len) == 0 ? 0 : -errno;
+    /* Non-blocking connect so a black-holed address honours the timeout. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return -errno;
+    int rc = 0;
+    if (connect(fd, sa, len) != 0) {
+        if (errno != EINPROGRESS) {
+            rc = -errno;
+        } else {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            int n;
+            do
+                n = poll(&p, 1, timeout_ms);
+            while (n < 0 && errno == EINTR);
+            if (n == 0) {
+                rc = -ETIMEDOUT;
+            } else {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0)
+                    rc = -errno;
+                else
+                    rc = -soerr;
+            }
+        }
+    }
+    if (fcntl(fd, F_SETFL, fl) < 0 && rc == 0)
+        rc = -errno;
+    return rc;
+}
+
+static int open_unix(td_client *c, const char *path, td_error *err)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (!path[0] || strlen(path) >= sizeof sa.sun_path)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "bad unix socket path '%s'", path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return td__fail(err, TD_EIO, "socket: %s", strerror(errno));
+    int rc = connect_fd(fd, (const struct sockaddr *)&sa, sizeof sa, c->timeout_ms);
+    if (rc != 0) {
+        close(fd);
+        return td__fail(err, rc == -ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "connect unix://%s: %s",
+                        path, strerror(-rc));
+    }
+    c->fd = fd;
+    return 0;
+}
+
+static int open_tcp(td_client *c, const char *hostport, td_error *err)
+{
+    char host[256];
+    const char *colon = strrchr(hostport, ':');
+    if (!colon || colon == hostport || !colon[1] || (size_t)(colon - hostport) >= sizeof host)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "endpoint needs tcp://HOST:PORT, got '%s'",
+                        hostport);
+    size_t hl = (size_t)(colon - hostport);
+    memcpy(host, hostport, hl);
+    host[hl] = 0;
+    /* [::1]:7070 */
+    char *h = host;
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') {
+        h[hl - 1] = 0;
+        h++;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(h, colon + 1, &hints, &res);
+    if (gai != 0)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "cannot resolve '%s': %s", hostport,
+                        gai_strerror(gai));
+    int last = ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            last = errno;
+            continue;
+        }
+        int rc = connect_fd(fd, ai->ai_addr, ai->ai_addrlen, c->timeout_ms);
+        if (rc == 0) {
+            /* Small requests must leave at once: we coalesce ourselves. */
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            c->fd = fd;
+            freeaddrinfo(res);
+            return 0;
+        }
+        last = -rc;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return td__fail(err, last == ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "connect tcp://%s: %s",
+                    hostport, strerror(last));
+}
+
+int td__open(td_client *c, const char *endpoint, td_error *err)
+{
+    if (!endpoint)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no endpoint");
+    if (strncmp(endpoint, "tcp://", 6) == 0)
+        return open_tcp(c, endpoint + 6, err);
+    if (strncmp(endpoint, "unix://", 7) == 0)
+        return open_unix(c, endpoint + 7, err);
+    return td__fail(err, TD_EINVALID_ARGUMENT, "endpoint must be tcp://HOST:PORT or unix:///PATH");
+}
+
+/* ---------------------------------------------------------------- writing */
+
+static int wreserve(td_client *c, size_t more, td_error *err)
+{
+    if (more > SIZE_MAX - c->wlen)
+        return td__fail(err, TD_ERESOURCE_EXHAUSTED, "request too large");
+    size_t need = c->wlen + more;
+    if (need <= c->wcap)
+        return 0;
+    size_t cap = c->wcap ? c->wcap : 64 * 1024;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    uint8_t *n = realloc(c->wbuf, cap);
+    if (!n)
+        return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory for the write buffer");
+    c->wbuf = n;
+    c->wcap = cap;
+    return 0;
+}
+
+/* Sends every byte of iov[0..n) (modified in place). Bytes past the first
+ * `skip` count as payload for the progress callback. */
+static int sendv_all(td_client *c, struct iovec *iov, int n, size_t skip, uint64_t payload_total,
+                     td_error *err)
+{
+    uint64_t sent = 0;
+    while (n > 0) {
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        /* MSG_NOSIGNAL: a daemon that hung up must give us an error, not SIGPIPE. */
+        ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int rc = wait_fd(c, POLLOUT);
+                if (rc == TD_ETIMEOUT)
+                    return kill_stream(c, err, TD_ETIMEOUT, "timed out sending to the daemon");
+                if (rc)
+                    return kill_stream(c, err, TD_EIO, "poll failed while sending");
+                continue;
+            }
+            if (errno == EPIPE || errno == ECONNRESET)
+                return kill_stream(c, err, TD_ECLOSED, "the daemon closed the connection");
+            return kill_stream(c, err, TD_EIO, strerror(errno));
+        }
+        sent += (uint64_t)k;
+        size_t left = (size_t)k;
+        while (n > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+        if (c->progress && payload_total && sent > skip)
+            c->progress(c->progress_arg, sent - skip, payload_total);
+    }
+    return 0;
+}
+
+/* Sends the write buffer, then (optionally) a payload from the caller's memory,
+ * in one writev-style call sequence. */
+static int flush_with(td_client *c, const void *payload, uint64_t plen, td_error *err)
+{
+    if (c->dead)
+        return td__fail(err, c->dead, "connection unusable after an earlier failure (%s)",
+                        td_err_name(c->dead));
+    if (!c->wlen && !plen)
+        return 0;
+    struct iovec iov[2];
+    int n = 0;
+    size_t head = c->wlen;
+    if (c->wlen)
+        iov[n++] = (struct iovec){.iov_base = c->wbuf, .iov_len = c->wlen};
+    if (plen) {
+        if (plen > SIZE_MAX)
+            return td__fail(err, TD_ERESOURCE_EXHAUSTED, "payload too large");
+        iov[n++] = (struct iovec){.iov_base = (void *)(uintptr_t)payload, .iov_len = (size_t)plen};
+    }
+    c->wlen = 0; /* even on failure: the stream is dead then anyway */
+    return sendv_all(c, iov, n, head, plen, err);
+}
+
+/* Appends one frame (header + packed request [+ inline payload]). */
+static int append_frame(td_client *c, const Tensordd__V1__Request *req, const void *payload,
+                        uint64_t plen, int inline_payload, td_error *err)
+{
+    size_t mlen = tensordd__v1__request__get_packed_size(req);
+    if (mlen > UINT32_MAX)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "request message too large");
+    size_t extra = inline_payload ? (size_t)plen : 0;
+    int rc = wreserve(c, TD_FRAME_HEADER_SIZE + mlen + extra, err);
+    if (rc)
+        return rc;
+    uint8_t *p = c->wbuf + c->wlen;
+    td_frame_encode(p, (uint32_t)mlen, plen);
+    tensordd__v1__request__pack(req, p + TD_FRAME_HEADER_SIZE);
+    if (extra)
+        memcpy(p + TD_FRAME_HEADER_SIZE + mlen, payload, extra);
+    c->wlen += TD_FRAME_HEADER_SIZE + mlen + extra;
+    return 0;
+}
+
+/* Released handles ride in one Release placed before the next request, so
+ * order is kept: nothing sent later can refer to them. */
+static int emit_releases(td_client *c, td_error *err)
+{
+    if (!c->nrel)
+        return 0;
+    Tensordd__V1__Release rel = TENSORDD__V1__RELEASE__INIT;
+    rel.n_handles = c->nrel;
+    rel.handles = c->rel;
+    Tensordd__V1__Request req = TENSORDD__V1__REQUEST__INIT;
+    req.id = c->next_request++;
+    req.body_case = TENSORDD__V1__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    int rc = append_frame(c, &req, NULL, 0, 0, err);
+    if (rc == 0)
+        c->nrel = 0;
+    return rc;
+}
+
+int td__flush(td_client *c, td_error *err)
+{
+    int rc = emit_releases(c, err);
+    return rc ? rc : flush_with(c, NULL, 0, err);
+}
+
+/* ---------------------------------------------------------------- reading */
+
+/* Reads whatever is available (at least one byte) into rbuf. */
+static int fill(td_client *c, td_error *err)
+{
+    if (c->rpos == c->rlen)
+        c->rpos = c->rlen = 0;
+    if (c->rlen == c->rcap) {
+        /* compact before growing */
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+    }
+    for (;;) {
+        ssize_t k = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+        if (k > 0) {
+            c->rlen += (size_t)k;
+            return 0;
+        }
+        if (k == 0)
+            return kill_stream(c, err, TD_ECLOSED, "the daemon closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(c, POLLIN);
+            if (rc == TD_ETIMEOUT)
+                return kill_stream(c, err, TD_ETIMEOUT, "timed out waiting for the daemon");
+            if (rc)
+                return kill_stream(c, err, TD_EIO, "poll failed while receiving");
+            continue;
+        }
+        if (errno == ECONNRESET)
+            return kill_stream(c, err, TD_ECLOSED, "connection reset by the daemon");
+        return kill_stream(c, err, TD_EIO, strerror(errno));
+    }
+}
+
+/* Makes n contiguous bytes available at rbuf+rpos. */
+static int need(td_client *c, size_t n, td_error *err)
+{
+    if (c->rcap - c->rpos < n) {
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+        size_t want = n < RBUF_INITIAL ? RBUF_INITIAL : n;
+        if (c->rcap < want) {
+            uint8_t *b = realloc(c->rbuf, want);
+            if (!b)
+                return kill_stream(c, err, TD_ERESOURCE_EXHAUSTED, "out of memory for a reply");
+            c->rbuf = b;
+            c->rcap = want;
+        }
+    }
+    while (c->rlen - c->rpos < n) {
+        int rc = fill(c, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
+{
+    uint8_t *out = dst;
+    uint64_t got = 0;
+    /* What already arrived with the message is copied (at most a buffer's
+     * worth); the bulk goes from the socket straight into dst. */
+    size_t have = c->rlen - c->rpos;
+    if (have) {
+        size_t take = have < len ? have : (size_t)len;
+        memcpy(out, c->rbuf + c->rpos, take);
+        c->rpos += take;
+        got = take;
+    }
+    while (got < len) {
+        uint64_t want = len - got;
+        size_t slice = want < PAYLOAD_SLICE ? (size_t)want : PAYLOAD_SLICE;
+        ssize_t k = recv(c->fd, out + got, slice, MSG_DONTWAIT);
+        if (k > 0) {
+            got += (uint64_t)k;
+            if (c->progress)
+                c->progress(c->progress_arg, got, len);
+            continue;
+        }
+        if (k == 0)
+            return kill_stream(c, err, TD_ECLOSED, "the daemon closed the connection mid-payload");
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(c, POLLIN);
+            if (rc == TD_ETIMEOUT)
+                return kill_stream(c, err, TD_ETIMEOUT, "timed out receiving a payload");
+            if (rc)
+                return kill_stream(c, err, TD_EIO, "poll failed while receiving");
+            continue;
+        }
+        return kill_stream(c, err, errno == ECONNRESET ? TD_ECLOSED : TD_EIO, strerror(errno));
+    }
+    return 0;
+}
+
+int td__drain(td_client *c, uint64_t len, td_error *err)
+{
+    while (len) {
+        if (c->rpos == c->rlen) {
+            int rc = fill(c, err);
+            if (rc)
+                return rc;
+        }
+        size_t have = c->rlen - c->rpos;
+        size_t take = have < len ? have : (size_t)len;
+        c->rpos += take;
+        len -= take;
+    }
+    return 0;
+}
+
+void td__reply_free(td__reply *r)
+{
+    if (r->msg)
+        tensordd__v1__response__free_unpacked(r->msg, NULL);
+    r->msg = NULL;
+}
+
+/* Reads responses until the one with id `id`. Others are answers to earlier
+ * requests: their first error is kept for the next synchronising call. */
+static int wait_for(td_client *c, uint64_t id, td__reply *out, td_error *err)
+{
+    static const td_frame_limits lim = {.max_msg = TD__MAX_RESPONSE_MSG,
+                                        .max_payload = UINT64_MAX};
+    out->msg = NULL;
+    out->payload_len = 0;
+    for (;;) {
+        int rc = need(c, TD_FRAME_HEADER_SIZE, err);
+        if (rc) {
+            /* The daemon may have said why before it hung up. */
+            if (rc == TD_ECLOSED && c->has_early) {
+                if (err)
+                    *err = c->early;
+                c->has_early = 0;
+                return c->early.code;
+            }
+            return rc;
+        }
+        td_frame_header h;
+        rc = td_frame_decode(c->rbuf + c->rpos, &lim, &h);
+        if (rc)
+            return kill_stream(c, err, TD_EPROTOCOL_ERROR, "bad frame header from the daemon");
+        c->rpos += TD_FRAME_HEADER_SIZE;
+        rc = need(c, h.msg_len, err);
+        if (rc)
+            return rc;
+        Tensordd__V1__Response *r =
+            tensordd__v1__response__unpack(NULL, h.msg_len, c->rbuf + c->rpos);
+        c->rpos += h.msg_len;
+        if (!r)
+            return kill_stream(c, err, TD_EPROTOCOL_ERROR, "undecodable response from the daemon");
+        if (r->id == id) {
+            out->msg = r;
+            out->payload_len = h.payload_len;
+            return 0;
+        }
+        if (r->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR && r->error && !c->has_early) {
+            td__from_pb(r->error, &c->early);
+            if (!c->early.request_id)
+                c->early.request_id = r->id;
+            c->has_early = 1;
+        }
+        tensordd__v1__response__free_unpacked(r, NULL);
+        rc = td__drain(c, h.payload_len, err);
+        if (rc)
+            return rc;
+    }
+}
+
+int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
+             td__reply *reply, td_error *err)
+{
+    if (c->dead)
+        return td__fail(err, c->dead, "connection unusable after an earlier failure (%s)",
+                        td_err_name(c->dead));
+    int rc = emit_releases(c, err);
+    if (rc)
+        return rc;
+    req->id = c->next_request++;
+    if (reply)
+        req->want_reply = 1;
+    int inl = payload_len <= TD__INLINE_PAYLOAD;
+    rc = append_frame(c, req, payload, payload_len, inl, err);
+    if (rc)
+        return rc;
+    if (!inl) {
+        /* The caller may free its buffer when we return: send it now. */
+        rc = flush_with(c, payload, payload_len, err);
+    } else if (reply || c->wlen >= TD__FLUSH_AT) {
+        rc = flush_with(c, NULL, 0, err);
+    }
+    if (rc || !reply)
+        return rc;
+    rc = wait_for(c, req->id, reply, err);
+    if (rc)
+        return rc;
+    if (reply->msg->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR && reply->msg->error) {
+        rc = td__from_pb(reply->msg->error, err);
+        if (err && !err->request_id)
+            err->request_id = req->id;
+        uint64_t pl = reply->payload_len;
+        td__reply_free(reply);
+        int drc = td__drain(c, pl, NULL);
+        return drc ? drc : rc;
+    }
+    return 0;
+}
+
+int td__take_early(td_client *c, td_error *err)
+{
+    if (!c->has_early)
+        return 0;
+    c->has_early = 0;
+    if (err)
+        *err = c->early;
+    return c->early.code;
+}

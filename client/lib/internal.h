@@ -1,0 +1,78 @@
+/* internal.h -- libtensordd's private state and helpers; never installed, never seen by clients. */
+#ifndef TD_CLIENT_INTERNAL_H
+#define TD_CLIENT_INTERNAL_H
+
+#include <stdint.h>
+
+#include "frame.h"
+#include "tensordd.h"
+#include "tensordd.pb-c.h"
+
+/* Fire-and-forget requests pile up in the write buffer until a blocking call
+ * or this many bytes: one send for many small frames. */
+#define TD__FLUSH_AT (256u * 1024u)
+/* Upload payloads below this are copied into the write buffer (cheaper than a
+ * separate send); larger ones go out straight from the caller's memory. */
+#define TD__INLINE_PAYLOAD (64u * 1024u)
+/* The largest response message (protobuf part) we accept from a server. */
+#define TD__MAX_RESPONSE_MSG (64u << 20)
+/* Released handles are sent as one Release once this many are pending. */
+#define TD__RELEASE_BATCH 4096u
+
+struct td_client {
+    int fd;
+    int timeout_ms; /* per wait for the socket; 0: forever */
+    int dead;       /* TD_E* once the byte stream can no longer be trusted */
+    uint64_t next_handle, next_request;
+
+    uint8_t *wbuf; /* encoded frames not yet sent */
+    size_t wlen, wcap;
+
+    uint64_t *rel; /* handles released but not yet sent */
+    size_t nrel, relcap;
+
+    uint8_t *rbuf; /* bytes received but not yet consumed: rbuf[rpos..rlen) */
+    size_t rpos, rlen, rcap;
+
+    td_error early; /* first error from a response we were not waiting for */
+    int has_early;
+
+    uint64_t session_id;
+    char note[256];
+
+    td_progress_fn progress;
+    void *progress_arg;
+};
+
+/* A response matched to its request; payload_len bytes of raw payload still
+ * sit on the socket and the caller must read or drain them. */
+typedef struct {
+    Tensordd__V1__Response *msg;
+    uint64_t payload_len;
+} td__reply;
+
+/* client.c: the byte stream */
+int td__open(td_client *c, const char *endpoint, td_error *err);
+/* Assigns req->id, appends the frame (payload straight from the caller's
+ * memory when large) and, when reply is non-NULL, flushes and waits for the
+ * response with that id. reply->msg must then be freed with td__reply_free. */
+int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
+             td__reply *reply, td_error *err);
+int td__flush(td_client *c, td_error *err);
+int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err);
+int td__drain(td_client *c, uint64_t len, td_error *err);
+void td__reply_free(td__reply *r);
+/* An error from an earlier request's answer (one we were not waiting for),
+ * reported by the next synchronising call that would otherwise succeed. */
+int td__take_early(td_client *c, td_error *err);
+
+/* error.c: every conversion into td_error */
+int td__fail(td_error *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+int td__from_pb(const Tensordd__V1__Error *e, td_error *err);
+void td__device_from_pb(const Tensordd__V1__Device *d, td_device *out);
+
+#endif
