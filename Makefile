@@ -18,7 +18,7 @@ endif
 
 # Debian packages the project needs; `make deps` installs the missing ones.
 APT_PKGS := build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
-            protobuf-compiler libopenblas-dev check libsubunit-dev python3 python3-numpy \
+            protobuf-compiler libopenblas-dev check uthash-dev libsubunit-dev python3 python3-numpy \
             python3-protobuf python3-pytest python3-sklearn python3-torch procps
 
 CC ?= cc

@@ -1,6 +1,8 @@
 /* tensor.c -- shape and stride arithmetic, overflow-checked. */
 #include "tensor.h"
 
+#include <string.h>
+
 int64_t tdd_numel(const tdd_tensor *t)
 {
     int64_t n = 1;
@@ -54,4 +56,39 @@ bool tdd_same_shape(const tdd_tensor *a, const tdd_tensor *b)
         if (a->shape[i] != b->shape[i])
             return false;
     return true;
+}
+
+void tdd_copy_contiguous(const tdd_tensor *src, void *dst)
+{
+    size_t isz = td_dtype_size(src->dtype);
+    int64_t n = tdd_numel(src);
+    if (n == 0)
+        return;
+    if (tdd_is_contiguous(src)) {
+        memcpy(dst, tdd_data(src), (size_t)n * isz);
+        return;
+    }
+    /* Walk the index like an odometer; copy the innermost dim as one run when it is dense. */
+    int nd = src->ndim;
+    int64_t idx[TD_MAX_NDIM] = {0};
+    int64_t inner = nd ? src->shape[nd - 1] : 1, istride = nd ? src->strides[nd - 1] : 1;
+    const char *base = (const char *)src->st->data;
+    char *out = dst;
+    for (int64_t done = 0; done < n; done += inner) {
+        int64_t off = src->offset;
+        for (int d = 0; d < nd - 1; d++)
+            off += idx[d] * src->strides[d];
+        if (istride == 1) {
+            memcpy(out, base + (size_t)off * isz, (size_t)inner * isz);
+            out += (size_t)inner * isz;
+        } else {
+            for (int64_t i = 0; i < inner; i++, out += isz)
+                memcpy(out, base + (size_t)(off + i * istride) * isz, isz);
+        }
+        for (int d = nd - 2; d >= 0; d--) {
+            if (++idx[d] < src->shape[d])
+                break;
+            idx[d] = 0;
+        }
+    }
 }

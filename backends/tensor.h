@@ -44,5 +44,7 @@ int64_t tdd_shape_numel(const int64_t *shape, int ndim, int64_t max);
 /* a*b into *out unless it overflows. */
 bool tdd_mul_overflows(uint64_t a, uint64_t b, uint64_t *out);
 bool tdd_same_shape(const tdd_tensor *a, const tdd_tensor *b);
+/* Copies host view src into dst as C-order contiguous bytes (any dtype). */
+void tdd_copy_contiguous(const tdd_tensor *src, void *dst);
 
 #endif

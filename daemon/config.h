@@ -1,0 +1,30 @@
+/* config.h -- every limit of the daemon, each with a safe default. */
+#ifndef TDD_CONFIG_H
+#define TDD_CONFIG_H
+
+#include <stdint.h>
+
+#define TDD_MAX_LISTEN 16
+
+typedef struct tdd_config {
+    const char *listen[TDD_MAX_LISTEN];
+    int nlisten;
+    int cpu_devices;         /* logical cpu devices cpu:0..N-1 */
+    int threads;             /* cpu backend threads; 0 = cores */
+    uint32_t max_msg;        /* largest protobuf request */
+    uint64_t max_payload;    /* largest raw payload */
+    int64_t max_numel;       /* largest tensor, in elements */
+    uint64_t max_handles;    /* live handles per session */
+    uint64_t session_memory; /* bytes per session; 0 = only the global cap */
+    uint64_t memory_cap;     /* bytes for the whole daemon; 0 = physical memory */
+    uint32_t max_inflight;   /* queued requests per session before reading pauses */
+    uint32_t max_sessions;   /* concurrent sessions */
+    uint32_t idle_timeout_s; /* close a session silent this long; 0 = never */
+    uint32_t shutdown_grace_s;
+} tdd_config;
+
+extern tdd_config tdd_cfg;
+
+void tdd_config_defaults(tdd_config *c);
+
+#endif

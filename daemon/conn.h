@@ -1,0 +1,101 @@
+/* conn.h -- one client connection: framing, payload landing, writes, backpressure. */
+#ifndef TDD_CONN_H
+#define TDD_CONN_H
+
+#include <stdbool.h>
+#include <uv.h>
+
+#include "frame.h"
+#include "session.h"
+#include "tensordd.pb-c.h"
+
+typedef struct tdd_conn tdd_conn;
+typedef void (*tdd_payload_cb)(tdd_conn *c, void *arg, int status);
+
+struct tdd_conn {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } h;
+    tdd_session *s;
+    td_frame_parser fp;
+    uint8_t *rbuf;
+    size_t rcap, rlen, rpos;
+    /* A raw payload in flight: lands at pdst (NULL: discarded). */
+    bool in_payload;
+    uint8_t *pdst;
+    uint64_t plen, pgot;
+    tdd_payload_cb pdone;
+    void *parg;
+    /* A synchronising request waiting for the session's queued work. */
+    Tensordd__V1__Request *blocked;
+    int paused; /* > 0: no frame is processed (a download is being written) */
+    bool hello_done;
+    bool reading;
+    bool closing;
+    bool draining; /* daemon shutting down: answer Goodbye once idle */
+    uint64_t wq_bytes;
+    uv_timer_t idle;
+    tdd_conn *prev, *next;
+};
+
+/* How dispatch tells the connection what to do with a request. */
+enum {
+    TDD_DISPATCH_DONE = 0,    /* handled; the request is freed */
+    TDD_DISPATCH_BLOCK = 1,   /* retry once the session's queued work is done */
+    TDD_DISPATCH_PAYLOAD = 2, /* read plen payload bytes to pdst, then call pdone */
+    TDD_DISPATCH_CLOSE = 3    /* close after pending writes (protocol-level failure) */
+};
+
+int tdd_server_start(uv_loop_t *loop, const tdd_config *cfg);
+/* Stop accepting; let connections finish; the loop ends when all are closed. */
+void tdd_server_shutdown(void);
+
+void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
+                   tdd_storage *hold);
+void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err);
+void tdd_conn_send_ok(tdd_conn *c, uint64_t id);
+/* Pauses frame processing until tdd_conn_resume (one call each). */
+void tdd_conn_pause(tdd_conn *c);
+void tdd_conn_resume(tdd_conn *c);
+/* The session's queued work dropped: retry a blocked request, resume reading. */
+void tdd_conn_kick(tdd_conn *c);
+
+/* dispatch.c */
+int tdd_dispatch(tdd_conn *c, Tensordd__V1__Request *req, uint64_t payload_len);
+void tdd_dispatch_init(void);
+
+/* wire.c: td_error -> protobuf Error, in one place. The buffer owns every
+ * sub-message the Error points to. */
+typedef struct {
+    Tensordd__V1__Error e;
+    Tensordd__V1__DeviceMismatch dm;
+    Tensordd__V1__Device d[2];
+    Tensordd__V1__DTypeMismatch dtm;
+    Tensordd__V1__ShapeMismatch sm;
+    Tensordd__V1__UnknownHandle uh;
+    Tensordd__V1__WrongHandleKind whk;
+    Tensordd__V1__Poisoned po;
+    Tensordd__V1__ResourceExhausted re;
+    Tensordd__V1__VersionMismatch vm;
+    Tensordd__V1__InvalidArgument ia;
+    char msg[256], arg[32], res[32], b0[16], b1[16];
+    int64_t shapes[2][TD_MAX_NDIM];
+} tdd_wire_error;
+
+Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
+                                         uint64_t request_id);
+void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len,
+                     const tdd_device *d);
+
+/* counters for Stats */
+typedef struct {
+    uint64_t bytes_received, bytes_sent, requests;
+    uint64_t errors[TD_ERRNO_COUNT];
+    uint64_t start_ms;
+} tdd_counters;
+extern tdd_counters tdd_stats;
+
+#endif

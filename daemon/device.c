@@ -1,0 +1,192 @@
+/* device.c -- backend registry, device table, storage allocation and accounting. */
+#include "device.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "exec.h"
+#include "log.h"
+
+#define TDD_MAX_DEVICES 64
+
+/* The backends this build serves, in listing order. */
+static const tdd_backend *const backends[] = {&tdd_backend_cpu, &tdd_backend_ref,
+                                              &tdd_backend_cuda};
+#define NBACKENDS (sizeof backends / sizeof backends[0])
+
+static void *contexts[NBACKENDS];
+static int counts[NBACKENDS];
+static tdd_device devices[TDD_MAX_DEVICES];
+static int ndevices;
+static uint64_t global_in_use;
+
+/* Storage plus who pays for it. */
+typedef struct {
+    tdd_storage st;
+    tdd_account *acct;
+} dstorage;
+
+int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
+{
+    tdd_backend_config bc = {.cpu_devices = cfg->cpu_devices, .threads = cfg->threads};
+    note[0] = 0;
+    for (size_t b = 0; b < NBACKENDS; b++) {
+        char why[256] = "";
+        int n = backends[b]->init(&bc, &contexts[b], why, sizeof why);
+        if (n < 0) {
+            tdd_warn("backend %s failed to start: %s %s", backends[b]->name, td_strerror(n), why);
+            n = 0;
+        }
+        if (n == 0 && strcmp(backends[b]->name, "cuda") == 0) {
+            tdd_info("cuda: no GPU available (%s); serving CPU backends only", why);
+            snprintf(note, note_len, "no GPU available (%s): serving CPU backends only", why);
+        }
+        counts[b] = n;
+        for (int o = 0; o < n && ndevices < TDD_MAX_DEVICES; o++) {
+            tdd_device *d = &devices[ndevices];
+            d->be = backends[b];
+            d->ctx = contexts[b];
+            d->ordinal = o;
+            d->index = ndevices;
+            snprintf(d->label, sizeof d->label, "%s:%d", d->be->name, o);
+            d->be->device_name(d->ctx, o, d->name, sizeof d->name);
+            d->q = tdd_queue_new(d->label);
+            if (!d->q)
+                return TD_ERESOURCE_EXHAUSTED;
+            tdd_info("device %s: %s", d->label, d->name);
+            ndevices++;
+        }
+    }
+    return 0;
+}
+
+void tdd_devices_shutdown(void)
+{
+    for (int i = 0; i < ndevices; i++)
+        tdd_queue_free(devices[i].q);
+    for (size_t b = 0; b < NBACKENDS; b++)
+        if (backends[b]->shutdown && contexts[b])
+            backends[b]->shutdown(contexts[b]);
+    ndevices = 0;
+}
+
+int tdd_device_count(void)
+{
+    return ndevices;
+}
+
+tdd_device *tdd_device_get(int i)
+{
+    return i >= 0 && i < ndevices ? &devices[i] : NULL;
+}
+
+tdd_device *tdd_device_find(const char *backend, uint32_t ordinal, int *backend_known)
+{
+    int known = 0;
+    for (size_t b = 0; b < NBACKENDS; b++)
+        if (strcmp(backends[b]->name, backend) == 0)
+            known = 1;
+    if (backend_known)
+        *backend_known = known;
+    for (int i = 0; i < ndevices; i++)
+        if ((uint32_t)devices[i].ordinal == ordinal && strcmp(devices[i].be->name, backend) == 0)
+            return &devices[i];
+    return NULL;
+}
+
+static uint64_t memory_cap(void)
+{
+    static uint64_t cap;
+    if (!cap) {
+        cap = tdd_cfg.memory_cap;
+        if (!cap) {
+            long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            cap = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
+        }
+    }
+    return cap;
+}
+
+static int exhausted(td_error *err, const char *what, uint64_t requested, uint64_t available)
+{
+    tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "%s: %llu bytes requested, %llu available", what,
+                (unsigned long long)requested, (unsigned long long)available);
+    if (err) {
+        err->detail_kind = TD_DETAIL_RESOURCE;
+        snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource, "%s", what);
+        err->detail.resource.requested = requested;
+        err->detail.resource.available = available;
+    }
+    return TD_ERESOURCE_EXHAUSTED;
+}
+
+tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
+{
+    uint64_t cap = memory_cap();
+    if (nbytes > cap - global_in_use) {
+        exhausted(err, "daemon memory", nbytes, cap - global_in_use);
+        return NULL;
+    }
+    if (acct && acct->limit && nbytes > acct->limit - acct->in_use) {
+        exhausted(err, "session memory", nbytes, acct->limit - acct->in_use);
+        return NULL;
+    }
+    dstorage *ds = calloc(1, sizeof *ds);
+    if (!ds) {
+        exhausted(err, "host memory", nbytes, 0);
+        return NULL;
+    }
+    ds->st.data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
+    if (!ds->st.data) {
+        free(ds);
+        exhausted(err, dev->label, nbytes, 0);
+        return NULL;
+    }
+    atomic_init(&ds->st.refs, 1);
+    ds->st.nbytes = nbytes;
+    ds->st.dev = dev;
+    ds->acct = acct;
+    if (acct) {
+        acct->refs++;
+        acct->in_use += nbytes;
+    }
+    global_in_use += nbytes;
+    dev->in_use += nbytes;
+    if (dev->in_use > dev->peak)
+        dev->peak = dev->in_use;
+    return &ds->st;
+}
+
+void tdd_storage_ref(tdd_storage *st)
+{
+    atomic_fetch_add(&st->refs, 1);
+}
+
+void tdd_storage_unref(tdd_storage *st)
+{
+    if (!st || atomic_fetch_sub(&st->refs, 1) != 1)
+        return;
+    dstorage *ds = (dstorage *)st;
+    tdd_device *dev = st->dev;
+    dev->be->free(dev->ctx, dev->ordinal, st->data, st->nbytes);
+    dev->in_use -= st->nbytes;
+    global_in_use -= st->nbytes;
+    if (ds->acct) {
+        ds->acct->in_use -= st->nbytes;
+        tdd_account_unref(ds->acct);
+    }
+    free(ds);
+}
+
+void tdd_account_unref(tdd_account *a)
+{
+    if (a && --a->refs == 0)
+        free(a);
+}
+
+uint64_t tdd_memory_in_use(void)
+{
+    return global_in_use;
+}

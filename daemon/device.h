@@ -1,0 +1,46 @@
+/* device.h -- the devices the daemon serves, their storage and memory accounting. */
+#ifndef TDD_DEVICE_H
+#define TDD_DEVICE_H
+
+#include "backend.h"
+#include "config.h"
+
+struct tdd_queue;
+
+typedef struct tdd_device {
+    const tdd_backend *be;
+    void *ctx;
+    int ordinal; /* within the backend */
+    int index;   /* within the daemon */
+    char label[24]; /* "cpu:0" */
+    char name[64];
+    uint64_t in_use, peak; /* bytes; loop thread only */
+    struct tdd_queue *q;   /* the device's worker */
+} tdd_device;
+
+/* Who pays for an allocation: a session's quota (limit 0 = none) and the
+ * daemon's cap. Refcounted because storage can outlive its session briefly
+ * (a task still running when the client hung up). Loop thread only. */
+typedef struct tdd_account {
+    long refs;
+    uint64_t in_use, limit;
+} tdd_account;
+
+/* Initialises every backend; fills note with a line for clients (e.g. no GPU). */
+int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len);
+void tdd_devices_shutdown(void);
+int tdd_device_count(void);
+tdd_device *tdd_device_get(int i);
+/* The device, or NULL; *backend_known says whether the backend exists at all. */
+tdd_device *tdd_device_find(const char *backend, uint32_t ordinal, int *backend_known);
+
+/* Allocates nbytes on dev charged to acct (may be NULL). On failure returns
+ * NULL with RESOURCE_EXHAUSTED in err. Loop thread only. */
+tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err);
+void tdd_storage_ref(tdd_storage *st);
+void tdd_storage_unref(tdd_storage *st);
+
+void tdd_account_unref(tdd_account *a);
+uint64_t tdd_memory_in_use(void);
+
+#endif

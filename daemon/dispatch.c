@@ -1,0 +1,660 @@
+/* dispatch.c -- the request table: generic checks once, then one handler per
+ * request kind. Handlers return TDD_DISPATCH_*; errors become wire Errors in
+ * exactly one place (answer_error). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "conn.h"
+#include "exec_op.h"
+#include "log.h"
+
+#define TDD_VERSION_STRING "tensordd 0.1.0"
+
+typedef Tensordd__V1__Request Request;
+
+static char server_note[256];
+
+void tdd_dispatch_set_note(const char *note);
+void tdd_dispatch_set_note(const char *note)
+{
+    snprintf(server_note, sizeof server_note, "%s", note);
+}
+
+/* Synchronising requests always get exactly one reply; the rest only when
+ * they ask (want_reply). */
+static bool always_answered(const Request *req)
+{
+    switch (req->body_case) {
+    case TENSORDD__V1__REQUEST__BODY_UPLOAD:
+    case TENSORDD__V1__REQUEST__BODY_OP:
+    case TENSORDD__V1__REQUEST__BODY_RELEASE:
+    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
+    case TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE:
+    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
+        return false;
+    default:
+        return true;
+    }
+}
+
+/* The one place a failed request's error goes: to the client now, or into
+ * the session's pending error for the next synchronising request. */
+static int answer_error(tdd_conn *c, const Request *req, td_error *err)
+{
+    err->request_id = req->id;
+    if (req->want_reply || always_answered(req)) {
+        tdd_conn_send_error(c, req->id, err);
+    } else {
+        tdd_session_fail(c->s, err);
+        tdd_stats.errors[-err->code]++;
+    }
+    return TDD_DISPATCH_DONE;
+}
+
+static void answer_ok(tdd_conn *c, const Request *req)
+{
+    if (req->want_reply || always_answered(req))
+        tdd_conn_send_ok(c, req->id);
+}
+
+/* Reports and clears the session's first pending error; 1 if there was one. */
+static int report_pending(tdd_conn *c, const Request *req)
+{
+    tdd_session *s = c->s;
+    if (!s->has_err)
+        return 0;
+    s->has_err = false;
+    tdd_conn_send_error(c, req->id, &s->err);
+    return 1;
+}
+
+static tdd_device *resolve_device(const Tensordd__V1__Device *d, td_error *err)
+{
+    if (!d || !d->backend || !d->backend[0])
+        return tdd_default_device();
+    int known = 0;
+    tdd_device *dev = tdd_device_find(d->backend, d->ordinal, &known);
+    if (!dev) {
+        if (known)
+            tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here",
+                        d->backend, d->ordinal);
+        else
+            tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
+    }
+    return dev;
+}
+
+/* A value standing for a failed request's outputs, so later uses of the
+ * handles say POISONED (naming the origin) rather than UNKNOWN_HANDLE. */
+static void bind_poisoned(tdd_session *s, uint64_t id, int code, uint64_t req_id)
+{
+    if (tdd_handle_check_new(s, id, NULL))
+        return;
+    tdd_value *v = tdd_value_new(tdd_default_device());
+    if (!v)
+        return;
+    tdd_value_poison(v, code == TD_EPOISONED ? TD_EPOISONED : code, req_id);
+    tdd_handle_add(s, id, TD_HANDLE_TENSOR, v);
+}
+
+static void fill_tensor_info(Tensordd__V1__TensorInfo *ti, Tensordd__V1__Device *d, char *b,
+                             size_t blen, const tdd_value *v)
+{
+    tensordd__v1__tensor_info__init(ti);
+    tdd_wire_device(d, b, blen, v->dev);
+    ti->handle = v->handle;
+    ti->dtype = (Tensordd__V1__DType)v->t.dtype;
+    ti->n_shape = (size_t)v->t.ndim;
+    ti->shape = (int64_t *)(uintptr_t)v->t.shape;
+    ti->device = d;
+    ti->requires_grad = v->requires_grad;
+}
+
+/* ---------------------------------------------------------------- hello */
+
+static int h_hello(tdd_conn *c, Request *req)
+{
+    Tensordd__V1__Hello *h = req->hello;
+    td_error err;
+    if (c->hello_done) {
+        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "Hello sent twice");
+        answer_error(c, req, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (h->min_version > TD_PROTOCOL_VERSION || h->max_version < TD_PROTOCOL_VERSION) {
+        tdd_err_set(&err, TD_EVERSION_MISMATCH,
+                    "client speaks protocol %u..%u, this daemon speaks %u..%u", h->min_version,
+                    h->max_version, TD_PROTOCOL_VERSION, TD_PROTOCOL_VERSION);
+        err.detail_kind = TD_DETAIL_VERSION;
+        err.detail.version.server_min = TD_PROTOCOL_VERSION;
+        err.detail.version.server_max = TD_PROTOCOL_VERSION;
+        answer_error(c, req, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    c->hello_done = true;
+    snprintf(c->s->client_name, sizeof c->s->client_name, "%s",
+             h->client_name ? h->client_name : "");
+    Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
+    hr.version = TD_PROTOCOL_VERSION;
+    hr.server = (char *)TDD_VERSION_STRING;
+    hr.session_id = c->s->id;
+    hr.note = server_note;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req->id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_HELLO;
+    r.hello = &hr;
+    tdd_conn_send(c, &r, NULL, 0, NULL);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- devices, stats */
+
+static int h_list_devices(tdd_conn *c, Request *req)
+{
+    int n = tdd_device_count();
+    Tensordd__V1__DeviceInfo *infos = calloc((size_t)n + 1, sizeof *infos);
+    Tensordd__V1__DeviceInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+    Tensordd__V1__Device *devs = calloc((size_t)n + 1, sizeof *devs);
+    char(*names)[16] = calloc((size_t)n + 1, sizeof *names);
+    if (!infos || !ptrs || !devs || !names) {
+        free(infos), free(ptrs), free(devs), free(names);
+        td_error err;
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return answer_error(c, req, &err);
+    }
+    for (int i = 0; i < n; i++) {
+        tdd_device *d = tdd_device_get(i);
+        tensordd__v1__device_info__init(&infos[i]);
+        tdd_wire_device(&devs[i], names[i], sizeof names[i], d);
+        infos[i].device = &devs[i];
+        infos[i].name = d->name;
+        infos[i].memory_total = d->be->memory_total ? d->be->memory_total(d->ctx, d->ordinal) : 0;
+        infos[i].memory_used = d->in_use;
+        ptrs[i] = &infos[i];
+    }
+    Tensordd__V1__ListDevicesReply lr = TENSORDD__V1__LIST_DEVICES_REPLY__INIT;
+    lr.n_devices = (size_t)n;
+    lr.devices = ptrs;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req->id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_DEVICES;
+    r.devices = &lr;
+    tdd_conn_send(c, &r, NULL, 0, NULL);
+    free(infos), free(ptrs), free(devs), free(names);
+    return TDD_DISPATCH_DONE;
+}
+
+extern uint64_t tdd_values_alive(void);
+
+static int h_stats(tdd_conn *c, Request *req)
+{
+    Tensordd__V1__StatsReply sr = TENSORDD__V1__STATS_REPLY__INIT;
+    sr.sessions = tdd_nsessions;
+    uint64_t handles = 0;
+    size_t ns = 0;
+    for (tdd_session *s = tdd_sessions; s; s = s->next) {
+        handles += s->nhandles;
+        ns++;
+    }
+    sr.handles = handles;
+    sr.bytes_received = tdd_stats.bytes_received;
+    sr.bytes_sent = tdd_stats.bytes_sent;
+    sr.requests = tdd_stats.requests;
+    sr.uptime_ms = uv_now(uv_default_loop()) - tdd_stats.start_ms;
+    sr.tensors_alive = tdd_values_alive();
+
+    Tensordd__V1__ErrorCount ec[TD_ERRNO_COUNT], *ecp[TD_ERRNO_COUNT];
+    size_t nec = 0;
+    for (int i = 1; i < TD_ERRNO_COUNT; i++) {
+        if (!tdd_stats.errors[i])
+            continue;
+        tensordd__v1__error_count__init(&ec[nec]);
+        ec[nec].code = (Tensordd__V1__ErrorCode)i;
+        ec[nec].count = tdd_stats.errors[i];
+        ecp[nec] = &ec[nec];
+        nec++;
+    }
+    sr.n_errors = nec;
+    sr.errors = ecp;
+
+    int nd = tdd_device_count();
+    Tensordd__V1__DeviceMemory *dm = calloc((size_t)nd + 1, sizeof *dm);
+    Tensordd__V1__DeviceMemory **dmp = calloc((size_t)nd + 1, sizeof *dmp);
+    Tensordd__V1__Device *devs = calloc((size_t)nd + 1, sizeof *devs);
+    char(*names)[16] = calloc((size_t)nd + 1, sizeof *names);
+    Tensordd__V1__SessionInfo *si = calloc(ns + 1, sizeof *si);
+    Tensordd__V1__SessionInfo **sip = calloc(ns + 1, sizeof *sip);
+    if (dm && dmp && devs && names && si && sip) {
+        for (int i = 0; i < nd; i++) {
+            tdd_device *d = tdd_device_get(i);
+            tensordd__v1__device_memory__init(&dm[i]);
+            tdd_wire_device(&devs[i], names[i], sizeof names[i], d);
+            dm[i].device = &devs[i];
+            dm[i].bytes_in_use = d->in_use;
+            dm[i].peak_bytes = d->peak;
+            dmp[i] = &dm[i];
+        }
+        sr.n_memory = (size_t)nd;
+        sr.memory = dmp;
+        size_t k = 0;
+        for (tdd_session *s = tdd_sessions; s; s = s->next, k++) {
+            tensordd__v1__session_info__init(&si[k]);
+            si[k].session_id = s->id;
+            si[k].peer = s->peer;
+            si[k].client_name = s->client_name;
+            si[k].handles = s->nhandles;
+            si[k].bytes_in_use = s->acct->in_use;
+            si[k].requests = s->requests;
+            sip[k] = &si[k];
+        }
+        sr.n_session_list = k;
+        sr.session_list = sip;
+    }
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req->id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_STATS;
+    r.stats = &sr;
+    tdd_conn_send(c, &r, NULL, 0, NULL);
+    free(dm), free(dmp), free(devs), free(names), free(si), free(sip);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- upload */
+
+typedef struct {
+    tdd_value *v;
+    uint64_t req_id;
+    bool want_reply;
+} upload_ctx;
+
+static void upload_landed(tdd_conn *c, void *arg, int status)
+{
+    upload_ctx *u = arg;
+    if (status == 0 && u->want_reply && c->s)
+        tdd_conn_send_ok(c, u->req_id);
+    tdd_value_unref(u->v);
+    free(u);
+}
+
+static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
+{
+    Tensordd__V1__Upload *up = req->upload;
+    tdd_session *s = c->s;
+    td_error err;
+    int rc = tdd_handle_check_new(s, up->handle, &err);
+    tdd_device *dev = NULL;
+    int64_t numel = 0;
+    size_t isz = td_dtype_size((td_dtype)up->dtype);
+    if (!rc && (up->dtype <= 0 || up->dtype >= (int)TD_DTYPE_COUNT))
+        rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)up->dtype);
+    if (!rc && up->n_shape > TD_MAX_NDIM)
+        rc = tdd_err_arg(&err, "shape", "%zu dims, at most %d", up->n_shape, TD_MAX_NDIM);
+    if (!rc) {
+        numel = tdd_shape_numel(up->shape, (int)up->n_shape, tdd_cfg.max_numel);
+        if (numel < 0)
+            rc = tdd_err_arg(&err, "shape", "negative or too large (limit %lld elements)",
+                             (long long)tdd_cfg.max_numel);
+    }
+    if (!rc && (uint64_t)numel * isz != plen)
+        rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, shape and dtype need %llu",
+                         (unsigned long long)plen, (unsigned long long)((uint64_t)numel * isz));
+    td_dtype udt = (td_dtype)up->dtype;
+    if (!rc && up->requires_grad && udt != TD_F32 && udt != TD_F64 && udt != TD_F16 &&
+        udt != TD_BF16)
+        rc = tdd_err_arg(&err, "requires_grad", "only floating-point tensors can require grad");
+    if (!rc && !(dev = resolve_device(up->device, &err)))
+        rc = err.code;
+    tdd_value *v = NULL;
+    upload_ctx *u = NULL;
+    if (!rc) {
+        v = tdd_value_new(dev);
+        u = calloc(1, sizeof *u);
+        if (!v || !u)
+            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    }
+    if (!rc) {
+        v->t.dtype = (td_dtype)up->dtype;
+        v->t.ndim = (int)up->n_shape;
+        memcpy(v->t.shape, up->shape, up->n_shape * sizeof(int64_t));
+        tdd_set_contiguous(&v->t);
+        v->requires_grad = up->requires_grad;
+        v->t.st = tdd_storage_alloc(dev, (size_t)plen, s->acct, &err);
+        if (!v->t.st)
+            rc = TD_ERESOURCE_EXHAUSTED;
+        else if (!dev->be->host_memory)
+            rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "uploads to %s arrive with its backend",
+                             dev->label);
+    }
+    if (rc) {
+        tdd_value_unref(v);
+        free(u);
+        bind_poisoned(s, up->handle, rc, req->id);
+        answer_error(c, req, &err);
+        c->pdst = NULL; /* the payload is read and dropped */
+        c->pdone = NULL;
+        return TDD_DISPATCH_PAYLOAD;
+    }
+    tdd_handle_add(s, up->handle, TD_HANDLE_TENSOR, v);
+    tdd_value_ref(v);
+    u->v = v;
+    u->req_id = req->id;
+    u->want_reply = req->want_reply;
+    c->pdst = tdd_data(&v->t);
+    c->pdone = upload_landed;
+    c->parg = u;
+    return TDD_DISPATCH_PAYLOAD;
+}
+
+/* ---------------------------------------------------------------- download, describe */
+
+static int get_value(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
+{
+    return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
+}
+
+static int h_download(tdd_conn *c, Request *req)
+{
+    if (c->s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    td_error err;
+    tdd_value *v;
+    if (get_value(c->s, req->download->handle, &v, &err))
+        return answer_error(c, req, &err);
+    if (tdd_value_poisoned(v)) {
+        if (c->s->has_err && c->s->err.request_id == v->poison_req)
+            c->s->has_err = false; /* this error is the one being reported */
+        tdd_err_poisoned(&err, v);
+        return answer_error(c, req, &err);
+    }
+    if (report_pending(c, req))
+        return TDD_DISPATCH_DONE;
+    if (!v->dev->be->host_memory) {
+        tdd_err_set(&err, TD_EUNSUPPORTED_OP, "downloads from %s arrive with its backend",
+                    v->dev->label);
+        return answer_error(c, req, &err);
+    }
+    Tensordd__V1__TensorInfo ti;
+    Tensordd__V1__Device d;
+    char b[16];
+    fill_tensor_info(&ti, &d, b, sizeof b, v);
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req->id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+    r.tensor = &ti;
+    uint64_t nbytes = (uint64_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+    if (tdd_is_contiguous(&v->t)) {
+        /* Straight from the tensor's memory: no staging copy. */
+        tdd_conn_send(c, &r, tdd_data(&v->t), nbytes, v->t.st);
+        return TDD_DISPATCH_DONE;
+    }
+    /* A strided view: gather it once into a buffer the write owns. */
+    tdd_device *dev = v->dev;
+    tdd_storage *tmp = tdd_storage_alloc(dev, (size_t)nbytes, c->s->acct, &err);
+    if (!tmp)
+        return answer_error(c, req, &err);
+    tdd_copy_contiguous(&v->t, tmp->data);
+    tdd_conn_send(c, &r, tmp->data, nbytes, tmp);
+    tdd_storage_unref(tmp);
+    return TDD_DISPATCH_DONE;
+}
+
+static int h_describe(tdd_conn *c, Request *req)
+{
+    td_error err;
+    tdd_value *v;
+    if (get_value(c->s, req->describe->handle, &v, &err))
+        return answer_error(c, req, &err);
+    if (tdd_value_poisoned(v)) {
+        tdd_err_poisoned(&err, v);
+        return answer_error(c, req, &err);
+    }
+    Tensordd__V1__TensorInfo ti;
+    Tensordd__V1__Device d;
+    char b[16];
+    fill_tensor_info(&ti, &d, b, sizeof b, v);
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req->id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+    r.tensor = &ti;
+    tdd_conn_send(c, &r, NULL, 0, NULL);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- ops */
+
+static int convert_attrs(const Tensordd__V1__Op *op, td_attr *out, td_error *err)
+{
+    for (size_t i = 0; i < op->n_attrs; i++) {
+        const Tensordd__V1__Attr *a = op->attrs[i];
+        td_attr *t = &out[i];
+        memset(t, 0, sizeof *t);
+        t->name = a->name;
+        switch (a->value_case) {
+        case TENSORDD__V1__ATTR__VALUE_I:
+            t->kind = TD_ATTR_INT;
+            t->i = a->i;
+            t->f = (double)a->i;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_F:
+            t->kind = TD_ATTR_FLOAT;
+            t->f = a->f;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_B:
+            t->kind = TD_ATTR_BOOL;
+            t->b = a->b;
+            t->i = a->b;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_INTS:
+            t->kind = TD_ATTR_INTS;
+            t->ints = a->ints->v;
+            t->n = a->ints->n_v;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_FLOATS:
+            t->kind = TD_ATTR_FLOATS;
+            t->floats = a->floats->v;
+            t->n = a->floats->n_v;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_S:
+            t->kind = TD_ATTR_STR;
+            t->s = a->s;
+            break;
+        case TENSORDD__V1__ATTR__VALUE__NOT_SET:
+        default:
+            return tdd_err_arg(err, a->name && a->name[0] ? a->name : "attrs",
+                               "attribute '%.64s' has no value", a->name ? a->name : "");
+        }
+    }
+    return 0;
+}
+
+#define TDD_MAX_ATTRS 32
+
+static int h_op(tdd_conn *c, Request *req)
+{
+    Tensordd__V1__Op *op = req->op;
+    tdd_session *s = c->s;
+    td_error err;
+    int rc = 0;
+    tdd_value *in[TDD_MAX_OP_INPUTS];
+    tdd_value *out[TDD_MAX_OP_OUTPUTS];
+    td_attr attrs[TDD_MAX_ATTRS];
+    int n_out = (int)op->n_outputs;
+
+    if (op->n_outputs == 0 || op->n_outputs > TDD_MAX_OP_OUTPUTS)
+        rc = tdd_err_arg(&err, "outputs", "%zu output handles; 1..%d expected", op->n_outputs,
+                         TDD_MAX_OP_OUTPUTS);
+    for (size_t i = 0; !rc && i < op->n_outputs; i++) {
+        rc = tdd_handle_check_new(s, op->outputs[i], &err);
+        for (size_t j = 0; !rc && j < i; j++)
+            if (op->outputs[j] == op->outputs[i])
+                rc = tdd_err_arg(&err, "outputs", "output handle %llu named twice",
+                                 (unsigned long long)op->outputs[i]);
+    }
+    const tdd_opdef *def = NULL;
+    if (!rc && !(def = tdd_op_find(op->op)))
+        rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "unknown op '%.64s'", op->op);
+    if (!rc && op->n_inputs > TDD_MAX_OP_INPUTS)
+        rc = tdd_err_arg(&err, "inputs", "%zu inputs; at most %d", op->n_inputs,
+                         TDD_MAX_OP_INPUTS);
+    for (size_t i = 0; !rc && i < op->n_inputs; i++)
+        rc = get_value(s, op->inputs[i], &in[i], &err);
+    if (!rc && op->n_attrs > TDD_MAX_ATTRS)
+        rc = tdd_err_arg(&err, "attrs", "%zu attributes; at most %d", op->n_attrs, TDD_MAX_ATTRS);
+    if (!rc)
+        rc = convert_attrs(op, attrs, &err);
+    tdd_device *dev = NULL;
+    if (!rc && op->n_inputs == 0 && !(dev = resolve_device(op->device, &err)))
+        rc = err.code;
+    if (!rc && (op->dtype < 0 || op->dtype >= (int)TD_DTYPE_COUNT))
+        rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
+    if (!rc) {
+        tdd_opreq oreq = {.attrs = {.a = attrs, .n = op->n_attrs},
+                          .dtype = (td_dtype)op->dtype,
+                          .seed = s->rng};
+        s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
+        rc = tdd_submit_op(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
+                           dev, out, &n_out, &err);
+    }
+    if (rc) {
+        int origin = rc;
+        uint64_t origin_req = req->id;
+        if (rc == TD_EPOISONED) {
+            origin = err.detail.poisoned.origin_code;
+            origin_req = err.detail.poisoned.origin_request;
+        }
+        for (size_t i = 0; i < op->n_outputs && i < TDD_MAX_OP_OUTPUTS; i++)
+            bind_poisoned(s, op->outputs[i], origin, origin_req);
+        return answer_error(c, req, &err);
+    }
+    for (int i = 0; i < n_out; i++) {
+        if (op->requires_grad && op->n_inputs == 0)
+            out[i]->requires_grad = true;
+        tdd_handle_add(s, op->outputs[i], TD_HANDLE_TENSOR, out[i]);
+    }
+    if (s->grad_enabled && op->n_inputs > 0) {
+        bool track = false;
+        for (size_t i = 0; i < op->n_inputs; i++)
+            track |= in[i]->requires_grad;
+        if (track)
+            tdd_autograd_record(s, def->op, NULL, in, (int)op->n_inputs, out, n_out);
+    }
+    return TDD_DISPATCH_DONE;
+}
+
+static int h_to_device(tdd_conn *c, Request *req)
+{
+    Tensordd__V1__ToDevice *td = req->to_device;
+    tdd_session *s = c->s;
+    td_error err;
+    tdd_value *v = NULL, *out = NULL;
+    tdd_device *dev = NULL;
+    int rc = tdd_handle_check_new(s, td->output, &err);
+    if (!rc)
+        rc = get_value(s, td->input, &v, &err);
+    if (!rc && !(dev = resolve_device(td->device, &err)))
+        rc = err.code;
+    if (!rc)
+        rc = tdd_submit_copy(s, req->id, v, dev, &out, &err);
+    if (rc) {
+        bind_poisoned(s, td->output,
+                      rc == TD_EPOISONED ? err.detail.poisoned.origin_code : rc,
+                      rc == TD_EPOISONED ? err.detail.poisoned.origin_request : req->id);
+        return answer_error(c, req, &err);
+    }
+    tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
+    if (s->grad_enabled && v->requires_grad)
+        tdd_autograd_record_to_device(s, v, out);
+    if (req->want_reply)
+        tdd_conn_send_ok(c, req->id); /* queued; errors of the copy surface at the next sync */
+    return TDD_DISPATCH_DONE;
+}
+
+static int h_release(tdd_conn *c, Request *req)
+{
+    Tensordd__V1__Release *rl = req->release;
+    td_error err, first;
+    bool failed = false;
+    for (size_t i = 0; i < rl->n_handles; i++) {
+        if (tdd_handle_release(c->s, rl->handles[i], &err) && !failed) {
+            first = err;
+            failed = true;
+        }
+    }
+    if (failed)
+        return answer_error(c, req, &first);
+    answer_ok(c, req);
+    return TDD_DISPATCH_DONE;
+}
+
+static int h_sync(tdd_conn *c, Request *req)
+{
+    if (c->s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    if (!report_pending(c, req))
+        tdd_conn_send_ok(c, req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+static int h_goodbye(tdd_conn *c, Request *req)
+{
+    if (c->s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    tdd_conn_send_ok(c, req->id);
+    return TDD_DISPATCH_CLOSE;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
+{
+    td_error err;
+    if (payload_len && req->body_case != TENSORDD__V1__REQUEST__BODY_UPLOAD) {
+        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "only Upload carries a payload");
+        answer_error(c, req, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (!c->hello_done && req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO) {
+        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "the first request must be Hello");
+        tdd_conn_send_error(c, req->id, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    switch (req->body_case) {
+    case TENSORDD__V1__REQUEST__BODY_HELLO:
+        return h_hello(c, req);
+    case TENSORDD__V1__REQUEST__BODY_LIST_DEVICES:
+        return h_list_devices(c, req);
+    case TENSORDD__V1__REQUEST__BODY_UPLOAD:
+        return h_upload(c, req, payload_len);
+    case TENSORDD__V1__REQUEST__BODY_DOWNLOAD:
+        return h_download(c, req);
+    case TENSORDD__V1__REQUEST__BODY_OP:
+        return h_op(c, req);
+    case TENSORDD__V1__REQUEST__BODY_RELEASE:
+        return h_release(c, req);
+    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
+        return h_to_device(c, req);
+    case TENSORDD__V1__REQUEST__BODY_SYNC:
+        return h_sync(c, req);
+    case TENSORDD__V1__REQUEST__BODY_STATS:
+        return h_stats(c, req);
+    case TENSORDD__V1__REQUEST__BODY_DESCRIBE:
+        return h_describe(c, req);
+    case TENSORDD__V1__REQUEST__BODY_GOODBYE:
+        return h_goodbye(c, req);
+    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
+    case TENSORDD__V1__REQUEST__BODY_GRAD:
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REPLACE:
+    case TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE:
+    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
+    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_STEP:
+        return tdd_autograd_dispatch(c, req);
+    case TENSORDD__V1__REQUEST__BODY__NOT_SET:
+    default:
+        break;
+    }
+    tdd_err_set(&err, TD_EPROTOCOL_ERROR, "request without a known body");
+    return answer_error(c, req, &err);
+}

@@ -1,0 +1,386 @@
+/* exec_op.c -- the one path work takes from a session to a device worker:
+ * validate on the loop, allocate outputs, queue, run, complete on the loop. */
+#include "exec_op.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn.h"
+#include "log.h"
+
+/* What every session task carries: the session, the request it answers, and
+ * the verdict of running it. */
+typedef struct {
+    tdd_task base;
+    tdd_session *s;
+    uint64_t req_id;
+    bool want_reply;
+    int rc;
+    td_error err;
+} session_task;
+
+static void session_task_begin(session_task *t, tdd_session *s, uint64_t req_id, bool want_reply)
+{
+    t->s = s;
+    t->req_id = req_id;
+    t->want_reply = want_reply;
+    tdd_session_ref(s);
+    s->inflight++;
+}
+
+/* The loop side of every completion: report, release, wake the connection. */
+static void session_task_finish(session_task *t, tdd_value *reply_value)
+{
+    tdd_session *s = t->s;
+    s->inflight--;
+    tdd_conn *c = s->closed ? NULL : s->conn;
+    if (t->rc) {
+        t->err.request_id = t->req_id;
+        if (t->want_reply && c)
+            tdd_conn_send_error(c, t->req_id, &t->err);
+        else if (!s->closed) {
+            tdd_session_fail(s, &t->err);
+            tdd_stats.errors[-t->err.code]++;
+        }
+    } else if (t->want_reply && c) {
+        if (reply_value) {
+            Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
+            Tensordd__V1__Device d;
+            char b[16];
+            tdd_wire_device(&d, b, sizeof b, reply_value->dev);
+            ti.handle = reply_value->handle;
+            ti.dtype = (Tensordd__V1__DType)reply_value->t.dtype;
+            ti.n_shape = (size_t)reply_value->t.ndim;
+            ti.shape = reply_value->t.shape;
+            ti.device = &d;
+            ti.requires_grad = reply_value->requires_grad;
+            Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+            r.id = t->req_id;
+            r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+            r.tensor = &ti;
+            tdd_conn_send(c, &r, NULL, 0, NULL);
+        } else {
+            tdd_conn_send_ok(c, t->req_id);
+        }
+    }
+    if (c)
+        tdd_conn_kick(c);
+    tdd_session_unref(s);
+}
+
+/* Waits for producers on other queues, then reports the first poisoned input. */
+static int inputs_ready(tdd_task *self, tdd_value *const *in, int n_in, td_error *err)
+{
+    for (int i = 0; i < n_in; i++)
+        if (in[i]->fq && in[i]->fq != self->q)
+            tdd_queue_wait(in[i]->fq, in[i]->fseq);
+    for (int i = 0; i < n_in; i++)
+        if (tdd_value_poisoned(in[i]))
+            return tdd_err_poisoned(err, in[i]);
+    return 0;
+}
+
+static void poison_outputs(tdd_value *const *out, int n_out, int rc, const td_error *err,
+                           uint64_t req_id)
+{
+    for (int i = 0; i < n_out; i++) {
+        if (rc == TD_EPOISONED)
+            tdd_value_poison(out[i], err->detail.poisoned.origin_code,
+                             err->detail.poisoned.origin_request);
+        else
+            tdd_value_poison(out[i], rc, req_id);
+    }
+}
+
+/* ---------------------------------------------------------------- ops */
+
+typedef struct {
+    session_task st;
+    tdd_device *dev;
+    tdd_op op;
+    tdd_opargs args;
+    bool run_kernel;
+    int n_in, n_out;
+    tdd_value *in[TDD_MAX_OP_INPUTS], *out[TDD_MAX_OP_OUTPUTS];
+} op_task;
+
+static void op_run(tdd_task *t)
+{
+    op_task *ot = (op_task *)t;
+    session_task *st = &ot->st;
+    st->rc = inputs_ready(t, ot->in, ot->n_in, &st->err);
+    if (!st->rc && ot->run_kernel) {
+        tdd_opcall call = {.op = ot->op, .args = &ot->args, .n_in = ot->n_in, .n_out = ot->n_out};
+        for (int i = 0; i < ot->n_in; i++)
+            call.in[i] = &ot->in[i]->t;
+        for (int i = 0; i < ot->n_out; i++)
+            call.out[i] = &ot->out[i]->t;
+        const tdd_backend *be = ot->dev->be;
+        int rc = be->supports ? be->supports(ot->dev->ctx, &call) : 0;
+        if (!rc)
+            rc = be->execute(ot->dev->ctx, ot->dev->ordinal, &call);
+        if (rc)
+            st->rc = tdd_err_set(&st->err, rc, "%s on %s: %s", tdd_opdefs[ot->op].name,
+                                 ot->dev->label, td_strerror(rc));
+    }
+    if (st->rc)
+        poison_outputs(ot->out, ot->n_out, st->rc, &st->err, st->req_id);
+}
+
+static void op_done(tdd_task *t)
+{
+    op_task *ot = (op_task *)t;
+    session_task_finish(&ot->st, ot->out[0]);
+    for (int i = 0; i < ot->n_in; i++)
+        tdd_value_unref(ot->in[i]);
+    for (int i = 0; i < ot->n_out; i++)
+        tdd_value_unref(ot->out[i]);
+    free(ot);
+}
+
+int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err)
+{
+    for (int i = 1; i < n_in; i++) {
+        if (in[i]->dev == in[0]->dev)
+            continue;
+        bool same_backend = in[i]->dev->be == in[0]->dev->be;
+        int code = same_backend ? TD_EDEVICE_MISMATCH : TD_EBACKEND_MISMATCH;
+        return tdd_err_devices(err, code, in[0]->dev, in[i]->dev, 0, (uint32_t)i,
+                               "input 0 is on %s but input %d is on %s", in[0]->dev->label, i,
+                               in[i]->dev->label);
+    }
+    return 0;
+}
+
+tdd_device *tdd_default_device(void)
+{
+    return tdd_device_get(0);
+}
+
+int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
+                  const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
+                  tdd_value **out, int *n_out, td_error *err)
+{
+    if (n_in > TDD_MAX_OP_INPUTS)
+        return tdd_err_arg(err, "inputs", "at most %d inputs", TDD_MAX_OP_INPUTS);
+    for (int i = 0; i < n_in; i++)
+        if (tdd_value_poisoned(in[i]))
+            return tdd_err_poisoned(err, in[i]);
+    int rc = tdd_check_same_device(in, n_in, err);
+    if (rc)
+        return rc;
+    if (n_in > 0)
+        dev = in[0]->dev;
+    if (!dev)
+        return tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "no device to run on");
+
+    op_task *ot = calloc(1, sizeof *ot);
+    if (!ot)
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    const tdd_tensor *tin[TDD_MAX_OP_INPUTS];
+    for (int i = 0; i < n_in; i++)
+        tin[i] = &in[i]->t;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    int nout = 0;
+    rc = tdd_op_prepare(op, tin, n_in, req, tdd_cfg.max_numel, &ot->args, od, &nout, err);
+    if (!rc && (nout < 1 || nout > TDD_MAX_OP_OUTPUTS))
+        rc = tdd_err_set(err, TD_EINTERNAL, "op %s described %d outputs", tdd_opdefs[op].name,
+                         nout);
+    if (!rc && *n_out && *n_out != nout)
+        rc = tdd_err_arg(err, "outputs", "%s produces %d output(s), %d handle(s) given",
+                         tdd_opdefs[op].name, nout, *n_out);
+    if (rc) {
+        free(ot);
+        return rc;
+    }
+    ot->dev = dev;
+    ot->op = op;
+    ot->n_in = n_in;
+    ot->n_out = nout;
+    for (int i = 0; i < nout && !rc; i++) {
+        tdd_value *v = tdd_value_new(dev);
+        if (!v) {
+            rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            break;
+        }
+        ot->out[i] = v;
+        v->t.dtype = od[i].dtype;
+        v->t.ndim = od[i].ndim;
+        memcpy(v->t.shape, od[i].shape, sizeof v->t.shape);
+        if (od[i].view) {
+            const tdd_tensor *base = &in[od[i].view_of]->t;
+            memcpy(v->t.strides, od[i].strides, sizeof v->t.strides);
+            v->t.offset = od[i].offset;
+            v->t.st = base->st;
+            tdd_storage_ref(base->st);
+        } else {
+            ot->run_kernel = true;
+            tdd_set_contiguous(&v->t);
+            size_t nbytes = (size_t)tdd_shape_numel(v->t.shape, v->t.ndim, tdd_cfg.max_numel) *
+                            td_dtype_size(v->t.dtype);
+            v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
+            if (!v->t.st)
+                rc = TD_ERESOURCE_EXHAUSTED;
+        }
+    }
+    if (rc) {
+        for (int i = 0; i < nout; i++)
+            tdd_value_unref(ot->out[i]);
+        free(ot);
+        return rc;
+    }
+    for (int i = 0; i < n_in; i++) {
+        ot->in[i] = in[i];
+        tdd_value_ref(in[i]);
+    }
+    uint64_t seq = tdd_queue_next_seq(dev->q);
+    for (int i = 0; i < nout; i++) {
+        ot->out[i]->fq = dev->q;
+        ot->out[i]->fseq = seq;
+        tdd_value_ref(ot->out[i]);
+        out[i] = ot->out[i];
+    }
+    *n_out = nout;
+    session_task_begin(&ot->st, s, req_id, want_reply);
+    ot->st.base.run = op_run;
+    ot->st.base.done = op_done;
+    tdd_queue_submit(dev->q, &ot->st.base);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- copies */
+
+typedef struct {
+    session_task st;
+    tdd_value *src, *dst;
+} copy_task;
+
+static void copy_run(tdd_task *t)
+{
+    copy_task *ct = (copy_task *)t;
+    session_task *st = &ct->st;
+    st->rc = inputs_ready(t, &ct->src, 1, &st->err);
+    if (!st->rc) {
+        const tdd_tensor *s = &ct->src->t;
+        tdd_tensor *d = &ct->dst->t;
+        const tdd_device *sd = ct->src->dev, *dd = ct->dst->dev;
+        size_t n = d->st->nbytes;
+        int rc = 0;
+        void *staging = NULL;
+        if (sd->be->host_memory && dd->be->host_memory) {
+            tdd_copy_contiguous(s, tdd_data(d));
+        } else if (sd->be->host_memory) {
+            staging = tdd_is_contiguous(s) ? NULL : malloc(n ? n : 1);
+            if (staging)
+                tdd_copy_contiguous(s, staging);
+            rc = dd->be->from_host(dd->ctx, dd->ordinal, tdd_data(d),
+                                   staging ? staging : tdd_data(s), n);
+        } else if (!tdd_is_contiguous(s)) {
+            rc = TD_EUNSUPPORTED_OP; /* device-side gather arrives with the cuda op set */
+        } else if (dd->be->host_memory) {
+            rc = sd->be->to_host(sd->ctx, sd->ordinal, tdd_data(d), tdd_data(s), n);
+        } else {
+            staging = malloc(n ? n : 1);
+            rc = staging ? sd->be->to_host(sd->ctx, sd->ordinal, staging, tdd_data(s), n)
+                         : TD_ERESOURCE_EXHAUSTED;
+            if (!rc)
+                rc = dd->be->from_host(dd->ctx, dd->ordinal, tdd_data(d), staging, n);
+        }
+        free(staging);
+        if (rc)
+            st->rc = tdd_err_set(&st->err, rc, "copy %s -> %s: %s", sd->label, dd->label,
+                                 td_strerror(rc));
+    }
+    if (st->rc)
+        poison_outputs(&ct->dst, 1, st->rc, &st->err, st->req_id);
+}
+
+static void copy_done(tdd_task *t)
+{
+    copy_task *ct = (copy_task *)t;
+    session_task_finish(&ct->st, ct->dst);
+    tdd_value_unref(ct->src);
+    tdd_value_unref(ct->dst);
+    free(ct);
+}
+
+int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device *dst,
+                    tdd_value **out, td_error *err)
+{
+    if (tdd_value_poisoned(src))
+        return tdd_err_poisoned(err, src);
+    copy_task *ct = calloc(1, sizeof *ct);
+    tdd_value *v = ct ? tdd_value_new(dst) : NULL;
+    if (!v) {
+        free(ct);
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    }
+    v->t.dtype = src->t.dtype;
+    v->t.ndim = src->t.ndim;
+    memcpy(v->t.shape, src->t.shape, sizeof v->t.shape);
+    tdd_set_contiguous(&v->t);
+    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+    v->t.st = tdd_storage_alloc(dst, nbytes, s->acct, err);
+    if (!v->t.st) {
+        tdd_value_unref(v);
+        free(ct);
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    tdd_queue *q = src->dev->q; /* the source's queue orders the read after its producer */
+    v->fq = q;
+    v->fseq = tdd_queue_next_seq(q);
+    ct->src = src;
+    tdd_value_ref(src);
+    ct->dst = v;
+    tdd_value_ref(v);
+    *out = v;
+    session_task_begin(&ct->st, s, req_id, false);
+    ct->st.base.run = copy_run;
+    ct->st.base.done = copy_done;
+    tdd_queue_submit(q, &ct->st.base);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- generic work */
+
+typedef struct {
+    session_task st;
+    tdd_work_fn fn;
+    tdd_work_done_fn done;
+    void *arg;
+} work_task;
+
+static void work_run(tdd_task *t)
+{
+    work_task *wt = (work_task *)t;
+    wt->st.rc = wt->fn(wt->arg);
+    if (wt->st.rc)
+        tdd_err_set(&wt->st.err, wt->st.rc, "%s", td_strerror(wt->st.rc));
+}
+
+static void work_done(tdd_task *t)
+{
+    work_task *wt = (work_task *)t;
+    int rc = wt->st.rc;
+    wt->st.rc = 0; /* the callback reports; the session records nothing by itself */
+    wt->done(wt->arg, rc);
+    session_task_finish(&wt->st, NULL);
+    free(wt);
+}
+
+int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_done_fn done,
+                    void *arg)
+{
+    work_task *wt = calloc(1, sizeof *wt);
+    if (!wt)
+        return TD_ERESOURCE_EXHAUSTED;
+    wt->fn = fn;
+    wt->done = done;
+    wt->arg = arg;
+    session_task_begin(&wt->st, s, 0, false);
+    wt->st.base.run = work_run;
+    wt->st.base.done = work_done;
+    tdd_queue_submit(dev->q, &wt->st.base);
+    return 0;
+}

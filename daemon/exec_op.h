@@ -1,0 +1,35 @@
+/* exec_op.h -- submitting work for a session: the one path every op takes
+ * (client ops, and the ops autodiff and optimizers issue internally). */
+#ifndef TDD_EXEC_OP_H
+#define TDD_EXEC_OP_H
+
+#include "session.h"
+
+/* Validates and queues op on the inputs' device (dev for creation ops).
+ * On success fills out[0..*n_out) with new values (references owned by the
+ * caller) whose data will be ready in queue order; on failure returns a TD_E*
+ * code with err filled and queues nothing. Poisoned inputs known now fail
+ * with POISONED; inputs poisoned later poison the outputs when the op runs.
+ * want_reply: the session's connection gets a reply once the op has run. */
+int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
+                  const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
+                  tdd_value **out, int *n_out, td_error *err);
+
+/* Checks that inputs share a backend and device; typed errors name both sides. */
+int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err);
+
+/* Queues a copy of src to a new contiguous value on dst. */
+int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device *dst,
+                    tdd_value **out, td_error *err);
+
+/* Queues fn(arg) on dev's worker after the session's earlier work there;
+ * done(arg, rc) then runs on the loop. For optimizer steps and the like. */
+typedef int (*tdd_work_fn)(void *arg);
+typedef void (*tdd_work_done_fn)(void *arg, int rc);
+int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_done_fn done,
+                    void *arg);
+
+/* A session's default device (cpu:0). */
+tdd_device *tdd_default_device(void);
+
+#endif

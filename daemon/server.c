@@ -1,0 +1,673 @@
+/* server.c -- libuv listeners and connections: frames in, payloads straight
+ * into tensor storage, responses out, backpressure and graceful shutdown. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "conn.h"
+#include "log.h"
+
+#define RBUF_SIZE (64 * 1024)
+/* Payload slices handed to read(2) at once: large enough for full-speed
+ * loopback, small enough that one client cannot monopolise the loop. */
+#define PAYLOAD_SLICE (8u << 20)
+/* Write queue bytes above which a connection stops reading. */
+#define WQ_HIGH_WATER (64u << 20)
+
+tdd_counters tdd_stats;
+
+typedef struct {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } h;
+    char endpoint[256];
+    char unix_path[200];
+} listener;
+
+static uv_loop_t *loop;
+static listener listeners[TDD_MAX_LISTEN];
+static int nlisteners;
+static tdd_conn *conns;
+static bool shutting_down;
+
+static void conn_process(tdd_conn *c);
+static void conn_close(tdd_conn *c);
+static void conn_shutdown(tdd_conn *c);
+
+/* ---------------------------------------------------------------- writes */
+
+typedef struct {
+    uv_write_t req;
+    tdd_conn *c;
+    uint8_t *buf;
+    size_t total;
+    tdd_storage *hold;
+    bool resume; /* the connection was paused for this write */
+} write_req;
+
+static void after_write(uv_write_t *w, int status)
+{
+    write_req *wr = (write_req *)w;
+    tdd_conn *c = wr->c;
+    c->wq_bytes -= wr->total;
+    tdd_storage_unref(wr->hold);
+    free(wr->buf);
+    if (status < 0 && status != UV_ECANCELED)
+        tdd_debug("session %llu: write failed: %s",
+                  (unsigned long long)(c->s ? c->s->id : 0), uv_strerror(status));
+    bool resume = wr->resume;
+    free(wr);
+    if (resume)
+        tdd_conn_resume(c);
+    else if (!c->closing)
+        tdd_conn_kick(c);
+}
+
+static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload,
+                        uint64_t plen, tdd_storage *hold, bool resume)
+{
+    if (c->closing) {
+        if (resume)
+            c->paused--;
+        return;
+    }
+    size_t mlen = protobuf_c_message_get_packed_size(&r->base);
+    write_req *wr = calloc(1, sizeof *wr);
+    uint8_t *buf = malloc(TD_FRAME_HEADER_SIZE + mlen);
+    if (!wr || !buf) {
+        free(wr);
+        free(buf);
+        tdd_error("out of memory writing a response; closing the connection");
+        conn_close(c);
+        return;
+    }
+    td_frame_encode(buf, (uint32_t)mlen, plen);
+    protobuf_c_message_pack(&r->base, buf + TD_FRAME_HEADER_SIZE);
+    wr->c = c;
+    wr->buf = buf;
+    wr->total = TD_FRAME_HEADER_SIZE + mlen + plen;
+    wr->hold = hold;
+    wr->resume = resume;
+    if (hold)
+        tdd_storage_ref(hold);
+    uv_buf_t bufs[2] = {uv_buf_init((char *)buf, (unsigned)(TD_FRAME_HEADER_SIZE + mlen)),
+                        uv_buf_init((char *)(uintptr_t)payload, (unsigned)plen)};
+    /* uv_buf_t lengths are size_t on unix; one buffer per payload (large payloads are
+     * written by libuv in as many write(2) calls as it takes). */
+    bufs[1].len = (size_t)plen;
+    c->wq_bytes += wr->total;
+    tdd_stats.bytes_sent += wr->total;
+    int rc = uv_write(&wr->req, &c->h.stream, bufs, plen ? 2 : 1, after_write);
+    if (rc < 0) {
+        c->wq_bytes -= wr->total;
+        tdd_storage_unref(hold);
+        free(buf);
+        free(wr);
+        if (resume)
+            c->paused--;
+        conn_close(c);
+    }
+}
+
+void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
+                   tdd_storage *hold)
+{
+    /* A payload pointing into tensor memory must not change while it is written:
+     * frame processing pauses until the write completes. */
+    bool pause = plen > 0;
+    if (pause)
+        c->paused++;
+    send_packed(c, r, payload, plen, hold, pause);
+}
+
+void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
+{
+    tdd_wire_error w;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
+    r.error = tdd_wire_error_fill(&w, err, id);
+    tdd_stats.errors[-err->code < TD_ERRNO_COUNT ? -err->code : TD_ERRNO_COUNT - 1]++;
+    send_packed(c, &r, NULL, 0, NULL, false);
+}
+
+void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
+{
+    Tensordd__V1__Ok ok = TENSORDD__V1__OK__INIT;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_OK;
+    r.ok = &ok;
+    send_packed(c, &r, NULL, 0, NULL, false);
+}
+
+/* ---------------------------------------------------------------- reads */
+
+static bool over_high_water(const tdd_conn *c)
+{
+    return (c->s && c->s->inflight >= tdd_cfg.max_inflight) || c->wq_bytes >= WQ_HIGH_WATER;
+}
+
+static bool can_process(const tdd_conn *c)
+{
+    return !c->closing && !c->draining && !c->blocked && c->paused == 0 && !over_high_water(c);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    tdd_conn *c = h->data;
+    /* The rest of a payload goes straight to its destination. */
+    if (c->in_payload && c->pdst && c->rpos == c->rlen) {
+        uint64_t left = c->plen - c->pgot;
+        buf->base = (char *)c->pdst + c->pgot;
+        buf->len = (size_t)(left < PAYLOAD_SLICE ? left : PAYLOAD_SLICE);
+        return;
+    }
+    if (c->rpos == c->rlen) {
+        c->rpos = c->rlen = 0;
+    } else if (c->rpos > 0 && c->rcap - c->rlen < 4096) {
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+    }
+    if (c->in_payload && !c->pdst && c->rpos == c->rlen) {
+        /* Discarding: read no further than the payload's end. */
+        uint64_t left = c->plen - c->pgot;
+        buf->base = (char *)c->rbuf;
+        buf->len = (size_t)(left < c->rcap ? left : c->rcap);
+        return;
+    }
+    buf->base = (char *)c->rbuf + c->rlen;
+    buf->len = c->rcap - c->rlen;
+}
+
+static void fail_protocol(tdd_conn *c, int code, const char *what)
+{
+    td_error err;
+    tdd_err_set(&err, code, "%s", what);
+    tdd_info("session %llu (%s): %s; closing the connection",
+             (unsigned long long)(c->s ? c->s->id : 0), c->s ? c->s->peer : "?", what);
+    tdd_conn_send_error(c, 0, &err);
+    conn_shutdown(c);
+}
+
+static void payload_complete(tdd_conn *c)
+{
+    c->in_payload = false;
+    tdd_payload_cb cb = c->pdone;
+    void *arg = c->parg;
+    c->pdone = NULL;
+    c->pdst = NULL;
+    if (cb)
+        cb(c, arg, 0);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+static void start_reading(tdd_conn *c)
+{
+    if (!c->reading && !c->closing)
+        c->reading = uv_read_start(&c->h.stream, on_alloc, on_read) == 0;
+}
+
+static void reading_policy(tdd_conn *c)
+{
+    if (c->closing)
+        return;
+    bool want = c->in_payload || can_process(c);
+    if (want)
+        start_reading(c);
+    else if (c->reading) {
+        uv_read_stop(&c->h.stream);
+        c->reading = false;
+    }
+}
+
+static void consume_payload_bytes(tdd_conn *c)
+{
+    uint64_t left = c->plen - c->pgot;
+    size_t avail = c->rlen - c->rpos;
+    size_t take = (size_t)(left < avail ? left : avail);
+    if (c->pdst)
+        memcpy(c->pdst + c->pgot, c->rbuf + c->rpos, take);
+    c->pgot += take;
+    c->rpos += take;
+    if (c->pgot == c->plen)
+        payload_complete(c);
+}
+
+static void handle_frame(tdd_conn *c)
+{
+    td_frame_header hdr = c->fp.hdr;
+    Tensordd__V1__Request *req = tensordd__v1__request__unpack(NULL, hdr.msg_len, c->fp.msg);
+    if (!req) {
+        fail_protocol(c, TD_EPROTOCOL_ERROR, "request is not a valid protobuf Request");
+        return;
+    }
+    tdd_stats.requests++;
+    if (c->s)
+        c->s->requests++;
+    int rc = tdd_dispatch(c, req, hdr.payload_len);
+    switch (rc) {
+    case TDD_DISPATCH_DONE:
+        tensordd__v1__request__free_unpacked(req, NULL);
+        break;
+    case TDD_DISPATCH_BLOCK:
+        c->blocked = req;
+        break;
+    case TDD_DISPATCH_PAYLOAD:
+        tensordd__v1__request__free_unpacked(req, NULL);
+        c->in_payload = true;
+        c->pgot = 0;
+        c->plen = hdr.payload_len;
+        if (c->plen == 0)
+            payload_complete(c);
+        break;
+    case TDD_DISPATCH_CLOSE:
+    default:
+        tensordd__v1__request__free_unpacked(req, NULL);
+        conn_shutdown(c);
+        break;
+    }
+}
+
+static void conn_process(tdd_conn *c)
+{
+    /* At most one read buffer (RBUF_SIZE) of frames is handled per wake-up, which
+     * keeps one busy client from starving the others. */
+    while (c->rpos < c->rlen && !c->closing) {
+        if (c->in_payload) {
+            consume_payload_bytes(c);
+            continue;
+        }
+        if (!can_process(c))
+            break;
+        size_t used;
+        int rc = td_frame_feed(&c->fp, c->rbuf + c->rpos, c->rlen - c->rpos, &used);
+        c->rpos += used;
+        if (rc < 0) {
+            fail_protocol(c, rc,
+                          rc == TD_EFRAME_TOO_LARGE ? "frame exceeds the configured limits"
+                                                    : "bad frame header (magic/version)");
+            return;
+        }
+        if (rc == TD_FRAME_READY)
+            handle_frame(c);
+    }
+    reading_policy(c);
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    tdd_conn *c = st->data;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            tdd_debug("session %llu: read: %s", (unsigned long long)(c->s ? c->s->id : 0),
+                      uv_strerror((int)nread));
+        conn_close(c);
+        return;
+    }
+    if (nread == 0)
+        return;
+    tdd_stats.bytes_received += (uint64_t)nread;
+    if (tdd_cfg.idle_timeout_s)
+        uv_timer_again(&c->idle);
+    if (c->in_payload && c->pdst && buf->base == (char *)c->pdst + c->pgot) {
+        c->pgot += (uint64_t)nread;
+        if (c->pgot == c->plen)
+            payload_complete(c);
+        conn_process(c);
+        return;
+    }
+    c->rlen += (size_t)nread;
+    conn_process(c);
+}
+
+void tdd_conn_pause(tdd_conn *c)
+{
+    c->paused++;
+}
+
+void tdd_conn_resume(tdd_conn *c)
+{
+    if (c->paused > 0)
+        c->paused--;
+    tdd_conn_kick(c);
+}
+
+void tdd_conn_kick(tdd_conn *c)
+{
+    if (!c || c->closing)
+        return;
+    if (c->blocked && c->paused == 0 && c->s && c->s->inflight == 0) {
+        Tensordd__V1__Request *req = c->blocked;
+        c->blocked = NULL;
+        int rc = tdd_dispatch(c, req, 0);
+        if (rc == TDD_DISPATCH_BLOCK) {
+            c->blocked = req;
+            return;
+        }
+        tensordd__v1__request__free_unpacked(req, NULL);
+        if (rc == TDD_DISPATCH_CLOSE) {
+            conn_shutdown(c);
+            return;
+        }
+    }
+    if (c->draining && !c->blocked && c->paused == 0 && !c->in_payload && c->s &&
+        c->s->inflight == 0) {
+        /* Shutdown: the session's work is done; say Goodbye and close. */
+        tdd_conn_send_ok(c, 0);
+        conn_shutdown(c);
+        return;
+    }
+    if (can_process(c) && c->rpos < c->rlen)
+        conn_process(c);
+    else
+        reading_policy(c);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static void after_close(uv_handle_t *h)
+{
+    tdd_conn *c = h->data;
+    if (c->blocked)
+        tensordd__v1__request__free_unpacked(c->blocked, NULL);
+    td_frame_parser_free(&c->fp);
+    free(c->rbuf);
+    free(c);
+    if (shutting_down && !conns) {
+        for (int i = 0; i < nlisteners; i++)
+            if (!uv_is_closing(&listeners[i].h.handle))
+                uv_close(&listeners[i].h.handle, NULL);
+    }
+}
+
+static void idle_closed(uv_handle_t *h)
+{
+    tdd_conn *c = h->data;
+    uv_close(&c->h.handle, after_close);
+}
+
+static void conn_close(tdd_conn *c)
+{
+    if (uv_is_closing(&c->h.handle))
+        return;
+    c->closing = true;
+    if (c->in_payload && c->pdone) {
+        tdd_payload_cb cb = c->pdone;
+        c->pdone = NULL;
+        cb(c, c->parg, TD_ECLOSED);
+    }
+    if (c->s) {
+        tdd_debug("session %llu closed", (unsigned long long)c->s->id);
+        tdd_session_close(c->s);
+        c->s = NULL;
+    }
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->idle.data = c;
+    /* uv_close waits for queued writes' callbacks (with UV_ECANCELED). A
+     * reply-then-close (fail_protocol) has its final error already in the
+     * kernel's buffer for small messages, which is what we need. */
+    uv_close((uv_handle_t *)&c->idle, idle_closed);
+}
+
+static void after_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    tdd_conn *c = req->data;
+    free(req);
+    conn_close(c);
+}
+
+/* Close once every queued response is written (reply-then-close). */
+static void conn_shutdown(tdd_conn *c)
+{
+    if (uv_is_closing(&c->h.handle))
+        return;
+    bool was_closing = c->closing;
+    c->closing = true;
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
+    if (was_closing)
+        return; /* a shutdown is already under way */
+    uv_shutdown_t *req = malloc(sizeof *req);
+    if (!req || uv_shutdown(req, &c->h.stream, after_shutdown) < 0) {
+        free(req);
+        conn_close(c);
+        return;
+    }
+    req->data = c;
+}
+
+static void on_idle_timeout(uv_timer_t *t)
+{
+    tdd_conn *c = t->data;
+    tdd_info("session %llu idle for %us; closing", (unsigned long long)(c->s ? c->s->id : 0),
+             tdd_cfg.idle_timeout_s);
+    conn_close(c);
+}
+
+static void peer_name(tdd_conn *c, bool is_tcp, char *out, size_t len)
+{
+    if (!is_tcp) {
+        snprintf(out, len, "unix");
+        return;
+    }
+    struct sockaddr_storage ss;
+    int n = sizeof ss;
+    char ip[64] = "?";
+    if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &n) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            snprintf(out, len, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+            return;
+        }
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        snprintf(out, len, "%s:%d", ip, ntohs(((struct sockaddr_in *)&ss)->sin_port));
+        return;
+    }
+    snprintf(out, len, "?");
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    listener *l = server->data;
+    if (status < 0) {
+        tdd_warn("accept on %s: %s", l->endpoint, uv_strerror(status));
+        return;
+    }
+    bool is_tcp = server->type == UV_TCP;
+    tdd_conn *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->rcap = RBUF_SIZE;
+    c->rbuf = malloc(c->rcap);
+    if (is_tcp)
+        uv_tcp_init(loop, &c->h.tcp);
+    else
+        uv_pipe_init(loop, &c->h.pipe, 0);
+    c->h.handle.data = c;
+    uv_timer_init(loop, &c->idle);
+    c->idle.data = c;
+    if (!c->rbuf || uv_accept(server, &c->h.stream) < 0) {
+        c->prev = NULL;
+        c->next = conns;
+        if (conns)
+            conns->prev = c;
+        conns = c;
+        conn_close(c);
+        return;
+    }
+    c->next = conns;
+    if (conns)
+        conns->prev = c;
+    conns = c;
+    if (is_tcp)
+        uv_tcp_nodelay(&c->h.tcp, 1);
+    td_frame_limits lim = {.max_msg = tdd_cfg.max_msg, .max_payload = tdd_cfg.max_payload};
+    td_frame_parser_init(&c->fp, &lim);
+    if (tdd_nsessions >= tdd_cfg.max_sessions) {
+        td_error err;
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
+                    tdd_cfg.max_sessions);
+        err.detail_kind = TD_DETAIL_RESOURCE;
+        snprintf(err.detail.resource.resource, sizeof err.detail.resource.resource, "sessions");
+        tdd_conn_send_error(c, 0, &err);
+        conn_close(c);
+        return;
+    }
+    c->s = tdd_session_new(c);
+    if (!c->s) {
+        conn_close(c);
+        return;
+    }
+    peer_name(c, is_tcp, c->s->peer, sizeof c->s->peer);
+    tdd_debug("session %llu opened from %s", (unsigned long long)c->s->id, c->s->peer);
+    if (tdd_cfg.idle_timeout_s)
+        uv_timer_start(&c->idle, on_idle_timeout, tdd_cfg.idle_timeout_s * 1000ull,
+                       tdd_cfg.idle_timeout_s * 1000ull);
+    start_reading(c);
+}
+
+static int listen_tcp(listener *l, const char *hostport)
+{
+    char host[128];
+    const char *colon = strrchr(hostport, ':');
+    if (!colon || colon == hostport || !colon[1])
+        return UV_EINVAL;
+    size_t hl = (size_t)(colon - hostport);
+    if (hl >= sizeof host)
+        return UV_EINVAL;
+    memcpy(host, hostport, hl);
+    host[hl] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || port < 0 || port > 65535)
+        return UV_EINVAL;
+    struct sockaddr_storage ss;
+    bool v6 = host[0] == '[';
+    if (v6) {
+        if (hl < 2 || host[hl - 1] != ']')
+            return UV_EINVAL;
+        host[hl - 1] = 0;
+        int rc = uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)&ss);
+        if (rc)
+            return rc;
+    } else {
+        int rc = uv_ip4_addr(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, (int)port,
+                             (struct sockaddr_in *)&ss);
+        if (rc)
+            return rc;
+    }
+    uv_tcp_init(loop, &l->h.tcp);
+    int rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&ss, 0);
+    if (!rc)
+        rc = uv_listen(&l->h.stream, 511, on_connection);
+    if (rc)
+        return rc;
+    int n = sizeof ss;
+    uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&ss, &n);
+    char ip[64];
+    if (v6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+        snprintf(l->endpoint, sizeof l->endpoint, "tcp://[%s]:%d", ip,
+                 ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+    } else {
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        snprintf(l->endpoint, sizeof l->endpoint, "tcp://%s:%d", ip,
+                 ntohs(((struct sockaddr_in *)&ss)->sin_port));
+    }
+    return 0;
+}
+
+static int listen_unix(listener *l, const char *path)
+{
+    if (!path[0] || strlen(path) >= sizeof l->unix_path)
+        return UV_EINVAL;
+    struct stat sb;
+    /* A stale socket from an earlier run would make bind fail; remove only sockets. */
+    if (stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode))
+        unlink(path);
+    uv_pipe_init(loop, &l->h.pipe, 0);
+    int rc = uv_pipe_bind(&l->h.pipe, path);
+    if (!rc)
+        rc = chmod(path, 0600) ? uv_translate_sys_error(errno) : 0;
+    if (!rc)
+        rc = uv_listen(&l->h.stream, 511, on_connection);
+    if (rc)
+        return rc;
+    snprintf(l->unix_path, sizeof l->unix_path, "%s", path);
+    snprintf(l->endpoint, sizeof l->endpoint, "unix://%s", path);
+    return 0;
+}
+
+int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg)
+{
+    loop = lp;
+    for (int i = 0; i < cfg->nlisten; i++) {
+        listener *l = &listeners[nlisteners];
+        const char *ep = cfg->listen[i];
+        int rc;
+        if (strncmp(ep, "tcp://", 6) == 0)
+            rc = listen_tcp(l, ep + 6);
+        else if (strncmp(ep, "unix://", 7) == 0)
+            rc = listen_unix(l, ep + 7);
+        else
+            rc = UV_EINVAL;
+        if (rc) {
+            tdd_error("cannot listen on %s: %s", ep,
+                      rc == UV_EINVAL ? "expected tcp://HOST:PORT or unix:///PATH"
+                                      : uv_strerror(rc));
+            return rc;
+        }
+        l->h.handle.data = l;
+        nlisteners++;
+        printf("listening on %s\n", l->endpoint);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+void tdd_server_shutdown(void)
+{
+    if (shutting_down)
+        return;
+    shutting_down = true;
+    tdd_info("shutting down: %llu session(s) open", (unsigned long long)tdd_nsessions);
+    for (int i = 0; i < nlisteners; i++) {
+        if (listeners[i].unix_path[0])
+            unlink(listeners[i].unix_path);
+        if (!conns && !uv_is_closing(&listeners[i].h.handle))
+            uv_close(&listeners[i].h.handle, NULL);
+        else if (!uv_is_closing(&listeners[i].h.handle))
+            uv_read_stop(&listeners[i].h.stream); /* no-op for listeners; closed below */
+    }
+    for (int i = 0; i < nlisteners; i++)
+        if (!uv_is_closing(&listeners[i].h.handle))
+            uv_close(&listeners[i].h.handle, NULL);
+    tdd_conn *c = conns;
+    while (c) {
+        tdd_conn *next = c->next;
+        c->draining = true;
+        if (!c->in_payload) {
+            if (c->reading)
+                uv_read_stop(&c->h.stream);
+            c->reading = false;
+        }
+        tdd_conn_kick(c);
+        c = next;
+    }
+}

@@ -1,0 +1,292 @@
+/* session.c -- sessions, handle tables and values. Loop thread only. */
+#include "session.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+tdd_session *tdd_sessions;
+uint64_t tdd_nsessions;
+static uint64_t next_session_id = 1;
+static tdd_obj_free_fn free_fns[4];
+static uint64_t values_alive;
+
+uint64_t tdd_values_alive(void);
+uint64_t tdd_values_alive(void)
+{
+    return values_alive;
+}
+
+tdd_value *tdd_value_new(tdd_device *dev)
+{
+    tdd_value *v = calloc(1, sizeof *v);
+    if (!v)
+        return NULL;
+    v->refs = 1;
+    v->dev = dev;
+    values_alive++;
+    atomic_init(&v->poison, 0);
+    return v;
+}
+
+void tdd_value_ref(tdd_value *v)
+{
+    v->refs++;
+}
+
+void tdd_value_unref(tdd_value *v)
+{
+    if (!v || --v->refs > 0)
+        return;
+    tdd_storage_unref(v->t.st);
+    values_alive--;
+    free(v);
+}
+
+void tdd_value_poison(tdd_value *v, int code, uint64_t origin_req)
+{
+    v->poison_req = origin_req;
+    atomic_store_explicit(&v->poison, code, memory_order_release);
+}
+
+int tdd_value_poisoned(const tdd_value *v)
+{
+    return atomic_load_explicit(&v->poison, memory_order_acquire);
+}
+
+void tdd_handle_set_free_fn(td_handle_kind kind, tdd_obj_free_fn fn)
+{
+    free_fns[kind] = fn;
+}
+
+tdd_session *tdd_session_new(struct tdd_conn *conn)
+{
+    tdd_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->acct = calloc(1, sizeof *s->acct);
+    if (!s->acct) {
+        free(s);
+        return NULL;
+    }
+    s->acct->refs = 1;
+    s->acct->limit = tdd_cfg.session_memory;
+    s->id = next_session_id++;
+    s->refs = 1;
+    s->conn = conn;
+    s->grad_enabled = true;
+    s->rng = 0x9E3779B97F4A7C15ull * s->id;
+    s->next = tdd_sessions;
+    if (tdd_sessions)
+        tdd_sessions->prev = s;
+    tdd_sessions = s;
+    tdd_nsessions++;
+    return s;
+}
+
+static void free_obj(td_handle_kind kind, void *obj)
+{
+    if (kind == TD_HANDLE_TENSOR)
+        tdd_value_unref(obj);
+    else if (free_fns[kind])
+        free_fns[kind](obj);
+}
+
+void tdd_session_close(tdd_session *s)
+{
+    tdd_handle *h, *tmp;
+    HASH_ITER(hh, s->handles, h, tmp)
+    {
+        HASH_DEL(s->handles, h);
+        free_obj(h->kind, h->obj);
+        free(h);
+    }
+    s->nhandles = 0;
+    s->closed = true;
+    s->conn = NULL;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        tdd_sessions = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    tdd_nsessions--;
+    tdd_session_unref(s);
+}
+
+void tdd_session_ref(tdd_session *s)
+{
+    s->refs++;
+}
+
+extern void tdd_autograd_session_free(tdd_session *s);
+
+void tdd_session_unref(tdd_session *s)
+{
+    if (--s->refs > 0)
+        return;
+    tdd_autograd_session_free(s);
+    tdd_account_unref(s->acct);
+    free(s);
+}
+
+void tdd_session_fail(tdd_session *s, const td_error *err)
+{
+    if (!s->has_err) {
+        s->err = *err;
+        s->has_err = true;
+    }
+}
+
+tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id)
+{
+    tdd_handle *h = NULL;
+    HASH_FIND(hh, s->handles, &id, sizeof id, h);
+    return h;
+}
+
+int tdd_err_unknown_handle(td_error *err, uint64_t id)
+{
+    tdd_err_set(err, TD_EUNKNOWN_HANDLE, "handle %llu is not known to this session",
+                (unsigned long long)id);
+    if (err) {
+        err->detail_kind = TD_DETAIL_HANDLE;
+        err->detail.handle.handle = id;
+    }
+    return TD_EUNKNOWN_HANDLE;
+}
+
+static const char *kind_name(td_handle_kind k)
+{
+    switch (k) {
+    case TD_HANDLE_TENSOR:
+        return "tensor";
+    case TD_HANDLE_GRADIENTS:
+        return "gradients";
+    case TD_HANDLE_OPTIMIZER:
+        return "optimizer";
+    case TD_HANDLE_NONE:
+        break;
+    }
+    return "none";
+}
+
+int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj, td_error *err)
+{
+    tdd_handle *h = tdd_handle_find(s, id);
+    if (!h)
+        return tdd_err_unknown_handle(err, id);
+    if (h->kind != kind) {
+        tdd_err_set(err, TD_EWRONG_HANDLE_KIND, "handle %llu is a %s handle, expected a %s handle",
+                    (unsigned long long)id, kind_name(h->kind), kind_name(kind));
+        if (err) {
+            err->detail_kind = TD_DETAIL_HANDLE_KIND;
+            err->detail.handle_kind.handle = id;
+            err->detail.handle_kind.expected = kind;
+            err->detail.handle_kind.got = h->kind;
+        }
+        return TD_EWRONG_HANDLE_KIND;
+    }
+    *obj = h->obj;
+    return 0;
+}
+
+int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
+{
+    if (id == 0)
+        return tdd_err_arg(err, "handle", "handle id 0 is reserved");
+    if (tdd_handle_find(s, id)) {
+        tdd_err_set(err, TD_EHANDLE_IN_USE, "handle %llu is already in use",
+                    (unsigned long long)id);
+        if (err) {
+            err->detail_kind = TD_DETAIL_HANDLE;
+            err->detail.handle.handle = id;
+        }
+        return TD_EHANDLE_IN_USE;
+    }
+    if (s->nhandles >= tdd_cfg.max_handles) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "session holds %llu handles, the limit",
+                    (unsigned long long)s->nhandles);
+        if (err) {
+            err->detail_kind = TD_DETAIL_RESOURCE;
+            snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource,
+                     "handles");
+            err->detail.resource.requested = 1;
+            err->detail.resource.available = 0;
+        }
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    return 0;
+}
+
+void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
+{
+    tdd_handle *h = calloc(1, sizeof *h);
+    if (!h) {
+        /* Cannot record it: drop the object; uses of the id say UNKNOWN_HANDLE. */
+        free_obj(kind, obj);
+        return;
+    }
+    h->id = id;
+    h->kind = kind;
+    h->obj = obj;
+    if (kind == TD_HANDLE_TENSOR)
+        ((tdd_value *)obj)->handle = id;
+    HASH_ADD(hh, s->handles, id, sizeof h->id, h);
+    s->nhandles++;
+}
+
+int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
+{
+    tdd_handle *h = tdd_handle_find(s, id);
+    if (!h)
+        return tdd_err_unknown_handle(err, id);
+    HASH_DEL(s->handles, h);
+    s->nhandles--;
+    free_obj(h->kind, h->obj);
+    free(h);
+    return 0;
+}
+
+int tdd_err_poisoned(td_error *err, const tdd_value *v)
+{
+    int origin = tdd_value_poisoned(v);
+    tdd_err_set(err, TD_EPOISONED, "handle %llu was produced by failed request %llu (%s)",
+                (unsigned long long)v->handle, (unsigned long long)v->poison_req,
+                td_err_name(origin));
+    if (err) {
+        err->detail_kind = TD_DETAIL_POISONED;
+        err->detail.poisoned.handle = v->handle;
+        err->detail.poisoned.origin_request = v->poison_req;
+        err->detail.poisoned.origin_code = origin;
+    }
+    return TD_EPOISONED;
+}
+
+static void fill_device(td_device *out, const tdd_device *d)
+{
+    snprintf(out->backend, sizeof out->backend, "%s", d->be->name);
+    out->ordinal = (uint32_t)d->ordinal;
+}
+
+int tdd_err_devices(td_error *err, int code, const tdd_device *target, const tdd_device *grad,
+                    uint32_t ti, uint32_t gi, const char *fmt, ...)
+{
+    if (!err)
+        return code;
+    memset(err, 0, sizeof *err);
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    err->detail_kind = TD_DETAIL_DEVICES;
+    fill_device(&err->detail.devices.target, target);
+    fill_device(&err->detail.devices.grad, grad);
+    err->detail.devices.target_index = ti;
+    err->detail.devices.grad_index = gi;
+    return code;
+}

@@ -1,0 +1,101 @@
+/* session.h -- a client's session: its handle table, its values (tensors as the
+ * daemon tracks them), its first pending error and its memory account. */
+#ifndef TDD_SESSION_H
+#define TDD_SESSION_H
+
+#include <stdbool.h>
+#include <uthash.h>
+
+#include "device.h"
+#include "exec.h"
+
+struct tdd_conn;
+struct tdd_node;
+
+/* A tensor value. Shared by the handle table, queued tasks and autograd
+ * nodes; refcounted on the loop thread. A value whose producing request
+ * failed is poisoned: it remembers the origin request and code. */
+typedef struct tdd_value {
+    long refs;
+    uint64_t handle; /* the client's id for it (0 if internal) */
+    tdd_tensor t;    /* t.st is NULL when poisoned before any storage existed */
+    tdd_device *dev;
+    tdd_queue *fq;   /* producer's queue and position; readers on other queues wait */
+    uint64_t fseq;
+    /* Poison: written by the loop at validation, or by the worker that ran
+     * the producer before it completed; read by later tasks (ordered after
+     * the producer) and by the loop after completion. */
+    _Atomic int poison;   /* 0 or the origin's TD_E* code */
+    uint64_t poison_req;  /* the origin request id */
+    /* autodiff (loop thread only) */
+    bool requires_grad;
+    struct tdd_node *grad_fn; /* the node that produced it, or NULL for leaves */
+    uint64_t version;         /* bumped by in-place updates (optimizer steps) */
+} tdd_value;
+
+tdd_value *tdd_value_new(tdd_device *dev);
+void tdd_value_ref(tdd_value *v);
+void tdd_value_unref(tdd_value *v);
+void tdd_value_poison(tdd_value *v, int code, uint64_t origin_req);
+int tdd_value_poisoned(const tdd_value *v);
+
+typedef struct tdd_handle {
+    uint64_t id;
+    td_handle_kind kind;
+    void *obj; /* tdd_value*, or the autograd/optimizer object */
+    UT_hash_handle hh;
+} tdd_handle;
+
+/* Frees a non-tensor handle's object (set by autograd/optim at creation). */
+typedef void (*tdd_obj_free_fn)(void *obj);
+
+typedef struct tdd_session {
+    uint64_t id;
+    long refs;
+    bool closed;
+    struct tdd_conn *conn; /* NULL once the connection is gone */
+    tdd_handle *handles;
+    uint64_t nhandles;
+    tdd_account *acct;
+    uint64_t inflight; /* tasks queued for this session */
+    bool has_err;      /* first error since the last synchronising request */
+    td_error err;
+    bool grad_enabled;
+    uint64_t rng;      /* per-session random stream */
+    uint64_t requests;
+    char peer[64], client_name[64];
+    struct tdd_session *prev, *next;
+    void *autograd; /* per-session autodiff state (autograd.c) */
+} tdd_session;
+
+extern tdd_session *tdd_sessions; /* every live session */
+extern uint64_t tdd_nsessions;
+
+tdd_session *tdd_session_new(struct tdd_conn *conn);
+/* The connection is gone: drop every handle; frees once no task holds it. */
+void tdd_session_close(tdd_session *s);
+void tdd_session_ref(tdd_session *s);
+void tdd_session_unref(tdd_session *s);
+
+/* Records err as the session's first pending error (if none yet). */
+void tdd_session_fail(tdd_session *s, const td_error *err);
+
+/* Handle lookups with typed errors (UNKNOWN_HANDLE / WRONG_HANDLE_KIND). */
+tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id);
+int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj, td_error *err);
+/* Checks a fresh output id: non-zero, unused, under the handle limit. */
+int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err);
+/* Binds id (checked) to obj; takes the caller's reference. */
+void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj);
+/* Unbinds and drops the table's reference. */
+int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err);
+void tdd_handle_set_free_fn(td_handle_kind kind, tdd_obj_free_fn fn);
+
+/* Error helpers filling typed details. */
+int tdd_err_unknown_handle(td_error *err, uint64_t id);
+int tdd_err_poisoned(td_error *err, const tdd_value *v);
+int tdd_err_devices(td_error *err, int code, const tdd_device *target, const tdd_device *grad,
+                    uint32_t ti, uint32_t gi, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+#endif
