@@ -1,0 +1,225 @@
+"""_wire -- framing and the socket: buffered writes, zero-copy payloads.
+
+Every message is ``header | protobuf | raw payload`` (proto/frame.h): a
+16-byte little-endian header holding the magic word ``"TDD\\x01"``, the
+protobuf length (u32) and the payload length (u64).
+
+Writes are buffered: fire-and-forget requests accumulate in one bytearray and
+go out in a single ``sendall`` before the next synchronising request. Large
+payloads are never copied into that buffer: they are handed to ``sendmsg``
+next to it as a ``memoryview`` of the caller's array. Reads go through a
+small buffer for headers and messages; a payload is received straight into
+its destination with ``recv_into``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "MAGIC",
+    "FrameError",
+    "Connection",
+    "encode_header",
+    "decode_header",
+    "parse_endpoint",
+]
+
+MAGIC = 0x01444454  # "TDD" + protocol frame version 1, little-endian
+HEADER = struct.Struct("<IIQ")
+HEADER_SIZE = HEADER.size  # 16
+
+# Limits the client enforces on what it receives, before allocating anything.
+MAX_MESSAGE = 64 << 20
+# Payloads at least this large are sent from the caller's buffer with sendmsg
+# instead of being copied into the write buffer.
+ZERO_COPY_THRESHOLD = 64 << 10
+# The write buffer is flushed once it grows past this, even between syncs.
+WRITE_HIGH_WATER = 1 << 20
+_READ_CHUNK = 64 << 10
+
+
+class FrameError(Exception):
+    """The peer sent bytes that are not a valid frame (bad magic, sizes)."""
+
+
+def encode_header(msg_len: int, payload_len: int = 0) -> bytes:
+    """The 16 header bytes for a message of msg_len and a payload of payload_len."""
+    return HEADER.pack(MAGIC, msg_len, payload_len)
+
+
+def decode_header(data) -> tuple[int, int]:
+    """(msg_len, payload_len) from 16 header bytes; FrameError if they are invalid."""
+    magic, msg_len, payload_len = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
+    if msg_len > MAX_MESSAGE:
+        raise FrameError(f"response message of {msg_len} bytes exceeds {MAX_MESSAGE}")
+    return msg_len, payload_len
+
+
+def parse_endpoint(endpoint: str) -> tuple[int, object]:
+    """(address family, address) for "tcp://host:port" or "unix:///path"."""
+    if endpoint.startswith("unix://"):
+        path = endpoint[len("unix://"):]
+        if not path:
+            raise ValueError(f"endpoint {endpoint!r}: empty socket path")
+        return socket.AF_UNIX, path
+    if endpoint.startswith("tcp://"):
+        rest = endpoint[len("tcp://"):]
+        if rest.startswith("["):  # tcp://[::1]:7070
+            host, sep, port = rest[1:].partition("]:")
+        else:
+            host, sep, port = rest.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"endpoint {endpoint!r}: expected tcp://HOST:PORT")
+        return socket.AF_INET, (host, int(port))
+    raise ValueError(f"endpoint {endpoint!r}: expected tcp://HOST:PORT or unix:///PATH")
+
+
+def _byte_view(buf) -> memoryview:
+    """A flat unsigned-byte view of a C-contiguous buffer (no copy)."""
+    mv = memoryview(buf)
+    if mv.format == "B" and mv.ndim == 1:
+        return mv
+    if not mv.c_contiguous:
+        raise ValueError("payload buffer must be C-contiguous")
+    if mv.nbytes == 0:
+        return memoryview(b"")
+    return mv.cast("B") if mv.ndim <= 1 else mv.cast("B", (mv.nbytes,))
+
+
+class Connection:
+    """A connected stream socket with a write buffer and a read buffer.
+
+    Not thread-safe: a Session is driven from one thread at a time.
+    """
+
+    def __init__(self, endpoint: str, timeout: float | None = None):
+        family, address = parse_endpoint(endpoint)
+        if family == socket.AF_UNIX:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(address)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection(address, timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(timeout)
+        self.sock = sock
+        self._wbuf = bytearray()
+        self._rbuf = bytearray()
+        self._rpos = 0
+
+    # ------------------------------------------------------------ writing
+
+    def write(self, msg: bytes, payload=None) -> None:
+        """Queues one frame; a large payload is sent at once from its own buffer."""
+        if payload is None:
+            self._wbuf += HEADER.pack(MAGIC, len(msg), 0)
+            self._wbuf += msg
+        else:
+            view = _byte_view(payload)
+            self._wbuf += HEADER.pack(MAGIC, len(msg), view.nbytes)
+            self._wbuf += msg
+            if view.nbytes >= ZERO_COPY_THRESHOLD:
+                self._send_buffers([self._wbuf, view])
+                self._wbuf = bytearray()
+                return
+            self._wbuf += view
+        if len(self._wbuf) >= WRITE_HIGH_WATER:
+            self.flush()
+
+    def flush(self) -> None:
+        """Sends everything queued."""
+        if self._wbuf:
+            buf, self._wbuf = self._wbuf, bytearray()
+            self.sock.sendall(buf)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._wbuf)
+
+    def _send_buffers(self, buffers) -> None:
+        """sendmsg until every byte of every buffer is out (handles short writes)."""
+        views = [memoryview(b) for b in buffers if len(b)]
+        while views:
+            sent = self.sock.sendmsg(views)
+            while sent:
+                if sent >= views[0].nbytes:
+                    sent -= views[0].nbytes
+                    views.pop(0)
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+
+    # ------------------------------------------------------------ reading
+
+    def _fill(self, need: int) -> None:
+        """Makes at least `need` unread bytes available in the read buffer."""
+        avail = len(self._rbuf) - self._rpos
+        if avail >= need:
+            return
+        if self._rpos:
+            del self._rbuf[: self._rpos]
+            self._rpos = 0
+        while len(self._rbuf) < need:
+            chunk = self.sock.recv(max(_READ_CHUNK, need - len(self._rbuf)))
+            if not chunk:
+                raise ConnectionResetError("connection closed by the daemon")
+            self._rbuf += chunk
+
+    def read_exact(self, n: int) -> bytes:
+        """The next n bytes of the stream."""
+        self._fill(n)
+        out = bytes(self._rbuf[self._rpos: self._rpos + n])
+        self._rpos += n
+        return out
+
+    def read_frame_head(self) -> tuple[bytes, int]:
+        """Reads one header and its protobuf message: (message bytes, payload length).
+
+        The payload, if any, is left in the stream for read_into/skip.
+        """
+        msg_len, payload_len = decode_header(self.read_exact(HEADER_SIZE))
+        return self.read_exact(msg_len), payload_len
+
+    def read_into(self, dest) -> None:
+        """Fills dest (a writable C-contiguous buffer) from the stream.
+
+        Bytes already buffered are copied first; the rest lands directly in
+        dest with recv_into.
+        """
+        view = _byte_view(dest)
+        n = view.nbytes
+        got = min(n, len(self._rbuf) - self._rpos)
+        if got:
+            view[:got] = self._rbuf[self._rpos: self._rpos + got]
+            self._rpos += got
+        while got < n:
+            r = self.sock.recv_into(view[got:], n - got)
+            if r == 0:
+                raise ConnectionResetError("connection closed by the daemon during a payload")
+            got += r
+
+    def skip(self, n: int) -> None:
+        """Discards the next n bytes of the stream (an unwanted payload)."""
+        scratch = bytearray(min(n, 1 << 20))
+        while n:
+            k = min(n, len(scratch))
+            self.read_into(memoryview(scratch)[:k])
+            n -= k
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            self._wbuf = bytearray()
+            self._rbuf = bytearray()
+            self._rpos = 0

@@ -1,0 +1,126 @@
+"""autograd -- backward() and Gradients: autodiff that runs in the daemon.
+
+``loss.backward()`` sends one Backward request; the daemon runs the whole
+backward pass next to the data and keeps the result as a Gradients handle.
+Gradients are read (``get``), taken out (``remove``) or replaced
+(``replace``) by handle, and optimizers consume the handle directly: no
+gradient has to cross the wire to train.
+"""
+
+from __future__ import annotations
+
+from .session import _Call
+from .tensor import Tensor
+
+__all__ = ["Gradients", "backward"]
+
+
+def _check_tensor(session, t, what: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what}: expected a Tensor, got {type(t).__name__}")
+    if t._session is not session:
+        raise ValueError(f"{what}: tensor #{t._handle} belongs to another session")
+
+
+def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = False) -> "Gradients":
+    """Runs the backward pass of loss in the daemon and returns its Gradients.
+
+    grad: the gradient of loss (None: loss must have one element; its
+    gradient is 1). retain_graph: keep the graph for another backward.
+    Synchronising: errors of earlier asynchronous requests surface here.
+    """
+    session = loss._session
+    _check_tensor(session, loss, "backward")
+    req = session._new_request()
+    b = req.backward
+    b.loss = loss._handle
+    if grad is not None:
+        _check_tensor(session, grad, "backward grad")
+        b.grad_output = grad._handle
+    b.retain_graph = bool(retain_graph)
+    b.grads = session._new_handle()
+    # The Gradients object exists before the round trip so that its handle
+    # is released even if the daemon answers with an error.
+    grads = Gradients(session, b.grads)
+    session._roundtrip(req, _Call("backward", (loss._handle,), f"-> grads #{b.grads}"))
+    return grads
+
+
+class Gradients:
+    """The gradients of one backward pass: a map from tracked tensor to gradient.
+
+    Lives in the daemon; released when this object dies (or by
+    :meth:`release`).
+    """
+
+    __slots__ = ("_session", "_handle", "_released", "__weakref__")
+
+    def __init__(self, session, handle: int):
+        self._session = session
+        self._handle = handle
+        self._released = False
+
+    def __del__(self):
+        session = getattr(self, "_session", None)
+        if session is not None and not self._released:
+            session._release_later(self._handle)
+
+    @property
+    def handle(self) -> int:
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"tensordd.Gradients(#{self._handle}{', released' if self._released else ''})"
+
+    def release(self) -> None:
+        """Frees the gradients in the daemon now (batched with the next request).
+
+        The handle id is never reused: later calls on this object name a
+        released handle and raise UnknownHandleError.
+        """
+        if not self._released:
+            self._released = True
+            self._session._release_later(self._handle)
+
+    def _grad_call(self, field: str, t: Tensor) -> Tensor:
+        session = self._session
+        _check_tensor(session, t, field)
+        req = session._new_request()
+        g = getattr(req, field)
+        g.grads = self._handle
+        g.tensor = t._handle
+        g.output = session._new_handle()
+        out = Tensor(session, g.output)
+        resp, _ = session._roundtrip(req, _Call(field, (self._handle, t._handle),
+                                                f"-> #{g.output}"))
+        if resp.WhichOneof("body") == "tensor":
+            out._set_info(resp.tensor)
+        return out
+
+    def get(self, t: Tensor) -> Tensor:
+        """t's gradient, as a new Tensor (NotTrackedError if t is not tracked)."""
+        return self._grad_call("grad", t)
+
+    def remove(self, t: Tensor) -> Tensor:
+        """Takes t's gradient out of the map and returns it."""
+        return self._grad_call("grad_remove", t)
+
+    def replace(self, t: Tensor, g: Tensor) -> None:
+        """Installs g as t's gradient.
+
+        The daemon checks, in this order, that this is a live Gradients handle
+        (UnknownHandleError, WrongHandleKindError), that t is tracked
+        (NotTrackedError), then backend, device, dtype and shape against t
+        (BackendMismatchError, DeviceMismatchError, DTypeMismatchError,
+        ShapeMismatchError, each naming both sides). A failed check installs
+        nothing.
+        """
+        session = self._session
+        _check_tensor(session, t, "replace")
+        _check_tensor(session, g, "replace grad")
+        req = session._new_request()
+        r = req.grad_replace
+        r.grads = self._handle
+        r.tensor = t._handle
+        r.grad = g._handle
+        session._roundtrip(req, _Call("grad_replace", (self._handle, t._handle, g._handle)))

@@ -1,0 +1,602 @@
+"""session -- connect() and Session: one connection, one daemon session.
+
+Requests come in two kinds (DESIGN §3):
+
+* fire-and-forget (ops, uploads, releases, ToDevice, SetGradMode,
+  OptimizerCreate): sent with ``want_reply=false``, buffered, answered by
+  nothing. A failure poisons the outputs and is reported later;
+* synchronising (Hello, Sync, Download, Describe, ListDevices, Stats,
+  Backward, Grad*, OptimizerStep, Goodbye): the write buffer is flushed and
+  exactly one Response with the same id comes back. Its Error, if any, may
+  name an earlier request: the session's first asynchronous failure.
+
+The client allocates every handle id and request id (from 1, never reused),
+so ops return their output Tensor at once, before the daemon has run them.
+The session remembers a short description of recent requests to say, in an
+error, which call failed ("op matmul(#3, #4)").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+
+import numpy as np
+
+from . import tensordd_pb2 as pb
+from ._wire import Connection, FrameError
+from .device import Device
+from .dtypes import dtype_name, to_numpy, to_wire
+from .errors import Error, error_from_proto, local_error
+
+__all__ = ["connect", "Session", "PROTOCOL_VERSION"]
+
+PROTOCOL_VERSION = 1
+MIN_VERSION = PROTOCOL_VERSION
+MAX_VERSION = PROTOCOL_VERSION
+CLIENT_NAME = "tensordd-python"
+DEFAULT_DEVICE = "cpu:0"
+
+# How many request descriptions the session keeps for error messages.
+_CALL_MEMORY = 1 << 16
+# Codes after which the daemon closes the connection.
+_FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICATED"}
+
+
+def connect(endpoint: str, token: str | None = None, timeout: float | None = None) -> "Session":
+    """Opens a session with the daemon at endpoint.
+
+    Args:
+        endpoint: ``"tcp://host:port"`` or ``"unix:///path/to/socket"``.
+        token: the daemon's auth token, if it requires one.
+        timeout: seconds for connecting and for each blocking call
+            (None: wait forever). A call that times out raises
+            :class:`tensordd.TimedOutError` and leaves the session unusable.
+
+    Raises:
+        VersionMismatchError, UnauthenticatedError: the daemon refused the Hello.
+        ConnectionClosedError / IOFailureError: the daemon could not be reached.
+    """
+    try:
+        conn = Connection(endpoint, timeout)
+    except socket.timeout:
+        raise local_error("TIMEOUT", f"connecting to {endpoint} timed out") from None
+    except OSError as e:
+        raise local_error("IO", f"cannot connect to {endpoint}: {e}") from e
+    return Session(conn, endpoint, token)
+
+
+class _Call:
+    """A lazily formatted description of a request, for error messages."""
+
+    __slots__ = ("what", "handles", "suffix")
+
+    def __init__(self, what: str, handles=(), suffix: str = ""):
+        self.what = what
+        self.handles = handles
+        self.suffix = suffix
+
+    def __str__(self) -> str:
+        text = f"{self.what}({_fmt_handles(self.handles)})" if self.handles else self.what
+        return f"{text} {self.suffix}" if self.suffix else text
+
+
+def _fmt_handles(handles) -> str:
+    if len(handles) > 8:
+        return f"#{handles[0]}, ... {len(handles)} handles"
+    return ", ".join(f"#{h}" for h in handles)
+
+
+class Session:
+    """A session with tensordd. Use :func:`connect` to open one.
+
+    A context manager: leaving the ``with`` block closes the session, which
+    releases everything it holds in the daemon.
+    """
+
+    def __init__(self, conn: Connection, endpoint: str, token: str | None):
+        self._conn = conn
+        self.endpoint = endpoint
+        self._ids = itertools.count(1)
+        self._handles = itertools.count(1)
+        self._calls: dict[int, _Call] = {}
+        self._pending_release: list[int] = []
+        self._open = True
+        self._grad_enabled = True
+        self._device_cache: list[Device] | None = None
+        hello = self._new_request()
+        h = hello.hello
+        h.min_version = MIN_VERSION
+        h.max_version = MAX_VERSION
+        h.token = token or ""
+        h.client_name = CLIENT_NAME
+        try:
+            resp, _ = self._roundtrip(hello, _Call("hello"))
+        except BaseException:
+            self._shutdown()
+            raise
+        if resp.WhichOneof("body") != "hello":
+            self._shutdown()
+            raise local_error("PROTOCOL_ERROR", f"expected a HelloReply, got {resp.WhichOneof('body')}")
+        self.version = resp.hello.version
+        self.server = resp.hello.server
+        self.session_id = resp.hello.session_id
+        self.note = resp.hello.note
+
+    # ================================================================ lifecycle
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(raise_errors=exc_type is None)
+
+    def __del__(self):
+        # No Goodbye round trip from a finaliser: closing the socket is enough
+        # for the daemon to free the session.
+        if getattr(self, "_open", False):
+            self._shutdown()
+
+    @property
+    def closed(self) -> bool:
+        return not self._open
+
+    def close(self, raise_errors: bool = True) -> None:
+        """Says Goodbye and closes the connection; the daemon frees the session.
+
+        An asynchronous error still pending in the daemon is reported by the
+        Goodbye's reply and raised here (unless raise_errors is False). Closing
+        twice is harmless.
+        """
+        if not self._open:
+            return
+        self._pending_release.clear()  # the daemon frees everything anyway
+        req = self._new_request()
+        req.goodbye.SetInParent()
+        try:
+            self._roundtrip(req, _Call("goodbye"))
+        except Error:
+            if raise_errors:
+                raise
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._open = False
+        self._pending_release.clear()
+        self._conn.close()
+
+    def __repr__(self) -> str:
+        state = f"session {self.session_id}" if self._open else "closed"
+        return f"<tensordd.Session {self.endpoint} {state}>"
+
+    # ================================================================ plumbing
+
+    def _new_request(self) -> "pb.Request":
+        """An empty Request; its id is given when it is queued (ids follow wire order)."""
+        return pb.Request()
+
+    def _new_handle(self) -> int:
+        return next(self._handles)
+
+    def _release_later(self, handle: int) -> None:
+        """Queues a handle for the next Release batch (called from __del__)."""
+        if self._open:
+            self._pending_release.append(handle)
+
+    def _emit_releases(self) -> None:
+        if not self._pending_release:
+            return
+        handles, self._pending_release = self._pending_release, []
+        req = pb.Request()
+        req.id = next(self._ids)
+        req.release.handles.extend(handles)
+        self._calls[req.id] = _Call("release", handles)
+        self._conn.write(req.SerializeToString())
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise local_error("CLOSED", "the session is closed")
+
+    def _describe(self, request_id: int) -> str | None:
+        call = self._calls.get(request_id)
+        return str(call) if call is not None else None
+
+    def _send(self, req: "pb.Request", call: _Call, payload=None) -> None:
+        """Queues a fire-and-forget request (with the Releases due before it)."""
+        self._check_open()
+        self._emit_releases()
+        req.id = next(self._ids)
+        self._calls[req.id] = call
+        try:
+            self._conn.write(req.SerializeToString(), payload)
+        except (OSError, FrameError) as e:
+            self._fail_io(e, call)
+
+    def _roundtrip(self, req: "pb.Request", call: _Call) -> tuple["pb.Response", int]:
+        """Sends a synchronising request and reads its Response.
+
+        Returns (response, payload length); the payload is left in the stream
+        for the caller (only Download has one). Raises the typed Error the
+        response carries, naming the call that failed.
+        """
+        self._check_open()
+        self._emit_releases()
+        req.id = next(self._ids)
+        self._calls[req.id] = call
+        try:
+            self._conn.write(req.SerializeToString())
+            self._conn.flush()
+        except (OSError, FrameError) as e:
+            self._fail_io(e, call)
+        try:
+            while True:
+                raw, payload_len = self._conn.read_frame_head()
+                resp = pb.Response.FromString(raw)
+                if resp.id == req.id or resp.WhichOneof("body") == "error":
+                    break
+                # A reply to nothing we asked: the streams are out of step.
+                self._conn.skip(payload_len)
+                self._shutdown()
+                raise local_error("PROTOCOL_ERROR",
+                                  f"got a reply to request #{resp.id} while waiting for #{req.id}",
+                                  str(call))
+        except (OSError, FrameError) as e:
+            self._fail_io(e, call)
+        except Exception as e:  # an undecodable protobuf
+            if isinstance(e, Error):
+                raise
+            self._shutdown()
+            raise local_error("PROTOCOL_ERROR", f"undecodable response: {e}", str(call)) from e
+        if resp.WhichOneof("body") == "error":
+            if payload_len:
+                self._conn.skip(payload_len)
+            self._raise_error(resp.error)
+        self._forget_calls()
+        return resp, payload_len
+
+    def _raise_error(self, err: "pb.Error"):
+        exc = error_from_proto(err, self._describe(err.request_id))
+        if exc.code in _FATAL:
+            self._shutdown()
+        raise exc
+
+    def _forget_calls(self) -> None:
+        """Keeps the call memory bounded (ids are ascending, so are the keys)."""
+        excess = len(self._calls) - _CALL_MEMORY
+        if excess > 0:
+            for rid in list(itertools.islice(self._calls, excess)):
+                del self._calls[rid]
+
+    def _fail_io(self, exc: BaseException, call: _Call):
+        """The connection broke: raise the daemon's last word if it left one."""
+        final = None
+        if isinstance(exc, socket.timeout):
+            self._shutdown()
+            raise local_error("TIMEOUT", "the daemon did not answer in time", str(call)) from exc
+        if isinstance(exc, OSError) and self._open:
+            final = self._salvage_final_error()
+        self._shutdown()
+        if final is not None:
+            raise error_from_proto(final, self._describe(final.request_id)) from exc
+        if isinstance(exc, FrameError):
+            raise local_error("PROTOCOL_ERROR", str(exc), str(call)) from exc
+        raise local_error("CLOSED", f"connection lost: {exc}", str(call)) from exc
+
+    def _salvage_final_error(self):
+        """After a failed write: the Error the daemon sent before closing, if any."""
+        try:
+            self._conn.sock.settimeout(0.5)
+            raw, _ = self._conn.read_frame_head()
+            resp = pb.Response.FromString(raw)
+        except Exception:
+            return None
+        return resp.error if resp.WhichOneof("body") == "error" else None
+
+    # ================================================================ tensors
+
+    def tensor(self, data, device=DEFAULT_DEVICE, requires_grad: bool = False,
+               dtype=None) -> "Tensor":
+        """Uploads data to a new tensor on device.
+
+        data is a numpy array (its dtype is kept, like ``torch.from_numpy``) or
+        anything numpy.asarray accepts (Python floats then become float32 and
+        ints int64, like ``torch.tensor``). The bytes are sent from the
+        array's own buffer; the upload is asynchronous but has left the
+        process (or been copied) when this returns, so the array may be
+        modified afterwards.
+        """
+        if isinstance(data, Tensor):
+            raise TypeError("data is already a Tensor; use .to(device) or .detach()")
+        if dtype is not None:
+            arr = np.asarray(data, dtype=np.dtype(dtype))
+        elif isinstance(data, (np.ndarray, np.generic)):
+            arr = np.asarray(data)
+        else:
+            arr = np.asarray(data)
+            if arr.dtype == np.float64:
+                arr = arr.astype(np.float32)
+        wire = to_wire(arr.dtype)
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        if not arr.flags.c_contiguous:
+            arr = np.array(arr, order="C")  # (ascontiguousarray would make 0-d 1-d)
+        dev = Device.parse(device)
+        req = self._new_request()
+        up = req.upload
+        up.handle = self._new_handle()
+        up.dtype = wire
+        up.shape.extend(arr.shape)
+        dev._to_proto(up.device)
+        up.requires_grad = bool(requires_grad)
+        self._send(req, _Call(f"upload #{up.handle}",
+                              suffix=f"{arr.dtype.name}{tuple(arr.shape)} on {dev}"), arr)
+        return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=arr.dtype.name,
+                      device=dev, requires_grad=bool(requires_grad))
+
+    def op(self, name: str, *tensors: "Tensor", num_outputs: int = 1, dtype=None,
+           device=None, requires_grad: bool = False, **attrs):
+        """Runs the op `name` (PyTorch's names) on tensors, asynchronously.
+
+        Keyword arguments become op attributes (int, float, bool, str, lists
+        of ints or floats; None is left out), except ``dtype`` (creation ops
+        and casts), ``device`` (where creation ops run), ``requires_grad``
+        (creation ops) and ``num_outputs`` (ops with several results).
+        Returns the output Tensor, or a tuple of num_outputs Tensors.
+        """
+        req = self._new_request()
+        o = req.op
+        o.op = name
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"op {name}: inputs must be Tensors, got {type(t).__name__}")
+            if t._session is not self:
+                raise ValueError(f"op {name}: tensor #{t._handle} belongs to another session")
+        o.inputs.extend(t._handle for t in tensors)
+        outputs = [self._new_handle() for _ in range(num_outputs)]
+        o.outputs.extend(outputs)
+        for key, value in attrs.items():
+            if value is not None:
+                _set_attr(o.attrs.add(), key, value)
+        dev = None
+        if device is not None:
+            dev = Device.parse(device)
+            dev._to_proto(o.device)
+        elif not tensors:
+            dev = Device.parse(DEFAULT_DEVICE)
+            dev._to_proto(o.device)
+        if dtype is not None:
+            o.dtype = to_wire(dtype)
+        o.requires_grad = bool(requires_grad)
+        # The inputs are alive (referenced by `tensors`) while the op is queued,
+        # so a Release of theirs can only come after it.
+        self._send(req, _Call(f"op {name}", tuple(t._handle for t in tensors),
+                              f"-> {_fmt_handles(outputs)}"))
+        out = tuple(Tensor(self, h, device=dev) for h in outputs)
+        return out[0] if num_outputs == 1 else out
+
+    # ---- creation ops
+
+    def _create(self, name, shape, device, dtype, requires_grad, **attrs) -> "Tensor":
+        return self.op(name, shape=_shape_arg(shape), device=device or DEFAULT_DEVICE,
+                       dtype=dtype, requires_grad=requires_grad, **attrs)
+
+    def zeros(self, *shape, device=None, dtype=None, requires_grad=False) -> "Tensor":
+        """A tensor of zeros: ``zeros(2, 3)`` or ``zeros((2, 3))``."""
+        return self._create("zeros", shape, device, dtype, requires_grad)
+
+    def ones(self, *shape, device=None, dtype=None, requires_grad=False) -> "Tensor":
+        """A tensor of ones."""
+        return self._create("ones", shape, device, dtype, requires_grad)
+
+    def full(self, shape, fill_value, device=None, dtype=None, requires_grad=False) -> "Tensor":
+        """A tensor filled with fill_value."""
+        return self._create("full", (shape,), device, dtype, requires_grad,
+                            fill_value=float(fill_value))
+
+    def randn(self, *shape, device=None, dtype=None, requires_grad=False) -> "Tensor":
+        """Standard normal samples (the daemon's per-session random stream)."""
+        return self._create("randn", shape, device, dtype, requires_grad)
+
+    def rand(self, *shape, device=None, dtype=None, requires_grad=False) -> "Tensor":
+        """Uniform samples in [0, 1)."""
+        return self._create("rand", shape, device, dtype, requires_grad)
+
+    def arange(self, start, end=None, step=1, device=None, dtype=None,
+               requires_grad=False) -> "Tensor":
+        """Values from start to end (exclusive) by step; ``arange(n)`` is 0..n-1."""
+        if end is None:
+            start, end = 0, start
+        return self.op("arange", start=float(start), end=float(end), step=float(step),
+                       device=device or DEFAULT_DEVICE, dtype=dtype, requires_grad=requires_grad)
+
+    # ================================================================ session calls
+
+    def sync(self) -> None:
+        """Waits until every earlier request has run; raises the first error since the last sync."""
+        req = self._new_request()
+        req.sync.SetInParent()
+        self._roundtrip(req, _Call("sync"))
+
+    def flush(self) -> None:
+        """Sends buffered requests now, without waiting for anything."""
+        self._check_open()
+        self._emit_releases()
+        try:
+            self._conn.flush()
+        except OSError as e:
+            self._fail_io(e, _Call("flush"))
+
+    def devices(self) -> list:
+        """The daemon's devices, as a list of :class:`Device`."""
+        return [Device._from_proto(info.device) for info in self._list_devices()]
+
+    def device_info(self) -> list:
+        """The daemon's devices with names and memory: a list of dicts."""
+        return [{"device": Device._from_proto(i.device), "name": i.name,
+                 "memory_total": i.memory_total, "memory_used": i.memory_used}
+                for i in self._list_devices()]
+
+    def _list_devices(self):
+        req = self._new_request()
+        req.list_devices.SetInParent()
+        resp, _ = self._roundtrip(req, _Call("list_devices"))
+        return resp.devices.devices
+
+    def stats(self) -> dict:
+        """The daemon's counters (StatsReply) as a dict.
+
+        Keys: sessions, handles, bytes_received, bytes_sent, requests,
+        tensors_alive, uptime_ms (ints); errors ({code name: count});
+        memory ({"cpu:0": {"bytes_in_use", "peak_bytes"}}); session_list
+        (a list of dicts with session_id, peer, client_name, handles,
+        bytes_in_use, requests).
+        """
+        req = self._new_request()
+        req.stats.SetInParent()
+        resp, _ = self._roundtrip(req, _Call("stats"))
+        s = resp.stats
+        return {
+            "sessions": s.sessions,
+            "handles": s.handles,
+            "bytes_received": s.bytes_received,
+            "bytes_sent": s.bytes_sent,
+            "requests": s.requests,
+            "tensors_alive": s.tensors_alive,
+            "uptime_ms": s.uptime_ms,
+            "errors": {_code_name(e.code): e.count for e in s.errors},
+            "memory": {str(Device._from_proto(m.device)): {"bytes_in_use": m.bytes_in_use,
+                                                          "peak_bytes": m.peak_bytes}
+                       for m in s.memory},
+            "session_list": [{"session_id": x.session_id, "peer": x.peer,
+                              "client_name": x.client_name, "handles": x.handles,
+                              "bytes_in_use": x.bytes_in_use, "requests": x.requests}
+                             for x in s.session_list],
+        }
+
+    # ---- grad mode
+
+    @property
+    def grad_enabled(self) -> bool:
+        """Whether ops on tracked tensors are recorded for backward."""
+        return self._grad_enabled
+
+    def set_grad_enabled(self, enabled: bool) -> None:
+        """Turns graph recording on or off for the session (SetGradMode)."""
+        enabled = bool(enabled)
+        if enabled == self._grad_enabled:
+            return
+        req = self._new_request()
+        req.set_grad_mode.enabled = enabled
+        self._send(req, _Call(f"set_grad_mode(enabled={enabled})"))
+        self._grad_enabled = enabled
+
+    @contextlib.contextmanager
+    def no_grad(self):
+        """A ``with`` block in which ops record no autodiff graph (like torch.no_grad)."""
+        previous = self._grad_enabled
+        self.set_grad_enabled(False)
+        try:
+            yield
+        finally:
+            if self._open:
+                self.set_grad_enabled(previous)
+
+    # ---- used by Tensor and friends
+
+    def _download(self, t: "Tensor") -> np.ndarray:
+        req = self._new_request()
+        req.download.handle = t._handle
+        call = _Call("download", (t._handle,))
+        resp, payload_len = self._roundtrip(req, call)
+        if resp.WhichOneof("body") != "tensor":
+            self._conn.skip(payload_len)
+            raise local_error("PROTOCOL_ERROR", f"download answered with {resp.WhichOneof('body')}",
+                              str(call))
+        info = resp.tensor
+        t._set_info(info)
+        arr = np.empty(tuple(info.shape), dtype=to_numpy(info.dtype))
+        if arr.nbytes != payload_len:
+            self._conn.skip(payload_len)
+            raise local_error("PROTOCOL_ERROR",
+                              f"payload of {payload_len} bytes for a {dtype_name(info.dtype)}"
+                              f"{tuple(info.shape)} tensor ({arr.nbytes} bytes)", str(call))
+        try:
+            self._conn.read_into(arr)
+        except (OSError, FrameError) as e:
+            self._fail_io(e, call)
+        if info.dtype == pb.DTYPE_BF16:  # widen the bit patterns to float32
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr
+
+    def _describe_tensor(self, t: "Tensor") -> None:
+        req = self._new_request()
+        req.describe.handle = t._handle
+        resp, _ = self._roundtrip(req, _Call("describe", (t._handle,)))
+        if resp.WhichOneof("body") == "tensor":
+            t._set_info(resp.tensor)
+
+    def _to_device(self, t: "Tensor", device: Device) -> "Tensor":
+        req = self._new_request()
+        td = req.to_device
+        td.input = t._handle
+        td.output = self._new_handle()
+        device._to_proto(td.device)
+        self._send(req, _Call("to_device", (t._handle,), f"-> {device} as #{td.output}"))
+        return Tensor(self, td.output, shape=t._shape, dtype=t._dtype, device=device)
+
+
+def _code_name(code: int) -> str:
+    try:
+        return pb.ErrorCode.Name(code)
+    except ValueError:
+        return f"UNKNOWN({code})"
+
+
+def _shape_arg(shape) -> list:
+    """(2, 3) from zeros(2, 3), zeros((2, 3)) or zeros([2, 3])."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    elif len(shape) == 1 and isinstance(shape[0], np.ndarray):
+        shape = shape[0].tolist()
+    return [_as_int(d, "shape") for d in shape]
+
+
+def _as_int(v, what: str) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what}: expected an int, got {v!r}")
+    return int(v)
+
+
+def _set_attr(attr: "pb.Attr", name: str, value) -> None:
+    """Fills a protobuf Attr from a Python value (bool before int: bool is an int)."""
+    attr.name = name
+    if isinstance(value, (bool, np.bool_)):
+        attr.b = bool(value)
+    elif isinstance(value, (int, np.integer)):
+        attr.i = int(value)
+    elif isinstance(value, (float, np.floating)):
+        attr.f = float(value)
+    elif isinstance(value, str):
+        attr.s = value
+    elif isinstance(value, Device):
+        attr.s = str(value)
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        items = list(value.tolist() if isinstance(value, np.ndarray) else value)
+        if any(isinstance(v, (bool, np.bool_)) for v in items):
+            raise TypeError(f"attribute {name}: lists of bools are not supported")
+        if all(isinstance(v, (int, np.integer)) for v in items):
+            attr.ints.v.extend(int(v) for v in items)
+            if not items:
+                attr.ints.SetInParent()
+        elif all(isinstance(v, (int, float, np.integer, np.floating)) for v in items):
+            attr.floats.v.extend(float(v) for v in items)
+        else:
+            raise TypeError(f"attribute {name}: lists must hold only ints or only numbers")
+    else:
+        raise TypeError(f"attribute {name}: unsupported value {value!r} "
+                        f"(int, float, bool, str or a list of ints/floats)")
+
+
+from .tensor import Tensor  # noqa: E402  (Tensor needs Session's module loaded first)
