@@ -97,5 +97,7 @@ typedef struct {
     uint64_t start_ms;
 } tdd_counters;
 extern tdd_counters tdd_stats;
+/* Counts a failed request once, where it failed (errors by code, for Stats). */
+void tdd_count_error(int code);
 
 #endif

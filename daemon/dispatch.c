@@ -44,12 +44,11 @@ static bool always_answered(const Request *req)
 static int answer_error(tdd_conn *c, const Request *req, td_error *err)
 {
     err->request_id = req->id;
-    if (req->want_reply || always_answered(req)) {
+    tdd_count_error(err->code);
+    if (req->want_reply || always_answered(req))
         tdd_conn_send_error(c, req->id, err);
-    } else {
+    else
         tdd_session_fail(c->s, err);
-        tdd_stats.errors[-err->code]++;
-    }
     return TDD_DISPATCH_DONE;
 }
 
@@ -617,6 +616,7 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
     }
     if (!c->hello_done && req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO) {
         tdd_err_set(&err, TD_EPROTOCOL_ERROR, "the first request must be Hello");
+        tdd_count_error(err.code);
         tdd_conn_send_error(c, req->id, &err);
         return TDD_DISPATCH_CLOSE;
     }

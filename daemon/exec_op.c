@@ -37,12 +37,11 @@ static void session_task_finish(session_task *t, tdd_value *reply_value)
     tdd_conn *c = s->closed ? NULL : s->conn;
     if (t->rc) {
         t->err.request_id = t->req_id;
+        tdd_count_error(t->err.code);
         if (t->want_reply && c)
             tdd_conn_send_error(c, t->req_id, &t->err);
-        else if (!s->closed) {
+        else if (!s->closed)
             tdd_session_fail(s, &t->err);
-            tdd_stats.errors[-t->err.code]++;
-        }
     } else if (t->want_reply && c) {
         if (reply_value) {
             Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;

@@ -18,6 +18,12 @@
 
 tdd_counters tdd_stats;
 
+void tdd_count_error(int code)
+{
+    if (code < 0 && -code < TD_ERRNO_COUNT)
+        tdd_stats.errors[-code]++;
+}
+
 typedef struct {
     union {
         uv_handle_t handle;
@@ -132,7 +138,6 @@ void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
     r.id = id;
     r.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
     r.error = tdd_wire_error_fill(&w, err, id);
-    tdd_stats.errors[-err->code < TD_ERRNO_COUNT ? -err->code : TD_ERRNO_COUNT - 1]++;
     send_packed(c, &r, NULL, 0, NULL, false);
 }
 
@@ -191,6 +196,7 @@ static void fail_protocol(tdd_conn *c, int code, const char *what)
 {
     td_error err;
     tdd_err_set(&err, code, "%s", what);
+    tdd_count_error(code);
     tdd_info("session %llu (%s): %s; closing the connection",
              (unsigned long long)(c->s ? c->s->id : 0), c->s ? c->s->peer : "?", what);
     tdd_conn_send_error(c, 0, &err);
