@@ -479,6 +479,7 @@ static int h_op(tdd_conn *c, Request *req)
     tdd_value *in[TDD_MAX_OP_INPUTS];
     tdd_value *out[TDD_MAX_OP_OUTPUTS];
     td_attr attrs[TDD_MAX_ATTRS];
+    tdd_opargs args;
     int n_out = (int)op->n_outputs;
 
     if (op->n_outputs == 0 || op->n_outputs > TDD_MAX_OP_OUTPUTS)
@@ -514,7 +515,7 @@ static int h_op(tdd_conn *c, Request *req)
                           .seed = s->rng};
         s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
         rc = tdd_submit_op(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
-                           dev, out, &n_out, &err);
+                           dev, out, &n_out, &args, &err);
     }
     if (rc) {
         int origin = rc;
@@ -537,7 +538,7 @@ static int h_op(tdd_conn *c, Request *req)
         for (size_t i = 0; i < op->n_inputs; i++)
             track |= in[i]->requires_grad;
         if (track)
-            tdd_autograd_record(s, def->op, NULL, in, (int)op->n_inputs, out, n_out);
+            tdd_autograd_record(s, def->op, &args, in, (int)op->n_inputs, out, n_out);
     }
     return TDD_DISPATCH_DONE;
 }

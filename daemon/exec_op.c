@@ -159,7 +159,7 @@ tdd_device *tdd_default_device(void)
 
 int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
                   const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
-                  tdd_value **out, int *n_out, td_error *err)
+                  tdd_value **out, int *n_out, tdd_opargs *args_out, td_error *err)
 {
     if (n_in > TDD_MAX_OP_INPUTS)
         return tdd_err_arg(err, "inputs", "at most %d inputs", TDD_MAX_OP_INPUTS);
@@ -241,6 +241,8 @@ int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
         out[i] = ot->out[i];
     }
     *n_out = nout;
+    if (args_out)
+        *args_out = ot->args;
     session_task_begin(&ot->st, s, req_id, want_reply);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;

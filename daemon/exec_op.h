@@ -10,10 +10,12 @@
  * caller) whose data will be ready in queue order; on failure returns a TD_E*
  * code with err filled and queues nothing. Poisoned inputs known now fail
  * with POISONED; inputs poisoned later poison the outputs when the op runs.
- * want_reply: the session's connection gets a reply once the op has run. */
+ * want_reply: the session's connection gets a reply once the op has run.
+ * *n_out: 0 for "as many as the op makes", else the count expected.
+ * args_out (may be NULL) receives the validated arguments (for autodiff). */
 int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
                   const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
-                  tdd_value **out, int *n_out, td_error *err);
+                  tdd_value **out, int *n_out, tdd_opargs *args_out, td_error *err);
 
 /* Checks that inputs share a backend and device; typed errors name both sides. */
 int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err);
