@@ -62,7 +62,8 @@ class Daemon:
 
         threading.Thread(target=pump, daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT
-        while True:
+        waiting = self.args.count("--listen")  # one "listening on" line per endpoint
+        while waiting:
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
@@ -73,10 +74,10 @@ class Daemon:
                 rc = self.proc.wait()
                 pytest.fail(f"{self.args} exited with {rc} before listening:\n{self.log()}")
             if "listening on" in line:
+                waiting -= 1
                 printed = line.split("listening on", 1)[1].split()[0]
                 if printed.startswith("tcp://"):
                     self.endpoint = printed
-                break
 
     def log(self) -> str:
         self.stderr.seek(0)

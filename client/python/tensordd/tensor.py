@@ -440,7 +440,7 @@ class Tensor:
         out = self
         if dtype is not None:
             if self._dtype != _dtype_name(dtype):
-                out = out._op("to", dtype=dtype)
+                out = out._op("cast", dtype=dtype)
         if device is not None:
             dev = Device.parse(device)
             if out._device != dev:
