@@ -50,6 +50,8 @@ enum {
 };
 
 int tdd_server_start(uv_loop_t *loop, const tdd_config *cfg);
+/* The i-th listener's endpoint as bound (port 0 resolved), or NULL. */
+const char *tdd_server_endpoint(int i);
 /* Stop accepting; let connections finish; the loop ends when all are closed. */
 void tdd_server_shutdown(void);
 

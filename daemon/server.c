@@ -647,6 +647,11 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg)
     return 0;
 }
 
+const char *tdd_server_endpoint(int i)
+{
+    return i >= 0 && i < nlisteners ? listeners[i].endpoint : NULL;
+}
+
 void tdd_server_shutdown(void)
 {
     if (shutting_down)
