@@ -261,6 +261,10 @@ typedef void (*td_progress_fn)(void *arg, uint64_t done, uint64_t total);
 /* Installs (or with NULL removes) the progress callback for this client. */
 void td_set_progress(td_client *c, td_progress_fn fn, void *arg);
 
+/* The id of the most recent request this client sent or buffered (0: none):
+ * an asynchronous error's td_error.request_id can be matched against it. */
+uint64_t td_last_request_id(const td_client *c);
+
 /* ---- daemon statistics */
 
 typedef struct {

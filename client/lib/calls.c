@@ -132,6 +132,11 @@ uint64_t td_session_id(const td_client *c)
     return c ? c->session_id : 0;
 }
 
+uint64_t td_last_request_id(const td_client *c)
+{
+    return c && c->next_request > 1 ? c->next_request - 1 : 0;
+}
+
 void td_set_progress(td_client *c, td_progress_fn fn, void *arg)
 {
     if (!c)
