@@ -10,6 +10,13 @@ PY ?= /usr/bin/python3
 SAN ?=
 WERROR ?= 1
 
+# V=1 shows the full commands.
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
 ifeq ($(SAN),)
 BUILD ?= build
 else
@@ -106,45 +113,54 @@ deps:
 # ---------------------------------------------------------------- generated code
 $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h: proto/tensordd.proto
 	@mkdir -p $(BUILD)/gen
-	protoc-c --c_out=$(BUILD)/gen -Iproto $<
+	@echo "  PROTOC-C $<"
+	$(Q)protoc-c --c_out=$(BUILD)/gen -Iproto $<
 
 $(PYGEN): proto/tensordd.proto
-	protoc --python_out=client/python/tensordd -Iproto $<
+	@echo "  PROTOC   $@"
+	$(Q)protoc --python_out=client/python/tensordd -Iproto $<
 
 # generated code is not ours to warn about
 $(GEN_OBJ): $(BUILD)/gen/tensordd.pb-c.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -std=c11 $(OPT) -fPIC $(filter -fsanitize=%,$(CFLAGS)) -c $< -o $@
+	@echo "  CC       $<"
+	$(Q)$(CC) $(CPPFLAGS) -std=c11 $(OPT) -fPIC $(filter -fsanitize=%,$(CFLAGS)) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c $(BUILD)/gen/tensordd.pb-c.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	@echo "  CC       $<"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(call obj,$(wildcard backends/cpu/*.c)): CFLAGS += -fopenmp -O3
 $(call obj,$(wildcard backends/cuda/*.c) daemon/main.c daemon/device.c): CPPFLAGS += $(CUDA_CPPFLAGS)
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC $(NVCC_ARCH) -Iclient -Iproto -Ibackends -c $< -o $@
+	@echo "  NVCC     $<"
+	$(Q)$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC $(NVCC_ARCH) -Iclient -Iproto -Ibackends -c $< -o $@
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # ---------------------------------------------------------------- products
 $(BUILD)/tensordd: $(call obj,daemon/main.c) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
-	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -o $@
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -o $@
 
 $(BUILD)/libtensordd.a: $(CLIENT_OBJ) $(COMMON_OBJ)
-	rm -f $@ && ar rcs $@ $^
+	@echo "  AR       $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/libtensordd.so: $(CLIENT_OBJ) $(COMMON_OBJ)
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensordd.so.0 $^ $(shell pkg-config --libs libprotobuf-c) -o $@
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensordd.so.0 $^ $(shell pkg-config --libs libprotobuf-c) -o $@
 
 $(BUILD)/tdctl: $(call obj,$(TDCTL_SRC)) $(BUILD)/libtensordd.a
-	$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
 
 PREFIX ?= /usr/local
 $(BUILD)/tensordd.pc: client/tensordd.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
 
 # ---------------------------------------------------------------- tests
 UNIT_SRC := $(wildcard tests/unit/*.c)
@@ -153,15 +169,18 @@ TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 
 $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC)) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) $(CHECK_LIBS) -o $@
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) $(CHECK_LIBS) -o $@
 
 $(BUILD)/tests/integration: $(call obj,$(INTEG_SRC)) $(TEST_SUPPORT) $(BUILD)/libtensordd.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(CHECK_LIBS) -o $@
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(CHECK_LIBS) -o $@
 
 $(BUILD)/tests/fuzz_replay: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -DTDD_FUZZ_REPLAY $^ $(DAEMON_LIBS) -o $@
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -DTDD_FUZZ_REPLAY $^ $(DAEMON_LIBS) -o $@
 
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration
