@@ -35,7 +35,7 @@ static void start_daemon(void)
     tdd_cfg.max_msg = 1u << 20;
     tdd_cfg.max_payload = 64u << 20; /* keep a fuzzed upload from eating the machine */
     tdd_cfg.memory_cap = 512u << 20;
-    tdd_log_level = TDD_LOG_ERROR;
+    tdd_log_level = getenv("TDD_FUZZ_VERBOSE") ? TDD_LOG_DEBUG : TDD_LOG_ERROR;
     loop = uv_default_loop();
     char note[256];
     if (tdd_exec_init(loop) || tdd_devices_init(&tdd_cfg, note, sizeof note) ||
