@@ -742,6 +742,10 @@ static int cmd_apply(int argc, char **argv, global_opts *g)
             hout = td_op1(c, op, hin, nin, &oo, &e);
             if (!hout)
                 rc = report(op, e.code, &e);
+            /* The op's own verdict (e.g. SHAPE_MISMATCH), not a consumer's POISONED. */
+            int r = rc ? 0 : td_sync(c, &e);
+            if (r)
+                rc = report(op, r, &e);
         }
         if (rc == 0)
             rc = write_output(c, hout, out, &pb);
