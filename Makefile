@@ -90,7 +90,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BUILD)/tdctl \
            $(BUILD)/tensordd.pc $(PYGEN)
 
-.PHONY: all deps run test test-unit test-integration test-python test-fuzz bench clean format \
+.PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss bench clean format \
         lint check-deps
 .DEFAULT_GOAL := all
 
@@ -182,9 +182,19 @@ $(BUILD)/tests/fuzz_replay: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ)
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -DTDD_FUZZ_REPLAY $^ $(DAEMON_LIBS) -o $@
 
+BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/gpu_check.c,$(wildcard bench/*.c)))
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libtensordd.a
+	@mkdir -p $(dir $@)
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
+
 test: deps
-	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration
-	@$(MAKE) --no-print-directory test-unit test-integration test-fuzz test-python
+	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
+	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-python
+
+test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
+	@BUILD=$(BUILD) bash tests/rss_check.sh
 
 test-unit: $(BUILD)/tests/unit
 	CK_DEFAULT_TIMEOUT=120 $(BUILD)/tests/unit
