@@ -490,9 +490,15 @@ int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint
     if (rc)
         return rc;
     if (reply->msg->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR && reply->msg->error) {
-        rc = td__from_pb(reply->msg->error, err);
-        if (err && !err->request_id)
-            err->request_id = req->id;
+        td_error le;
+        rc = td__from_pb(reply->msg->error, &le);
+        if (!le.request_id)
+            le.request_id = req->id;
+        /* Already told (say, an unsolicited answer to the same request): once is enough. */
+        if (c->has_early && c->early.request_id == le.request_id)
+            c->has_early = 0;
+        if (err)
+            *err = le;
         uint64_t pl = reply->payload_len;
         td__reply_free(reply);
         int drc = td__drain(c, pl, NULL);

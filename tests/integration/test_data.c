@@ -284,7 +284,9 @@ START_TEST(test_release_then_use_is_unknown)
     td_client *c = it_client("release");
     float x[2] = {1, 2}, y[2];
     int64_t shape[1] = {2};
+    td_handle keep = it_upload_f32(c, "cpu:0", 1, shape, x); /* so h is not the easy id 1 */
     td_handle h = it_upload_f32(c, "cpu:0", 1, shape, x);
+    ck_assert_uint_ne(h, keep);
     td_error e;
     ck_assert_int_eq(td_release(c, &h, 1, &e), 0);
     int rc = td_download(c, h, y, sizeof y, NULL, &e);
