@@ -189,6 +189,12 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libtensordd.a
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
 
+# bench/ops also times the cpu backend in-process.
+$(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
+	@mkdir -p $(dir $@)
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(DAEMON_LIBS) -o $@
+
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-python
@@ -219,7 +225,7 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) PY=$(PY) bash examples/run.sh
 
-bench: all
+bench: all $(BENCH_BINS)
 	@BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
 
 format:

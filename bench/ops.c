@@ -1,0 +1,186 @@
+/* ops.c -- op throughput against the physical baselines, in one run:
+ *   - cpu backend add and sum over 64 MiB, as a fraction of memcpy bandwidth
+ *     measured in the same process (add moves 3 buffers' worth, sum 1);
+ *   - 2048^2 sgemm through the daemon (upload once, matmul, sync) against a
+ *     direct OpenBLAS call in this process.
+ *
+ *   bench/ops ENDPOINT     (a running tensordd; cpu:0 is used)
+ * Blocks of repetitions separated by idle gaps, medians reported: OpenBLAS
+ * threads spin after a call and would steal the other core from the daemon. */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "tensordd.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+#define REPS 9
+
+static tdd_storage *host_storage(size_t nbytes)
+{
+    tdd_storage *st = calloc(1, sizeof *st);
+    if (posix_memalign(&st->data, 64, nbytes))
+        exit(1);
+    memset(st->data, 1, nbytes);
+    st->nbytes = nbytes;
+    atomic_init(&st->refs, 1);
+    return st;
+}
+
+static void vec(tdd_tensor *t, tdd_storage *st, int64_t n)
+{
+    memset(t, 0, sizeof *t);
+    t->dtype = TD_F32;
+    t->ndim = 1;
+    t->shape[0] = n;
+    t->strides[0] = 1;
+    t->st = st;
+}
+
+/* Seconds for one call of op on the cpu backend (median of REPS). */
+static double time_op(void *ctx, const char *name, tdd_tensor *a, tdd_tensor *b, tdd_tensor *out)
+{
+    const tdd_opdef *def = tdd_op_find(name);
+    const tdd_tensor *in[2] = {a, b};
+    int n_in = b ? 2 : 1;
+    tdd_opreq req = {0};
+    tdd_opargs args;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    int n_out = 0;
+    td_error err;
+    if (!def || tdd_op_prepare(def->op, in, n_in, &req, INT64_MAX, &args, od, &n_out, &err)) {
+        fprintf(stderr, "bench: %s: cannot prepare\n", name);
+        exit(1);
+    }
+    tdd_opcall call = {.op = def->op, .args = &args, .n_in = n_in, .n_out = 1};
+    call.in[0] = a;
+    call.in[1] = b;
+    call.out[0] = out;
+    double t[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now();
+        if (tdd_backend_cpu.execute(ctx, 0, &call))
+            exit(1);
+        t[r] = now() - t0;
+    }
+    return median(t, REPS);
+}
+
+static void bench_elementwise(void)
+{
+    tdd_backend_config cfg = {.cpu_devices = 1};
+    void *ctx;
+    char why[128];
+    tdd_backend_cpu.init(&cfg, &ctx, why, sizeof why);
+    size_t nbytes = 64u << 20;
+    int64_t n = (int64_t)(nbytes / 4);
+    tdd_storage *sa = host_storage(nbytes), *sb = host_storage(nbytes), *so = host_storage(nbytes);
+    tdd_storage *ss = host_storage(64);
+    tdd_tensor a, b, o, s;
+    vec(&a, sa, n);
+    vec(&b, sb, n);
+    vec(&o, so, n);
+    memset(&s, 0, sizeof s);
+    s.dtype = TD_F32;
+    s.st = ss;
+
+    double t[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now();
+        memcpy(so->data, sa->data, nbytes);
+        t[r] = now() - t0;
+    }
+    double memcpy_bw = 2.0 * (double)nbytes / median(t, REPS); /* read + write */
+    double add_bw = 3.0 * (double)nbytes / time_op(ctx, "add", &a, &b, &o);
+    double sum_bw = (double)nbytes / time_op(ctx, "sum", &a, NULL, &s);
+    printf("cpu backend, 64 MiB f32 (median of %d)\n", REPS);
+    printf("  memcpy          %6.2f GB/s (bytes read + written)\n", memcpy_bw / 1e9);
+    printf("  add             %6.2f GB/s   %.2f of memcpy\n", add_bw / 1e9, add_bw / memcpy_bw);
+    printf("  sum             %6.2f GB/s   %.2f of memcpy\n", sum_bw / 1e9, sum_bw / memcpy_bw);
+    tdd_backend_cpu.shutdown(ctx);
+}
+
+static void bench_sgemm(const char *ep)
+{
+    enum { N = 2048 };
+    size_t nbytes = (size_t)N * N * sizeof(float);
+    float *a = malloc(nbytes), *b = malloc(nbytes), *c = malloc(nbytes);
+    for (size_t i = 0; i < (size_t)N * N; i++) {
+        a[i] = (float)(i % 17) * 0.01f;
+        b[i] = (float)(i % 13) * 0.02f;
+    }
+    double flops = 2.0 * N * N * N;
+    double tl[REPS], tr[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,
+                    c, N);
+        tl[r] = now() - t0;
+    }
+    usleep(200000); /* let OpenBLAS's threads stop spinning before the daemon needs the cores */
+
+    td_client *cl;
+    td_error err;
+    if (td_connect(ep, NULL, &cl, &err)) {
+        fprintf(stderr, "bench: connect: %s\n", err.message);
+        exit(3);
+    }
+    int64_t shape[2] = {N, N};
+    td_handle ha, hb;
+    td_upload(cl, NULL, TD_F32, 2, shape, a, 0, &ha, &err);
+    td_upload(cl, NULL, TD_F32, 2, shape, b, 0, &hb, &err);
+    td_sync(cl, &err);
+    td_handle in[2] = {ha, hb};
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now();
+        td_handle h = td_op1(cl, "matmul", in, 2, NULL, &err);
+        if (td_sync(cl, &err)) {
+            fprintf(stderr, "bench: matmul: %s\n", err.message);
+            exit(1);
+        }
+        tr[r] = now() - t0;
+        td_release(cl, &h, 1, &err);
+    }
+    td_close(cl);
+    double gl = flops / median(tl, REPS) / 1e9, gr = flops / median(tr, REPS) / 1e9;
+    printf("sgemm %dx%d (median of %d)\n", N, N, REPS);
+    printf("  local OpenBLAS  %7.1f GFLOP/s\n", gl);
+    printf("  tensordd cpu:0  %7.1f GFLOP/s   ratio %.2f\n", gr, gr / gl);
+    free(a);
+    free(b);
+    free(c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: ops ENDPOINT\n");
+        return 2;
+    }
+    bench_elementwise();
+    usleep(200000);
+    bench_sgemm(argv[1]);
+    return 0;
+}

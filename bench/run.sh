@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# run.sh -- every benchmark against one fresh daemon; ratios against baselines of the same run.
+set -euo pipefail
+BUILD=${BUILD:-build}
+out=$(mktemp)
+"$BUILD/tensordd" --listen tcp://127.0.0.1:0 --log-level warn >"$out" &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true; rm -f "$out"' EXIT
+for _ in $(seq 200); do grep -q "listening on" "$out" && break; sleep 0.05; done
+ep=$(sed -n 's/^listening on //p' "$out" | head -1)
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+echo "daemon:  $ep (pid $pid)"
+echo
+for b in "$BUILD"/bench/*; do
+    case "$(basename "$b")" in
+    transfer) "$b" "$ep" "$pid" 64 --reps 5 ;;
+    *) "$b" "$ep" ;;
+    esac
+    echo
+done
+kill -TERM "$pid"
+wait "$pid"
