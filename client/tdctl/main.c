@@ -617,7 +617,10 @@ static int write_output(td_client *c, td_handle h, const char *path, progress_ba
         return EXIT_USAGE;
     }
     size_t total = hl + (size_t)bytes;
-    if (ftruncate(fd, (off_t)total) != 0) {
+    /* Blocks allocated up front: page faults during the download then only
+     * map pages instead of growing a sparse file one page at a time. */
+    int fa = total ? posix_fallocate(fd, 0, (off_t)total) : 0;
+    if (fa != 0 && ftruncate(fd, (off_t)total) != 0) {
         fprintf(stderr, "tdctl: cannot size %s: %s\n", path, strerror(errno));
         close(fd);
         unlink(path);
