@@ -64,8 +64,8 @@ static double raw_pingpong_us(void)
     bind(lfd, (struct sockaddr *)&sa, sizeof sa);
     listen(lfd, 1);
     getsockname(lfd, (struct sockaddr *)&sa, &sl);
-    pthread_t t;
-    pthread_create(&t, NULL, echo, &lfd);
+    pthread_t th;
+    pthread_create(&th, NULL, echo, &lfd);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -86,7 +86,7 @@ static double raw_pingpong_us(void)
         t[r] = now() - t0;
     }
     close(fd);
-    pthread_join(t, NULL);
+    pthread_join(th, NULL);
     close(lfd);
     qsort(t, ROUNDS, sizeof t[0], cmp_double);
     return t[ROUNDS / 2] * 1e6;
