@@ -294,7 +294,7 @@ static int fill(td_client *c, td_error *err)
 {
     if (c->rpos == c->rlen)
         c->rpos = c->rlen = 0;
-    if (c->rlen == c->rcap) {
+    if (c->rlen == c->rcap && c->rpos) {
         /* compact before growing */
         memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
         c->rlen -= c->rpos;
@@ -328,7 +328,8 @@ static int fill(td_client *c, td_error *err)
 static int need(td_client *c, size_t n, td_error *err)
 {
     if (c->rcap - c->rpos < n) {
-        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        if (c->rpos)
+            memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
         c->rlen -= c->rpos;
         c->rpos = 0;
         size_t want = n < RBUF_INITIAL ? RBUF_INITIAL : n;

@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,17 +42,21 @@ static int free_port(void)
 }
 
 /* After the "listening" line the daemon's stdout still has to go somewhere,
- * or a chatty daemon would block on a full pipe. */
-static void *drain_stdout(void *arg)
+ * or a chatty daemon would block on a full pipe. A small process (not a
+ * thread: Check forks every test) copies it to stderr until the daemon exits. */
+static pid_t drain_stdout(int fd)
 {
-    int fd = (int)(intptr_t)arg;
+    pid_t pid = fork();
+    if (pid != 0) {
+        close(fd);
+        return pid;
+    }
     char buf[4096];
     ssize_t n;
     while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
         if (n > 0 && write(2, buf, (size_t)n) < 0)
             break;
-    close(fd);
-    return NULL;
+    _exit(0);
 }
 
 static const char *daemon_bin(void)
@@ -143,11 +146,7 @@ int tdt_daemon_start(tdt_daemon *d, const char *const *extra_args, int with_unix
         if (wait_listening(pfd[0], d->endpoint, 10000)) {
             d->pid = pid;
             d->port = port;
-            pthread_t th;
-            if (pthread_create(&th, NULL, drain_stdout, (void *)(intptr_t)pfd[0]) == 0)
-                pthread_detach(th);
-            else
-                close(pfd[0]);
+            d->drain_pid = drain_stdout(pfd[0]);
             return 0;
         }
         close(pfd[0]);
@@ -181,17 +180,22 @@ int tdt_daemon_stop(tdt_daemon *d)
     double end = now_ms() + 15000;
     while ((r = waitpid(d->pid, &st, WNOHANG)) == 0 && now_ms() < end)
         usleep(10000);
+    int killed = 0;
     if (r == 0) {
         fprintf(stderr, "tdt: daemon ignored SIGTERM for 15 s; killing it\n");
         kill(d->pid, SIGKILL);
         waitpid(d->pid, &st, 0);
-        d->pid = -1;
-        return -1;
+        killed = 1;
     }
     d->pid = -1;
+    if (d->drain_pid > 0) { /* it sees EOF once the daemon is gone */
+        int dst;
+        waitpid(d->drain_pid, &dst, 0);
+        d->drain_pid = 0;
+    }
     if (d->unix_path[0])
         unlink(d->unix_path);
-    if (r < 0)
+    if (r < 0 || killed)
         return -1;
     if (WIFEXITED(st))
         return WEXITSTATUS(st);

@@ -13,6 +13,7 @@
 
 typedef struct {
     pid_t pid;
+    pid_t drain_pid; /* copies the daemon's stdout to our stderr */
     int port;
     char endpoint[128];
     char unix_path[108]; /* non-empty when a unix listener was asked for */

@@ -25,10 +25,11 @@ import socket
 import numpy as np
 
 from . import tensordd_pb2 as pb
-from ._wire import Connection, FrameError
+from ._wire import ZERO_COPY_THRESHOLD, Connection, FrameError
 from .device import Device
 from .dtypes import dtype_name, to_numpy, to_wire
 from .errors import Error, error_from_proto, local_error
+from .tensor import Tensor
 
 __all__ = ["connect", "Session", "PROTOCOL_VERSION"]
 
@@ -38,6 +39,9 @@ MAX_VERSION = PROTOCOL_VERSION
 CLIENT_NAME = "tensordd-python"
 DEFAULT_DEVICE = "cpu:0"
 
+# Released handles wait for a synchronising request, a large upload or this
+# many of them, then go out as one Release.
+_RELEASE_BATCH = 256
 # How many request descriptions the session keeps for error messages.
 _CALL_MEMORY = 1 << 16
 # Codes after which the daemon closes the connection.
@@ -68,17 +72,21 @@ def connect(endpoint: str, token: str | None = None, timeout: float | None = Non
 
 
 class _Call:
-    """A lazily formatted description of a request, for error messages."""
+    """A description of a request for error messages, formatted only when needed:
+    ``what(#in, ...) -> #out, ... suffix``."""
 
-    __slots__ = ("what", "handles", "suffix")
+    __slots__ = ("what", "handles", "outputs", "suffix")
 
-    def __init__(self, what: str, handles=(), suffix: str = ""):
+    def __init__(self, what: str, handles=(), suffix: str = "", outputs=()):
         self.what = what
         self.handles = handles
+        self.outputs = outputs
         self.suffix = suffix
 
     def __str__(self) -> str:
         text = f"{self.what}({_fmt_handles(self.handles)})" if self.handles else self.what
+        if self.outputs:
+            text += f" -> {_fmt_handles(self.outputs)}"
         return f"{text} {self.suffix}" if self.suffix else text
 
 
@@ -204,9 +212,15 @@ class Session:
         return str(call) if call is not None else None
 
     def _send(self, req: "pb.Request", call: _Call, payload=None) -> None:
-        """Queues a fire-and-forget request (with the Releases due before it)."""
+        """Queues a fire-and-forget request.
+
+        Releases due are queued first when this request will put bytes on
+        the wire anyway (a large payload) or enough of them have piled up.
+        """
         self._check_open()
-        self._emit_releases()
+        if len(self._pending_release) >= _RELEASE_BATCH or (
+                payload is not None and payload.nbytes >= ZERO_COPY_THRESHOLD):
+            self._emit_releases()
         req.id = next(self._ids)
         self._calls[req.id] = call
         try:
@@ -345,34 +359,39 @@ class Session:
         (creation ops) and ``num_outputs`` (ops with several results).
         Returns the output Tensor, or a tuple of num_outputs Tensors.
         """
-        req = self._new_request()
+        try:
+            inputs = tuple([t._handle for t in tensors if t._session is self])
+        except AttributeError:
+            inputs = ()
+        if len(inputs) != len(tensors):
+            for t in tensors:
+                if not isinstance(t, Tensor):
+                    raise TypeError(f"op {name}: inputs must be Tensors, got {type(t).__name__}")
+            raise ValueError(f"op {name}: an input belongs to another session")
+        req = pb.Request()
         o = req.op
         o.op = name
-        for t in tensors:
-            if not isinstance(t, Tensor):
-                raise TypeError(f"op {name}: inputs must be Tensors, got {type(t).__name__}")
-            if t._session is not self:
-                raise ValueError(f"op {name}: tensor #{t._handle} belongs to another session")
-        o.inputs.extend(t._handle for t in tensors)
-        outputs = [self._new_handle() for _ in range(num_outputs)]
+        o.inputs.extend(inputs)
+        if num_outputs == 1:
+            outputs = (next(self._handles),)
+        else:
+            outputs = tuple(next(self._handles) for _ in range(num_outputs))
         o.outputs.extend(outputs)
-        for key, value in attrs.items():
-            if value is not None:
-                _set_attr(o.attrs.add(), key, value)
+        if attrs:
+            for key, value in attrs.items():
+                if value is not None:
+                    _set_attr(o.attrs.add(), key, value)
         dev = None
-        if device is not None:
-            dev = Device.parse(device)
-            dev._to_proto(o.device)
-        elif not tensors:
-            dev = Device.parse(DEFAULT_DEVICE)
+        if device is not None or not tensors:
+            dev = Device.parse(DEFAULT_DEVICE if device is None else device)
             dev._to_proto(o.device)
         if dtype is not None:
             o.dtype = to_wire(dtype)
-        o.requires_grad = bool(requires_grad)
+        if requires_grad:
+            o.requires_grad = True
         # The inputs are alive (referenced by `tensors`) while the op is queued,
         # so a Release of theirs can only come after it.
-        self._send(req, _Call(f"op {name}", tuple(t._handle for t in tensors),
-                              f"-> {_fmt_handles(outputs)}"))
+        self._send(req, _Call("op " + name, inputs, outputs=outputs))
         out = tuple(Tensor(self, h, device=dev) for h in outputs)
         return out[0] if num_outputs == 1 else out
 
@@ -598,5 +617,3 @@ def _set_attr(attr: "pb.Attr", name: str, value) -> None:
         raise TypeError(f"attribute {name}: unsupported value {value!r} "
                         f"(int, float, bool, str or a list of ints/floats)")
 
-
-from .tensor import Tensor  # noqa: E402  (Tensor needs Session's module loaded first)
