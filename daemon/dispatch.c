@@ -514,8 +514,8 @@ static int h_op(tdd_conn *c, Request *req)
                           .dtype = (td_dtype)op->dtype,
                           .seed = s->rng};
         s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
-        rc = tdd_submit_op(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
-                           dev, out, &n_out, &args, &err);
+        rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in,
+                                 (int)op->n_inputs, dev, op->outputs, out, &n_out, &args, &err);
     }
     if (rc) {
         int origin = rc;

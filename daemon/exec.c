@@ -168,6 +168,22 @@ void tdd_queue_wait(tdd_queue *q, uint64_t seq)
     pthread_mutex_unlock(&q->mu);
 }
 
+bool tdd_queue_idle(tdd_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    bool idle = q->completed == q->submitted;
+    pthread_mutex_unlock(&q->mu);
+    return idle;
+}
+
+bool tdd_queue_reached(tdd_queue *q, uint64_t seq)
+{
+    pthread_mutex_lock(&q->mu);
+    bool done = q->completed >= seq;
+    pthread_mutex_unlock(&q->mu);
+    return done;
+}
+
 uint64_t tdd_exec_pending(void)
 {
     return pending;

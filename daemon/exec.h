@@ -2,6 +2,7 @@
 #ifndef TDD_EXEC_H
 #define TDD_EXEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -33,6 +34,10 @@ uint64_t tdd_queue_next_seq(const tdd_queue *q);
 /* Blocks (on a worker) until q has run every task up to seq. A task may
  * wait only on tasks submitted before it, so waits can never form a cycle. */
 void tdd_queue_wait(tdd_queue *q, uint64_t seq);
+/* Every task submitted to q has run. */
+bool tdd_queue_idle(tdd_queue *q);
+/* q has run every task up to seq. */
+bool tdd_queue_reached(tdd_queue *q, uint64_t seq);
 /* Tasks submitted and not yet completed, all queues. */
 uint64_t tdd_exec_pending(void);
 

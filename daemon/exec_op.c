@@ -29,8 +29,9 @@ static void session_task_begin(session_task *t, tdd_session *s, uint64_t req_id,
     s->inflight++;
 }
 
-/* The loop side of every completion: report, release, wake the connection. */
-static void session_task_finish(session_task *t, tdd_value *reply_value)
+/* The loop side of every completion: report, release, wake the connection
+ * (not when finishing inline: the connection is the caller, mid-request). */
+static void session_task_finish_ex(session_task *t, tdd_value *reply_value, bool kick)
 {
     tdd_session *s = t->s;
     s->inflight--;
@@ -63,9 +64,14 @@ static void session_task_finish(session_task *t, tdd_value *reply_value)
             tdd_conn_send_ok(c, t->req_id);
         }
     }
-    if (c)
+    if (c && kick)
         tdd_conn_kick(c);
     tdd_session_unref(s);
+}
+
+static void session_task_finish(session_task *t, tdd_value *reply_value)
+{
+    session_task_finish_ex(t, reply_value, true);
 }
 
 /* Waits for producers on other queues, then reports the first poisoned input. */
@@ -127,15 +133,43 @@ static void op_run(tdd_task *t)
         poison_outputs(ot->out, ot->n_out, st->rc, &st->err, st->req_id);
 }
 
-static void op_done(tdd_task *t)
+static void op_release(op_task *ot)
 {
-    op_task *ot = (op_task *)t;
-    session_task_finish(&ot->st, ot->out[0]);
     for (int i = 0; i < ot->n_in; i++)
         tdd_value_unref(ot->in[i]);
     for (int i = 0; i < ot->n_out; i++)
         tdd_value_unref(ot->out[i]);
     free(ot);
+}
+
+static void op_done(tdd_task *t)
+{
+    op_task *ot = (op_task *)t;
+    session_task_finish(&ot->st, ot->out[0]);
+    op_release(ot);
+}
+
+/* Ops this small run on the loop thread when their device has nothing queued:
+ * handing a few hundred nanoseconds of work to a worker costs two thread
+ * wake-ups (tens of microseconds), which is the whole small-op budget. Order
+ * is kept: the device's queue is empty and every input is ready. */
+#define INLINE_MAX_ELEMS 4096
+
+static bool can_run_inline(const op_task *ot)
+{
+    if (!ot->dev->be->host_memory)
+        return false;
+    int64_t work = 0;
+    for (int i = 0; i < ot->n_in; i++)
+        work += tdd_numel(&ot->in[i]->t);
+    for (int i = 0; i < ot->n_out; i++)
+        work += tdd_numel(&ot->out[i]->t);
+    if (work > INLINE_MAX_ELEMS || ot->op == TDD_OP_MATMUL)
+        return false;
+    for (int i = 0; i < ot->n_in; i++)
+        if (ot->in[i]->fq && !tdd_queue_reached(ot->in[i]->fq, ot->in[i]->fseq))
+            return false;
+    return tdd_queue_idle(ot->dev->q);
 }
 
 int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err)
@@ -160,6 +194,15 @@ tdd_device *tdd_default_device(void)
 int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
                   const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
                   tdd_value **out, int *n_out, tdd_opargs *args_out, td_error *err)
+{
+    return tdd_submit_op_named(s, req_id, want_reply, op, req, in, n_in, dev, NULL, out, n_out,
+                               args_out, err);
+}
+
+int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
+                        const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
+                        const uint64_t *out_ids, tdd_value **out, int *n_out,
+                        tdd_opargs *args_out, td_error *err)
 {
     if (n_in > TDD_MAX_OP_INPUTS)
         return tdd_err_arg(err, "inputs", "at most %d inputs", TDD_MAX_OP_INPUTS);
@@ -204,6 +247,7 @@ int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
             break;
         }
         ot->out[i] = v;
+        v->handle = out_ids ? out_ids[i] : 0;
         v->t.dtype = od[i].dtype;
         v->t.ndim = od[i].ndim;
         memcpy(v->t.shape, od[i].shape, sizeof v->t.shape);
@@ -246,6 +290,14 @@ int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
     session_task_begin(&ot->st, s, req_id, want_reply);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
+    if (can_run_inline(ot)) {
+        for (int i = 0; i < nout; i++)
+            ot->out[i]->fq = NULL; /* ready now */
+        op_run(&ot->st.base);
+        session_task_finish_ex(&ot->st, ot->out[0], false);
+        op_release(ot);
+        return 0;
+    }
     tdd_queue_submit(dev->q, &ot->st.base);
     return 0;
 }
