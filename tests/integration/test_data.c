@@ -1,7 +1,14 @@
 /* test_data.c -- integration: bytes and numbers through a real daemon (round trips, ops vs a C reference). */
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "itest.h"
 
@@ -346,6 +353,62 @@ START_TEST(test_device_parse)
 }
 END_TEST
 
+/* A one-connection impostor: 0 hangs up after reading, 1 answers garbage,
+ * 2 reads and stays silent. Returns its pid; *port is where it listens. */
+static pid_t fake_server(int mode, int *port)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    ck_assert_int_eq(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(ls, 1), 0);
+    ck_assert_int_eq(getsockname(ls, (struct sockaddr *)&sa, &sl), 0);
+    *port = ntohs(sa.sin_port);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = accept(ls, NULL, NULL);
+        char buf[256];
+        if (fd >= 0 && recv(fd, buf, sizeof buf, 0) > 0) {
+            if (mode == 1) {
+                memset(buf, 0x5A, 64);
+                if (send(fd, buf, 64, MSG_NOSIGNAL) < 0)
+                    _exit(1);
+            }
+            if (mode == 2)
+                sleep(3);
+        }
+        _exit(0);
+    }
+    close(ls);
+    return pid;
+}
+
+static int connect_fake(int mode)
+{
+    int port;
+    pid_t pid = fake_server(mode, &port);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    td_connect_opts o = {.timeout_ms = 500};
+    td_client *c = NULL;
+    td_error e;
+    int rc = td_connect(ep, &o, &c, &e);
+    ck_assert_ptr_null(c);
+    ck_assert_int_eq(e.code, rc);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return rc;
+}
+
+START_TEST(test_bad_servers_are_typed)
+{
+    ck_assert_int_eq(connect_fake(0), TD_ECLOSED);
+    ck_assert_int_eq(connect_fake(1), TD_EPROTOCOL_ERROR);
+    ck_assert_int_eq(connect_fake(2), TD_ETIMEOUT);
+}
+END_TEST
+
 START_TEST(test_connect_failures_are_typed)
 {
     td_client *c = NULL;
@@ -383,6 +446,7 @@ Suite *it_data_suite(void)
     tcase_add_test(tc, test_to_device_and_describe);
     tcase_add_test(tc, test_device_parse);
     tcase_add_test(tc, test_connect_failures_are_typed);
+    tcase_add_test(tc, test_bad_servers_are_typed);
     suite_add_tcase(s, tc);
     return s;
 }
