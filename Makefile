@@ -88,7 +88,7 @@ DAEMON_LIBS := $(shell pkg-config --libs libuv libprotobuf-c 2>/dev/null) $(OPEN
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
 TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BUILD)/tdctl \
-           $(BUILD)/tensordd.pc $(PYGEN)
+           $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
 
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss bench clean format \
         lint check-deps
@@ -188,6 +188,11 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libtensordd.a
 	@mkdir -p $(dir $@)
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libtensordd.a
+	@mkdir -p $(dir $@)
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -o $@
 
 # bench/ops also times the cpu backend in-process.
 $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
