@@ -336,7 +336,8 @@ def test_creation_ops_name_device_dtype_shape(fake):
     assert list(ops[0].attrs[0].ints.v) == [2, 3] and ops[0].requires_grad
     assert ops[0].device.ordinal == 1 and ops[0].dtype == pb.DTYPE_F32
     assert ops[1].device.backend == "cpu" and ops[1].dtype == pb.DTYPE_INVALID
-    assert {a.name: a.f for a in ops[4].attrs} == {"start": 0.0, "end": 5.0, "step": 1.0}
+    assert {a.name: a.i for a in ops[4].attrs} == {"start": 0, "end": 5, "step": 1}
+    assert ops[2].attrs[1].name == "value" and ops[2].attrs[1].i == 7
 
 
 def test_no_grad_sends_set_grad_mode(fake):

@@ -410,9 +410,10 @@ class Session:
         return self._create("ones", shape, device, dtype, requires_grad)
 
     def full(self, shape, fill_value, device=None, dtype=None, requires_grad=False) -> "Tensor":
-        """A tensor filled with fill_value."""
+        """A tensor filled with fill_value; as in PyTorch, an int value gives
+        int64, a bool bool and a float float32 unless dtype says otherwise."""
         return self._create("full", (shape,), device, dtype, requires_grad,
-                            fill_value=float(fill_value))
+                            value=_number(fill_value, "fill_value"))
 
     def randn(self, *shape, device=None, dtype=None, requires_grad=False) -> "Tensor":
         """Standard normal samples (the daemon's per-session random stream)."""
@@ -424,11 +425,15 @@ class Session:
 
     def arange(self, start, end=None, step=1, device=None, dtype=None,
                requires_grad=False) -> "Tensor":
-        """Values from start to end (exclusive) by step; ``arange(n)`` is 0..n-1."""
+        """Values from start to end (exclusive) by step; ``arange(n)`` is 0..n-1.
+
+        All-int arguments give int64, any float gives float32 (PyTorch's rule).
+        """
         if end is None:
             start, end = 0, start
-        return self.op("arange", start=float(start), end=float(end), step=float(step),
-                       device=device or DEFAULT_DEVICE, dtype=dtype, requires_grad=requires_grad)
+        return self.op("arange", start=_number(start, "start"), end=_number(end, "end"),
+                       step=_number(step, "step"), device=device or DEFAULT_DEVICE,
+                       dtype=dtype, requires_grad=requires_grad)
 
     # ================================================================ session calls
 
@@ -580,6 +585,17 @@ def _shape_arg(shape) -> list:
     elif len(shape) == 1 and isinstance(shape[0], np.ndarray):
         shape = shape[0].tolist()
     return [_as_int(d, "shape") for d in shape]
+
+
+def _number(v, what: str):
+    """v as a Python bool, int or float (numpy scalars included)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    raise TypeError(f"{what}: expected a number, got {v!r}")
 
 
 def _as_int(v, what: str) -> int:

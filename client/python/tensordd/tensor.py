@@ -274,7 +274,7 @@ class Tensor:
         """self ** exponent: a scalar exponent (attr) or a tensor of exponents."""
         if isinstance(exponent, Tensor):
             return self._session.op("pow", self, exponent)
-        return self._op("pow", exponent=float(exponent))
+        return self._op("pow", other=float(exponent))
 
     def maximum(self, other: "Tensor") -> "Tensor":
         return self._session.op("maximum", self, other)
@@ -415,7 +415,7 @@ class Tensor:
         return self._op("squeeze", dim=dim)
 
     def expand(self, *sizes):
-        return self._op("expand", size=_dims(sizes))
+        return self._op("expand", shape=_dims(sizes))
 
     def contiguous(self):
         return self._op("contiguous")
