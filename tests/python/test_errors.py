@@ -14,7 +14,7 @@ import pytest
 
 import tensordd
 from conftest import TDD_BIN
-from helpers import require_autodiff, require_ops
+from helpers import require_autodiff
 from tensordd import tensordd_pb2 as pb
 
 
@@ -38,7 +38,7 @@ def test_unknown_handle(session):
     out = ghost + ones(session, 1)
     with pytest.raises(tensordd.UnknownHandleError) as info:
         session.sync()
-    assert info.value.handle == 987654 and f"op add(#987654" in str(info.value)
+    assert info.value.handle == 987654 and "op add(#987654" in str(info.value)
     del out
     assert_usable(session)
 

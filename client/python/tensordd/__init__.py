@@ -17,7 +17,7 @@ from . import errors as _errors
 from . import optim
 from .autograd import Gradients
 from .device import Device
-from .errors import Error, error_class
+from .errors import Error, error_class  # noqa: F401 (re-exported)
 from .session import PROTOCOL_VERSION, Session, connect
 from .tensor import Tensor
 

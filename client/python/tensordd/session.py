@@ -23,6 +23,7 @@ import itertools
 import socket
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from . import tensordd_pb2 as pb
 from ._wire import ZERO_COPY_THRESHOLD, Connection, FrameError
@@ -112,7 +113,6 @@ class Session:
         self._pending_release: list[int] = []
         self._open = True
         self._grad_enabled = True
-        self._device_cache: list[Device] | None = None
         hello = self._new_request()
         h = hello.hello
         h.min_version = MIN_VERSION
@@ -153,9 +153,9 @@ class Session:
     def close(self, raise_errors: bool = True) -> None:
         """Says Goodbye and closes the connection; the daemon frees the session.
 
-        An asynchronous error still pending in the daemon is reported by the
-        Goodbye's reply and raised here (unless raise_errors is False). Closing
-        twice is harmless.
+        If the daemon answers the Goodbye with an error (an asynchronous
+        failure still pending), it is raised unless raise_errors is False;
+        the session is closed either way. Closing twice is harmless.
         """
         if not self._open:
             return
@@ -245,24 +245,21 @@ class Session:
         except (OSError, FrameError) as e:
             self._fail_io(e, call)
         try:
-            while True:
-                raw, payload_len = self._conn.read_frame_head()
-                resp = pb.Response.FromString(raw)
-                if resp.id == req.id or resp.WhichOneof("body") == "error":
-                    break
-                # A reply to nothing we asked: the streams are out of step.
-                self._conn.skip(payload_len)
-                self._shutdown()
-                raise local_error("PROTOCOL_ERROR",
-                                  f"got a reply to request #{resp.id} while waiting for #{req.id}",
-                                  str(call))
+            raw, payload_len = self._conn.read_frame_head()
         except (OSError, FrameError) as e:
             self._fail_io(e, call)
-        except Exception as e:  # an undecodable protobuf
-            if isinstance(e, Error):
-                raise
+        try:
+            resp = pb.Response.FromString(raw)
+        except DecodeError as e:
             self._shutdown()
             raise local_error("PROTOCOL_ERROR", f"undecodable response: {e}", str(call)) from e
+        # An error may come with another id (0: the daemon's last word before
+        # closing); anything else must answer this request.
+        if resp.id != req.id and resp.WhichOneof("body") != "error":
+            self._shutdown()
+            raise local_error("PROTOCOL_ERROR",
+                              f"got a reply to request #{resp.id} while waiting for #{req.id}",
+                              str(call))
         if resp.WhichOneof("body") == "error":
             if payload_len:
                 self._conn.skip(payload_len)
@@ -285,12 +282,10 @@ class Session:
 
     def _fail_io(self, exc: BaseException, call: _Call):
         """The connection broke: raise the daemon's last word if it left one."""
-        final = None
         if isinstance(exc, socket.timeout):
             self._shutdown()
             raise local_error("TIMEOUT", "the daemon did not answer in time", str(call)) from exc
-        if isinstance(exc, OSError) and self._open:
-            final = self._salvage_final_error()
+        final = self._salvage_final_error() if isinstance(exc, OSError) and self._open else None
         self._shutdown()
         if final is not None:
             raise error_from_proto(final, self._describe(final.request_id)) from exc
