@@ -393,7 +393,7 @@ def test_shape_methods(session):
 
 
 def test_t_and_T(session):
-    require_ops(session, "t")
+    require_ops(session, "transpose")
     x = randf(3, 5)
     t = session.tensor(x)
     np.testing.assert_array_equal(t.t().numpy(), x.T)
@@ -429,3 +429,66 @@ def test_creation_ops(session):
     assert abs(n.mean()) < 0.05 and 0.95 < n.std() < 1.05
     g = session.zeros(3, requires_grad=True)
     assert g.requires_grad
+
+
+def test_binary_methods_and_where(session):
+    require_ops(session, "maximum", "minimum", "where", "gt", "masked_fill")
+    x, y = randf(3, 4), randf(3, 4)
+    a, b = session.tensor(x), session.tensor(y)
+    np.testing.assert_array_equal(a.maximum(b).numpy(), np.maximum(x, y))
+    np.testing.assert_array_equal(a.minimum(b).numpy(), np.minimum(x, y))
+    np.testing.assert_array_equal(a.where(a > b, b).numpy(), np.where(x > y, x, y))
+    np.testing.assert_array_equal(a.masked_fill(a > 0, 0.0).numpy(), np.where(x > 0, 0, x))
+    np.testing.assert_array_equal(a.mm(b.t()).numpy().shape, (3, 3))
+
+
+def test_more_elementwise_and_reductions(session):
+    names = ["log1p", "expm1", "floor", "ceil", "round", "silu", "leaky_relu", "softplus",
+             "prod", "var", "std", "logsumexp", "cumsum"]
+    require_ops(session, *names)
+    import torch
+    x = randf(4, 5)
+    t, tx = session.tensor(x), torch.from_numpy(x)
+    F = torch.nn.functional
+    cases = {
+        "log1p": (t.abs().log1p(), tx.abs().log1p()), "expm1": (t.expm1(), tx.expm1()),
+        "floor": (t.floor(), tx.floor()), "ceil": (t.ceil(), tx.ceil()),
+        "round": (t.round(), tx.round()), "silu": (t.silu(), F.silu(tx)),
+        "leaky_relu": (t.leaky_relu(0.2), F.leaky_relu(tx, 0.2)),
+        "softplus": (t.softplus(), F.softplus(tx)),
+        "prod": (t.prod(dim=1), tx.prod(dim=1)), "var": (t.var(dim=0), tx.var(dim=0)),
+        "std": (t.std(), tx.std()), "logsumexp": (t.logsumexp(1), tx.logsumexp(1)),
+        "cumsum": (t.cumsum(1), tx.cumsum(1)),
+    }
+    for name, (got, expected) in cases.items():
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_cat_stack_index(session):
+    require_ops(session, "cat", "stack", "index_select", "gather", "tril", "triu")
+    x, y = randf(2, 3), randf(2, 3)
+    a, b = session.tensor(x), session.tensor(y)
+    np.testing.assert_array_equal(session.cat([a, b], dim=1).numpy(), np.concatenate([x, y], 1))
+    np.testing.assert_array_equal(session.stack([a, b]).numpy(), np.stack([x, y]))
+    idx = session.tensor(np.array([2, 0], np.int64))
+    np.testing.assert_array_equal(a.index_select(1, idx).numpy(), x[:, [2, 0]])
+    gidx = np.array([[0, 2], [1, 1]], np.int64)
+    np.testing.assert_array_equal(a.gather(1, session.tensor(gidx)).numpy(),
+                                  np.take_along_axis(x, gidx, 1))
+    sq = randf(3, 3)
+    np.testing.assert_array_equal(session.tensor(sq).tril().numpy(), np.tril(sq))
+    np.testing.assert_array_equal(session.tensor(sq).triu(1).numpy(), np.triu(sq, 1))
+
+
+def test_value_conversions(session):
+    x = randf(2, 3)
+    t = session.tensor(x)
+    assert t.tolist() == x.tolist()
+    np.testing.assert_array_equal(np.asarray(t), x)
+    one = session.tensor(np.array([3], np.int64))
+    assert int(one) == 3 and bool(one) and one.item() == 3
+    with pytest.raises(ValueError):
+        t.item()
+    with pytest.raises(TypeError):  # numpy defers to Tensor and Tensor refuses arrays
+        x + t

@@ -430,6 +430,14 @@ class Session:
                        step=_number(step, "step"), device=device or DEFAULT_DEVICE,
                        dtype=dtype, requires_grad=requires_grad)
 
+    def cat(self, tensors, dim: int = 0) -> "Tensor":
+        """Concatenation along an existing dim (``torch.cat``)."""
+        return self.op("cat", *tensors, dim=int(dim))
+
+    def stack(self, tensors, dim: int = 0) -> "Tensor":
+        """Stacking along a new dim (``torch.stack``)."""
+        return self.op("stack", *tensors, dim=int(dim))
+
     # ================================================================ session calls
 
     def sync(self) -> None:

@@ -268,7 +268,12 @@ class Tensor:
         return self._session.op("matmul", self, other)
 
     def mm(self, other: "Tensor") -> "Tensor":
-        return self._session.op("mm", self, other)
+        """2-D matrix product (``torch.mm``)."""
+        return self._session.op("matmul", self, other)
+
+    def bmm(self, other: "Tensor") -> "Tensor":
+        """Batched matrix product of (b, n, m) and (b, m, p) tensors."""
+        return self._session.op("bmm", self, other)
 
     def pow(self, exponent):
         """self ** exponent: a scalar exponent (attr) or a tensor of exponents."""
@@ -303,6 +308,10 @@ class Tensor:
     def clamp(self, min=None, max=None):  # noqa: A002 (PyTorch's argument names)
         return self._op("clamp", min=None if min is None else float(min),
                         max=None if max is None else float(max))
+
+    def masked_fill(self, mask: "Tensor", value) -> "Tensor":
+        """self with value where mask (bool, broadcastable) is true."""
+        return self._session.op("masked_fill", self, mask, value=value)
 
     def where(self, condition: "Tensor", other: "Tensor") -> "Tensor":
         """Elements of self where condition holds, else of other (``torch.where(c, self, other)``)."""
@@ -355,6 +364,33 @@ class Tensor:
     def sign(self):
         return self._op("sign")
 
+    def log1p(self):
+        return self._op("log1p")
+
+    def expm1(self):
+        return self._op("expm1")
+
+    def floor(self):
+        return self._op("floor")
+
+    def ceil(self):
+        return self._op("ceil")
+
+    def round(self):
+        return self._op("round")
+
+    def silu(self):
+        return self._op("silu")
+
+    def leaky_relu(self, negative_slope: float = 0.01):
+        return self._op("leaky_relu", negative_slope=float(negative_slope))
+
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+        return self._op("softplus", beta=float(beta), threshold=float(threshold))
+
+    def logical_not(self):
+        return self._op("logical_not")
+
     # ------------------------------------------------------------ reductions
 
     def sum(self, dim=None, keepdim: bool = False):
@@ -375,6 +411,23 @@ class Tensor:
 
     def argmin(self, dim=None, keepdim: bool = False):
         return self._op("argmin", dim=dim, keepdim=keepdim if dim is not None else None)
+
+    def prod(self, dim=None, keepdim: bool = False):
+        return self._op("prod", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
+
+    def var(self, dim=None, keepdim: bool = False, unbiased: bool = True):
+        return self._op("var", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None,
+                        unbiased=unbiased)
+
+    def std(self, dim=None, keepdim: bool = False, unbiased: bool = True):
+        return self._op("std", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None,
+                        unbiased=unbiased)
+
+    def logsumexp(self, dim, keepdim: bool = False):
+        return self._op("logsumexp", dim=_dim_attr(dim), keepdim=keepdim)
+
+    def cumsum(self, dim: int):
+        return self._op("cumsum", dim=int(dim))
 
     def softmax(self, dim: int):
         return self._op("softmax", dim=int(dim))
@@ -398,8 +451,8 @@ class Tensor:
         return self._op("permute", dims=_dims(dims))
 
     def t(self):
-        """The transpose of a 2-D tensor."""
-        return self._op("t")
+        """The transpose of a 2-D tensor (``transpose(0, 1)``)."""
+        return self.transpose(0, 1)
 
     @property
     def T(self):  # noqa: N802 (PyTorch's name)
@@ -422,6 +475,18 @@ class Tensor:
 
     def clone(self):
         return self._op("clone")
+
+    def tril(self, diagonal: int = 0):
+        return self._op("tril", diagonal=int(diagonal))
+
+    def triu(self, diagonal: int = 0):
+        return self._op("triu", diagonal=int(diagonal))
+
+    def gather(self, dim: int, index: "Tensor") -> "Tensor":
+        return self._session.op("gather", self, index, dim=int(dim))
+
+    def index_select(self, dim: int, index: "Tensor") -> "Tensor":
+        return self._session.op("index_select", self, index, dim=int(dim))
 
     # ------------------------------------------------------------ devices, dtypes, autodiff
 
