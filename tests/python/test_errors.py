@@ -292,3 +292,18 @@ def test_dtype_mismatch(session):
     with pytest.raises(tensordd.DTypeMismatchError) as info:
         grads.replace(w, session.tensor(np.ones(3, np.float64)))
     assert (info.value.target, info.value.grad) == ("float32", "float64")
+
+
+@pytest.mark.parametrize("numel", [300_000, 32 << 20])  # 1.2 MiB, 128 MiB
+def test_frame_too_large_through_the_client(start_daemon, numel):
+    d = start_daemon("--max-payload", "1M")
+    s = tensordd.connect(d.endpoint, timeout=30)
+    with pytest.raises(tensordd.FrameTooLargeError):
+        # the daemon refuses on the header, answers once and closes: the client
+        # raises its answer from the broken write (large payloads) or from the
+        # next synchronising call
+        s.tensor(np.ones(numel, np.float32))
+        s.sync()
+    assert s.closed
+    with pytest.raises(tensordd.ConnectionClosedError):
+        s.sync()
