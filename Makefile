@@ -67,7 +67,7 @@ COMMON_SRC := proto/frame.c $(wildcard common/*.c)
 BACKEND_SRC := backends/tensor.c backends/ops.c $(wildcard backends/ops_*.c) \
                $(wildcard backends/ref/*.c) $(wildcard backends/cpu/*.c)
 ifeq ($(HAVE_CUDA),1)
-BACKEND_SRC += $(wildcard backends/cuda/*.c)
+BACKEND_SRC += $(filter-out backends/cuda/none.c,$(wildcard backends/cuda/*.c))
 CUDA_CU := $(wildcard backends/cuda/*.cu)
 else
 BACKEND_SRC += backends/cuda/none.c

@@ -1,0 +1,822 @@
+/* cuda.c -- the cuda backend: devices, streams, memory, cuBLAS GEMMs, and the dispatch that
+ * turns validated op calls into kernels.cu launches.
+ *
+ * One stream per device carries everything (kernels, cuBLAS, copies, stream-ordered
+ * allocation and free), so storage freed by the daemon's loop thread while a kernel still
+ * reads it is released only after that kernel: no device-wide synchronisation anywhere
+ * except the host copies, which must wait for their bytes. execute() enqueues and returns;
+ * a fault inside a kernel surfaces at the next copy or synchronize as DEVICE_UNAVAILABLE.
+ *
+ * Coverage lags the op table (f32 compute first): supports() names exactly what runs here
+ * and everything else is TD_EUNSUPPORTED_OP / TD_EUNSUPPORTED_DTYPE. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The toolkit's headers test macros that C leaves undefined (-Wundef). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wundef"
+#include <cublas_v2.h>
+#pragma GCC diagnostic pop
+
+#include "backend.h"
+#include "dtype.h"
+#include "iter.h"
+#include "kernels.h"
+
+typedef struct {
+    int id; /* CUDA device number (ordinals skip devices that failed to open) */
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    tdc_dev kd;
+    uint64_t mem_total;
+    char name[160];
+} cuda_dev;
+
+typedef struct {
+    int n;
+    cuda_dev dev[];
+} cuda_ctx;
+
+static cuda_dev *dev_of(void *ctx, int ordinal)
+{
+    cuda_ctx *c = ctx;
+    return c && ordinal >= 0 && ordinal < c->n ? &c->dev[ordinal] : NULL;
+}
+
+/* A CUDA error as a TD_E* code. Faults that leave the context unusable are
+ * DEVICE_UNAVAILABLE; they are printed because nothing else will say which call saw them. */
+static int cuda_rc(const cuda_dev *dv, cudaError_t e, const char *what)
+{
+    switch (e) {
+    case cudaSuccess:
+        return 0;
+    case cudaErrorMemoryAllocation:
+        (void)cudaGetLastError(); /* not sticky: clear it so the next call starts clean */
+        return TD_ERESOURCE_EXHAUSTED;
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorHardwareStackError:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorNoDevice:
+    case cudaErrorDevicesUnavailable:
+        fprintf(stderr, "cuda:%d: %s: %s\n", dv ? dv->id : -1, what, cudaGetErrorString(e));
+        return TD_EDEVICE_UNAVAILABLE;
+    default:
+        (void)cudaGetLastError();
+        fprintf(stderr, "cuda:%d: %s: %s\n", dv ? dv->id : -1, what, cudaGetErrorString(e));
+        return TD_EINTERNAL;
+    }
+}
+
+static int blas_rc(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+        return 0;
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return TD_ERESOURCE_EXHAUSTED;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return TD_EUNSUPPORTED_OP;
+    default:
+        fprintf(stderr, "cuda: cuBLAS: %s\n", cublasGetStatusString(s));
+        return TD_EINTERNAL;
+    }
+}
+
+/* ------------------------------------------------------------------ devices */
+
+static void dev_close(cuda_dev *dv)
+{
+    if (cudaSetDevice(dv->id) != cudaSuccess)
+        return;
+    if (dv->stream)
+        (void)cudaStreamSynchronize(dv->stream);
+    if (dv->blas)
+        cublasDestroy(dv->blas);
+    if (dv->stream)
+        cudaStreamDestroy(dv->stream);
+    dv->blas = NULL;
+    dv->stream = NULL;
+}
+
+static int dev_open(cuda_dev *dv, int id, char *why, size_t why_len)
+{
+    memset(dv, 0, sizeof *dv);
+    dv->id = id;
+    struct cudaDeviceProp p;
+    int pools = 0;
+    cudaError_t e = cudaSetDevice(id);
+    if (!e)
+        e = cudaGetDeviceProperties(&p, id);
+    if (!e)
+        e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, id);
+    if (e) {
+        snprintf(why, why_len, "device %d: %s", id, cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        return -1;
+    }
+    if (!pools) {
+        /* Storage lifetime rests on stream-ordered free (see the top of this file). */
+        snprintf(why, why_len, "device %d (%s): no stream-ordered allocator", id, p.name);
+        return -1;
+    }
+    /* Keep freed blocks in the pool: by default it shrinks at every synchronisation and
+     * the next allocation pays cudaMalloc's price again. */
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    if (!cudaDeviceGetDefaultMemPool(&pool, id))
+        (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    e = cudaStreamCreateWithFlags(&dv->stream, cudaStreamNonBlocking);
+    if (e) {
+        snprintf(why, why_len, "device %d: cudaStreamCreate: %s", id, cudaGetErrorString(e));
+        dv->stream = NULL;
+        return -1;
+    }
+    cublasStatus_t s = cublasCreate(&dv->blas);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        dv->blas = NULL;
+    else
+        s = cublasSetStream(dv->blas, dv->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, why_len, "device %d: cuBLAS: %s", id, cublasGetStatusString(s));
+        dev_close(dv);
+        return -1;
+    }
+    dv->kd.stream = dv->stream;
+    dv->kd.sms = p.multiProcessorCount;
+    dv->mem_total = (uint64_t)p.totalGlobalMem;
+    snprintf(dv->name, sizeof dv->name, "%.96s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major,
+             p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
+    return 0;
+}
+
+static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size_t why_len)
+{
+    (void)cfg;
+    char scratch[256];
+    if (!why) {
+        why = scratch;
+        why_len = sizeof scratch;
+    }
+    *ctxp = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* No driver, or no device: the daemon serves the CPU backends. */
+        snprintf(why, why_len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (n <= 0) {
+        snprintf(why, why_len, "cudaGetDeviceCount: no CUDA device");
+        return 0;
+    }
+    cuda_ctx *c = calloc(1, sizeof *c + (size_t)n * sizeof(cuda_dev));
+    if (!c)
+        return TD_ERESOURCE_EXHAUSTED;
+    for (int id = 0; id < n; id++)
+        if (dev_open(&c->dev[c->n], id, why, why_len) == 0)
+            c->n++;
+    if (c->n == 0) {
+        free(c);
+        return 0; /* why says what the last device lacked */
+    }
+    *ctxp = c;
+    return c->n;
+}
+
+static void cuda_shutdown(void *ctx)
+{
+    cuda_ctx *c = ctx;
+    if (!c)
+        return;
+    for (int i = 0; i < c->n; i++)
+        dev_close(&c->dev[i]);
+    free(c);
+}
+
+static void cuda_device_name(void *ctx, int ordinal, char *buf, size_t len)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    snprintf(buf, len, "%s", dv ? dv->name : "unknown CUDA device");
+}
+
+static uint64_t cuda_memory_total(void *ctx, int ordinal)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    return dv ? dv->mem_total : 0;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+static void *cuda_alloc(void *ctx, int ordinal, size_t nbytes)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    void *p = NULL;
+    if (!dv || cudaSetDevice(dv->id) != cudaSuccess)
+        return NULL;
+    /* Stream-ordered: usable by everything enqueued on the device's stream after this. */
+    if (cudaMallocAsync(&p, nbytes ? nbytes : 1, dv->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free(void *ctx, int ordinal, void *p, size_t nbytes)
+{
+    (void)nbytes;
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv || !p || cudaSetDevice(dv->id) != cudaSuccess)
+        return;
+    /* Runs after every kernel already enqueued that may still read p. */
+    cuda_rc(dv, cudaFreeAsync(p, dv->stream), "cudaFreeAsync");
+}
+
+static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, size_t n,
+                          enum cudaMemcpyKind kind)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv)
+        return TD_EINTERNAL;
+    if (n == 0)
+        return 0;
+    cudaError_t e = cudaSetDevice(dv->id);
+    if (!e)
+        e = cudaMemcpyAsync(dst, src, n, kind, dv->stream);
+    if (!e) /* the host buffer belongs to the caller once we return */
+        e = cudaStreamSynchronize(dv->stream);
+    return cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
+}
+
+static int cuda_from_host(void *ctx, int ordinal, void *dst, const void *src, size_t n)
+{
+    return cuda_copy_host(ctx, ordinal, dst, src, n, cudaMemcpyHostToDevice);
+}
+
+static int cuda_to_host(void *ctx, int ordinal, void *dst, const void *src, size_t n)
+{
+    return cuda_copy_host(ctx, ordinal, dst, src, n, cudaMemcpyDeviceToHost);
+}
+
+static int cuda_synchronize(void *ctx, int ordinal)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv)
+        return TD_EINTERNAL;
+    cudaError_t e = cudaSetDevice(dv->id);
+    if (!e)
+        e = cudaStreamSynchronize(dv->stream);
+    return cuda_rc(dv, e, "synchronize");
+}
+
+/* ------------------------------------------------------------------ op tables */
+
+/* Kernel op code + 1 for each tdd op (0: not of that family). */
+#define BIN(op, k) [TDD_OP_##op] = (signed char)((k) + 1)
+static const signed char bin_of[TDD_OP_COUNT] = {
+    BIN(ADD, TDC_ADD),          BIN(SUB, TDC_SUB),
+    BIN(MUL, TDC_MUL),          BIN(DIV, TDC_DIV),
+    BIN(POW, TDC_POW),          BIN(MAXIMUM, TDC_MAXIMUM),
+    BIN(MINIMUM, TDC_MINIMUM),  BIN(REMAINDER, TDC_REMAINDER),
+    BIN(EQ, TDC_EQ),            BIN(NE, TDC_NE),
+    BIN(LT, TDC_LT),            BIN(LE, TDC_LE),
+    BIN(GT, TDC_GT),            BIN(GE, TDC_GE),
+    BIN(LOGICAL_AND, TDC_LAND), BIN(LOGICAL_OR, TDC_LOR),
+    BIN(LOGICAL_XOR, TDC_LXOR), BIN(RELU_BACKWARD, TDC_RELU_BWD),
+};
+static const signed char un_of[TDD_OP_COUNT] = {
+    BIN(NEG, TDC_NEG),
+    BIN(ABS, TDC_ABS),
+    BIN(SIGN, TDC_SIGN),
+    BIN(EXP, TDC_EXP),
+    BIN(LOG, TDC_LOG),
+    BIN(LOG1P, TDC_LOG1P),
+    BIN(EXPM1, TDC_EXPM1),
+    BIN(SQRT, TDC_SQRT),
+    BIN(RSQRT, TDC_RSQRT),
+    BIN(SIN, TDC_SIN),
+    BIN(COS, TDC_COS),
+    BIN(TANH, TDC_TANH),
+    BIN(SIGMOID, TDC_SIGMOID),
+    BIN(RELU, TDC_RELU),
+    BIN(LEAKY_RELU, TDC_LEAKY_RELU),
+    BIN(GELU, TDC_GELU),
+    BIN(SILU, TDC_SILU),
+    BIN(SOFTPLUS, TDC_SOFTPLUS),
+    BIN(CLAMP, TDC_CLAMP),
+    BIN(FLOOR, TDC_FLOOR),
+    BIN(CEIL, TDC_CEIL),
+    BIN(ROUND, TDC_ROUND),
+    BIN(RECIPROCAL, TDC_RECIPROCAL),
+    BIN(SQUARE, TDC_SQUARE),
+    BIN(LOGICAL_NOT, TDC_LOGICAL_NOT),
+};
+#undef BIN
+
+static bool inputs_are(const tdd_opcall *c, int from, td_dtype dt)
+{
+    for (int i = from; i < c->n_in; i++)
+        if (c->in[i]->dtype != dt)
+            return false;
+    return true;
+}
+
+/* Exactly what execute runs; the daemon asks before every call. */
+static int cuda_supports(void *ctx, const tdd_opcall *c)
+{
+    (void)ctx;
+    const tdd_opargs *g = c->args;
+    const int dtype = TD_EUNSUPPORTED_DTYPE;
+    if ((unsigned)c->op >= TDD_OP_COUNT)
+        return TD_EUNSUPPORTED_OP;
+    if (bin_of[c->op])
+        return inputs_are(c, 0, TD_F32) && g->cdtype == TD_F32 ? 0 : dtype;
+    if (un_of[c->op])
+        return inputs_are(c, 0, TD_F32) ? 0 : dtype;
+    if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
+        return 0; /* a view, or a C-order copy of any dtype */
+    /* A default, not a full list: the op table grows faster than this backend, and an op
+     * it lacks must be refused (UNSUPPORTED_OP), not break the build. */
+    switch (c->op) {
+    case TDD_OP_WHERE:
+        return c->in[0]->dtype == TD_BOOL && inputs_are(c, 1, TD_F32) ? 0 : dtype;
+    case TDD_OP_MASKED_FILL:
+        return c->in[0]->dtype == TD_F32 ? 0 : dtype;
+    case TDD_OP_SUM:
+    case TDD_OP_MEAN:
+    case TDD_OP_AMAX:
+    case TDD_OP_AMIN:
+    case TDD_OP_PROD:
+    case TDD_OP_VAR:
+    case TDD_OP_STD:
+    case TDD_OP_LOGSUMEXP:
+    case TDD_OP_SUM_TO:
+    case TDD_OP_ARGMAX:
+    case TDD_OP_ARGMIN:
+    case TDD_OP_CUMSUM:
+    case TDD_OP_SOFTMAX:
+    case TDD_OP_LOG_SOFTMAX:
+    case TDD_OP_MATMUL:
+    case TDD_OP_BMM:
+    case TDD_OP_LINEAR:
+        return inputs_are(c, 0, TD_F32) ? 0 : dtype;
+    case TDD_OP_CLONE:
+    case TDD_OP_CAST:
+    case TDD_OP_FULL:
+    case TDD_OP_ZEROS:
+    case TDD_OP_ONES:
+    case TDD_OP_EYE:
+        return 0;
+    case TDD_OP_ARANGE:
+        return g->dtype == TD_F32 || g->dtype == TD_I64 ? 0 : dtype;
+    case TDD_OP_LINSPACE:
+        return g->dtype == TD_F32 ? 0 : dtype;
+    default:
+        return TD_EUNSUPPORTED_OP;
+    }
+}
+
+/* ------------------------------------------------------------------ layouts */
+
+/* Operands ts[0..nops) (ts[0] the output) walked over shape, broadcast and coalesced. */
+static void layout_of(tdc_layout *l, const int64_t *shape, int ndim, int nops,
+                      const tdd_tensor *const *ts)
+{
+    tdd_iter it;
+    tdd_iter_tensors(&it, shape, ndim, nops, ts);
+    memset(l, 0, sizeof *l);
+    l->ndim = it.ndim;
+    l->numel = it.numel;
+    l->contig = 1;
+    for (int d = 0; d < it.ndim; d++)
+        l->shape[d] = it.shape[d];
+    for (int k = 0; k < nops; k++) {
+        for (int d = 0; d < it.ndim; d++)
+            l->strides[k][d] = it.strides[k][d];
+        if (it.ndim != 1 || it.strides[k][0] != 1)
+            l->contig = 0;
+    }
+    if (it.numel <= 1)
+        l->contig = 1;
+}
+
+/* A C-order copy of view src (any shape) into dense dst of the same element count. */
+static int copy_dense(cuda_dev *dv, void *dst, const tdd_tensor *src)
+{
+    tdd_tensor d = *src;
+    tdd_set_contiguous(&d);
+    const tdd_tensor *ts[2] = {&d, src};
+    tdc_layout l;
+    layout_of(&l, src->shape, src->ndim, 2, ts);
+    return cuda_rc(dv, tdc_copy(&dv->kd, &l, dst, tdd_data(src), (int)td_dtype_size(src->dtype)),
+                   "copy");
+}
+
+/* Splits x into kept and reduced dims (mask bits), each group coalesced. */
+static void reduce_layout_of(tdc_reduce_layout *r, const tdd_tensor *x, uint32_t mask)
+{
+    int nk, nr;
+    int64_t ks[TD_MAX_NDIM], kst[1][TD_MAX_NDIM], rs[TD_MAX_NDIM], rst[1][TD_MAX_NDIM];
+    tdd_split_dims(x, mask, &nk, ks, kst[0], &nr, rs, rst[0]);
+    tdd_iter ki, ri;
+    tdd_iter_init(&ki, 1, ks, nk, (const int64_t(*)[TD_MAX_NDIM])kst, NULL);
+    tdd_iter_init(&ri, 1, rs, nr, (const int64_t(*)[TD_MAX_NDIM])rst, NULL);
+    memset(r, 0, sizeof *r);
+    r->nk = ki.ndim;
+    r->nr = ri.ndim;
+    r->nout = ki.numel;
+    r->nred = ri.numel;
+    for (int d = 0; d < ki.ndim; d++) {
+        r->kshape[d] = ki.shape[d];
+        r->kstride[d] = ki.strides[0][d];
+    }
+    for (int d = 0; d < ri.ndim; d++) {
+        r->rshape[d] = ri.shape[d];
+        r->rstride[d] = ri.strides[0][d];
+    }
+}
+
+/* ------------------------------------------------------------------ ops */
+
+static int exec_binary(cuda_dev *dv, const tdd_opcall *c, tdc_binop op)
+{
+    const tdd_tensor *y = c->out[0];
+    const tdd_tensor *ts[3] = {y, c->in[0], c->n_in > 1 ? c->in[1] : NULL};
+    tdc_layout l;
+    layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
+    const float *b = c->n_in > 1 ? tdd_data(c->in[1]) : NULL;
+    return cuda_rc(dv,
+                   tdc_binary(&dv->kd, op, &l, tdd_data(y), tdd_data(c->in[0]), b,
+                              (float)c->args->f[0], (float)c->args->f[1]),
+                   tdd_opdefs[c->op].name);
+}
+
+static int exec_unary(cuda_dev *dv, const tdd_opcall *c, tdc_unop op)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *y = c->out[0];
+    const tdd_tensor *ts[2] = {y, c->in[0]};
+    tdc_layout l;
+    layout_of(&l, y->shape, y->ndim, 2, ts);
+    float p0 = (float)g->f[0], p1 = (float)g->f[1];
+    if (op == TDC_GELU)
+        p0 = g->i[0] ? 1.0f : 0.0f;
+    return cuda_rc(dv,
+                   tdc_unary(&dv->kd, op, &l, tdd_data(y), tdd_data(c->in[0]), p0, p1,
+                             (int)g->flags),
+                   tdd_opdefs[c->op].name);
+}
+
+static int exec_reduce(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0];
+    tdc_reduce_layout r;
+    reduce_layout_of(&r, x, g->dims_mask);
+    float *y = tdd_data(c->out[0]);
+    const float *xp = tdd_data(x);
+    const tdc_dev *kd = &dv->kd;
+    float inv_n = (float)(1.0 / (double)r.nred);
+    cudaError_t e;
+    switch (c->op) {
+    case TDD_OP_SUM:
+    case TDD_OP_SUM_TO:
+        e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
+        break;
+    case TDD_OP_MEAN:
+        e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, inv_n);
+        break;
+    case TDD_OP_PROD:
+        e = tdc_reduce(kd, &r, y, xp, TDC_R_PROD, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
+        break;
+    case TDD_OP_AMAX:
+    case TDD_OP_AMIN:
+        e = tdc_reduce(kd, &r, y, xp, c->op == TDD_OP_AMAX ? TDC_R_MAX : TDC_R_MIN, TDC_M_ID,
+                       TDC_F_SCALE, NULL, 1.0f);
+        break;
+    case TDD_OP_LOGSUMEXP:
+        /* The max goes into y first and serves as the second pass's per-output shift: each
+         * output's shift is read before that same output is written. */
+        e = tdc_reduce(kd, &r, y, xp, TDC_R_MAX, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
+        if (!e)
+            e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_EXP_SUB_AUX, TDC_F_LOG_ADD_AUX, y,
+                           1.0f);
+        break;
+    case TDD_OP_VAR:
+    case TDD_OP_STD: {
+        /* Two passes (mean, then squared deviations) rather than one-pass sums of squares,
+         * which cancel catastrophically in f32. Divisor max(0, n - correction), as PyTorch. */
+        double div = (double)r.nred - g->f[0];
+        float scale = (float)(1.0 / (div > 0.0 ? div : 0.0));
+        e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, inv_n);
+        if (!e)
+            e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_SQDEV_AUX,
+                           c->op == TDD_OP_STD ? TDC_F_SQRT_SCALE : TDC_F_SCALE, y, scale);
+        break;
+    }
+    case TDD_OP_ARGMAX:
+    case TDD_OP_ARGMIN:
+        e = tdc_argreduce(kd, &r, tdd_data(c->out[0]), xp, c->op == TDD_OP_ARGMAX);
+        break;
+    default:
+        return TD_EUNSUPPORTED_OP;
+    }
+    return cuda_rc(dv, e, tdd_opdefs[c->op].name);
+}
+
+static int exec_rows(cuda_dev *dv, const tdd_opcall *c, tdc_rowop op)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    tdc_rows_layout l;
+    memset(&l, 0, sizeof l);
+    int dim = (int)c->args->i[0];
+    int64_t ks[TD_MAX_NDIM], kst[2][TD_MAX_NDIM];
+    int nk = 0;
+    l.n = 1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d == dim) {
+            l.n = x->shape[d];
+            l.xs = x->strides[d];
+            l.ys = y->strides[d];
+            continue;
+        }
+        ks[nk] = x->shape[d];
+        kst[0][nk] = x->strides[d];
+        kst[1][nk++] = y->strides[d];
+    }
+    tdd_iter it;
+    tdd_iter_init(&it, 2, ks, nk, (const int64_t(*)[TD_MAX_NDIM])kst, NULL);
+    l.nk = it.ndim;
+    l.nrows = it.numel;
+    for (int d = 0; d < it.ndim; d++) {
+        l.kshape[d] = it.shape[d];
+        l.kstride[d] = it.strides[0][d];
+        l.ostride[d] = it.strides[1][d];
+    }
+    return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, tdd_data(y), tdd_data(x)),
+                   tdd_opdefs[c->op].name);
+}
+
+/* How cuBLAS sees one operand of C = A B (row-major R x C view at strides sr, sc), given
+ * that we compute C^T = B^T A^T in its column-major terms: a row-major matrix is the
+ * transpose it wants (op N, ld = row stride); a column-major one needs op T. Size-1 dims
+ * leave their stride free. False: neither (the operand is copied dense first). */
+static bool gemm_side(int64_t rows, int64_t cols, int64_t sr, int64_t sc, cublasOperation_t *op,
+                      int *ld)
+{
+    int64_t l;
+    if (cols == 1 || sc == 1) {
+        l = rows == 1 ? (cols > 1 ? cols : 1) : sr;
+        if (l >= cols && l >= 1 && l <= INT_MAX) {
+            *op = CUBLAS_OP_N;
+            *ld = (int)l;
+            return true;
+        }
+    }
+    if (rows == 1 || sr == 1) {
+        l = cols == 1 ? (rows > 1 ? rows : 1) : sc;
+        if (l >= rows && l >= 1 && l <= INT_MAX) {
+            *op = CUBLAS_OP_T;
+            *ld = (int)l;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The one stride that steps through the nb batch dims of v in C order, if there is one. */
+static bool batch_stride(const tdd_tensor *v, int nb, int64_t *stride)
+{
+    int64_t want = -1, s = 0;
+    for (int d = nb - 1; d >= 0; d--) {
+        if (v->shape[d] == 1)
+            continue;
+        if (want < 0)
+            s = v->strides[d];
+        else if (v->strides[d] != want)
+            return false;
+        want = v->strides[d] * v->shape[d];
+    }
+    *stride = s;
+    return true;
+}
+
+typedef struct {
+    const float *p;
+    int64_t bstride;
+    cublasOperation_t op;
+    int ld;
+} gemm_operand;
+
+/* Describes view v ([batch.., R, C]) for cuBLAS, copying it dense into *tmp if it must. */
+static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch,
+                        gemm_operand *o, void **tmp)
+{
+    int64_t R = v->shape[nb], C = v->shape[nb + 1];
+    *tmp = NULL;
+    if (batch_stride(v, nb, &o->bstride) &&
+        gemm_side(R, C, v->strides[nb], v->strides[nb + 1], &o->op, &o->ld)) {
+        o->p = tdd_data(v);
+        return 0;
+    }
+    size_t bytes = (size_t)(batch * R * C) * sizeof(float);
+    cudaError_t e = cudaMallocAsync(tmp, bytes ? bytes : 1, dv->stream);
+    if (e)
+        return cuda_rc(dv, e, "matmul scratch");
+    int rc = copy_dense(dv, *tmp, v);
+    if (rc)
+        return rc;
+    o->p = *tmp;
+    o->bstride = R * C;
+    o->op = CUBLAS_OP_N;
+    o->ld = (int)(C > 1 ? C : 1);
+    return 0;
+}
+
+static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    tdd_tensor a, b, y;
+    tdd_matmul_views(c, &a, &b, &y);
+    int nb = (int)g->i[3];
+    int64_t M = g->i[0], K = g->i[1], N = g->i[2], batch = 1;
+    for (int d = 0; d < nb; d++)
+        batch *= g->ints[0][d];
+    float *yp = tdd_data(c->out[0]);
+    if (batch == 0 || M == 0 || N == 0)
+        return 0;
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX)
+        return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
+    float beta = 0.0f;
+    int rc = 0;
+    if (c->op == TDD_OP_LINEAR && (g->flags & 4u)) {
+        /* y = bias broadcast, then the GEMM adds into it (beta = 1): no extra pass. */
+        const tdd_tensor *bias = c->in[2];
+        const tdd_tensor *ts[2] = {&y, bias};
+        tdc_layout l;
+        layout_of(&l, y.shape, y.ndim, 2, ts);
+        rc = cuda_rc(dv, tdc_copy(&dv->kd, &l, yp, tdd_data(bias), 4), "linear bias");
+        beta = 1.0f;
+    } else if (K == 0) {
+        rc = cuda_rc(dv,
+                     cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), dv->stream),
+                     "matmul");
+    }
+    if (rc || K == 0)
+        return rc;
+    gemm_operand A, B;
+    void *ta = NULL, *tb = NULL;
+    rc = gemm_prepare(dv, &a, nb, batch, &A, &ta);
+    if (!rc)
+        rc = gemm_prepare(dv, &b, nb, batch, &B, &tb);
+    if (!rc) {
+        const float one = 1.0f;
+        int m = (int)M, n = (int)N, k = (int)K;
+        cublasStatus_t s;
+        if (batch == 1)
+            s = cublasSgemm(dv->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p, A.ld, &beta, yp,
+                            n);
+        else
+            s = cublasSgemmStridedBatched(dv->blas, B.op, A.op, n, m, k, &one, B.p, B.ld,
+                                          B.bstride, A.p, A.ld, A.bstride, &beta, yp, n, M * N,
+                                          (int)batch);
+        rc = blas_rc(s);
+    }
+    if (ta)
+        cudaFreeAsync(ta, dv->stream);
+    if (tb)
+        cudaFreeAsync(tb, dv->stream);
+    return rc;
+}
+
+/* The bit pattern of value v (float value f, exact integer n) as one element of dt. */
+static uint64_t element_bits(td_dtype dt, double f, int64_t n)
+{
+    uint64_t bits = 0; /* little-endian: the element sits in the low bytes */
+    if (tdd_dtype_is_float(dt))
+        tdd_store_f(&bits, dt, 0, f);
+    else
+        tdd_store_i(&bits, dt, 0, n);
+    return bits;
+}
+
+static int exec_create(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *y = c->out[0];
+    void *yp = tdd_data(y);
+    int64_t n = tdd_numel(y);
+    int es = (int)td_dtype_size(y->dtype);
+    cudaError_t e;
+    switch (c->op) {
+    case TDD_OP_FULL:
+    case TDD_OP_ZEROS:
+    case TDD_OP_ONES:
+        e = tdc_fill(&dv->kd, yp, n, es, element_bits(y->dtype, g->f[0], g->n[0]));
+        break;
+    case TDD_OP_EYE:
+        e = tdc_eye(&dv->kd, yp, y->shape[0], y->ndim > 1 ? y->shape[1] : 1, es,
+                    element_bits(y->dtype, 1.0, 1));
+        break;
+    case TDD_OP_ARANGE:
+        e = y->dtype == TD_I64 ? tdc_arange_i64(&dv->kd, yp, n, g->n[0], g->n[2])
+                               : tdc_arange_f32(&dv->kd, yp, n, g->f[0], g->f[2]);
+        break;
+    case TDD_OP_LINSPACE:
+        e = tdc_linspace_f32(&dv->kd, yp, n, g->f[0], g->f[1]);
+        break;
+    default:
+        return TD_EUNSUPPORTED_OP;
+    }
+    return cuda_rc(dv, e, tdd_opdefs[c->op].name);
+}
+
+static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv)
+        return TD_EINTERNAL;
+    int rc = cuda_supports(ctx, c);
+    if (rc)
+        return rc;
+    if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
+        return rc;
+    if (bin_of[c->op])
+        return exec_binary(dv, c, (tdc_binop)(bin_of[c->op] - 1));
+    if (un_of[c->op])
+        return exec_unary(dv, c, (tdc_unop)(un_of[c->op] - 1));
+    const tdd_tensor *y = c->out[0];
+    if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
+        return c->args->out_view ? 0 : copy_dense(dv, tdd_data(y), c->in[0]);
+    switch (c->op) {
+    case TDD_OP_WHERE:
+    case TDD_OP_MASKED_FILL: {
+        const tdd_tensor *ts[4] = {y, c->in[0], c->in[1], c->n_in > 2 ? c->in[2] : NULL};
+        tdc_layout l;
+        layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
+        cudaError_t e =
+            c->op == TDD_OP_WHERE
+                ? tdc_where(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]), tdd_data(c->in[1]),
+                            tdd_data(c->in[2]))
+                : tdc_masked_fill(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]),
+                                  tdd_data(c->in[1]), (float)c->args->f[0]);
+        return cuda_rc(dv, e, tdd_opdefs[c->op].name);
+    }
+    case TDD_OP_SOFTMAX:
+        return exec_rows(dv, c, TDC_SOFTMAX);
+    case TDD_OP_LOG_SOFTMAX:
+        return exec_rows(dv, c, TDC_LOG_SOFTMAX);
+    case TDD_OP_CUMSUM:
+        return exec_rows(dv, c, TDC_CUMSUM);
+    case TDD_OP_MATMUL:
+    case TDD_OP_BMM:
+    case TDD_OP_LINEAR:
+        return exec_matmul(dv, c);
+    case TDD_OP_CLONE:
+        return copy_dense(dv, tdd_data(y), c->in[0]);
+    case TDD_OP_CAST: {
+        const tdd_tensor *x = c->in[0];
+        if (x->dtype == y->dtype)
+            return copy_dense(dv, tdd_data(y), x);
+        const tdd_tensor *ts[2] = {y, x};
+        tdc_layout l;
+        layout_of(&l, y->shape, y->ndim, 2, ts);
+        return cuda_rc(dv, tdc_cast(&dv->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x),
+                                    (int)x->dtype),
+                       "cast");
+    }
+    case TDD_OP_FULL:
+    case TDD_OP_ZEROS:
+    case TDD_OP_ONES:
+    case TDD_OP_EYE:
+    case TDD_OP_ARANGE:
+    case TDD_OP_LINSPACE:
+        return exec_create(dv, c);
+    default:
+        return exec_reduce(dv, c); /* the rest of what supports() lets through */
+    }
+}
+
+const tdd_backend tdd_backend_cuda = {
+    .name = "cuda",
+    .host_memory = false,
+    .init = cuda_init,
+    .shutdown = cuda_shutdown,
+    .device_name = cuda_device_name,
+    .memory_total = cuda_memory_total,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .from_host = cuda_from_host,
+    .to_host = cuda_to_host,
+    .supports = cuda_supports,
+    .execute = cuda_execute,
+    .synchronize = cuda_synchronize,
+};

@@ -1,0 +1,948 @@
+// kernels.cu -- device code of the cuda backend: strided elementwise ops, copies and casts,
+// reductions, row ops (softmax, cumsum), fills. f32 compute; C entry points in kernels.h.
+//
+// Kept small on purpose (nvcc time on a 2-core builder): the op is a runtime switch inside
+// one kernel per shape of work, and only the bandwidth-bound hot paths (contiguous
+// add/sub/mul/div) are specialised by template. All loops are grid-stride with 64-bit
+// indices, so any launch covers any size.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Blocks for a grid-stride loop over n items: enough to fill the device a few times over,
+// no more (each thread then loops).
+int grid_for(const tdc_dev *d, int64_t n)
+{
+    int64_t want = (n + kThreads - 1) / kThreads;
+    int64_t cap = (int64_t)(d->sms > 0 ? d->sms : 1) * 32;
+    if (want < 1)
+        want = 1;
+    return (int)(want < cap ? want : cap);
+}
+
+__device__ __forceinline__ int64_t gtid()
+{
+    return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ int64_t gstride()
+{
+    return (int64_t)gridDim.x * blockDim.x;
+}
+
+// Element offsets of C-order element i for the first NOPS operands (one div/mod per dim,
+// shared by all operands).
+template <int NOPS>
+__device__ __forceinline__ void offsets(const tdc_layout &l, int64_t i, int64_t *off)
+{
+    for (int k = 0; k < NOPS; k++)
+        off[k] = 0;
+    for (int d = l.ndim - 1; d >= 0; d--) {
+        int64_t n = l.shape[d], q = i / n, r = i - q * n;
+        for (int k = 0; k < NOPS; k++)
+            off[k] += r * l.strides[k][d];
+        i = q;
+    }
+}
+
+// Offset of flat index i over shape/stride lists of n dims.
+__device__ __forceinline__ int64_t flat_offset(const int64_t *shape, const int64_t *stride, int n,
+                                               int64_t i)
+{
+    int64_t off = 0;
+    for (int d = n - 1; d >= 0; d--) {
+        int64_t q = i / shape[d];
+        off += (i - q * shape[d]) * stride[d];
+        i = q;
+    }
+    return off;
+}
+
+// ------------------------------------------------------------------ elementwise
+
+__device__ __forceinline__ float bin_f(int op, float a, float b, float alpha)
+{
+    switch (op) {
+    case TDC_ADD:
+        return a + alpha * b;
+    case TDC_SUB:
+        return a - alpha * b;
+    case TDC_MUL:
+        return a * b;
+    case TDC_DIV:
+        return a / b;
+    case TDC_POW:
+        return powf(a, b);
+    case TDC_MAXIMUM: // NaN propagates (a + b is NaN), as PyTorch
+        return (a != a || b != b) ? a + b : fmaxf(a, b);
+    case TDC_MINIMUM:
+        return (a != a || b != b) ? a + b : fminf(a, b);
+    case TDC_REMAINDER: { // Python's sign convention: the result takes b's sign
+        float r = fmodf(a, b);
+        if (r != 0.0f && ((r < 0.0f) != (b < 0.0f)))
+            r += b;
+        return r;
+    }
+    case TDC_RELU_BWD:
+        return b > 0.0f ? a : 0.0f;
+    case TDC_EQ:
+        return a == b;
+    case TDC_NE:
+        return a != b;
+    case TDC_LT:
+        return a < b;
+    case TDC_LE:
+        return a <= b;
+    case TDC_GT:
+        return a > b;
+    case TDC_GE:
+        return a >= b;
+    case TDC_LAND:
+        return (a != 0.0f) && (b != 0.0f);
+    case TDC_LOR:
+        return (a != 0.0f) || (b != 0.0f);
+    case TDC_LXOR:
+        return (a != 0.0f) != (b != 0.0f);
+    default:
+        return 0.0f;
+    }
+}
+
+__device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int flags)
+{
+    switch (op) {
+    case TDC_NEG:
+        return -x;
+    case TDC_ABS:
+        return fabsf(x);
+    case TDC_SIGN:
+        return (float)((x > 0.0f) - (x < 0.0f));
+    case TDC_EXP:
+        return expf(x);
+    case TDC_LOG:
+        return logf(x);
+    case TDC_LOG1P:
+        return log1pf(x);
+    case TDC_EXPM1:
+        return expm1f(x);
+    case TDC_SQRT:
+        return sqrtf(x);
+    case TDC_RSQRT:
+        return 1.0f / sqrtf(x); // rsqrtf is approximate; keep the rounding of the oracle
+    case TDC_SIN:
+        return sinf(x);
+    case TDC_COS:
+        return cosf(x);
+    case TDC_TANH:
+        return tanhf(x);
+    case TDC_SIGMOID:
+        return 1.0f / (1.0f + expf(-x));
+    case TDC_RELU:
+        return x > 0.0f ? x : 0.0f;
+    case TDC_LEAKY_RELU:
+        return x > 0.0f ? x : x * p0;
+    case TDC_GELU:
+        if (p0 != 0.0f) {
+            float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+            return 0.5f * x * (1.0f + tanhf(u));
+        }
+        return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
+    case TDC_SILU:
+        return x / (1.0f + expf(-x));
+    case TDC_SOFTPLUS: // p0 beta, p1 threshold: linear above it, as PyTorch
+        return x * p0 > p1 ? x : log1pf(expf(x * p0)) / p0;
+    case TDC_CLAMP:
+        if ((flags & 1) && x < p0)
+            x = p0;
+        if ((flags & 2) && x > p1)
+            x = p1;
+        return x;
+    case TDC_FLOOR:
+        return floorf(x);
+    case TDC_CEIL:
+        return ceilf(x);
+    case TDC_ROUND:
+        return rintf(x); // half to even, as PyTorch
+    case TDC_RECIPROCAL:
+        return 1.0f / x;
+    case TDC_SQUARE:
+        return x * x;
+    case TDC_LOGICAL_NOT:
+        return x == 0.0f;
+    default:
+        return 0.0f;
+    }
+}
+
+template <typename Y> __device__ __forceinline__ void store4(Y *y, int64_t v, float4 r);
+template <> __device__ __forceinline__ void store4<float>(float *y, int64_t v, float4 r)
+{
+    reinterpret_cast<float4 *>(y)[v] = r;
+}
+template <> __device__ __forceinline__ void store4<uint8_t>(uint8_t *y, int64_t v, float4 r)
+{
+    reinterpret_cast<uchar4 *>(y)[v] =
+        make_uchar4((uint8_t)(r.x != 0.0f), (uint8_t)(r.y != 0.0f), (uint8_t)(r.z != 0.0f),
+                    (uint8_t)(r.w != 0.0f));
+}
+
+template <typename Y> __device__ __forceinline__ Y conv(float v)
+{
+    return (Y)v;
+}
+template <> __device__ __forceinline__ uint8_t conv<uint8_t>(float v)
+{
+    return v != 0.0f;
+}
+
+// Dense operands. OP >= 0 fixes the op at compile time (the bandwidth-critical ones);
+// OP < 0 switches on op at run time. vec: all pointers 16-byte aligned -> 4 per load.
+template <int OP, typename Y>
+__global__ void bin_contig(int op, int64_t n, Y *y, const float *a, const float *b, float scalar,
+                           float alpha, int vec)
+{
+    const int o = OP >= 0 ? OP : op;
+    int64_t start = 0;
+    if (vec) {
+        int64_t n4 = n / 4;
+        const float4 *a4 = reinterpret_cast<const float4 *>(a);
+        const float4 *b4 = reinterpret_cast<const float4 *>(b);
+        for (int64_t v = gtid(); v < n4; v += gstride()) {
+            float4 x = a4[v], w = b ? b4[v] : make_float4(scalar, scalar, scalar, scalar);
+            float4 r = make_float4(bin_f(o, x.x, w.x, alpha), bin_f(o, x.y, w.y, alpha),
+                                   bin_f(o, x.z, w.z, alpha), bin_f(o, x.w, w.w, alpha));
+            store4<Y>(y, v, r);
+        }
+        start = n4 * 4;
+    }
+    for (int64_t i = start + gtid(); i < n; i += gstride())
+        y[i] = conv<Y>(bin_f(o, a[i], b ? b[i] : scalar, alpha));
+}
+
+template <typename Y>
+__global__ void bin_strided(int op, __grid_constant__ const tdc_layout l, Y *y, const float *a,
+                            const float *b, float scalar, float alpha)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[3];
+        offsets<3>(l, i, off);
+        y[off[0]] = conv<Y>(bin_f(op, a[off[1]], b ? b[off[2]] : scalar, alpha));
+    }
+}
+
+template <typename Y>
+__global__ void un_kernel(int op, __grid_constant__ const tdc_layout l, Y *y, const float *x,
+                          float p0, float p1, int flags)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[2] = {i, i};
+        if (!l.contig)
+            offsets<2>(l, i, off);
+        y[off[0]] = conv<Y>(un_f(op, x[off[1]], p0, p1, flags));
+    }
+}
+
+__global__ void where_kernel(__grid_constant__ const tdc_layout l, float *y, const uint8_t *c,
+                             const float *a, const float *b)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[4] = {i, i, i, i};
+        if (!l.contig)
+            offsets<4>(l, i, off);
+        y[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]];
+    }
+}
+
+__global__ void masked_fill_kernel(__grid_constant__ const tdc_layout l, float *y,
+                                   const float *x, const uint8_t *m, float value)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[3] = {i, i, i};
+        if (!l.contig)
+            offsets<3>(l, i, off);
+        y[off[0]] = m[off[2]] ? value : x[off[1]];
+    }
+}
+
+template <typename T>
+__global__ void copy_kernel(__grid_constant__ const tdc_layout l, T *y, const T *x)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[2] = {i, i};
+        if (!l.contig)
+            offsets<2>(l, i, off);
+        y[off[0]] = x[off[1]];
+    }
+}
+
+// dtype numbers are td_dtype's (tensordd.h): 1 f32, 2 f64, 3 f16, 4 bf16, 5 i32, 6 i64, 7 bool.
+__device__ __forceinline__ bool dt_is_float(int dt)
+{
+    return dt >= 1 && dt <= 4;
+}
+
+__device__ __forceinline__ double load_f(const void *p, int dt, int64_t i)
+{
+    switch (dt) {
+    case 1:
+        return ((const float *)p)[i];
+    case 2:
+        return ((const double *)p)[i];
+    case 3:
+        return __half2float(((const __half *)p)[i]);
+    case 4:
+        return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    case 5:
+        return ((const int32_t *)p)[i];
+    case 6:
+        return (double)((const int64_t *)p)[i];
+    default:
+        return ((const uint8_t *)p)[i] ? 1.0 : 0.0;
+    }
+}
+
+__device__ __forceinline__ int64_t load_i(const void *p, int dt, int64_t i)
+{
+    if (dt == 5)
+        return ((const int32_t *)p)[i];
+    if (dt == 6)
+        return ((const int64_t *)p)[i];
+    if (dt == 7)
+        return ((const uint8_t *)p)[i] != 0;
+    double v = load_f(p, dt, i); // saturate, NaN -> 0, as the host backends do
+    if (v != v)
+        return 0;
+    if (v >= 9223372036854775807.0)
+        return INT64_MAX;
+    if (v <= -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)v;
+}
+
+__global__ void cast_kernel(__grid_constant__ const tdc_layout l, void *y, int ydt,
+                            const void *x, int xdt)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[2] = {i, i};
+        if (!l.contig)
+            offsets<2>(l, i, off);
+        int64_t yo = off[0], xo = off[1];
+        switch (ydt) {
+        case 1:
+            ((float *)y)[yo] = (float)load_f(x, xdt, xo);
+            break;
+        case 2:
+            ((double *)y)[yo] = load_f(x, xdt, xo);
+            break;
+        case 3: // through f32, as the host conversion does
+            ((__half *)y)[yo] = __float2half_rn((float)load_f(x, xdt, xo));
+            break;
+        case 4:
+            ((__nv_bfloat16 *)y)[yo] = __float2bfloat16_rn((float)load_f(x, xdt, xo));
+            break;
+        case 5: // wraps after saturating to 64 bits, like a C cast of the int64
+            ((int32_t *)y)[yo] = (int32_t)(uint32_t)(uint64_t)load_i(x, xdt, xo);
+            break;
+        case 6:
+            ((int64_t *)y)[yo] = load_i(x, xdt, xo);
+            break;
+        default:
+            ((uint8_t *)y)[yo] = dt_is_float(xdt) ? load_f(x, xdt, xo) != 0.0
+                                                  : load_i(x, xdt, xo) != 0;
+            break;
+        }
+    }
+}
+
+template <typename T> __global__ void fill_kernel(T *y, int64_t n, T v)
+{
+    for (int64_t i = gtid(); i < n; i += gstride())
+        y[i] = v;
+}
+
+__global__ void arange_f32_kernel(float *y, int64_t n, double start, double step)
+{
+    for (int64_t i = gtid(); i < n; i += gstride())
+        y[i] = (float)(start + (double)i * step);
+}
+
+__global__ void linspace_f32_kernel(float *y, int64_t n, double start, double end)
+{
+    double step = n > 1 ? (end - start) / (double)(n - 1) : 0.0;
+    // Counting from both ends keeps the last value exactly end, as PyTorch.
+    for (int64_t i = gtid(); i < n; i += gstride())
+        y[i] = (float)(i < n / 2 ? start + step * (double)i : end - step * (double)(n - 1 - i));
+}
+
+__global__ void arange_i64_kernel(int64_t *y, int64_t n, int64_t start, int64_t step)
+{
+    for (int64_t i = gtid(); i < n; i += gstride())
+        y[i] = start + i * step;
+}
+
+template <typename T> __global__ void eye_kernel(T *y, int64_t rows, int64_t cols, T one)
+{
+    for (int64_t i = gtid(); i < rows * cols; i += gstride())
+        y[i] = (i / cols == i % cols) ? one : (T)0;
+}
+
+// ------------------------------------------------------------------ reductions
+
+__device__ __forceinline__ float r_init(int comb)
+{
+    switch (comb) {
+    case TDC_R_PROD:
+        return 1.0f;
+    case TDC_R_MAX:
+        return -INFINITY;
+    case TDC_R_MIN:
+        return INFINITY;
+    default:
+        return 0.0f;
+    }
+}
+
+__device__ __forceinline__ float r_comb(int comb, float a, float b)
+{
+    switch (comb) {
+    case TDC_R_PROD:
+        return a * b;
+    case TDC_R_MAX: // NaN wins, as PyTorch's amax
+        return (a != a || b != b) ? a + b : fmaxf(a, b);
+    case TDC_R_MIN:
+        return (a != a || b != b) ? a + b : fminf(a, b);
+    default:
+        return a + b;
+    }
+}
+
+// An infinite max would make x - max NaN; logsumexp then shifts by 0 instead.
+__device__ __forceinline__ float shift_of(float aux)
+{
+    return isinf(aux) ? 0.0f : aux;
+}
+
+__device__ __forceinline__ float r_map(int map, float x, float aux)
+{
+    switch (map) {
+    case TDC_M_EXP_SUB_AUX:
+        return expf(x - shift_of(aux));
+    case TDC_M_SQDEV_AUX: {
+        float t = x - aux;
+        return t * t;
+    }
+    default:
+        return x;
+    }
+}
+
+__device__ __forceinline__ float r_finish(int fin, float v, float aux, float scale)
+{
+    switch (fin) {
+    case TDC_F_LOG_ADD_AUX:
+        return logf(v) + shift_of(aux);
+    case TDC_F_SQRT_SCALE:
+        return sqrtf(v * scale);
+    default:
+        return v * scale;
+    }
+}
+
+__device__ __forceinline__ float warp_reduce(int comb, float v)
+{
+    for (int s = 16; s > 0; s >>= 1)
+        v = r_comb(comb, v, __shfl_xor_sync(0xffffffffu, v, s));
+    return v;
+}
+
+// Every thread of the block gets the result.
+__device__ float block_reduce(int comb, float v)
+{
+    __shared__ float sh[32];
+    __shared__ float result;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_reduce(comb, v);
+    __syncthreads(); // sh and result may still be read from a previous call
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < nw ? sh[lane] : r_init(comb);
+        v = warp_reduce(comb, v);
+        if (lane == 0)
+            result = v;
+    }
+    __syncthreads();
+    return result;
+}
+
+// One block per (output, split) work item: threads stride the split's share of the reduced
+// elements (coalesced when the innermost reduced dim is dense). With nsplit > 1 it writes
+// partials for reduce_partials; otherwise the finished value.
+__global__ void reduce_block(__grid_constant__ const tdc_reduce_layout l, const float *x,
+                             float *out, int comb, int map, int fin, const float *aux,
+                             float scale, int nsplit, int64_t chunk)
+{
+    int64_t items = l.nout * nsplit;
+    for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+        int64_t o = w / nsplit, s = w - o * nsplit;
+        int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
+        float a = aux ? aux[o] : 0.0f;
+        float acc = r_init(comb);
+        int64_t lo = s * chunk, hi = lo + chunk < l.nred ? lo + chunk : l.nred;
+        for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)
+            acc = r_comb(comb, acc, r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+        acc = block_reduce(comb, acc);
+        if (threadIdx.x == 0)
+            out[w] = nsplit > 1 ? acc : r_finish(fin, acc, a, scale);
+    }
+}
+
+// One warp per output combines its nsplit partials and finishes.
+__global__ void reduce_partials(const float *part, int nsplit, int64_t nout, float *y, int comb,
+                                int fin, const float *aux, float scale)
+{
+    int64_t warps = gstride() / 32;
+    int lane = threadIdx.x & 31;
+    for (int64_t o = gtid() / 32; o < nout; o += warps) {
+        float acc = r_init(comb);
+        for (int s = lane; s < nsplit; s += 32)
+            acc = r_comb(comb, acc, part[o * nsplit + s]);
+        acc = warp_reduce(comb, acc);
+        if (lane == 0)
+            y[o] = r_finish(fin, acc, aux ? aux[o] : 0.0f, scale);
+    }
+}
+
+// One thread per output: for short reductions, and for reductions over an outer dim where
+// neighbouring threads then read neighbouring elements.
+__global__ void reduce_thread(__grid_constant__ const tdc_reduce_layout l, const float *x,
+                              float *y, int comb, int map, int fin, const float *aux, float scale)
+{
+    for (int64_t o = gtid(); o < l.nout; o += gstride()) {
+        int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
+        float a = aux ? aux[o] : 0.0f;
+        float acc = r_init(comb);
+        for (int64_t r = 0; r < l.nred; r++)
+            acc = r_comb(comb, acc, r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+        y[o] = r_finish(fin, acc, a, scale);
+    }
+}
+
+// Is (v, i) preferred to (w, j)? NaN first, then the larger (or smaller), then the lower index.
+__device__ __forceinline__ bool arg_better(float v, int64_t i, float w, int64_t j, int is_max)
+{
+    bool vn = v != v, wn = w != w;
+    if (vn || wn)
+        return vn && (!wn || i < j);
+    if (v == w)
+        return i < j;
+    return is_max ? v > w : v < w;
+}
+
+// One block per output (argmax/argmin are not split yet: a full reduction of a huge tensor
+// runs on one multiprocessor).
+__global__ void argreduce_block(__grid_constant__ const tdc_reduce_layout l, const float *x,
+                                int64_t *y, int is_max)
+{
+    __shared__ float sv[32];
+    __shared__ int64_t si[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int64_t o = blockIdx.x; o < l.nout; o += gridDim.x) {
+        int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
+        float bv = NAN;
+        int64_t bi = -1; // -1: nothing seen yet
+        for (int64_t r = threadIdx.x; r < l.nred; r += blockDim.x) {
+            float v = x[base + flat_offset(l.rshape, l.rstride, l.nr, r)];
+            if (bi < 0 || arg_better(v, r, bv, bi, is_max)) {
+                bv = v;
+                bi = r;
+            }
+        }
+        for (int s = 16; s > 0; s >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, s);
+            int64_t oi = __shfl_xor_sync(0xffffffffu, bi, s);
+            if (oi >= 0 && (bi < 0 || arg_better(ov, oi, bv, bi, is_max))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        __syncthreads();
+        if (lane == 0) {
+            sv[warp] = bv;
+            si[warp] = bi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < nw; k++)
+                if (si[k] >= 0 && (bi < 0 || arg_better(sv[k], si[k], bv, bi, is_max))) {
+                    bv = sv[k];
+                    bi = si[k];
+                }
+            y[o] = bi < 0 ? 0 : bi;
+        }
+    }
+}
+
+__global__ void argreduce_thread(__grid_constant__ const tdc_reduce_layout l, const float *x,
+                                 int64_t *y, int is_max)
+{
+    for (int64_t o = gtid(); o < l.nout; o += gstride()) {
+        int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
+        float bv = x[base];
+        int64_t bi = 0;
+        for (int64_t r = 1; r < l.nred; r++) {
+            float v = x[base + flat_offset(l.rshape, l.rstride, l.nr, r)];
+            if (arg_better(v, r, bv, bi, is_max)) {
+                bv = v;
+                bi = r;
+            }
+        }
+        y[o] = bi;
+    }
+}
+
+// ------------------------------------------------------------------ row ops
+
+// One block per row: max, sum of exp, then the write (three passes over the row; the
+// second and third hit L2 for rows that fit).
+__global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, float *y,
+                             const float *x, int log_out)
+{
+    for (int64_t row = blockIdx.x; row < l.nrows; row += gridDim.x) {
+        int64_t xo = flat_offset(l.kshape, l.kstride, l.nk, row);
+        int64_t yo = flat_offset(l.kshape, l.ostride, l.nk, row);
+        float m = -INFINITY;
+        for (int64_t j = threadIdx.x; j < l.n; j += blockDim.x)
+            m = r_comb(TDC_R_MAX, m, x[xo + j * l.xs]);
+        m = block_reduce(TDC_R_MAX, m);
+        float s = 0.0f;
+        for (int64_t j = threadIdx.x; j < l.n; j += blockDim.x)
+            s += expf(x[xo + j * l.xs] - m);
+        s = block_reduce(TDC_R_SUM, s);
+        float ls = logf(s);
+        for (int64_t j = threadIdx.x; j < l.n; j += blockDim.x) {
+            float v = x[xo + j * l.xs] - m;
+            y[yo + j * l.ys] = log_out ? v - ls : expf(v) / s;
+        }
+    }
+}
+
+// One warp per row: 32-element tiles scanned with shuffles, carrying the running total.
+__global__ void cumsum_rows(__grid_constant__ const tdc_rows_layout l, float *y, const float *x)
+{
+    int64_t warps = gstride() / 32;
+    int lane = threadIdx.x & 31;
+    for (int64_t row = gtid() / 32; row < l.nrows; row += warps) {
+        int64_t xo = flat_offset(l.kshape, l.kstride, l.nk, row);
+        int64_t yo = flat_offset(l.kshape, l.ostride, l.nk, row);
+        float carry = 0.0f;
+        for (int64_t j0 = 0; j0 < l.n; j0 += 32) {
+            int64_t j = j0 + lane;
+            float v = j < l.n ? x[xo + j * l.xs] : 0.0f;
+            for (int s = 1; s < 32; s <<= 1) {
+                float t = __shfl_up_sync(0xffffffffu, v, s);
+                if (lane >= s)
+                    v += t;
+            }
+            v += carry;
+            if (j < l.n)
+                y[yo + j * l.ys] = v;
+            carry = __shfl_sync(0xffffffffu, v, 31);
+        }
+    }
+}
+
+bool aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+cudaError_t launched()
+{
+    return cudaGetLastError();
+}
+
+} // namespace
+
+// ------------------------------------------------------------------ entry points
+
+extern "C" cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layout *l, void *y,
+                                  const float *a, const float *b, float scalar, float alpha)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    int g = grid_for(d, l->contig ? (l->numel + 3) / 4 : l->numel);
+    cudaStream_t s = d->stream;
+    bool boolean = op >= TDC_EQ;
+    if (l->contig) {
+        int vec = aligned16(y) && aligned16(a) && (!b || aligned16(b)) &&
+                  (!boolean || ((uintptr_t)y & 3u) == 0);
+        if (boolean)
+            bin_contig<-1, uint8_t><<<g, kThreads, 0, s>>>(op, l->numel, (uint8_t *)y, a, b,
+                                                            scalar, alpha, vec);
+        else if (op == TDC_ADD)
+            bin_contig<TDC_ADD, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
+                                                             scalar, alpha, vec);
+        else if (op == TDC_SUB)
+            bin_contig<TDC_SUB, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
+                                                             scalar, alpha, vec);
+        else if (op == TDC_MUL)
+            bin_contig<TDC_MUL, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
+                                                             scalar, alpha, vec);
+        else if (op == TDC_DIV)
+            bin_contig<TDC_DIV, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
+                                                             scalar, alpha, vec);
+        else
+            bin_contig<-1, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar,
+                                                        alpha, vec);
+    } else if (boolean) {
+        bin_strided<uint8_t><<<g, kThreads, 0, s>>>(op, *l, (uint8_t *)y, a, b, scalar, alpha);
+    } else {
+        bin_strided<float><<<g, kThreads, 0, s>>>(op, *l, (float *)y, a, b, scalar, alpha);
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_unary(const tdc_dev *d, tdc_unop op, const tdc_layout *l, void *y,
+                                 const float *x, float p0, float p1, int flags)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    int g = grid_for(d, l->numel);
+    if (op == TDC_LOGICAL_NOT)
+        un_kernel<uint8_t><<<g, kThreads, 0, d->stream>>>(op, *l, (uint8_t *)y, x, p0, p1, flags);
+    else
+        un_kernel<float><<<g, kThreads, 0, d->stream>>>(op, *l, (float *)y, x, p0, p1, flags);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y,
+                                 const uint8_t *cond, const float *a, const float *b)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    where_kernel<<<grid_for(d, l->numel), kThreads, 0, d->stream>>>(*l, y, cond, a, b);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_masked_fill(const tdc_dev *d, const tdc_layout *l, float *y,
+                                       const float *x, const uint8_t *mask, float value)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    masked_fill_kernel<<<grid_for(d, l->numel), kThreads, 0, d->stream>>>(*l, y, x, mask, value);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, const void *x,
+                                int elsize)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    if (l->contig)
+        return cudaMemcpyAsync(y, x, (size_t)l->numel * (size_t)elsize,
+                               cudaMemcpyDeviceToDevice, d->stream);
+    int g = grid_for(d, l->numel);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        copy_kernel<uint8_t><<<g, kThreads, 0, s>>>(*l, (uint8_t *)y, (const uint8_t *)x);
+        break;
+    case 2:
+        copy_kernel<uint16_t><<<g, kThreads, 0, s>>>(*l, (uint16_t *)y, (const uint16_t *)x);
+        break;
+    case 4:
+        copy_kernel<uint32_t><<<g, kThreads, 0, s>>>(*l, (uint32_t *)y, (const uint32_t *)x);
+        break;
+    case 8:
+        copy_kernel<uint64_t><<<g, kThreads, 0, s>>>(*l, (uint64_t *)y, (const uint64_t *)x);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_cast(const tdc_dev *d, const tdc_layout *l, void *y, int ydt,
+                                const void *x, int xdt)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    cast_kernel<<<grid_for(d, l->numel), kThreads, 0, d->stream>>>(*l, y, ydt, x, xdt);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_fill(const tdc_dev *d, void *y, int64_t n, int elsize, uint64_t bits)
+{
+    if (n == 0)
+        return cudaSuccess;
+    int g = grid_for(d, n);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        fill_kernel<uint8_t><<<g, kThreads, 0, s>>>((uint8_t *)y, n, (uint8_t)bits);
+        break;
+    case 2:
+        fill_kernel<uint16_t><<<g, kThreads, 0, s>>>((uint16_t *)y, n, (uint16_t)bits);
+        break;
+    case 4:
+        fill_kernel<uint32_t><<<g, kThreads, 0, s>>>((uint32_t *)y, n, (uint32_t)bits);
+        break;
+    case 8:
+        fill_kernel<uint64_t><<<g, kThreads, 0, s>>>((uint64_t *)y, n, bits);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_arange_f32(const tdc_dev *d, float *y, int64_t n, double start,
+                                      double step)
+{
+    if (n == 0)
+        return cudaSuccess;
+    arange_f32_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(y, n, start, step);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_linspace_f32(const tdc_dev *d, float *y, int64_t n, double start,
+                                        double end)
+{
+    if (n == 0)
+        return cudaSuccess;
+    linspace_f32_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(y, n, start, end);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_arange_i64(const tdc_dev *d, int64_t *y, int64_t n, int64_t start,
+                                      int64_t step)
+{
+    if (n == 0)
+        return cudaSuccess;
+    arange_i64_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(y, n, start, step);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t cols, int elsize,
+                               uint64_t one)
+{
+    if (rows == 0 || cols == 0)
+        return cudaSuccess;
+    int g = grid_for(d, rows * cols);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        eye_kernel<uint8_t><<<g, kThreads, 0, s>>>((uint8_t *)y, rows, cols, (uint8_t)one);
+        break;
+    case 2:
+        eye_kernel<uint16_t><<<g, kThreads, 0, s>>>((uint16_t *)y, rows, cols, (uint16_t)one);
+        break;
+    case 4:
+        eye_kernel<uint32_t><<<g, kThreads, 0, s>>>((uint32_t *)y, rows, cols, (uint32_t)one);
+        break;
+    case 8:
+        eye_kernel<uint64_t><<<g, kThreads, 0, s>>>((uint64_t *)y, rows, cols, one);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+// Thread per output when the reduction is short, or when it runs over an outer dim while
+// the kept dims are dense (a block per output would read a column, one sector per element).
+static bool thread_per_output(const tdc_reduce_layout *l)
+{
+    if (l->nred <= 32)
+        return true;
+    return l->rstride[l->nr - 1] != 1 && l->kstride[l->nk - 1] == 1 && l->nout >= 1024;
+}
+
+extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, float *y,
+                                  const float *x, tdc_combine comb, tdc_map map, tdc_finish fin,
+                                  const float *aux, float scale)
+{
+    if (l->nout == 0)
+        return cudaSuccess;
+    cudaStream_t s = d->stream;
+    if (thread_per_output(l)) {
+        reduce_thread<<<grid_for(d, l->nout), kThreads, 0, s>>>(*l, x, y, comb, map, fin, aux,
+                                                               scale);
+        return launched();
+    }
+    // Few outputs over many elements: split each reduction so every SM gets blocks.
+    int64_t target = (int64_t)(d->sms > 0 ? d->sms : 1) * 4;
+    int64_t nsplit = 1;
+    if (l->nout < target) {
+        nsplit = (target + l->nout - 1) / l->nout;
+        int64_t most = (l->nred + kThreads * 8 - 1) / (kThreads * 8); // >= 8 loads per thread
+        if (nsplit > most)
+            nsplit = most;
+        if (nsplit > 1024)
+            nsplit = 1024;
+        if (nsplit < 1)
+            nsplit = 1;
+    }
+    int64_t chunk = (l->nred + nsplit - 1) / nsplit;
+    int64_t items = l->nout * nsplit;
+    int grid = (int)(items < 65535 * 8 ? items : 65535 * 8);
+    if (nsplit == 1) {
+        reduce_block<<<grid, kThreads, 0, s>>>(*l, x, y, comb, map, fin, aux, scale, 1, chunk);
+        return launched();
+    }
+    float *part = nullptr;
+    cudaError_t e = cudaMallocAsync((void **)&part, (size_t)items * sizeof(float), s);
+    if (e != cudaSuccess)
+        return e;
+    reduce_block<<<grid, kThreads, 0, s>>>(*l, x, part, comb, map, fin, aux, scale, (int)nsplit,
+                                           chunk);
+    e = launched();
+    if (e == cudaSuccess) {
+        reduce_partials<<<grid_for(d, l->nout * 32), kThreads, 0, s>>>(part, (int)nsplit, l->nout,
+                                                                      y, comb, fin, aux, scale);
+        e = launched();
+    }
+    cudaError_t f = cudaFreeAsync(part, s);
+    return e != cudaSuccess ? e : f;
+}
+
+extern "C" cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y,
+                                     const float *x, int is_max)
+{
+    if (l->nout == 0)
+        return cudaSuccess;
+    if (thread_per_output(l)) {
+        argreduce_thread<<<grid_for(d, l->nout), kThreads, 0, d->stream>>>(*l, x, y, is_max);
+    } else {
+        int grid = (int)(l->nout < 65535 * 8 ? l->nout : 65535 * 8);
+        argreduce_block<<<grid, kThreads, 0, d->stream>>>(*l, x, y, is_max);
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l,
+                                float *y, const float *x)
+{
+    if (l->nrows == 0 || l->n == 0)
+        return cudaSuccess;
+    cudaStream_t s = d->stream;
+    if (op == TDC_CUMSUM) {
+        cumsum_rows<<<grid_for(d, l->nrows * 32), kThreads, 0, s>>>(*l, y, x);
+    } else {
+        // Short rows get a small block rather than 256 mostly idle threads.
+        int threads = l->n >= kThreads ? kThreads : (int)((l->n + 31) / 32 * 32);
+        int grid = (int)(l->nrows < 65535 * 8 ? l->nrows : 65535 * 8);
+        softmax_rows<<<grid, threads, 0, s>>>(*l, y, x, op == TDC_LOG_SOFTMAX);
+    }
+    return launched();
+}

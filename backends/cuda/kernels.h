@@ -1,0 +1,160 @@
+/* kernels.h -- the C boundary between cuda.c (vtable, cuBLAS) and kernels.cu (device code).
+ *
+ * Plain structs and our own op codes only: nvcc compiles C++ and must never see the
+ * daemon's C11 headers (tensor.h uses <stdatomic.h>). Every function enqueues work on
+ * the device's stream and returns at once; a cudaError_t other than cudaSuccess is a
+ * launch or allocation failure, and kernel faults surface at the next stream sync. */
+#ifndef TDD_CUDA_KERNELS_H
+#define TDD_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+/* The toolkit's headers test macros that C leaves undefined (-Wundef). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wundef"
+#include <cuda_runtime_api.h>
+#pragma GCC diagnostic pop
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDC_MAX_DIMS 8
+#define TDC_MAX_OPS 4
+
+/* What a launch needs to know about its device. */
+typedef struct {
+    cudaStream_t stream;
+    int sms; /* multiprocessors: sizes grid-stride launches */
+} tdc_dev;
+
+/* Up to TDC_MAX_OPS operands walked together over one shape in C order; operand 0 is
+ * the output. Strides in elements (0 = broadcast); pointers already point at element 0.
+ * contig: every operand is dense in C order, so the kernels skip index arithmetic. */
+typedef struct {
+    int ndim; /* >= 1 */
+    int contig;
+    int64_t numel;
+    int64_t shape[TDC_MAX_DIMS];
+    int64_t strides[TDC_MAX_OPS][TDC_MAX_DIMS];
+} tdc_layout;
+
+/* Binary ops on f32 (comparisons and logical ops write bool bytes). */
+typedef enum {
+    TDC_ADD,
+    TDC_SUB,
+    TDC_MUL,
+    TDC_DIV,
+    TDC_POW,
+    TDC_MAXIMUM,
+    TDC_MINIMUM,
+    TDC_REMAINDER,
+    TDC_RELU_BWD, /* (grad, x) -> x > 0 ? grad : 0 */
+    TDC_EQ,       /* first op with a bool output */
+    TDC_NE,
+    TDC_LT,
+    TDC_LE,
+    TDC_GT,
+    TDC_GE,
+    TDC_LAND,
+    TDC_LOR,
+    TDC_LXOR,
+    TDC_BIN_COUNT
+} tdc_binop;
+
+/* Unary ops on f32 (logical_not writes bool bytes). */
+typedef enum {
+    TDC_NEG,
+    TDC_ABS,
+    TDC_SIGN,
+    TDC_EXP,
+    TDC_LOG,
+    TDC_LOG1P,
+    TDC_EXPM1,
+    TDC_SQRT,
+    TDC_RSQRT,
+    TDC_SIN,
+    TDC_COS,
+    TDC_TANH,
+    TDC_SIGMOID,
+    TDC_RELU,
+    TDC_LEAKY_RELU, /* p0 negative slope */
+    TDC_GELU,       /* p0 != 0: tanh approximation */
+    TDC_SILU,
+    TDC_SOFTPLUS, /* p0 beta, p1 threshold */
+    TDC_CLAMP,    /* p0 min, p1 max; flags bit 0/1 = has min/max */
+    TDC_FLOOR,
+    TDC_CEIL,
+    TDC_ROUND,
+    TDC_RECIPROCAL,
+    TDC_SQUARE,
+    TDC_LOGICAL_NOT,
+    TDC_UN_COUNT
+} tdc_unop;
+
+/* y = a op b (b == NULL: the scalar form, b = scalar); alpha scales b in add/sub. */
+cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layout *l, void *y,
+                       const float *a, const float *b, float scalar, float alpha);
+cudaError_t tdc_unary(const tdc_dev *d, tdc_unop op, const tdc_layout *l, void *y,
+                      const float *x, float p0, float p1, int flags);
+/* where(cond, a, b): operands y, cond (bool bytes), a, b. */
+cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y, const uint8_t *cond,
+                      const float *a, const float *b);
+/* masked_fill: operands y, x, mask. */
+cudaError_t tdc_masked_fill(const tdc_dev *d, const tdc_layout *l, float *y, const float *x,
+                            const uint8_t *mask, float value);
+
+/* Element copy between two layouts of elsize-byte elements (1, 2, 4 or 8): operands y, x. */
+cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, const void *x, int elsize);
+/* Conversion between dtypes (td_dtype numbers); float->int saturates, NaN -> 0. */
+cudaError_t tdc_cast(const tdc_dev *d, const tdc_layout *l, void *y, int ydt, const void *x,
+                     int xdt);
+/* Fills n contiguous elsize-byte elements with the bit pattern in the low bytes of bits. */
+cudaError_t tdc_fill(const tdc_dev *d, void *y, int64_t n, int elsize, uint64_t bits);
+/* y[i] = start + i*step (f32); linspace passes end and n so the second half counts down. */
+cudaError_t tdc_arange_f32(const tdc_dev *d, float *y, int64_t n, double start, double step);
+cudaError_t tdc_linspace_f32(const tdc_dev *d, float *y, int64_t n, double start, double end);
+cudaError_t tdc_arange_i64(const tdc_dev *d, int64_t *y, int64_t n, int64_t start, int64_t step);
+/* rows x cols identity (C order), any element size. */
+cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t cols, int elsize,
+                    uint64_t one);
+
+/* A reduction: the input split into kept dims (one output each, outputs contiguous in C
+ * order of the kept dims) and reduced dims. */
+typedef struct {
+    int nk, nr; /* >= 1 each (a size-1 dim stands in for none) */
+    int64_t nout, nred;
+    int64_t kshape[TDC_MAX_DIMS], kstride[TDC_MAX_DIMS];
+    int64_t rshape[TDC_MAX_DIMS], rstride[TDC_MAX_DIMS];
+} tdc_reduce_layout;
+
+typedef enum { TDC_R_SUM, TDC_R_PROD, TDC_R_MAX, TDC_R_MIN } tdc_combine;
+/* What each element becomes before combining; aux holds one float per output. */
+typedef enum { TDC_M_ID, TDC_M_EXP_SUB_AUX, TDC_M_SQDEV_AUX } tdc_map;
+/* What the combined value becomes: scale*v, log(v)+aux, sqrt(scale*v). */
+typedef enum { TDC_F_SCALE, TDC_F_LOG_ADD_AUX, TDC_F_SQRT_SCALE } tdc_finish;
+
+cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, float *y, const float *x,
+                       tdc_combine comb, tdc_map map, tdc_finish fin, const float *aux,
+                       float scale);
+/* Index of the max (is_max) or min over the reduced dims (C-order flat index there);
+ * NaN wins, ties go to the first index, as PyTorch. */
+cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y,
+                          const float *x, int is_max);
+
+/* Row ops along one dim: rows are the kept dims' elements (kstride for x, ostride for y),
+ * each row n elements at stride xs (x) and ys (y). */
+typedef struct {
+    int nk;
+    int64_t nrows, n, xs, ys;
+    int64_t kshape[TDC_MAX_DIMS], kstride[TDC_MAX_DIMS], ostride[TDC_MAX_DIMS];
+} tdc_rows_layout;
+
+typedef enum { TDC_SOFTMAX, TDC_LOG_SOFTMAX, TDC_CUMSUM } tdc_rowop;
+cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, float *y,
+                     const float *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
