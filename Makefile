@@ -53,7 +53,7 @@ ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 HAVE_CUDA := 1
 CUDA_CPPFLAGS := -DTDD_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=compute_90
 else

@@ -9,6 +9,7 @@
  *
  * Coverage lags the op table (f32 compute first): supports() names exactly what runs here
  * and everything else is TD_EUNSUPPORTED_OP / TD_EUNSUPPORTED_DTYPE. */
+#include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,9 +169,17 @@ static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-        /* No driver, or no device: the daemon serves the CPU backends. */
-        snprintf(why, why_len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
-                 cudaGetErrorName(e));
+        /* No driver, or no device: the daemon serves the CPU backends. The runtime reports
+         * a missing driver as an old one; say which it was (cudart has already tried to
+         * load libcuda, so RTLD_NOLOAD only asks whether that worked). */
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (e == cudaErrorInsufficientDriver && !drv)
+            snprintf(why, why_len, "cudaGetDeviceCount: no CUDA driver (libcuda.so.1 not found)");
+        else
+            snprintf(why, why_len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        if (drv)
+            dlclose(drv);
         (void)cudaGetLastError();
         return 0;
     }
