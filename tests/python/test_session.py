@@ -493,3 +493,17 @@ def test_value_conversions(session):
         t.item()
     with pytest.raises(TypeError):  # numpy defers to Tensor and Tensor refuses arrays
         x + t
+
+
+def test_split_and_chunk_have_several_outputs(session):
+    require_ops(session, "split", "chunk")
+    x = randf(5, 3)
+    t = session.tensor(x)
+    for got, expected in [(t.chunk(2), np.split(x, [3])), (t.chunk(4), np.split(x, [2, 4])),
+                          (t.split(2), np.split(x, [2, 4])), (t.split([1, 4]), np.split(x, [1])),
+                          (t.chunk(3, dim=1), np.split(x, 3, axis=1))]:
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g.numpy(), e)
+    a, b = session.op("chunk", t, chunks=2, dim=0, num_outputs=2)
+    assert (a.shape, b.shape) == ((3, 3), (2, 3))

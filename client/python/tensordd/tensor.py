@@ -476,6 +476,30 @@ class Tensor:
     def clone(self):
         return self._op("clone")
 
+    def split(self, split_size, dim: int = 0) -> tuple:
+        """Pieces of split_size along dim (the last may be smaller), or pieces of
+        the sizes listed. Needs the size of dim (a Describe if not yet known)."""
+        if isinstance(split_size, (list, tuple)):
+            sizes = [int(k) for k in split_size]
+            return self._session.op("split", self, split_sizes=sizes, dim=int(dim),
+                                    num_outputs=len(sizes))
+        size, step = self.shape[dim], int(split_size)
+        if step <= 0:
+            raise ValueError("split_size must be positive")
+        count = max(1, -(-size // step))
+        return _as_tuple(self._session.op("split", self, split_size=step, dim=int(dim),
+                                          num_outputs=count))
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple:
+        """Up to `chunks` pieces along dim, as torch.chunk (sizes ceil(n / chunks))."""
+        if int(chunks) <= 0:
+            raise ValueError("chunks must be positive")
+        size = self.shape[dim]
+        step = max(1, -(-size // int(chunks)))
+        count = max(1, -(-size // step))
+        return _as_tuple(self._session.op("chunk", self, chunks=int(chunks), dim=int(dim),
+                                          num_outputs=count))
+
     def tril(self, diagonal: int = 0):
         return self._op("tril", diagonal=int(diagonal))
 
@@ -531,6 +555,10 @@ class Tensor:
         from .autograd import backward
 
         return backward(self, grad=grad, retain_graph=retain_graph)
+
+
+def _as_tuple(x) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
 
 
 def _dim_attr(dim):
