@@ -1,28 +1,190 @@
-/* ops.h -- the op table: names, arities, and the shape/attribute rules every
- * backend relies on. Adding an op (the recipe): a TDD_OPS line here, a case
- * in tdd_op_prepare (ops.c), a ref kernel (ref/ref.c), a cpu kernel
- * (cpu/cpu.c). The kernels' switches have no default, so the compiler names
- * any backend that forgot an op. */
+/* ops.h -- the op table: names, arities, kinds, and the shape/attribute rules
+ * every backend relies on.
+ *
+ * Adding an op (the recipe): a TDD_OPS line here (with its attributes in the
+ * comment block below), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
+ * kernel (ref/), a cpu kernel (cpu/, or the documented fallback to the ref
+ * kernel), a row in the conformance table (tests/unit/test_conformance_cases.c).
+ * The kernels' switches have no default, so the compiler names any backend
+ * that forgot an op.
+ *
+ * Conventions shared by the ops:
+ *  - dims may be negative (counted from the end), as in PyTorch;
+ *  - binary elementwise ops broadcast (numpy rules) and promote dtypes as
+ *    PyTorch does (bool < integer < floating; a 0-dim tensor or a scalar only
+ *    raises the category). Their scalar form is one input plus the attribute
+ *    "other" (float, int or bool attr; an int "other" keeps integer tensors
+ *    integral). add/sub also take "alpha" (x + alpha*other);
+ *  - creation ops have no inputs: dtype from tdd_opreq.dtype (or attribute
+ *    "dtype", a numpy name such as "float32"), shape from attribute "shape";
+ *    random ops draw from tdd_opreq.seed (same seed -> same values, on ref and cpu);
+ *  - reductions take "dim" (int or int list; absent = all dims) and "keepdim";
+ *  - "reduction" is "mean" (default), "sum" or "none".
+ *
+ * Attributes (default in brackets):
+ *  add/sub: other, alpha[1]    mul div pow maximum minimum remainder, eq ne lt le gt ge,
+ *  logical_and/or/xor: other   where(cond, a, b)   masked_fill(x, mask): value
+ *  leaky_relu: negative_slope[0.01]   gelu: approximate["none"|"tanh"]
+ *  softplus: beta[1], threshold[20]   clamp: min, max (at least one)
+ *  relu_backward(grad, x): grad * (x > 0)
+ *  sum mean amax amin prod logsumexp: dim, keepdim   var std: dim, keepdim, correction[1]
+ *  argmax argmin: dim (one int; absent = flattened), keepdim
+ *  cumsum softmax log_softmax: dim (required)
+ *  sum_to: shape (the shape to reduce a broadcast result back to)
+ *  matmul bmm: --   linear(x, W[, b])
+ *  transpose: dim0, dim1   permute: dims   reshape view: shape (one -1 allowed)
+ *  flatten: start_dim[0], end_dim[-1]   squeeze: dim (int or list; absent = all size-1)
+ *  unsqueeze: dim   expand: shape (-1 keeps)   slice: dim[0], start[0], stop[end], step[1]
+ *  contiguous clone: --   cast: dtype
+ *  cat stack: dim[0]   split: split_size (int) or split_sizes (ints), dim[0]   chunk: chunks, dim[0]
+ *  gather(x, index): dim   scatter_add(x, index, src): dim   index_select(x, index): dim
+ *  one_hot(index): num_classes (required: the output shape cannot depend on data)
+ *  embedding(indices, weight)   tril triu: diagonal[0]
+ *  pad: pad (ints, last dim first: left, right, top, bottom, ...), value[0] (constant mode)
+ *  cross_entropy(input[N,C] or [C], target int[N] or []): reduction, ignore_index[-100],
+ *      label_smoothing[0]
+ *  nll_loss(logp, target): reduction, ignore_index[-100]
+ *  mse_loss binary_cross_entropy_with_logits: reduction
+ *  layer_norm(x[, weight[, bias]]): normalized_shape, eps[1e-5]
+ *  dropout: p[0.5], train[true]
+ *  conv2d(x[N,C,H,W] or [C,H,W], w[, b]): stride[1], padding[0], dilation[1], groups[1]
+ *      (stride/padding/dilation: int or pair)
+ *  max_pool2d: kernel_size, stride[kernel_size], padding[0], dilation[1], ceil_mode[false],
+ *      return_indices[false] (second output: int64 flat index into H*W, as PyTorch)
+ *  avg_pool2d: kernel_size, stride, padding, ceil_mode, count_include_pad[true]
+ *  full: shape, value   zeros ones rand randn: shape   arange: start[0], end, step[1]
+ *  linspace: start, end, steps   eye: n, m[n]   randint: low[0], high, shape
+ */
 #ifndef TDD_OPS_H
 #define TDD_OPS_H
 
 #include "tensor.h"
 
-#define TDD_MAX_OP_INPUTS 8
-#define TDD_MAX_OP_OUTPUTS 8
+#define TDD_MAX_OP_INPUTS 16
+#define TDD_MAX_OP_OUTPUTS 16
 
-/* X(ENUM, "name", min_inputs, max_inputs) -- names are PyTorch's. */
+/* What an op is, for grouping (docs, tests) and for the kernels' dispatch. */
+typedef enum {
+    TDD_KIND_BINARY,  /* broadcasting elementwise, 2 inputs or 1 + "other" */
+    TDD_KIND_UNARY,   /* elementwise, one input */
+    TDD_KIND_ELEMENT, /* other elementwise (where, masked_fill, relu_backward) */
+    TDD_KIND_REDUCE,  /* reductions, scans, softmax */
+    TDD_KIND_LINALG,
+    TDD_KIND_VIEW,    /* strided views (a copy only when no view is possible) */
+    TDD_KIND_INDEX,   /* copies, joins, indexing */
+    TDD_KIND_NN,
+    TDD_KIND_CREATE,
+} tdd_opkind;
+
+/* X(ENUM, "name", min_inputs, max_inputs, kind) -- names are PyTorch's. */
 #define TDD_OPS(X)                                                                                 \
-    X(ADD, "add", 2, 2)                                                                            \
-    X(SUB, "sub", 2, 2)                                                                            \
-    X(MUL, "mul", 2, 2)                                                                            \
-    X(DIV, "div", 2, 2)                                                                            \
-    X(MATMUL, "matmul", 2, 2)                                                                      \
-    X(SUM, "sum", 1, 1)                                                                            \
-    X(RELU, "relu", 1, 1)
+    X(ADD, "add", 1, 2, BINARY)                                                                    \
+    X(SUB, "sub", 1, 2, BINARY)                                                                    \
+    X(MUL, "mul", 1, 2, BINARY)                                                                    \
+    X(DIV, "div", 1, 2, BINARY)                                                                    \
+    X(POW, "pow", 1, 2, BINARY)                                                                    \
+    X(MAXIMUM, "maximum", 1, 2, BINARY)                                                            \
+    X(MINIMUM, "minimum", 1, 2, BINARY)                                                            \
+    X(REMAINDER, "remainder", 1, 2, BINARY)                                                        \
+    X(EQ, "eq", 1, 2, BINARY)                                                                      \
+    X(NE, "ne", 1, 2, BINARY)                                                                      \
+    X(LT, "lt", 1, 2, BINARY)                                                                      \
+    X(LE, "le", 1, 2, BINARY)                                                                      \
+    X(GT, "gt", 1, 2, BINARY)                                                                      \
+    X(GE, "ge", 1, 2, BINARY)                                                                      \
+    X(LOGICAL_AND, "logical_and", 1, 2, BINARY)                                                    \
+    X(LOGICAL_OR, "logical_or", 1, 2, BINARY)                                                      \
+    X(LOGICAL_XOR, "logical_xor", 1, 2, BINARY)                                                    \
+    X(WHERE, "where", 3, 3, ELEMENT)                                                               \
+    X(MASKED_FILL, "masked_fill", 2, 2, ELEMENT)                                                   \
+    X(RELU_BACKWARD, "relu_backward", 2, 2, ELEMENT)                                               \
+    X(NEG, "neg", 1, 1, UNARY)                                                                     \
+    X(ABS, "abs", 1, 1, UNARY)                                                                     \
+    X(SIGN, "sign", 1, 1, UNARY)                                                                   \
+    X(EXP, "exp", 1, 1, UNARY)                                                                     \
+    X(LOG, "log", 1, 1, UNARY)                                                                     \
+    X(LOG1P, "log1p", 1, 1, UNARY)                                                                 \
+    X(EXPM1, "expm1", 1, 1, UNARY)                                                                 \
+    X(SQRT, "sqrt", 1, 1, UNARY)                                                                   \
+    X(RSQRT, "rsqrt", 1, 1, UNARY)                                                                 \
+    X(SIN, "sin", 1, 1, UNARY)                                                                     \
+    X(COS, "cos", 1, 1, UNARY)                                                                     \
+    X(TANH, "tanh", 1, 1, UNARY)                                                                   \
+    X(SIGMOID, "sigmoid", 1, 1, UNARY)                                                             \
+    X(RELU, "relu", 1, 1, UNARY)                                                                   \
+    X(LEAKY_RELU, "leaky_relu", 1, 1, UNARY)                                                       \
+    X(GELU, "gelu", 1, 1, UNARY)                                                                   \
+    X(SILU, "silu", 1, 1, UNARY)                                                                   \
+    X(SOFTPLUS, "softplus", 1, 1, UNARY)                                                           \
+    X(CLAMP, "clamp", 1, 1, UNARY)                                                                 \
+    X(FLOOR, "floor", 1, 1, UNARY)                                                                 \
+    X(CEIL, "ceil", 1, 1, UNARY)                                                                   \
+    X(ROUND, "round", 1, 1, UNARY)                                                                 \
+    X(RECIPROCAL, "reciprocal", 1, 1, UNARY)                                                       \
+    X(SQUARE, "square", 1, 1, UNARY)                                                               \
+    X(LOGICAL_NOT, "logical_not", 1, 1, UNARY)                                                     \
+    X(SUM, "sum", 1, 1, REDUCE)                                                                    \
+    X(MEAN, "mean", 1, 1, REDUCE)                                                                  \
+    X(AMAX, "amax", 1, 1, REDUCE)                                                                  \
+    X(AMIN, "amin", 1, 1, REDUCE)                                                                  \
+    X(ARGMAX, "argmax", 1, 1, REDUCE)                                                              \
+    X(ARGMIN, "argmin", 1, 1, REDUCE)                                                              \
+    X(VAR, "var", 1, 1, REDUCE)                                                                    \
+    X(STD, "std", 1, 1, REDUCE)                                                                    \
+    X(LOGSUMEXP, "logsumexp", 1, 1, REDUCE)                                                        \
+    X(PROD, "prod", 1, 1, REDUCE)                                                                  \
+    X(SUM_TO, "sum_to", 1, 1, REDUCE)                                                              \
+    X(CUMSUM, "cumsum", 1, 1, REDUCE)                                                              \
+    X(SOFTMAX, "softmax", 1, 1, REDUCE)                                                            \
+    X(LOG_SOFTMAX, "log_softmax", 1, 1, REDUCE)                                                    \
+    X(MATMUL, "matmul", 2, 2, LINALG)                                                              \
+    X(BMM, "bmm", 2, 2, LINALG)                                                                    \
+    X(LINEAR, "linear", 2, 3, LINALG)                                                              \
+    X(TRANSPOSE, "transpose", 1, 1, VIEW)                                                          \
+    X(PERMUTE, "permute", 1, 1, VIEW)                                                              \
+    X(RESHAPE, "reshape", 1, 1, VIEW)                                                              \
+    X(VIEW, "view", 1, 1, VIEW)                                                                    \
+    X(FLATTEN, "flatten", 1, 1, VIEW)                                                              \
+    X(SQUEEZE, "squeeze", 1, 1, VIEW)                                                              \
+    X(UNSQUEEZE, "unsqueeze", 1, 1, VIEW)                                                          \
+    X(EXPAND, "expand", 1, 1, VIEW)                                                                \
+    X(SLICE, "slice", 1, 1, VIEW)                                                                  \
+    X(CONTIGUOUS, "contiguous", 1, 1, VIEW)                                                        \
+    X(SPLIT, "split", 1, 1, VIEW)                                                                  \
+    X(CHUNK, "chunk", 1, 1, VIEW)                                                                  \
+    X(CLONE, "clone", 1, 1, INDEX)                                                                 \
+    X(CAST, "cast", 1, 1, INDEX)                                                                   \
+    X(CAT, "cat", 1, TDD_MAX_OP_INPUTS, INDEX)                                                     \
+    X(STACK, "stack", 1, TDD_MAX_OP_INPUTS, INDEX)                                                 \
+    X(GATHER, "gather", 2, 2, INDEX)                                                               \
+    X(SCATTER_ADD, "scatter_add", 3, 3, INDEX)                                                     \
+    X(INDEX_SELECT, "index_select", 2, 2, INDEX)                                                   \
+    X(ONE_HOT, "one_hot", 1, 1, INDEX)                                                             \
+    X(EMBEDDING, "embedding", 2, 2, INDEX)                                                         \
+    X(TRIL, "tril", 1, 1, INDEX)                                                                   \
+    X(TRIU, "triu", 1, 1, INDEX)                                                                   \
+    X(PAD, "pad", 1, 1, INDEX)                                                                     \
+    X(CROSS_ENTROPY, "cross_entropy", 2, 2, NN)                                                    \
+    X(NLL_LOSS, "nll_loss", 2, 2, NN)                                                              \
+    X(MSE_LOSS, "mse_loss", 2, 2, NN)                                                              \
+    X(BCE_WITH_LOGITS, "binary_cross_entropy_with_logits", 2, 2, NN)                               \
+    X(LAYER_NORM, "layer_norm", 1, 3, NN)                                                          \
+    X(DROPOUT, "dropout", 1, 1, NN)                                                                \
+    X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
+    X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
+    X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \
+    X(FULL, "full", 0, 0, CREATE)                                                                  \
+    X(ZEROS, "zeros", 0, 0, CREATE)                                                                \
+    X(ONES, "ones", 0, 0, CREATE)                                                                  \
+    X(ARANGE, "arange", 0, 0, CREATE)                                                              \
+    X(LINSPACE, "linspace", 0, 0, CREATE)                                                          \
+    X(EYE, "eye", 0, 0, CREATE)                                                                    \
+    X(RAND, "rand", 0, 0, CREATE)                                                                  \
+    X(RANDN, "randn", 0, 0, CREATE)                                                                \
+    X(RANDINT, "randint", 0, 0, CREATE)
 
 typedef enum {
-#define TDD__OP_ENUM(e, name, lo, hi) TDD_OP_##e,
+#define TDD__OP_ENUM(e, name, lo, hi, kind) TDD_OP_##e,
     TDD_OPS(TDD__OP_ENUM)
 #undef TDD__OP_ENUM
         TDD_OP_COUNT
@@ -32,6 +194,7 @@ typedef struct {
     tdd_op op;
     const char *name;
     int min_inputs, max_inputs;
+    tdd_opkind kind;
 } tdd_opdef;
 
 extern const tdd_opdef tdd_opdefs[TDD_OP_COUNT];
@@ -47,14 +210,38 @@ typedef struct {
 
 const td_attr *tdd_attr_get(const tdd_attrs *as, const char *name);
 
+/* Reduction modes of the losses. */
+enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
+
 /* Validated, normalised parameters handed to the kernels. Filled by
- * tdd_op_prepare; kernels never see raw client input. */
+ * tdd_op_prepare; kernels never see raw client input. Per op:
+ *  binary: cdtype compute dtype, scalar_form, f[0] other, f[1] alpha (n[0], n[1] exact ints)
+ *  unary: f[0..1] parameters (negative_slope; beta, threshold; min, max), flags bit 0/1 =
+ *      has min/max, i[0] gelu approximate (1 = tanh)
+ *  reductions: dims_mask, keepdim, i[0] correction, i[1] reduced element count;
+ *      cumsum/softmax/argmax with one dim: i[0] dim (argmax i[0] = -1: flattened)
+ *  matmul/bmm/linear: i[0] M, i[1] K, i[2] N, i[3] batch ndim, ints[0] batch shape,
+ *      flags bit 0/1 = a/b was 1-D, bit 2 = linear has bias
+ *  views: out_view (the output is a view: kernels do nothing); a copy otherwise
+ *  cat/stack/gather/scatter_add/index_select/split/chunk/tril/triu: i[0] dim or diagonal
+ *  one_hot: i[0] classes   pad: ints[0] per-dim before-pad, f[0] value
+ *  losses: i[0] reduction, i[1] ignore_index, f[0] label_smoothing
+ *  layer_norm: i[0] number of normalised dims, f[0] eps, flags bit 0/1 weight/bias
+ *  dropout: f[0] p, i[0] train   conv2d/pools: ints[0] stride, ints[1] padding,
+ *      ints[2] dilation, ints[3] kernel (pools), i[0] groups, i[1] ceil_mode,
+ *      i[2] count_include_pad, flags bit 2 = bias
+ *  creation: f[0..2] value/start/end/step, n[0..2] exact ints, i[0..1] eye n, m */
 typedef struct tdd_opargs {
-    td_dtype dtype; /* output dtype */
-    double scalar[4];
-    int64_t i[4];
-    uint32_t dims_mask; /* reductions: bit d set = reduce dim d */
+    td_dtype dtype;  /* output dtype */
+    td_dtype cdtype; /* dtype the kernel computes in (binary ops: promoted inputs) */
+    bool scalar_form;
+    bool out_view;
     bool keepdim;
+    uint32_t flags;
+    uint32_t dims_mask; /* reductions: bit d set = reduce dim d */
+    double f[4];
+    int64_t n[4];
+    int64_t i[8];
     int64_t ints[4][TD_MAX_NDIM];
     uint64_t seed;
 } tdd_opargs;
@@ -62,8 +249,8 @@ typedef struct tdd_opargs {
 /* What the daemon passes to tdd_op_prepare. */
 typedef struct {
     tdd_attrs attrs;
-    td_dtype dtype;   /* requested dtype (creation ops, cast); 0 = default */
-    uint64_t seed;    /* per-session RNG stream value for random ops */
+    td_dtype dtype; /* requested dtype (creation ops, cast); 0 = default */
+    uint64_t seed;  /* per-session RNG stream value for random ops */
 } tdd_opreq;
 
 /* One output description: dtype and shape; view != 0 means the output is a
@@ -79,10 +266,12 @@ typedef struct {
 } tdd_outdesc;
 
 /* Checks inputs' metadata (dtypes, shapes) and attributes; fills args and
- * out[0..*n_out). On failure returns a TD_E* code and fills err with a
- * message and typed detail (SHAPE_MISMATCH with both shapes,
- * INVALID_ARGUMENT naming the attribute, ...). Device agreement between
- * inputs is checked by the caller. max_numel bounds every output. */
+ * out[0..*n_out) (out has room for TDD_MAX_OP_OUTPUTS). On failure returns a
+ * TD_E* code and fills err with a message and typed detail (SHAPE_MISMATCH
+ * with both shapes, INVALID_ARGUMENT naming the attribute, ...). Device
+ * agreement between inputs is checked by the caller. max_numel bounds every
+ * output. Data-dependent checks (class and index values in range) are made
+ * by the kernels, which return TD_EINVALID_ARGUMENT. */
 int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_opreq *req,
                    int64_t max_numel, tdd_opargs *args, tdd_outdesc *out, int *n_out,
                    td_error *err);
@@ -103,5 +292,10 @@ int tdd_err_shape(td_error *err, const int64_t *expected, int en, const int64_t 
                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 int tdd_err_arg(td_error *err, const char *argument, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+int tdd_err_dtypes(td_error *err, td_dtype expected, td_dtype got, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* PyTorch's type promotion of two dtypes (bool < ints < floats; f16+bf16 = f32). */
+td_dtype tdd_promote(td_dtype a, td_dtype b);
 
 #endif

@@ -1,20 +1,177 @@
-/* cpu.c -- the fast CPU backend: OpenBLAS GEMM, OpenMP-threaded vectorisable loops. */
-#include <cblas.h>
+/* cpu.c -- the fast CPU backend: OpenBLAS GEMM, OpenMP-threaded vectorisable
+ * loops for f32/f64. Calls it has no fast kernel for (other dtypes, the less
+ * common ops) run on the reference kernels, single-threaded; tdd_cpu_native
+ * says which, and docs/ops.md shows it. */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "backend.h"
-
-/* Below this many elements a loop runs on one thread: waking the team costs more. */
-#define CPU_PAR_MIN 32768
+#include "cpu.h"
+#include "ref/ref.h"
 
 typedef struct {
     int ndev;
     int threads;
 } cpu_ctx;
+
+void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt)
+{
+    int64_t n = it->numel;
+    if (n < CPU_PAR_MIN || nt <= 1) {
+        tdd_iter_range(it, 0, n, fn, ctx);
+        return;
+    }
+    int64_t per = n / nt, extra = n % nt;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; t++) {
+        int64_t lo = t * per + (t < extra ? t : extra);
+        int64_t hi = lo + per + (t < extra ? 1 : 0);
+        tdd_iter_range(it, lo, hi, fn, ctx);
+    }
+}
+
+static bool is_f(td_dtype dt)
+{
+    return dt == TD_F32 || dt == TD_F64;
+}
+
+/* All inputs of dtype dt? */
+static bool inputs_are(const tdd_opcall *c, int from, int to, td_dtype dt)
+{
+    for (int i = from; i < to && i < c->n_in; i++)
+        if (c->in[i]->dtype != dt)
+            return false;
+    return true;
+}
+
+bool tdd_cpu_native(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    td_dtype ct = g->cdtype;
+    switch (c->op) {
+    case TDD_OP_ADD:
+    case TDD_OP_SUB:
+    case TDD_OP_MUL:
+    case TDD_OP_DIV:
+    case TDD_OP_POW:
+    case TDD_OP_MAXIMUM:
+    case TDD_OP_MINIMUM:
+    case TDD_OP_REMAINDER:
+    case TDD_OP_EQ:
+    case TDD_OP_NE:
+    case TDD_OP_LT:
+    case TDD_OP_LE:
+    case TDD_OP_GT:
+    case TDD_OP_GE:
+        return is_f(ct) && inputs_are(c, 0, 2, ct);
+    case TDD_OP_LOGICAL_AND:
+    case TDD_OP_LOGICAL_OR:
+    case TDD_OP_LOGICAL_XOR:
+    case TDD_OP_LOGICAL_NOT:
+        return false;
+    case TDD_OP_WHERE:
+        return is_f(ct) && inputs_are(c, 1, 3, ct);
+    case TDD_OP_MASKED_FILL:
+    case TDD_OP_RELU_BACKWARD:
+        return is_f(ct) && c->in[0]->dtype == ct && (c->op == TDD_OP_MASKED_FILL ||
+                                                       c->in[1]->dtype == ct);
+    case TDD_OP_NEG:
+    case TDD_OP_ABS:
+    case TDD_OP_SIGN:
+    case TDD_OP_EXP:
+    case TDD_OP_LOG:
+    case TDD_OP_LOG1P:
+    case TDD_OP_EXPM1:
+    case TDD_OP_SQRT:
+    case TDD_OP_RSQRT:
+    case TDD_OP_SIN:
+    case TDD_OP_COS:
+    case TDD_OP_TANH:
+    case TDD_OP_SIGMOID:
+    case TDD_OP_RELU:
+    case TDD_OP_LEAKY_RELU:
+    case TDD_OP_GELU:
+    case TDD_OP_SILU:
+    case TDD_OP_SOFTPLUS:
+    case TDD_OP_CLAMP:
+    case TDD_OP_FLOOR:
+    case TDD_OP_CEIL:
+    case TDD_OP_ROUND:
+    case TDD_OP_RECIPROCAL:
+    case TDD_OP_SQUARE:
+        return is_f(g->dtype) && c->in[0]->dtype == g->dtype;
+    case TDD_OP_SUM:
+    case TDD_OP_MEAN:
+    case TDD_OP_AMAX:
+    case TDD_OP_AMIN:
+    case TDD_OP_ARGMAX:
+    case TDD_OP_ARGMIN:
+    case TDD_OP_VAR:
+    case TDD_OP_STD:
+    case TDD_OP_LOGSUMEXP:
+    case TDD_OP_PROD:
+    case TDD_OP_SUM_TO:
+    case TDD_OP_CUMSUM:
+    case TDD_OP_SOFTMAX:
+    case TDD_OP_LOG_SOFTMAX:
+        return is_f(c->in[0]->dtype);
+    case TDD_OP_MATMUL:
+    case TDD_OP_BMM:
+    case TDD_OP_LINEAR:
+        return is_f(c->in[0]->dtype);
+    case TDD_OP_TRANSPOSE:
+    case TDD_OP_PERMUTE:
+    case TDD_OP_RESHAPE:
+    case TDD_OP_VIEW:
+    case TDD_OP_FLATTEN:
+    case TDD_OP_SQUEEZE:
+    case TDD_OP_UNSQUEEZE:
+    case TDD_OP_EXPAND:
+    case TDD_OP_SLICE:
+    case TDD_OP_CONTIGUOUS:
+    case TDD_OP_SPLIT:
+    case TDD_OP_CHUNK:
+    case TDD_OP_CLONE:
+        return true; /* views do nothing; copies move bytes of any dtype */
+    case TDD_OP_CAST:
+        return c->in[0]->dtype == g->dtype || (is_f(c->in[0]->dtype) && is_f(g->dtype));
+    case TDD_OP_FULL:
+    case TDD_OP_ZEROS:
+    case TDD_OP_ONES:
+    case TDD_OP_RAND:
+    case TDD_OP_RANDN:
+        return is_f(g->dtype);
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+    case TDD_OP_GATHER:
+    case TDD_OP_SCATTER_ADD:
+    case TDD_OP_INDEX_SELECT:
+    case TDD_OP_ONE_HOT:
+    case TDD_OP_EMBEDDING:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+    case TDD_OP_PAD:
+    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_NLL_LOSS:
+    case TDD_OP_MSE_LOSS:
+    case TDD_OP_BCE_WITH_LOGITS:
+    case TDD_OP_LAYER_NORM:
+    case TDD_OP_DROPOUT:
+    case TDD_OP_CONV2D:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+    case TDD_OP_ARANGE:
+    case TDD_OP_LINSPACE:
+    case TDD_OP_EYE:
+    case TDD_OP_RANDINT:
+        return false;
+    case TDD_OP_COUNT:
+        break;
+    }
+    return false;
+}
 
 static int cpu_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t why_len)
 {
@@ -23,9 +180,9 @@ static int cpu_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return TD_ERESOURCE_EXHAUSTED;
-    c->ndev = cfg->cpu_devices > 0 ? cfg->cpu_devices : 1;
+    c->ndev = cfg && cfg->cpu_devices > 0 ? cfg->cpu_devices : 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    c->threads = cfg->threads > 0 ? cfg->threads : (cores > 0 ? (int)cores : 1);
+    c->threads = cfg && cfg->threads > 0 ? cfg->threads : (cores > 0 ? (int)cores : 1);
     *ctx = c;
     return c->ndev;
 }
@@ -70,86 +227,125 @@ static void cpu_free(void *ctx, int ordinal, void *p, size_t nbytes)
     free(p);
 }
 
-#define CPU_BINARY(NAME, EXPR)                                                                     \
-    static void NAME(float *restrict y, const float *restrict a, const float *restrict b,          \
-                     int64_t n, int nt)                                                            \
-    {                                                                                              \
-        _Pragma("omp parallel for simd schedule(static) if(n > CPU_PAR_MIN) num_threads(nt)")      \
-        for (int64_t i = 0; i < n; i++)                                                            \
-            y[i] = (EXPR);                                                                         \
-    }
-
-CPU_BINARY(cpu_add, a[i] + b[i])
-CPU_BINARY(cpu_sub, a[i] - b[i])
-CPU_BINARY(cpu_mul, a[i] * b[i])
-CPU_BINARY(cpu_div, a[i] / b[i])
-
-static void cpu_relu(float *restrict y, const float *restrict a, int64_t n, int nt)
-{
-#pragma omp parallel for simd schedule(static) if (n > CPU_PAR_MIN) num_threads(nt)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = a[i] > 0.0f ? a[i] : 0.0f;
-}
-
-static float cpu_sum(const float *restrict a, int64_t n, int nt)
-{
-    double total = 0.0;
-#pragma omp parallel for reduction(+ : total) schedule(static) if (n > CPU_PAR_MIN) num_threads(nt)
-    for (int64_t blk = 0; blk < (n + 4095) / 4096; blk++) {
-        /* float lanes inside a block vectorise; blocks add up in double. */
-        float s = 0.0f;
-        int64_t lo = blk * 4096, hi = lo + 4096 < n ? lo + 4096 : n;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = lo; i < hi; i++)
-            s += a[i];
-        total += s;
-    }
-    return (float)total;
-}
-
 static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
 {
     cpu_ctx *cc = ctx;
+    int nt = cc ? cc->threads : 1;
     (void)ordinal;
-    for (int i = 0; i < c->n_in; i++)
-        if (!tdd_is_contiguous(c->in[i]))
-            return TD_EUNSUPPORTED_OP; /* strided kernels arrive with the view ops */
-    const float *a = tdd_data(c->in[0]);
-    const float *b = c->n_in > 1 ? tdd_data(c->in[1]) : NULL;
-    float *y = tdd_data(c->out[0]);
-    int64_t n = tdd_numel(c->out[0]);
-    int nt = cc->threads;
+    if (!tdd_cpu_native(c))
+        return tdd_ref_run(c);
     switch (c->op) {
     case TDD_OP_ADD:
-        cpu_add(y, a, b, n, nt);
-        return 0;
     case TDD_OP_SUB:
-        cpu_sub(y, a, b, n, nt);
-        return 0;
     case TDD_OP_MUL:
-        cpu_mul(y, a, b, n, nt);
-        return 0;
     case TDD_OP_DIV:
-        cpu_div(y, a, b, n, nt);
-        return 0;
+    case TDD_OP_POW:
+    case TDD_OP_MAXIMUM:
+    case TDD_OP_MINIMUM:
+    case TDD_OP_REMAINDER:
+    case TDD_OP_EQ:
+    case TDD_OP_NE:
+    case TDD_OP_LT:
+    case TDD_OP_LE:
+    case TDD_OP_GT:
+    case TDD_OP_GE:
+    case TDD_OP_LOGICAL_AND:
+    case TDD_OP_LOGICAL_OR:
+    case TDD_OP_LOGICAL_XOR:
+    case TDD_OP_WHERE:
+    case TDD_OP_MASKED_FILL:
+    case TDD_OP_RELU_BACKWARD:
+    case TDD_OP_NEG:
+    case TDD_OP_ABS:
+    case TDD_OP_SIGN:
+    case TDD_OP_EXP:
+    case TDD_OP_LOG:
+    case TDD_OP_LOG1P:
+    case TDD_OP_EXPM1:
+    case TDD_OP_SQRT:
+    case TDD_OP_RSQRT:
+    case TDD_OP_SIN:
+    case TDD_OP_COS:
+    case TDD_OP_TANH:
+    case TDD_OP_SIGMOID:
     case TDD_OP_RELU:
-        cpu_relu(y, a, n, nt);
-        return 0;
+    case TDD_OP_LEAKY_RELU:
+    case TDD_OP_GELU:
+    case TDD_OP_SILU:
+    case TDD_OP_SOFTPLUS:
+    case TDD_OP_CLAMP:
+    case TDD_OP_FLOOR:
+    case TDD_OP_CEIL:
+    case TDD_OP_ROUND:
+    case TDD_OP_RECIPROCAL:
+    case TDD_OP_SQUARE:
+    case TDD_OP_LOGICAL_NOT:
+        return cpu_elementwise(c, nt);
     case TDD_OP_SUM:
-        y[0] = cpu_sum(a, tdd_numel(c->in[0]), nt);
-        return 0;
-    case TDD_OP_MATMUL: {
-        int64_t M = c->in[0]->shape[0], K = c->in[0]->shape[1], N = c->in[1]->shape[1];
-        if (M == 0 || N == 0)
-            return 0;
-        if (K == 0) {
-            memset(y, 0, (size_t)(M * N) * sizeof *y);
-            return 0;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)N,
-                    (blasint)K, 1.0f, a, (blasint)K, b, (blasint)N, 0.0f, y, (blasint)N);
-        return 0;
-    }
+    case TDD_OP_MEAN:
+    case TDD_OP_AMAX:
+    case TDD_OP_AMIN:
+    case TDD_OP_ARGMAX:
+    case TDD_OP_ARGMIN:
+    case TDD_OP_VAR:
+    case TDD_OP_STD:
+    case TDD_OP_LOGSUMEXP:
+    case TDD_OP_PROD:
+    case TDD_OP_SUM_TO:
+        return cpu_reduce(c, nt);
+    case TDD_OP_CUMSUM:
+    case TDD_OP_SOFTMAX:
+    case TDD_OP_LOG_SOFTMAX:
+        return cpu_lines(c, nt);
+    case TDD_OP_MATMUL:
+    case TDD_OP_BMM:
+    case TDD_OP_LINEAR:
+        return cpu_matmul(c);
+    case TDD_OP_TRANSPOSE:
+    case TDD_OP_PERMUTE:
+    case TDD_OP_RESHAPE:
+    case TDD_OP_VIEW:
+    case TDD_OP_FLATTEN:
+    case TDD_OP_SQUEEZE:
+    case TDD_OP_UNSQUEEZE:
+    case TDD_OP_EXPAND:
+    case TDD_OP_SLICE:
+    case TDD_OP_CONTIGUOUS:
+    case TDD_OP_SPLIT:
+    case TDD_OP_CHUNK:
+    case TDD_OP_CLONE:
+    case TDD_OP_CAST:
+        return cpu_copy(c, nt);
+    case TDD_OP_FULL:
+    case TDD_OP_ZEROS:
+    case TDD_OP_ONES:
+    case TDD_OP_RAND:
+    case TDD_OP_RANDN:
+        return cpu_create(c, nt);
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+    case TDD_OP_GATHER:
+    case TDD_OP_SCATTER_ADD:
+    case TDD_OP_INDEX_SELECT:
+    case TDD_OP_ONE_HOT:
+    case TDD_OP_EMBEDDING:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+    case TDD_OP_PAD:
+    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_NLL_LOSS:
+    case TDD_OP_MSE_LOSS:
+    case TDD_OP_BCE_WITH_LOGITS:
+    case TDD_OP_LAYER_NORM:
+    case TDD_OP_DROPOUT:
+    case TDD_OP_CONV2D:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+    case TDD_OP_ARANGE:
+    case TDD_OP_LINSPACE:
+    case TDD_OP_EYE:
+    case TDD_OP_RANDINT:
+        return tdd_ref_run(c); /* no fast kernel yet (tdd_cpu_native says false) */
     case TDD_OP_COUNT:
         break;
     }

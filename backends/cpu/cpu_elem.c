@@ -1,0 +1,408 @@
+/* cpu_elem.c -- threaded, vectorisable elementwise kernels (f32/f64), copies
+ * and fills. Every kernel is a run function for the strided iterator: it gets
+ * one run of the innermost dimension with per-operand strides, and keeps a
+ * unit-stride (and a broadcast-scalar) path the compiler vectorises. */
+#include <stdint.h>
+#include <string.h>
+#include <tgmath.h>
+
+#include "cpu.h"
+#include "dtype.h"
+
+typedef struct {
+    char *y;
+    const char *a, *b, *c;
+    const tdd_opargs *g;
+    double s[2]; /* scalars for the scalar form, in the compute dtype */
+    float sf[2];
+} ew_ctx;
+
+/* Binary: EXPR in x (from a) and z (from b), output type OT. */
+#define BIN_FN(NAME, T, OT, EXPR)                                                                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const ew_ctx *c = vc;                                                                      \
+        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
+        const T *restrict b = (const T *)(const void *)c->b + off[2];                              \
+        const T alpha = (T)c->g->f[1];                                                             \
+        (void)alpha;                                                                               \
+        if (st[0] == 1 && st[1] == 1 && st[2] == 1) {                                              \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T x = a[i], z = b[i];                                                        \
+                y[i] = (OT)(EXPR);                                                                 \
+            }                                                                                      \
+        } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {                                       \
+            const T z = b[0];                                                                      \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T x = a[i];                                                                  \
+                y[i] = (OT)(EXPR);                                                                 \
+            }                                                                                      \
+        } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {                                       \
+            const T x = a[0];                                                                      \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T z = b[i];                                                                  \
+                y[i] = (OT)(EXPR);                                                                 \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                const T x = a[i * st[1]], z = b[i * st[2]];                                        \
+                y[i * st[0]] = (OT)(EXPR);                                                         \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* Unary: EXPR in x; p0, p1 are the op's parameters. */
+#define UN_FN(NAME, T, EXPR)                                                                       \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const ew_ctx *c = vc;                                                                      \
+        T *restrict y = (T *)(void *)c->y + off[0];                                                \
+        const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
+        const T p0 = (T)c->s[0], p1 = (T)c->s[1];                                                  \
+        (void)p0;                                                                                  \
+        (void)p1;                                                                                  \
+        if (st[0] == 1 && st[1] == 1) {                                                            \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T x = a[i];                                                                  \
+                y[i] = (T)(EXPR);                                                                  \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                const T x = a[i * st[1]];                                                          \
+                y[i * st[0]] = (T)(EXPR);                                                          \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* One instance per compute type. */
+#define ELEM_FNS(T, S)                                                                             \
+    BIN_FN(add_##S, T, T, x + alpha * z)                                                           \
+    BIN_FN(sub_##S, T, T, x - alpha * z)                                                           \
+    BIN_FN(mul_##S, T, T, x * z)                                                                   \
+    BIN_FN(div_##S, T, T, x / z)                                                                   \
+    BIN_FN(pow_##S, T, T, pow(x, z))                                                               \
+    BIN_FN(max_##S, T, T, (x != x || z != z) ? (T)NAN : (x > z ? x : z))                           \
+    BIN_FN(min_##S, T, T, (x != x || z != z) ? (T)NAN : (x < z ? x : z))                           \
+    BIN_FN(rem_##S, T, T, fmod(x, z) + ((fmod(x, z) != 0 && ((fmod(x, z) < 0) != (z < 0))) ? z : 0)) \
+    BIN_FN(eq_##S, T, uint8_t, x == z)                                                             \
+    BIN_FN(ne_##S, T, uint8_t, x != z)                                                             \
+    BIN_FN(lt_##S, T, uint8_t, x < z)                                                              \
+    BIN_FN(le_##S, T, uint8_t, x <= z)                                                             \
+    BIN_FN(gt_##S, T, uint8_t, x > z)                                                              \
+    BIN_FN(ge_##S, T, uint8_t, x >= z)                                                             \
+    BIN_FN(relub_##S, T, T, z > 0 ? x : (T)0)                                                      \
+    UN_FN(neg_##S, T, -x)                                                                          \
+    UN_FN(abs_##S, T, fabs(x))                                                                     \
+    UN_FN(sign_##S, T, x > 0 ? (T)1 : x < 0 ? (T)-1 : x * (T)0)                                    \
+    UN_FN(exp_##S, T, exp(x))                                                                      \
+    UN_FN(log_##S, T, log(x))                                                                      \
+    UN_FN(log1p_##S, T, log1p(x))                                                                  \
+    UN_FN(expm1_##S, T, expm1(x))                                                                  \
+    UN_FN(sqrt_##S, T, sqrt(x))                                                                    \
+    UN_FN(rsqrt_##S, T, (T)1 / sqrt(x))                                                            \
+    UN_FN(sin_##S, T, sin(x))                                                                      \
+    UN_FN(cos_##S, T, cos(x))                                                                      \
+    UN_FN(tanh_##S, T, tanh(x))                                                                    \
+    UN_FN(sigmoid_##S, T, (T)1 / ((T)1 + exp(-x)))                                                 \
+    UN_FN(relu_##S, T, x < 0 ? (T)0 : x)                                                           \
+    UN_FN(lrelu_##S, T, x > 0 ? x : x * p0)                                                        \
+    UN_FN(gelu_##S, T, (T)0.5 * x * ((T)1 + erf(x * (T)0.7071067811865476)))                      \
+    UN_FN(gelut_##S, T,                                                                            \
+          (T)0.5 * x * ((T)1 + tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))))      \
+    UN_FN(silu_##S, T, x / ((T)1 + exp(-x)))                                                       \
+    UN_FN(softplus_##S, T, x * p0 > p1 ? x : log1p(exp(x * p0)) / p0)                              \
+    UN_FN(clamp_##S, T, x < p0 ? p0 : (x > p1 ? p1 : x))                                           \
+    UN_FN(floor_##S, T, floor(x))                                                                  \
+    UN_FN(ceil_##S, T, ceil(x))                                                                    \
+    UN_FN(round_##S, T, nearbyint(x))                                                              \
+    UN_FN(recip_##S, T, (T)1 / x)                                                                  \
+    UN_FN(square_##S, T, x * x)                                                                    \
+    static tdd_iter_fn elem_fn_##S(const tdd_opcall *c)                                            \
+    {                                                                                              \
+        switch (c->op) {                                                                           \
+        case TDD_OP_ADD:                                                                           \
+            return add_##S;                                                                        \
+        case TDD_OP_SUB:                                                                           \
+            return sub_##S;                                                                        \
+        case TDD_OP_MUL:                                                                           \
+            return mul_##S;                                                                        \
+        case TDD_OP_DIV:                                                                           \
+            return div_##S;                                                                        \
+        case TDD_OP_POW:                                                                           \
+            return pow_##S;                                                                        \
+        case TDD_OP_MAXIMUM:                                                                       \
+            return max_##S;                                                                        \
+        case TDD_OP_MINIMUM:                                                                       \
+            return min_##S;                                                                        \
+        case TDD_OP_REMAINDER:                                                                     \
+            return rem_##S;                                                                        \
+        case TDD_OP_EQ:                                                                            \
+            return eq_##S;                                                                         \
+        case TDD_OP_NE:                                                                            \
+            return ne_##S;                                                                         \
+        case TDD_OP_LT:                                                                            \
+            return lt_##S;                                                                         \
+        case TDD_OP_LE:                                                                            \
+            return le_##S;                                                                         \
+        case TDD_OP_GT:                                                                            \
+            return gt_##S;                                                                         \
+        case TDD_OP_GE:                                                                            \
+            return ge_##S;                                                                         \
+        case TDD_OP_RELU_BACKWARD:                                                                 \
+            return relub_##S;                                                                      \
+        case TDD_OP_NEG:                                                                           \
+            return neg_##S;                                                                        \
+        case TDD_OP_ABS:                                                                           \
+            return abs_##S;                                                                        \
+        case TDD_OP_SIGN:                                                                          \
+            return sign_##S;                                                                       \
+        case TDD_OP_EXP:                                                                           \
+            return exp_##S;                                                                        \
+        case TDD_OP_LOG:                                                                           \
+            return log_##S;                                                                        \
+        case TDD_OP_LOG1P:                                                                         \
+            return log1p_##S;                                                                      \
+        case TDD_OP_EXPM1:                                                                         \
+            return expm1_##S;                                                                      \
+        case TDD_OP_SQRT:                                                                          \
+            return sqrt_##S;                                                                       \
+        case TDD_OP_RSQRT:                                                                         \
+            return rsqrt_##S;                                                                      \
+        case TDD_OP_SIN:                                                                           \
+            return sin_##S;                                                                        \
+        case TDD_OP_COS:                                                                           \
+            return cos_##S;                                                                        \
+        case TDD_OP_TANH:                                                                          \
+            return tanh_##S;                                                                       \
+        case TDD_OP_SIGMOID:                                                                       \
+            return sigmoid_##S;                                                                    \
+        case TDD_OP_RELU:                                                                          \
+            return relu_##S;                                                                       \
+        case TDD_OP_LEAKY_RELU:                                                                    \
+            return lrelu_##S;                                                                      \
+        case TDD_OP_GELU:                                                                          \
+            return c->args->i[0] ? gelut_##S : gelu_##S;                                           \
+        case TDD_OP_SILU:                                                                          \
+            return silu_##S;                                                                       \
+        case TDD_OP_SOFTPLUS:                                                                      \
+            return softplus_##S;                                                                   \
+        case TDD_OP_CLAMP:                                                                         \
+            return clamp_##S;                                                                      \
+        case TDD_OP_FLOOR:                                                                         \
+            return floor_##S;                                                                      \
+        case TDD_OP_CEIL:                                                                          \
+            return ceil_##S;                                                                       \
+        case TDD_OP_ROUND:                                                                         \
+            return round_##S;                                                                      \
+        case TDD_OP_RECIPROCAL:                                                                    \
+            return recip_##S;                                                                      \
+        case TDD_OP_SQUARE:                                                                        \
+            return square_##S;                                                                     \
+        default:                                                                                   \
+            return NULL; /* tdd_cpu_native keeps other ops away */                                 \
+        }                                                                                          \
+    }
+
+ELEM_FNS(float, f32)
+ELEM_FNS(double, f64)
+
+#define WHERE_FN(NAME, T)                                                                          \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const ew_ctx *c = vc;                                                                      \
+        T *restrict y = (T *)(void *)c->y + off[0];                                                \
+        const uint8_t *restrict m = (const uint8_t *)c->a + off[1];                                \
+        const T *restrict a = (const T *)(const void *)c->b + off[2];                              \
+        const T *restrict b = (const T *)(const void *)c->c + off[3];                              \
+        if (st[0] == 1 && st[1] == 1 && st[2] == 1 && st[3] == 1) {                                \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = m[i] ? a[i] : b[i];         \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                y[i * st[0]] = m[i * st[1]] ? a[i * st[2]] : b[i * st[3]];                         \
+        }                                                                                          \
+    }
+WHERE_FN(where_f32, float)
+WHERE_FN(where_f64, double)
+
+/* masked_fill: y = mask ? value : x (operands y, x, mask). */
+#define FILL_FN(NAME, T)                                                                           \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const ew_ctx *c = vc;                                                                      \
+        T *restrict y = (T *)(void *)c->y + off[0];                                                \
+        const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
+        const uint8_t *restrict m = (const uint8_t *)c->b + off[2];                                \
+        const T v = (T)c->s[0];                                                                    \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            y[i * st[0]] = m[i * st[2]] ? v : a[i * st[1]];                                        \
+    }
+FILL_FN(mfill_f32, float)
+FILL_FN(mfill_f64, double)
+
+int cpu_elementwise(const tdd_opcall *c, int nt)
+{
+    const tdd_opargs *g = c->args;
+    tdd_tensor *y = c->out[0];
+    bool f64 = g->cdtype == TD_F64;
+    ew_ctx x = {.y = y->st->data, .g = g};
+    const tdd_tensor *ops[4] = {y};
+    int nops = 1 + c->n_in;
+    tdd_iter it;
+    tdd_tensor scalar; /* the scalar form's "other" as a 0-dim operand */
+    float sf;
+    double sd;
+    for (int i = 0; i < c->n_in; i++)
+        ops[1 + i] = c->in[i];
+    tdd_iter_fn fn = f64 ? elem_fn_f64(c) : elem_fn_f32(c);
+    if (c->op == TDD_OP_WHERE) {
+        fn = f64 ? where_f64 : where_f32;
+    } else if (c->op == TDD_OP_MASKED_FILL) {
+        fn = f64 ? mfill_f64 : mfill_f32;
+        x.s[0] = g->f[0];
+    } else if (tdd_opdefs[c->op].kind == TDD_KIND_UNARY) {
+        x.s[0] = g->f[0];
+        x.s[1] = g->f[1];
+        if (c->op == TDD_OP_CLAMP) {
+            x.s[0] = (g->flags & 1u) ? g->f[0] : -INFINITY;
+            x.s[1] = (g->flags & 2u) ? g->f[1] : INFINITY;
+        }
+    } else if (g->scalar_form) {
+        sf = (float)g->f[0];
+        sd = g->f[0];
+        memset(&scalar, 0, sizeof scalar);
+        scalar.dtype = g->cdtype;
+        ops[nops++] = &scalar;
+    }
+    if (!fn)
+        return TD_EINTERNAL;
+    tdd_iter_tensors(&it, y->shape, y->ndim, nops, ops);
+    x.a = nops > 1 ? ops[1]->st ? ops[1]->st->data : NULL : NULL;
+    x.b = nops > 2 ? (ops[2] == &scalar ? (const char *)(f64 ? (void *)&sd : (void *)&sf)
+                                        : ops[2]->st->data)
+                   : NULL;
+    x.c = nops > 3 ? ops[3]->st->data : NULL;
+    cpu_par_iter(&it, fn, &x, nt);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- copies */
+
+typedef struct {
+    char *y;
+    const char *a;
+    size_t esz;
+    td_dtype from, to;
+} cp_ctx;
+
+static void copy_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const cp_ctx *c = vc;
+    char *y = c->y + (size_t)off[0] * c->esz;
+    const char *a = c->a + (size_t)off[1] * c->esz;
+    if (st[0] == 1 && st[1] == 1) {
+        memcpy(y, a, (size_t)n * c->esz);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        memcpy(y + (size_t)(i * st[0]) * c->esz, a + (size_t)(i * st[1]) * c->esz, c->esz);
+}
+
+static void f32_to_f64_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const cp_ctx *c = vc;
+    double *y = (double *)(void *)c->y + off[0];
+    const float *a = (const float *)(const void *)c->a + off[1];
+    for (int64_t i = 0; i < n; i++)
+        y[i * st[0]] = a[i * st[1]];
+}
+
+static void f64_to_f32_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const cp_ctx *c = vc;
+    float *y = (float *)(void *)c->y + off[0];
+    const double *a = (const double *)(const void *)c->a + off[1];
+    for (int64_t i = 0; i < n; i++)
+        y[i * st[0]] = (float)a[i * st[1]];
+}
+
+int cpu_copy(const tdd_opcall *c, int nt)
+{
+    if (c->args->out_view)
+        return 0; /* the daemon made the output a view: nothing to compute */
+    const tdd_tensor *a = c->in[0];
+    tdd_tensor *y = c->out[0];
+    /* Reshape copies keep C order, so walk both as flat sequences of their own shapes:
+     * iterate y's shape with a viewed through a's own C-order index. When shapes differ
+     * (reshape), make the input contiguous-order-compatible by iterating a's shape. */
+    cp_ctx x = {.y = y->st->data, .a = a->st->data, .esz = td_dtype_size(a->dtype),
+                .from = a->dtype, .to = y->dtype};
+    tdd_iter it;
+    tdd_tensor yv = *y;
+    /* y is contiguous: view it with a's shape (same numel, same C order). */
+    yv.ndim = a->ndim;
+    memcpy(yv.shape, a->shape, sizeof yv.shape);
+    tdd_set_contiguous(&yv);
+    const tdd_tensor *ops[2] = {&yv, a};
+    tdd_iter_tensors(&it, a->shape, a->ndim, 2, ops);
+    tdd_iter_fn fn = copy_run;
+    if (a->dtype == TD_F32 && y->dtype == TD_F64)
+        fn = f32_to_f64_run;
+    else if (a->dtype == TD_F64 && y->dtype == TD_F32)
+        fn = f64_to_f32_run;
+    cpu_par_iter(&it, fn, &x, nt);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- creation */
+
+typedef struct {
+    char *y;
+    const tdd_opargs *g;
+    tdd_op op;
+    bool f64;
+} cr_ctx;
+
+static void create_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const cr_ctx *c = vc;
+    (void)st; /* outputs of creation ops are contiguous: one run covers them */
+    int64_t i0 = off[0] - 0;
+    if (c->f64) {
+        double *y = (double *)(void *)c->y + off[0];
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t k = (uint64_t)(i0 + i);
+            y[i] = c->op == TDD_OP_RAND    ? tdd_rng_uniform(c->g->seed, k)
+                   : c->op == TDD_OP_RANDN ? tdd_rng_normal(c->g->seed, k)
+                                           : c->g->f[0];
+        }
+    } else {
+        float *y = (float *)(void *)c->y + off[0];
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t k = (uint64_t)(i0 + i);
+            y[i] = (float)(c->op == TDD_OP_RAND    ? tdd_rng_uniform24(c->g->seed, k)
+                           : c->op == TDD_OP_RANDN ? tdd_rng_normal(c->g->seed, k)
+                                                   : c->g->f[0]);
+        }
+    }
+}
+
+int cpu_create(const tdd_opcall *c, int nt)
+{
+    tdd_tensor *y = c->out[0];
+    cr_ctx x = {.y = y->st->data, .g = c->args, .op = c->op, .f64 = y->dtype == TD_F64};
+    /* Iterate element indices 0..n of a contiguous output whose offset is y->offset;
+     * the random draw is keyed by the element index, so offset it back. */
+    tdd_tensor flat = *y;
+    flat.offset = 0;
+    tdd_iter it;
+    const tdd_tensor *ops[1] = {&flat};
+    tdd_iter_tensors(&it, y->shape, y->ndim, 1, ops);
+    x.y = (char *)y->st->data + (size_t)y->offset * td_dtype_size(y->dtype);
+    cpu_par_iter(&it, create_run, &x, nt);
+    return 0;
+}

@@ -1,0 +1,393 @@
+/* cpu_reduce.c -- threaded reductions over any set of dims (f32/f64 inputs,
+ * double accumulation), and the line ops along one dim (cumsum, softmax,
+ * log_softmax). Outputs are split across threads; a reduction with fewer
+ * outputs than threads splits each output's elements instead and combines. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+
+typedef enum { R_SUM, R_PROD, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN, R_SQDEV, R_SUMEXP } rkind;
+
+/* Partial result of reducing some elements of one output. */
+typedef struct {
+    double v;
+    int64_t arg; /* argmax/argmin: reduced-order index of v */
+} racc;
+
+typedef struct {
+    const char *a;
+    bool f64;
+    rkind kind;
+    double center; /* R_SQDEV: the mean; R_SUMEXP: the max */
+    racc acc;
+    int64_t pos; /* reduced-order index of the next run's first element */
+} rrun;
+
+/* Folds v at position pos into acc; NaN wins, then the first extreme. */
+static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
+{
+    if (acc->v != acc->v)
+        return;
+    if (v != v || (max ? v > acc->v : v < acc->v)) {
+        acc->v = v;
+        acc->arg = pos;
+    }
+}
+
+#define RED_RUN(NAME, T)                                                                           \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        rrun *r = vc;                                                                              \
+        const T *a = (const T *)(const void *)r->a + off[0];                                       \
+        int64_t s = st[0];                                                                         \
+        double acc = 0;                                                                            \
+        switch (r->kind) {                                                                         \
+        case R_SUM:                                                                                \
+            if (s == 1) {                                                                          \
+                _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i < n; i++) acc +=     \
+                    a[i];                                                                          \
+            } else {                                                                               \
+                for (int64_t i = 0; i < n; i++)                                                    \
+                    acc += a[i * s];                                                               \
+            }                                                                                      \
+            r->acc.v += acc;                                                                       \
+            break;                                                                                 \
+        case R_SQDEV: {                                                                            \
+            const double m = r->center;                                                            \
+            _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i < n; i++)                 \
+            {                                                                                      \
+                double d = (double)a[i * s] - m;                                                   \
+                acc += d * d;                                                                      \
+            }                                                                                      \
+            r->acc.v += acc;                                                                       \
+            break;                                                                                 \
+        }                                                                                          \
+        case R_SUMEXP: {                                                                           \
+            const double m = r->center;                                                            \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                acc += exp((double)a[i * s] - m);                                                  \
+            r->acc.v += acc;                                                                       \
+            break;                                                                                 \
+        }                                                                                          \
+        case R_PROD:                                                                               \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                r->acc.v *= (double)a[i * s];                                                      \
+            break;                                                                                 \
+        case R_MAX:                                                                                \
+        case R_ARGMAX:                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                fold_ext(&r->acc, (double)a[i * s], r->pos + i, true);                             \
+            break;                                                                                 \
+        case R_MIN:                                                                                \
+        case R_ARGMIN:                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                fold_ext(&r->acc, (double)a[i * s], r->pos + i, false);                            \
+            break;                                                                                 \
+        }                                                                                          \
+        r->pos += n;                                                                               \
+    }
+RED_RUN(red_run_f32, float)
+RED_RUN(red_run_f64, double)
+
+static racc acc_init(rkind k)
+{
+    racc a = {0, 0};
+    if (k == R_PROD)
+        a.v = 1;
+    else if (k == R_MAX || k == R_ARGMAX)
+        a.v = -INFINITY, a.arg = -1;
+    else if (k == R_MIN || k == R_ARGMIN)
+        a.v = INFINITY, a.arg = -1;
+    return a;
+}
+
+static void acc_combine(racc *into, racc b, rkind k)
+{
+    switch (k) {
+    case R_SUM:
+    case R_SQDEV:
+    case R_SUMEXP:
+        into->v += b.v;
+        return;
+    case R_PROD:
+        into->v *= b.v;
+        return;
+    case R_MAX:
+    case R_ARGMAX:
+    case R_MIN:
+    case R_ARGMIN: /* partials come in order, so ties keep the earlier index */
+        if (b.arg >= 0 && (into->arg < 0 || into->v == into->v))
+            if (into->arg < 0 || b.v != b.v || (k == R_MAX || k == R_ARGMAX ? b.v > into->v
+                                                                             : b.v < into->v))
+                *into = b;
+        return;
+    }
+}
+
+typedef struct {
+    const tdd_tensor *a;
+    tdd_iter outer; /* operands: output element index (contiguous), input base */
+    tdd_iter inner; /* reduced dims of the input */
+    int64_t nout, count;
+} rplan;
+
+static void plan_init(rplan *p, const tdd_tensor *a, uint32_t mask)
+{
+    int nk, nr;
+    int64_t ks[TD_MAX_NDIM], kst[2][TD_MAX_NDIM], rs[TD_MAX_NDIM], rst[1][TD_MAX_NDIM];
+    tdd_split_dims(a, mask, &nk, ks, kst[1], &nr, rs, rst[0]);
+    int64_t s = 1;
+    for (int d = nk - 1; d >= 0; d--) {
+        kst[0][d] = s;
+        s *= ks[d];
+    }
+    int64_t base[2] = {0, a->offset}, zero[1] = {0};
+    tdd_iter_init(&p->outer, 2, ks, nk, (const int64_t(*)[TD_MAX_NDIM])kst, base);
+    tdd_iter_init(&p->inner, 1, rs, nr, (const int64_t(*)[TD_MAX_NDIM])rst, zero);
+    p->a = a;
+    p->nout = p->outer.numel;
+    p->count = p->inner.numel;
+}
+
+/* Reduces elements [lo, hi) (reduced order) of the output whose input base is base. */
+static racc reduce_part(const rplan *p, int64_t base, int64_t lo, int64_t hi, rkind k,
+                        double center)
+{
+    rrun r = {.a = p->a->st->data, .f64 = p->a->dtype == TD_F64, .kind = k, .center = center,
+              .acc = acc_init(k), .pos = lo};
+    tdd_iter in = p->inner;
+    in.base[0] = base;
+    tdd_iter_range(&in, lo, hi, r.f64 ? red_run_f64 : red_run_f32, &r);
+    return r.acc;
+}
+
+/* Input base offset of every output (in output order). */
+typedef struct {
+    int64_t *bases;
+} base_ctx;
+
+static void base_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    base_ctx *b = vc;
+    for (int64_t i = 0; i < n; i++)
+        b->bases[off[0] + i * st[0]] = off[1] + i * st[1];
+}
+
+/* One pass of kind k over every output: res[o] (center[o] per output if given). */
+static void reduce_pass(const rplan *p, const int64_t *bases, rkind k, const double *center,
+                        racc *res, int nt)
+{
+    int64_t nout = p->nout, N = p->count;
+    if (nout >= nt || N * nout < CPU_PAR_MIN || nt <= 1) {
+        bool par = nout > 1 && N * nout >= CPU_PAR_MIN && nt > 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+        for (int64_t o = 0; o < nout; o++)
+            res[o] = reduce_part(p, bases[o], 0, N, k, center ? center[o] : 0);
+        return;
+    }
+    /* Few outputs, many elements each: split every output's elements. */
+    for (int64_t o = 0; o < nout; o++) {
+        racc part[256];
+        int T = nt < 256 ? nt : 256;
+        int64_t per = N / T, extra = N % T;
+#pragma omp parallel for num_threads(T) schedule(static)
+        for (int t = 0; t < T; t++) {
+            int64_t lo = t * per + (t < extra ? t : extra);
+            int64_t hi = lo + per + (t < extra ? 1 : 0);
+            part[t] = reduce_part(p, bases[o], lo, hi, k, center ? center[o] : 0);
+        }
+        racc acc = acc_init(k);
+        for (int t = 0; t < T; t++)
+            acc_combine(&acc, part[t], k);
+        res[o] = acc;
+    }
+}
+
+int cpu_reduce(const tdd_opcall *c, int nt)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *a = c->in[0];
+    tdd_tensor *y = c->out[0];
+    rplan p;
+    plan_init(&p, a, g->dims_mask);
+    int64_t nout = p.nout, N = p.count;
+    if (nout == 0)
+        return 0;
+    int64_t *bases = malloc((size_t)nout * sizeof *bases);
+    racc *res = malloc((size_t)nout * sizeof *res);
+    double *center = malloc((size_t)nout * sizeof *center);
+    if (!bases || !res || !center) {
+        free(bases);
+        free(res);
+        free(center);
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    base_ctx bc = {bases};
+    tdd_iter_range(&p.outer, 0, nout, base_run, &bc);
+    double scale = 1.0;
+    switch (c->op) {
+    case TDD_OP_SUM:
+    case TDD_OP_SUM_TO:
+        reduce_pass(&p, bases, R_SUM, NULL, res, nt);
+        break;
+    case TDD_OP_MEAN:
+        reduce_pass(&p, bases, R_SUM, NULL, res, nt);
+        scale = 1.0 / (double)N;
+        break;
+    case TDD_OP_PROD:
+        reduce_pass(&p, bases, R_PROD, NULL, res, nt);
+        break;
+    case TDD_OP_AMAX:
+    case TDD_OP_ARGMAX:
+        reduce_pass(&p, bases, c->op == TDD_OP_AMAX ? R_MAX : R_ARGMAX, NULL, res, nt);
+        break;
+    case TDD_OP_AMIN:
+    case TDD_OP_ARGMIN:
+        reduce_pass(&p, bases, c->op == TDD_OP_AMIN ? R_MIN : R_ARGMIN, NULL, res, nt);
+        break;
+    case TDD_OP_VAR:
+    case TDD_OP_STD: {
+        reduce_pass(&p, bases, R_SUM, NULL, res, nt);
+        for (int64_t o = 0; o < nout; o++)
+            center[o] = res[o].v / (double)N;
+        reduce_pass(&p, bases, R_SQDEV, center, res, nt);
+        double den = (double)N - g->f[0];
+        scale = 1.0 / (den > 0 ? den : 0.0);
+        break;
+    }
+    case TDD_OP_LOGSUMEXP:
+        reduce_pass(&p, bases, R_MAX, NULL, res, nt);
+        for (int64_t o = 0; o < nout; o++)
+            center[o] = isinf(res[o].v) || N == 0 ? 0.0 : res[o].v;
+        for (int64_t o = 0; o < nout; o++)
+            if (res[o].v != res[o].v)
+                center[o] = NAN; /* keeps the NaN through the second pass */
+        reduce_pass(&p, bases, R_SUMEXP, center, res, nt);
+        break;
+    default:
+        break;
+    }
+    char *yd = (char *)y->st->data;
+    for (int64_t o = 0; o < nout; o++) {
+        double v = res[o].v;
+        if (c->op == TDD_OP_ARGMAX || c->op == TDD_OP_ARGMIN) {
+            ((int64_t *)(void *)yd)[y->offset + o] = res[o].arg < 0 ? 0 : res[o].arg;
+            continue;
+        }
+        if (c->op == TDD_OP_MEAN || c->op == TDD_OP_VAR || c->op == TDD_OP_STD)
+            v *= scale;
+        if (c->op == TDD_OP_STD)
+            v = sqrt(v);
+        if (c->op == TDD_OP_LOGSUMEXP)
+            v = log(v) + center[o];
+        if (y->dtype == TD_F64)
+            ((double *)(void *)yd)[y->offset + o] = v;
+        else
+            ((float *)(void *)yd)[y->offset + o] = (float)v;
+    }
+    free(bases);
+    free(res);
+    free(center);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- line ops */
+
+typedef struct {
+    const tdd_opcall *c;
+    int64_t L, as, ys;
+} line_ctx;
+
+#define LINE_FN(NAME, T)                                                                           \
+    static void NAME(const line_ctx *l, int64_t ao, int64_t yo)                                   \
+    {                                                                                              \
+        const T *a = (const T *)l->c->in[0]->st->data + ao;                                        \
+        T *y = (T *)l->c->out[0]->st->data + yo;                                                   \
+        int64_t L = l->L, as = l->as, ys = l->ys;                                                  \
+        if (l->c->op == TDD_OP_CUMSUM) {                                                           \
+            double s = 0;                                                                          \
+            for (int64_t k = 0; k < L; k++) {                                                      \
+                s += a[k * as];                                                                    \
+                y[k * ys] = (T)s;                                                                  \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        double m = -INFINITY, s = 0;                                                               \
+        for (int64_t k = 0; k < L; k++) {                                                          \
+            double v = a[k * as];                                                                  \
+            if (v > m || v != v)                                                                   \
+                m = v;                                                                             \
+        }                                                                                          \
+        if (isinf(m))                                                                              \
+            m = 0;                                                                                 \
+        for (int64_t k = 0; k < L; k++) {                                                          \
+            double e = exp((double)a[k * as] - m);                                                 \
+            if (l->c->op == TDD_OP_SOFTMAX)                                                        \
+                y[k * ys] = (T)e;                                                                  \
+            s += e;                                                                                \
+        }                                                                                          \
+        if (l->c->op == TDD_OP_SOFTMAX) {                                                          \
+            const double inv = 1.0 / s;                                                            \
+            for (int64_t k = 0; k < L; k++)                                                        \
+                y[k * ys] = (T)(y[k * ys] * inv);                                                  \
+        } else {                                                                                   \
+            const double sh = m + log(s);                                                          \
+            for (int64_t k = 0; k < L; k++)                                                        \
+                y[k * ys] = (T)((double)a[k * as] - sh);                                           \
+        }                                                                                          \
+    }
+LINE_FN(line_f32, float)
+LINE_FN(line_f64, double)
+
+typedef struct {
+    const line_ctx *l;
+    bool f64;
+} lines_ctx;
+
+static void lines_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const lines_ctx *x = vc;
+    for (int64_t i = 0; i < n; i++) {
+        if (x->f64)
+            line_f64(x->l, off[1] + i * st[1], off[0] + i * st[0]);
+        else
+            line_f32(x->l, off[1] + i * st[1], off[0] + i * st[0]);
+    }
+}
+
+int cpu_lines(const tdd_opcall *c, int nt)
+{
+    const tdd_tensor *a = c->in[0];
+    tdd_tensor *y = c->out[0];
+    int d = (int)c->args->i[0];
+    line_ctx l = {.c = c, .L = a->ndim ? a->shape[d] : 1, .as = a->ndim ? a->strides[d] : 0,
+                  .ys = y->ndim ? y->strides[d] : 0};
+    if (l.L == 0)
+        return 0;
+    /* Iterate the line starts: the shape with dim d collapsed to 1. */
+    int64_t shape[TD_MAX_NDIM];
+    memcpy(shape, a->shape, sizeof shape);
+    if (a->ndim)
+        shape[d] = 1;
+    const tdd_tensor *ops[2] = {y, a};
+    tdd_iter it;
+    tdd_iter_tensors(&it, shape, a->ndim, 2, ops);
+    lines_ctx x = {&l, a->dtype == TD_F64};
+    /* each line costs L elements of work: scale the parallel threshold */
+    int use = it.numel * l.L >= CPU_PAR_MIN && it.numel > 1 ? nt : 1;
+    if (use > 1 && it.numel < use)
+        use = (int)it.numel;
+    if (use <= 1) {
+        tdd_iter_range(&it, 0, it.numel, lines_run, &x);
+        return 0;
+    }
+    int64_t per = it.numel / use, extra = it.numel % use;
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int t = 0; t < use; t++) {
+        int64_t lo = t * per + (t < extra ? t : extra);
+        tdd_iter_range(&it, lo, lo + per + (t < extra ? 1 : 0), lines_run, &x);
+    }
+    return 0;
+}

@@ -1,0 +1,455 @@
+/* ops_nn.c -- tdd_op_prepare rules for linear algebra (PyTorch's matmul
+ * broadcasting), NN ops and losses, and creation ops. */
+#include <math.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "ops_impl.h"
+
+static int same_dtype(tdd_prep *p, const tdd_tensor *a, const tdd_tensor *b)
+{
+    if (a->dtype != b->dtype)
+        return tdd_err_dtypes(p->err, a->dtype, b->dtype, "%s: dtypes differ (%s and %s)",
+                              p->name, td_dtype_name(a->dtype), td_dtype_name(b->dtype));
+    return 0;
+}
+
+static int need_float(tdd_prep *p, const tdd_tensor *a)
+{
+    return tdd_dtype_is_float(a->dtype) ? 0 : tdd_p_unsupported(p, a->dtype);
+}
+
+static int prep_matmul(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *a = p->in[0], *b = p->in[1];
+    int rc;
+    if ((rc = same_dtype(p, a, b)))
+        return rc;
+    if (a->dtype == TD_BOOL)
+        return tdd_p_unsupported(p, a->dtype);
+    bool lin = p->op == TDD_OP_LINEAR;
+    if (p->op == TDD_OP_BMM && (a->ndim != 3 || b->ndim != 3))
+        return tdd_err_arg(p->err, "input", "bmm: inputs must be 3-D, got %d-D and %d-D",
+                           a->ndim, b->ndim);
+    if (a->ndim == 0 || b->ndim == 0)
+        return tdd_err_arg(p->err, "input", "%s: inputs must be at least 1-D", p->name);
+    if (lin && b->ndim > 2)
+        return tdd_err_arg(p->err, "weight", "linear: weight must be 1-D or 2-D");
+    bool a1 = a->ndim == 1, b1 = b->ndim == 1;
+    int64_t M = a1 ? 1 : a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
+    int64_t Kb, N;
+    if (lin) {
+        Kb = b->shape[b->ndim - 1];
+        N = b1 ? 1 : b->shape[0];
+    } else {
+        Kb = b1 ? b->shape[0] : b->shape[b->ndim - 2];
+        N = b1 ? 1 : b->shape[b->ndim - 1];
+    }
+    if (K != Kb)
+        return tdd_err_shape(p->err, a->shape, a->ndim, b->shape, b->ndim,
+                             "%s: inner dimensions differ (%lld and %lld)", p->name,
+                             (long long)K, (long long)Kb);
+    int64_t batch[TD_MAX_NDIM], shape[TD_MAX_NDIM];
+    int nb = 0, nd;
+    int an = a->ndim > 2 ? a->ndim - 2 : 0, bn = (!lin && b->ndim > 2) ? b->ndim - 2 : 0;
+    if (p->op == TDD_OP_BMM && a->shape[0] != b->shape[0])
+        return tdd_err_shape(p->err, a->shape, 3, b->shape, 3, "bmm: batch sizes differ");
+    if ((rc = tdd_p_bcast(p, a->shape, an, b->shape, bn, batch, &nb)))
+        return rc;
+    memcpy(shape, batch, sizeof shape);
+    nd = nb;
+    if (!a1)
+        shape[nd++] = M;
+    if (!b1)
+        shape[nd++] = N;
+    g->i[0] = M;
+    g->i[1] = K;
+    g->i[2] = N;
+    g->i[3] = nb;
+    memcpy(g->ints[0], batch, sizeof batch);
+    g->flags = (a1 ? 1u : 0u) | (b1 ? 2u : 0u);
+    if (lin && p->n_in == 3) {
+        const tdd_tensor *bias = p->in[2];
+        int64_t bs[TD_MAX_NDIM];
+        int bnd;
+        if ((rc = same_dtype(p, a, bias)))
+            return rc;
+        if ((rc = tdd_p_bcast(p, shape, nd, bias->shape, bias->ndim, bs, &bnd)))
+            return rc;
+        if (bnd != nd || memcmp(bs, shape, (size_t)nd * sizeof *bs) != 0)
+            return tdd_err_shape(p->err, shape, nd, bias->shape, bias->ndim,
+                                 "linear: bias does not broadcast to the output");
+        g->flags |= 4u;
+    }
+    g->dtype = g->cdtype = a->dtype;
+    tdd_p_out(p, 0, a->dtype, shape, nd);
+    return 0;
+}
+
+static int get_reduction(tdd_prep *p)
+{
+    const char *s;
+    int rc = tdd_p_str(p, "reduction", "mean", &s);
+    if (rc)
+        return rc;
+    if (strcmp(s, "mean") == 0)
+        p->args->i[0] = TDD_RED_MEAN;
+    else if (strcmp(s, "sum") == 0)
+        p->args->i[0] = TDD_RED_SUM;
+    else if (strcmp(s, "none") == 0)
+        p->args->i[0] = TDD_RED_NONE;
+    else
+        return tdd_err_arg(p->err, "reduction",
+                           "%s: reduction must be \"mean\", \"sum\" or \"none\", got \"%s\"",
+                           p->name, s);
+    return 0;
+}
+
+/* Output of a loss: the per-element shape for "none", else a scalar. */
+static void loss_out(tdd_prep *p, td_dtype dt, const int64_t *shape, int nd)
+{
+    if (p->args->i[0] == TDD_RED_NONE)
+        tdd_p_out(p, 0, dt, shape, nd);
+    else
+        tdd_p_out(p, 0, dt, NULL, 0);
+}
+
+static int prep_class_loss(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0], *t = p->in[1];
+    int rc;
+    if ((rc = need_float(p, x)) || (rc = get_reduction(p)) ||
+        (rc = tdd_p_int(p, "ignore_index", -100, &g->i[1])))
+        return rc;
+    if (p->op == TDD_OP_CROSS_ENTROPY) {
+        if ((rc = tdd_p_float(p, "label_smoothing", 0.0, &g->f[0])))
+            return rc;
+        if (!(g->f[0] >= 0.0 && g->f[0] <= 1.0))
+            return tdd_err_arg(p->err, "label_smoothing",
+                               "cross_entropy: label_smoothing must be in [0, 1]");
+    }
+    if (t->dtype != TD_I64)
+        return tdd_err_dtypes(p->err, TD_I64, t->dtype,
+                              "%s: target must hold int64 class indices, got %s", p->name,
+                              td_dtype_name(t->dtype));
+    if (x->ndim != 1 && x->ndim != 2)
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C] or [C], got %d-D",
+                           p->name, x->ndim);
+    bool ok = x->ndim == 2 ? (t->ndim == 1 && t->shape[0] == x->shape[0]) : t->ndim == 0;
+    if (!ok)
+        return tdd_err_shape(p->err, x->shape, x->ndim - 1, t->shape, t->ndim,
+                             "%s: target shape does not match the input's batch", p->name);
+    if (x->shape[x->ndim - 1] == 0)
+        return tdd_err_arg(p->err, "input", "%s: input has no classes", p->name);
+    g->dtype = g->cdtype = x->dtype;
+    loss_out(p, x->dtype, t->shape, t->ndim);
+    return 0;
+}
+
+/* One or two ints (an int applies to both spatial dims). */
+static int pair(tdd_prep *p, const char *name, int64_t def, int64_t lo, int64_t *v)
+{
+    int64_t t[2];
+    int n, rc = tdd_p_ints(p, name, t, 2, &n);
+    if (rc)
+        return rc;
+    if (n < 0 || n == 0) {
+        v[0] = v[1] = def;
+    } else {
+        v[0] = t[0];
+        v[1] = n == 2 ? t[1] : t[0];
+    }
+    if (v[0] < lo || v[1] < lo || v[0] > INT32_MAX || v[1] > INT32_MAX)
+        return tdd_err_arg(p->err, name, "%s: %s must be >= %lld", p->name, name, (long long)lo);
+    return 0;
+}
+
+static int prep_conv_pool(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0];
+    int rc;
+    if ((rc = need_float(p, x)))
+        return rc;
+    if (x->ndim != 3 && x->ndim != 4)
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C, H, W] or [C, H, W]",
+                           p->name);
+    bool batched = x->ndim == 4;
+    int64_t N = batched ? x->shape[0] : 1, C = x->shape[x->ndim - 3];
+    int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
+    int64_t *st = g->ints[0], *pd = g->ints[1], *dl = g->ints[2], *ks = g->ints[3];
+    int64_t O = C;
+    if (p->op == TDD_OP_CONV2D) {
+        const tdd_tensor *w = p->in[1];
+        if ((rc = same_dtype(p, x, w)))
+            return rc;
+        if ((rc = tdd_p_int(p, "groups", 1, &g->i[0])))
+            return rc;
+        if (g->i[0] < 1 || C % g->i[0] != 0)
+            return tdd_err_arg(p->err, "groups", "conv2d: groups must divide the channels");
+        if (w->ndim != 4 || w->shape[1] * g->i[0] != C || w->shape[0] % g->i[0] != 0)
+            return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
+                                 "conv2d: weight must be [O, C/groups, kh, kw] with O %% groups "
+                                 "== 0");
+        O = w->shape[0];
+        ks[0] = w->shape[2];
+        ks[1] = w->shape[3];
+        if (p->n_in == 3) {
+            const tdd_tensor *b = p->in[2];
+            if ((rc = same_dtype(p, x, b)))
+                return rc;
+            if (b->ndim != 1 || b->shape[0] != O)
+                return tdd_err_shape(p->err, &O, 1, b->shape, b->ndim,
+                                     "conv2d: bias must be [out_channels]");
+            g->flags |= 4u;
+        }
+        if ((rc = pair(p, "stride", 1, 1, st)) || (rc = pair(p, "padding", 0, 0, pd)) ||
+            (rc = pair(p, "dilation", 1, 1, dl)))
+            return rc;
+    } else {
+        if (!tdd_attr_get(&p->req->attrs, "kernel_size"))
+            return tdd_p_missing(p, "kernel_size");
+        bool ceil_mode;
+        if ((rc = pair(p, "kernel_size", 1, 1, ks)) || (rc = pair(p, "stride", 0, 0, st)) ||
+            (rc = pair(p, "padding", 0, 0, pd)) ||
+            (rc = pair(p, "dilation", 1, 1, dl)) ||
+            (rc = tdd_p_bool(p, "ceil_mode", false, &ceil_mode)))
+            return rc;
+        g->i[1] = ceil_mode;
+        if (st[0] == 0 || st[1] == 0) {
+            const td_attr *sa = tdd_attr_get(&p->req->attrs, "stride");
+            if (sa && !(sa->kind == TD_ATTR_INTS && sa->n == 0))
+                return tdd_err_arg(p->err, "stride", "%s: stride must be positive", p->name);
+            st[0] = ks[0];
+            st[1] = ks[1];
+        }
+        if (p->op == TDD_OP_AVG_POOL2D && (dl[0] != 1 || dl[1] != 1))
+            return tdd_err_arg(p->err, "dilation", "avg_pool2d: takes no dilation");
+        if (pd[0] > ks[0] / 2 || pd[1] > ks[1] / 2)
+            return tdd_err_arg(p->err, "padding",
+                               "%s: padding must be at most half the kernel size", p->name);
+        bool cip;
+        if ((rc = tdd_p_bool(p, "count_include_pad", true, &cip)))
+            return rc;
+        g->i[2] = cip;
+    }
+    int64_t out[2], in[2] = {H, W};
+    for (int k = 0; k < 2; k++) {
+        int64_t span = dl[k] * (ks[k] - 1) + 1, room = in[k] + 2 * pd[k] - span;
+        if (room < 0)
+            return tdd_err_shape(p->err, ks, 2, in, 2,
+                                 "%s: kernel (dilated) is larger than the padded input",
+                                 p->name);
+        int64_t o = room / st[k] + 1;
+        if (g->i[1] && room % st[k] != 0) {
+            o++;
+            if ((o - 1) * st[k] >= in[k] + pd[k])
+                o--; /* the last window must start inside the input or left padding */
+        }
+        out[k] = o;
+    }
+    int64_t shape[4];
+    int nd = 0;
+    if (batched)
+        shape[nd++] = N;
+    shape[nd++] = O;
+    shape[nd++] = out[0];
+    shape[nd++] = out[1];
+    g->dtype = g->cdtype = x->dtype;
+    tdd_p_out(p, 0, x->dtype, shape, nd);
+    if (p->op == TDD_OP_MAX_POOL2D) {
+        bool ri;
+        if ((rc = tdd_p_bool(p, "return_indices", false, &ri)))
+            return rc;
+        if (ri)
+            tdd_p_out(p, 1, TD_I64, shape, nd);
+    }
+    return 0;
+}
+
+int tdd_prep_nn(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0];
+    int rc;
+    switch (p->op) {
+    case TDD_OP_MATMUL:
+    case TDD_OP_BMM:
+    case TDD_OP_LINEAR:
+        return prep_matmul(p);
+    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_NLL_LOSS:
+        return prep_class_loss(p);
+    case TDD_OP_MSE_LOSS:
+    case TDD_OP_BCE_WITH_LOGITS: {
+        const tdd_tensor *y = p->in[1];
+        if ((rc = need_float(p, x)) || (rc = same_dtype(p, x, y)) || (rc = get_reduction(p)))
+            return rc;
+        if (!tdd_same_shape(x, y))
+            return tdd_err_shape(p->err, x->shape, x->ndim, y->shape, y->ndim,
+                                 "%s: input and target shapes differ", p->name);
+        g->dtype = g->cdtype = x->dtype;
+        loss_out(p, x->dtype, x->shape, x->ndim);
+        return 0;
+    }
+    case TDD_OP_LAYER_NORM: {
+        int64_t ns[TD_MAX_NDIM];
+        int n;
+        if ((rc = need_float(p, x)) || (rc = tdd_p_ints(p, "normalized_shape", ns, TD_MAX_NDIM, &n)) ||
+            (rc = tdd_p_float(p, "eps", 1e-5, &g->f[0])))
+            return rc;
+        if (n < 0)
+            return tdd_p_missing(p, "normalized_shape");
+        bool ok = n <= x->ndim && n > 0;
+        for (int d = 0; ok && d < n; d++)
+            ok = x->shape[x->ndim - n + d] == ns[d];
+        if (!ok)
+            return tdd_err_shape(p->err, ns, n, x->shape, x->ndim,
+                                 "layer_norm: input's trailing dims differ from normalized_shape");
+        for (int k = 1; k < p->n_in; k++) {
+            const tdd_tensor *w = p->in[k];
+            if ((rc = same_dtype(p, x, w)))
+                return rc;
+            if (w->ndim != n || memcmp(w->shape, ns, (size_t)n * sizeof *ns) != 0)
+                return tdd_err_shape(p->err, ns, n, w->shape, w->ndim,
+                                     "layer_norm: %s must have normalized_shape",
+                                     k == 1 ? "weight" : "bias");
+            g->flags |= 1u << (k - 1);
+        }
+        g->i[0] = n;
+        g->dtype = g->cdtype = x->dtype;
+        tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
+        return 0;
+    }
+    case TDD_OP_DROPOUT: {
+        bool train;
+        if ((rc = need_float(p, x)) || (rc = tdd_p_float(p, "p", 0.5, &g->f[0])) ||
+            (rc = tdd_p_bool(p, "train", true, &train)))
+            return rc;
+        if (!(g->f[0] >= 0.0 && g->f[0] <= 1.0))
+            return tdd_err_arg(p->err, "p", "dropout: p must be in [0, 1]");
+        g->i[0] = train;
+        g->dtype = g->cdtype = x->dtype;
+        tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
+        return 0;
+    }
+    case TDD_OP_CONV2D:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+        return prep_conv_pool(p);
+    default:
+        return tdd_err_set(p->err, TD_EINTERNAL, "%s: not an NN op", p->name);
+    }
+}
+
+int tdd_prep_create(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    int64_t shape[TD_MAX_NDIM];
+    int nd = 0, rc;
+    td_dtype def = TD_F32, dt;
+    switch (p->op) {
+    case TDD_OP_FULL: {
+        const td_attr *v = tdd_attr_get(&p->req->attrs, "value");
+        if (!v)
+            return tdd_p_missing(p, "value");
+        if ((rc = tdd_p_float(p, "value", 0, &g->f[0])))
+            return rc;
+        g->n[0] = v->kind == TD_ATTR_INT ? v->i : tdd_sat_i64(g->f[0]);
+        def = v->kind == TD_ATTR_INT ? TD_I64 : v->kind == TD_ATTR_BOOL ? TD_BOOL : TD_F32;
+        if ((rc = tdd_p_shape(p, "shape", shape, &nd)))
+            return rc;
+        break;
+    }
+    case TDD_OP_ZEROS:
+    case TDD_OP_ONES:
+    case TDD_OP_RAND:
+    case TDD_OP_RANDN:
+        if ((rc = tdd_p_shape(p, "shape", shape, &nd)))
+            return rc;
+        g->f[0] = p->op == TDD_OP_ONES;
+        g->n[0] = p->op == TDD_OP_ONES;
+        break;
+    case TDD_OP_RANDINT: {
+        if (!tdd_attr_get(&p->req->attrs, "high"))
+            return tdd_p_missing(p, "high");
+        if ((rc = tdd_p_int(p, "low", 0, &g->n[0])) || (rc = tdd_p_int(p, "high", 0, &g->n[1])) ||
+            (rc = tdd_p_shape(p, "shape", shape, &nd)))
+            return rc;
+        if (g->n[1] <= g->n[0] || (g->n[0] < 0 && g->n[1] > INT64_MAX + g->n[0]))
+            return tdd_err_arg(p->err, "high", "randint: high must be above low");
+        def = TD_I64;
+        break;
+    }
+    case TDD_OP_ARANGE: {
+        const char *names[3] = {"start", "end", "step"};
+        double defs[3] = {0, 0, 1};
+        bool all_int = true;
+        if (!tdd_attr_get(&p->req->attrs, "end"))
+            return tdd_p_missing(p, "end");
+        for (int k = 0; k < 3; k++) {
+            const td_attr *a = tdd_attr_get(&p->req->attrs, names[k]);
+            if ((rc = tdd_p_float(p, names[k], defs[k], &g->f[k])))
+                return rc;
+            g->n[k] = a && a->kind == TD_ATTR_INT ? a->i : (int64_t)defs[k];
+            if (a && a->kind != TD_ATTR_INT)
+                all_int = false;
+            if (!isfinite(g->f[k]))
+                return tdd_err_arg(p->err, names[k], "arange: %s must be finite", names[k]);
+        }
+        if (g->f[2] == 0.0)
+            return tdd_err_arg(p->err, "step", "arange: step must not be 0");
+        double cnt = ceil((g->f[1] - g->f[0]) / g->f[2]);
+        if (all_int) {
+            int64_t span = g->n[1] - g->n[0], st = g->n[2];
+            if ((g->n[1] >= 0) != (g->n[0] >= 0) && fabs(g->f[1] - g->f[0]) > 9e18)
+                return tdd_err_arg(p->err, "end", "arange: range too large");
+            cnt = (double)(span / st + (span % st != 0 && (span > 0) == (st > 0)));
+        }
+        if (cnt < 0)
+            return tdd_err_arg(p->err, "end", "arange: end is on the wrong side of start");
+        if (cnt > (double)p->max_numel)
+            return tdd_err_set(p->err, TD_ERESOURCE_EXHAUSTED, "arange: too many elements");
+        shape[nd++] = (int64_t)cnt;
+        def = all_int ? TD_I64 : TD_F32;
+        break;
+    }
+    case TDD_OP_LINSPACE: {
+        int64_t steps;
+        if (!tdd_attr_get(&p->req->attrs, "steps"))
+            return tdd_p_missing(p, "steps");
+        if ((rc = tdd_p_float(p, "start", 0, &g->f[0])) ||
+            (rc = tdd_p_float(p, "end", 0, &g->f[1])) || (rc = tdd_p_int(p, "steps", 0, &steps)))
+            return rc;
+        if (steps < 0)
+            return tdd_err_arg(p->err, "steps", "linspace: steps must be >= 0");
+        shape[nd++] = steps;
+        break;
+    }
+    case TDD_OP_EYE: {
+        if (!tdd_attr_get(&p->req->attrs, "n"))
+            return tdd_p_missing(p, "n");
+        if ((rc = tdd_p_int(p, "n", 0, &g->i[0])) || (rc = tdd_p_int(p, "m", g->i[0], &g->i[1])))
+            return rc;
+        if (g->i[0] < 0 || g->i[1] < 0)
+            return tdd_err_arg(p->err, g->i[0] < 0 ? "n" : "m", "eye: sizes must be >= 0");
+        shape[nd++] = g->i[0];
+        shape[nd++] = g->i[1];
+        break;
+    }
+    default:
+        return tdd_err_set(p->err, TD_EINTERNAL, "%s: not a creation op", p->name);
+    }
+    if ((rc = tdd_p_dtype(p, def, &dt)))
+        return rc;
+    if ((p->op == TDD_OP_RAND || p->op == TDD_OP_RANDN || p->op == TDD_OP_LINSPACE) &&
+        !tdd_dtype_is_float(dt))
+        return tdd_p_unsupported(p, dt);
+    if (p->op == TDD_OP_RANDINT && dt == TD_BOOL)
+        return tdd_p_unsupported(p, dt);
+    g->dtype = g->cdtype = dt;
+    tdd_p_out(p, 0, dt, shape, nd);
+    return 0;
+}

@@ -1,0 +1,328 @@
+/* ref_nn.c -- reference matmul/bmm/linear, joins and indexing ops, and the
+ * NN ops (layer_norm, dropout, conv2d, pooling) as direct loops. */
+#include <math.h>
+#include <string.h>
+
+#include "iter.h"
+#include "ref.h"
+
+int ref_matmul(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    tdd_tensor a, b, y;
+    tdd_matmul_views(c, &a, &b, &y);
+    int nb = (int)g->i[3];
+    int64_t M = g->i[0], K = g->i[1], N = g->i[2], n = tdd_numel(&y);
+    int64_t idx[TD_MAX_NDIM];
+    bool ints = !tdd_dtype_is_float(y.dtype);
+    for (int64_t e = 0; e < n; e++) {
+        ref_unravel(e, y.shape, y.ndim, idx);
+        int64_t i = idx[nb], j = idx[nb + 1];
+        idx[nb + 1] = 0;
+        idx[nb] = i;
+        int64_t ao = ref_at(&a, idx, nb + 2); /* row i of a */
+        idx[nb] = 0;
+        idx[nb + 1] = j;
+        int64_t bo = ref_at(&b, idx, nb + 2); /* column j of b */
+        int64_t as = a.strides[nb + 1], bs = b.strides[nb];
+        double s = 0;
+        int64_t si = 0;
+        for (int64_t k = 0; k < K; k++) {
+            if (ints)
+                si = (int64_t)((uint64_t)si + (uint64_t)ref_geti(&a, ao + k * as) *
+                                                  (uint64_t)ref_geti(&b, bo + k * bs));
+            else
+                s += ref_getf(&a, ao + k * as) * ref_getf(&b, bo + k * bs);
+        }
+        if (g->flags & 4u) { /* linear's bias, broadcast over the output */
+            const tdd_tensor *bias = c->in[2];
+            tdd_tensor *out = c->out[0];
+            int64_t oidx[TD_MAX_NDIM];
+            ref_unravel(e, out->shape, out->ndim, oidx);
+            int64_t bo2 = ref_at(bias, oidx, out->ndim);
+            if (ints)
+                si += ref_geti(bias, bo2);
+            else
+                s += ref_getf(bias, bo2);
+        }
+        (void)M;
+        (void)N;
+        if (ints)
+            ref_seti(&y, ref_index(&y, e), si);
+        else
+            ref_setf(&y, ref_index(&y, e), s);
+    }
+    return 0;
+}
+
+/* Copies element (src, so) to (dst, doff) exactly (ints stay ints). */
+static void move1(tdd_tensor *dst, int64_t doff, const tdd_tensor *src, int64_t so)
+{
+    if (tdd_dtype_is_float(src->dtype))
+        ref_setf(dst, doff, ref_getf(src, so));
+    else
+        ref_seti(dst, doff, ref_geti(src, so));
+}
+
+static int64_t at_idx(const tdd_tensor *t, const int64_t *idx)
+{
+    int64_t off = t->offset;
+    for (int d = 0; d < t->ndim; d++)
+        off += idx[d] * t->strides[d];
+    return off;
+}
+
+int ref_index_op(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *a = c->in[0];
+    tdd_tensor *y = c->out[0];
+    int d = (int)g->i[0];
+    int64_t idx[TD_MAX_NDIM], n = tdd_numel(y);
+    switch (c->op) {
+    case TDD_OP_CAT:
+    case TDD_OP_STACK: {
+        int64_t pos = 0;
+        for (int k = 0; k < c->n_in; k++) {
+            const tdd_tensor *t = c->in[k];
+            int64_t m = tdd_numel(t);
+            for (int64_t i = 0; i < m; i++) {
+                int64_t oidx[TD_MAX_NDIM];
+                ref_unravel(i, t->shape, t->ndim, idx);
+                if (c->op == TDD_OP_CAT) {
+                    memcpy(oidx, idx, sizeof oidx);
+                    oidx[d] += pos;
+                } else {
+                    for (int j = 0, s = 0; j < y->ndim; j++)
+                        oidx[j] = j == d ? k : idx[s++];
+                }
+                move1(y, at_idx(y, oidx), t, ref_index(t, i));
+            }
+            if (c->op == TDD_OP_CAT)
+                pos += t->shape[d];
+        }
+        return 0;
+    }
+    case TDD_OP_GATHER:
+    case TDD_OP_SCATTER_ADD: {
+        const tdd_tensor *ix = c->in[1];
+        if (c->op == TDD_OP_SCATTER_ADD) {
+            for (int64_t i = 0; i < n; i++)
+                move1(y, ref_index(y, i), a, ref_index(a, i));
+        }
+        int64_t m = tdd_numel(ix);
+        for (int64_t i = 0; i < m; i++) {
+            ref_unravel(i, ix->shape, ix->ndim, idx);
+            int64_t k = ref_geti(ix, ref_index(ix, i));
+            int64_t size = a->ndim ? a->shape[d] : 1;
+            if (k < 0 || k >= size)
+                return TD_EINVALID_ARGUMENT; /* index out of range */
+            int64_t sidx[TD_MAX_NDIM];
+            memcpy(sidx, idx, sizeof sidx);
+            if (a->ndim)
+                sidx[d] = k;
+            if (c->op == TDD_OP_GATHER) {
+                move1(y, ref_index(y, i), a, at_idx(a, sidx));
+            } else {
+                const tdd_tensor *src = c->in[2];
+                int64_t yo = at_idx(y, sidx), so = at_idx(src, idx);
+                if (tdd_dtype_is_float(y->dtype))
+                    ref_setf(y, yo, ref_getf(y, yo) + ref_getf(src, so));
+                else
+                    ref_seti(y, yo, ref_geti(y, yo) + ref_geti(src, so));
+            }
+        }
+        return 0;
+    }
+    case TDD_OP_INDEX_SELECT:
+    case TDD_OP_EMBEDDING: {
+        bool emb = c->op == TDD_OP_EMBEDDING;
+        const tdd_tensor *src = emb ? c->in[1] : a, *ix = emb ? a : c->in[1];
+        int dd = emb ? 0 : d;
+        int64_t size = src->ndim ? src->shape[dd] : 1;
+        for (int64_t i = 0; i < n; i++) {
+            ref_unravel(i, y->shape, y->ndim, idx);
+            int64_t sidx[TD_MAX_NDIM], k;
+            if (emb) {
+                k = ref_geti(ix, ref_index(ix, i / src->shape[1]));
+                sidx[0] = k;
+                sidx[1] = idx[y->ndim - 1];
+            } else {
+                memcpy(sidx, idx, sizeof sidx);
+                k = ref_geti(ix, ref_index(ix, src->ndim ? idx[dd] : 0));
+                if (src->ndim)
+                    sidx[dd] = k;
+            }
+            if (k < 0 || k >= size)
+                return TD_EINVALID_ARGUMENT;
+            move1(y, ref_index(y, i), src, at_idx(src, sidx));
+        }
+        return 0;
+    }
+    case TDD_OP_ONE_HOT: {
+        int64_t C = g->i[0];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t k = ref_geti(a, ref_index(a, i / C));
+            if (k < 0 || k >= C)
+                return TD_EINVALID_ARGUMENT;
+            ref_seti(y, ref_index(y, i), k == i % C);
+        }
+        return 0;
+    }
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+        for (int64_t i = 0; i < n; i++) {
+            ref_unravel(i, y->shape, y->ndim, idx);
+            int64_t off = idx[y->ndim - 1] - idx[y->ndim - 2];
+            bool keep = c->op == TDD_OP_TRIL ? off <= g->i[0] : off >= g->i[0];
+            if (keep)
+                move1(y, ref_index(y, i), a, ref_index(a, i));
+            else
+                ref_seti(y, ref_index(y, i), 0);
+        }
+        return 0;
+    case TDD_OP_PAD:
+        for (int64_t i = 0; i < n; i++) {
+            ref_unravel(i, y->shape, y->ndim, idx);
+            bool inside = true;
+            for (int k = 0; k < y->ndim; k++) {
+                idx[k] -= g->ints[0][k];
+                inside = inside && idx[k] >= 0 && idx[k] < a->shape[k];
+            }
+            if (inside)
+                move1(y, ref_index(y, i), a, at_idx(a, idx));
+            else
+                ref_setf(y, ref_index(y, i), g->f[0]);
+        }
+        return 0;
+    default:
+        return TD_EINTERNAL;
+    }
+}
+
+/* x at (n, c, h, w) of a [N,C,H,W] or [C,H,W] tensor. */
+static int64_t at4(const tdd_tensor *x, int64_t n, int64_t ch, int64_t h, int64_t w)
+{
+    int b = x->ndim == 4;
+    return x->offset + (b ? n * x->strides[0] : 0) + ch * x->strides[b] + h * x->strides[b + 1] +
+           w * x->strides[b + 2];
+}
+
+int ref_nn(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0];
+    tdd_tensor *y = c->out[0];
+    int64_t n = tdd_numel(y);
+    switch (c->op) {
+    case TDD_OP_LAYER_NORM: {
+        int64_t D = 1;
+        for (int k = 0; k < g->i[0]; k++)
+            D *= x->shape[x->ndim - 1 - k];
+        int64_t rows = D ? n / D : 0;
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0, ss = 0;
+            for (int64_t j = 0; j < D; j++)
+                s += ref_getf(x, ref_index(x, r * D + j));
+            double mean = s / (double)D;
+            for (int64_t j = 0; j < D; j++) {
+                double dv = ref_getf(x, ref_index(x, r * D + j)) - mean;
+                ss += dv * dv;
+            }
+            double rstd = 1.0 / sqrt(ss / (double)D + g->f[0]);
+            for (int64_t j = 0; j < D; j++) {
+                double v = (ref_getf(x, ref_index(x, r * D + j)) - mean) * rstd;
+                if (g->flags & 1u)
+                    v *= ref_getf(c->in[1], ref_index(c->in[1], j));
+                if (g->flags & 2u)
+                    v += ref_getf(c->in[2], ref_index(c->in[2], j));
+                ref_setf(y, ref_index(y, r * D + j), v);
+            }
+        }
+        return 0;
+    }
+    case TDD_OP_DROPOUT: {
+        double p = g->f[0];
+        for (int64_t i = 0; i < n; i++) {
+            double v = ref_getf(x, ref_index(x, i));
+            if (g->i[0]) /* train: keep with probability 1-p, scaled */
+                v = (p < 1.0 && tdd_rng_uniform(g->seed, (uint64_t)i) >= p) ? v / (1.0 - p) : 0.0;
+            ref_setf(y, ref_index(y, i), v);
+        }
+        return 0;
+    }
+    case TDD_OP_CONV2D: {
+        const tdd_tensor *w = c->in[1];
+        int b4 = y->ndim == 4;
+        int64_t O = y->shape[b4], Ho = y->shape[b4 + 1], Wo = y->shape[b4 + 2];
+        int64_t Cg = w->shape[1], Og = O / g->i[0], kh = w->shape[2], kw = w->shape[3];
+        int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
+        const int64_t *st = g->ints[0], *pd = g->ints[1], *dl = g->ints[2];
+        for (int64_t e = 0; e < n; e++) {
+            int64_t ow = e % Wo, oh = (e / Wo) % Ho, oc = (e / (Wo * Ho)) % O,
+                    nn = e / (Wo * Ho * O);
+            int64_t grp = oc / Og;
+            double s = (g->flags & 4u) ? ref_getf(c->in[2], ref_index(c->in[2], oc)) : 0.0;
+            for (int64_t ic = 0; ic < Cg; ic++)
+                for (int64_t i = 0; i < kh; i++)
+                    for (int64_t j = 0; j < kw; j++) {
+                        int64_t h = oh * st[0] - pd[0] + i * dl[0];
+                        int64_t ww = ow * st[1] - pd[1] + j * dl[1];
+                        if (h < 0 || h >= H || ww < 0 || ww >= W)
+                            continue;
+                        s += ref_getf(x, at4(x, nn, grp * Cg + ic, h, ww)) *
+                             ref_getf(w, at4(w, oc, ic, i, j));
+                    }
+            ref_setf(y, ref_index(y, e), s);
+        }
+        return 0;
+    }
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D: {
+        int b4 = y->ndim == 4;
+        int64_t C = y->shape[b4], Ho = y->shape[b4 + 1], Wo = y->shape[b4 + 2];
+        int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
+        const int64_t *st = g->ints[0], *pd = g->ints[1], *dl = g->ints[2], *ks = g->ints[3];
+        for (int64_t e = 0; e < n; e++) {
+            int64_t ow = e % Wo, oh = (e / Wo) % Ho, ch = (e / (Wo * Ho)) % C,
+                    nn = e / (Wo * Ho * C);
+            int64_t h0 = oh * st[0] - pd[0], w0 = ow * st[1] - pd[1];
+            if (c->op == TDD_OP_MAX_POOL2D) {
+                double best = -INFINITY;
+                int64_t arg = -1;
+                for (int64_t i = 0; i < ks[0]; i++)
+                    for (int64_t j = 0; j < ks[1]; j++) {
+                        int64_t h = h0 + i * dl[0], ww = w0 + j * dl[1];
+                        if (h < 0 || h >= H || ww < 0 || ww >= W)
+                            continue;
+                        double v = ref_getf(x, at4(x, nn, ch, h, ww));
+                        if (arg < 0 || v > best || (v != v && best == best)) {
+                            best = v;
+                            arg = h * W + ww;
+                        }
+                    }
+                ref_setf(y, ref_index(y, e), best);
+                if (c->n_out > 1)
+                    ref_seti(c->out[1], ref_index(c->out[1], e), arg);
+            } else {
+                /* the window is clipped to the padded input; the divisor counts padding
+                 * unless count_include_pad is off */
+                int64_t hs = h0 + ks[0] < H + pd[0] ? h0 + ks[0] : H + pd[0];
+                int64_t ws = w0 + ks[1] < W + pd[1] ? w0 + ks[1] : W + pd[1];
+                int64_t pool = (hs - h0) * (ws - w0);
+                int64_t ha = h0 < 0 ? 0 : h0, wa = w0 < 0 ? 0 : w0;
+                int64_t hb = hs < H ? hs : H, wb = ws < W ? ws : W;
+                double s = 0;
+                for (int64_t h = ha; h < hb; h++)
+                    for (int64_t ww = wa; ww < wb; ww++)
+                        s += ref_getf(x, at4(x, nn, ch, h, ww));
+                int64_t div = g->i[2] ? pool : (hb - ha) * (wb - wa);
+                ref_setf(y, ref_index(y, e), s / (double)div);
+            }
+        }
+        return 0;
+    }
+    default:
+        return TD_EINTERNAL;
+    }
+}

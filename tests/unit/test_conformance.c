@@ -1,0 +1,419 @@
+/* test_conformance.c -- every op x dtype x shape set on cpu vs ref (the
+ * table in test_conformance_cases.c, tolerances in its compare()), plus
+ * tdd_op_prepare's typed errors, view semantics, and PyTorch reference values. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "test_conformance.h"
+
+Suite *conformance_suite(void);
+
+static conf_backend ref_be, cpu_be;
+
+/* Attribute constructors (the client library's are not linked into this binary). */
+static td_attr at_int(const char *name, int64_t v)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_INT, .i = v};
+}
+
+static td_attr at_float(const char *name, double v)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_FLOAT, .f = v};
+}
+
+static td_attr at_ints(const char *name, const int64_t *v, size_t n)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_INTS, .ints = v, .n = n};
+}
+
+
+static void setup(void)
+{
+    tdd_backend_config cfg = {.cpu_devices = 1, .threads = 2};
+    ref_be.be = &tdd_backend_ref;
+    cpu_be.be = &tdd_backend_cpu;
+    ck_assert_int_ge(ref_be.be->init(&cfg, &ref_be.ctx, NULL, 0), 1);
+    ck_assert_int_ge(cpu_be.be->init(&cfg, &cpu_be.ctx, NULL, 0), 1);
+}
+
+static void teardown(void)
+{
+    ref_be.be->shutdown(ref_be.ctx);
+    cpu_be.be->shutdown(cpu_be.ctx);
+}
+
+/* One table row: every listed dtype, as written and with non-contiguous inputs. */
+START_TEST(case_matches_ref)
+{
+    const conf_case *c = &conf_cases[_i];
+    const char *dts = c->dtypes[0] ? c->dtypes : "-";
+    int failures = 0;
+    for (const char *l = dts; *l; l++) {
+        td_dtype dt = *l == '-' ? TD_DTYPE_INVALID : conf_dtype_of(*l);
+        for (int variant = 0; variant < 2; variant++) {
+            conf_result r;
+            conf_run(c, dt, variant, &ref_be, &cpu_be, true, &r);
+            bool ok = r.prep_rc == 0 && r.rc[0] == 0 && r.rc[1] == 0 && r.bad == 0;
+            if (!ok) {
+                failures++;
+                fprintf(stderr, "conformance: %s [%s] %s variant %d: prep %s, ref %s, cpu %s: %s\n",
+                        c->op, c->attrs, td_dtype_name(dt), variant, td_err_name(r.prep_rc),
+                        td_err_name(r.rc[0]), td_err_name(r.rc[1]), r.msg);
+            }
+        }
+    }
+    ck_assert_msg(failures == 0, "%s [%s]: %d failing dtype/layout combinations (see stderr)",
+                  c->op, c->attrs, failures);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ prepare's typed errors */
+
+static tdd_tensor mk(td_dtype dt, int nd, const int64_t *shape)
+{
+    tdd_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = nd;
+    memcpy(t.shape, shape, (size_t)nd * sizeof *shape);
+    tdd_set_contiguous(&t);
+    return t;
+}
+
+static int prep(const char *op, const tdd_tensor *a, const tdd_tensor *b, const td_attr *attrs,
+                size_t nattrs, td_error *err, tdd_outdesc *od, int *n_out)
+{
+    const tdd_tensor *in[2] = {a, b};
+    tdd_opreq req = {.attrs = {attrs, nattrs}};
+    tdd_opargs args;
+    tdd_outdesc tmp[TDD_MAX_OP_OUTPUTS];
+    int n = 0;
+    return tdd_op_prepare(tdd_op_find(op)->op, in, a ? (b ? 2 : 1) : 0, &req, 1000000, &args,
+                          od ? od : tmp, n_out ? n_out : &n, err);
+}
+
+START_TEST(shape_mismatch_names_both_shapes)
+{
+    int64_t s1[2] = {2, 3}, s2[2] = {4, 3};
+    tdd_tensor a = mk(TD_F32, 2, s1), b = mk(TD_F32, 2, s2);
+    td_error err;
+    ck_assert_int_eq(prep("add", &a, &b, NULL, 0, &err, NULL, NULL), TD_ESHAPE_MISMATCH);
+    ck_assert_int_eq(err.code, TD_ESHAPE_MISMATCH);
+    ck_assert_int_eq(err.detail_kind, TD_DETAIL_SHAPES);
+    ck_assert_int_eq(err.detail.shapes.expected_ndim, 2);
+    ck_assert_int_eq(err.detail.shapes.got_ndim, 2);
+    ck_assert_int_eq(err.detail.shapes.expected[0], 2);
+    ck_assert_int_eq(err.detail.shapes.got[0], 4);
+    /* matmul inner dims */
+    int64_t m1[2] = {5, 7}, m2[2] = {6, 3};
+    a = mk(TD_F32, 2, m1);
+    b = mk(TD_F32, 2, m2);
+    ck_assert_int_eq(prep("matmul", &a, &b, NULL, 0, &err, NULL, NULL), TD_ESHAPE_MISMATCH);
+    ck_assert_int_eq(err.detail.shapes.expected[1], 7);
+    ck_assert_int_eq(err.detail.shapes.got[0], 6);
+    ck_assert_ptr_nonnull(strstr(err.message, "matmul"));
+}
+END_TEST
+
+static void expect_arg(const char *op, const tdd_tensor *a, const tdd_tensor *b,
+                       const td_attr *attrs, size_t n, const char *argument)
+{
+    td_error err;
+    int rc = prep(op, a, b, attrs, n, &err, NULL, NULL);
+    ck_assert_msg(rc == TD_EINVALID_ARGUMENT, "%s: got %s (%s)", op, td_err_name(rc),
+                  err.message);
+    ck_assert_int_eq(err.detail_kind, TD_DETAIL_ARGUMENT);
+    ck_assert_str_eq(err.detail.argument.argument, argument);
+}
+
+START_TEST(bad_attributes_name_the_attribute)
+{
+    int64_t s[2] = {2, 3};
+    tdd_tensor a = mk(TD_F32, 2, s);
+    td_attr dim5 = at_int("dim", 5);
+    expect_arg("sum", &a, NULL, &dim5, 1, "dim");
+    expect_arg("softmax", &a, NULL, &dim5, 1, "dim");
+    expect_arg("softmax", &a, NULL, NULL, 0, "dim"); /* missing */
+    td_attr dup[1] = {at_ints("dim", (const int64_t[]){1, -1}, 2)};
+    expect_arg("sum", &a, NULL, dup, 1, "dim");
+    td_attr appr = {.name = "approximate", .kind = TD_ATTR_STR, .s = "fast"};
+    expect_arg("gelu", &a, NULL, &appr, 1, "approximate");
+    td_attr red = {.name = "reduction", .kind = TD_ATTR_STR, .s = "avg"};
+    tdd_tensor b = mk(TD_F32, 2, s);
+    expect_arg("mse_loss", &a, &b, &red, 1, "reduction");
+    td_attr shape = at_ints("shape", (const int64_t[]){-1, -1}, 2);
+    expect_arg("reshape", &a, NULL, &shape, 1, "shape");
+    td_attr step = at_int("step", 0);
+    expect_arg("slice", &a, NULL, &step, 1, "step");
+    td_attr p = at_float("p", 1.5);
+    expect_arg("dropout", &a, NULL, &p, 1, "p");
+    td_attr kind = at_float("dim", 1.0);
+    expect_arg("sum", &a, NULL, &kind, 1, "dim");
+    expect_arg("add", &a, NULL, NULL, 0, "other");
+    /* a non-viewable view names shape */
+    tdd_tensor t = a;
+    t.strides[0] = 1;
+    t.strides[1] = 2;
+    td_attr flat = at_ints("shape", (const int64_t[]){6}, 1);
+    expect_arg("view", &t, NULL, &flat, 1, "shape");
+}
+END_TEST
+
+START_TEST(dtype_errors_are_typed)
+{
+    int64_t s[2] = {2, 3}, n[1] = {2};
+    tdd_tensor a = mk(TD_I64, 2, s), f = mk(TD_F32, 2, s), tgt = mk(TD_F32, 1, n);
+    td_error err;
+    ck_assert_int_eq(prep("mean", &a, NULL, NULL, 0, &err, NULL, NULL), TD_EUNSUPPORTED_DTYPE);
+    ck_assert_int_eq(prep("cross_entropy", &f, &tgt, NULL, 0, &err, NULL, NULL),
+                     TD_EDTYPE_MISMATCH);
+    ck_assert_int_eq(err.detail.dtypes.target, TD_I64);
+    ck_assert_int_eq(err.detail.dtypes.grad, TD_F32);
+    tdd_tensor d = mk(TD_F64, 2, s);
+    int64_t s3[2] = {3, 2};
+    tdd_tensor d2 = mk(TD_F32, 2, s3);
+    d2.dtype = TD_F64;
+    ck_assert_int_eq(prep("matmul", &f, &d2, NULL, 0, &err, NULL, NULL), TD_EDTYPE_MISMATCH);
+    (void)d;
+    int64_t big[2] = {100000, 100000};
+    tdd_tensor x = mk(TD_F32, 2, s);
+    td_attr e = at_ints("shape", big, 2);
+    ck_assert_int_eq(prep("expand", &x, NULL, &e, 1, &err, NULL, NULL), TD_ESHAPE_MISMATCH);
+    td_attr z = at_ints("shape", big, 2);
+    ck_assert_int_eq(prep("zeros", NULL, NULL, &z, 1, &err, NULL, NULL), TD_ERESOURCE_EXHAUSTED);
+}
+END_TEST
+
+START_TEST(promotion_follows_pytorch)
+{
+    int64_t s[1] = {3};
+    tdd_tensor i32 = mk(TD_I32, 1, s), i64 = mk(TD_I64, 1, s), f32 = mk(TD_F32, 1, s),
+               bl = mk(TD_BOOL, 1, s), f64_0d = mk(TD_F64, 0, s), f16 = mk(TD_F16, 1, s),
+               bf16 = mk(TD_BF16, 1, s);
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    td_error err;
+    td_attr fl = at_float("other", 2.5), in = at_int("other", 2);
+    ck_assert_int_eq(prep("add", &i32, &i64, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_I64);
+    ck_assert_int_eq(prep("add", &i64, NULL, &fl, 1, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_F32); /* int tensor + Python float -> default float */
+    ck_assert_int_eq(prep("add", &i32, NULL, &in, 1, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_I32); /* a Python int keeps int32 */
+    ck_assert_int_eq(prep("add", &f32, &f64_0d, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_F32); /* a 0-dim tensor of the same category */
+    ck_assert_int_eq(prep("add", &bl, &bl, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_BOOL);
+    ck_assert_int_eq(prep("add", &f16, &bf16, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_F32);
+    ck_assert_int_eq(prep("div", &i32, &i32, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_F32);
+    ck_assert_int_eq(prep("lt", &i32, &f32, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_BOOL);
+    ck_assert_int_eq(prep("sum", &i32, NULL, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_I64);
+    ck_assert_int_eq(prep("exp", &i32, NULL, NULL, 0, &err, od, NULL), 0);
+    ck_assert_int_eq(od[0].dtype, TD_F32);
+    ck_assert_int_eq(prep("sub", &bl, &bl, NULL, 0, &err, od, NULL), TD_EUNSUPPORTED_DTYPE);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ views */
+
+START_TEST(views_share_storage_with_pytorch_strides)
+{
+    int64_t s[3] = {2, 3, 4};
+    tdd_tensor a = mk(TD_F32, 3, s);
+    a.offset = 5;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    td_error err;
+    int n;
+    td_attr tr[2] = {at_int("dim0", 0), at_int("dim1", -1)};
+    ck_assert_int_eq(prep("transpose", &a, NULL, tr, 2, &err, od, &n), 0);
+    ck_assert(od[0].view);
+    ck_assert_int_eq(od[0].shape[0], 4);
+    ck_assert_int_eq(od[0].strides[0], 1);
+    ck_assert_int_eq(od[0].strides[2], 12);
+    ck_assert_int_eq(od[0].offset, 5);
+    td_attr sl[4] = {at_int("dim", 2), at_int("start", 1), at_int("stop", 4),
+                     at_int("step", 2)};
+    ck_assert_int_eq(prep("slice", &a, NULL, sl, 4, &err, od, &n), 0);
+    ck_assert(od[0].view);
+    ck_assert_int_eq(od[0].shape[2], 2);
+    ck_assert_int_eq(od[0].strides[2], 2);
+    ck_assert_int_eq(od[0].offset, 6);
+    td_attr ex = at_ints("shape", (const int64_t[]){5, 2, 3, 4}, 4);
+    ck_assert_int_eq(prep("expand", &a, NULL, &ex, 1, &err, od, &n), 0);
+    ck_assert_int_eq(od[0].strides[0], 0);
+    td_attr us = at_int("dim", -1);
+    ck_assert_int_eq(prep("unsqueeze", &a, NULL, &us, 1, &err, od, &n), 0);
+    ck_assert_int_eq(od[0].ndim, 4);
+    ck_assert_int_eq(od[0].shape[3], 1);
+    /* reshape of a transposed tensor cannot be a view: a copy */
+    tdd_tensor t = a;
+    t.strides[1] = 1;
+    t.strides[2] = 3;
+    td_attr rs = at_ints("shape", (const int64_t[]){2, 12}, 2);
+    ck_assert_int_eq(prep("reshape", &t, NULL, &rs, 1, &err, od, &n), 0);
+    ck_assert(!od[0].view);
+    /* ...but merging dims that are contiguous is */
+    td_attr rs2 = at_ints("shape", (const int64_t[]){6, 4}, 2);
+    ck_assert_int_eq(prep("reshape", &a, NULL, &rs2, 1, &err, od, &n), 0);
+    ck_assert(od[0].view);
+    ck_assert_int_eq(od[0].strides[0], 4);
+    td_attr ch[2] = {at_int("chunks", 2), at_int("dim", 1)};
+    ck_assert_int_eq(prep("chunk", &a, NULL, ch, 2, &err, od, &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(od[0].shape[1], 2);
+    ck_assert_int_eq(od[1].shape[1], 1);
+    ck_assert_int_eq(od[1].offset, 5 + 2 * 4);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ reference values */
+
+/* Runs op on backend be over one f32 input (values v) and returns output values. */
+static int run1(conf_backend *be, const char *op, const int64_t *shape, int nd, const float *v,
+                const td_attr *attrs, size_t na, const tdd_tensor *second, double *out,
+                int64_t cap, int *rc_exec)
+{
+    tdd_tensor t = mk(TD_F32, nd, shape);
+    tdd_storage st = {.data = (void *)v, .nbytes = 0};
+    t.st = &st;
+    const tdd_tensor *in[2] = {&t, second};
+    tdd_opreq req = {.attrs = {attrs, na}};
+    tdd_opargs args;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    int n_out;
+    td_error err;
+    int rc = tdd_op_prepare(tdd_op_find(op)->op, in, second ? 2 : 1, &req, 1 << 20, &args, od,
+                            &n_out, &err);
+    if (rc)
+        return rc;
+    tdd_tensor o = mk(od[0].dtype, od[0].ndim, od[0].shape);
+    int64_t n = tdd_numel(&o);
+    tdd_storage ost = {.data = calloc((size_t)n + 1, 8)};
+    o.st = &ost;
+    tdd_opcall call = {.op = tdd_op_find(op)->op, .args = &args, .n_in = second ? 2 : 1,
+                       .n_out = 1, .in = {&t, second}, .out = {&o}};
+    *rc_exec = be->be->execute(be->ctx, 0, &call);
+    for (int64_t i = 0; i < n && i < cap; i++)
+        out[i] = tdd_load_f(ost.data, o.dtype, i);
+    free(ost.data);
+    return 0;
+}
+
+START_TEST(values_match_pytorch)
+{
+    conf_backend *bes[2] = {&ref_be, &cpu_be};
+    for (int b = 0; b < 2; b++) {
+        double out[8];
+        int rc;
+        float g[3] = {1.0f, -0.5f, 3.0f};
+        ck_assert_int_eq(run1(bes[b], "gelu", (const int64_t[]){3}, 1, g, NULL, 0, NULL, out, 8,
+                              &rc), 0);
+        ck_assert_int_eq(rc, 0);
+        /* torch.nn.functional.gelu(torch.tensor([1., -.5, 3.])) */
+        ck_assert_double_eq_tol(out[0], 0.8413447, 1e-6);
+        ck_assert_double_eq_tol(out[1], -0.1542687, 1e-6);
+        ck_assert_double_eq_tol(out[2], 2.9959502, 1e-6);
+        float r[4] = {-3.0f, 3.0f, -3.5f, 5.0f};
+        td_attr o2 = at_float("other", 2.0);
+        ck_assert_int_eq(run1(bes[b], "remainder", (const int64_t[]){4}, 1, r, &o2, 1, NULL, out,
+                              8, &rc), 0);
+        /* torch.remainder(torch.tensor([-3., 3., -3.5, 5.]), 2) */
+        ck_assert_double_eq_tol(out[0], 1.0, 1e-12);
+        ck_assert_double_eq_tol(out[1], 1.0, 1e-12);
+        ck_assert_double_eq_tol(out[2], 0.5, 1e-12);
+        ck_assert_double_eq_tol(out[3], 1.0, 1e-12);
+        /* F.cross_entropy(torch.tensor([[1., 2., 3.], [1., 0., -1.]]), torch.tensor([2, 0]))
+         * = 0.4076059644; with label_smoothing=0.2: 0.6076059341 */
+        float x[6] = {1, 2, 3, 1, 0, -1};
+        int64_t tv[2] = {2, 0};
+        tdd_tensor tgt = mk(TD_I64, 1, (const int64_t[]){2});
+        tdd_storage tst = {.data = tv};
+        tgt.st = &tst;
+        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, NULL, 0,
+                              &tgt, out, 8, &rc), 0);
+        ck_assert_int_eq(rc, 0);
+        ck_assert_double_eq_tol(out[0], 0.4076059644, 1e-6);
+        td_attr ls = at_float("label_smoothing", 0.2);
+        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, &ls, 1,
+                              &tgt, out, 8, &rc), 0);
+        ck_assert_double_eq_tol(out[0], 0.6076059341, 1e-6);
+        /* a class index out of range is INVALID_ARGUMENT from the kernel, not a crash */
+        tv[1] = 7;
+        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, NULL, 0,
+                              &tgt, out, 8, &rc), 0);
+        ck_assert_int_eq(rc, TD_EINVALID_ARGUMENT);
+        /* torch.var(torch.tensor([1., 2., 3., 4.])) = 1.6667; round half to even */
+        float vv[4] = {1, 2, 3, 4};
+        ck_assert_int_eq(run1(bes[b], "var", (const int64_t[]){4}, 1, vv, NULL, 0, NULL, out, 8,
+                              &rc), 0);
+        ck_assert_double_eq_tol(out[0], 5.0 / 3.0, 1e-6);
+        float rr[4] = {0.5f, 1.5f, 2.5f, -0.5f};
+        ck_assert_int_eq(run1(bes[b], "round", (const int64_t[]){4}, 1, rr, NULL, 0, NULL, out,
+                              8, &rc), 0);
+        ck_assert_double_eq_tol(out[0], 0.0, 1e-12);
+        ck_assert_double_eq_tol(out[1], 2.0, 1e-12);
+        ck_assert_double_eq_tol(out[2], 2.0, 1e-12);
+    }
+}
+END_TEST
+
+START_TEST(random_ops_are_seeded)
+{
+    /* same seed -> same values, on ref and cpu alike; another seed differs */
+    conf_result r;
+    for (int i = 0; i < conf_ncases; i++)
+        if (strcmp(conf_cases[i].op, "randn") == 0) {
+            conf_run(&conf_cases[i], TD_F32, 0, &ref_be, &cpu_be, true, &r);
+            ck_assert_int_eq(r.bad, 0);
+            ck_assert_double_eq(r.worst, 0.0); /* bit-identical */
+        }
+    ck_assert(tdd_rng_u64(1, 0) != tdd_rng_u64(2, 0));
+    ck_assert(tdd_rng_uniform(5, 3) == tdd_rng_uniform(5, 3));
+}
+END_TEST
+
+START_TEST(half_conversions_round_to_nearest_even)
+{
+    ck_assert_int_eq(tdd_f32_to_f16(1.0f), 0x3c00);
+    ck_assert_int_eq(tdd_f32_to_f16(65504.0f), 0x7bff);
+    ck_assert_int_eq(tdd_f32_to_f16(65520.0f), 0x7c00);
+    ck_assert_int_eq(tdd_f32_to_f16(5.9604645e-8f), 0x0001);
+    ck_assert_int_eq(tdd_f32_to_f16(-2.0f), 0xc000);
+    ck_assert_int_eq(tdd_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00); /* tie to even */
+    for (uint32_t h = 0; h < 0x7c00; h++)
+        ck_assert_int_eq(tdd_f32_to_f16(tdd_f16_to_f32((uint16_t)h)), h);
+    ck_assert_int_eq(tdd_f32_to_bf16(1.0f), 0x3f80);
+    ck_assert(tdd_bf16_to_f32(tdd_f32_to_bf16(3.140625f)) == 3.140625f);
+}
+END_TEST
+
+Suite *conformance_suite(void)
+{
+    Suite *s = suite_create("conformance");
+    TCase *tc = tcase_create("cpu_vs_ref");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, case_matches_ref, 0, conf_ncases);
+    suite_add_tcase(s, tc);
+    TCase *pe = tcase_create("prepare");
+    tcase_add_test(pe, shape_mismatch_names_both_shapes);
+    tcase_add_test(pe, bad_attributes_name_the_attribute);
+    tcase_add_test(pe, dtype_errors_are_typed);
+    tcase_add_test(pe, promotion_follows_pytorch);
+    tcase_add_test(pe, views_share_storage_with_pytorch_strides);
+    suite_add_tcase(s, pe);
+    TCase *vals = tcase_create("values");
+    tcase_add_checked_fixture(vals, setup, teardown);
+    tcase_add_test(vals, values_match_pytorch);
+    tcase_add_test(vals, random_ops_are_seeded);
+    tcase_add_test(vals, half_conversions_round_to_nearest_even);
+    suite_add_tcase(s, vals);
+    return s;
+}

@@ -1,0 +1,584 @@
+/* test_conformance_cases.c -- the conformance case table (every op x dtypes x
+ * shapes: broadcasting, 0-size, 1-element, non-contiguous, large) and the
+ * runner that executes a case on ref and another backend and compares. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "dtype.h"
+#include "test_conformance.h"
+
+#define F "sd"      /* float dtypes run natively on cpu */
+#define FA "sdhb"   /* every float dtype */
+#define NUM "sdhbil" /* every numeric dtype */
+#define ALL "sdhbilo"
+
+const conf_case conf_cases[] = {
+    /* binary: broadcasting edge cases, scalar forms, 0-size, 1-element, large */
+    {"add", {"x:3,4", "x:3,4"}, "", ALL, 1},
+    {"add", {"x:2,1,4", "x:3,1"}, "alpha=2", NUM, 1},
+    {"add", {"x:", "x:5"}, "", F, 1},
+    {"add", {"x:0,3", "x:3"}, "", F, 1},
+    {"add", {"x:1", "x:1"}, "", F, 1},
+    {"add", {"x:1000,1000", "x:1000"}, "", F, 1},
+    {"add", {"x:4,5S", "x:5E"}, "", F, 1},
+    {"add", {"x:3,4"}, "other=2.5;alpha=3", NUM, 1},
+    {"add", {"x:3,4"}, "other=2", "il", 1},
+    {"sub", {"x:3,4", "x:4"}, "alpha=0.5", FA, 1},
+    {"sub", {"x:3,4"}, "other=1.5", NUM, 1},
+    {"mul", {"x:3,1,5", "x:4,1"}, "", ALL, 1},
+    {"mul", {"x:70000"}, "other=3", NUM, 1},
+    {"div", {"x:3,4", "p:3,4"}, "", NUM, 1},
+    {"div", {"x:5,6"}, "other=4", NUM, 1},
+    {"pow", {"p:3,4", "x:3,4"}, "", FA, 2},
+    {"pow", {"p:6"}, "other=2", FA, 1},
+    {"pow", {"x:6"}, "other=3", "il", 1},
+    {"maximum", {"x:3,4", "x:1,4"}, "", ALL, 1},
+    {"minimum", {"x:3,4", "x:3,1"}, "", ALL, 1},
+    {"remainder", {"x:3,4", "p:3,4"}, "", NUM, 1},
+    {"remainder", {"x:8"}, "other=-1.5", F, 1},
+    {"eq", {"x:3,4", "x:3,4"}, "", ALL, 1},
+    {"ne", {"x:3,4", "x:4"}, "", ALL, 1},
+    {"lt", {"x:3,4", "x:4"}, "", NUM, 1},
+    {"le", {"x:3,4"}, "other=0.5", NUM, 1},
+    {"gt", {"x:2,3,4", "x:3,1"}, "", NUM, 1},
+    {"ge", {"x:3,4"}, "other=0", NUM, 1},
+    {"logical_and", {"x:3,4", "x:3,4"}, "", ALL, 1},
+    {"logical_or", {"x:3,4", "x:4"}, "", ALL, 1},
+    {"logical_xor", {"x:3,4", "x:3,4"}, "", ALL, 1},
+    {"where", {"b:3,4", "x:3,4", "x:4"}, "", ALL, 1},
+    {"where", {"b:3,1", "x:1,4", "x:3,4"}, "", F, 1},
+    {"masked_fill", {"x:3,4", "b:4"}, "value=-1.5", NUM, 1},
+    {"relu_backward", {"x:3,4", "x:3,4"}, "", NUM, 1},
+    /* unary */
+    {"neg", {"x:3,4"}, "", NUM, 1},
+    {"abs", {"x:3,4"}, "", NUM, 1},
+    {"sign", {"x:3,4"}, "", NUM, 1},
+    {"exp", {"x:3,4"}, "", NUM, 1},
+    {"exp", {"x:300000"}, "", F, 1},
+    {"log", {"p:3,4"}, "", NUM, 1},
+    {"log1p", {"p:3,4"}, "", FA, 1},
+    {"expm1", {"x:3,4"}, "", FA, 1},
+    {"sqrt", {"p:3,4"}, "", NUM, 1},
+    {"rsqrt", {"p:3,4"}, "", FA, 1},
+    {"sin", {"x:3,4"}, "", FA, 1},
+    {"cos", {"x:3,4"}, "", FA, 1},
+    {"tanh", {"x:3,4"}, "", FA, 1},
+    {"sigmoid", {"x:3,4"}, "", NUM, 1},
+    {"relu", {"x:3,4"}, "", NUM, 1},
+    {"relu", {"x:0"}, "", F, 1},
+    {"leaky_relu", {"x:3,4"}, "negative_slope=0.2", FA, 1},
+    {"gelu", {"x:3,4"}, "", FA, 1},
+    {"gelu", {"x:3,4"}, "approximate='tanh'", FA, 1},
+    {"silu", {"x:3,4"}, "", FA, 1},
+    {"softplus", {"x:3,4"}, "beta=2;threshold=1", FA, 1},
+    {"clamp", {"x:3,4"}, "min=-0.5;max=0.7", FA, 1},
+    {"clamp", {"x:3,4"}, "min=-1", "il", 1},
+    {"floor", {"x:3,4"}, "", NUM, 1},
+    {"ceil", {"x:3,4"}, "", NUM, 1},
+    {"round", {"x:3,4"}, "", NUM, 1},
+    {"reciprocal", {"p:3,4"}, "", FA, 1},
+    {"square", {"x:3,4"}, "", NUM, 1},
+    {"logical_not", {"x:3,4"}, "", ALL, 1},
+    /* reductions */
+    {"sum", {"x:3,4,5"}, "", NUM, 1},
+    {"sum", {"x:3,4,5"}, "dim=1", NUM, 1},
+    {"sum", {"x:3,4,5"}, "dim=[0,2];keepdim=true", NUM, 1},
+    {"sum", {"x:0,4"}, "dim=0", F, 1},
+    {"sum", {"x:1000,1000"}, "", F, 10},
+    {"sum", {"x:1000,1000"}, "dim=0", F, 10},
+    {"sum", {"x:"}, "", F, 1},
+    {"mean", {"x:3,4,5"}, "dim=-1", FA, 1},
+    {"mean", {"x:300,500"}, "", F, 10},
+    {"amax", {"x:3,4,5"}, "dim=[1,2]", ALL, 1},
+    {"amin", {"x:3,4,5"}, "dim=0;keepdim=true", NUM, 1},
+    {"argmax", {"x:3,4,5"}, "dim=1", NUM, 1},
+    {"argmax", {"x:3,4,5"}, "", NUM, 1},
+    {"argmin", {"x:3,4,5"}, "dim=2;keepdim=true", NUM, 1},
+    {"argmax", {"x:200000"}, "", F, 1},
+    {"var", {"x:3,4,5"}, "dim=1", FA, 1},
+    {"var", {"x:3,4,5"}, "correction=0", FA, 1},
+    {"std", {"x:6,7"}, "dim=0", FA, 1},
+    {"logsumexp", {"x:3,4,5"}, "dim=2", FA, 1},
+    {"prod", {"x:3,4"}, "dim=1", NUM, 1},
+    {"sum_to", {"x:2,3,4"}, "shape=[3,1]", NUM, 1},
+    {"sum_to", {"x:64,10"}, "shape=[10]", F, 1},
+    {"cumsum", {"x:3,4,5"}, "dim=1", NUM, 1},
+    {"cumsum", {"x:10000"}, "dim=0", F, 10},
+    {"softmax", {"x:4,10"}, "dim=1", FA, 1},
+    {"softmax", {"x:3,4,5"}, "dim=0", F, 1},
+    {"log_softmax", {"x:4,10"}, "dim=-1", FA, 1},
+    {"log_softmax", {"x:5000,10"}, "dim=1", F, 1},
+    /* linear algebra (PyTorch's matmul rules) */
+    {"matmul", {"x:5,7", "x:7,3"}, "", "sdil", 30},
+    {"matmul", {"x:7", "x:7"}, "", F, 30},
+    {"matmul", {"x:7", "x:7,4"}, "", F, 30},
+    {"matmul", {"x:5,7", "x:7"}, "", F, 30},
+    {"matmul", {"x:2,3,5,7", "x:7,4"}, "", F, 30},
+    {"matmul", {"x:2,1,5,7", "x:3,7,4"}, "", F, 30},
+    {"matmul", {"x:5,0", "x:0,3"}, "", F, 1},
+    {"matmul", {"x:5,7E", "x:7,3"}, "", F, 30},
+    {"matmul", {"x:200,300", "x:300,100"}, "", F, 100},
+    {"bmm", {"x:3,5,7", "x:3,7,4"}, "", FA, 30},
+    {"linear", {"x:8,5", "x:3,5", "x:3"}, "", F, 30},
+    {"linear", {"x:2,8,5", "x:3,5"}, "", F, 30},
+    {"linear", {"x:5", "x:5"}, "", F, 30},
+    /* views and copies */
+    {"transpose", {"x:3,4"}, "dim0=0;dim1=1", ALL, 1},
+    {"permute", {"x:2,3,4"}, "dims=[2,0,1]", ALL, 1},
+    {"reshape", {"x:3,4"}, "shape=[2,-1]", ALL, 1},
+    {"reshape", {"x:3,4T"}, "shape=[12]", ALL, 1},
+    {"view", {"x:3,4C"}, "shape=[4,3]", F, 1},
+    {"flatten", {"x:2,3,4"}, "start_dim=1", ALL, 1},
+    {"flatten", {"x:2,3,4T"}, "", F, 1},
+    {"squeeze", {"x:3,1,4"}, "", ALL, 1},
+    {"unsqueeze", {"x:3,4"}, "dim=1", ALL, 1},
+    {"expand", {"x:3,1"}, "shape=[2,3,4]", ALL, 1},
+    {"slice", {"x:6,5"}, "dim=1;start=1;stop=-1;step=2", ALL, 1},
+    {"contiguous", {"x:3,4T"}, "", ALL, 1},
+    {"contiguous", {"x:3,4"}, "", F, 1},
+    {"split", {"x:7,3"}, "split_size=3", ALL, 1},
+    {"split", {"x:7,3"}, "split_sizes=[2,5]", F, 1},
+    {"chunk", {"x:3,7"}, "chunks=3;dim=1", ALL, 1},
+    {"clone", {"x:3,4S"}, "", ALL, 1},
+    {"cast", {"x:3,4"}, "dtype='float64'", ALL, 1},
+    {"cast", {"x:3,4"}, "dtype='float32'", ALL, 1},
+    {"cast", {"x:3,4"}, "dtype='int32'", ALL, 1},
+    {"cast", {"x:3,4"}, "dtype='bool'", ALL, 1},
+    {"cast", {"x:3,4"}, "dtype='bfloat16'", ALL, 1},
+    /* joins and indexing */
+    {"cat", {"x:2,3", "x:4,3", "x:0,3"}, "dim=0", ALL, 1},
+    {"cat", {"x:2,3", "x:2,2"}, "dim=1", F, 1},
+    {"stack", {"x:2,3", "x:2,3"}, "dim=1", ALL, 1},
+    {"gather", {"x:4,5", "i4:4,3"}, "dim=0", ALL, 1},
+    {"scatter_add", {"x:4,5", "i4:3,5", "x:3,5"}, "dim=0", NUM, 1},
+    {"index_select", {"x:4,5", "i5:3"}, "dim=1", ALL, 1},
+    {"one_hot", {"i6:3,4"}, "num_classes=6", "", 1},
+    {"embedding", {"i10:3,4", "x:10,6"}, "", FA, 1},
+    {"tril", {"x:4,5"}, "diagonal=1", ALL, 1},
+    {"triu", {"x:2,4,5"}, "diagonal=-1", ALL, 1},
+    {"pad", {"x:3,4"}, "pad=[1,2,0,1];value=0.5", ALL, 1},
+    /* NN */
+    {"cross_entropy", {"x:8,10", "i10:8"}, "", FA, 1},
+    {"cross_entropy", {"x:8,10", "i10:8"}, "reduction='sum';label_smoothing=0.1", F, 1},
+    {"cross_entropy", {"x:8,10", "i10:8"}, "reduction='none';ignore_index=3", F, 1},
+    {"cross_entropy", {"x:10", "i10:"}, "", F, 1},
+    {"nll_loss", {"x:8,10", "i10:8"}, "", FA, 1},
+    {"mse_loss", {"x:4,5", "x:4,5"}, "", FA, 1},
+    {"mse_loss", {"x:4,5", "x:4,5"}, "reduction='none'", F, 1},
+    {"binary_cross_entropy_with_logits", {"x:4,5", "x:4,5"}, "reduction='sum'", FA, 1},
+    {"layer_norm", {"x:4,6", "x:6", "x:6"}, "normalized_shape=[6]", FA, 2},
+    {"layer_norm", {"x:2,3,4"}, "normalized_shape=[3,4];eps=0.001", F, 2},
+    {"dropout", {"x:8,9"}, "p=0.3", FA, 1},
+    {"dropout", {"x:8,9"}, "p=0.3;train=false", F, 1},
+    {"conv2d", {"x:2,3,7,6", "x:4,3,3,2", "x:4"}, "stride=[2,1];padding=1", F, 30},
+    {"conv2d", {"x:2,4,5,5", "x:6,2,3,3"}, "groups=2;dilation=2;padding=2", F, 30},
+    {"max_pool2d", {"x:2,3,7,6"}, "kernel_size=3;stride=2;padding=1", FA, 1},
+    {"max_pool2d", {"x:3,6,6"}, "kernel_size=2;return_indices=true;ceil_mode=true", F, 1},
+    {"avg_pool2d", {"x:2,3,7,6"}, "kernel_size=3;stride=2;padding=1", FA, 1},
+    {"avg_pool2d", {"x:2,3,7,6"}, "kernel_size=2;padding=1;count_include_pad=false", F, 1},
+    /* creation */
+    {"full", {NULL}, "shape=[3,4];value=1.5", NUM, 1},
+    {"zeros", {NULL}, "shape=[3,0]", ALL, 1},
+    {"ones", {NULL}, "shape=[100000]", ALL, 1},
+    {"arange", {NULL}, "end=10", "", 1},
+    {"arange", {NULL}, "start=1;end=2.5;step=0.25", "sd", 1},
+    {"linspace", {NULL}, "start=-1;end=1;steps=7", FA, 1},
+    {"eye", {NULL}, "n=3;m=4", ALL, 1},
+    {"rand", {NULL}, "shape=[70000]", FA, 1},
+    {"randn", {NULL}, "shape=[5,7]", FA, 1},
+    {"randint", {NULL}, "low=-3;high=9;shape=[40]", "il", 1},
+};
+const int conf_ncases = (int)(sizeof conf_cases / sizeof conf_cases[0]);
+
+td_dtype conf_dtype_of(char l)
+{
+    switch (l) {
+    case 's':
+        return TD_F32;
+    case 'd':
+        return TD_F64;
+    case 'h':
+        return TD_F16;
+    case 'b':
+        return TD_BF16;
+    case 'i':
+        return TD_I32;
+    case 'l':
+        return TD_I64;
+    case 'o':
+        return TD_BOOL;
+    default:
+        return TD_DTYPE_INVALID;
+    }
+}
+
+/* ------------------------------------------------------------------ parsing */
+
+static int parse_shape(const char *s, int64_t *shape)
+{
+    int n = 0;
+    while (*s && *s != 'T' && *s != 'S' && *s != 'E' && *s != 'C') {
+        shape[n++] = strtoll(s, (char **)&s, 10);
+        if (*s == ',')
+            s++;
+    }
+    return n;
+}
+
+#define MAX_ATTRS 12
+typedef struct {
+    td_attr a[MAX_ATTRS];
+    int64_t ints[MAX_ATTRS][16];
+    char names[MAX_ATTRS][32], strs[MAX_ATTRS][32];
+    size_t n;
+} attr_set;
+
+static void parse_attrs(const char *s, attr_set *as)
+{
+    memset(as, 0, sizeof *as);
+    while (s && *s && as->n < MAX_ATTRS) {
+        size_t k = as->n++;
+        td_attr *a = &as->a[k];
+        const char *eq = strchr(s, '=');
+        snprintf(as->names[k], sizeof as->names[k], "%.*s", (int)(eq - s), s);
+        a->name = as->names[k];
+        const char *v = eq + 1, *end = strchr(v, ';');
+        size_t len = end ? (size_t)(end - v) : strlen(v);
+        if (*v == '[') {
+            a->kind = TD_ATTR_INTS;
+            a->ints = as->ints[k];
+            const char *q = v + 1;
+            while (*q != ']') {
+                as->ints[k][a->n++] = strtoll(q, (char **)&q, 10);
+                if (*q == ',')
+                    q++;
+            }
+        } else if (*v == '\'') {
+            a->kind = TD_ATTR_STR;
+            snprintf(as->strs[k], sizeof as->strs[k], "%.*s", (int)len - 2, v + 1);
+            a->s = as->strs[k];
+        } else if (strncmp(v, "true", 4) == 0 || strncmp(v, "false", 5) == 0) {
+            a->kind = TD_ATTR_BOOL;
+            a->b = *v == 't';
+        } else if (memchr(v, '.', len) || memchr(v, 'e', len)) {
+            a->kind = TD_ATTR_FLOAT;
+            a->f = strtod(v, NULL);
+        } else {
+            a->kind = TD_ATTR_INT;
+            a->i = strtoll(v, NULL, 10);
+        }
+        s = end ? end + 1 : NULL;
+    }
+}
+
+/* ------------------------------------------------------------------ data */
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static double rnd_unit(void)
+{
+    return (double)(rnd() >> 11) * 0x1.0p-53;
+}
+
+/* A tensor on one backend, built from a spec; storage owned by the harness. */
+typedef struct {
+    tdd_tensor t;
+    tdd_storage st;
+    conf_backend *be;
+} htensor;
+
+static int make_tensor(htensor *h, conf_backend *be, td_dtype dt, const int64_t *shape, int nd,
+                       char layout, const double *vals, const int64_t *ivals)
+{
+    memset(h, 0, sizeof *h);
+    h->be = be;
+    tdd_tensor *t = &h->t;
+    t->dtype = dt;
+    t->ndim = nd;
+    memcpy(t->shape, shape, (size_t)nd * sizeof *shape);
+    int64_t n = tdd_numel(t), cap;
+    /* strides for the layout; cap = storage elements needed */
+    if (layout == 'T' && nd >= 2) {
+        /* stored as [..., n-1, n-2] contiguous, viewed with the last two swapped */
+        tdd_tensor s = *t;
+        s.shape[nd - 1] = shape[nd - 2];
+        s.shape[nd - 2] = shape[nd - 1];
+        tdd_set_contiguous(&s);
+        memcpy(t->strides, s.strides, sizeof t->strides);
+        t->strides[nd - 1] = s.strides[nd - 2];
+        t->strides[nd - 2] = s.strides[nd - 1];
+        cap = n;
+    } else if (layout == 'S' && nd >= 1) {
+        tdd_tensor s = *t;
+        s.shape[nd - 1] *= 2;
+        tdd_set_contiguous(&s);
+        memcpy(t->strides, s.strides, sizeof t->strides);
+        t->strides[nd - 1] = 2;
+        cap = 2 * n;
+    } else if (layout == 'E' && nd >= 1) {
+        tdd_set_contiguous(t);
+        t->strides[0] = 0;
+        cap = shape[0] ? n / shape[0] : 0;
+    } else {
+        tdd_set_contiguous(t);
+        cap = n;
+    }
+    t->offset = 3; /* never start at element 0: offsets must be honoured */
+    size_t esz = td_dtype_size(dt), nbytes = (size_t)(cap + 3) * esz;
+    h->st.data = be->be->alloc(be->ctx, 0, nbytes);
+    h->st.nbytes = nbytes;
+    atomic_init(&h->st.refs, 1);
+    t->st = &h->st;
+    if (!h->st.data)
+        return -1;
+    memset(h->st.data, 0x7f, nbytes);
+    int64_t idx[TD_MAX_NDIM];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = t->offset, r = i;
+        for (int d = nd - 1; d >= 0; d--) {
+            idx[d] = r % shape[d];
+            r /= shape[d];
+            off += idx[d] * t->strides[d];
+        }
+        if (ivals)
+            tdd_store_i(h->st.data, dt, off, ivals[i]);
+        else if (vals)
+            tdd_store_f(h->st.data, dt, off, vals[i]);
+    }
+    return 0;
+}
+
+static void free_tensor(htensor *h)
+{
+    if (h->st.data)
+        h->be->be->free(h->be->ctx, 0, h->st.data, h->st.nbytes);
+    h->st.data = NULL;
+}
+
+/* ------------------------------------------------------------------ compare */
+
+static void tolerances(td_dtype dt, double *rtol, double *atol)
+{
+    switch (dt) {
+    case TD_F32:
+        *rtol = 2e-6;
+        *atol = 1e-6;
+        return;
+    case TD_F64:
+        *rtol = 1e-12;
+        *atol = 1e-13;
+        return;
+    case TD_F16:
+        *rtol = 1e-3;
+        *atol = 1e-3;
+        return;
+    case TD_BF16:
+        *rtol = 8e-3;
+        *atol = 8e-3;
+        return;
+    case TD_I32:
+    case TD_I64:
+    case TD_BOOL:
+    case TD_DTYPE_INVALID:
+    case TD_DTYPE_COUNT:
+        break;
+    }
+    *rtol = *atol = 0;
+}
+
+static int64_t compare(const tdd_tensor *r, const tdd_tensor *o, double tol, double *worst,
+                       char *msg, size_t len)
+{
+    double rtol, atol;
+    tolerances(r->dtype, &rtol, &atol);
+    rtol *= tol;
+    atol *= tol;
+    int64_t n = tdd_numel(r), bad = 0, idx[TD_MAX_NDIM];
+    bool fl = tdd_dtype_is_float(r->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t ro = r->offset, oo = o->offset, rem = i;
+        for (int d = r->ndim - 1; d >= 0; d--) {
+            idx[d] = rem % r->shape[d];
+            rem /= r->shape[d];
+            ro += idx[d] * r->strides[d];
+            oo += idx[d] * o->strides[d];
+        }
+        bool ok;
+        double a = 0, b = 0, q = 0;
+        if (fl) {
+            a = tdd_load_f(r->st->data, r->dtype, ro);
+            b = tdd_load_f(o->st->data, o->dtype, oo);
+            if (a != a || b != b)
+                ok = (a != a) && (b != b);
+            else if (isinf(a) || isinf(b))
+                ok = a == b;
+            else {
+                q = fabs(a - b) / (atol + rtol * fabs(a));
+                ok = fabs(a - b) <= atol + rtol * fabs(a);
+            }
+        } else {
+            int64_t x = tdd_load_i(r->st->data, r->dtype, ro),
+                    y = tdd_load_i(o->st->data, o->dtype, oo);
+            ok = x == y;
+            a = (double)x;
+            b = (double)y;
+        }
+        if (q > *worst)
+            *worst = q;
+        if (!ok) {
+            if (!bad)
+                snprintf(msg, len, "element %lld: ref %.17g, other %.17g", (long long)i, a, b);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ------------------------------------------------------------------ runner */
+
+void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
+              conf_backend *other, bool execute, conf_result *res)
+{
+    memset(res, 0, sizeof *res);
+    const tdd_opdef *def = tdd_op_find(c->op);
+    if (!def) {
+        res->prep_rc = TD_EUNSUPPORTED_OP;
+        snprintf(res->msg, sizeof res->msg, "no op named %s", c->op);
+        return;
+    }
+    conf_backend *bes[2] = {ref, other};
+    htensor in[2][4];
+    htensor out[2][TDD_MAX_OP_OUTPUTS];
+    int n_in = 0;
+    memset(in, 0, sizeof in);
+    memset(out, 0, sizeof out);
+    rng_state = 0x9e3779b97f4a7c15u ^ (uint64_t)(c - conf_cases) * 7919u;
+    for (int k = 0; k < 4 && c->inputs[k]; k++, n_in++) {
+        const char *spec = c->inputs[k], *colon = strchr(spec, ':');
+        int64_t shape[TD_MAX_NDIM];
+        int nd = parse_shape(colon + 1, shape);
+        const char *lay = colon + 1 + strspn(colon + 1, "0123456789,");
+        char layout = *lay;
+        if (variant == 1 && !layout)
+            layout = nd >= 2 ? 'T' : 'S';
+        int64_t n = 1;
+        for (int d = 0; d < nd; d++)
+            n *= shape[d];
+        td_dtype idt = dt;
+        double *vals = calloc((size_t)n + 1, sizeof *vals);
+        int64_t *ivals = NULL;
+        bool pos = spec[0] == 'p';
+        if (spec[0] == 'i') {
+            int64_t lim = strtoll(spec + 1, NULL, 10);
+            idt = TD_I64;
+            ivals = calloc((size_t)n + 1, sizeof *ivals);
+            for (int64_t i = 0; i < n; i++)
+                ivals[i] = (int64_t)(rnd() % (uint64_t)lim);
+        } else if (spec[0] == 'b') {
+            idt = TD_BOOL;
+            for (int64_t i = 0; i < n; i++)
+                vals[i] = (double)(rnd() & 1);
+        } else {
+            if (spec[0] == 'f')
+                idt = TD_F32;
+            for (int64_t i = 0; i < n; i++) {
+                if (idt == TD_BOOL)
+                    vals[i] = (double)(rnd() & 1);
+                else if (!tdd_dtype_is_float(idt))
+                    vals[i] = pos ? (double)(1 + rnd() % 5) : (double)((int)(rnd() % 11) - 5);
+                else
+                    vals[i] = pos ? 0.1 + 2.9 * rnd_unit() : -2.0 + 4.0 * rnd_unit();
+            }
+        }
+        for (int b = 0; b < 2; b++)
+            if (bes[b])
+                make_tensor(&in[b][k], bes[b], idt, shape, nd, layout, vals, ivals);
+        free(vals);
+        free(ivals);
+    }
+    attr_set as;
+    parse_attrs(c->attrs, &as);
+    tdd_opreq req = {.attrs = {as.a, as.n}, .dtype = def->kind == TDD_KIND_CREATE ? dt : 0,
+                     .seed = 12345};
+    if (def->kind == TDD_KIND_CREATE && dt == TD_DTYPE_INVALID)
+        req.dtype = TD_DTYPE_INVALID;
+    const tdd_tensor *tin[2][4];
+    for (int b = 0; b < 2; b++)
+        for (int k = 0; k < n_in; k++)
+            tin[b][k] = &in[b][k].t;
+    tdd_opargs args;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    int n_out = 0;
+    td_error err;
+    res->prep_rc = tdd_op_prepare(def->op, tin[0], n_in, &req, (int64_t)1 << 40, &args, od,
+                                  &n_out, &err);
+    if (res->prep_rc) {
+        snprintf(res->msg, sizeof res->msg, "prepare: %.200s", err.message);
+        goto done;
+    }
+    for (int b = 0; b < 2; b++) {
+        if (!bes[b])
+            continue;
+        tdd_opcall call = {.op = def->op, .args = &args, .n_in = n_in, .n_out = n_out};
+        for (int k = 0; k < n_in; k++)
+            call.in[k] = tin[b][k];
+        for (int k = 0; k < n_out; k++) {
+            htensor *h = &out[b][k];
+            if (od[k].view) {
+                memset(h, 0, sizeof *h);
+                h->t = in[b][od[k].view_of].t;
+                h->t.ndim = od[k].ndim;
+                memcpy(h->t.shape, od[k].shape, sizeof h->t.shape);
+                memcpy(h->t.strides, od[k].strides, sizeof h->t.strides);
+                h->t.offset = od[k].offset;
+                h->t.dtype = od[k].dtype;
+            } else {
+                make_tensor(h, bes[b], od[k].dtype, od[k].shape, od[k].ndim, 0, NULL, NULL);
+                h->t.offset = 3;
+            }
+            call.out[k] = &h->t;
+        }
+        int sup = bes[b]->be->supports ? bes[b]->be->supports(bes[b]->ctx, &call) : 0;
+        res->supported[b] = sup == 0;
+        if (b == 1 && strcmp(bes[b]->be->name, "cpu") == 0)
+            res->native = tdd_cpu_native(&call);
+        if (execute && sup == 0)
+            res->rc[b] = bes[b]->be->execute(bes[b]->ctx, 0, &call);
+    }
+    if (execute && other && res->rc[0] == 0 && res->rc[1] == 0 && res->supported[1]) {
+        for (int k = 0; k < n_out && !res->bad; k++) {
+            res->bad = compare(&out[0][k].t, &out[1][k].t, c->tol, &res->worst, res->msg,
+                               sizeof res->msg);
+            if (res->bad) {
+                char tmp[sizeof res->msg];
+                memcpy(tmp, res->msg, sizeof tmp);
+                snprintf(res->msg, sizeof res->msg, "output %d: %lld bad; first %.180s", k,
+                         (long long)res->bad, tmp);
+            }
+        }
+    } else if (execute && res->rc[0] != res->rc[1] && res->supported[1]) {
+        snprintf(res->msg, sizeof res->msg, "execute codes differ: ref %d, other %d", res->rc[0],
+                 res->rc[1]);
+        res->bad = 1;
+    }
+done:
+    for (int b = 0; b < 2; b++) {
+        for (int k = 0; k < n_in; k++)
+            if (bes[b])
+                free_tensor(&in[b][k]);
+        for (int k = 0; k < TDD_MAX_OP_OUTPUTS; k++)
+            if (out[b][k].be)
+                free_tensor(&out[b][k]);
+    }
+}
