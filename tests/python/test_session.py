@@ -507,3 +507,22 @@ def test_split_and_chunk_have_several_outputs(session):
             np.testing.assert_array_equal(g.numpy(), e)
     a, b = session.op("chunk", t, chunks=2, dim=0, num_outputs=2)
     assert (a.shape, b.shape) == ((3, 3), (2, 3))
+
+
+def test_indexing(session):
+    require_ops(session, "slice", "squeeze", "unsqueeze", "index_select")
+    x = randf(4, 5, 6)
+    t = session.tensor(x)
+    keys = [0, -1, 3, (1, 2), (slice(1, 3),), (slice(None), 2), (slice(None, None, 2), -2, 1),
+            (Ellipsis, 0), (0, Ellipsis, slice(1, 4)), (None, 1), (slice(-3, None), None, 0),
+            (slice(10, 20),)]
+    for key in keys:
+        got = t[key]
+        np.testing.assert_array_equal(got.numpy(), x[key], err_msg=repr(key))
+        assert got.shape == x[key].shape
+    idx = session.tensor(np.array([3, 0, 3], np.int64))
+    np.testing.assert_array_equal(t[idx].numpy(), x[[3, 0, 3]])
+    with pytest.raises(IndexError):
+        t[4]
+    with pytest.raises(ValueError):
+        t[::-1]

@@ -512,6 +512,46 @@ class Tensor:
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
         return self._session.op("index_select", self, index, dim=int(dim))
 
+    def __getitem__(self, key):
+        """Basic indexing as in PyTorch: ints, slices with a positive step, None,
+        Ellipsis, and a 1-D integer Tensor (index_select on that dim).
+        Each index becomes a view op (slice, squeeze, unsqueeze)."""
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis for k in key):
+            at = key.index(Ellipsis)
+            if Ellipsis in key[at + 1:]:
+                raise IndexError("an index can only have a single ellipsis")
+            used = sum(k is not None for k in key) - 1
+            key = key[:at] + (slice(None),) * (self.ndim - used) + key[at + 1:]
+        out, d = self, 0
+        for k in key:
+            if k is None:
+                out, d = out.unsqueeze(d), d + 1
+            elif isinstance(k, Tensor):
+                out, d = out.index_select(d, k), d + 1
+            elif isinstance(k, slice):
+                if k != slice(None):
+                    start, stop, step = k.start, k.stop, k.step
+                    if step is not None and int(step) <= 0:
+                        raise ValueError("slice steps must be positive")
+                    out = out._op("slice", dim=d, start=None if start is None else int(start),
+                                  stop=None if stop is None else int(stop),
+                                  step=None if step is None else int(step))
+                d += 1
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+                i = int(k)
+                if out._shape is not None:
+                    if d >= len(out._shape):
+                        raise IndexError(f"too many indices for a {len(out._shape)}-D tensor")
+                    if not -out._shape[d] <= i < out._shape[d]:
+                        raise IndexError(f"index {i} is out of bounds for dim {d} of size "
+                                         f"{out._shape[d]}")
+                out = out._op("slice", dim=d, start=i, stop=None if i == -1 else i + 1)
+                out = out._op("squeeze", dim=d)
+            else:
+                raise TypeError(f"unsupported index {k!r}")
+        return out
+
     # ------------------------------------------------------------ devices, dtypes, autodiff
 
     def to(self, target=None, *, device=None, dtype=None):
