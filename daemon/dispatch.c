@@ -316,7 +316,8 @@ static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
     if (!rc) {
         v->t.dtype = (td_dtype)up->dtype;
         v->t.ndim = (int)up->n_shape;
-        memcpy(v->t.shape, up->shape, up->n_shape * sizeof(int64_t));
+        if (up->n_shape) /* a scalar has no shape array at all */
+            memcpy(v->t.shape, up->shape, up->n_shape * sizeof(int64_t));
         tdd_set_contiguous(&v->t);
         v->requires_grad = up->requires_grad;
         v->t.st = tdd_storage_alloc(dev, (size_t)plen, s->acct, &err);
