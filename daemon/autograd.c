@@ -1,45 +1,859 @@
-/* autograd.c -- autodiff in the daemon (first slice: grad mode; the graph lands next). */
-#include "autograd.h"
+/* autograd.c -- autodiff in the daemon: graph recording, the backward pass,
+ * Gradients objects (Grad, GradRemove, GradReplace), detach and grad mode.
+ *
+ * Ownership (all on the loop thread): a value holds a reference on its
+ * grad_fn; a node holds references on the input nodes it leads back to, on
+ * the tensors its formula needs, and on tracked leaves (the Gradients keys).
+ * Saved outputs are aliases (own values sharing the storage, grad_fn NULL),
+ * so no value -> node -> value path ever closes a cycle. */
+#include "autograd_impl.h"
 
-void tdd_autograd_init(void)
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "log.h"
+
+static uint64_t node_seq;
+static uint64_t visit_stamp;
+
+/* ---------------------------------------------------------------- values, nodes */
+
+tdd_value *tdd_value_alias(const tdd_value *v)
 {
+    tdd_value *a = tdd_value_new(v->dev);
+    if (!a)
+        return NULL;
+    a->t = v->t;
+    if (a->t.st)
+        tdd_storage_ref(a->t.st);
+    a->fq = v->fq;
+    a->fseq = v->fseq;
+    a->poison_req = v->poison_req;
+    atomic_store(&a->poison, tdd_value_poisoned(v));
+    a->version = v->version;
+    return a;
+}
+
+/* Drops what a node saved for its formula; metadata and edges stay. */
+static void node_drop_saved(tdd_node *n)
+{
+    for (int i = 0; i < n->n_in; i++) {
+        tdd_value_unref(n->in[i].v);
+        n->in[i].v = NULL;
+        tdd_value_unref(n->in[i].leaf);
+        n->in[i].leaf = NULL;
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        tdd_value_unref(n->out[k].alias);
+        n->out[k].alias = NULL;
+    }
+}
+
+/* Freeing a long chain recursively would use a stack frame per node: nodes
+ * whose count drops to zero are queued and freed by one loop instead. */
+static tdd_node *free_list;
+static bool freeing;
+
+void tdd_node_unref(tdd_node *n)
+{
+    if (!n || --n->refs > 0)
+        return;
+    n->free_next = free_list;
+    free_list = n;
+    if (freeing)
+        return;
+    freeing = true;
+    while (free_list) {
+        tdd_node *m = free_list;
+        free_list = m->free_next;
+        node_drop_saved(m);
+        for (int k = 0; k < m->n_out; k++)
+            tdd_value_unref(m->out[k].grad);
+        for (int i = 0; i < m->n_in; i++)
+            tdd_node_unref(m->in[i].fn);
+        free(m);
+    }
+    freeing = false;
+}
+
+void tdd_autograd_value_free(tdd_value *v)
+{
+    tdd_node *n = v->grad_fn;
+    v->grad_fn = NULL;
+    tdd_node_unref(n);
+}
+
+static bool is_float(td_dtype dt)
+{
+    return tdd_dtype_is_float(dt);
+}
+
+static void note_input(tdd_node *n, int i, tdd_value *v, bool save)
+{
+    tdd_node_in *ni = &n->in[i];
+    ni->dtype = v->t.dtype;
+    ni->ndim = v->t.ndim;
+    memcpy(ni->shape, v->t.shape, sizeof ni->shape);
+    ni->dev = v->dev;
+    ni->version = v->version;
+    ni->needs_grad = v->requires_grad && is_float(v->t.dtype);
+    if (save) {
+        tdd_value_ref(v);
+        ni->v = v;
+    }
+    if (!ni->needs_grad)
+        return;
+    tdd_node *fn = v->grad_fn;
+    if (fn) {
+        for (int k = 0; k < fn->n_out; k++)
+            if (fn->out[k].id == (uintptr_t)v)
+                ni->fn_out = k;
+        fn->refs++;
+        ni->fn = fn;
+    } else {
+        tdd_value_ref(v);
+        ni->leaf = v;
+    }
+}
+
+static void note_output(tdd_node *n, int k, tdd_value *v, bool save)
+{
+    tdd_node_out *no = &n->out[k];
+    no->id = (uintptr_t)v;
+    no->dtype = v->t.dtype;
+    no->ndim = v->t.ndim;
+    memcpy(no->shape, v->t.shape, sizeof no->shape);
+    if (save && is_float(v->t.dtype))
+        no->alias = tdd_value_alias(v); /* NULL (out of memory) fails the backward later */
+}
+
+static tdd_node *node_new(void)
+{
+    tdd_node *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->refs = 1;
+    n->seq = ++node_seq;
+    return n;
+}
+
+/* Hands the outputs to the node; drops the creator's reference. */
+static void node_attach(tdd_node *n, tdd_value *const *out, int n_out)
+{
+    for (int k = 0; k < n_out; k++) {
+        if (!is_float(out[k]->t.dtype))
+            continue; /* indices, masks: never differentiable */
+        out[k]->requires_grad = true;
+        out[k]->grad_fn = n;
+        n->refs++;
+    }
+    tdd_node_unref(n);
 }
 
 void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args,
-                         tdd_value *const *in, int n_in, tdd_value *const *out, int n_out)
+                         const tdd_attrs *attrs, tdd_value *const *in, int n_in,
+                         tdd_value *const *out, int n_out)
 {
     (void)s;
-    (void)op;
-    (void)args;
-    (void)in;
-    (void)n_in;
-    for (int i = 0; i < n_out; i++)
-        out[i]->requires_grad = true;
+    bool any_float_out = false, any_need = false;
+    for (int k = 0; k < n_out; k++)
+        any_float_out |= is_float(out[k]->t.dtype);
+    for (int i = 0; i < n_in; i++)
+        any_need |= in[i]->requires_grad && is_float(in[i]->t.dtype);
+    if (!any_float_out || !any_need || n_in > TDD_MAX_OP_INPUTS || n_out > TDD_MAX_OP_OUTPUTS)
+        return;
+    tdd_node *n = node_new();
+    if (!n) {
+        /* Out of memory: the outputs stay tracked without history, so a
+         * backward through them reaches no leaf instead of crashing. */
+        tdd_warn("autograd: out of memory recording %s", tdd_opdefs[op].name);
+        return;
+    }
+    n->op = op;
+    n->args = *args;
+    n->n_in = n_in;
+    n->n_out = n_out;
+    bool save_in = tdd_formula_saves_inputs(op), save_out = tdd_formula_saves_output(op);
+    for (int i = 0; i < n_in; i++)
+        note_input(n, i, in[i], save_in);
+    for (int k = 0; k < n_out; k++)
+        note_output(n, k, out[k], save_out);
+    static const tdd_attrs none;
+    tdd_formula_note_attrs(n, attrs ? attrs : &none);
+    node_attach(n, out, n_out);
 }
 
 void tdd_autograd_record_to_device(tdd_session *s, tdd_value *in, tdd_value *out)
 {
     (void)s;
-    (void)in;
-    out->requires_grad = true;
+    if (!is_float(in->t.dtype))
+        return;
+    tdd_node *n = node_new();
+    if (!n)
+        return;
+    n->to_device = true;
+    n->op = TDD_OP_COUNT;
+    n->n_in = 1;
+    n->n_out = 1;
+    note_input(n, 0, in, false);
+    note_output(n, 0, out, false);
+    node_attach(n, &out, 1);
+}
+
+/* ---------------------------------------------------------------- session state */
+
+tdd_ag_session *tdd_ag_state(tdd_session *s)
+{
+    if (!s->autograd)
+        s->autograd = calloc(1, sizeof(tdd_ag_session));
+    return s->autograd;
 }
 
 void tdd_autograd_session_free(tdd_session *s)
 {
-    (void)s;
+    free(s->autograd);
+    s->autograd = NULL;
+}
+
+static bool always_answered(const Tensordd__V1__Request *req)
+{
+    return req->body_case != TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE &&
+           req->body_case != TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE &&
+           req->body_case != TENSORDD__V1__REQUEST__BODY_OP;
+}
+
+int tdd_ag_answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err,
+                        bool always)
+{
+    err->request_id = req->id;
+    tdd_count_error(err->code);
+    if (req->want_reply || always)
+        tdd_conn_send_error(c, req->id, err);
+    else
+        tdd_session_fail(c->s, err);
+    return TDD_DISPATCH_DONE;
+}
+
+static int answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err)
+{
+    return tdd_ag_answer_error(c, req, err, always_answered(req));
+}
+
+/* Synchronising requests first report the session's pending error. */
+static int report_pending(tdd_conn *c, const Tensordd__V1__Request *req)
+{
+    tdd_session *s = c->s;
+    if (!s->has_err)
+        return 0;
+    s->has_err = false;
+    tdd_conn_send_error(c, req->id, &s->err);
+    return 1;
+}
+
+static int get_tensor(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
+{
+    return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
+}
+
+/* ---------------------------------------------------------------- detach */
+
+int tdd_autograd_detach(tdd_conn *c, Tensordd__V1__Request *req)
+{
+    Tensordd__V1__Op *op = req->op;
+    tdd_session *s = c->s;
+    td_error err;
+    tdd_value *v = NULL;
+    int rc = 0;
+    if (op->n_inputs != 1 || op->n_outputs != 1)
+        rc = tdd_err_arg(&err, "inputs", "detach takes one input and one output");
+    if (!rc)
+        rc = tdd_handle_check_new(s, op->outputs[0], &err);
+    if (!rc)
+        rc = get_tensor(s, op->inputs[0], &v, &err);
+    tdd_value *a = NULL;
+    if (!rc && !(a = tdd_value_alias(v)))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (rc)
+        return tdd_ag_answer_error(c, req, &err, false);
+    /* Shares the data (as PyTorch's detach): later in-place optimizer updates
+     * of v are visible through it. */
+    tdd_handle_add(s, op->outputs[0], TD_HANDLE_TENSOR, a);
+    if (req->want_reply)
+        tdd_conn_send_ok(c, req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- gradients map */
+
+tdd_grad_entry *tdd_grads_find(tdd_grads *g, const tdd_value *leaf)
+{
+    tdd_grad_entry *e = NULL;
+    HASH_FIND_PTR(g->map, &leaf, e);
+    return e;
+}
+
+static void grads_free(void *obj)
+{
+    tdd_grads *g = obj;
+    tdd_grad_entry *e, *tmp;
+    HASH_ITER(hh, g->map, e, tmp)
+    {
+        HASH_DEL(g->map, e);
+        tdd_value_unref(e->leaf);
+        tdd_value_unref(e->grad);
+        free(e);
+    }
+    free(g);
+}
+
+/* Sets leaf's gradient to grad (takes a new reference on both). */
+static int grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad)
+{
+    tdd_grad_entry *e = tdd_grads_find(g, leaf);
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e)
+            return TD_ERESOURCE_EXHAUSTED;
+        tdd_value_ref(leaf);
+        e->leaf = leaf;
+        HASH_ADD_PTR(g->map, leaf, e);
+    }
+    tdd_value_ref(grad);
+    tdd_value_unref(e->grad);
+    e->grad = grad;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- op builder */
+
+int tdd_bw_fail(tdd_bw *b, int code, const char *fmt, ...)
+{
+    if (b->rc)
+        return b->rc;
+    memset(&b->err, 0, sizeof b->err);
+    b->err.code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->err.message, sizeof b->err.message, fmt, ap);
+    va_end(ap);
+    b->rc = code;
+    return code;
+}
+
+void tdd_bw_keep(tdd_bw *b, tdd_value *v)
+{
+    if (b->ntmp == b->captmp) {
+        size_t cap = b->captmp ? 2 * b->captmp : 64;
+        tdd_value **t = realloc(b->tmp, cap * sizeof *t);
+        if (!t) {
+            tdd_value_unref(v);
+            tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            return;
+        }
+        b->tmp = t;
+        b->captmp = cap;
+    }
+    b->tmp[b->ntmp++] = v;
+}
+
+void tdd_bw_release(tdd_bw *b, size_t keep)
+{
+    while (b->ntmp > keep)
+        tdd_value_unref(b->tmp[--b->ntmp]);
+}
+
+tdd_value *tdd_bw_op(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const td_attr *attrs,
+                     size_t nattrs, td_dtype dtype, tdd_device *dev)
+{
+    if (b->rc)
+        return NULL;
+    for (int i = 0; i < n_in; i++)
+        if (!in[i]) {
+            tdd_bw_fail(b, TD_EINTERNAL, "backward: %s lacks input %d", tdd_opdefs[op].name, i);
+            return NULL;
+        }
+    tdd_opreq req = {.attrs = {.a = attrs, .n = nattrs}, .dtype = dtype, .seed = 0};
+    tdd_value *out[TDD_MAX_OP_OUTPUTS];
+    int n_out = 1;
+    td_error err;
+    int rc = tdd_submit_op(b->s, b->req_id, false, op, &req, in, n_in, dev, out, &n_out, NULL,
+                           &err);
+    if (rc) {
+        if (!b->rc) {
+            b->err = err;
+            b->rc = rc;
+            /* The message says where it came from: a backward formula, not the client's op. */
+            char m[sizeof err.message];
+            snprintf(m, sizeof m, "backward (%.24s): %.200s", tdd_opdefs[op].name, err.message);
+            memcpy(b->err.message, m, sizeof m);
+        }
+        return NULL;
+    }
+    tdd_bw_keep(b, out[0]);
+    return b->rc ? NULL : out[0];
+}
+
+/* ---------------------------------------------------------------- backward */
+
+typedef struct {
+    tdd_node **v;
+    size_t n, cap;
+} node_list;
+
+static int list_push(node_list *l, tdd_node *n)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 32;
+        tdd_node **t = realloc(l->v, cap * sizeof *t);
+        if (!t)
+            return TD_ERESOURCE_EXHAUSTED;
+        l->v = t;
+        l->cap = cap;
+    }
+    l->v[l->n++] = n;
+    return 0;
+}
+
+static int by_seq_desc(const void *a, const void *b)
+{
+    const tdd_node *x = *(tdd_node *const *)a, *y = *(tdd_node *const *)b;
+    return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
+/* Every node the loss leads back to through inputs that need grad, checked
+ * before anything is queued so a failing backward queues nothing. */
+static int collect(tdd_node *root, node_list *order, td_error *err)
+{
+    uint64_t stamp = ++visit_stamp;
+    node_list stack = {0};
+    int rc = list_push(&stack, root);
+    root->visit = stamp;
+    while (!rc && stack.n) {
+        tdd_node *n = stack.v[--stack.n];
+        if ((rc = list_push(order, n)))
+            break;
+        if (n->freed) {
+            rc = tdd_err_arg(err, "retain_graph",
+                             "trying to backward through the graph a second time (%s's saved "
+                             "tensors were freed by an earlier backward without retain_graph)",
+                             n->to_device ? "to_device" : tdd_opdefs[n->op].name);
+            break;
+        }
+        if (!n->to_device && !tdd_formula_exists(n->op)) {
+            rc = tdd_err_set(err, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                             tdd_opdefs[n->op].name);
+            break;
+        }
+        for (int i = 0; i < n->n_in && !rc; i++) {
+            tdd_node_in *ni = &n->in[i];
+            if (ni->v && ni->v->version != ni->version)
+                rc = tdd_err_arg(err, "tensor",
+                                 "input %d of %s (handle %llu) was modified in place (by an "
+                                 "optimizer step) after it was saved for backward",
+                                 i, tdd_opdefs[n->op].name, (unsigned long long)ni->v->handle);
+            else if (ni->v && tdd_value_poisoned(ni->v))
+                rc = tdd_err_poisoned(err, ni->v);
+            else if (ni->needs_grad && ni->fn && ni->fn->visit != stamp) {
+                ni->fn->visit = stamp;
+                rc = list_push(&stack, ni->fn);
+            }
+        }
+        for (int k = 0; k < n->n_out && !rc; k++)
+            if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) &&
+                !n->out[k].alias)
+                rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
+                                 "a saved output of %s was lost (out of memory)",
+                                 tdd_opdefs[n->op].name);
+    }
+    if (rc == TD_ERESOURCE_EXHAUSTED && err->code != rc)
+        tdd_err_set(err, rc, "out of host memory");
+    free(stack.v);
+    if (!rc)
+        qsort(order->v, order->n, sizeof *order->v, by_seq_desc);
+    return rc;
+}
+
+/* *slot += g (a reference is taken). */
+static void accumulate(tdd_bw *b, tdd_value **slot, tdd_value *g)
+{
+    if (!g || b->rc)
+        return;
+    if (*slot) {
+        tdd_value *in[2] = {*slot, g};
+        g = tdd_bw_op(b, TDD_OP_ADD, in, 2, NULL, 0, 0, NULL);
+        if (!g)
+            return;
+        tdd_value_unref(*slot);
+    }
+    tdd_value_ref(g);
+    *slot = g;
+}
+
+static int accumulate_leaf(tdd_bw *b, tdd_grads *grads, tdd_value *leaf, tdd_value *g)
+{
+    tdd_grad_entry *e = tdd_grads_find(grads, leaf);
+    tdd_value *cur = e ? e->grad : NULL;
+    if (cur) {
+        tdd_value_ref(cur);
+        accumulate(b, &cur, g);
+        if (!b->rc && grads_set(grads, leaf, cur))
+            tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        tdd_value_unref(cur);
+    } else if (!b->rc && grads_set(grads, leaf, g)) {
+        tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    }
+    return b->rc;
+}
+
+static bool same_shape(int an, const int64_t *a, int bn, const int64_t *b)
+{
+    if (an != bn)
+        return false;
+    for (int d = 0; d < an; d++)
+        if (a[d] != b[d])
+            return false;
+    return true;
+}
+
+/* Brings a formula's gradient to the input's shape (broadcasting reduced
+ * away) and dtype (promotion undone). */
+static tdd_value *fit_to_input(tdd_bw *b, tdd_value *g, const tdd_node_in *ni)
+{
+    if (!g)
+        return NULL;
+    if (!same_shape(g->t.ndim, g->t.shape, ni->ndim, ni->shape)) {
+        td_attr a = {.name = "shape", .kind = TD_ATTR_INTS, .ints = ni->shape,
+                     .n = (size_t)ni->ndim};
+        g = tdd_bw_op(b, TDD_OP_SUM_TO, &g, 1, &a, 1, 0, NULL);
+    }
+    if (g && g->t.dtype != ni->dtype)
+        g = tdd_bw_op(b, TDD_OP_CAST, &g, 1, NULL, 0, ni->dtype, NULL);
+    return g;
+}
+
+static tdd_value *zeros_like_out(tdd_bw *b, const tdd_node_out *o, tdd_device *dev)
+{
+    td_attr a = {.name = "shape", .kind = TD_ATTR_INTS, .ints = o->shape, .n = (size_t)o->ndim};
+    return tdd_bw_op(b, TDD_OP_ZEROS, NULL, 0, &a, 1, o->dtype, dev);
+}
+
+/* Runs one node's formula and hands the input gradients on. */
+static void backward_node(tdd_bw *b, tdd_node *n, tdd_grads *grads)
+{
+    bool any = false;
+    for (int k = 0; k < n->n_out; k++)
+        any |= n->out[k].grad != NULL;
+    if (!any)
+        return;
+    size_t mark = b->ntmp;
+    tdd_device *dev = n->in[0].dev;
+    for (int k = 0; k < n->n_out && !b->rc; k++)
+        if (!n->out[k].grad && is_float(n->out[k].dtype))
+            accumulate(b, &n->out[k].grad, zeros_like_out(b, &n->out[k], dev));
+    tdd_value *gin[TDD_MAX_OP_INPUTS] = {0};
+    if (b->rc)
+        return;
+    if (n->to_device) {
+        tdd_value *c = NULL;
+        td_error err;
+        int rc = tdd_submit_copy(b->s, b->req_id, n->out[0].grad, n->in[0].dev, &c, &err);
+        if (rc) {
+            b->err = err;
+            b->rc = rc;
+            return;
+        }
+        tdd_bw_keep(b, c);
+        gin[0] = c;
+    } else if (tdd_backward_formula(b, n, gin)) {
+        return;
+    }
+    for (int i = 0; i < n->n_in && !b->rc; i++) {
+        tdd_node_in *ni = &n->in[i];
+        if (!ni->needs_grad)
+            continue;
+        if (!gin[i]) {
+            tdd_bw_fail(b, TD_EINTERNAL, "backward of %s gave no gradient for input %d",
+                        tdd_opdefs[n->op].name, i);
+            break;
+        }
+        tdd_value *g = fit_to_input(b, gin[i], ni);
+        if (ni->fn)
+            accumulate(b, &ni->fn->out[ni->fn_out].grad, g);
+        else if (ni->leaf)
+            accumulate_leaf(b, grads, ni->leaf, g);
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        tdd_value_unref(n->out[k].grad);
+        n->out[k].grad = NULL;
+    }
+    tdd_bw_release(b, mark);
+}
+
+static tdd_value *ones_like(tdd_bw *b, const tdd_value *v)
+{
+    td_attr a[2] = {{.name = "shape", .kind = TD_ATTR_INTS, .ints = v->t.shape,
+                     .n = (size_t)v->t.ndim},
+                    {.name = "value", .kind = TD_ATTR_FLOAT, .f = 1.0}};
+    return tdd_bw_op(b, TDD_OP_FULL, NULL, 0, a, 2, v->t.dtype, v->dev);
+}
+
+static int check_grad_output(const tdd_value *loss, const tdd_value *go, td_error *err)
+{
+    if (tdd_value_poisoned(go))
+        return tdd_err_poisoned(err, go);
+    if (go->dev->be != loss->dev->be)
+        return tdd_err_devices(err, TD_EBACKEND_MISMATCH, loss->dev, go->dev, 0, 1,
+                               "grad_output is on %s but the loss is on %s", go->dev->label,
+                               loss->dev->label);
+    if (go->dev != loss->dev)
+        return tdd_err_devices(err, TD_EDEVICE_MISMATCH, loss->dev, go->dev, 0, 1,
+                               "grad_output is on %s but the loss is on %s", go->dev->label,
+                               loss->dev->label);
+    if (go->t.dtype != loss->t.dtype)
+        return tdd_err_dtypes(err, loss->t.dtype, go->t.dtype,
+                              "grad_output is %s but the loss is %s", td_dtype_name(go->t.dtype),
+                              td_dtype_name(loss->t.dtype));
+    if (!tdd_same_shape(&go->t, &loss->t))
+        return tdd_err_shape(err, loss->t.shape, loss->t.ndim, go->t.shape, go->t.ndim,
+                             "grad_output's shape differs from the loss's");
+    return 0;
+}
+
+static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
+{
+    tdd_session *s = c->s;
+    if (s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    if (report_pending(c, req))
+        return TDD_DISPATCH_DONE;
+    Tensordd__V1__Backward *bw = req->backward;
+    td_error err;
+    tdd_value *loss = NULL, *go = NULL;
+    int rc = tdd_handle_check_new(s, bw->grads, &err);
+    if (!rc)
+        rc = get_tensor(s, bw->loss, &loss, &err);
+    if (!rc && tdd_value_poisoned(loss))
+        rc = tdd_err_poisoned(&err, loss);
+    if (!rc && !loss->requires_grad)
+        rc = tdd_err_set(&err, TD_ENOT_TRACKED,
+                         "handle %llu does not require grad and has no grad_fn: nothing to "
+                         "differentiate",
+                         (unsigned long long)bw->loss);
+    if (!rc && bw->grad_output) {
+        rc = get_tensor(s, bw->grad_output, &go, &err);
+        if (!rc)
+            rc = check_grad_output(loss, go, &err);
+    } else if (!rc && tdd_numel(&loss->t) != 1) {
+        rc = tdd_err_arg(&err, "grad_output",
+                         "grad_output can be omitted only for a loss with one element (this "
+                         "one has %lld)",
+                         (long long)tdd_numel(&loss->t));
+    }
+    node_list order = {0};
+    if (!rc && loss->grad_fn)
+        rc = collect(loss->grad_fn, &order, &err);
+    tdd_grads *grads = NULL;
+    if (!rc && !(grads = calloc(1, sizeof *grads)))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (rc) {
+        free(order.v);
+        return answer_error(c, req, &err);
+    }
+
+    tdd_bw b = {.s = s, .req_id = req->id};
+    tdd_value *root = go ? go : ones_like(&b, loss);
+    tdd_node *top = loss->grad_fn;
+    if (!top) {
+        /* The loss is itself a leaf: its gradient is grad_output. */
+        if (root)
+            accumulate_leaf(&b, grads, loss, root);
+    } else if (root) {
+        int k = 0;
+        for (int j = 0; j < top->n_out; j++)
+            if (top->out[j].id == (uintptr_t)loss)
+                k = j;
+        accumulate(&b, &top->out[k].grad, root);
+    }
+    for (size_t i = 0; i < order.n && !b.rc; i++)
+        backward_node(&b, order.v[i], grads);
+    for (size_t i = 0; i < order.n; i++)
+        for (int k = 0; k < order.v[i]->n_out; k++) {
+            tdd_value_unref(order.v[i]->out[k].grad);
+            order.v[i]->out[k].grad = NULL;
+        }
+    tdd_bw_release(&b, 0);
+    free(b.tmp);
+    if (b.rc) {
+        free(order.v);
+        grads_free(grads);
+        return answer_error(c, req, &b.err);
+    }
+    if (!bw->retain_graph)
+        for (size_t i = 0; i < order.n; i++) {
+            node_drop_saved(order.v[i]);
+            order.v[i]->freed = true;
+        }
+    free(order.v);
+    tdd_handle_add(s, bw->grads, TD_HANDLE_GRADIENTS, grads);
+    /* Queued, not run: errors of the queued ops surface at the next
+     * synchronising request, as for any op. */
+    tdd_conn_send_ok(c, req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- Grad, GradRemove, GradReplace */
+
+static void send_tensor_info(tdd_conn *c, uint64_t req_id, const tdd_value *v)
+{
+    Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
+    Tensordd__V1__Device d;
+    char b[16];
+    tdd_wire_device(&d, b, sizeof b, v->dev);
+    ti.handle = v->handle;
+    ti.dtype = (Tensordd__V1__DType)v->t.dtype;
+    ti.n_shape = (size_t)v->t.ndim;
+    ti.shape = (int64_t *)(uintptr_t)v->t.shape;
+    ti.device = &d;
+    ti.requires_grad = v->requires_grad;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req_id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+    r.tensor = &ti;
+    tdd_conn_send(c, &r, NULL, 0, NULL);
+}
+
+static int tracked(tdd_value *t, uint64_t id, td_error *err)
+{
+    if (t->requires_grad)
+        return 0;
+    return tdd_err_set(err, TD_ENOT_TRACKED,
+                       "handle %llu is not tracked by autodiff (it does not require grad)",
+                       (unsigned long long)id);
+}
+
+static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
+{
+    tdd_session *s = c->s;
+    if (s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    if (report_pending(c, req))
+        return TDD_DISPATCH_DONE;
+    Tensordd__V1__Grad *g = remove ? req->grad_remove : req->grad;
+    td_error err;
+    tdd_grads *grads = NULL;
+    tdd_value *t = NULL;
+    int rc = tdd_handle_get(s, g->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
+    if (!rc)
+        rc = get_tensor(s, g->tensor, &t, &err);
+    if (!rc)
+        rc = tracked(t, g->tensor, &err);
+    tdd_grad_entry *e = NULL;
+    if (!rc && !(e = tdd_grads_find(grads, t)))
+        rc = tdd_err_arg(&err, "tensor",
+                         "gradients %llu hold no gradient for handle %llu (not a leaf reached "
+                         "by the backward pass, or removed)",
+                         (unsigned long long)g->grads, (unsigned long long)g->tensor);
+    if (!rc)
+        rc = tdd_handle_check_new(s, g->output, &err);
+    tdd_value *out = NULL;
+    if (!rc && !(out = tdd_value_alias(e->grad)))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (rc)
+        return answer_error(c, req, &err);
+    tdd_handle_add(s, g->output, TD_HANDLE_TENSOR, out);
+    if (remove) {
+        HASH_DEL(grads->map, e);
+        tdd_value_unref(e->leaf);
+        tdd_value_unref(e->grad);
+        free(e);
+    }
+    send_tensor_info(c, req->id, out);
+    return TDD_DISPATCH_DONE;
+}
+
+static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
+{
+    tdd_session *s = c->s;
+    if (s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    if (report_pending(c, req))
+        return TDD_DISPATCH_DONE;
+    Tensordd__V1__GradReplace *gr = req->grad_replace;
+    td_error err;
+    tdd_grads *grads = NULL;
+    tdd_value *t = NULL, *g = NULL;
+    /* The order is the contract (DESIGN §6): gradients, tracking, backend,
+     * device, dtype, shape. Nothing is installed unless every check passes. */
+    int rc = tdd_handle_get(s, gr->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
+    if (!rc)
+        rc = get_tensor(s, gr->tensor, &t, &err);
+    if (!rc)
+        rc = tracked(t, gr->tensor, &err);
+    if (!rc)
+        rc = get_tensor(s, gr->grad, &g, &err);
+    if (!rc && g->dev->be != t->dev->be)
+        rc = tdd_err_devices(&err, TD_EBACKEND_MISMATCH, t->dev, g->dev, 0, 0,
+                             "gradient is on backend %s (%s) but tensor %llu is on backend %s "
+                             "(%s)",
+                             g->dev->be->name, g->dev->label, (unsigned long long)gr->tensor,
+                             t->dev->be->name, t->dev->label);
+    if (!rc && g->dev != t->dev)
+        rc = tdd_err_devices(&err, TD_EDEVICE_MISMATCH, t->dev, g->dev, 0, 0,
+                             "gradient is on %s but tensor %llu is on %s", g->dev->label,
+                             (unsigned long long)gr->tensor, t->dev->label);
+    if (!rc && g->t.dtype != t->t.dtype)
+        rc = tdd_err_dtypes(&err, t->t.dtype, g->t.dtype,
+                            "gradient is %s but tensor %llu is %s", td_dtype_name(g->t.dtype),
+                            (unsigned long long)gr->tensor, td_dtype_name(t->t.dtype));
+    if (!rc && !tdd_same_shape(&g->t, &t->t))
+        rc = tdd_err_shape(&err, t->t.shape, t->t.ndim, g->t.shape, g->t.ndim,
+                           "gradient's shape differs from tensor %llu's",
+                           (unsigned long long)gr->tensor);
+    if (!rc && tdd_value_poisoned(g))
+        rc = tdd_err_poisoned(&err, g);
+    if (!rc && grads_set(grads, t, g))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (rc)
+        return answer_error(c, req, &err);
+    tdd_conn_send_ok(c, req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+void tdd_autograd_init(void)
+{
+    tdd_handle_set_free_fn(TD_HANDLE_GRADIENTS, grads_free);
+    tdd_optim_init();
 }
 
 int tdd_autograd_dispatch(tdd_conn *c, Tensordd__V1__Request *req)
 {
-    td_error err;
-    if (req->body_case == TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE) {
+    switch (req->body_case) {
+    case TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE:
         c->s->grad_enabled = req->set_grad_mode->enabled;
         if (req->want_reply)
             tdd_conn_send_ok(c, req->id);
         return TDD_DISPATCH_DONE;
+    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
+        return h_backward(c, req);
+    case TENSORDD__V1__REQUEST__BODY_GRAD:
+        return h_grad(c, req, false);
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
+        return h_grad(c, req, true);
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REPLACE:
+        return h_grad_replace(c, req);
+    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
+        return tdd_optim_create(c, req);
+    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_STEP:
+        return tdd_optim_step(c, req);
+    default:
+        break;
     }
-    tdd_err_set(&err, TD_EUNSUPPORTED_OP, "autodiff requests are not served yet");
-    err.request_id = req->id;
-    tdd_conn_send_error(c, req->id, &err);
-    return TDD_DISPATCH_DONE;
+    td_error err;
+    tdd_err_set(&err, TD_EPROTOCOL_ERROR, "not an autodiff request");
+    return answer_error(c, req, &err);
 }

@@ -493,6 +493,8 @@ static int h_op(tdd_conn *c, Request *req)
                 rc = tdd_err_arg(&err, "outputs", "output handle %llu named twice",
                                  (unsigned long long)op->outputs[i]);
     }
+    if (!rc && op->op && strcmp(op->op, "detach") == 0)
+        return tdd_autograd_detach(c, req); /* no kernel: a new handle outside the graph */
     const tdd_opdef *def = NULL;
     if (!rc && !(def = tdd_op_find(op->op)))
         rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "unknown op '%.64s'", op->op);
@@ -510,10 +512,10 @@ static int h_op(tdd_conn *c, Request *req)
         rc = err.code;
     if (!rc && (op->dtype < 0 || op->dtype >= (int)TD_DTYPE_COUNT))
         rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
+    tdd_opreq oreq = {.attrs = {.a = attrs, .n = op->n_attrs},
+                      .dtype = (td_dtype)op->dtype,
+                      .seed = s->rng};
     if (!rc) {
-        tdd_opreq oreq = {.attrs = {.a = attrs, .n = op->n_attrs},
-                          .dtype = (td_dtype)op->dtype,
-                          .seed = s->rng};
         s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
         rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in,
                                  (int)op->n_inputs, dev, op->outputs, out, &n_out, &args, &err);
@@ -539,7 +541,8 @@ static int h_op(tdd_conn *c, Request *req)
         for (size_t i = 0; i < op->n_inputs; i++)
             track |= in[i]->requires_grad;
         if (track)
-            tdd_autograd_record(s, def->op, &args, in, (int)op->n_inputs, out, n_out);
+            tdd_autograd_record(s, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out,
+                                n_out);
     }
     return TDD_DISPATCH_DONE;
 }

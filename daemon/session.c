@@ -37,10 +37,14 @@ void tdd_value_ref(tdd_value *v)
     v->refs++;
 }
 
+extern void tdd_autograd_value_free(tdd_value *v);
+
 void tdd_value_unref(tdd_value *v)
 {
     if (!v || --v->refs > 0)
         return;
+    if (v->grad_fn)
+        tdd_autograd_value_free(v); /* drops its reference on the graph */
     tdd_storage_unref(v->t.st);
     values_alive--;
     free(v);

@@ -25,5 +25,6 @@ int it_raw_session(void);
 
 Suite *it_data_suite(void);
 Suite *it_error_suite(void);
+Suite *it_autograd_suite(void);
 
 #endif

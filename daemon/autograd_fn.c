@@ -1,0 +1,882 @@
+/* autograd_fn.c -- the backward formulas: each op's input gradients written
+ * as ordinary ops queued on the inputs' device (no kernel of its own).
+ *
+ * A formula may return gradients in the broadcast shape and a promoted dtype;
+ * autograd.c reduces them (sum_to) and casts them to each input's. */
+#include <string.h>
+
+#include "autograd_impl.h"
+#include "dtype.h"
+
+#define A_INT(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_INT, .i = (v), .f = (double)(v)})
+#define A_F(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_FLOAT, .f = (v)})
+#define A_B(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_BOOL, .b = (v), .i = (v)})
+#define A_INTS(nm, p, k) ((td_attr){.name = (nm), .kind = TD_ATTR_INTS, .ints = (p), .n = (size_t)(k)})
+
+/* ---------------------------------------------------------------- builders */
+
+static tdd_value *un(tdd_bw *b, tdd_op op, tdd_value *x)
+{
+    return x ? tdd_bw_op(b, op, &x, 1, NULL, 0, 0, NULL) : NULL;
+}
+
+static tdd_value *bin(tdd_bw *b, tdd_op op, tdd_value *x, tdd_value *y)
+{
+    tdd_value *in[2] = {x, y};
+    return x && y ? tdd_bw_op(b, op, in, 2, NULL, 0, 0, NULL) : NULL;
+}
+
+/* x op scalar (PyTorch's Python-scalar rules: the tensor's float dtype stays). */
+static tdd_value *sc(tdd_bw *b, tdd_op op, tdd_value *x, double v)
+{
+    td_attr a = A_F("other", v);
+    return x ? tdd_bw_op(b, op, &x, 1, &a, 1, 0, NULL) : NULL;
+}
+
+static tdd_value *op1a(tdd_bw *b, tdd_op op, tdd_value *x, const td_attr *a, size_t na)
+{
+    return x ? tdd_bw_op(b, op, &x, 1, a, na, 0, NULL) : NULL;
+}
+
+static tdd_value *cast(tdd_bw *b, tdd_value *x, td_dtype dt)
+{
+    if (x && x->t.dtype == dt)
+        return x;
+    return x ? tdd_bw_op(b, TDD_OP_CAST, &x, 1, NULL, 0, dt, NULL) : NULL;
+}
+
+static tdd_value *reshape(tdd_bw *b, tdd_value *x, const int64_t *shape, int nd)
+{
+    td_attr a = A_INTS("shape", shape, nd);
+    return op1a(b, TDD_OP_RESHAPE, x, &a, 1);
+}
+
+static tdd_value *expand(tdd_bw *b, tdd_value *x, const int64_t *shape, int nd)
+{
+    td_attr a = A_INTS("shape", shape, nd);
+    return op1a(b, TDD_OP_EXPAND, x, &a, 1);
+}
+
+static tdd_value *unsqueeze(tdd_bw *b, tdd_value *x, int64_t dim)
+{
+    td_attr a = A_INT("dim", dim);
+    return op1a(b, TDD_OP_UNSQUEEZE, x, &a, 1);
+}
+
+static tdd_value *transpose(tdd_bw *b, tdd_value *x, int64_t d0, int64_t d1)
+{
+    td_attr a[2] = {A_INT("dim0", d0), A_INT("dim1", d1)};
+    return op1a(b, TDD_OP_TRANSPOSE, x, a, 2);
+}
+
+static tdd_value *zeros(tdd_bw *b, const int64_t *shape, int nd, td_dtype dt, tdd_device *dev)
+{
+    td_attr a = A_INTS("shape", shape, nd);
+    return tdd_bw_op(b, TDD_OP_ZEROS, NULL, 0, &a, 1, dt, dev);
+}
+
+/* Sum over the dims in mask (keepdim). */
+static tdd_value *sum_dims(tdd_bw *b, tdd_value *x, uint32_t mask, bool keepdim)
+{
+    int64_t dims[TD_MAX_NDIM];
+    int n = 0;
+    for (int d = 0; x && d < x->t.ndim; d++)
+        if (mask & (1u << d))
+            dims[n++] = d;
+    td_attr a[2] = {A_INTS("dim", dims, n), A_B("keepdim", keepdim)};
+    if (x && n == 0)
+        return x;
+    return op1a(b, TDD_OP_SUM, x, a, 2);
+}
+
+static tdd_value *sum_dim(tdd_bw *b, tdd_value *x, int64_t d, bool keepdim)
+{
+    td_attr a[2] = {A_INT("dim", d), A_B("keepdim", keepdim)};
+    return op1a(b, TDD_OP_SUM, x, a, 2);
+}
+
+static tdd_value *mean_dims(tdd_bw *b, tdd_value *x, const int64_t *dims, int n)
+{
+    td_attr a[2] = {A_INTS("dim", dims, n), A_B("keepdim", true)};
+    return op1a(b, TDD_OP_MEAN, x, a, 2);
+}
+
+/* A reduction's output (or its gradient) spread back over the input's shape. */
+static tdd_value *expand_back(tdd_bw *b, tdd_value *g, const tdd_node_in *x, uint32_t mask,
+                              bool keepdim)
+{
+    int64_t ks[TD_MAX_NDIM];
+    for (int d = 0; d < x->ndim; d++)
+        ks[d] = (mask & (1u << d)) ? 1 : x->shape[d];
+    if (!keepdim)
+        g = reshape(b, g, ks, x->ndim);
+    return expand(b, g, x->shape, x->ndim);
+}
+
+static tdd_value *zeros_in(tdd_bw *b, const tdd_node_in *x)
+{
+    return zeros(b, x->shape, x->ndim, x->dtype, x->dev);
+}
+
+/* ---------------------------------------------------------------- what is saved */
+
+bool tdd_formula_saves_output(tdd_op op)
+{
+    switch (op) {
+    case TDD_OP_DIV:
+    case TDD_OP_POW:
+    case TDD_OP_EXP:
+    case TDD_OP_EXPM1:
+    case TDD_OP_SQRT:
+    case TDD_OP_RSQRT:
+    case TDD_OP_TANH:
+    case TDD_OP_SIGMOID:
+    case TDD_OP_RECIPROCAL:
+    case TDD_OP_SOFTMAX:
+    case TDD_OP_LOG_SOFTMAX:
+    case TDD_OP_LOGSUMEXP:
+    case TDD_OP_AMAX:
+    case TDD_OP_AMIN:
+    case TDD_OP_STD:
+    case TDD_OP_PROD:
+    case TDD_OP_DROPOUT:
+        return true;
+    default:
+        return false;
+    }
+}
+
+bool tdd_formula_saves_inputs(tdd_op op)
+{
+    switch (op) {
+    /* Shape-only formulas: the metadata kept in the node is enough. */
+    case TDD_OP_ADD:
+    case TDD_OP_SUB:
+    case TDD_OP_NEG:
+    case TDD_OP_EXP:
+    case TDD_OP_EXPM1:
+    case TDD_OP_SQRT:
+    case TDD_OP_RSQRT:
+    case TDD_OP_TANH:
+    case TDD_OP_SIGMOID:
+    case TDD_OP_RECIPROCAL:
+    case TDD_OP_SOFTMAX:
+    case TDD_OP_LOG_SOFTMAX:
+    case TDD_OP_FLOOR:
+    case TDD_OP_CEIL:
+    case TDD_OP_ROUND:
+    case TDD_OP_SIGN:
+    case TDD_OP_SUM:
+    case TDD_OP_MEAN:
+    case TDD_OP_SUM_TO:
+    case TDD_OP_CUMSUM:
+    case TDD_OP_TRANSPOSE:
+    case TDD_OP_PERMUTE:
+    case TDD_OP_RESHAPE:
+    case TDD_OP_VIEW:
+    case TDD_OP_FLATTEN:
+    case TDD_OP_SQUEEZE:
+    case TDD_OP_UNSQUEEZE:
+    case TDD_OP_EXPAND:
+    case TDD_OP_SLICE:
+    case TDD_OP_CONTIGUOUS:
+    case TDD_OP_SPLIT:
+    case TDD_OP_CHUNK:
+    case TDD_OP_CLONE:
+    case TDD_OP_CAST:
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+    case TDD_OP_PAD:
+    case TDD_OP_DROPOUT:
+        return false;
+    default:
+        return true;
+    }
+}
+
+bool tdd_formula_exists(tdd_op op)
+{
+    switch (op) {
+    case TDD_OP_GELU:
+    case TDD_OP_CONV2D:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+    case TDD_OP_REMAINDER:
+    case TDD_OP_COUNT:
+        return false;
+    default:
+        return true;
+    }
+}
+
+static int64_t attr_int(const tdd_attrs *as, const char *name, int64_t def)
+{
+    const td_attr *a = tdd_attr_get(as, name);
+    if (!a)
+        return def;
+    if (a->kind == TD_ATTR_INT || a->kind == TD_ATTR_BOOL)
+        return a->i;
+    if (a->kind == TD_ATTR_INTS && a->n == 1)
+        return a->ints[0];
+    return def;
+}
+
+static int64_t norm_dim(int64_t d, int nd)
+{
+    int64_t n = nd > 0 ? nd : 1;
+    return d < 0 ? d + n : d;
+}
+
+void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *as)
+{
+    int nd = n->in[0].ndim;
+    switch (n->op) {
+    case TDD_OP_TRANSPOSE:
+        n->ex[0] = norm_dim(attr_int(as, "dim0", 0), nd);
+        n->ex[1] = norm_dim(attr_int(as, "dim1", 0), nd);
+        break;
+    case TDD_OP_PERMUTE: {
+        const td_attr *a = tdd_attr_get(as, "dims");
+        for (int d = 0; a && a->kind == TD_ATTR_INTS && d < nd && (size_t)d < a->n; d++)
+            n->ex[d] = norm_dim(a->ints[d], nd);
+        break;
+    }
+    case TDD_OP_SLICE: {
+        /* The same clamping as the op's (Python slices). */
+        int64_t d = norm_dim(attr_int(as, "dim", 0), nd);
+        int64_t size = n->in[0].shape[d], start = attr_int(as, "start", 0);
+        if (start < 0)
+            start = start < -size ? 0 : start + size;
+        if (start > size)
+            start = size;
+        n->ex[0] = d;
+        n->ex[1] = start;
+        n->ex[2] = attr_int(as, "step", 1);
+        break;
+    }
+    case TDD_OP_SPLIT:
+    case TDD_OP_CHUNK:
+        n->ex[0] = norm_dim(attr_int(as, "dim", 0), nd);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------- formulas */
+
+/* 1 where cond holds, as x's dtype (masks must not pull arithmetic to f32). */
+static tdd_value *maskf(tdd_bw *b, tdd_value *m, td_dtype dt)
+{
+    return cast(b, m, dt);
+}
+
+static int f_binary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    tdd_value *x = n->in[0].v, *y = a->scalar_form ? NULL : n->in[1].v;
+    tdd_value *out = n->out[0].alias;
+    td_dtype dt = g->t.dtype;
+    double other = a->f[0], alpha = a->f[1];
+    switch (n->op) {
+    case TDD_OP_ADD:
+        gin[0] = g;
+        if (!a->scalar_form)
+            gin[1] = alpha == 1.0 ? g : sc(b, TDD_OP_MUL, g, alpha);
+        break;
+    case TDD_OP_SUB:
+        gin[0] = g;
+        if (!a->scalar_form)
+            gin[1] = alpha == 1.0 ? un(b, TDD_OP_NEG, g) : sc(b, TDD_OP_MUL, g, -alpha);
+        break;
+    case TDD_OP_MUL:
+        if (a->scalar_form) {
+            gin[0] = sc(b, TDD_OP_MUL, g, other);
+        } else {
+            if (n->in[0].needs_grad)
+                gin[0] = bin(b, TDD_OP_MUL, g, y);
+            if (n->in[1].needs_grad)
+                gin[1] = bin(b, TDD_OP_MUL, g, x);
+        }
+        break;
+    case TDD_OP_DIV:
+        if (a->scalar_form) {
+            gin[0] = sc(b, TDD_OP_DIV, g, other);
+        } else {
+            tdd_value *ga = bin(b, TDD_OP_DIV, g, y);
+            gin[0] = ga;
+            if (n->in[1].needs_grad) /* d(x/y)/dy = -(g/y) * (x/y) */
+                gin[1] = un(b, TDD_OP_NEG, bin(b, TDD_OP_MUL, ga, out));
+        }
+        break;
+    case TDD_OP_POW:
+        if (a->scalar_form) {
+            if (other == 0.0) {
+                gin[0] = zeros_in(b, &n->in[0]);
+            } else {
+                tdd_value *p = sc(b, TDD_OP_POW, x, other - 1.0);
+                gin[0] = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_MUL, p, other));
+            }
+        } else {
+            if (n->in[0].needs_grad) {
+                tdd_value *p = bin(b, TDD_OP_POW, x, sc(b, TDD_OP_SUB, y, 1.0));
+                gin[0] = bin(b, TDD_OP_MUL, g, bin(b, TDD_OP_MUL, y, p));
+            }
+            if (n->in[1].needs_grad)
+                gin[1] = bin(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, g, out), un(b, TDD_OP_LOG, x));
+        }
+        break;
+    case TDD_OP_MAXIMUM:
+    case TDD_OP_MINIMUM: {
+        /* Ties split the gradient in half, as PyTorch does. */
+        tdd_op win = n->op == TDD_OP_MAXIMUM ? TDD_OP_GT : TDD_OP_LT;
+        tdd_value *w, *eq;
+        if (a->scalar_form) {
+            w = maskf(b, sc(b, win, x, other), dt);
+            eq = maskf(b, sc(b, TDD_OP_EQ, x, other), dt);
+        } else {
+            w = maskf(b, bin(b, win, x, y), dt);
+            eq = maskf(b, bin(b, TDD_OP_EQ, x, y), dt);
+        }
+        tdd_value *k = bin(b, TDD_OP_ADD, w, sc(b, TDD_OP_MUL, eq, 0.5));
+        tdd_value *ga = bin(b, TDD_OP_MUL, g, k);
+        gin[0] = ga;
+        if (!a->scalar_form)
+            gin[1] = bin(b, TDD_OP_SUB, g, ga);
+        break;
+    }
+    default:
+        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                           tdd_opdefs[n->op].name);
+    }
+    return b->rc;
+}
+
+static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    tdd_value *x = n->in[0].v, *out = n->out[0].alias;
+    td_dtype dt = n->in[0].dtype;
+    const tdd_opargs *a = &n->args;
+    tdd_value *r = NULL;
+    switch (n->op) {
+    case TDD_OP_NEG:
+        r = un(b, TDD_OP_NEG, g);
+        break;
+    case TDD_OP_ABS:
+        r = bin(b, TDD_OP_MUL, g, un(b, TDD_OP_SIGN, x));
+        break;
+    case TDD_OP_SIGN:
+    case TDD_OP_FLOOR:
+    case TDD_OP_CEIL:
+    case TDD_OP_ROUND:
+        r = zeros_in(b, &n->in[0]);
+        break;
+    case TDD_OP_EXP:
+        r = bin(b, TDD_OP_MUL, g, out);
+        break;
+    case TDD_OP_EXPM1:
+        r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_ADD, out, 1.0));
+        break;
+    case TDD_OP_LOG:
+        r = bin(b, TDD_OP_DIV, g, x);
+        break;
+    case TDD_OP_LOG1P:
+        r = bin(b, TDD_OP_DIV, g, sc(b, TDD_OP_ADD, x, 1.0));
+        break;
+    case TDD_OP_SQRT:
+        r = bin(b, TDD_OP_DIV, g, sc(b, TDD_OP_MUL, out, 2.0));
+        break;
+    case TDD_OP_RSQRT: /* -0.5 * out^3 */
+        r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_MUL, sc(b, TDD_OP_POW, out, 3.0), -0.5));
+        break;
+    case TDD_OP_RECIPROCAL: /* -out^2 */
+        r = bin(b, TDD_OP_MUL, g, un(b, TDD_OP_NEG, un(b, TDD_OP_SQUARE, out)));
+        break;
+    case TDD_OP_SIN:
+        r = bin(b, TDD_OP_MUL, g, un(b, TDD_OP_COS, x));
+        break;
+    case TDD_OP_COS:
+        r = bin(b, TDD_OP_MUL, g, un(b, TDD_OP_NEG, un(b, TDD_OP_SIN, x)));
+        break;
+    case TDD_OP_TANH: /* 1 - out^2 */
+        r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, un(b, TDD_OP_SQUARE, out)),
+                                     1.0));
+        break;
+    case TDD_OP_SIGMOID: /* out * (1 - out) */
+        r = bin(b, TDD_OP_MUL, g,
+                bin(b, TDD_OP_MUL, out, sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, out), 1.0)));
+        break;
+    case TDD_OP_RELU:
+        r = bin(b, TDD_OP_RELU_BACKWARD, g, x);
+        break;
+    case TDD_OP_LEAKY_RELU: {
+        double slope = a->f[0];
+        tdd_value *pos = maskf(b, sc(b, TDD_OP_GT, x, 0.0), dt);
+        r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, pos, 1.0 - slope), slope));
+        break;
+    }
+    case TDD_OP_SILU: { /* s * (1 + x * (1 - s)) */
+        tdd_value *s = un(b, TDD_OP_SIGMOID, x);
+        tdd_value *t = sc(b, TDD_OP_ADD,
+                          bin(b, TDD_OP_MUL, x, sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, s), 1.0)),
+                          1.0);
+        r = bin(b, TDD_OP_MUL, g, bin(b, TDD_OP_MUL, s, t));
+        break;
+    }
+    case TDD_OP_SOFTPLUS: { /* sigmoid(beta x), 1 past the threshold where it is linear */
+        tdd_value *bx = sc(b, TDD_OP_MUL, x, a->f[0]);
+        tdd_value *s = un(b, TDD_OP_SIGMOID, bx);
+        tdd_value *over = sc(b, TDD_OP_GT, bx, a->f[1]);
+        tdd_value *in[2] = {s, over};
+        td_attr v = A_F("value", 1.0);
+        tdd_value *k = s && over ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &v, 1, 0, NULL) : NULL;
+        r = bin(b, TDD_OP_MUL, g, k);
+        break;
+    }
+    case TDD_OP_CLAMP: { /* passes where min <= x <= max */
+        r = g;
+        if (a->flags & 1u)
+            r = bin(b, TDD_OP_MUL, r, maskf(b, sc(b, TDD_OP_GE, x, a->f[0]), dt));
+        if (a->flags & 2u)
+            r = bin(b, TDD_OP_MUL, r, maskf(b, sc(b, TDD_OP_LE, x, a->f[1]), dt));
+        break;
+    }
+    case TDD_OP_SQUARE:
+        r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_MUL, x, 2.0));
+        break;
+    default:
+        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                           tdd_opdefs[n->op].name);
+    }
+    gin[0] = r;
+    return b->rc;
+}
+
+static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0];
+    tdd_value *x = xi->v, *out = n->out[0].alias;
+    uint32_t m = a->dims_mask;
+    bool kd = a->keepdim;
+    switch (n->op) {
+    case TDD_OP_SUM:
+        gin[0] = expand_back(b, g, xi, m, kd);
+        break;
+    case TDD_OP_MEAN:
+        gin[0] = sc(b, TDD_OP_DIV, expand_back(b, g, xi, m, kd), (double)a->i[1]);
+        break;
+    case TDD_OP_SUM_TO: {
+        int64_t ks[TD_MAX_NDIM];
+        int lead = xi->ndim - n->out[0].ndim;
+        for (int d = 0; d < xi->ndim; d++)
+            ks[d] = d < lead ? 1 : n->out[0].shape[d - lead];
+        gin[0] = expand(b, reshape(b, g, ks, xi->ndim), xi->shape, xi->ndim);
+        break;
+    }
+    case TDD_OP_AMAX:
+    case TDD_OP_AMIN: { /* shared equally among the elements equal to the extreme */
+        tdd_value *hit = maskf(b, bin(b, TDD_OP_EQ, x, expand_back(b, out, xi, m, kd)),
+                               xi->dtype);
+        tdd_value *cnt = expand(b, sum_dims(b, hit, m, true), xi->shape, xi->ndim);
+        gin[0] = bin(b, TDD_OP_MUL, bin(b, TDD_OP_DIV, expand_back(b, g, xi, m, kd), cnt), hit);
+        break;
+    }
+    case TDD_OP_VAR:
+    case TDD_OP_STD: {
+        int64_t dims[TD_MAX_NDIM];
+        int nd = 0;
+        for (int d = 0; d < xi->ndim; d++)
+            if (m & (1u << d))
+                dims[nd++] = d;
+        tdd_value *xc = bin(b, TDD_OP_SUB, x, mean_dims(b, x, dims, nd));
+        double denom = (double)a->i[1] - a->f[0];
+        tdd_value *ge = expand_back(b, g, xi, m, kd);
+        if (n->op == TDD_OP_VAR)
+            gin[0] = bin(b, TDD_OP_MUL, ge, sc(b, TDD_OP_MUL, xc, 2.0 / denom));
+        else
+            gin[0] = bin(b, TDD_OP_DIV, bin(b, TDD_OP_MUL, ge, sc(b, TDD_OP_DIV, xc, denom)),
+                         expand_back(b, out, xi, m, kd));
+        break;
+    }
+    case TDD_OP_LOGSUMEXP:
+        gin[0] = bin(b, TDD_OP_MUL, expand_back(b, g, xi, m, kd),
+                     un(b, TDD_OP_EXP, bin(b, TDD_OP_SUB, x, expand_back(b, out, xi, m, kd))));
+        break;
+    case TDD_OP_PROD:
+        gin[0] = bin(b, TDD_OP_DIV, expand_back(b, bin(b, TDD_OP_MUL, g, out), xi, m, kd), x);
+        break;
+    case TDD_OP_CUMSUM: { /* reversed cumulative sum: total - cumsum(g) + g */
+        td_attr d = A_INT("dim", a->i[0]);
+        tdd_value *cs = op1a(b, TDD_OP_CUMSUM, g, &d, 1);
+        gin[0] = bin(b, TDD_OP_ADD, bin(b, TDD_OP_SUB, sum_dim(b, g, a->i[0], true), cs), g);
+        break;
+    }
+    case TDD_OP_SOFTMAX: /* out * (g - sum(g * out)) */
+        gin[0] = bin(b, TDD_OP_MUL, out,
+                     bin(b, TDD_OP_SUB, g, sum_dim(b, bin(b, TDD_OP_MUL, g, out), a->i[0], true)));
+        break;
+    case TDD_OP_LOG_SOFTMAX: /* g - exp(out) * sum(g) */
+        gin[0] = bin(b, TDD_OP_SUB, g,
+                     bin(b, TDD_OP_MUL, un(b, TDD_OP_EXP, out), sum_dim(b, g, a->i[0], true)));
+        break;
+    default:
+        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                           tdd_opdefs[n->op].name);
+    }
+    return b->rc;
+}
+
+static int f_matmul(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    tdd_value *x = n->in[0].v, *w = n->in[1].v;
+    const tdd_node_in *xi = &n->in[0], *wi = &n->in[1];
+    bool a1 = a->flags & 1u, b1 = a->flags & 2u;
+    int64_t M = a->i[0], K = a->i[1], N = a->i[2];
+    if (n->op == TDD_OP_LINEAR) {
+        /* y = x W^T (+ bias): rows of x against rows of W. */
+        int64_t P = K ? tdd_shape_numel(xi->shape, xi->ndim, INT64_MAX) / K : 0;
+        int64_t x2s[2] = {P, K}, g2s[2] = {P, N}, gw1[2] = {1, P};
+        tdd_value *x2 = reshape(b, x, x2s, 2);
+        if (b1) {
+            if (xi->needs_grad)
+                gin[0] = bin(b, TDD_OP_MUL, unsqueeze(b, g, -1), w);
+            if (wi->needs_grad)
+                gin[1] = bin(b, TDD_OP_MATMUL, reshape(b, g, gw1, 2), x2);
+        } else {
+            if (xi->needs_grad)
+                gin[0] = bin(b, TDD_OP_MATMUL, g, w);
+            if (wi->needs_grad)
+                gin[1] = bin(b, TDD_OP_MATMUL, transpose(b, reshape(b, g, g2s, 2), 0, 1), x2);
+        }
+        if (n->n_in == 3 && n->in[2].needs_grad)
+            gin[2] = g; /* sum_to the bias's shape */
+        return b->rc;
+    }
+    /* matmul/bmm: lift 1-D operands to matrices, then the two products;
+     * batch broadcasting is undone by sum_to. */
+    (void)M;
+    int64_t as[2] = {1, K}, bs[2] = {K, 1};
+    tdd_value *A = a1 ? reshape(b, x, as, 2) : x;
+    tdd_value *B = b1 ? reshape(b, w, bs, 2) : w;
+    tdd_value *G = g;
+    if (a1 && b1) {
+        int64_t gs[2] = {1, 1};
+        G = reshape(b, g, gs, 2);
+    } else if (a1) {
+        G = unsqueeze(b, g, -2);
+    } else if (b1) {
+        G = unsqueeze(b, g, -1);
+    }
+    if (xi->needs_grad) /* [.., M, N] x [.., N, K]; a 1-D x: [.., 1, K] sums to [K] */
+        gin[0] = bin(b, TDD_OP_MATMUL, G, transpose(b, B, -1, -2));
+    if (wi->needs_grad) {
+        tdd_value *gb = bin(b, TDD_OP_MATMUL, transpose(b, A, -1, -2), G);
+        if (b1) {
+            td_attr d = A_INT("dim", -1);
+            gb = op1a(b, TDD_OP_SQUEEZE, gb, &d, 1);
+        }
+        gin[1] = gb;
+    }
+    return b->rc;
+}
+
+/* ignore_index, label smoothing and the reduction, as PyTorch applies them. */
+static int f_class_loss(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    tdd_value *x = n->in[0].v, *t = n->in[1].v;
+    const tdd_node_in *xi = &n->in[0];
+    td_dtype dt = xi->dtype;
+    int64_t C = xi->shape[xi->ndim - 1], red = a->i[0], ii = a->i[1];
+    double eps = n->op == TDD_OP_CROSS_ENTROPY ? a->f[0] : 0.0;
+    td_attr ia = A_INT("other", ii);
+    tdd_value *valid = op1a(b, TDD_OP_NE, t, &ia, 1);
+    tdd_value *mf_in[2] = {t, un(b, TDD_OP_LOGICAL_NOT, valid)};
+    td_attr zv = A_INT("value", 0);
+    tdd_value *tsafe = mf_in[1] ? tdd_bw_op(b, TDD_OP_MASKED_FILL, mf_in, 2, &zv, 1, 0, NULL)
+                                : NULL;
+    td_attr nc = A_INT("num_classes", C);
+    tdd_value *q = cast(b, op1a(b, TDD_OP_ONE_HOT, tsafe, &nc, 1), dt);
+    if (eps > 0.0)
+        q = sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, q, 1.0 - eps), eps / (double)C);
+    tdd_value *w = bin(b, TDD_OP_MUL, cast(b, valid, dt), g);
+    if (red == TDD_RED_MEAN)
+        w = bin(b, TDD_OP_DIV, w, un(b, TDD_OP_SUM, cast(b, valid, dt)));
+    tdd_value *d;
+    if (n->op == TDD_OP_CROSS_ENTROPY) {
+        td_attr dim = A_INT("dim", -1);
+        d = bin(b, TDD_OP_SUB, op1a(b, TDD_OP_SOFTMAX, x, &dim, 1), q);
+    } else {
+        d = un(b, TDD_OP_NEG, q);
+    }
+    gin[0] = bin(b, TDD_OP_MUL, d, unsqueeze(b, w, -1));
+    return b->rc;
+}
+
+static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0];
+    tdd_value *x = xi->v;
+    switch (n->op) {
+    case TDD_OP_MATMUL:
+    case TDD_OP_BMM:
+    case TDD_OP_LINEAR:
+        return f_matmul(b, n, g, gin);
+    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_NLL_LOSS:
+        return f_class_loss(b, n, g, gin);
+    case TDD_OP_MSE_LOSS:
+    case TDD_OP_BCE_WITH_LOGITS: {
+        tdd_value *y = n->in[1].v;
+        double k = a->i[0] == TDD_RED_MEAN
+                       ? 1.0 / (double)tdd_shape_numel(xi->shape, xi->ndim, INT64_MAX)
+                       : 1.0;
+        tdd_value *gx, *gy;
+        if (n->op == TDD_OP_MSE_LOSS) {
+            gx = bin(b, TDD_OP_MUL, sc(b, TDD_OP_MUL, bin(b, TDD_OP_SUB, x, y), 2.0 * k), g);
+            gy = un(b, TDD_OP_NEG, gx);
+        } else {
+            gx = bin(b, TDD_OP_MUL,
+                     sc(b, TDD_OP_MUL, bin(b, TDD_OP_SUB, un(b, TDD_OP_SIGMOID, x), y), k), g);
+            gy = bin(b, TDD_OP_MUL, sc(b, TDD_OP_MUL, x, -k), g);
+        }
+        gin[0] = gx;
+        gin[1] = gy;
+        return b->rc;
+    }
+    case TDD_OP_LAYER_NORM: {
+        int k = (int)a->i[0];
+        int64_t dims[TD_MAX_NDIM];
+        for (int d = 0; d < k; d++)
+            dims[d] = xi->ndim - k + d;
+        tdd_value *w = (a->flags & 1u) ? n->in[1].v : NULL;
+        tdd_value *xc = bin(b, TDD_OP_SUB, x, mean_dims(b, x, dims, k));
+        tdd_value *var = mean_dims(b, un(b, TDD_OP_SQUARE, xc), dims, k);
+        tdd_value *rstd = un(b, TDD_OP_RSQRT, sc(b, TDD_OP_ADD, var, a->f[0]));
+        tdd_value *xhat = bin(b, TDD_OP_MUL, xc, rstd);
+        tdd_value *gh = w ? bin(b, TDD_OP_MUL, g, w) : g;
+        tdd_value *m1 = mean_dims(b, gh, dims, k);
+        tdd_value *m2 = mean_dims(b, bin(b, TDD_OP_MUL, gh, xhat), dims, k);
+        gin[0] = bin(b, TDD_OP_MUL, rstd,
+                     bin(b, TDD_OP_SUB, bin(b, TDD_OP_SUB, gh, m1), bin(b, TDD_OP_MUL, xhat, m2)));
+        if (w && n->in[1].needs_grad)
+            gin[1] = bin(b, TDD_OP_MUL, g, xhat);
+        int bi = (a->flags & 1u) ? 2 : 1;
+        if ((a->flags & 2u) && bi < n->n_in && n->in[bi].needs_grad)
+            gin[bi] = g;
+        return b->rc;
+    }
+    case TDD_OP_DROPOUT: {
+        double p = a->f[0];
+        if (!a->i[0]) {
+            gin[0] = g;
+        } else if (p >= 1.0) {
+            gin[0] = zeros_in(b, xi);
+        } else {
+            /* Kept elements are the nonzero outputs (an input that was
+             * exactly 0 gets gradient 0 here rather than 1/(1-p)). */
+            tdd_value *kept = cast(b, sc(b, TDD_OP_NE, n->out[0].alias, 0.0), xi->dtype);
+            gin[0] = sc(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, g, kept), 1.0 / (1.0 - p));
+        }
+        return b->rc;
+    }
+    default:
+        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                           tdd_opdefs[n->op].name);
+    }
+}
+
+/* index is spread to shape along dim (index is 1-D of length shape[dim]). */
+static tdd_value *index_along(tdd_bw *b, tdd_value *idx, int64_t dim, const int64_t *shape,
+                              int nd)
+{
+    int64_t s[TD_MAX_NDIM];
+    for (int d = 0; d < nd; d++)
+        s[d] = d == dim ? shape[d] : 1;
+    return expand(b, reshape(b, idx, s, nd), shape, nd);
+}
+
+static tdd_value *scatter_into_zeros(tdd_bw *b, const tdd_node_in *xi, tdd_value *idx,
+                                     tdd_value *src, int64_t dim)
+{
+    tdd_value *in[3] = {zeros_in(b, xi), idx, src};
+    td_attr d = A_INT("dim", dim);
+    return in[0] && idx && src ? tdd_bw_op(b, TDD_OP_SCATTER_ADD, in, 3, &d, 1, 0, NULL) : NULL;
+}
+
+static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0];
+    tdd_value *g = n->out[0].grad;
+    switch (n->op) {
+    case TDD_OP_TRANSPOSE:
+        gin[0] = transpose(b, g, n->ex[0], n->ex[1]);
+        break;
+    case TDD_OP_PERMUTE: {
+        int64_t inv[TD_MAX_NDIM];
+        for (int d = 0; d < xi->ndim; d++)
+            inv[n->ex[d]] = d;
+        td_attr at = A_INTS("dims", inv, xi->ndim);
+        gin[0] = op1a(b, TDD_OP_PERMUTE, g, &at, 1);
+        break;
+    }
+    case TDD_OP_RESHAPE:
+    case TDD_OP_VIEW:
+    case TDD_OP_FLATTEN:
+    case TDD_OP_SQUEEZE:
+    case TDD_OP_UNSQUEEZE:
+        gin[0] = reshape(b, g, xi->shape, xi->ndim);
+        break;
+    case TDD_OP_EXPAND:
+    case TDD_OP_CONTIGUOUS:
+    case TDD_OP_CLONE:
+    case TDD_OP_CAST:
+        gin[0] = g; /* sum_to / cast back happen in the caller */
+        break;
+    case TDD_OP_SLICE: {
+        int64_t d = n->ex[0], start = n->ex[1], step = n->ex[2];
+        int64_t len = n->out[0].shape[d];
+        if (step == 1) {
+            /* pad lists pairs from the last dim backwards */
+            int64_t pad[2 * TD_MAX_NDIM] = {0};
+            int np = 2 * (xi->ndim - (int)d);
+            pad[np - 2] = start;
+            pad[np - 1] = xi->shape[d] - start - len;
+            td_attr at = A_INTS("pad", pad, np);
+            gin[0] = op1a(b, TDD_OP_PAD, g, &at, 1);
+        } else {
+            td_attr r[3] = {A_INT("start", start), A_INT("end", start + len * step),
+                            A_INT("step", step)};
+            tdd_value *idx = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 3, TD_I64, xi->dev);
+            gin[0] = scatter_into_zeros(b, xi, index_along(b, idx, d, n->out[0].shape, xi->ndim),
+                                        g, d);
+        }
+        break;
+    }
+    case TDD_OP_SPLIT:
+    case TDD_OP_CHUNK: {
+        tdd_value *parts[TDD_MAX_OP_OUTPUTS];
+        for (int k = 0; k < n->n_out; k++)
+            parts[k] = n->out[k].grad;
+        td_attr d = A_INT("dim", n->ex[0]);
+        gin[0] = tdd_bw_op(b, TDD_OP_CAT, parts, n->n_out, &d, 1, 0, NULL);
+        break;
+    }
+    case TDD_OP_CAT:
+    case TDD_OP_STACK: {
+        int64_t d = a->i[0], off = 0;
+        for (int i = 0; i < n->n_in; i++) {
+            int64_t len = n->op == TDD_OP_CAT ? n->in[i].shape[d] : 1;
+            if (n->in[i].needs_grad) {
+                td_attr s[3] = {A_INT("dim", d), A_INT("start", off), A_INT("stop", off + len)};
+                tdd_value *p = op1a(b, TDD_OP_SLICE, g, s, 3);
+                gin[i] = n->op == TDD_OP_CAT ? p
+                                             : reshape(b, p, n->in[i].shape, n->in[i].ndim);
+            }
+            off += len;
+        }
+        break;
+    }
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU: {
+        td_attr d = A_INT("diagonal", a->i[0]);
+        gin[0] = op1a(b, n->op, g, &d, 1);
+        break;
+    }
+    case TDD_OP_PAD: {
+        tdd_value *r = g;
+        for (int d = 0; d < xi->ndim && r; d++) {
+            int64_t before = a->ints[0][d];
+            if (before == 0 && n->out[0].shape[d] == xi->shape[d])
+                continue;
+            if (before < 0)
+                return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                                   "backward of pad with negative padding is not implemented");
+            td_attr s[3] = {A_INT("dim", d), A_INT("start", before),
+                            A_INT("stop", before + xi->shape[d])};
+            r = op1a(b, TDD_OP_SLICE, r, s, 3);
+        }
+        gin[0] = r;
+        break;
+    }
+    case TDD_OP_GATHER:
+        gin[0] = scatter_into_zeros(b, xi, n->in[1].v, g, a->i[0]);
+        break;
+    case TDD_OP_SCATTER_ADD: {
+        gin[0] = g;
+        if (n->in[2].needs_grad) {
+            tdd_value *in[2] = {g, n->in[1].v};
+            td_attr d = A_INT("dim", a->i[0]);
+            gin[2] = tdd_bw_op(b, TDD_OP_GATHER, in, 2, &d, 1, 0, NULL);
+        }
+        break;
+    }
+    case TDD_OP_INDEX_SELECT:
+        gin[0] = scatter_into_zeros(b, xi, index_along(b, n->in[1].v, a->i[0],
+                                                        n->out[0].shape, xi->ndim),
+                                    g, a->i[0]);
+        break;
+    case TDD_OP_EMBEDDING: {
+        const tdd_node_in *wi = &n->in[1];
+        int64_t P = tdd_shape_numel(xi->shape, xi->ndim, INT64_MAX), D = wi->shape[1];
+        int64_t p1[2] = {P, 1}, pd[2] = {P, D};
+        tdd_value *idx = expand(b, reshape(b, n->in[0].v, p1, 2), pd, 2);
+        gin[1] = scatter_into_zeros(b, wi, idx, reshape(b, g, pd, 2), 0);
+        break;
+    }
+    case TDD_OP_WHERE: {
+        tdd_value *c = n->in[0].v;
+        if (n->in[1].needs_grad)
+            gin[1] = bin(b, TDD_OP_MUL, g, cast(b, c, g->t.dtype));
+        if (n->in[2].needs_grad)
+            gin[2] = bin(b, TDD_OP_MUL, g, cast(b, un(b, TDD_OP_LOGICAL_NOT, c), g->t.dtype));
+        break;
+    }
+    case TDD_OP_MASKED_FILL: {
+        tdd_value *in[2] = {g, n->in[1].v};
+        td_attr v = A_F("value", 0.0);
+        gin[0] = tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &v, 1, 0, NULL);
+        break;
+    }
+    case TDD_OP_RELU_BACKWARD:
+        /* Linear in its first input; the mask input gets no gradient (PyTorch: zero). */
+        gin[0] = bin(b, TDD_OP_RELU_BACKWARD, g, n->in[1].v);
+        if (n->in[1].needs_grad)
+            gin[1] = zeros_in(b, &n->in[1]);
+        break;
+    default:
+        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                           tdd_opdefs[n->op].name);
+    }
+    return b->rc;
+}
+
+int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin)
+{
+    tdd_value *g = n->out[0].grad;
+    switch (tdd_opdefs[n->op].kind) {
+    case TDD_KIND_BINARY:
+        return f_binary(b, n, g, gin);
+    case TDD_KIND_UNARY:
+        return f_unary(b, n, g, gin);
+    case TDD_KIND_REDUCE:
+        return f_reduce(b, n, g, gin);
+    case TDD_KIND_LINALG:
+    case TDD_KIND_NN:
+        return f_nn(b, n, g, gin);
+    case TDD_KIND_ELEMENT:
+    case TDD_KIND_VIEW:
+    case TDD_KIND_INDEX:
+        return f_shape(b, n, gin);
+    case TDD_KIND_CREATE:
+        break;
+    }
+    return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                       tdd_opdefs[n->op].name);
+}

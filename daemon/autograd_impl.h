@@ -1,0 +1,122 @@
+/* autograd_impl.h -- private to autograd*.c and optim.c: graph nodes, the
+ * Gradients map, and the small op-builder the backward formulas are written in. */
+#ifndef TDD_AUTOGRAD_IMPL_H
+#define TDD_AUTOGRAD_IMPL_H
+
+#include "autograd.h"
+#include "exec_op.h"
+
+/* What a node remembers about each input: enough metadata to shape the
+ * gradient even after the saved tensors are freed, and the edge to follow. */
+typedef struct {
+    tdd_value *v;        /* saved input (ref), NULL when the formula needs no data */
+    struct tdd_node *fn; /* the input's grad_fn (ref), NULL for leaves */
+    int fn_out;          /* which output of fn the input is */
+    tdd_value *leaf;     /* a tracked leaf (ref): the Gradients key */
+    bool needs_grad;
+    uint64_t version; /* v->version when saved: in-place updates since are errors */
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_NDIM];
+    tdd_device *dev;
+} tdd_node_in;
+
+typedef struct {
+    uintptr_t id;     /* the output value's address: identifies it, never dereferenced */
+    tdd_value *alias; /* saved output (own value sharing the storage), or NULL */
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_NDIM];
+    tdd_value *grad; /* backward scratch: the accumulated gradient (ref) */
+} tdd_node_out;
+
+typedef struct tdd_node {
+    long refs;
+    uint64_t seq;   /* creation order; a node's inputs' nodes were made before it */
+    uint64_t visit; /* backward scratch: stamp of the pass that reached it */
+    tdd_op op;
+    bool to_device; /* a ToDevice: the gradient is copied back */
+    bool freed;     /* backward ran without retain_graph: saved tensors are gone */
+    tdd_opargs args;
+    int64_t ex[2 * TD_MAX_NDIM]; /* attributes the formula needs beyond args, normalised */
+    int n_in, n_out;
+    tdd_node_in in[TDD_MAX_OP_INPUTS];
+    tdd_node_out out[TDD_MAX_OP_OUTPUTS];
+    struct tdd_node *free_next; /* deferred-free list */
+} tdd_node;
+
+void tdd_node_unref(tdd_node *n);
+
+/* The Gradients object: tracked leaf -> gradient. */
+typedef struct tdd_grad_entry {
+    tdd_value *leaf; /* ref; the key is its address */
+    tdd_value *grad; /* ref */
+    UT_hash_handle hh;
+} tdd_grad_entry;
+
+typedef struct {
+    tdd_grad_entry *map;
+} tdd_grads;
+
+tdd_grad_entry *tdd_grads_find(tdd_grads *g, const tdd_value *leaf);
+
+/* A value sharing v's storage and readiness, with no autodiff history. */
+tdd_value *tdd_value_alias(const tdd_value *v);
+
+/* ---------------------------------------------------------------- op builder */
+
+/* One backward pass in progress: where ops are queued, and the first error.
+ * Every value the builder makes is kept in tmp and released when the pass
+ * (or the node's formula) is done; callers take their own references. */
+typedef struct {
+    tdd_session *s;
+    uint64_t req_id;
+    int rc;
+    td_error err;
+    tdd_value **tmp;
+    size_t ntmp, captmp;
+} tdd_bw;
+
+/* Queues op on inputs (NULL entries end the list early is an error); returns a
+ * borrowed value (owned by bw->tmp), or NULL once bw has failed. */
+tdd_value *tdd_bw_op(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const td_attr *attrs,
+                     size_t nattrs, td_dtype dtype, tdd_device *dev);
+void tdd_bw_keep(tdd_bw *b, tdd_value *v); /* hands one reference to bw->tmp */
+void tdd_bw_release(tdd_bw *b, size_t keep); /* drops tmp entries past keep */
+int tdd_bw_fail(tdd_bw *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Computes the gradients of node n's inputs from the gradients of its
+ * outputs (n->out[k].grad, never NULL here). gin[i] is set (borrowed from
+ * b->tmp) for inputs with needs_grad, in any broadcast-compatible shape and
+ * any float dtype: the caller reduces (sum_to) and casts to the input's.
+ * Returns 0, or bw's error. */
+int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin);
+/* Whether op has a backward formula; and which tensors it saves. */
+bool tdd_formula_exists(tdd_op op);
+bool tdd_formula_saves_inputs(tdd_op op);
+bool tdd_formula_saves_output(tdd_op op);
+/* Fills n->ex from the request's attributes at record time (views' dims). */
+void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *attrs);
+
+/* ---------------------------------------------------------------- optim.c */
+
+int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req);
+int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req);
+void tdd_optim_init(void);
+
+/* Per-session autodiff state (s->autograd). */
+typedef struct {
+    /* An OptimizerStep whose updates are queued: its reply waits for them. */
+    bool step_active;
+    uint64_t step_req;
+    bool step_failed;
+    td_error step_err;
+} tdd_ag_session;
+
+tdd_ag_session *tdd_ag_state(tdd_session *s);
+
+/* Replies to a request: errors go where dispatch.c's answer_error sends them. */
+int tdd_ag_answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err,
+                        bool always);
+
+#endif

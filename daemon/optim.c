@@ -1,0 +1,478 @@
+/* optim.c -- optimizers in the daemon (SGD, Adam, AdamW with PyTorch's exact
+ * update rules): state keyed by parameter, updates in place on the
+ * parameter's device queue, reading a Gradients handle.
+ *
+ * OptimizerStep is synchronising and answers after the updates have run:
+ * it waits for the session's queued work, queues one update per parameter
+ * that has a gradient, and stays blocked (the connection processes nothing
+ * else) until they are done, so its reply carries their verdict. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd_impl.h"
+
+typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
+
+typedef struct {
+    opt_kind kind;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+    bool nesterov, maximize;
+} opt_hyper;
+
+typedef struct {
+    tdd_value *p;      /* ref */
+    tdd_value *buf[2]; /* SGD: momentum; Adam: exp_avg, exp_avg_sq. NULL before the first step */
+    int64_t step;
+} opt_param;
+
+typedef struct {
+    opt_hyper h;
+    size_t n;
+    opt_param *ps;
+} tdd_optim;
+
+static void optim_free(void *obj)
+{
+    tdd_optim *o = obj;
+    for (size_t i = 0; i < o->n; i++) {
+        tdd_value_unref(o->ps[i].p);
+        tdd_value_unref(o->ps[i].buf[0]);
+        tdd_value_unref(o->ps[i].buf[1]);
+    }
+    free(o->ps);
+    free(o);
+}
+
+void tdd_optim_init(void)
+{
+    tdd_handle_set_free_fn(TD_HANDLE_OPTIMIZER, optim_free);
+}
+
+/* ---------------------------------------------------------------- create */
+
+static int attr_num(const Tensordd__V1__Attr *a, double *v, td_error *err)
+{
+    switch (a->value_case) {
+    case TENSORDD__V1__ATTR__VALUE_F:
+        *v = a->f;
+        return 0;
+    case TENSORDD__V1__ATTR__VALUE_I:
+        *v = (double)a->i;
+        return 0;
+    case TENSORDD__V1__ATTR__VALUE_B:
+        *v = a->b ? 1.0 : 0.0;
+        return 0;
+    default:
+        return tdd_err_arg(err, a->name ? a->name : "attrs", "attribute %.32s must be a number",
+                           a->name ? a->name : "");
+    }
+}
+
+static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td_error *err)
+{
+    memset(h, 0, sizeof *h);
+    const char *k = oc->kind ? oc->kind : "";
+    if (strcmp(k, "sgd") == 0)
+        h->kind = OPT_SGD;
+    else if (strcmp(k, "adam") == 0)
+        h->kind = OPT_ADAM;
+    else if (strcmp(k, "adamw") == 0)
+        h->kind = OPT_ADAMW;
+    else
+        return tdd_err_arg(err, "kind", "unknown optimizer '%.32s' (sgd, adam, adamw)", k);
+    bool adam = h->kind != OPT_SGD, have_lr = false;
+    h->lr = 1e-3; /* Adam's and AdamW's default; SGD has none */
+    h->beta1 = 0.9;
+    h->beta2 = 0.999;
+    h->eps = 1e-8;
+    h->weight_decay = h->kind == OPT_ADAMW ? 1e-2 : 0.0;
+    for (size_t i = 0; i < oc->n_attrs; i++) {
+        const Tensordd__V1__Attr *a = oc->attrs[i];
+        const char *nm = a->name ? a->name : "";
+        double v = 0.0;
+        if (strcmp(nm, "betas") == 0 && adam) {
+            if (a->value_case != TENSORDD__V1__ATTR__VALUE_FLOATS || a->floats->n_v != 2)
+                return tdd_err_arg(err, "betas", "betas must be two floats");
+            h->beta1 = a->floats->v[0];
+            h->beta2 = a->floats->v[1];
+            continue;
+        }
+        int rc = attr_num(a, &v, err);
+        if (rc)
+            return rc;
+        if (strcmp(nm, "lr") == 0) {
+            h->lr = v;
+            have_lr = true;
+        } else if (strcmp(nm, "weight_decay") == 0) {
+            h->weight_decay = v;
+        } else if (strcmp(nm, "maximize") == 0) {
+            h->maximize = v != 0.0;
+        } else if (!adam && strcmp(nm, "momentum") == 0) {
+            h->momentum = v;
+        } else if (!adam && strcmp(nm, "dampening") == 0) {
+            h->dampening = v;
+        } else if (!adam && strcmp(nm, "nesterov") == 0) {
+            h->nesterov = v != 0.0;
+        } else if (adam && strcmp(nm, "beta1") == 0) {
+            h->beta1 = v;
+        } else if (adam && strcmp(nm, "beta2") == 0) {
+            h->beta2 = v;
+        } else if (adam && strcmp(nm, "eps") == 0) {
+            h->eps = v;
+        } else {
+            return tdd_err_arg(err, nm, "%s takes no attribute '%.32s'", k, nm);
+        }
+    }
+    /* PyTorch's constructor checks. */
+    if (h->kind == OPT_SGD && !have_lr)
+        return tdd_err_arg(err, "lr", "sgd needs lr");
+    if (!(h->lr >= 0.0))
+        return tdd_err_arg(err, "lr", "invalid learning rate %g", h->lr);
+    if (!(h->weight_decay >= 0.0))
+        return tdd_err_arg(err, "weight_decay", "invalid weight_decay %g", h->weight_decay);
+    if (!(h->momentum >= 0.0))
+        return tdd_err_arg(err, "momentum", "invalid momentum %g", h->momentum);
+    if (h->nesterov && (h->momentum <= 0.0 || h->dampening != 0.0))
+        return tdd_err_arg(err, "nesterov", "nesterov momentum requires a momentum and zero "
+                                            "dampening");
+    if (!(h->eps >= 0.0))
+        return tdd_err_arg(err, "eps", "invalid epsilon %g", h->eps);
+    if (!(h->beta1 >= 0.0 && h->beta1 < 1.0))
+        return tdd_err_arg(err, "beta1", "invalid beta1 %g (0 <= beta1 < 1)", h->beta1);
+    if (!(h->beta2 >= 0.0 && h->beta2 < 1.0))
+        return tdd_err_arg(err, "beta2", "invalid beta2 %g (0 <= beta2 < 1)", h->beta2);
+    return 0;
+}
+
+static int check_param(tdd_session *s, uint64_t id, tdd_value **out, td_error *err)
+{
+    tdd_value *p;
+    int rc = tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)&p, err);
+    if (rc)
+        return rc;
+    if (!p->requires_grad)
+        return tdd_err_set(err, TD_ENOT_TRACKED,
+                           "parameter %llu does not require grad: nothing to optimize",
+                           (unsigned long long)id);
+    if (p->grad_fn)
+        return tdd_err_arg(err, "params", "can't optimize a non-leaf tensor (handle %llu)",
+                           (unsigned long long)id);
+    if (p->t.dtype != TD_F32 && p->t.dtype != TD_F64)
+        return tdd_err_set(err, TD_EUNSUPPORTED_DTYPE,
+                           "optimizers update float32 and float64 parameters, %llu is %s",
+                           (unsigned long long)id, td_dtype_name(p->t.dtype));
+    if (!p->dev->be->host_memory)
+        return tdd_err_set(err, TD_EUNSUPPORTED_OP,
+                           "optimizer updates on %s arrive with its kernels", p->dev->label);
+    *out = p;
+    return 0;
+}
+
+int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req)
+{
+    tdd_session *s = c->s;
+    Tensordd__V1__OptimizerCreate *oc = req->optimizer_create;
+    td_error err;
+    opt_hyper h;
+    int rc = tdd_handle_check_new(s, oc->handle, &err);
+    if (!rc)
+        rc = parse_hyper(oc, &h, &err);
+    if (!rc && oc->n_params == 0)
+        rc = tdd_err_arg(&err, "params", "optimizer got an empty parameter list");
+    tdd_optim *o = NULL;
+    if (!rc && (!(o = calloc(1, sizeof *o)) || !(o->ps = calloc(oc->n_params, sizeof *o->ps))))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    for (size_t i = 0; !rc && i < oc->n_params; i++) {
+        tdd_value *p = NULL;
+        rc = check_param(s, oc->params[i], &p, &err);
+        for (size_t j = 0; !rc && j < o->n; j++)
+            if (o->ps[j].p == p)
+                rc = tdd_err_arg(&err, "params", "parameter %llu appears twice",
+                                 (unsigned long long)oc->params[i]);
+        if (!rc) {
+            tdd_value_ref(p);
+            o->ps[o->n++].p = p;
+        }
+    }
+    if (rc) {
+        if (o)
+            optim_free(o);
+        return tdd_ag_answer_error(c, req, &err, false);
+    }
+    o->h = h;
+    tdd_handle_add(s, oc->handle, TD_HANDLE_OPTIMIZER, o);
+    if (req->want_reply)
+        tdd_conn_send_ok(c, req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- the update (worker side) */
+
+typedef struct {
+    opt_hyper h;
+    int64_t step; /* after this update (Adam's bias correction) */
+    bool init;    /* the state buffers are fresh */
+    tdd_tensor p, g, b0, b1;
+    tdd_value *pv, *gv, *bv[2]; /* references keeping the tensors alive */
+    tdd_session *s;
+} step_job;
+
+/* Storage offset of the i-th element (C order) of a strided view. */
+static int64_t elem_off(const tdd_tensor *t, int64_t i)
+{
+    int64_t off = t->offset;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d];
+        off += (i % n) * t->strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+/* One definition per dtype: arithmetic in the parameter's dtype, scalars
+ * rounded to it once, in the order torch.optim applies them. */
+#define TDD_OPTIM_LOOP(T, NAME)                                                                  \
+    static void NAME(step_job *j)                                                                \
+    {                                                                                            \
+        const opt_hyper *h = &j->h;                                                              \
+        T *P = j->p.st->data, *G = j->g.st->data;                                                \
+        T *SB0 = j->bv[0] ? (T *)tdd_data(&j->b0) : NULL;                                         \
+        T *SB1 = j->bv[1] ? (T *)tdd_data(&j->b1) : NULL;                                         \
+        int64_t n = tdd_numel(&j->p);                                                            \
+        bool pc = tdd_is_contiguous(&j->p), gc = tdd_is_contiguous(&j->g);                       \
+        T wd = (T)h->weight_decay, lr = (T)h->lr;                                                \
+        if (h->kind == OPT_SGD) {                                                                \
+            T mom = (T)h->momentum, damp = (T)(1.0 - h->dampening);                              \
+            for (int64_t i = 0; i < n; i++) {                                                    \
+                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                          \
+                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                             \
+                if (h->maximize)                                                                 \
+                    gi = -gi;                                                                    \
+                if (h->weight_decay != 0.0)                                                      \
+                    gi = gi + wd * P[po];                                                        \
+                if (h->momentum != 0.0) {                                                        \
+                    SB0[i] = j->init ? gi : SB0[i] * mom + damp * gi;                              \
+                    gi = h->nesterov ? gi + mom * SB0[i] : SB0[i];                                 \
+                }                                                                                \
+                P[po] = P[po] + (-lr) * gi;                                                      \
+            }                                                                                    \
+            return;                                                                              \
+        }                                                                                        \
+        double bc1 = 1.0 - pow(h->beta1, (double)j->step);                                       \
+        double bc2 = 1.0 - pow(h->beta2, (double)j->step);                                       \
+        T b1 = (T)h->beta1, b2 = (T)h->beta2, ob1 = (T)(1.0 - h->beta1),                         \
+          ob2 = (T)(1.0 - h->beta2);                                                             \
+        T step_size = (T)(h->lr / bc1), bc2s = (T)sqrt(bc2), eps = (T)h->eps;                    \
+        T decay = (T)(1.0 - h->lr * h->weight_decay);                                            \
+        for (int64_t i = 0; i < n; i++) {                                                        \
+            int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                              \
+            T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                                 \
+            if (h->maximize)                                                                     \
+                gi = -gi;                                                                        \
+            if (h->kind == OPT_ADAMW)                                                            \
+                P[po] = P[po] * decay;                                                           \
+            else if (h->weight_decay != 0.0)                                                     \
+                gi = gi + wd * P[po];                                                            \
+            T m = j->init ? (T)0 : SB0[i], v = j->init ? (T)0 : SB1[i];                            \
+            m = m * b1 + ob1 * gi;                                                               \
+            v = v * b2 + ob2 * (gi * gi);                                                        \
+            SB0[i] = m;                                                                           \
+            SB1[i] = v;                                                                           \
+            T denom = (T)(SQRT_##T(v) / bc2s) + eps;                                             \
+            P[po] = P[po] + (-step_size) * (m / denom);                                          \
+        }                                                                                        \
+    }
+
+#define SQRT_float sqrtf
+#define SQRT_double sqrt
+TDD_OPTIM_LOOP(float, update_f32)
+TDD_OPTIM_LOOP(double, update_f64)
+
+static int step_run(void *arg)
+{
+    step_job *j = arg;
+    /* Earlier work of the session on this queue has run; a gradient that
+     * came from a failed op says so. */
+    if (tdd_value_poisoned(j->gv))
+        return TD_EPOISONED;
+    if (j->p.dtype == TD_F32)
+        update_f32(j);
+    else
+        update_f64(j);
+    return 0;
+}
+
+static void step_done(void *arg, int rc)
+{
+    step_job *j = arg;
+    tdd_ag_session *ag = j->s->autograd;
+    if (rc && ag && !ag->step_failed) {
+        ag->step_failed = true;
+        if (rc == TD_EPOISONED)
+            tdd_err_poisoned(&ag->step_err, j->gv);
+        else
+            tdd_err_set(&ag->step_err, rc, "optimizer update of handle %llu failed: %s",
+                        (unsigned long long)j->pv->handle, td_strerror(rc));
+    }
+    tdd_value_unref(j->pv);
+    tdd_value_unref(j->gv);
+    tdd_value_unref(j->bv[0]);
+    tdd_value_unref(j->bv[1]);
+    free(j);
+}
+
+/* ---------------------------------------------------------------- step (loop side) */
+
+static int check_grad(const tdd_value *p, const tdd_value *g, td_error *err)
+{
+    if (g->dev->be != p->dev->be)
+        return tdd_err_devices(err, TD_EBACKEND_MISMATCH, p->dev, g->dev, 0, 0,
+                               "gradient of parameter %llu is on %s, the parameter on %s",
+                               (unsigned long long)p->handle, g->dev->label, p->dev->label);
+    if (g->dev != p->dev)
+        return tdd_err_devices(err, TD_EDEVICE_MISMATCH, p->dev, g->dev, 0, 0,
+                               "gradient of parameter %llu is on %s, the parameter on %s",
+                               (unsigned long long)p->handle, g->dev->label, p->dev->label);
+    if (g->t.dtype != p->t.dtype)
+        return tdd_err_dtypes(err, p->t.dtype, g->t.dtype,
+                              "gradient of parameter %llu is %s, the parameter %s",
+                              (unsigned long long)p->handle, td_dtype_name(g->t.dtype),
+                              td_dtype_name(p->t.dtype));
+    if (!tdd_same_shape(&g->t, &p->t))
+        return tdd_err_shape(err, p->t.shape, p->t.ndim, g->t.shape, g->t.ndim,
+                             "gradient of parameter %llu has another shape",
+                             (unsigned long long)p->handle);
+    if (tdd_value_poisoned(g))
+        return tdd_err_poisoned(err, g);
+    if (tdd_value_poisoned(p))
+        return tdd_err_poisoned(err, p);
+    return 0;
+}
+
+static tdd_value *state_buffer(tdd_session *s, const tdd_value *p, td_error *err)
+{
+    tdd_value *v = tdd_value_new(p->dev);
+    if (!v) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    v->t.dtype = p->t.dtype;
+    v->t.ndim = p->t.ndim;
+    memcpy(v->t.shape, p->t.shape, sizeof v->t.shape);
+    tdd_set_contiguous(&v->t);
+    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+    v->t.st = tdd_storage_alloc(p->dev, nbytes, s->acct, err);
+    if (!v->t.st) {
+        tdd_value_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
+{
+    tdd_session *s = c->s;
+    tdd_ag_session *ag = tdd_ag_state(s);
+    td_error err;
+    if (ag && ag->step_active && ag->step_req == req->id) {
+        /* The retry after the updates ran: answer with their verdict. */
+        ag->step_active = false;
+        if (ag->step_failed) {
+            ag->step_failed = false;
+            return tdd_ag_answer_error(c, req, &ag->step_err, true);
+        }
+        tdd_conn_send_ok(c, req->id);
+        return TDD_DISPATCH_DONE;
+    }
+    if (s->inflight)
+        return TDD_DISPATCH_BLOCK;
+    if (s->has_err) {
+        s->has_err = false;
+        tdd_conn_send_error(c, req->id, &s->err);
+        return TDD_DISPATCH_DONE;
+    }
+    if (!ag) {
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_ag_answer_error(c, req, &err, true);
+    }
+    Tensordd__V1__OptimizerStep *st = req->optimizer_step;
+    tdd_optim *o = NULL;
+    tdd_grads *grads = NULL;
+    int rc = tdd_handle_get(s, st->optimizer, TD_HANDLE_OPTIMIZER, (void **)&o, &err);
+    if (!rc)
+        rc = tdd_handle_get(s, st->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
+    /* Everything is checked, and every state buffer allocated, before any
+     * update is queued: a failed step changes no parameter. */
+    bool sgd = o && o->h.kind == OPT_SGD;
+    int nbuf = !o ? 0 : sgd ? (o->h.momentum != 0.0 ? 1 : 0) : 2;
+    for (size_t i = 0; !rc && i < o->n; i++) {
+        opt_param *op = &o->ps[i];
+        tdd_grad_entry *e = tdd_grads_find(grads, op->p);
+        if (!e)
+            continue;
+        rc = check_grad(op->p, e->grad, &err);
+        for (int k = 0; !rc && k < nbuf; k++)
+            if (!op->buf[k] && !(op->buf[k] = state_buffer(s, op->p, &err)))
+                rc = err.code;
+    }
+    if (rc)
+        return tdd_ag_answer_error(c, req, &err, true);
+    size_t queued = 0;
+    for (size_t i = 0; i < o->n; i++) {
+        opt_param *op = &o->ps[i];
+        tdd_grad_entry *e = tdd_grads_find(grads, op->p);
+        if (!e)
+            continue; /* no gradient: skipped, as torch.optim skips p.grad None */
+        step_job *j = calloc(1, sizeof *j);
+        if (!j) {
+            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            break;
+        }
+        j->h = o->h;
+        j->init = op->step == 0;
+        j->step = op->step + 1;
+        j->s = s;
+        j->pv = op->p;
+        j->gv = e->grad;
+        j->p = op->p->t;
+        j->g = e->grad->t;
+        tdd_value_ref(j->pv);
+        tdd_value_ref(j->gv);
+        for (int k = 0; k < nbuf; k++) {
+            j->bv[k] = op->buf[k];
+            tdd_value_ref(op->buf[k]);
+        }
+        if (j->bv[0])
+            j->b0 = j->bv[0]->t;
+        if (j->bv[1])
+            j->b1 = j->bv[1]->t;
+        tdd_device *dev = op->p->dev;
+        uint64_t seq = tdd_queue_next_seq(dev->q);
+        if (tdd_submit_work(s, dev, step_run, step_done, j)) {
+            step_done(j, 0);
+            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            break;
+        }
+        /* Readers on other queues now wait for the update, not the upload. */
+        op->p->fq = dev->q;
+        op->p->fseq = seq;
+        op->p->version++;
+        op->step++;
+        queued++;
+    }
+    if (rc && !queued)
+        return tdd_ag_answer_error(c, req, &err, true);
+    if (rc) {
+        ag->step_failed = true;
+        ag->step_err = err;
+    }
+    if (!queued) {
+        tdd_conn_send_ok(c, req->id);
+        return TDD_DISPATCH_DONE;
+    }
+    ag->step_active = true;
+    ag->step_req = req->id;
+    return TDD_DISPATCH_BLOCK;
+}

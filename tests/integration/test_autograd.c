@@ -1,0 +1,562 @@
+/* test_autograd.c -- integration: autodiff in the daemon (backward, Gradients, the
+ * grad_replace mismatch matrix, optimizers), against the real daemon (--cpu-devices 2). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "itest.h"
+
+Suite *it_autograd_suite(void);
+
+/* ---------------------------------------------------------------- helpers */
+
+static td_handle up(td_client *c, const char *dev, td_dtype dt, int ndim, const int64_t *shape,
+                    const void *data, int requires_grad)
+{
+    td_device d = it_dev(dev);
+    td_handle h = 0;
+    td_error e;
+    int rc = td_upload(c, &d, dt, ndim, shape, data, requires_grad, &h, &e);
+    ck_assert_msg(rc == 0, "upload: %s: %s", td_err_name(rc), e.message);
+    return h;
+}
+
+static void down(td_client *c, td_handle h, void *out, size_t nbytes)
+{
+    td_error e;
+    int rc = td_download(c, h, out, nbytes, NULL, &e);
+    ck_assert_msg(rc == 0, "download of %llu: %s: %s", (unsigned long long)h, td_err_name(rc),
+                  e.message);
+}
+
+static td_handle op1(td_client *c, const char *name, td_handle a, td_handle b,
+                     const td_attr *attrs, size_t n)
+{
+    td_handle in[2] = {a, b};
+    td_op_opts o = {.attrs = attrs, .nattrs = n};
+    td_error e;
+    td_handle h = td_op1(c, name, in, b ? 2 : 1, &o, &e);
+    ck_assert_msg(h != 0, "%s: %s", name, e.message);
+    return h;
+}
+
+static td_handle backward(td_client *c, td_handle loss, int retain)
+{
+    td_handle g = 0;
+    td_error e;
+    int rc = td_backward(c, loss, 0, retain, &g, &e);
+    ck_assert_msg(rc == 0, "backward: %s: %s", td_err_name(rc), e.message);
+    return g;
+}
+
+/* t's gradient in grads, downloaded (the temporary handle is released). */
+static void grad_of(td_client *c, td_handle grads, td_handle t, void *out, size_t nbytes)
+{
+    td_handle g = 0;
+    td_error e;
+    int rc = td_grad(c, grads, t, &g, &e);
+    ck_assert_msg(rc == 0, "grad: %s: %s", td_err_name(rc), e.message);
+    down(c, g, out, nbytes);
+    ck_assert_int_eq(td_release(c, &g, 1, &e), 0);
+}
+
+static void assert_dev(const td_device *d, const char *want)
+{
+    char s[40];
+    td_device_format(d, s, sizeof s);
+    ck_assert_str_eq(s, want);
+}
+
+typedef struct {
+    uint64_t bytes, tensors;
+} mem_snapshot;
+
+static mem_snapshot snapshot(td_client *c)
+{
+    td_stats st;
+    td_error e;
+    ck_assert_int_eq(td_sync(c, &e), 0);
+    ck_assert_int_eq(td_stats_get(c, &st, &e), 0);
+    mem_snapshot m = {0, st.tensors_alive};
+    for (size_t i = 0; i < st.ndevices; i++)
+        m.bytes += st.memory[i].bytes_in_use;
+    return m;
+}
+
+/* ---------------------------------------------------------------- the mismatch matrix */
+
+/* After a refused GradReplace: x's gradient is unchanged, the session works,
+ * and nothing is left allocated. */
+static void after_failure(td_client *c, td_handle grads, td_handle x, const float *want,
+                          mem_snapshot before)
+{
+    float got[6];
+    td_error e;
+    ck_assert_int_eq(td_ping(c, &e), 0);
+    grad_of(c, grads, x, got, sizeof got);
+    ck_assert_mem_eq(got, want, sizeof got);
+    mem_snapshot now = snapshot(c);
+    ck_assert_uint_eq(now.bytes, before.bytes);
+    ck_assert_uint_eq(now.tensors, before.tensors);
+}
+
+START_TEST(test_grad_replace_matrix)
+{
+    td_client *c = it_client("grad-replace-matrix");
+    td_error e;
+    int64_t s23[2] = {2, 3}, s32[2] = {3, 2};
+    float xv[6] = {1, -2, 3, 0.5f, -1.5f, 2}, gv[6] = {0.25f, 0.5f, -1, 2, -0.75f, 4};
+    double gd[6] = {0};
+    td_handle x = up(c, "cpu:0", TD_F32, 2, s23, xv, 1);
+    td_handle loss = op1(c, "sum", op1(c, "mul", x, x, NULL, 0), 0, NULL, 0);
+    td_handle grads = backward(c, loss, 1);
+    float want[6];
+    grad_of(c, grads, x, want, sizeof want);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(want[i], 2 * xv[i]);
+
+    /* The offered gradients, and a second Gradients handle that is released. */
+    td_handle g_ref = up(c, "ref:0", TD_F32, 2, s23, gv, 0);
+    td_handle g_cpu1 = up(c, "cpu:1", TD_F32, 2, s23, gv, 0);
+    td_handle g_shape = up(c, "cpu:0", TD_F32, 2, s32, gv, 0);
+    td_handle g_f64 = up(c, "cpu:0", TD_F64, 2, s23, gd, 0);
+    td_handle g_ok = up(c, "cpu:0", TD_F32, 2, s23, gv, 0);
+    td_handle untracked = up(c, "cpu:0", TD_F32, 2, s23, xv, 0);
+    td_handle gone = backward(c, loss, 1);
+    ck_assert_int_eq(td_release(c, &gone, 1, &e), 0);
+    mem_snapshot base = snapshot(c);
+
+    /* Backend: the error names cpu:0 (target) and ref:0 (gradient). */
+    int rc = td_grad_replace(c, grads, x, g_ref, &e);
+    ck_assert_int_eq(rc, TD_EBACKEND_MISMATCH);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_DEVICES);
+    assert_dev(&e.detail.devices.target, "cpu:0");
+    assert_dev(&e.detail.devices.grad, "ref:0");
+    ck_assert_msg(strstr(e.message, "cpu:0") && strstr(e.message, "ref:0"), "%s", e.message);
+    after_failure(c, grads, x, want, base);
+
+    /* Same backend, other ordinal. */
+    rc = td_grad_replace(c, grads, x, g_cpu1, &e);
+    ck_assert_int_eq(rc, TD_EDEVICE_MISMATCH);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_DEVICES);
+    assert_dev(&e.detail.devices.target, "cpu:0");
+    assert_dev(&e.detail.devices.grad, "cpu:1");
+    after_failure(c, grads, x, want, base);
+
+    rc = td_grad_replace(c, grads, x, g_shape, &e);
+    ck_assert_int_eq(rc, TD_ESHAPE_MISMATCH);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_SHAPES);
+    ck_assert_int_eq(e.detail.shapes.expected_ndim, 2);
+    ck_assert_int_eq(e.detail.shapes.expected[0], 2);
+    ck_assert_int_eq(e.detail.shapes.expected[1], 3);
+    ck_assert_int_eq(e.detail.shapes.got[0], 3);
+    ck_assert_int_eq(e.detail.shapes.got[1], 2);
+    after_failure(c, grads, x, want, base);
+
+    rc = td_grad_replace(c, grads, x, g_f64, &e);
+    ck_assert_int_eq(rc, TD_EDTYPE_MISMATCH);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_DTYPES);
+    ck_assert_int_eq(e.detail.dtypes.target, TD_F32);
+    ck_assert_int_eq(e.detail.dtypes.grad, TD_F64);
+    after_failure(c, grads, x, want, base);
+
+    rc = td_grad_replace(c, grads, untracked, g_ok, &e);
+    ck_assert_int_eq(rc, TD_ENOT_TRACKED);
+    after_failure(c, grads, x, want, base);
+
+    rc = td_grad_replace(c, gone, x, g_ok, &e);
+    ck_assert_int_eq(rc, TD_EUNKNOWN_HANDLE);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_HANDLE);
+    ck_assert_uint_eq(e.detail.handle.handle, gone);
+    after_failure(c, grads, x, want, base);
+
+    rc = td_grad_replace(c, g_ok, x, g_ok, &e);
+    ck_assert_int_eq(rc, TD_EWRONG_HANDLE_KIND);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_HANDLE_KIND);
+    ck_assert_int_eq(e.detail.handle_kind.expected, TD_HANDLE_GRADIENTS);
+    ck_assert_int_eq(e.detail.handle_kind.got, TD_HANDLE_TENSOR);
+    after_failure(c, grads, x, want, base);
+
+    /* Order of the checks: with everything wrong, the Gradients handle is named first. */
+    rc = td_grad_replace(c, gone, untracked, g_ref, &e);
+    ck_assert_int_eq(rc, TD_EUNKNOWN_HANDLE);
+    rc = td_grad_replace(c, grads, untracked, g_ref, &e);
+    ck_assert_int_eq(rc, TD_ENOT_TRACKED);
+    after_failure(c, grads, x, want, base);
+
+    /* A valid replace is what Grad returns and what the optimizer uses. */
+    ck_assert_int_eq(td_grad_replace(c, grads, x, g_ok, &e), 0);
+    float got[6];
+    grad_of(c, grads, x, got, sizeof got);
+    ck_assert_mem_eq(got, gv, sizeof got);
+    td_attr lr = td_attr_float("lr", 0.5);
+    td_handle opt = 0;
+    ck_assert_int_eq(td_optimizer_create(c, "sgd", &x, 1, &lr, 1, &opt, &e), 0);
+    rc = td_optimizer_step(c, opt, grads, &e);
+    ck_assert_msg(rc == 0, "step: %s: %s", td_err_name(rc), e.message);
+    down(c, x, got, sizeof got);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(got[i], xv[i] + (-0.5f) * gv[i]);
+    td_close(c);
+}
+END_TEST
+
+/* Backward's own checks, typed. */
+START_TEST(test_backward_errors)
+{
+    td_client *c = it_client("backward-errors");
+    td_error e;
+    int64_t s3[1] = {3};
+    float v[3] = {1, 2, 3};
+    td_handle x = up(c, "cpu:0", TD_F32, 1, s3, v, 1);
+    td_handle plain = up(c, "cpu:0", TD_F32, 1, s3, v, 0);
+    td_handle y = op1(c, "mul", x, x, NULL, 0), g = 0;
+    /* Not a scalar and no grad_output. */
+    ck_assert_int_eq(td_backward(c, y, 0, 0, &g, &e), TD_EINVALID_ARGUMENT);
+    /* Nothing to differentiate. */
+    ck_assert_int_eq(td_backward(c, op1(c, "sum", plain, 0, NULL, 0), 0, 0, &g, &e),
+                     TD_ENOT_TRACKED);
+    /* grad_output on the wrong device / of the wrong shape. */
+    td_handle go1 = up(c, "cpu:1", TD_F32, 1, s3, v, 0);
+    ck_assert_int_eq(td_backward(c, y, go1, 0, &g, &e), TD_EDEVICE_MISMATCH);
+    int64_t s2[1] = {2};
+    td_handle go2 = up(c, "cpu:0", TD_F32, 1, s2, v, 0);
+    ck_assert_int_eq(td_backward(c, y, go2, 0, &g, &e), TD_ESHAPE_MISMATCH);
+    /* A valid grad_output: d(sum(go * x*x))/dx = 2 x go. */
+    td_handle go = up(c, "cpu:0", TD_F32, 1, s3, v, 0);
+    ck_assert_int_eq(td_backward(c, y, go, 0, &g, &e), 0);
+    float got[3];
+    grad_of(c, g, x, got, sizeof got);
+    for (int i = 0; i < 3; i++)
+        ck_assert_float_eq(got[i], 2 * v[i] * v[i]);
+    /* The graph was freed: a second pass is refused, typed. */
+    td_handle g2 = 0;
+    ck_assert_int_eq(td_backward(c, y, go, 0, &g2, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_str_eq(e.detail.argument.argument, "retain_graph");
+    /* Grad of a tensor with no gradient; GradRemove takes it out. */
+    ck_assert_int_eq(td_grad(c, g, plain, &g2, &e), TD_ENOT_TRACKED);
+    ck_assert_int_eq(td_grad_remove(c, g, x, &g2, &e), 0);
+    ck_assert_int_eq(td_grad(c, g, x, &g2, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_int_eq(td_ping(c, &e), 0);
+    td_close(c);
+}
+END_TEST
+
+/* A tensor used several times accumulates; retain_graph allows a second pass;
+ * detach and no-grad mode cut the graph. */
+START_TEST(test_accumulate_retain_detach)
+{
+    td_client *c = it_client("accumulate");
+    td_error e;
+    int64_t s4[1] = {4};
+    float v[4] = {0.5f, -1, 2, 3};
+    td_handle x = up(c, "cpu:0", TD_F32, 1, s4, v, 1);
+    /* loss = sum(x*x + x*3) -> 2x + 3 */
+    td_attr three = td_attr_float("other", 3.0);
+    td_handle t = op1(c, "add", op1(c, "mul", x, x, NULL, 0), op1(c, "mul", x, 0, &three, 1),
+                      NULL, 0);
+    td_handle loss = op1(c, "sum", t, 0, NULL, 0);
+    float got[4];
+    for (int pass = 0; pass < 2; pass++) {
+        td_handle g = backward(c, loss, 1);
+        grad_of(c, g, x, got, sizeof got);
+        for (int i = 0; i < 4; i++)
+            ck_assert_float_eq(got[i], 2 * v[i] + 3);
+        td_release(c, &g, 1, &e);
+    }
+    /* Releasing every intermediate handle keeps the graph's data alive. */
+    td_handle dead[1] = {t};
+    td_release(c, dead, 1, &e);
+    td_handle g = backward(c, loss, 0);
+    grad_of(c, g, x, got, sizeof got);
+    ck_assert_float_eq(got[1], 1.0f);
+
+    /* detach: d has x's values but no history: d(sum(d * x))/dx = d. */
+    td_handle d = op1(c, "detach", x, 0, NULL, 0);
+    td_tensor_info info;
+    ck_assert_int_eq(td_describe(c, d, &info, &e), 0);
+    ck_assert_int_eq(info.requires_grad, 0);
+    g = backward(c, op1(c, "sum", op1(c, "mul", d, x, NULL, 0), 0, NULL, 0), 0);
+    grad_of(c, g, x, got, sizeof got);
+    ck_assert_mem_eq(got, v, sizeof v);
+
+    /* No-grad mode records nothing. */
+    ck_assert_int_eq(td_set_grad_enabled(c, 0, &e), 0);
+    td_handle nl = op1(c, "sum", op1(c, "mul", x, x, NULL, 0), 0, NULL, 0);
+    td_handle g3 = 0;
+    ck_assert_int_eq(td_backward(c, nl, 0, 0, &g3, &e), TD_ENOT_TRACKED);
+    ck_assert_int_eq(td_set_grad_enabled(c, 1, &e), 0);
+    td_close(c);
+}
+END_TEST
+
+/* ToDevice stays in the graph: the gradient comes back to the source device. */
+START_TEST(test_to_device_gradient)
+{
+    td_client *c = it_client("to-device");
+    td_error e;
+    int64_t s3[1] = {3};
+    float v[3] = {1, -2, 4};
+    td_handle x = up(c, "cpu:0", TD_F32, 1, s3, v, 1);
+    td_device d1 = it_dev("cpu:1"), r0 = it_dev("ref:0");
+    td_handle y = 0, z = 0;
+    ck_assert_int_eq(td_to_device(c, x, &d1, &y, &e), 0);
+    ck_assert_int_eq(td_to_device(c, y, &r0, &z, &e), 0);
+    td_handle g = backward(c, op1(c, "sum", op1(c, "mul", z, z, NULL, 0), 0, NULL, 0), 0);
+    td_handle gx = 0;
+    ck_assert_int_eq(td_grad(c, g, x, &gx, &e), 0);
+    td_tensor_info info;
+    ck_assert_int_eq(td_describe(c, gx, &info, &e), 0);
+    assert_dev(&info.device, "cpu:0");
+    float got[3];
+    down(c, gx, got, sizeof got);
+    for (int i = 0; i < 3; i++)
+        ck_assert_float_eq(got[i], 2 * v[i]);
+    td_close(c);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- gradient checks (f64, ref) */
+
+/* A case builds a scalar loss from uploaded inputs (all f64 on ref:0). */
+typedef td_handle (*case_fn)(td_client *c, const td_handle *in);
+
+typedef struct {
+    const char *name;
+    case_fn f;
+    int n_in;
+    int ndim[3];
+    int64_t shape[3][4];
+} grad_case;
+
+static td_handle sum_all(td_client *c, td_handle h)
+{
+    return op1(c, "sum", h, 0, NULL, 0);
+}
+
+/* A fixed weighting so that every output element matters differently. */
+static td_handle weigh(td_client *c, td_handle h)
+{
+    return sum_all(c, op1(c, "mul", h, op1(c, "sin", h, 0, NULL, 0), NULL, 0));
+}
+
+static td_handle c_mlp(td_client *c, const td_handle *in)
+{
+    /* matmul + broadcast bias -> relu -> cross_entropy: the digits MLP in small */
+    td_handle h = op1(c, "relu", op1(c, "add", op1(c, "matmul", in[0], in[1], NULL, 0), in[2],
+                                     NULL, 0),
+                      0, NULL, 0);
+    int64_t t[3] = {4, 0, 2}, st[1] = {3};
+    td_handle tgt = up(c, "ref:0", TD_I64, 1, st, t, 0);
+    return op1(c, "add", op1(c, "cross_entropy", h, tgt, NULL, 0), weigh(c, h), NULL, 0);
+}
+
+static td_handle c_bcast(td_client *c, const td_handle *in)
+{
+    td_handle a = op1(c, "mul", in[0], in[1], NULL, 0); /* [3,4] * [4] */
+    td_handle b = op1(c, "div", a, op1(c, "exp", in[2], 0, NULL, 0), NULL, 0); /* / [3,1] */
+    return weigh(c, op1(c, "sub", b, in[1], NULL, 0));
+}
+
+static td_handle c_unary(td_client *c, const td_handle *in)
+{
+    td_attr one = td_attr_float("other", 1.0);
+    td_handle t = op1(c, "tanh", in[0], 0, NULL, 0);
+    td_handle s = op1(c, "sigmoid", in[0], 0, NULL, 0);
+    td_handle x = op1(c, "exp", op1(c, "mul", t, s, NULL, 0), 0, NULL, 0);
+    td_handle l = op1(c, "log", op1(c, "add", x, 0, &one, 1), 0, NULL, 0);
+    return weigh(c, op1(c, "mul", l, op1(c, "sqrt", x, 0, NULL, 0), NULL, 0));
+}
+
+static td_handle c_reduce(td_client *c, const td_handle *in)
+{
+    td_attr a[2] = {td_attr_int("dim", 1), td_attr_bool("keepdim", 1)};
+    td_handle m = op1(c, "mean", in[0], 0, a, 2);          /* [3,1] */
+    td_handle s = op1(c, "sum", in[0], 0, a, 1);           /* [3] */
+    td_handle d = op1(c, "sub", in[0], m, NULL, 0);        /* broadcast back */
+    return sum_all(c, op1(c, "add", weigh(c, d), weigh(c, s), NULL, 0));
+}
+
+static td_handle c_softmax(td_client *c, const td_handle *in)
+{
+    td_attr dim = td_attr_int("dim", -1);
+    td_handle p = op1(c, "softmax", in[0], 0, &dim, 1);
+    td_handle lp = op1(c, "log_softmax", in[0], 0, &dim, 1);
+    return sum_all(c, op1(c, "add", weigh(c, p), weigh(c, lp), NULL, 0));
+}
+
+static td_handle c_views(td_client *c, const td_handle *in)
+{
+    td_attr tr[2] = {td_attr_int("dim0", 0), td_attr_int("dim1", 1)};
+    int64_t shp[2] = {2, 6};
+    td_attr rs = td_attr_ints("shape", shp, 2);
+    td_handle t = op1(c, "transpose", in[0], 0, tr, 2); /* [4,3] */
+    td_handle r = op1(c, "reshape", t, 0, &rs, 1);       /* [2,6] */
+    td_attr sl[3] = {td_attr_int("dim", 1), td_attr_int("start", 1), td_attr_int("stop", 5)};
+    return weigh(c, op1(c, "slice", r, 0, sl, 3));
+}
+
+static td_handle c_matmul_batched(td_client *c, const td_handle *in)
+{
+    return weigh(c, op1(c, "matmul", in[0], in[1], NULL, 0)); /* [2,3,4] @ [4,2] */
+}
+
+static const grad_case grad_cases[] = {
+    {"mlp", c_mlp, 3, {2, 2, 1}, {{3, 4}, {4, 5}, {5}}},
+    {"broadcast", c_bcast, 3, {2, 1, 2}, {{3, 4}, {4}, {3, 1}}},
+    {"unary", c_unary, 1, {2}, {{3, 4}}},
+    {"reduce", c_reduce, 1, {2}, {{3, 4}}},
+    {"softmax", c_softmax, 1, {2}, {{3, 4}}},
+    {"views", c_views, 1, {2}, {{3, 4}}},
+    {"matmul-batched", c_matmul_batched, 2, {3, 2}, {{2, 3, 4}, {4, 2}}},
+};
+
+static double loss_value(td_client *c, const grad_case *gc, double (*vals)[24])
+{
+    td_handle in[3];
+    for (int k = 0; k < gc->n_in; k++)
+        in[k] = up(c, "ref:0", TD_F64, gc->ndim[k], gc->shape[k], vals[k], 0);
+    double l;
+    down(c, gc->f(c, in), &l, sizeof l);
+    return l;
+}
+
+static int64_t numel_of(const grad_case *gc, int k)
+{
+    int64_t n = 1;
+    for (int d = 0; d < gc->ndim[k]; d++)
+        n *= gc->shape[k][d];
+    return n;
+}
+
+START_TEST(test_gradcheck_f64)
+{
+    const grad_case *gc = &grad_cases[_i];
+    td_client *c = it_client("gradcheck");
+    td_error e;
+    uint64_t seed = UINT64_C(0x9e3779b97f4a7c15) + (uint64_t)_i;
+    double vals[3][24];
+    td_handle in[3];
+    for (int k = 0; k < gc->n_in; k++) {
+        for (int j = 0; j < numel_of(gc, k); j++)
+            vals[k][j] = (double)it_randf(&seed, -1.5f, 1.5f);
+        in[k] = up(c, "ref:0", TD_F64, gc->ndim[k], gc->shape[k], vals[k], 1);
+    }
+    td_handle loss = gc->f(c, in), grads = 0;
+    int rc = td_backward(c, loss, 0, 0, &grads, &e);
+    ck_assert_msg(rc == 0, "%s: backward: %s: %s", gc->name, td_err_name(rc), e.message);
+    const double h = 1e-6;
+    for (int k = 0; k < gc->n_in; k++) {
+        double an[24];
+        grad_of(c, grads, in[k], an, (size_t)numel_of(gc, k) * sizeof(double));
+        for (int j = 0; j < numel_of(gc, k); j++) {
+            double keep = vals[k][j];
+            vals[k][j] = keep + h;
+            double lp = loss_value(c, gc, vals);
+            vals[k][j] = keep - h;
+            double lm = loss_value(c, gc, vals);
+            vals[k][j] = keep;
+            double num = (lp - lm) / (2 * h);
+            /* central differences in f64: error ~h^2 plus rounding ~1e-10 */
+            ck_assert_msg(fabs(num - an[j]) <= 1e-6 * (1 + fabs(num)),
+                          "%s: input %d element %d: backward %.12g, finite differences %.12g",
+                          gc->name, k, j, an[j], num);
+        }
+    }
+    td_close(c);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- training */
+
+/* Linear regression trained entirely in the daemon: the loss falls and the
+ * weights converge; every iteration's handles are released and nothing leaks. */
+static void train_linear(const char *kind, double lr, int steps)
+{
+    td_client *c = it_client("train");
+    td_error e;
+    enum { N = 64 };
+    float X[N * 3], Y[N], w_true[3] = {1.5f, -2.0f, 0.5f}, b_true = 0.25f;
+    uint64_t seed = 42;
+    for (int i = 0; i < N; i++) {
+        Y[i] = b_true;
+        for (int j = 0; j < 3; j++) {
+            X[i * 3 + j] = it_randf(&seed, -1, 1);
+            Y[i] += w_true[j] * X[i * 3 + j];
+        }
+    }
+    int64_t sx[2] = {N, 3}, sy[2] = {N, 1}, sw[2] = {1, 3}, sb[1] = {1};
+    float w0[3] = {0}, b0[1] = {0};
+    td_handle x = up(c, "cpu:0", TD_F32, 2, sx, X, 0), y = up(c, "cpu:0", TD_F32, 2, sy, Y, 0);
+    td_handle params[2] = {up(c, "cpu:0", TD_F32, 2, sw, w0, 1),
+                           up(c, "cpu:0", TD_F32, 1, sb, b0, 1)};
+    td_attr lra = td_attr_float("lr", lr);
+    td_handle opt = 0;
+    ck_assert_int_eq(td_optimizer_create(c, kind, params, 2, &lra, 1, &opt, &e), 0);
+    mem_snapshot base = {0, 0};
+    float first = 0, last = 0;
+    for (int it = 0; it < steps; it++) {
+        td_handle in[3] = {x, params[0], params[1]};
+        td_op_opts o = {0};
+        td_handle pred = td_op1(c, "linear", in, 3, &o, &e);
+        td_handle yy[2] = {pred, y};
+        td_handle loss = td_op1(c, "mse_loss", yy, 2, &o, &e);
+        td_handle g = backward(c, loss, 0);
+        int rc = td_optimizer_step(c, opt, g, &e);
+        ck_assert_msg(rc == 0, "step: %s: %s", td_err_name(rc), e.message);
+        if (it == 0 || it == steps - 1) {
+            float l;
+            down(c, loss, &l, sizeof l);
+            if (it == 0)
+                first = l;
+            last = l;
+        }
+        td_handle dead[3] = {pred, loss, g};
+        td_release(c, dead, 3, &e);
+        if (it == 1)
+            base = snapshot(c);
+    }
+    mem_snapshot end = snapshot(c);
+    ck_assert_uint_eq(end.tensors, base.tensors);
+    ck_assert_uint_eq(end.bytes, base.bytes);
+    ck_assert_msg(last < first * 1e-3f, "%s: loss %g -> %g", kind, first, last);
+    float w[3], b[1];
+    down(c, params[0], w, sizeof w);
+    down(c, params[1], b, sizeof b);
+    for (int j = 0; j < 3; j++)
+        ck_assert_msg(fabsf(w[j] - w_true[j]) < 0.05f, "%s: w[%d] = %g", kind, j, w[j]);
+    ck_assert_msg(fabsf(b[0] - b_true) < 0.05f, "%s: b = %g", kind, b[0]);
+    td_close(c);
+}
+
+START_TEST(test_train_sgd)
+{
+    train_linear("sgd", 0.2, 300);
+}
+END_TEST
+
+START_TEST(test_train_adam)
+{
+    train_linear("adam", 0.05, 400);
+}
+END_TEST
+
+Suite *it_autograd_suite(void)
+{
+    Suite *s = suite_create("autograd");
+    TCase *tc = tcase_create("gradients");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_grad_replace_matrix);
+    tcase_add_test(tc, test_backward_errors);
+    tcase_add_test(tc, test_accumulate_retain_detach);
+    tcase_add_test(tc, test_to_device_gradient);
+    tcase_add_loop_test(tc, test_gradcheck_f64, 0,
+                        (int)(sizeof grad_cases / sizeof grad_cases[0]));
+    suite_add_tcase(s, tc);
+    TCase *tt = tcase_create("training");
+    tcase_set_timeout(tt, 300);
+    tcase_add_test(tt, test_train_sgd);
+    tcase_add_test(tt, test_train_adam);
+    suite_add_tcase(s, tt);
+    return s;
+}
