@@ -196,6 +196,9 @@ static int prep_conv_pool(tdd_prep *p)
         O = w->shape[0];
         ks[0] = w->shape[2];
         ks[1] = w->shape[3];
+        if (ks[0] > INT32_MAX || ks[1] > INT32_MAX) /* keeps dilation * kernel in range */
+            return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
+                                 "conv2d: kernel too large");
         if (p->n_in == 3) {
             const tdd_tensor *b = p->in[2];
             if ((rc = same_dtype(p, x, b)))
@@ -403,8 +406,9 @@ int tdd_prep_create(tdd_prep *p)
             return tdd_err_arg(p->err, "step", "arange: step must not be 0");
         double cnt = ceil((g->f[1] - g->f[0]) / g->f[2]);
         if (all_int) {
-            int64_t span = g->n[1] - g->n[0], st = g->n[2];
-            if ((g->n[1] >= 0) != (g->n[0] >= 0) && fabs(g->f[1] - g->f[0]) > 9e18)
+            int64_t span, st = g->n[2];
+            if (__builtin_sub_overflow(g->n[1], g->n[0], &span) || span == INT64_MIN ||
+                st == INT64_MIN)
                 return tdd_err_arg(p->err, "end", "arange: range too large");
             cnt = (double)(span / st + (span % st != 0 && (span > 0) == (st > 0)));
         }

@@ -46,8 +46,14 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
         switch (r->kind) {                                                                         \
         case R_SUM:                                                                                \
             if (s == 1) {                                                                          \
-                _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i < n; i++) acc +=     \
-                    a[i];                                                                          \
+                /* T lanes over short blocks vectorise; blocks add up in double */                 \
+                for (int64_t b0 = 0; b0 < n; b0 += 256) {                                          \
+                    int64_t b1 = b0 + 256 < n ? b0 + 256 : n;                                      \
+                    T part = 0;                                                                    \
+                    _Pragma("omp simd reduction(+ : part)") for (int64_t i = b0; i < b1; i++)      \
+                        part += a[i];                                                              \
+                    acc += (double)part;                                                           \
+                }                                                                                  \
             } else {                                                                               \
                 for (int64_t i = 0; i < n; i++)                                                    \
                     acc += a[i * s];                                                               \

@@ -185,6 +185,14 @@ START_TEST(dtype_errors_are_typed)
     ck_assert_int_eq(prep("expand", &x, NULL, &e, 1, &err, NULL, NULL), TD_ESHAPE_MISMATCH);
     td_attr z = at_ints("shape", big, 2);
     ck_assert_int_eq(prep("zeros", NULL, NULL, &z, 1, &err, NULL, NULL), TD_ERESOURCE_EXHAUSTED);
+    /* client numbers never overflow the size arithmetic */
+    td_attr ar[2] = {at_int("start", INT64_MIN + 5), at_int("end", INT64_MAX)};
+    expect_arg("arange", NULL, NULL, ar, 2, "end");
+    td_attr ar2[3] = {at_int("start", 0), at_int("end", 5), at_int("step", 0)};
+    expect_arg("arange", NULL, NULL, ar2, 3, "step");
+    td_attr ri[2] = {at_int("low", 5), at_int("high", 5)};
+    td_attr ri3[3] = {ri[0], ri[1], at_ints("shape", (const int64_t[]){2}, 1)};
+    expect_arg("randint", NULL, NULL, ri3, 3, "high");
 }
 END_TEST
 
