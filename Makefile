@@ -45,6 +45,10 @@ LDFLAGS := -pthread
 ifneq ($(SAN),)
 CFLAGS += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDFLAGS += -fsanitize=$(SAN)
+# ASan's default 256 MiB quarantine of freed memory would read as a leak to the
+# tests that bound the daemon's RSS; a small one still catches use-after-free.
+export ASAN_OPTIONS ?= quarantine_size_mb=16
+export UBSAN_OPTIONS ?= print_stacktrace=1
 endif
 
 # CUDA: compiled and linked when nvcc is found; the daemon still starts without a driver.
