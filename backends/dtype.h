@@ -200,12 +200,14 @@ static inline uint64_t tdd_rng_u64(uint64_t seed, uint64_t i)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
     z ^= z >> 31;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u; /* second round: seeds differing in one bit decorrelate */
+    /* a second round, so seeds differing in one bit decorrelate */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
     return z ^ (z >> 31);
 }
 
-/* Uniform in [0, 1) with 53 bits; tdd_rng_uniform24 has 24 bits so a float cast never rounds to 1. */
+/* Uniform in [0, 1) with 53 bits; tdd_rng_uniform24 has 24 bits, so a float cast
+ * never rounds up to 1. */
 static inline double tdd_rng_uniform(uint64_t seed, uint64_t i)
 {
     return (double)(tdd_rng_u64(seed, i) >> 11) * 0x1.0p-53;

@@ -36,7 +36,8 @@
  *  flatten: start_dim[0], end_dim[-1]   squeeze: dim (int or list; absent = all size-1)
  *  unsqueeze: dim   expand: shape (-1 keeps)   slice: dim[0], start[0], stop[end], step[1]
  *  contiguous clone: --   cast: dtype
- *  cat stack: dim[0]   split: split_size (int) or split_sizes (ints), dim[0]   chunk: chunks, dim[0]
+ *  cat stack: dim[0]   split: split_size (int) or split_sizes (ints), dim[0]
+ *  chunk: chunks, dim[0]
  *  gather(x, index): dim   scatter_add(x, index, src): dim   index_select(x, index): dim
  *  one_hot(index): num_classes (required: the output shape cannot depend on data)
  *  embedding(indices, weight)   tril triu: diagonal[0]

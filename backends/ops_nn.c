@@ -300,7 +300,8 @@ int tdd_prep_nn(tdd_prep *p)
     case TDD_OP_LAYER_NORM: {
         int64_t ns[TD_MAX_NDIM];
         int n;
-        if ((rc = need_float(p, x)) || (rc = tdd_p_ints(p, "normalized_shape", ns, TD_MAX_NDIM, &n)) ||
+        if ((rc = need_float(p, x)) ||
+            (rc = tdd_p_ints(p, "normalized_shape", ns, TD_MAX_NDIM, &n)) ||
             (rc = tdd_p_float(p, "eps", 1e-5, &g->f[0])))
             return rc;
         if (n < 0)

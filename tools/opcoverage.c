@@ -59,7 +59,8 @@ int main(void)
         printf("- cuda: `✓` supported, `–` answers UNSUPPORTED_*;\n");
     printf("- `–`: the op rejects the dtype with UNSUPPORTED_DTYPE (as PyTorch does), or the\n"
            "  dtype does not apply (index inputs, fixed output dtypes);\n"
-           "- `†`: the dtype is in the conformance suite for this op (cpu compared with ref).\n\n");
+           "- `†`: the dtype is in the conformance suite for this op (cpu compared with\n"
+           "  ref).\n\n");
     if (!have_cuda)
         printf("cuda: not in this table (%s).\n\n", why[0] ? why : "no device");
     printf("| op | kind |");

@@ -88,7 +88,8 @@ typedef struct {
     BIN_FN(pow_##S, T, T, pow(x, z))                                                               \
     BIN_FN(max_##S, T, T, (x != x || z != z) ? (T)NAN : (x > z ? x : z))                           \
     BIN_FN(min_##S, T, T, (x != x || z != z) ? (T)NAN : (x < z ? x : z))                           \
-    BIN_FN(rem_##S, T, T, fmod(x, z) + ((fmod(x, z) != 0 && ((fmod(x, z) < 0) != (z < 0))) ? z : 0)) \
+    BIN_FN(rem_##S, T, T,                                                                          \
+           fmod(x, z) + ((fmod(x, z) != 0 && ((fmod(x, z) < 0) != (z < 0))) ? z : 0))              \
     BIN_FN(eq_##S, T, uint8_t, x == z)                                                             \
     BIN_FN(ne_##S, T, uint8_t, x != z)                                                             \
     BIN_FN(lt_##S, T, uint8_t, x < z)                                                              \
