@@ -401,6 +401,143 @@ static td_handle c_matmul_batched(td_client *c, const td_handle *in)
     return weigh(c, op1(c, "matmul", in[0], in[1], NULL, 0)); /* [2,3,4] @ [4,2] */
 }
 
+static td_handle un_(td_client *c, const char *op, td_handle x)
+{
+    return op1(c, op, x, 0, NULL, 0);
+}
+
+static td_handle sc_(td_client *c, const char *op, td_handle x, double v)
+{
+    td_attr a = td_attr_float("other", v);
+    return op1(c, op, x, 0, &a, 1);
+}
+
+static td_handle add_(td_client *c, td_handle a, td_handle b)
+{
+    return op1(c, "add", a, b, NULL, 0);
+}
+
+static td_handle c_elementwise(td_client *c, const td_handle *in)
+{
+    td_handle x = in[0], y = in[1];
+    td_handle l = weigh(c, op1(c, "maximum", x, y, NULL, 0));
+    l = add_(c, l, weigh(c, op1(c, "minimum", x, y, NULL, 0)));
+    l = add_(c, l, weigh(c, sc_(c, "pow", un_(c, "exp", x), 1.5)));
+    l = add_(c, l, weigh(c, op1(c, "pow", un_(c, "exp", x), y, NULL, 0)));
+    td_attr lr = td_attr_float("negative_slope", 0.2);
+    l = add_(c, l, weigh(c, op1(c, "leaky_relu", x, 0, &lr, 1)));
+    l = add_(c, l, weigh(c, un_(c, "silu", x)));
+    td_attr sp = td_attr_float("beta", 2.0);
+    l = add_(c, l, weigh(c, op1(c, "softplus", x, 0, &sp, 1)));
+    td_attr cl[2] = {td_attr_float("min", -0.5), td_attr_float("max", 0.7)};
+    l = add_(c, l, weigh(c, op1(c, "clamp", x, 0, cl, 2)));
+    l = add_(c, l, weigh(c, un_(c, "abs", x)));
+    l = add_(c, l, weigh(c, un_(c, "square", y)));
+    l = add_(c, l, weigh(c, un_(c, "rsqrt", un_(c, "exp", y))));
+    l = add_(c, l, weigh(c, un_(c, "reciprocal", un_(c, "exp", y))));
+    l = add_(c, l, weigh(c, un_(c, "log1p", un_(c, "exp", y))));
+    l = add_(c, l, weigh(c, un_(c, "expm1", y)));
+    l = add_(c, l, weigh(c, un_(c, "cos", y)));
+    l = add_(c, l, weigh(c, un_(c, "neg", y)));
+    td_handle m = sc_(c, "gt", x, 0.1);
+    td_handle wh[3] = {m, x, y};
+    td_op_opts o = {0};
+    td_error e;
+    l = add_(c, l, weigh(c, td_op1(c, "where", wh, 3, &o, &e)));
+    td_attr fv = td_attr_float("value", 2.0);
+    return add_(c, l, weigh(c, op1(c, "masked_fill", x, m, &fv, 1)));
+}
+
+static td_handle c_reduce2(td_client *c, const td_handle *in)
+{
+    td_attr d1[2] = {td_attr_int("dim", 1), td_attr_bool("keepdim", 0)};
+    td_attr d0[2] = {td_attr_int("dim", 0), td_attr_bool("keepdim", 1)};
+    td_handle x = in[0];
+    td_handle l = weigh(c, op1(c, "amax", x, 0, d1, 2));
+    l = add_(c, l, weigh(c, op1(c, "amin", x, 0, d0, 2)));
+    l = add_(c, l, weigh(c, op1(c, "var", x, 0, d1, 2)));
+    l = add_(c, l, weigh(c, op1(c, "std", x, 0, d0, 2)));
+    l = add_(c, l, weigh(c, op1(c, "logsumexp", x, 0, d1, 2)));
+    l = add_(c, l, weigh(c, op1(c, "prod", x, 0, d0, 2)));
+    l = add_(c, l, weigh(c, op1(c, "cumsum", x, 0, d1, 1)));
+    l = add_(c, l, weigh(c, un_(c, "mean", x)));
+    return l;
+}
+
+static td_handle c_losses(td_client *c, const td_handle *in)
+{
+    td_handle x = in[0], y = in[1];
+    td_attr dim = td_attr_int("dim", 1);
+    int64_t t[3] = {1, -100, 3}, st[1] = {3};
+    td_handle tgt = up(c, "ref:0", TD_I64, 1, st, t, 0);
+    td_handle l = op1(c, "nll_loss", op1(c, "log_softmax", x, 0, &dim, 1), tgt, NULL, 0);
+    td_attr ls = td_attr_float("label_smoothing", 0.1);
+    td_op_opts o = {.attrs = &ls, .nattrs = 1};
+    td_error e;
+    td_handle xt[2] = {x, tgt};
+    l = add_(c, l, td_op1(c, "cross_entropy", xt, 2, &o, &e));
+    td_attr none = {.name = "reduction", .kind = TD_ATTR_STR, .s = "none"};
+    l = add_(c, l, weigh(c, op1(c, "cross_entropy", x, tgt, &none, 1)));
+    l = add_(c, l, op1(c, "mse_loss", x, y, NULL, 0));
+    td_attr sum = {.name = "reduction", .kind = TD_ATTR_STR, .s = "sum"};
+    l = add_(c, l, op1(c, "binary_cross_entropy_with_logits", x, un_(c, "sigmoid", y), &sum, 1));
+    return l;
+}
+
+static td_handle c_layers(td_client *c, const td_handle *in)
+{
+    td_handle x = in[0], w = in[1], b = in[2];
+    int64_t ns[1] = {4};
+    td_attr na = td_attr_ints("normalized_shape", ns, 1);
+    td_handle ln3[3] = {x, b, w};
+    td_op_opts o = {.attrs = &na, .nattrs = 1};
+    td_error e;
+    td_handle l = weigh(c, td_op1(c, "layer_norm", ln3, 3, &o, &e));
+    td_attr nb = td_attr_ints("normalized_shape", ns, 1);
+    l = add_(c, l, weigh(c, op1(c, "layer_norm", x, 0, &nb, 1)));
+    td_handle lin[3] = {x, un_(c, "tanh", op1(c, "unsqueeze", w, 0,
+                                            (td_attr[]){td_attr_int("dim", 0)}, 1)), b};
+    td_op_opts oo = {0};
+    lin[2] = op1(c, "slice", b, 0, (td_attr[]){td_attr_int("start", 0), td_attr_int("stop", 1)},
+                 2);
+    return add_(c, l, weigh(c, td_op1(c, "linear", lin, 3, &oo, &e)));
+}
+
+static td_handle c_index(td_client *c, const td_handle *in)
+{
+    td_handle x = in[0], w = in[1];
+    int64_t iv[4] = {2, 0, 2, 1}, si[1] = {4}, gv[6] = {0, 2, 1, 1, 0, 3}, sg[2] = {3, 2};
+    td_handle idx = up(c, "ref:0", TD_I64, 1, si, iv, 0);
+    td_handle gidx = up(c, "ref:0", TD_I64, 2, sg, gv, 0);
+    td_handle l = weigh(c, op1(c, "embedding", idx, w, NULL, 0));
+    td_attr d1 = td_attr_int("dim", 1), d0 = td_attr_int("dim", 0);
+    l = add_(c, l, weigh(c, op1(c, "gather", x, gidx, &d1, 1)));
+    td_handle si2 = op1(c, "slice", idx, 0, (td_attr[]){td_attr_int("stop", 3)}, 1);
+    l = add_(c, l, weigh(c, op1(c, "index_select", x, si2, &d0, 1)));
+    td_handle cat[3] = {x, un_(c, "exp", x), x};
+    td_op_opts o = {.attrs = &d1, .nattrs = 1};
+    td_error e;
+    l = add_(c, l, weigh(c, td_op1(c, "cat", cat, 3, &o, &e)));
+    l = add_(c, l, weigh(c, td_op1(c, "stack", cat, 2, &o, &e)));
+    td_attr ch[2] = {td_attr_int("chunks", 2), td_attr_int("dim", 1)};
+    td_op_opts oc = {.attrs = ch, .nattrs = 2};
+    td_handle parts[2];
+    ck_assert_int_eq(td_op(c, "chunk", &x, 1, &oc, parts, 2, &e), 0);
+    l = add_(c, l, weigh(c, op1(c, "mul", parts[0], parts[1], NULL, 0)));
+    int64_t perm[3] = {2, 0, 1}, sh3[3] = {1, 3, 4}, ex3[3] = {2, 3, 4};
+    td_handle x3 = op1(c, "reshape", x, 0, (td_attr[]){td_attr_ints("shape", sh3, 3)}, 1);
+    td_handle e3 = op1(c, "expand", x3, 0, (td_attr[]){td_attr_ints("shape", ex3, 3)}, 1);
+    l = add_(c, l, weigh(c, op1(c, "permute", e3, 0, (td_attr[]){td_attr_ints("dims", perm, 3)},
+                                1)));
+    td_attr sl[4] = {td_attr_int("dim", 1), td_attr_int("start", 0), td_attr_int("stop", 4),
+                     td_attr_int("step", 2)};
+    l = add_(c, l, weigh(c, op1(c, "slice", x, 0, sl, 4)));
+    l = add_(c, l, weigh(c, un_(c, "tril", x)));
+    int64_t pad[2] = {1, 2};
+    l = add_(c, l, weigh(c, op1(c, "pad", x, 0, (td_attr[]){td_attr_ints("pad", pad, 2)}, 1)));
+    return l;
+}
+
 static const grad_case grad_cases[] = {
     {"mlp", c_mlp, 3, {2, 2, 1}, {{3, 4}, {4, 5}, {5}}},
     {"broadcast", c_bcast, 3, {2, 1, 2}, {{3, 4}, {4}, {3, 1}}},
@@ -409,6 +546,11 @@ static const grad_case grad_cases[] = {
     {"softmax", c_softmax, 1, {2}, {{3, 4}}},
     {"views", c_views, 1, {2}, {{3, 4}}},
     {"matmul-batched", c_matmul_batched, 2, {3, 2}, {{2, 3, 4}, {4, 2}}},
+    {"elementwise", c_elementwise, 2, {2, 1}, {{3, 4}, {4}}},
+    {"reduce2", c_reduce2, 1, {2}, {{3, 4}}},
+    {"losses", c_losses, 2, {2, 2}, {{3, 4}, {3, 4}}},
+    {"layers", c_layers, 3, {2, 1, 1}, {{3, 4}, {4}, {4}}},
+    {"index", c_index, 2, {2, 2}, {{3, 4}, {3, 2}}},
 };
 
 static double loss_value(td_client *c, const grad_case *gc, double (*vals)[24])
