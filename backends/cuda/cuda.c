@@ -384,6 +384,18 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ONES:
     case TDD_OP_EYE:
         return 0;
+    case TDD_OP_CAT:
+    case TDD_OP_STACK: /* copies only: mixed dtypes would need a cast per input */
+        return inputs_are(c, 0, g->dtype) ? 0 : dtype;
+    case TDD_OP_PAD:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+        return 0;
+    case TDD_OP_RAND:
+    case TDD_OP_RANDN:
+        return g->dtype == TD_F32 ? 0 : dtype;
+    case TDD_OP_RANDINT:
+        return g->dtype == TD_I64 ? 0 : dtype;
     case TDD_OP_ARANGE:
         return g->dtype == TD_F32 || g->dtype == TD_I64 ? 0 : dtype;
     case TDD_OP_LINSPACE:
@@ -742,10 +754,101 @@ static int exec_create(cuda_dev *dv, const tdd_opcall *c)
     case TDD_OP_LINSPACE:
         e = tdc_linspace_f32(&dv->kd, yp, n, g->f[0], g->f[1]);
         break;
+    case TDD_OP_RAND:
+    case TDD_OP_RANDN:
+        e = tdc_random_fill(&dv->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp, n, g->seed,
+                            0, 0);
+        break;
+    case TDD_OP_RANDINT:
+        e = tdc_random_fill(&dv->kd, TDC_RANDINT, yp, n, g->seed, g->n[0],
+                            (uint64_t)g->n[1] - (uint64_t)g->n[0]);
+        break;
     default:
         return TD_EUNSUPPORTED_OP;
     }
     return cuda_rc(dv, e, tdd_opdefs[c->op].name);
+}
+
+/* Copies view src into view dst of the same shape (any strides, same dtype). */
+static int copy_view(cuda_dev *dv, const tdd_tensor *dst, const tdd_tensor *src)
+{
+    const tdd_tensor *ts[2] = {dst, src};
+    tdc_layout l;
+    layout_of(&l, src->shape, src->ndim, 2, ts);
+    return cuda_rc(dv, tdc_copy(&dv->kd, &l, tdd_data(dst), tdd_data(src),
+                                (int)td_dtype_size(src->dtype)),
+                   "copy");
+}
+
+/* cat/stack: each input copied into its slice of the output (no kernel of their own). */
+static int exec_join(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *y = c->out[0];
+    int dim = (int)c->args->i[0], rc = 0;
+    int64_t at = 0;
+    for (int k = 0; k < c->n_in && !rc; k++) {
+        const tdd_tensor *x = c->in[k];
+        tdd_tensor part = *y;
+        if (c->op == TDD_OP_STACK) {
+            part.ndim = x->ndim;
+            for (int d = 0, e = 0; d < y->ndim; d++) {
+                if (d == dim)
+                    continue;
+                part.shape[e] = y->shape[d];
+                part.strides[e++] = y->strides[d];
+            }
+            part.offset = y->offset + k * y->strides[dim];
+        } else {
+            if (tdd_numel(x) == 0) { /* PyTorch lets an empty 1-D tensor join anything */
+                at += x->ndim == y->ndim ? x->shape[dim] : 0;
+                continue;
+            }
+            part.shape[dim] = x->shape[dim];
+            part.offset = y->offset + at * y->strides[dim];
+            at += x->shape[dim];
+        }
+        rc = copy_view(dv, &part, x);
+    }
+    return rc;
+}
+
+/* Constant pad (negative pads crop): fill with the value, then copy the overlap. */
+static int exec_pad(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    int rc = cuda_rc(dv,
+                     tdc_fill(&dv->kd, tdd_data(y), tdd_numel(y), (int)td_dtype_size(y->dtype),
+                              element_bits(y->dtype, g->f[0], tdd_sat_i64(g->f[0]))),
+                     "pad");
+    tdd_tensor src = *x, dst = *y;
+    for (int d = 0; d < x->ndim; d++) {
+        int64_t lo = g->ints[0][d];
+        int64_t skip = lo < 0 ? -lo : 0, start = lo > 0 ? lo : 0;
+        int64_t len = x->shape[d] - skip < y->shape[d] - start ? x->shape[d] - skip
+                                                                : y->shape[d] - start;
+        if (len < 0)
+            len = 0;
+        src.shape[d] = dst.shape[d] = len;
+        src.offset += skip * x->strides[d];
+        dst.offset += start * y->strides[d];
+    }
+    return rc ? rc : copy_view(dv, &dst, &src);
+}
+
+static int exec_tri(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    if (y->ndim < 2)
+        return TD_EINTERNAL; /* tdd_op_prepare requires a matrix */
+    const tdd_tensor *ts[2] = {y, x};
+    tdc_layout l;
+    layout_of(&l, y->shape, y->ndim, 2, ts);
+    return cuda_rc(dv,
+                   tdc_tri(&dv->kd, &l, tdd_data(y), tdd_data(x), (int)td_dtype_size(y->dtype),
+                           y->shape[y->ndim - 2], y->shape[y->ndim - 1], c->args->i[0],
+                           c->op == TDD_OP_TRIU),
+                   tdd_opdefs[c->op].name);
 }
 
 static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
@@ -802,12 +905,23 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
                                     (int)x->dtype),
                        "cast");
     }
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+        return exec_join(dv, c);
+    case TDD_OP_PAD:
+        return exec_pad(dv, c);
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+        return exec_tri(dv, c);
     case TDD_OP_FULL:
     case TDD_OP_ZEROS:
     case TDD_OP_ONES:
     case TDD_OP_EYE:
     case TDD_OP_ARANGE:
     case TDD_OP_LINSPACE:
+    case TDD_OP_RAND:
+    case TDD_OP_RANDN:
+    case TDD_OP_RANDINT:
         return exec_create(dv, c);
     default:
         return exec_reduce(dv, c); /* the rest of what supports() lets through */

@@ -394,6 +394,50 @@ template <typename T> __global__ void eye_kernel(T *y, int64_t rows, int64_t col
         y[i] = (i / cols == i % cols) ? one : (T)0;
 }
 
+template <typename T>
+__global__ void tri_kernel(__grid_constant__ const tdc_layout l, T *y, const T *x, int64_t rows,
+                           int64_t cols, int64_t diag, int upper)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[2] = {i, i};
+        if (!l.contig)
+            offsets<2>(l, i, off);
+        int64_t col = i % cols, row = (i / cols) % rows;
+        bool keep = upper ? col - row >= diag : col - row <= diag;
+        y[off[0]] = keep ? x[off[1]] : (T)0;
+    }
+}
+
+// The same arithmetic as tdd_rng_u64 (backends/dtype.h), so a seed draws the same tensor on
+// every backend.
+__device__ __forceinline__ uint64_t rng_u64(uint64_t seed, uint64_t i)
+{
+    uint64_t z = seed * 0xd1342543de82ef95ull + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ void random_kernel(int kind, void *y, int64_t n, uint64_t seed, int64_t lo,
+                              uint64_t range)
+{
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        uint64_t k = (uint64_t)i;
+        if (kind == TDC_RAND) {
+            ((float *)y)[i] = (float)((double)(rng_u64(seed, k) >> 40) * 0x1.0p-24);
+        } else if (kind == TDC_RANDN) {
+            double u1 = (double)(rng_u64(seed, 2 * k) >> 11) * 0x1.0p-53;
+            double u2 = (double)(rng_u64(seed, 2 * k + 1) >> 11) * 0x1.0p-53;
+            ((float *)y)[i] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+        } else {
+            ((int64_t *)y)[i] = (int64_t)((uint64_t)lo + rng_u64(seed, k) % range);
+        }
+    }
+}
+
 // ------------------------------------------------------------------ reductions
 
 __device__ __forceinline__ float r_init(int comb)
@@ -856,6 +900,46 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
     default:
         return cudaErrorInvalidValue;
     }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, const void *x,
+                               int elsize, int64_t rows, int64_t cols, int64_t diagonal,
+                               int upper)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    int g = grid_for(d, l->numel);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        tri_kernel<uint8_t><<<g, kThreads, 0, s>>>(*l, (uint8_t *)y, (const uint8_t *)x, rows,
+                                                   cols, diagonal, upper);
+        break;
+    case 2:
+        tri_kernel<uint16_t><<<g, kThreads, 0, s>>>(*l, (uint16_t *)y, (const uint16_t *)x, rows,
+                                                    cols, diagonal, upper);
+        break;
+    case 4:
+        tri_kernel<uint32_t><<<g, kThreads, 0, s>>>(*l, (uint32_t *)y, (const uint32_t *)x, rows,
+                                                    cols, diagonal, upper);
+        break;
+    case 8:
+        tri_kernel<uint64_t><<<g, kThreads, 0, s>>>(*l, (uint64_t *)y, (const uint64_t *)x, rows,
+                                                    cols, diagonal, upper);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int64_t n,
+                                       uint64_t seed, int64_t lo, uint64_t range)
+{
+    if (n == 0)
+        return cudaSuccess;
+    random_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(kind, y, n, seed, lo, range);
     return launched();
 }
 

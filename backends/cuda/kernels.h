@@ -119,6 +119,17 @@ cudaError_t tdc_arange_i64(const tdc_dev *d, int64_t *y, int64_t n, int64_t star
 cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t cols, int elsize,
                     uint64_t one);
 
+/* tril (upper = 0) / triu (upper = 1) over the last two dims (rows x cols) of a C-order
+ * output: operands y, x; elements off the kept triangle become 0. */
+cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, const void *x, int elsize,
+                    int64_t rows, int64_t cols, int64_t diagonal, int upper);
+
+/* The counter-based draws of backends/dtype.h, value i of stream seed: uniform [0, 1) with
+ * 24 bits (f32), standard normal (f32), or lo + u % range (i64). */
+typedef enum { TDC_RAND, TDC_RANDN, TDC_RANDINT } tdc_random;
+cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int64_t n, uint64_t seed,
+                            int64_t lo, uint64_t range);
+
 /* A reduction: the input split into kept dims (one output each, outputs contiguous in C
  * order of the kept dims) and reduced dims. */
 typedef struct {
