@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "autograd.h"
 #include "config.h"
 #include "conn.h"
 #include "device.h"
@@ -38,6 +39,7 @@ static void start_daemon(void)
     tdd_log_level = getenv("TDD_FUZZ_VERBOSE") ? TDD_LOG_DEBUG : TDD_LOG_ERROR;
     loop = uv_default_loop();
     char note[256];
+    tdd_autograd_init(); /* as main() does: Gradients/optimizer handles know how to free */
     if (tdd_exec_init(loop) || tdd_devices_init(&tdd_cfg, note, sizeof note) ||
         tdd_server_start(loop, &tdd_cfg)) {
         fprintf(stderr, "fuzz: cannot start the in-process daemon\n");
