@@ -365,35 +365,47 @@ void tdd_bw_release(tdd_bw *b, size_t keep)
         tdd_value_unref(b->tmp[--b->ntmp]);
 }
 
+static int bw_submit(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const td_attr *attrs,
+                     size_t nattrs, td_dtype dtype, tdd_device *dev, tdd_value **out, int n_out)
+{
+    if (b->rc)
+        return b->rc;
+    for (int i = 0; i < n_in; i++)
+        if (!in[i])
+            return tdd_bw_fail(b, TD_EINTERNAL, "backward: %s lacks input %d",
+                               tdd_opdefs[op].name, i);
+    tdd_opreq req = {.attrs = {.a = attrs, .n = nattrs}, .dtype = dtype, .seed = 0};
+    tdd_value *o[TDD_MAX_OP_OUTPUTS];
+    int got = n_out;
+    td_error err;
+    int rc = tdd_submit_op(b->s, b->req_id, false, op, &req, in, n_in, dev, o, &got, NULL, &err);
+    if (rc) {
+        b->err = err;
+        b->rc = rc;
+        /* The message says where it came from: a backward formula, not the client's op. */
+        char m[sizeof err.message];
+        snprintf(m, sizeof m, "backward (%.24s): %.200s", tdd_opdefs[op].name, err.message);
+        memcpy(b->err.message, m, sizeof m);
+        return rc;
+    }
+    for (int k = 0; k < got; k++) {
+        tdd_bw_keep(b, o[k]);
+        out[k] = o[k];
+    }
+    return b->rc;
+}
+
 tdd_value *tdd_bw_op(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const td_attr *attrs,
                      size_t nattrs, td_dtype dtype, tdd_device *dev)
 {
-    if (b->rc)
-        return NULL;
-    for (int i = 0; i < n_in; i++)
-        if (!in[i]) {
-            tdd_bw_fail(b, TD_EINTERNAL, "backward: %s lacks input %d", tdd_opdefs[op].name, i);
-            return NULL;
-        }
-    tdd_opreq req = {.attrs = {.a = attrs, .n = nattrs}, .dtype = dtype, .seed = 0};
-    tdd_value *out[TDD_MAX_OP_OUTPUTS];
-    int n_out = 1;
-    td_error err;
-    int rc = tdd_submit_op(b->s, b->req_id, false, op, &req, in, n_in, dev, out, &n_out, NULL,
-                           &err);
-    if (rc) {
-        if (!b->rc) {
-            b->err = err;
-            b->rc = rc;
-            /* The message says where it came from: a backward formula, not the client's op. */
-            char m[sizeof err.message];
-            snprintf(m, sizeof m, "backward (%.24s): %.200s", tdd_opdefs[op].name, err.message);
-            memcpy(b->err.message, m, sizeof m);
-        }
-        return NULL;
-    }
-    tdd_bw_keep(b, out[0]);
-    return b->rc ? NULL : out[0];
+    tdd_value *out = NULL;
+    return bw_submit(b, op, in, n_in, attrs, nattrs, dtype, dev, &out, 1) ? NULL : out;
+}
+
+int tdd_bw_op_n(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const td_attr *attrs,
+                size_t nattrs, tdd_value **out, int n_out)
+{
+    return bw_submit(b, op, in, n_in, attrs, nattrs, 0, NULL, out, n_out);
 }
 
 /* ---------------------------------------------------------------- backward */

@@ -199,9 +199,7 @@ bool tdd_formula_saves_inputs(tdd_op op)
 bool tdd_formula_exists(tdd_op op)
 {
     switch (op) {
-    case TDD_OP_GELU:
     case TDD_OP_CONV2D:
-    case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
     case TDD_OP_REMAINDER:
     case TDD_OP_COUNT:
@@ -354,6 +352,41 @@ static int f_binary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* d gelu/dx = Phi(x) + x phi(x). The op set has no erf: Phi(x) is read back
+ * from the gelu kernel itself as gelu(x)/x (exact to rounding; 1/2 at 0). */
+static tdd_value *gelu_grad(tdd_bw *b, tdd_value *x)
+{
+    tdd_value *zero = sc(b, TDD_OP_EQ, x, 0.0);
+    td_attr one = A_F("value", 1.0), half = A_F("value", 0.5);
+    tdd_value *in[2] = {x, zero};
+    tdd_value *xs = zero ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &one, 1, 0, NULL) : NULL;
+    tdd_value *cdf = bin(b, TDD_OP_DIV, un(b, TDD_OP_GELU, xs), xs);
+    in[0] = cdf;
+    cdf = cdf ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &half, 1, 0, NULL) : NULL;
+    tdd_value *pdf = sc(b, TDD_OP_MUL, un(b, TDD_OP_EXP, sc(b, TDD_OP_MUL, un(b, TDD_OP_SQUARE, x),
+                                                            -0.5)),
+                        0.3989422804014327 /* 1/sqrt(2 pi) */);
+    return bin(b, TDD_OP_ADD, cdf, bin(b, TDD_OP_MUL, x, pdf));
+}
+
+/* The tanh approximation's derivative, term by term as PyTorch's. */
+static tdd_value *gelu_tanh_grad(tdd_bw *b, tdd_value *x)
+{
+    const double k = 0.7978845608028654 /* sqrt(2/pi) */, c = 0.044715;
+    tdd_value *x2 = un(b, TDD_OP_SQUARE, x);
+    tdd_value *inner = sc(b, TDD_OP_MUL, bin(b, TDD_OP_ADD, x,
+                                             sc(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, x2, x), c)),
+                          k);
+    tdd_value *t = un(b, TDD_OP_TANH, inner);
+    tdd_value *left_d = sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, t, 1.0), 0.5);
+    tdd_value *tanh_d = sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, un(b, TDD_OP_SQUARE, t)), 1.0);
+    tdd_value *inner_d = sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, x2, 3.0 * c), 1.0),
+                            k);
+    tdd_value *right_d = bin(b, TDD_OP_MUL, sc(b, TDD_OP_MUL, x, 0.5),
+                             bin(b, TDD_OP_MUL, tanh_d, inner_d));
+    return bin(b, TDD_OP_ADD, left_d, right_d);
+}
+
 static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     tdd_value *x = n->in[0].v, *out = n->out[0].alias;
@@ -445,6 +478,9 @@ static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     case TDD_OP_SQUARE:
         r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_MUL, x, 2.0));
+        break;
+    case TDD_OP_GELU:
+        r = bin(b, TDD_OP_MUL, g, a->i[0] ? gelu_tanh_grad(b, x) : gelu_grad(b, x));
         break;
     default:
         return tdd_bw_fail(b, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
@@ -669,6 +705,31 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         int bi = (a->flags & 1u) ? 2 : 1;
         if ((a->flags & 2u) && bi < n->n_in && n->in[bi].needs_grad)
             gin[bi] = g;
+        return b->rc;
+    }
+    case TDD_OP_MAX_POOL2D: {
+        /* The winners' positions: the pool again with indices (deterministic,
+         * so the same as the forward's), then scattered into the input. */
+        const int64_t *ks = a->ints[3], *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
+        td_attr at[6] = {A_INTS("kernel_size", ks, 2), A_INTS("stride", st, 2),
+                         A_INTS("padding", pd, 2), A_INTS("dilation", dl, 2),
+                         A_B("ceil_mode", a->i[1] != 0), A_B("return_indices", true)};
+        tdd_value *o[2] = {NULL, NULL};
+        if (tdd_bw_op_n(b, TDD_OP_MAX_POOL2D, &x, 1, at, 6, o, 2))
+            return b->rc;
+        int nd = xi->ndim;
+        int64_t fs[4], gs[4];
+        for (int d = 0; d < nd - 2; d++)
+            fs[d] = gs[d] = xi->shape[d];
+        fs[nd - 2] = xi->shape[nd - 2] * xi->shape[nd - 1];
+        gs[nd - 2] = n->out[0].shape[nd - 2] * n->out[0].shape[nd - 1];
+        tdd_value *z = zeros(b, fs, nd - 1, xi->dtype, xi->dev);
+        tdd_value *in[3] = {z, reshape(b, o[1], gs, nd - 1), reshape(b, g, gs, nd - 1)};
+        td_attr d = A_INT("dim", -1);
+        tdd_value *sa = in[0] && in[1] && in[2]
+                            ? tdd_bw_op(b, TDD_OP_SCATTER_ADD, in, 3, &d, 1, 0, NULL)
+                            : NULL;
+        gin[0] = reshape(b, sa, xi->shape, nd);
         return b->rc;
     }
     case TDD_OP_DROPOUT: {

@@ -538,6 +538,20 @@ static td_handle c_index(td_client *c, const td_handle *in)
     return l;
 }
 
+static td_handle c_pool_gelu(td_client *c, const td_handle *in)
+{
+    td_handle x = in[0];
+    td_attr tanh_a = {.name = "approximate", .kind = TD_ATTR_STR, .s = "tanh"};
+    td_handle l = weigh(c, un_(c, "gelu", x));
+    l = add_(c, l, weigh(c, op1(c, "gelu", x, 0, &tanh_a, 1)));
+    int64_t k2[2] = {2, 2}, k3[2] = {3, 3}, one[2] = {1, 1};
+    td_attr p1 = td_attr_ints("kernel_size", k2, 2);
+    l = add_(c, l, weigh(c, op1(c, "max_pool2d", x, 0, &p1, 1)));
+    td_attr p2[3] = {td_attr_ints("kernel_size", k3, 2), td_attr_ints("stride", one, 2),
+                     td_attr_ints("padding", one, 2)};
+    return add_(c, l, weigh(c, op1(c, "max_pool2d", x, 0, p2, 3)));
+}
+
 static const grad_case grad_cases[] = {
     {"mlp", c_mlp, 3, {2, 2, 1}, {{3, 4}, {4, 5}, {5}}},
     {"broadcast", c_bcast, 3, {2, 1, 2}, {{3, 4}, {4}, {3, 1}}},
@@ -551,9 +565,10 @@ static const grad_case grad_cases[] = {
     {"losses", c_losses, 2, {2, 2}, {{3, 4}, {3, 4}}},
     {"layers", c_layers, 3, {2, 1, 1}, {{3, 4}, {4}, {4}}},
     {"index", c_index, 2, {2, 2}, {{3, 4}, {3, 2}}},
+    {"pool-gelu", c_pool_gelu, 1, {4}, {{1, 2, 4, 5}}},
 };
 
-static double loss_value(td_client *c, const grad_case *gc, double (*vals)[24])
+static double loss_value(td_client *c, const grad_case *gc, double (*vals)[64])
 {
     td_handle in[3];
     for (int k = 0; k < gc->n_in; k++)
@@ -577,7 +592,7 @@ START_TEST(test_gradcheck_f64)
     td_client *c = it_client("gradcheck");
     td_error e;
     uint64_t seed = UINT64_C(0x9e3779b97f4a7c15) + (uint64_t)_i;
-    double vals[3][24];
+    double vals[3][64];
     td_handle in[3];
     for (int k = 0; k < gc->n_in; k++) {
         for (int j = 0; j < numel_of(gc, k); j++)
@@ -589,7 +604,7 @@ START_TEST(test_gradcheck_f64)
     ck_assert_msg(rc == 0, "%s: backward: %s: %s", gc->name, td_err_name(rc), e.message);
     const double h = 1e-6;
     for (int k = 0; k < gc->n_in; k++) {
-        double an[24];
+        double an[64];
         grad_of(c, grads, in[k], an, (size_t)numel_of(gc, k) * sizeof(double));
         for (int j = 0; j < numel_of(gc, k); j++) {
             double keep = vals[k][j];
