@@ -362,14 +362,14 @@ static int h_download(tdd_conn *c, Request *req)
     tdd_value *v;
     if (get_value(c->s, req->download->handle, &v, &err))
         return answer_error(c, req, &err);
+    /* The session's first error comes first: when it is what poisoned v, the
+     * client gets the root cause with its typed detail, not just POISONED. */
+    if (report_pending(c, req))
+        return TDD_DISPATCH_DONE;
     if (tdd_value_poisoned(v)) {
-        if (c->s->has_err && c->s->err.request_id == v->poison_req)
-            c->s->has_err = false; /* this error is the one being reported */
         tdd_err_poisoned(&err, v);
         return answer_error(c, req, &err);
     }
-    if (report_pending(c, req))
-        return TDD_DISPATCH_DONE;
     if (!v->dev->be->host_memory) {
         tdd_err_set(&err, TD_EUNSUPPORTED_OP, "downloads from %s arrive with its backend",
                     v->dev->label);
@@ -605,7 +605,10 @@ static int h_goodbye(tdd_conn *c, Request *req)
 {
     if (c->s->inflight)
         return TDD_DISPATCH_BLOCK;
-    tdd_conn_send_ok(c, req->id);
+    /* A last pending error is still told: the client may be leaving on a failure it
+     * has not seen yet. */
+    if (!report_pending(c, req))
+        tdd_conn_send_ok(c, req->id);
     return TDD_DISPATCH_CLOSE;
 }
 
