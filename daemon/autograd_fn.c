@@ -199,7 +199,6 @@ bool tdd_formula_saves_inputs(tdd_op op)
 bool tdd_formula_exists(tdd_op op)
 {
     switch (op) {
-    case TDD_OP_CONV2D:
     case TDD_OP_AVG_POOL2D:
     case TDD_OP_REMAINDER:
     case TDD_OP_COUNT:
@@ -653,6 +652,102 @@ static int f_class_loss(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* Reverses dims 2 and 3 of a [O, C, kh, kw] kernel (index_select with a
+ * descending arange: the op set has no flip). */
+static tdd_value *flip_hw(tdd_bw *b, tdd_value *w, const int64_t *shape)
+{
+    for (int d = 2; d < 4 && w; d++) {
+        td_attr r[3] = {A_INT("start", shape[d] - 1), A_INT("end", -1), A_INT("step", -1)};
+        tdd_value *idx = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 3, TD_I64, w->dev);
+        tdd_value *in[2] = {w, idx};
+        td_attr dim = A_INT("dim", d);
+        w = idx ? tdd_bw_op(b, TDD_OP_INDEX_SELECT, in, 2, &dim, 1, 0, NULL) : NULL;
+    }
+    return w;
+}
+
+/* conv2d (groups 1): the input's gradient is the full correlation of the
+ * stride-dilated output gradient with the flipped kernel; the weight's is the
+ * correlation of the input with the output gradient, batch as channels. */
+static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0], *wi = &n->in[1];
+    const int64_t *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
+    if (a->i[0] != 1)
+        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                           "backward of conv2d with groups > 1 is not implemented");
+    bool batched = xi->ndim == 4;
+    tdd_value *x = xi->v, *w = wi->v;
+    if (!batched) {
+        x = unsqueeze(b, x, 0);
+        g = unsqueeze(b, g, 0);
+    }
+    int64_t N = batched ? xi->shape[0] : 1, C = xi->shape[xi->ndim - 3];
+    int64_t H[2] = {xi->shape[xi->ndim - 2], xi->shape[xi->ndim - 1]};
+    int64_t O = wi->shape[0], K[2] = {wi->shape[2], wi->shape[3]};
+    int64_t Ho[2] = {n->out[0].shape[n->out[0].ndim - 2], n->out[0].shape[n->out[0].ndim - 1]};
+    if (n->n_in == 3 && n->in[2].needs_grad) {
+        int64_t dims[3] = {0, 2, 3};
+        td_attr at = A_INTS("dim", dims, 3);
+        gin[2] = op1a(b, TDD_OP_SUM, g, &at, 1);
+    }
+    if (xi->needs_grad) {
+        int64_t span[2], rem[2];
+        for (int k = 0; k < 2; k++) {
+            span[k] = dl[k] * (K[k] - 1);
+            rem[k] = (H[k] + 2 * pd[k] - span[k] - 1) % st[k];
+            if (span[k] < pd[k])
+                return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                                   "backward of conv2d with padding larger than the dilated "
+                                   "kernel is not implemented");
+        }
+        tdd_value *gz = g;
+        if (st[0] > 1 || st[1] > 1) {
+            /* Zeros between the rows and columns: [N,O,Ho,1,Wo,1] padded to
+             * [N,O,Ho,sh,Wo,sw], folded, the trailing zeros cut. */
+            int64_t s6[6] = {N, O, Ho[0], 1, Ho[1], 1}, s4[4] = {N, O, Ho[0] * st[0],
+                                                                 Ho[1] * st[1]};
+            int64_t pad[6] = {0, st[1] - 1, 0, 0, 0, st[0] - 1};
+            td_attr pa = A_INTS("pad", pad, 6);
+            gz = reshape(b, op1a(b, TDD_OP_PAD, reshape(b, g, s6, 6), &pa, 1), s4, 4);
+            for (int k = 0; k < 2; k++) {
+                td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0),
+                                 A_INT("stop", (Ho[k] - 1) * st[k] + 1)};
+                gz = op1a(b, TDD_OP_SLICE, gz, sl, 3);
+            }
+        }
+        if (rem[0] || rem[1]) {
+            /* Window starts past the last one: zeros, so the correlation
+             * below spans the whole input. */
+            int64_t pad[4] = {0, rem[1], 0, rem[0]};
+            td_attr pa = A_INTS("pad", pad, 4);
+            gz = op1a(b, TDD_OP_PAD, gz, &pa, 1);
+        }
+        tdd_value *wf = transpose(b, flip_hw(b, w, wi->shape), 0, 1); /* [C, O, kh, kw] */
+        int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1};
+        td_attr ca[3] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
+                         A_INTS("stride", one, 2)};
+        tdd_value *in[2] = {gz, wf};
+        tdd_value *gx = gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 3, 0, NULL) : NULL;
+        gin[0] = batched ? gx : reshape(b, gx, xi->shape, xi->ndim);
+    }
+    if (wi->needs_grad) {
+        td_attr ca[3] = {A_INTS("padding", pd, 2), A_INTS("dilation", st, 2),
+                         A_INTS("stride", dl, 2)};
+        tdd_value *in[2] = {transpose(b, x, 0, 1), transpose(b, g, 0, 1)};
+        tdd_value *gw = in[0] && in[1] ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 3, 0, NULL)
+                                       : NULL; /* [C, O, kh', kw'], kh' >= kh */
+        for (int k = 0; k < 2; k++) {
+            td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0), A_INT("stop", K[k])};
+            gw = op1a(b, TDD_OP_SLICE, gw, sl, 3);
+        }
+        gin[1] = transpose(b, gw, 0, 1);
+        (void)C;
+    }
+    return b->rc;
+}
+
 static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -707,6 +802,8 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             gin[bi] = g;
         return b->rc;
     }
+    case TDD_OP_CONV2D:
+        return f_conv2d(b, n, g, gin);
     case TDD_OP_MAX_POOL2D: {
         /* The winners' positions: the pool again with indices (deterministic,
          * so the same as the forward's), then scattered into the input. */
