@@ -260,6 +260,176 @@ static int h_stats(tdd_conn *c, Request *req)
     return TDD_DISPATCH_DONE;
 }
 
+/* ---- staging: device memory the socket cannot read or write directly (cuda),
+ * and strided host views, go through a host buffer filled on the device's worker
+ * so that the loop thread never copies tensor data. */
+
+typedef struct {
+    tdd_session *s;
+    tdd_value *v;
+    tdd_storage *host; /* host staging buffer, accounted to the session */
+    uint64_t req_id;
+    bool want_reply;
+    int rc;
+} staged;
+
+static staged *staged_new(tdd_session *s, tdd_value *v, size_t nbytes, uint64_t req_id,
+                          td_error *err)
+{
+    staged *st = calloc(1, sizeof *st);
+    if (!st) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    st->host = tdd_storage_alloc(tdd_default_device(), nbytes, s->acct, err);
+    if (!st->host) {
+        free(st);
+        return NULL;
+    }
+    st->s = s;
+    tdd_session_ref(s);
+    st->v = v;
+    tdd_value_ref(v);
+    st->req_id = req_id;
+    return st;
+}
+
+static void staged_free(staged *st)
+{
+    tdd_storage_unref(st->host);
+    tdd_value_unref(st->v);
+    tdd_session_unref(st->s);
+    free(st);
+}
+
+/* Worker: device (or strided host view) -> contiguous host bytes. */
+static int staged_to_host(void *arg)
+{
+    staged *st = arg;
+    tdd_value *v = st->v;
+    if (tdd_value_poisoned(v))
+        return st->rc = TD_EPOISONED;
+    if (v->dev->be->host_memory)
+        tdd_copy_contiguous(&v->t, st->host->data);
+    else
+        st->rc = v->dev->be->to_host(v->dev->ctx, v->dev->ordinal, st->host->data,
+                                     tdd_data(&v->t), st->host->nbytes);
+    return st->rc;
+}
+
+/* Loop: answer the Download from the staging buffer, then let frames flow again. */
+static void staged_download_done(void *arg, int rc)
+{
+    staged *st = arg;
+    tdd_session *s = st->s;
+    tdd_conn *c = s->closed ? NULL : s->conn;
+    if (c) {
+        td_error err;
+        if (rc == TD_EPOISONED) {
+            tdd_err_poisoned(&err, st->v);
+            err.request_id = st->req_id;
+            tdd_count_error(err.code);
+            tdd_conn_send_error(c, st->req_id, &err);
+        } else if (rc) {
+            tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label, td_strerror(rc));
+            err.request_id = st->req_id;
+            tdd_count_error(rc);
+            tdd_conn_send_error(c, st->req_id, &err);
+        } else {
+            Tensordd__V1__TensorInfo ti;
+            Tensordd__V1__Device d;
+            char b[16];
+            fill_tensor_info(&ti, &d, b, sizeof b, st->v);
+            ti.handle = st->v->handle;
+            Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+            r.id = st->req_id;
+            r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+            r.tensor = &ti;
+            tdd_conn_send(c, &r, st->host->data, st->host->nbytes, st->host);
+        }
+        tdd_conn_resume(c);
+    }
+    staged_free(st);
+}
+
+static int staged_download(tdd_conn *c, Request *req, tdd_value *v, uint64_t nbytes)
+{
+    td_error err;
+    tdd_session *s = c->s;
+    tdd_value *src = v, *dense = NULL;
+    if (!v->dev->be->host_memory && !tdd_is_contiguous(&v->t)) {
+        /* The device lays the view out densely first; the copy out follows in queue order. */
+        tdd_opreq oreq = {.dtype = TD_DTYPE_INVALID};
+        int n_out = 1;
+        if (tdd_submit_op(s, req->id, false, TDD_OP_CONTIGUOUS, &oreq, &v, 1, NULL, &dense,
+                          &n_out, NULL, &err))
+            return answer_error(c, req, &err);
+        src = dense;
+    }
+    staged *st = staged_new(s, src, (size_t)nbytes, req->id, &err);
+    if (dense)
+        tdd_value_unref(dense);
+    if (!st)
+        return answer_error(c, req, &err);
+    st->v->handle = v->handle;
+    tdd_conn_pause(c); /* later requests wait for this reply */
+    if (tdd_submit_work(s, src->dev, staged_to_host, staged_download_done, st)) {
+        tdd_conn_resume(c);
+        staged_free(st);
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return answer_error(c, req, &err);
+    }
+    return TDD_DISPATCH_DONE;
+}
+
+/* Worker: host bytes -> device memory. A failure poisons the tensor. */
+static int staged_from_host(void *arg)
+{
+    staged *st = arg;
+    tdd_value *v = st->v;
+    st->rc = v->dev->be->from_host(v->dev->ctx, v->dev->ordinal, tdd_data(&v->t),
+                                   st->host->data, st->host->nbytes);
+    if (st->rc)
+        tdd_value_poison(v, st->rc, st->req_id);
+    return st->rc;
+}
+
+static void staged_upload_done(void *arg, int rc)
+{
+    staged *st = arg;
+    tdd_session *s = st->s;
+    tdd_conn *c = s->closed ? NULL : s->conn;
+    if (rc) {
+        td_error err;
+        tdd_err_set(&err, rc, "upload to %s: %s", st->v->dev->label, td_strerror(rc));
+        err.request_id = st->req_id;
+        tdd_count_error(rc);
+        if (st->want_reply && c)
+            tdd_conn_send_error(c, st->req_id, &err);
+        else if (!s->closed)
+            tdd_session_fail(s, &err);
+    } else if (st->want_reply && c) {
+        tdd_conn_send_ok(c, st->req_id);
+    }
+    staged_free(st);
+}
+
+/* The payload has landed in the staging buffer: queue the copy to the device. */
+static void staged_upload_landed(tdd_conn *c, void *arg, int status)
+{
+    staged *st = arg;
+    (void)c;
+    tdd_value *v = st->v;
+    if (status || tdd_submit_work(st->s, v->dev, staged_from_host, staged_upload_done, st)) {
+        tdd_value_poison(v, status ? status : TD_ERESOURCE_EXHAUSTED, st->req_id);
+        staged_free(st);
+        return;
+    }
+    /* Readers on other queues wait for the copy; the device's own queue orders it. */
+    v->fq = v->dev->q;
+    v->fseq = tdd_queue_next_seq(v->dev->q) - 1;
+}
+
 /* ---------------------------------------------------------------- upload */
 
 typedef struct {
@@ -323,10 +493,10 @@ static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
         v->t.st = tdd_storage_alloc(dev, (size_t)plen, s->acct, &err);
         if (!v->t.st)
             rc = TD_ERESOURCE_EXHAUSTED;
-        else if (!dev->be->host_memory)
-            rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "uploads to %s arrive with its backend",
-                             dev->label);
     }
+    staged *stg = NULL;
+    if (!rc && !dev->be->host_memory && !(stg = staged_new(s, v, (size_t)plen, req->id, &err)))
+        rc = err.code;
     if (rc) {
         tdd_value_unref(v);
         free(u);
@@ -337,6 +507,15 @@ static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
         return TDD_DISPATCH_PAYLOAD;
     }
     tdd_handle_add(s, up->handle, TD_HANDLE_TENSOR, v);
+    if (stg) {
+        /* Device memory: the payload lands in host staging, a worker copies it over. */
+        free(u);
+        stg->want_reply = req->want_reply;
+        c->pdst = stg->host->data;
+        c->pdone = staged_upload_landed;
+        c->parg = stg;
+        return TDD_DISPATCH_PAYLOAD;
+    }
     tdd_value_ref(v);
     u->v = v;
     u->req_id = req->id;
@@ -370,34 +549,21 @@ static int h_download(tdd_conn *c, Request *req)
         tdd_err_poisoned(&err, v);
         return answer_error(c, req, &err);
     }
-    if (!v->dev->be->host_memory) {
-        tdd_err_set(&err, TD_EUNSUPPORTED_OP, "downloads from %s arrive with its backend",
-                    v->dev->label);
-        return answer_error(c, req, &err);
-    }
-    Tensordd__V1__TensorInfo ti;
-    Tensordd__V1__Device d;
-    char b[16];
-    fill_tensor_info(&ti, &d, b, sizeof b, v);
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-    r.tensor = &ti;
     uint64_t nbytes = (uint64_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
-    if (tdd_is_contiguous(&v->t)) {
+    if (v->dev->be->host_memory && tdd_is_contiguous(&v->t)) {
         /* Straight from the tensor's memory: no staging copy. */
+        Tensordd__V1__TensorInfo ti;
+        Tensordd__V1__Device d;
+        char b[16];
+        fill_tensor_info(&ti, &d, b, sizeof b, v);
+        Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+        r.id = req->id;
+        r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+        r.tensor = &ti;
         tdd_conn_send(c, &r, tdd_data(&v->t), nbytes, v->t.st);
         return TDD_DISPATCH_DONE;
     }
-    /* A strided view: gather it once into a buffer the write owns. */
-    tdd_device *dev = v->dev;
-    tdd_storage *tmp = tdd_storage_alloc(dev, (size_t)nbytes, c->s->acct, &err);
-    if (!tmp)
-        return answer_error(c, req, &err);
-    tdd_copy_contiguous(&v->t, tmp->data);
-    tdd_conn_send(c, &r, tmp->data, nbytes, tmp);
-    tdd_storage_unref(tmp);
-    return TDD_DISPATCH_DONE;
+    return staged_download(c, req, v, nbytes);
 }
 
 static int h_describe(tdd_conn *c, Request *req)
