@@ -190,6 +190,7 @@ bool tdd_formula_saves_inputs(tdd_op op)
     case TDD_OP_TRIU:
     case TDD_OP_PAD:
     case TDD_OP_DROPOUT:
+    case TDD_OP_AVG_POOL2D:
         return false;
     default:
         return true;
@@ -199,7 +200,6 @@ bool tdd_formula_saves_inputs(tdd_op op)
 bool tdd_formula_exists(tdd_op op)
 {
     switch (op) {
-    case TDD_OP_AVG_POOL2D:
     case TDD_OP_REMAINDER:
     case TDD_OP_COUNT:
         return false;
@@ -666,6 +666,55 @@ static tdd_value *flip_hw(tdd_bw *b, tdd_value *w, const int64_t *shape)
     return w;
 }
 
+/* The adjoint of conv2d (groups 1) with respect to its input: g [N,O,Ho,Wo]
+ * correlated with the flipped, transposed kernel w [O,C,kh,kw] over g with
+ * zeros between its rows and columns (stride) and around it (padding),
+ * giving [N,C,H,W]. Also the adjoint of a pooling window sum. */
+static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const int64_t *wshape,
+                                  int64_t N, const int64_t *H, const int64_t *Ho,
+                                  const int64_t *st, const int64_t *pd, const int64_t *dl)
+{
+    int64_t O = wshape[0], K[2] = {wshape[2], wshape[3]};
+    int64_t span[2], rem[2];
+    for (int k = 0; k < 2; k++) {
+        span[k] = dl[k] * (K[k] - 1);
+        rem[k] = (H[k] + 2 * pd[k] - span[k] - 1) % st[k];
+        if (span[k] < pd[k]) {
+            tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                        "backward with padding larger than the dilated kernel is not "
+                        "implemented");
+            return NULL;
+        }
+    }
+    tdd_value *gz = g;
+    if (st[0] > 1 || st[1] > 1) {
+        /* Zeros between the rows and columns: [N,O,Ho,1,Wo,1] padded to
+         * [N,O,Ho,sh,Wo,sw], folded, the trailing zeros cut. */
+        int64_t s6[6] = {N, O, Ho[0], 1, Ho[1], 1}, s4[4] = {N, O, Ho[0] * st[0], Ho[1] * st[1]};
+        int64_t pad[6] = {0, st[1] - 1, 0, 0, 0, st[0] - 1};
+        td_attr pa = A_INTS("pad", pad, 6);
+        gz = reshape(b, op1a(b, TDD_OP_PAD, reshape(b, g, s6, 6), &pa, 1), s4, 4);
+        for (int k = 0; k < 2; k++) {
+            td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0),
+                             A_INT("stop", (Ho[k] - 1) * st[k] + 1)};
+            gz = op1a(b, TDD_OP_SLICE, gz, sl, 3);
+        }
+    }
+    if (rem[0] || rem[1]) {
+        /* Window starts past the last one: zeros, so the correlation below
+         * spans the whole input. */
+        int64_t pad[4] = {0, rem[1], 0, rem[0]};
+        td_attr pa = A_INTS("pad", pad, 4);
+        gz = op1a(b, TDD_OP_PAD, gz, &pa, 1);
+    }
+    tdd_value *wf = transpose(b, flip_hw(b, w, wshape), 0, 1); /* [C, O, kh, kw] */
+    int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1};
+    td_attr ca[3] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
+                     A_INTS("stride", one, 2)};
+    tdd_value *in[2] = {gz, wf};
+    return gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 3, 0, NULL) : NULL;
+}
+
 /* conv2d (groups 1): the input's gradient is the full correlation of the
  * stride-dilated output gradient with the flipped kernel; the weight's is the
  * correlation of the input with the output gradient, batch as channels. */
@@ -685,7 +734,7 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     int64_t N = batched ? xi->shape[0] : 1, C = xi->shape[xi->ndim - 3];
     int64_t H[2] = {xi->shape[xi->ndim - 2], xi->shape[xi->ndim - 1]};
-    int64_t O = wi->shape[0], K[2] = {wi->shape[2], wi->shape[3]};
+    int64_t K[2] = {wi->shape[2], wi->shape[3]};
     int64_t Ho[2] = {n->out[0].shape[n->out[0].ndim - 2], n->out[0].shape[n->out[0].ndim - 1]};
     if (n->n_in == 3 && n->in[2].needs_grad) {
         int64_t dims[3] = {0, 2, 3};
@@ -693,43 +742,7 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         gin[2] = op1a(b, TDD_OP_SUM, g, &at, 1);
     }
     if (xi->needs_grad) {
-        int64_t span[2], rem[2];
-        for (int k = 0; k < 2; k++) {
-            span[k] = dl[k] * (K[k] - 1);
-            rem[k] = (H[k] + 2 * pd[k] - span[k] - 1) % st[k];
-            if (span[k] < pd[k])
-                return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
-                                   "backward of conv2d with padding larger than the dilated "
-                                   "kernel is not implemented");
-        }
-        tdd_value *gz = g;
-        if (st[0] > 1 || st[1] > 1) {
-            /* Zeros between the rows and columns: [N,O,Ho,1,Wo,1] padded to
-             * [N,O,Ho,sh,Wo,sw], folded, the trailing zeros cut. */
-            int64_t s6[6] = {N, O, Ho[0], 1, Ho[1], 1}, s4[4] = {N, O, Ho[0] * st[0],
-                                                                 Ho[1] * st[1]};
-            int64_t pad[6] = {0, st[1] - 1, 0, 0, 0, st[0] - 1};
-            td_attr pa = A_INTS("pad", pad, 6);
-            gz = reshape(b, op1a(b, TDD_OP_PAD, reshape(b, g, s6, 6), &pa, 1), s4, 4);
-            for (int k = 0; k < 2; k++) {
-                td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0),
-                                 A_INT("stop", (Ho[k] - 1) * st[k] + 1)};
-                gz = op1a(b, TDD_OP_SLICE, gz, sl, 3);
-            }
-        }
-        if (rem[0] || rem[1]) {
-            /* Window starts past the last one: zeros, so the correlation
-             * below spans the whole input. */
-            int64_t pad[4] = {0, rem[1], 0, rem[0]};
-            td_attr pa = A_INTS("pad", pad, 4);
-            gz = op1a(b, TDD_OP_PAD, gz, &pa, 1);
-        }
-        tdd_value *wf = transpose(b, flip_hw(b, w, wi->shape), 0, 1); /* [C, O, kh, kw] */
-        int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1};
-        td_attr ca[3] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
-                         A_INTS("stride", one, 2)};
-        tdd_value *in[2] = {gz, wf};
-        tdd_value *gx = gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 3, 0, NULL) : NULL;
+        tdd_value *gx = conv_input_grad(b, g, w, wi->shape, N, H, Ho, st, pd, dl);
         gin[0] = batched ? gx : reshape(b, gx, xi->shape, xi->ndim);
     }
     if (wi->needs_grad) {
@@ -804,6 +817,39 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     case TDD_OP_CONV2D:
         return f_conv2d(b, n, g, gin);
+    case TDD_OP_AVG_POOL2D: {
+        /* Each window's gradient, divided by its divisor, spread evenly over
+         * the window: the adjoint of a window sum with a kernel of ones. */
+        const int64_t *ks = a->ints[3], *st = a->ints[0], *pd = a->ints[1];
+        int nd = xi->ndim;
+        int64_t H[2] = {xi->shape[nd - 2], xi->shape[nd - 1]};
+        int64_t Ho[2] = {n->out[0].shape[nd - 2], n->out[0].shape[nd - 1]}, one[2] = {1, 1};
+        for (int k = 0; k < 2; k++)
+            if (Ho[k] != (H[k] + 2 * pd[k] - ks[k]) / st[k] + 1)
+                return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                                   "backward of avg_pool2d with a ceil_mode window is not "
+                                   "implemented");
+        int64_t B = tdd_shape_numel(xi->shape, nd, INT64_MAX) / (H[0] * H[1]);
+        int64_t gs[4] = {B, 1, Ho[0], Ho[1]}, kshape[4] = {1, 1, ks[0], ks[1]};
+        td_attr fa[2] = {A_INTS("shape", kshape, 4), A_F("value", 1.0)};
+        tdd_value *k1 = tdd_bw_op(b, TDD_OP_FULL, NULL, 0, fa, 2, xi->dtype, xi->dev);
+        tdd_value *g2 = reshape(b, g, gs, 4);
+        if (a->i[2]) {
+            g2 = sc(b, TDD_OP_DIV, g2, (double)(ks[0] * ks[1]));
+        } else {
+            int64_t xs[4] = {1, 1, H[0], H[1]};
+            td_attr xa[2] = {A_INTS("shape", xs, 4), A_F("value", 1.0)};
+            tdd_value *in[2] = {tdd_bw_op(b, TDD_OP_FULL, NULL, 0, xa, 2, xi->dtype, xi->dev),
+                                k1};
+            td_attr ca[2] = {A_INTS("stride", st, 2), A_INTS("padding", pd, 2)};
+            tdd_value *cnt = in[0] && k1 ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 2, 0, NULL)
+                                         : NULL; /* real elements per window */
+            g2 = bin(b, TDD_OP_DIV, g2, cnt);
+        }
+        gin[0] = reshape(b, conv_input_grad(b, g2, k1, kshape, B, H, Ho, st, pd, one),
+                         xi->shape, nd);
+        return b->rc;
+    }
     case TDD_OP_MAX_POOL2D: {
         /* The winners' positions: the pool again with indices (deterministic,
          * so the same as the forward's), then scattered into the input. */

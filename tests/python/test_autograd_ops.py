@@ -97,6 +97,11 @@ CASES = [
     ("conv2d-stride-dilation", lambda: [rnd(27, 1, 2, 10, 9), rnd(28, 3, 2, 2, 3)],
      lambda s, x, w: s.op("conv2d", x, w, stride=[3, 2], padding=[0, 1], dilation=[2, 1]),
      lambda x, w: torch.nn.functional.conv2d(x, w, None, (3, 2), (0, 1), (2, 1))),
+    ("avg_pool2d", lambda: [rnd(29, 2, 3, 7, 6)],
+     lambda s, x: s.op("avg_pool2d", x, kernel_size=[3, 2], stride=[2, 2], padding=[1, 1]) +
+     s.op("avg_pool2d", x, kernel_size=[3, 2], stride=2, padding=1, count_include_pad=False),
+     lambda x: torch.nn.functional.avg_pool2d(x, (3, 2), (2, 2), (1, 1)) +
+     torch.nn.functional.avg_pool2d(x, (3, 2), 2, 1, count_include_pad=False)),
     ("max_pool2d", lambda: [rnd(21, 2, 3, 6, 5)],
      lambda s, x: s.op("max_pool2d", x, kernel_size=[3, 2], stride=[2, 1], padding=[1, 1]),
      lambda x: torch.nn.functional.max_pool2d(x, (3, 2), (2, 1), (1, 1))),
