@@ -69,7 +69,8 @@ PYGEN := client/python/tensordd/tensordd_pb2.py
 
 COMMON_SRC := proto/frame.c $(wildcard common/*.c)
 BACKEND_SRC := backends/tensor.c backends/ops.c $(wildcard backends/ops_*.c) \
-               $(wildcard backends/ref/*.c) $(wildcard backends/cpu/*.c)
+               $(wildcard backends/ref/*.c) $(wildcard backends/cpu/*.c) \
+               $(wildcard backends/sim/*.c)
 ifeq ($(HAVE_CUDA),1)
 BACKEND_SRC += $(filter-out backends/cuda/none.c,$(wildcard backends/cuda/*.c))
 CUDA_CU := $(wildcard backends/cuda/*.cu)

@@ -11,6 +11,7 @@
 typedef struct {
     int cpu_devices; /* logical cpu devices to expose */
     int threads;     /* worker threads for the cpu backend; 0 = cores */
+    int sim_devices; /* simulated discrete devices (tests); 0 = none */
 } tdd_backend_config;
 
 typedef struct tdd_backend {
@@ -41,5 +42,6 @@ typedef struct tdd_backend {
 extern const tdd_backend tdd_backend_ref;
 extern const tdd_backend tdd_backend_cpu;
 extern const tdd_backend tdd_backend_cuda;
+extern const tdd_backend tdd_backend_sim;
 
 #endif

@@ -11,6 +11,7 @@ typedef struct tdd_config {
     int nlisten;
     int cpu_devices;         /* logical cpu devices cpu:0..N-1 */
     int threads;             /* cpu backend threads; 0 = cores */
+    int sim_devices;         /* simulated discrete devices sim:0..N-1 (tests) */
     uint32_t max_msg;        /* largest protobuf request */
     uint64_t max_payload;    /* largest raw payload */
     int64_t max_numel;       /* largest tensor, in elements */

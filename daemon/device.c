@@ -13,7 +13,7 @@
 
 /* The backends this build serves, in listing order. */
 static const tdd_backend *const backends[] = {&tdd_backend_cpu, &tdd_backend_ref,
-                                              &tdd_backend_cuda};
+                                              &tdd_backend_cuda, &tdd_backend_sim};
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
 static void *contexts[NBACKENDS];
@@ -30,7 +30,8 @@ typedef struct {
 
 int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
 {
-    tdd_backend_config bc = {.cpu_devices = cfg->cpu_devices, .threads = cfg->threads};
+    tdd_backend_config bc = {
+        .cpu_devices = cfg->cpu_devices, .threads = cfg->threads, .sim_devices = cfg->sim_devices};
     note[0] = 0;
     for (size_t b = 0; b < NBACKENDS; b++) {
         char why[256] = "";

@@ -27,6 +27,8 @@ static void usage(FILE *f)
             "                         default tcp://127.0.0.1:7070; port 0 picks a free one)\n"
             "  --cpu-devices N        logical CPU devices cpu:0..N-1 (default 1)\n"
             "  --threads N            threads for the cpu backend (default: all cores)\n"
+            "  --sim-devices N        simulated discrete devices sim:0..N-1 with device\n"
+            "                         memory and reference kernels, for tests (default 0)\n"
             "  --log-level LEVEL      error, warn, info (default), debug\n"
             "  --max-frame BYTES      largest protobuf request (default 4M)\n"
             "  --max-payload BYTES    largest tensor payload (default 64G)\n"
@@ -99,13 +101,14 @@ static void on_signal(uv_signal_t *h, int signum)
 int main(int argc, char **argv)
 {
     enum {
-        O_LISTEN = 256, O_CPU, O_THREADS, O_LOG, O_FRAME, O_PAYLOAD, O_HANDLES, O_SMEM,
+        O_LISTEN = 256, O_CPU, O_THREADS, O_SIM, O_LOG, O_FRAME, O_PAYLOAD, O_HANDLES, O_SMEM,
         O_CAP, O_INFLIGHT, O_SESSIONS, O_IDLE, O_HELP, O_VERSION
     };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"cpu-devices", required_argument, 0, O_CPU},
         {"threads", required_argument, 0, O_THREADS},
+        {"sim-devices", required_argument, 0, O_SIM},
         {"log-level", required_argument, 0, O_LOG},
         {"max-frame", required_argument, 0, O_FRAME},
         {"max-payload", required_argument, 0, O_PAYLOAD},
@@ -138,6 +141,10 @@ int main(int argc, char **argv)
             tdd_cfg.cpu_devices = (int)v;
             if (bad)
                 fprintf(stderr, "tensordd: --cpu-devices takes 1..16, got '%s'\n", optarg);
+            break;
+        case O_SIM:
+            bad = parse_u64(optarg, &v, 0) || v > 16;
+            tdd_cfg.sim_devices = (int)v;
             break;
         case O_THREADS:
             bad = parse_u64(optarg, &v, 0) || v > 1024;
