@@ -200,7 +200,6 @@ bool tdd_formula_saves_inputs(tdd_op op)
 bool tdd_formula_exists(tdd_op op)
 {
     switch (op) {
-    case TDD_OP_REMAINDER:
     case TDD_OP_COUNT:
         return false;
     default:
@@ -324,6 +323,12 @@ static int f_binary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             if (n->in[1].needs_grad)
                 gin[1] = bin(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, g, out), un(b, TDD_OP_LOG, x));
         }
+        break;
+    case TDD_OP_REMAINDER: /* a - floor(a / b) * b */
+        gin[0] = g;
+        if (!a->scalar_form && n->in[1].needs_grad)
+            gin[1] = un(b, TDD_OP_NEG,
+                        bin(b, TDD_OP_MUL, g, un(b, TDD_OP_FLOOR, bin(b, TDD_OP_DIV, x, y))));
         break;
     case TDD_OP_MAXIMUM:
     case TDD_OP_MINIMUM: {

@@ -40,6 +40,9 @@ CASES = [
      lambda a, b: a * b / (b + 1.0)),
     ("pow", lambda: [pos(1, 3, 4), rnd(2, 4)], lambda s, a, b: a ** b + a ** 2.5,
      lambda a, b: a ** b + a ** 2.5),
+    ("remainder", lambda: [rnd(31, 3, 4) * 3, pos(32, 4)],
+     lambda s, a, b: s.op("remainder", a, b) + s.op("remainder", a, other=0.7),
+     lambda a, b: torch.remainder(a, b) + torch.remainder(a, 0.7)),
     ("max-min", lambda: [rnd(1, 3, 4), rnd(2, 4)],
      lambda s, a, b: a.maximum(b) * 2 + a.minimum(b), lambda a, b: torch.maximum(a, b) * 2 +
      torch.minimum(a, b)),
@@ -77,6 +80,18 @@ CASES = [
      lambda s, a: s.op("permute", a, dims=[2, 0, 1]).reshape(4, 6)[1:3] *
      s.op("expand", s.op("unsqueeze", s.op("sum", a), dim=0), shape=[6]),
      lambda a: a.permute(2, 0, 1).reshape(4, 6)[1:3] * a.sum().unsqueeze(0).expand(6)),
+    ("more-views", lambda: [rnd(33, 2, 3, 4), rnd(34, 2, 4, 3)],
+     lambda s, a, b: s.op("bmm", s.op("contiguous", s.op("transpose", a, dim0=1, dim1=2)),
+                          s.op("transpose", b, dim0=1, dim1=2)).sum() +
+     s.op("flatten", s.op("clone", a), start_dim=1).sum(dim=1).sum() +
+     (s.op("sum_to", s.op("unsqueeze", a, dim=0), shape=[3, 1]) *
+      s.op("squeeze", s.op("view", b, shape=[1, 24]), dim=0).sum()).sum() +
+     s.op("split", a, split_sizes=[1, 3], dim=2, num_outputs=2)[1].tanh().sum() +
+     s.op("cumsum", b, dim=1).square().sum(),
+     lambda a, b: torch.bmm(a.transpose(1, 2).contiguous(), b.transpose(1, 2)).sum() +
+     a.clone().flatten(1).sum(1).sum() +
+     (a.unsqueeze(0).sum(dim=(0, 1, 3)).reshape(3, 1) * b.view(1, 24).squeeze(0).sum()).sum() +
+     a.split([1, 3], dim=2)[1].tanh().sum() + b.cumsum(1).square().sum()),
     ("losses", lambda: [rnd(16, 4, 5), rnd(17, 4, 5)],
      lambda s, x, y: s.op("mse_loss", x, y) +
      s.op("cross_entropy", x, s.tensor(np.array([1, 0, -100, 4]), device=x.device),
@@ -182,3 +197,15 @@ def test_optimizers_track_torch_for_many_steps(ad, make, torch_make):
         topt.step()
     np.testing.assert_allclose(W.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(Bb.numpy(), tb.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_gradient_is_the_mask(ad):
+    x = pos(50, 8, 16).astype(np.float32)
+    X = ad.tensor(x, requires_grad=True)
+    y = ad.op("dropout", X, p=0.25)
+    g = y.sum().backward().get(X).numpy()
+    kept = y.numpy() != 0
+    assert 0 < kept.sum() < kept.size
+    np.testing.assert_allclose(g, kept / np.float32(0.75), rtol=1e-6)
+    ge = ad.op("dropout", X, p=0.25, train=False).sum().backward().get(X).numpy()
+    np.testing.assert_array_equal(ge, np.ones_like(x))
