@@ -95,7 +95,8 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BUILD)/tdctl \
            $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
 
-.PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss bench clean format \
+.PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
+        bench clean format \
         lint check-deps
 .DEFAULT_GOAL := all
 
@@ -199,6 +200,24 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libtensordd.a
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -o $@
 
+# The op-coverage table is generated from the op table, never written by hand.
+$(BUILD)/tools/opcoverage: tools/opcoverage.c tests/unit/test_conformance_cases.c $(BACKEND_OBJ) \
+                           $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(DAEMON_LIBS) -o $@
+
+docs: $(BUILD)/tools/opcoverage
+	$(BUILD)/tools/opcoverage > docs/ops.md
+	@echo "docs/ops.md regenerated"
+
+# Fails when docs/ops.md no longer matches the op table (the cuda line names this machine).
+test-docs: $(BUILD)/tools/opcoverage
+	@$(BUILD)/tools/opcoverage | grep -v '^cuda: ' > $(BUILD)/ops.md.new
+	@if grep -v '^cuda: ' docs/ops.md | diff -q - $(BUILD)/ops.md.new >/dev/null; then \
+	    echo "docs: docs/ops.md matches the op table"; \
+	else echo "docs: docs/ops.md is stale: run 'make docs'" >&2; exit 1; fi
+
 # bench/ops also times the cpu backend in-process.
 $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 	@mkdir -p $(dir $@)
@@ -207,7 +226,7 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
-	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-python
+	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-python
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
 	@BUILD=$(BUILD) bash tests/rss_check.sh
