@@ -55,8 +55,19 @@ fi
 echo "run: tensordd listening on $endpoint (pid $pid)"
 
 status=0
+# The C client first: a small fixed session through libtensordd.
+SESSION="$BUILD/examples/session"
+[[ "$SESSION" = /* ]] || SESSION="$ROOT/$SESSION"
+if [[ -x "$SESSION" ]]; then
+    echo "run: examples/session.c (libtensordd)"
+    if ! "$SESSION" "$endpoint"; then
+        echo "run: examples/session failed" >&2
+        status=1
+    fi
+fi
 export PYTHONPATH="$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}"
 for script in quickstart.py train_digits.py; do
+    [[ $status -eq 0 ]] || break
     [[ -f "$ROOT/examples/$script" ]] || continue
     echo "run: examples/$script"
     if ! "$PY" "$ROOT/examples/$script" "$endpoint"; then
