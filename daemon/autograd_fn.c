@@ -676,7 +676,7 @@ static tdd_value *flip_hw(tdd_bw *b, tdd_value *w, const int64_t *shape)
  * zeros between its rows and columns (stride) and around it (padding),
  * giving [N,C,H,W]. Also the adjoint of a pooling window sum. */
 static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const int64_t *wshape,
-                                  int64_t N, const int64_t *H, const int64_t *Ho,
+                                  int64_t G, int64_t N, const int64_t *H, const int64_t *Ho,
                                   const int64_t *st, const int64_t *pd, const int64_t *dl)
 {
     int64_t O = wshape[0], K[2] = {wshape[2], wshape[3]};
@@ -712,15 +712,19 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
         td_attr pa = A_INTS("pad", pad, 4);
         gz = op1a(b, TDD_OP_PAD, gz, &pa, 1);
     }
-    tdd_value *wf = transpose(b, flip_hw(b, w, wshape), 0, 1); /* [C, O, kh, kw] */
+    /* Per group, in and out channels swap: [G, O/G, C/G, kh, kw] -> [C, O/G, kh, kw]. */
+    int64_t Cg = wshape[1], Og = O / G;
+    int64_t s5[5] = {G, Og, Cg, K[0], K[1]}, s4[4] = {G * Cg, Og, K[0], K[1]};
+    tdd_value *wf = reshape(b, transpose(b, reshape(b, flip_hw(b, w, wshape), s5, 5), 1, 2), s4,
+                            4);
     int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1};
-    td_attr ca[3] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
-                     A_INTS("stride", one, 2)};
+    td_attr ca[4] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
+                     A_INTS("stride", one, 2), A_INT("groups", G)};
     tdd_value *in[2] = {gz, wf};
-    return gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 3, 0, NULL) : NULL;
+    return gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 4, 0, NULL) : NULL;
 }
 
-/* conv2d (groups 1): the input's gradient is the full correlation of the
+/* conv2d: the input's gradient is the full correlation of the
  * stride-dilated output gradient with the flipped kernel; the weight's is the
  * correlation of the input with the output gradient, batch as channels. */
 static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
@@ -728,9 +732,7 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     const tdd_opargs *a = &n->args;
     const tdd_node_in *xi = &n->in[0], *wi = &n->in[1];
     const int64_t *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
-    if (a->i[0] != 1)
-        return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
-                           "backward of conv2d with groups > 1 is not implemented");
+    int64_t G = a->i[0];
     bool batched = xi->ndim == 4;
     tdd_value *x = xi->v, *w = wi->v;
     if (!batched) {
@@ -747,7 +749,7 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         gin[2] = op1a(b, TDD_OP_SUM, g, &at, 1);
     }
     if (xi->needs_grad) {
-        tdd_value *gx = conv_input_grad(b, g, w, wi->shape, N, H, Ho, st, pd, dl);
+        tdd_value *gx = conv_input_grad(b, g, w, wi->shape, G, N, H, Ho, st, pd, dl);
         gin[0] = batched ? gx : reshape(b, gx, xi->shape, xi->ndim);
     }
     if (wi->needs_grad) {
@@ -760,7 +762,23 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0), A_INT("stop", K[k])};
             gw = op1a(b, TDD_OP_SLICE, gw, sl, 3);
         }
-        gin[1] = transpose(b, gw, 0, 1);
+        gw = transpose(b, gw, 0, 1); /* [O, C, kh, kw]: every (out, in) channel pair */
+        if (G > 1) {
+            /* Keep the pairs within a group: the diagonal of [G, G] blocks. */
+            int64_t Og = wi->shape[0] / G, Cg = wi->shape[1];
+            int64_t s6[6] = {G, Og, G, Cg, K[0], K[1]}, s5[5] = {G * G, Og, Cg, K[0], K[1]};
+            int64_t perm[6] = {0, 2, 1, 3, 4, 5};
+            td_attr pa = A_INTS("dims", perm, 6);
+            gw = reshape(b, op1a(b, TDD_OP_PERMUTE, reshape(b, gw, s6, 6), &pa, 1), s5, 5);
+            td_attr r[3] = {A_INT("start", 0), A_INT("end", G * G), A_INT("step", G + 1)};
+            tdd_value *in2[2] = {gw, tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 3, TD_I64,
+                                               xi->dev)};
+            td_attr d0 = A_INT("dim", 0);
+            gw = in2[0] && in2[1] ? tdd_bw_op(b, TDD_OP_INDEX_SELECT, in2, 2, &d0, 1, 0, NULL)
+                                  : NULL;
+            gw = reshape(b, gw, wi->shape, 4);
+        }
+        gin[1] = gw;
         (void)C;
     }
     return b->rc;
@@ -851,7 +869,7 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
                                          : NULL; /* real elements per window */
             g2 = bin(b, TDD_OP_DIV, g2, cnt);
         }
-        gin[0] = reshape(b, conv_input_grad(b, g2, k1, kshape, B, H, Ho, st, pd, one),
+        gin[0] = reshape(b, conv_input_grad(b, g2, k1, kshape, 1, B, H, Ho, st, pd, one),
                          xi->shape, nd);
         return b->rc;
     }

@@ -112,6 +112,12 @@ CASES = [
     ("conv2d-stride-dilation", lambda: [rnd(27, 1, 2, 10, 9), rnd(28, 3, 2, 2, 3)],
      lambda s, x, w: s.op("conv2d", x, w, stride=[3, 2], padding=[0, 1], dilation=[2, 1]),
      lambda x, w: torch.nn.functional.conv2d(x, w, None, (3, 2), (0, 1), (2, 1))),
+    ("conv2d-groups", lambda: [rnd(35, 2, 6, 7, 6), rnd(36, 4, 3, 3, 2), rnd(37, 4)],
+     lambda s, x, w, b: s.op("conv2d", x, w, b, stride=2, padding=1, groups=2),
+     lambda x, w, b: torch.nn.functional.conv2d(x, w, b, 2, 1, 1, 2)),
+    ("conv2d-depthwise", lambda: [rnd(38, 1, 3, 6, 6), rnd(39, 3, 1, 3, 3)],
+     lambda s, x, w: s.op("conv2d", x, w, padding=1, groups=3),
+     lambda x, w: torch.nn.functional.conv2d(x, w, None, 1, 1, 1, 3)),
     ("avg_pool2d", lambda: [rnd(29, 2, 3, 7, 6)],
      lambda s, x: s.op("avg_pool2d", x, kernel_size=[3, 2], stride=[2, 2], padding=[1, 1]) +
      s.op("avg_pool2d", x, kernel_size=[3, 2], stride=2, padding=1, count_include_pad=False),
