@@ -56,8 +56,9 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 HAVE_CUDA := 1
-CUDA_CPPFLAGS := -DTDD_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+CUDA_CPPFLAGS := -DTDD_HAVE_CUDA=1 -I$(CUDA_HOME)/include -DTDD_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+# cuBLAS is dlopen'ed by the cuda backend once a GPU is found (see backends/cuda/cuda.c).
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=compute_90
 else
