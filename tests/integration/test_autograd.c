@@ -316,6 +316,56 @@ START_TEST(test_to_device_gradient)
 }
 END_TEST
 
+/* OptimizerCreate is asynchronous: its typed errors surface at the next sync;
+ * a step with the wrong handles is refused and changes nothing. */
+START_TEST(test_optimizer_errors)
+{
+    td_client *c = it_client("optimizer-errors");
+    td_error e;
+    int64_t s2[1] = {2};
+    float v[2] = {1, 2}, got[2];
+    td_handle p = up(c, "cpu:0", TD_F32, 1, s2, v, 1), plain = up(c, "cpu:0", TD_F32, 1, s2, v, 0);
+    td_handle nonleaf = op1(c, "mul", p, p, NULL, 0), o = 0;
+    td_attr lr = td_attr_float("lr", 0.1);
+    struct {
+        const char *kind;
+        td_handle param;
+        td_attr attrs[2];
+        size_t n;
+        int code;
+    } bad[] = {
+        {"sgd", plain, {lr}, 1, TD_ENOT_TRACKED},
+        {"sgd", nonleaf, {lr}, 1, TD_EINVALID_ARGUMENT},
+        {"rmsprop", p, {lr}, 1, TD_EINVALID_ARGUMENT},
+        {"sgd", p, {td_attr_bool("nesterov", 1), lr}, 2, TD_EINVALID_ARGUMENT},
+        {"sgd", p, {td_attr_float("momentum", 0.9)}, 1, TD_EINVALID_ARGUMENT}, /* no lr */
+        {"adam", p, {td_attr_float("beta1", 1.0)}, 1, TD_EINVALID_ARGUMENT},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(td_optimizer_create(c, bad[i].kind, &bad[i].param, 1, bad[i].attrs,
+                                             bad[i].n, &o, &e),
+                         0);
+        ck_assert_msg(td_sync(c, &e) == bad[i].code, "case %zu: got %s (%s)", i,
+                      td_err_name(e.code), e.message);
+        /* The handle was never bound. */
+        ck_assert_int_eq(td_optimizer_step(c, o, o, &e), TD_EUNKNOWN_HANDLE);
+    }
+    ck_assert_int_eq(td_optimizer_create(c, "adam", &p, 1, &lr, 1, &o, &e), 0);
+    td_handle g = backward(c, op1(c, "sum", nonleaf, 0, NULL, 0), 0);
+    ck_assert_int_eq(td_optimizer_step(c, g, o, &e), TD_EWRONG_HANDLE_KIND);
+    ck_assert_int_eq(td_optimizer_step(c, o, p, &e), TD_EWRONG_HANDLE_KIND);
+    down(c, p, got, sizeof got);
+    ck_assert_mem_eq(got, v, sizeof v);
+    /* A gradient replaced by one of another dtype cannot get in (GradReplace
+     * refuses it), so the step runs: Adam's first step moves by lr * sign(g). */
+    ck_assert_int_eq(td_optimizer_step(c, o, g, &e), 0);
+    down(c, p, got, sizeof got);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(fabsf(got[i] - (v[i] - 0.1f)) < 1e-6f, "p[%d] = %g", i, got[i]);
+    td_close(c);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- gradient checks (f64, ref) */
 
 /* A case builds a scalar loss from uploaded inputs (all f64 on ref:0). */
@@ -707,6 +757,7 @@ Suite *it_autograd_suite(void)
     tcase_add_test(tc, test_backward_errors);
     tcase_add_test(tc, test_accumulate_retain_detach);
     tcase_add_test(tc, test_to_device_gradient);
+    tcase_add_test(tc, test_optimizer_errors);
     tcase_add_loop_test(tc, test_gradcheck_f64, 0,
                         (int)(sizeof grad_cases / sizeof grad_cases[0]));
     suite_add_tcase(s, tc);
