@@ -101,13 +101,12 @@ static void free_obj(td_handle_kind kind, void *obj)
 
 void tdd_session_close(tdd_session *s)
 {
-    tdd_handle *h, *tmp;
-    HASH_ITER(hh, s->handles, h, tmp)
-    {
-        HASH_DEL(s->handles, h);
-        free_obj(h->kind, h->obj);
-        free(h);
-    }
+    tdd_handle_table t = s->handles;
+    s->handles = (tdd_handle_table){0}; /* freeing an object must not find the table half-gone */
+    for (size_t i = 0; i < t.cap; i++)
+        if (t.slots[i].id)
+            free_obj(t.slots[i].kind, t.slots[i].obj);
+    free(t.slots);
     s->nhandles = 0;
     s->closed = true;
     s->conn = NULL;
@@ -145,11 +144,70 @@ void tdd_session_fail(tdd_session *s, const td_error *err)
     }
 }
 
+/* splitmix64's finaliser: consecutive ids land far apart. */
+static size_t slot_of(uint64_t id, size_t cap)
+{
+    id = (id ^ (id >> 30)) * 0xbf58476d1ce4e5b9ull;
+    id = (id ^ (id >> 27)) * 0x94d049bb133111ebull;
+    return (size_t)(id ^ (id >> 31)) & (cap - 1);
+}
+
 tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id)
 {
-    tdd_handle *h = NULL;
-    HASH_FIND(hh, s->handles, &id, sizeof id, h);
-    return h;
+    tdd_handle_table *t = &s->handles;
+    if (!t->cap || id == 0)
+        return NULL;
+    for (size_t i = slot_of(id, t->cap);; i = (i + 1) & (t->cap - 1)) {
+        if (t->slots[i].id == id)
+            return &t->slots[i];
+        if (t->slots[i].id == 0)
+            return NULL;
+    }
+}
+
+/* Inserts an entry whose id is absent; keeps the load under one half. */
+static int table_put(tdd_handle_table *t, const tdd_handle *e)
+{
+    if (2 * (t->n + 1) > t->cap) {
+        size_t cap = t->cap ? 2 * t->cap : 64;
+        tdd_handle *slots = calloc(cap, sizeof *slots);
+        if (!slots)
+            return TD_ERESOURCE_EXHAUSTED;
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->slots[i].id)
+                continue;
+            size_t j = slot_of(t->slots[i].id, cap);
+            while (slots[j].id)
+                j = (j + 1) & (cap - 1);
+            slots[j] = t->slots[i];
+        }
+        free(t->slots);
+        t->slots = slots;
+        t->cap = cap;
+    }
+    size_t i = slot_of(e->id, t->cap);
+    while (t->slots[i].id)
+        i = (i + 1) & (t->cap - 1);
+    t->slots[i] = *e;
+    t->n++;
+    return 0;
+}
+
+/* Removes the entry at h and closes the gap (backward shift: no tombstones). */
+static void table_remove(tdd_handle_table *t, tdd_handle *h)
+{
+    size_t mask = t->cap - 1, i = (size_t)(h - t->slots);
+    for (size_t j = (i + 1) & mask; t->slots[j].id; j = (j + 1) & mask) {
+        size_t home = slot_of(t->slots[j].id, t->cap);
+        /* j's entry may move into the hole at i if its home is not in (i, j]. */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    t->slots[i].id = 0;
+    t->slots[i].obj = NULL;
+    t->n--;
 }
 
 int tdd_err_unknown_handle(td_error *err, uint64_t id)
@@ -228,18 +286,14 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
 
 void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
 {
-    tdd_handle *h = calloc(1, sizeof *h);
-    if (!h) {
+    tdd_handle h = {.id = id, .kind = kind, .obj = obj};
+    if (table_put(&s->handles, &h)) {
         /* Cannot record it: drop the object; uses of the id say UNKNOWN_HANDLE. */
         free_obj(kind, obj);
         return;
     }
-    h->id = id;
-    h->kind = kind;
-    h->obj = obj;
     if (kind == TD_HANDLE_TENSOR)
         ((tdd_value *)obj)->handle = id;
-    HASH_ADD(hh, s->handles, id, sizeof h->id, h);
     s->nhandles++;
 }
 
@@ -248,10 +302,11 @@ int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
     tdd_handle *h = tdd_handle_find(s, id);
     if (!h)
         return tdd_err_unknown_handle(err, id);
-    HASH_DEL(s->handles, h);
+    td_handle_kind kind = h->kind;
+    void *obj = h->obj;
+    table_remove(&s->handles, h);
     s->nhandles--;
-    free_obj(h->kind, h->obj);
-    free(h);
+    free_obj(kind, obj); /* last: freeing may release other handles' objects */
     return 0;
 }
 

@@ -4,7 +4,7 @@
 #define TDD_SESSION_H
 
 #include <stdbool.h>
-#include <uthash.h>
+#include <uthash.h> /* for the autodiff maps that include this header */
 
 #include "device.h"
 #include "exec.h"
@@ -39,12 +39,22 @@ void tdd_value_unref(tdd_value *v);
 void tdd_value_poison(tdd_value *v, int code, uint64_t origin_req);
 int tdd_value_poisoned(const tdd_value *v);
 
+/* One entry of a session's handle table (id 0: an empty slot). */
 typedef struct tdd_handle {
     uint64_t id;
     td_handle_kind kind;
     void *obj; /* tdd_value*, or the autograd/optimizer object */
-    UT_hash_handle hh;
 } tdd_handle;
+
+/* The handle table: open addressing with linear probing, entries inline.
+ * Handle ids are dense small integers and a pipelined client names several
+ * per op, so lookups must not chase pointers (uthash's chains cost a quarter
+ * of the daemon's time on small ops with 10^5 live handles). */
+typedef struct {
+    tdd_handle *slots;
+    size_t cap; /* a power of two, or 0 */
+    size_t n;
+} tdd_handle_table;
 
 /* Frees a non-tensor handle's object (set by autograd/optim at creation). */
 typedef void (*tdd_obj_free_fn)(void *obj);
@@ -54,7 +64,7 @@ typedef struct tdd_session {
     long refs;
     bool closed;
     struct tdd_conn *conn; /* NULL once the connection is gone */
-    tdd_handle *handles;
+    tdd_handle_table handles;
     uint64_t nhandles;
     tdd_account *acct;
     uint64_t inflight; /* tasks queued for this session */
@@ -80,8 +90,9 @@ void tdd_session_unref(tdd_session *s);
 /* Records err as the session's first pending error (if none yet). */
 void tdd_session_fail(tdd_session *s, const td_error *err);
 
-/* Handle lookups with typed errors (UNKNOWN_HANDLE / WRONG_HANDLE_KIND). */
+/* The entry for id, or NULL. Valid until the table next changes. */
 tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id);
+/* Handle lookups with typed errors (UNKNOWN_HANDLE / WRONG_HANDLE_KIND). */
 int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj, td_error *err);
 /* Checks a fresh output id: non-zero, unused, under the handle limit. */
 int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err);
