@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "dtype.h"
 #include "ref/ref.h"
 
 typedef struct {
@@ -16,13 +17,15 @@ typedef struct {
     int threads;
 } cpu_ctx;
 
-void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt)
+void cpu_par_iter_n(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt, int64_t work)
 {
     int64_t n = it->numel;
-    if (n < CPU_PAR_MIN || nt <= 1) {
+    if (work < CPU_PAR_MIN || nt <= 1 || n <= 1) {
         tdd_iter_range(it, 0, n, fn, ctx);
         return;
     }
+    if (n < nt)
+        nt = (int)n;
     int64_t per = n / nt, extra = n % nt;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < nt; t++) {
@@ -30,6 +33,102 @@ void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt)
         int64_t hi = lo + per + (t < extra ? 1 : 0);
         tdd_iter_range(it, lo, hi, fn, ctx);
     }
+}
+
+void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt)
+{
+    cpu_par_iter_n(it, fn, ctx, nt, it->numel);
+}
+
+void cpu_load_strided(const void *data, td_dtype dt, int64_t off, int64_t st, int64_t n,
+                      double *dst)
+{
+    switch (dt) {
+    case TD_F32: {
+        const float *a = (const float *)data + off;
+        if (st == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = a[i];
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = a[i * st];
+        }
+        return;
+    }
+    case TD_F64: {
+        const double *a = (const double *)data + off;
+        if (st == 1)
+            memcpy(dst, a, (size_t)n * sizeof *dst);
+        else
+            for (int64_t i = 0; i < n; i++)
+                dst[i] = a[i * st];
+        return;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = tdd_load_f(data, dt, off + i * st);
+        return;
+    }
+}
+
+void cpu_store_strided(void *data, td_dtype dt, int64_t off, int64_t st, int64_t n,
+                       const double *src)
+{
+    switch (dt) {
+    case TD_F32: {
+        float *y = (float *)data + off;
+        if (st == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++)
+                y[i] = (float)src[i];
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                y[i * st] = (float)src[i];
+        }
+        return;
+    }
+    case TD_F64: {
+        double *y = (double *)data + off;
+        for (int64_t i = 0; i < n; i++)
+            y[i * st] = src[i];
+        return;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++)
+            tdd_store_f(data, dt, off + i * st, src[i]);
+        return;
+    }
+}
+
+typedef struct {
+    const tdd_tensor *t;
+    double *dst;
+} load_ctx;
+
+static void load_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    load_ctx *l = vc;
+    cpu_load_strided(l->t->st->data, l->t->dtype, off[0], st[0], n, l->dst);
+    l->dst += n;
+}
+
+void cpu_load_tensor(const tdd_tensor *t, int64_t lo, int64_t hi, double *dst)
+{
+    if (tdd_is_contiguous(t)) {
+        cpu_load_strided(t->st->data, t->dtype, t->offset + lo, 1, hi - lo, dst);
+        return;
+    }
+    tdd_iter it;
+    const tdd_tensor *ops[1] = {t};
+    tdd_iter_tensors(&it, t->shape, t->ndim, 1, ops);
+    load_ctx l = {t, dst};
+    tdd_iter_range(&it, lo, hi, load_run, &l);
+}
+
+void cpu_store_contig(tdd_tensor *t, int64_t lo, int64_t n, const double *src)
+{
+    cpu_store_strided(t->st->data, t->dtype, t->offset + lo, 1, n, src);
 }
 
 static bool is_f(td_dtype dt)
@@ -143,25 +242,28 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_RAND:
     case TDD_OP_RANDN:
         return is_f(g->dtype);
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
     case TDD_OP_GATHER:
     case TDD_OP_SCATTER_ADD:
     case TDD_OP_INDEX_SELECT:
-    case TDD_OP_ONE_HOT:
     case TDD_OP_EMBEDDING:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_PAD:
+        return true; /* index moves copy elements of any dtype */
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
     case TDD_OP_MSE_LOSS:
     case TDD_OP_BCE_WITH_LOGITS:
     case TDD_OP_LAYER_NORM:
-    case TDD_OP_DROPOUT:
+        return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
+        return is_f(c->in[0]->dtype);
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+    case TDD_OP_ONE_HOT:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+    case TDD_OP_PAD:
+    case TDD_OP_DROPOUT:
     case TDD_OP_ARANGE:
     case TDD_OP_LINSPACE:
     case TDD_OP_EYE:
@@ -322,25 +424,26 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_RAND:
     case TDD_OP_RANDN:
         return cpu_create(c, nt);
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
     case TDD_OP_GATHER:
     case TDD_OP_SCATTER_ADD:
     case TDD_OP_INDEX_SELECT:
-    case TDD_OP_ONE_HOT:
     case TDD_OP_EMBEDDING:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_PAD:
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
     case TDD_OP_MSE_LOSS:
     case TDD_OP_BCE_WITH_LOGITS:
     case TDD_OP_LAYER_NORM:
-    case TDD_OP_DROPOUT:
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
+        return cpu_nn(c, nt);
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+    case TDD_OP_ONE_HOT:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+    case TDD_OP_PAD:
+    case TDD_OP_DROPOUT:
     case TDD_OP_ARANGE:
     case TDD_OP_LINSPACE:
     case TDD_OP_EYE:

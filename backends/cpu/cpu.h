@@ -15,6 +15,19 @@ bool tdd_cpu_native(const tdd_opcall *c);
 
 /* Runs fn over every run of it, split across nt threads when large. */
 void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt);
+/* The same, when each element costs about work/numel units (lines, rows). */
+void cpu_par_iter_n(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt, int64_t work);
+
+/* Element conversion for kernels that work in double whatever the float dtype:
+ * n elements from storage offset off with stride st (unit stride vectorises). */
+void cpu_load_strided(const void *data, td_dtype dt, int64_t off, int64_t st, int64_t n,
+                      double *dst);
+void cpu_store_strided(void *data, td_dtype dt, int64_t off, int64_t st, int64_t n,
+                       const double *src);
+/* C-order elements [lo, hi) of t, any layout. */
+void cpu_load_tensor(const tdd_tensor *t, int64_t lo, int64_t hi, double *dst);
+/* n elements into contiguous t from C-order element lo. */
+void cpu_store_contig(tdd_tensor *t, int64_t lo, int64_t n, const double *src);
 
 int cpu_elementwise(const tdd_opcall *c, int nt); /* cpu_elem.c */
 int cpu_copy(const tdd_opcall *c, int nt);        /* cpu_elem.c */
@@ -22,5 +35,6 @@ int cpu_create(const tdd_opcall *c, int nt);      /* cpu_elem.c */
 int cpu_reduce(const tdd_opcall *c, int nt);      /* cpu_reduce.c */
 int cpu_lines(const tdd_opcall *c, int nt);       /* cpu_reduce.c: cumsum, softmax */
 int cpu_matmul(const tdd_opcall *c);              /* cpu_blas.c */
+int cpu_nn(const tdd_opcall *c, int nt);          /* cpu_nn.c: conv, pools, norms, losses, index */
 
 #endif
