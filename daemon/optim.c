@@ -2,6 +2,10 @@
  * update rules): state keyed by parameter, updates in place on the
  * parameter's device queue, reading a Gradients handle.
  *
+ * On host-memory backends (ref, cpu) the update is one loop per parameter
+ * on its device's worker; elsewhere (or with the "foreach" attribute) it is
+ * the same arithmetic as queued ops (see step_ops).
+ *
  * OptimizerStep is synchronising and answers after the updates have run:
  * it waits for the session's queued work, queues one update per parameter
  * that has a gradient, and stays blocked (the connection processes nothing
@@ -19,6 +23,7 @@ typedef struct {
     opt_kind kind;
     double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
     bool nesterov, maximize;
+    bool foreach; /* update with queued ops (any backend) rather than a host loop */
 } opt_hyper;
 
 typedef struct {
@@ -109,6 +114,8 @@ static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td
             h->weight_decay = v;
         } else if (strcmp(nm, "maximize") == 0) {
             h->maximize = v != 0.0;
+        } else if (strcmp(nm, "foreach") == 0) {
+            h->foreach = v != 0.0;
         } else if (!adam && strcmp(nm, "momentum") == 0) {
             h->momentum = v;
         } else if (!adam && strcmp(nm, "dampening") == 0) {
@@ -163,9 +170,6 @@ static int check_param(tdd_session *s, uint64_t id, tdd_value **out, td_error *e
         return tdd_err_set(err, TD_EUNSUPPORTED_DTYPE,
                            "optimizers update float32 and float64 parameters, %llu is %s",
                            (unsigned long long)id, td_dtype_name(p->t.dtype));
-    if (!p->dev->be->host_memory)
-        return tdd_err_set(err, TD_EUNSUPPORTED_OP,
-                           "optimizer updates on %s arrive with its kernels", p->dev->label);
     *out = p;
     return 0;
 }
@@ -323,6 +327,106 @@ static void step_done(void *arg, int rc)
     free(j);
 }
 
+/* ---------------------------------------------------------------- the update as ops */
+
+/* PyTorch's "foreach" flavour: the same update as a sequence of tensor ops
+ * (torch.optim's own formulation, op for op), queued on the parameter's
+ * device, for backends whose memory the loop cannot touch. The results are
+ * new tensors; the parameter's handle is then pointed at its new storage
+ * (readers wait for the producer, as for any op). The ops read aliases of
+ * the old storage, so nothing queued sees the switch. */
+#define A_F(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_FLOAT, .f = (v)})
+
+static tdd_value *sc(tdd_bw *b, tdd_op op, tdd_value *x, double v)
+{
+    td_attr a = A_F("other", v);
+    return x ? tdd_bw_op(b, op, &x, 1, &a, 1, 0, NULL) : NULL;
+}
+
+static tdd_value *un(tdd_bw *b, tdd_op op, tdd_value *x)
+{
+    return x ? tdd_bw_op(b, op, &x, 1, NULL, 0, 0, NULL) : NULL;
+}
+
+/* x + alpha * y (add's alpha, as torch's add_(y, alpha=...)) */
+static tdd_value *axpy(tdd_bw *b, tdd_value *x, tdd_value *y, double alpha)
+{
+    tdd_value *in[2] = {x, y};
+    td_attr a = A_F("alpha", alpha);
+    return x && y ? tdd_bw_op(b, TDD_OP_ADD, in, 2, &a, alpha == 1.0 ? 0 : 1, 0, NULL) : NULL;
+}
+
+static tdd_value *mul2(tdd_bw *b, tdd_value *x, tdd_value *y)
+{
+    tdd_value *in[2] = {x, y};
+    return x && y ? tdd_bw_op(b, TDD_OP_MUL, in, 2, NULL, 0, 0, NULL) : NULL;
+}
+
+static tdd_value *div2(tdd_bw *b, tdd_value *x, tdd_value *y)
+{
+    tdd_value *in[2] = {x, y};
+    return x && y ? tdd_bw_op(b, TDD_OP_DIV, in, 2, NULL, 0, 0, NULL) : NULL;
+}
+
+/* Points v at r's storage and readiness (r's data replaces v's). */
+static void adopt(tdd_value *v, const tdd_value *r)
+{
+    tdd_storage_ref(r->t.st);
+    tdd_storage_unref(v->t.st);
+    v->t = r->t;
+    v->fq = r->fq;
+    v->fseq = r->fseq;
+}
+
+static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *grad)
+{
+    tdd_value *pa = tdd_value_alias(op->p);
+    if (!pa)
+        return tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    tdd_bw_keep(b, pa);
+    tdd_value *p = pa, *g = h->maximize ? un(b, TDD_OP_NEG, grad) : grad;
+    tdd_value *nb[2] = {NULL, NULL};
+    bool init = op->step == 0;
+    if (h->kind == OPT_SGD) {
+        if (h->weight_decay != 0.0)
+            g = axpy(b, g, p, h->weight_decay);
+        if (h->momentum != 0.0) {
+            nb[0] = init ? g : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->momentum), g,
+                                    1.0 - h->dampening);
+            g = h->nesterov ? axpy(b, g, nb[0], h->momentum) : nb[0];
+        }
+        p = axpy(b, p, g, -h->lr);
+    } else {
+        double step = (double)(op->step + 1);
+        if (h->kind == OPT_ADAMW)
+            p = sc(b, TDD_OP_MUL, p, 1.0 - h->lr * h->weight_decay);
+        else if (h->weight_decay != 0.0)
+            g = axpy(b, g, p, h->weight_decay);
+        tdd_value *gg = mul2(b, g, g);
+        /* Fresh moments are zeros: 0 * beta + alpha * x is alpha * x exactly. */
+        nb[0] = init ? sc(b, TDD_OP_MUL, g, 1.0 - h->beta1)
+                     : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->beta1), g, 1.0 - h->beta1);
+        nb[1] = init ? sc(b, TDD_OP_MUL, gg, 1.0 - h->beta2)
+                     : axpy(b, sc(b, TDD_OP_MUL, op->buf[1], h->beta2), gg, 1.0 - h->beta2);
+        double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
+        tdd_value *denom = sc(b, TDD_OP_ADD, sc(b, TDD_OP_DIV, un(b, TDD_OP_SQRT, nb[1]),
+                                                sqrt(bc2)),
+                              h->eps);
+        p = axpy(b, p, div2(b, nb[0], denom), -(h->lr / bc1));
+    }
+    if (b->rc)
+        return b->rc;
+    adopt(op->p, p);
+    for (int k = 0; k < 2; k++)
+        if (nb[k]) {
+            /* State buffers are values of their own: take the result itself. */
+            tdd_value_ref(nb[k]);
+            tdd_value_unref(op->buf[k]);
+            op->buf[k] = nb[k];
+        }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- step (loop side) */
 
 static int check_grad(const tdd_value *p, const tdd_value *g, td_error *err)
@@ -383,6 +487,11 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
             ag->step_failed = false;
             return tdd_ag_answer_error(c, req, &ag->step_err, true);
         }
+        if (s->has_err) { /* a queued update op failed */
+            s->has_err = false;
+            tdd_conn_send_error(c, req->id, &s->err);
+            return TDD_DISPATCH_DONE;
+        }
         tdd_conn_send_ok(c, req->id);
         return TDD_DISPATCH_DONE;
     }
@@ -407,6 +516,13 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
      * update is queued: a failed step changes no parameter. */
     bool sgd = o && o->h.kind == OPT_SGD;
     int nbuf = !o ? 0 : sgd ? (o->h.momentum != 0.0 ? 1 : 0) : 2;
+    /* Every parameter steps the same way: as ops when asked, or when one
+     * lives where the loop cannot loop over it. */
+    bool via_ops = o && o->h.foreach;
+    for (size_t i = 0; o && i < o->n; i++)
+        via_ops |= !o->ps[i].p->dev->be->host_memory;
+    if (via_ops)
+        nbuf = 0; /* the ops make their state as results */
     for (size_t i = 0; !rc && i < o->n; i++) {
         opt_param *op = &o->ps[i];
         tdd_grad_entry *e = tdd_grads_find(grads, op->p);
@@ -420,6 +536,38 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
     if (rc)
         return tdd_ag_answer_error(c, req, &err, true);
     size_t queued = 0;
+    if (via_ops) {
+        tdd_bw b = {.s = s, .req_id = req->id};
+        for (size_t i = 0; i < o->n && !b.rc; i++) {
+            opt_param *op = &o->ps[i];
+            tdd_grad_entry *e = tdd_grads_find(grads, op->p);
+            if (!e || step_ops(&b, &o->h, op, e->grad))
+                continue;
+            op->p->version++;
+            op->step++;
+            tdd_bw_release(&b, 0);
+        }
+        tdd_bw_release(&b, 0);
+        free(b.tmp);
+        if (b.rc) {
+            /* Parameters before the failing one have stepped (queued ops
+             * cannot be taken back); the error says so. */
+            return tdd_ag_answer_error(c, req, &b.err, true);
+        }
+        if (s->inflight == 0) {
+            if (s->has_err) { /* an update that ran inline failed */
+                s->has_err = false;
+                tdd_conn_send_error(c, req->id, &s->err);
+            } else {
+                tdd_conn_send_ok(c, req->id);
+            }
+            return TDD_DISPATCH_DONE;
+        }
+        ag->step_active = true;
+        ag->step_req = req->id;
+        ag->step_failed = false;
+        return TDD_DISPATCH_BLOCK;
+    }
     for (size_t i = 0; i < o->n; i++) {
         opt_param *op = &o->ps[i];
         tdd_grad_entry *e = tdd_grads_find(grads, op->p);

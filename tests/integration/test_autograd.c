@@ -197,6 +197,15 @@ START_TEST(test_grad_replace_matrix)
     down(c, x, got, sizeof got);
     for (int i = 0; i < 6; i++)
         ck_assert_float_eq(got[i], xv[i] + (-0.5f) * gv[i]);
+    /* The same step as queued ops (the path of non-host devices): the same bits. */
+    td_attr fe[2] = {lr, td_attr_bool("foreach", 1)};
+    ck_assert_int_eq(td_optimizer_create(c, "sgd", &x, 1, fe, 2, &opt, &e), 0);
+    rc = td_optimizer_step(c, opt, grads, &e);
+    ck_assert_msg(rc == 0, "foreach step: %s: %s", td_err_name(rc), e.message);
+    float again[6];
+    down(c, x, again, sizeof again);
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(again[i], got[i] + (-0.5f) * gv[i]);
     td_close(c);
 }
 END_TEST

@@ -182,9 +182,11 @@ def test_non_contiguous_inputs(ad):
     (lambda p: tensordd.optim.AdamW(p, lr=0.02, eps=1e-6, weight_decay=0.5),
      lambda p: torch.optim.AdamW(p, lr=0.02, eps=1e-6, weight_decay=0.5)),
 ], ids=["sgd-dampening-wd", "sgd-nesterov", "adam-wd", "adamw"])
-def test_optimizers_track_torch_for_many_steps(ad, make, torch_make):
+@pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
+def test_optimizers_track_torch_for_many_steps(ad, make, torch_make, foreach):
     """20 steps with fresh gradients each time: state (momentum, moments, step
-    counts for bias correction) must evolve as torch.optim's."""
+    counts for bias correction) must evolve as torch.optim's. foreach: the
+    update as queued ops (the path of devices the daemon's loop cannot touch)."""
     x = rnd(40, 16, 3).astype(np.float32)
     y = rnd(41, 16, 2).astype(np.float32)
     w = rnd(42, 2, 3).astype(np.float32)
@@ -193,6 +195,12 @@ def test_optimizers_track_torch_for_many_steps(ad, make, torch_make):
     Bb = ad.tensor(b, requires_grad=True)
     X, Y = ad.tensor(x), ad.tensor(y)
     opt = make([W, Bb])
+    if foreach:
+        # The same optimizer again with the attribute set (the classes don't
+        # take it: it changes how, not what, the daemon computes).
+        hyper, cls = opt.hyper, type(opt)
+        opt = tensordd.optim.Optimizer.__new__(cls)
+        tensordd.optim.Optimizer.__init__(opt, [W, Bb], **hyper, foreach=True)
     tw, tb = torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)
     topt = torch_make([tw, tb])
     for _ in range(20):
