@@ -3,6 +3,7 @@
  * NN and creation rules live in ops_shape.c and ops_nn.c). */
 #include "ops.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,13 +17,40 @@ const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
 #undef TDD__OP_DEF
 };
 
+/* Name lookup is on every op request: a hash of the name into a table built
+ * once (a linear strcmp scan over ~100 names showed in profiles). */
+#define OP_SLOTS 512 /* a power of two, > 2x TDD_OP_COUNT */
+_Static_assert(OP_SLOTS > 2 * TDD_OP_COUNT, "op name table too small");
+
+static uint32_t name_hash(const char *s)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    while (*s)
+        h = (h ^ (uint8_t)*s++) * 16777619u;
+    return h;
+}
+
+static const tdd_opdef *op_slots[OP_SLOTS];
+static pthread_once_t op_slots_once = PTHREAD_ONCE_INIT;
+
+static void op_slots_build(void)
+{
+    for (int i = 0; i < TDD_OP_COUNT; i++) {
+        uint32_t j = name_hash(tdd_opdefs[i].name) & (OP_SLOTS - 1);
+        while (op_slots[j])
+            j = (j + 1) & (OP_SLOTS - 1);
+        op_slots[j] = &tdd_opdefs[i];
+    }
+}
+
 const tdd_opdef *tdd_op_find(const char *name)
 {
     if (!name)
         return NULL;
-    for (int i = 0; i < TDD_OP_COUNT; i++)
-        if (strcmp(tdd_opdefs[i].name, name) == 0)
-            return &tdd_opdefs[i];
+    pthread_once(&op_slots_once, op_slots_build);
+    for (uint32_t j = name_hash(name) & (OP_SLOTS - 1); op_slots[j]; j = (j + 1) & (OP_SLOTS - 1))
+        if (strcmp(op_slots[j]->name, name) == 0)
+            return op_slots[j];
     return NULL;
 }
 
