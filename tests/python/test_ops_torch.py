@@ -638,6 +638,35 @@ case("empty-cat", [R(0, 3), R(2, 3)], lambda s, a, b: s.cat([a, b]),
 case("one-element", [R(1, 1), R(1)], lambda s, a, b: (a * b).sum(1).exp(),
      lambda a, b: (a * b).sum(1).exp())
 
+# -- special values: negative bases, 0**0, NaN and infinity propagation as PyTorch
+NANS = [1.0, float("nan"), -2.0, float("inf"), float("-inf"), 0.0]
+case("pow-negative-base", [CONST([-2.0, -1.5, 0.0, 3.0, -0.0]), CONST([2.0, 3.0, 2.0, 0.5, 1.0])],
+     lambda s, a, b: s.stack([a ** b, a ** 3.0, a ** 0.0]),
+     lambda a, b: torch.stack([a ** b, a ** 3.0, a ** 0.0]))
+case("nan-inf-elementwise", [CONST(NANS), CONST(NANS[::-1])],
+     lambda s, a, b: s.stack([a.maximum(b), a.minimum(b), a.relu(), a.clamp(-1, 1), a.exp(),
+                              a.sigmoid(), a.tanh(), a.abs(), a + b]),
+     lambda a, b: torch.stack([torch.maximum(a, b), torch.minimum(a, b), a.relu(),
+                               a.clamp(-1, 1), a.exp(), a.sigmoid(), a.tanh(), a.abs(),
+                               a + b]))
+# (sign(nan) is left out: torch 1.13 answers 0, numpy and the daemon NaN)
+case("nan-reductions", [CONST([[1.0, float("nan"), 2.0], [3.0, -1.0, 0.5]])],
+     lambda s, x: s.cat([x.amax(1), x.amin(1), x.sum(1), x.argmax(1).to("float64").to(
+         x.dtype), x.argmin(1).to("float64").to(x.dtype)]),
+     lambda x: torch.cat([x.amax(1), x.amin(1), x.sum(1), x.argmax(1).to(x.dtype),
+                          x.argmin(1).to(x.dtype)]), k=3)
+case("inf-softmax-logsumexp", [CONST([[float("-inf"), 0.0], [float("-inf"), float("-inf")],
+                                      [float("inf"), 1.0]])],
+     lambda s, x: s.cat([x.softmax(1)[:2].flatten(), x.logsumexp(1)]),
+     lambda x: torch.cat([x.softmax(1)[:2].flatten(), x.logsumexp(1)]), k=2)
+case("max_pool2d-nan", [CONST([[[[1.0, float("nan")], [2.0, 0.0]]]])],
+     lambda s, x: s.op("max_pool2d", x, kernel_size=2), lambda x: FN.max_pool2d(x, 2),
+     exact=True)
+case("cross_entropy-all-ignored", [R(3, 4), CONST([-100, -100, -100], "int64")],
+     lambda s, x, t: s.op("cross_entropy", x, t), lambda x, t: FN.cross_entropy(x, t))
+case("var-correction-ge-n", [R(3, 4)], lambda s, x: s.op("var", x, dim=[1], correction=4),
+     lambda x: torch.var(x, dim=1, correction=4), k=4)
+
 def _params():
     out = []
     for c in CASES:
