@@ -379,7 +379,8 @@ __global__ void linspace_f32_kernel(float *y, int64_t n, double start, double en
     double step = n > 1 ? (end - start) / (double)(n - 1) : 0.0;
     // Counting from both ends keeps the last value exactly end, as PyTorch.
     for (int64_t i = gtid(); i < n; i += gstride())
-        y[i] = (float)(i < n / 2 ? start + step * (double)i : end - step * (double)(n - 1 - i));
+        y[i] = (float)(i < n / 2 || n == 1 ? start + step * (double)i
+                                           : end - step * (double)(n - 1 - i));
 }
 
 __global__ void arange_i64_kernel(int64_t *y, int64_t n, int64_t start, int64_t step)

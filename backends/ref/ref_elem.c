@@ -349,8 +349,9 @@ int ref_create(const tdd_opcall *c)
         case TDD_OP_LINSPACE: {
             /* from both ends, as PyTorch, so the last value is exactly end */
             double step = n > 1 ? (g->f[1] - g->f[0]) / (double)(n - 1) : 0.0;
-            ref_setf(y, o, i < n / 2 ? g->f[0] + step * (double)i
-                                     : g->f[1] - step * (double)(n - 1 - i));
+            /* one step is the start (n / 2 == 0 would pick the end) */
+            ref_setf(y, o, i < n / 2 || n == 1 ? g->f[0] + step * (double)i
+                                               : g->f[1] - step * (double)(n - 1 - i));
             break;
         }
         case TDD_OP_EYE:

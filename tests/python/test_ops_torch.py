@@ -722,8 +722,6 @@ def test_op_matches_torch(session, c, dtype, device):
 
 # ---------------------------------------------------------------- creation ops
 
-LINSPACE_BUG = ("daemon bug: linspace with steps=1 gives [end], PyTorch (and numpy) give "
-                "[start] (backends/ref/ref_elem.c fills index i >= n/2 from the end; n/2 = 0)")
 CREATE = [
     # (id, daemon fn(s, device, dtype), torch fn(dtype), dtypes)
     ("zeros", lambda s, d, dt: s.zeros(2, 3, device=d, dtype=dt),
@@ -751,11 +749,9 @@ CREATE = [
     ("linspace", lambda s, d, dt: s.op("linspace", start=-1.0, end=2.0, steps=7, device=d,
                                        dtype=dt),
      lambda dt: torch.linspace(-1.0, 2.0, 7, dtype=dt), F),
-    pytest.param("linspace-1", lambda s, d, dt: s.op("linspace", start=3.0, end=5.0, steps=1,
-                                                     device=d, dtype=dt),
-                 lambda dt: torch.linspace(3.0, 5.0, 1, dtype=dt), F,
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                         reason=LINSPACE_BUG)),
+    ("linspace-1", lambda s, d, dt: s.op("linspace", start=3.0, end=5.0, steps=1, device=d,
+                                         dtype=dt),
+     lambda dt: torch.linspace(3.0, 5.0, 1, dtype=dt), F),
     ("linspace-many", lambda s, d, dt: s.op("linspace", start=0.0, end=1.0, steps=101,
                                             device=d, dtype=dt),
      lambda dt: torch.linspace(0.0, 1.0, 101, dtype=dt), F),
