@@ -3,6 +3,7 @@
  * common ops) run on the reference kernels, single-threaded; tdd_cpu_native
  * says which, and docs/ops.md shows it. */
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,40 +146,66 @@ static bool inputs_are(const tdd_opcall *c, int from, int to, td_dtype dt)
     return true;
 }
 
+static bool is_i(td_dtype dt)
+{
+    return dt == TD_I32 || dt == TD_I64;
+}
+
+/* The scalar form's integer "other" fits the compute dtype, so truncating it to the
+ * integer kernels' width changes nothing (the reference computes in int64). */
+static bool scalar_fits(const tdd_opargs *g)
+{
+    if (!g->scalar_form || g->cdtype == TD_I64)
+        return true;
+    if (g->cdtype == TD_I32)
+        return g->n[0] >= INT32_MIN && g->n[0] <= INT32_MAX;
+    return g->cdtype != TD_BOOL || g->n[0] == 0 || g->n[0] == 1;
+}
+
 bool tdd_cpu_native(const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
     td_dtype ct = g->cdtype;
     switch (c->op) {
     case TDD_OP_ADD:
-    case TDD_OP_SUB:
     case TDD_OP_MUL:
-    case TDD_OP_DIV:
-    case TDD_OP_POW:
     case TDD_OP_MAXIMUM:
     case TDD_OP_MINIMUM:
-    case TDD_OP_REMAINDER:
     case TDD_OP_EQ:
     case TDD_OP_NE:
     case TDD_OP_LT:
     case TDD_OP_LE:
     case TDD_OP_GT:
     case TDD_OP_GE:
-        return is_f(ct) && inputs_are(c, 0, 2, ct);
     case TDD_OP_LOGICAL_AND:
     case TDD_OP_LOGICAL_OR:
     case TDD_OP_LOGICAL_XOR:
-    case TDD_OP_LOGICAL_NOT:
-        return false;
+        return (is_f(ct) || is_i(ct) || ct == TD_BOOL) && inputs_are(c, 0, 2, ct) &&
+               scalar_fits(g);
+    case TDD_OP_SUB:
+        return (is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct) && scalar_fits(g);
+    case TDD_OP_DIV:
+    case TDD_OP_POW:
+    case TDD_OP_REMAINDER: /* integer pow/remainder keep the reference's error checks */
+        return is_f(ct) && inputs_are(c, 0, 2, ct);
     case TDD_OP_WHERE:
-        return is_f(ct) && inputs_are(c, 1, 3, ct);
+        return inputs_are(c, 1, 3, ct); /* a select: any dtype */
     case TDD_OP_MASKED_FILL:
+        return c->in[0]->dtype == ct;
     case TDD_OP_RELU_BACKWARD:
-        return is_f(ct) && c->in[0]->dtype == ct && (c->op == TDD_OP_MASKED_FILL ||
-                                                       c->in[1]->dtype == ct);
+        return (is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct);
+    case TDD_OP_LOGICAL_NOT:
+        return is_f(ct) || is_i(ct) || ct == TD_BOOL;
     case TDD_OP_NEG:
     case TDD_OP_ABS:
     case TDD_OP_SIGN:
+    case TDD_OP_RELU:
+    case TDD_OP_CLAMP:
+    case TDD_OP_FLOOR:
+    case TDD_OP_CEIL:
+    case TDD_OP_ROUND:
+    case TDD_OP_SQUARE:
+        return (is_f(g->dtype) || is_i(g->dtype)) && c->in[0]->dtype == g->dtype;
     case TDD_OP_EXP:
     case TDD_OP_LOG:
     case TDD_OP_LOG1P:
@@ -189,17 +216,11 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_COS:
     case TDD_OP_TANH:
     case TDD_OP_SIGMOID:
-    case TDD_OP_RELU:
     case TDD_OP_LEAKY_RELU:
     case TDD_OP_GELU:
     case TDD_OP_SILU:
     case TDD_OP_SOFTPLUS:
-    case TDD_OP_CLAMP:
-    case TDD_OP_FLOOR:
-    case TDD_OP_CEIL:
-    case TDD_OP_ROUND:
     case TDD_OP_RECIPROCAL:
-    case TDD_OP_SQUARE:
         return is_f(g->dtype) && c->in[0]->dtype == g->dtype;
     case TDD_OP_SUM:
     case TDD_OP_MEAN:

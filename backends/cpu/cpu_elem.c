@@ -13,8 +13,9 @@ typedef struct {
     char *y;
     const char *a, *b, *c;
     const tdd_opargs *g;
-    double s[2]; /* scalars for the scalar form, in the compute dtype */
-    float sf[2];
+    double s[2];   /* float unary parameters */
+    int64_t n[2];  /* integer kernels: alpha; clamp's bounds */
+    uint64_t pat;  /* masked_fill's value as the output dtype's bits */
 } ew_ctx;
 
 /* Binary: EXPR in x (from a) and z (from b), output type OT. */
@@ -55,12 +56,12 @@ typedef struct {
         }                                                                                          \
     }
 
-/* Unary: EXPR in x; p0, p1 are the op's parameters. */
-#define UN_FN(NAME, T, EXPR)                                                                       \
+/* Unary: EXPR in x, output type OT; p0, p1 are the op's parameters. */
+#define UN_FNO(NAME, T, OT, EXPR)                                                                       \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
-        T *restrict y = (T *)(void *)c->y + off[0];                                                \
+        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
         const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
         const T p0 = (T)c->s[0], p1 = (T)c->s[1];                                                  \
         (void)p0;                                                                                  \
@@ -69,15 +70,16 @@ typedef struct {
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
                 const T x = a[i];                                                                  \
-                y[i] = (T)(EXPR);                                                                  \
+                y[i] = (OT)(EXPR);                                                                 \
             }                                                                                      \
         } else {                                                                                   \
             for (int64_t i = 0; i < n; i++) {                                                      \
                 const T x = a[i * st[1]];                                                          \
-                y[i * st[0]] = (T)(EXPR);                                                          \
+                y[i * st[0]] = (OT)(EXPR);                                                         \
             }                                                                                      \
         }                                                                                          \
     }
+#define UN_FN(NAME, T, EXPR) UN_FNO(NAME, T, T, EXPR)
 
 /* One instance per compute type. */
 #define ELEM_FNS(T, S)                                                                             \
@@ -97,6 +99,10 @@ typedef struct {
     BIN_FN(gt_##S, T, uint8_t, x > z)                                                              \
     BIN_FN(ge_##S, T, uint8_t, x >= z)                                                             \
     BIN_FN(relub_##S, T, T, z > 0 ? x : (T)0)                                                      \
+    BIN_FN(land_##S, T, uint8_t, x != 0 && z != 0)                                                 \
+    BIN_FN(lor_##S, T, uint8_t, x != 0 || z != 0)                                                  \
+    BIN_FN(lxor_##S, T, uint8_t, (x != 0) != (z != 0))                                             \
+    UN_FNO(lnot_##S, T, uint8_t, x == 0)                                                           \
     UN_FN(neg_##S, T, -x)                                                                          \
     UN_FN(abs_##S, T, fabs(x))                                                                     \
     UN_FN(sign_##S, T, x > 0 ? (T)1 : x < 0 ? (T)-1 : x * (T)0)                                    \
@@ -156,6 +162,14 @@ typedef struct {
             return ge_##S;                                                                         \
         case TDD_OP_RELU_BACKWARD:                                                                 \
             return relub_##S;                                                                      \
+        case TDD_OP_LOGICAL_AND:                                                                   \
+            return land_##S;                                                                       \
+        case TDD_OP_LOGICAL_OR:                                                                    \
+            return lor_##S;                                                                        \
+        case TDD_OP_LOGICAL_XOR:                                                                   \
+            return lxor_##S;                                                                       \
+        case TDD_OP_LOGICAL_NOT:                                                                   \
+            return lnot_##S;                                                                       \
         case TDD_OP_NEG:                                                                           \
             return neg_##S;                                                                        \
         case TDD_OP_ABS:                                                                           \
@@ -212,6 +226,164 @@ typedef struct {
 ELEM_FNS(float, f32)
 ELEM_FNS(double, f64)
 
+/* Integer and bool kernels: arithmetic in the unsigned type U wraps like the
+ * hardware (and the reference's int64 math truncated to the dtype) without C's
+ * signed-overflow UB; comparisons stay signed. CVT narrows a U result to T
+ * (bool: nonzero is true). */
+#define IBIN_FN(NAME, T, U, OT, EXPR)                                                              \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const ew_ctx *c = vc;                                                                      \
+        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
+        const T *restrict b = (const T *)(const void *)c->b + off[2];                              \
+        const U alpha = (U)(uint64_t)c->n[0];                                                      \
+        (void)alpha;                                                                               \
+        if (st[0] == 1 && st[1] == 1 && st[2] == 1) {                                              \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T x = a[i], z = b[i];                                                        \
+                y[i] = EXPR;                                                                       \
+            }                                                                                      \
+        } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {                                       \
+            const T z = b[0];                                                                      \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T x = a[i];                                                                  \
+                y[i] = EXPR;                                                                       \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                const T x = a[i * st[1]], z = b[i * st[2]];                                        \
+                y[i * st[0]] = EXPR;                                                               \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#define IUN_FN(NAME, T, U, OT, EXPR)                                                               \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const ew_ctx *c = vc;                                                                      \
+        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
+        const int64_t lo = c->n[0], hi = c->n[1];                                                  \
+        (void)lo;                                                                                  \
+        (void)hi;                                                                                  \
+        if (st[0] == 1 && st[1] == 1) {                                                            \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
+            {                                                                                      \
+                const T x = a[i];                                                                  \
+                y[i] = EXPR;                                                                       \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                const T x = a[i * st[1]];                                                          \
+                y[i * st[0]] = EXPR;                                                               \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#define INT_FNS(T, U, S, CVT)                                                                      \
+    IBIN_FN(add_##S, T, U, T, CVT((U)x + alpha * (U)z))                                            \
+    IBIN_FN(sub_##S, T, U, T, CVT((U)x - alpha * (U)z))                                            \
+    IBIN_FN(mul_##S, T, U, T, CVT((U)x * (U)z))                                                    \
+    IBIN_FN(max_##S, T, U, T, x > z ? x : z)                                                       \
+    IBIN_FN(min_##S, T, U, T, x < z ? x : z)                                                       \
+    IBIN_FN(eq_##S, T, U, uint8_t, (uint8_t)(x == z))                                              \
+    IBIN_FN(ne_##S, T, U, uint8_t, (uint8_t)(x != z))                                              \
+    IBIN_FN(lt_##S, T, U, uint8_t, (uint8_t)(x < z))                                               \
+    IBIN_FN(le_##S, T, U, uint8_t, (uint8_t)(x <= z))                                              \
+    IBIN_FN(gt_##S, T, U, uint8_t, (uint8_t)(x > z))                                               \
+    IBIN_FN(ge_##S, T, U, uint8_t, (uint8_t)(x >= z))                                              \
+    IBIN_FN(land_##S, T, U, uint8_t, (uint8_t)(x != 0 && z != 0))                                  \
+    IBIN_FN(lor_##S, T, U, uint8_t, (uint8_t)(x != 0 || z != 0))                                   \
+    IBIN_FN(lxor_##S, T, U, uint8_t, (uint8_t)((x != 0) != (z != 0)))                              \
+    IBIN_FN(relub_##S, T, U, T, z > 0 ? x : (T)0)                                                  \
+    IUN_FN(lnot_##S, T, U, uint8_t, (uint8_t)(x == 0))                                             \
+    static tdd_iter_fn int_fn_##S(tdd_op op)                                                       \
+    {                                                                                              \
+        switch (op) {                                                                              \
+        case TDD_OP_ADD:                                                                           \
+            return add_##S;                                                                        \
+        case TDD_OP_SUB:                                                                           \
+            return sub_##S;                                                                        \
+        case TDD_OP_MUL:                                                                           \
+            return mul_##S;                                                                        \
+        case TDD_OP_MAXIMUM:                                                                       \
+            return max_##S;                                                                        \
+        case TDD_OP_MINIMUM:                                                                       \
+            return min_##S;                                                                        \
+        case TDD_OP_EQ:                                                                            \
+            return eq_##S;                                                                         \
+        case TDD_OP_NE:                                                                            \
+            return ne_##S;                                                                         \
+        case TDD_OP_LT:                                                                            \
+            return lt_##S;                                                                         \
+        case TDD_OP_LE:                                                                            \
+            return le_##S;                                                                         \
+        case TDD_OP_GT:                                                                            \
+            return gt_##S;                                                                         \
+        case TDD_OP_GE:                                                                            \
+            return ge_##S;                                                                         \
+        case TDD_OP_LOGICAL_AND:                                                                   \
+            return land_##S;                                                                       \
+        case TDD_OP_LOGICAL_OR:                                                                    \
+            return lor_##S;                                                                        \
+        case TDD_OP_LOGICAL_XOR:                                                                   \
+            return lxor_##S;                                                                       \
+        case TDD_OP_RELU_BACKWARD:                                                                 \
+            return relub_##S;                                                                      \
+        case TDD_OP_LOGICAL_NOT:                                                                   \
+            return lnot_##S;                                                                       \
+        default:                                                                                   \
+            return NULL;                                                                           \
+        }                                                                                          \
+    }
+
+/* Unary ops of signed integers (bool rejects them). */
+#define SINT_FNS(T, U, S, CVT)                                                                     \
+    IUN_FN(neg_##S, T, U, T, CVT((U)0 - (U)x))                                                     \
+    IUN_FN(abs_##S, T, U, T, x < 0 ? CVT((U)0 - (U)x) : x)                                         \
+    IUN_FN(sign_##S, T, U, T, (T)((x > 0) - (x < 0)))                                              \
+    IUN_FN(relu_##S, T, U, T, x < 0 ? (T)0 : x)                                                    \
+    IUN_FN(square_##S, T, U, T, CVT((U)x * (U)x))                                                  \
+    IUN_FN(clamp_##S, T, U, T, CVT((U)(uint64_t)((int64_t)x < lo ? lo : (int64_t)x > hi ? hi : x))) \
+    IUN_FN(ident_##S, T, U, T, x)                                                                  \
+    static tdd_iter_fn sint_fn_##S(tdd_op op)                                                      \
+    {                                                                                              \
+        switch (op) {                                                                              \
+        case TDD_OP_NEG:                                                                           \
+            return neg_##S;                                                                        \
+        case TDD_OP_ABS:                                                                           \
+            return abs_##S;                                                                        \
+        case TDD_OP_SIGN:                                                                          \
+            return sign_##S;                                                                       \
+        case TDD_OP_RELU:                                                                          \
+            return relu_##S;                                                                       \
+        case TDD_OP_SQUARE:                                                                        \
+            return square_##S;                                                                     \
+        case TDD_OP_CLAMP:                                                                         \
+            return clamp_##S;                                                                      \
+        case TDD_OP_FLOOR:                                                                         \
+        case TDD_OP_CEIL:                                                                          \
+        case TDD_OP_ROUND:                                                                         \
+            return ident_##S;                                                                      \
+        default:                                                                                   \
+            return int_fn_##S(op);                                                                 \
+        }                                                                                          \
+    }
+
+#define CVT_I32(v) ((int32_t)(v))
+#define CVT_I64(v) ((int64_t)(v))
+#define CVT_BOOL(v) ((uint8_t)((v) != 0))
+INT_FNS(int32_t, uint32_t, i32, CVT_I32)
+INT_FNS(int64_t, uint64_t, i64, CVT_I64)
+INT_FNS(uint8_t, uint64_t, b8, CVT_BOOL)
+SINT_FNS(int32_t, uint32_t, i32, CVT_I32)
+SINT_FNS(int64_t, uint64_t, i64, CVT_I64)
+
+/* where and masked_fill select elements without arithmetic, so one kernel per
+ * element size serves every dtype. */
 #define WHERE_FN(NAME, T)                                                                          \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
     {                                                                                              \
@@ -227,10 +399,12 @@ ELEM_FNS(double, f64)
                 y[i * st[0]] = m[i * st[1]] ? a[i * st[2]] : b[i * st[3]];                         \
         }                                                                                          \
     }
-WHERE_FN(where_f32, float)
-WHERE_FN(where_f64, double)
+WHERE_FN(where_u8, uint8_t)
+WHERE_FN(where_u16, uint16_t)
+WHERE_FN(where_u32, uint32_t)
+WHERE_FN(where_u64, uint64_t)
 
-/* masked_fill: y = mask ? value : x (operands y, x, mask). */
+/* masked_fill: y = mask ? value : x (operands y, x, mask); value is the fill's bits. */
 #define FILL_FN(NAME, T)                                                                           \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
     {                                                                                              \
@@ -238,54 +412,88 @@ WHERE_FN(where_f64, double)
         T *restrict y = (T *)(void *)c->y + off[0];                                                \
         const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
         const uint8_t *restrict m = (const uint8_t *)c->b + off[2];                                \
-        const T v = (T)c->s[0];                                                                    \
-        for (int64_t i = 0; i < n; i++)                                                            \
-            y[i * st[0]] = m[i * st[2]] ? v : a[i * st[1]];                                        \
+        T v;                                                                                       \
+        memcpy(&v, &c->pat, sizeof v);                                                             \
+        if (st[0] == 1 && st[1] == 1 && st[2] == 1) {                                              \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) y[i] = m[i] ? v : a[i];            \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                y[i * st[0]] = m[i * st[2]] ? v : a[i * st[1]];                                    \
+        }                                                                                          \
     }
-FILL_FN(mfill_f32, float)
-FILL_FN(mfill_f64, double)
+FILL_FN(mfill_u8, uint8_t)
+FILL_FN(mfill_u16, uint16_t)
+FILL_FN(mfill_u32, uint32_t)
+FILL_FN(mfill_u64, uint64_t)
+
+/* The kernel for c's op in compute dtype ct (NULL: none). */
+static tdd_iter_fn elem_fn(const tdd_opcall *c, td_dtype ct)
+{
+    size_t esz = td_dtype_size(c->out[0]->dtype);
+    if (c->op == TDD_OP_WHERE)
+        return esz == 1 ? where_u8 : esz == 2 ? where_u16 : esz == 4 ? where_u32 : where_u64;
+    if (c->op == TDD_OP_MASKED_FILL)
+        return esz == 1 ? mfill_u8 : esz == 2 ? mfill_u16 : esz == 4 ? mfill_u32 : mfill_u64;
+    switch (ct) {
+    case TD_F32:
+        return elem_fn_f32(c);
+    case TD_F64:
+        return elem_fn_f64(c);
+    case TD_I32:
+        return sint_fn_i32(c->op);
+    case TD_I64:
+        return sint_fn_i64(c->op);
+    case TD_BOOL:
+        return int_fn_b8(c->op);
+    default:
+        return NULL;
+    }
+}
 
 int cpu_elementwise(const tdd_opcall *c, int nt)
 {
     const tdd_opargs *g = c->args;
     tdd_tensor *y = c->out[0];
-    bool f64 = g->cdtype == TD_F64;
+    td_dtype ct = g->cdtype;
+    bool fl = tdd_dtype_is_float(ct);
     ew_ctx x = {.y = y->st->data, .g = g};
     const tdd_tensor *ops[4] = {y};
     int nops = 1 + c->n_in;
     tdd_iter it;
     tdd_tensor scalar; /* the scalar form's "other" as a 0-dim operand */
-    float sf;
-    double sd;
+    uint64_t spat = 0; /* its value in the compute dtype */
     for (int i = 0; i < c->n_in; i++)
         ops[1 + i] = c->in[i];
-    tdd_iter_fn fn = f64 ? elem_fn_f64(c) : elem_fn_f32(c);
-    if (c->op == TDD_OP_WHERE) {
-        fn = f64 ? where_f64 : where_f32;
-    } else if (c->op == TDD_OP_MASKED_FILL) {
-        fn = f64 ? mfill_f64 : mfill_f32;
-        x.s[0] = g->f[0];
+    tdd_iter_fn fn = elem_fn(c, ct);
+    x.n[0] = g->n[1]; /* alpha */
+    if (c->op == TDD_OP_MASKED_FILL) {
+        if (tdd_dtype_is_float(y->dtype))
+            tdd_store_f(&x.pat, y->dtype, 0, g->f[0]);
+        else
+            tdd_store_i(&x.pat, y->dtype, 0, g->n[0]);
     } else if (tdd_opdefs[c->op].kind == TDD_KIND_UNARY) {
         x.s[0] = g->f[0];
         x.s[1] = g->f[1];
         if (c->op == TDD_OP_CLAMP) {
             x.s[0] = (g->flags & 1u) ? g->f[0] : -INFINITY;
             x.s[1] = (g->flags & 2u) ? g->f[1] : INFINITY;
+            x.n[0] = (g->flags & 1u) ? g->n[0] : INT64_MIN;
+            x.n[1] = (g->flags & 2u) ? g->n[1] : INT64_MAX;
         }
     } else if (g->scalar_form) {
-        sf = (float)g->f[0];
-        sd = g->f[0];
+        if (fl)
+            tdd_store_f(&spat, ct, 0, g->f[0]);
+        else
+            tdd_store_i(&spat, ct, 0, g->n[0]);
         memset(&scalar, 0, sizeof scalar);
-        scalar.dtype = g->cdtype;
+        scalar.dtype = ct;
         ops[nops++] = &scalar;
     }
     if (!fn)
         return TD_EINTERNAL;
     tdd_iter_tensors(&it, y->shape, y->ndim, nops, ops);
     x.a = nops > 1 ? ops[1]->st ? ops[1]->st->data : NULL : NULL;
-    x.b = nops > 2 ? (ops[2] == &scalar ? (const char *)(f64 ? (void *)&sd : (void *)&sf)
-                                        : ops[2]->st->data)
-                   : NULL;
+    x.b = nops > 2 ? (ops[2] == &scalar ? (const char *)&spat : ops[2]->st->data) : NULL;
     x.c = nops > 3 ? ops[3]->st->data : NULL;
     cpu_par_iter(&it, fn, &x, nt);
     return 0;

@@ -82,6 +82,18 @@ const conf_case conf_cases[] = {
     {"reciprocal", {"p:3,4"}, "", FA, 1},
     {"square", {"x:3,4"}, "", NUM, 1},
     {"logical_not", {"x:3,4"}, "", ALL, 1},
+    /* integer and bool kernels at threaded sizes, broadcast and scalar forms */
+    {"add", {"x:300,200", "x:200"}, "alpha=3", "ilo", 1},
+    {"sub", {"x:300,200"}, "other=7;alpha=2", "il", 1},
+    {"mul", {"x:300,200", "x:300,1"}, "", "ilo", 1},
+    {"maximum", {"x:300,200"}, "other=1", "il", 1},
+    {"lt", {"x:300,200", "x:300,1"}, "", "ilo", 1},
+    {"logical_xor", {"x:300,200", "x:200"}, "", ALL, 1},
+    {"where", {"b:300,200", "x:300,200", "x:200"}, "", ALL, 1},
+    {"masked_fill", {"x:300,200", "b:200"}, "value=3", ALL, 1},
+    {"clamp", {"x:300,200"}, "min=-2;max=3", "il", 1},
+    {"abs", {"x:300,200"}, "", "il", 1},
+    {"logical_not", {"x:300,200"}, "", ALL, 1},
     /* reductions */
     {"sum", {"x:3,4,5"}, "", NUM, 1},
     {"sum", {"x:3,4,5"}, "dim=1", NUM, 1},
