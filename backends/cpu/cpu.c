@@ -223,16 +223,18 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_RECIPROCAL:
         return is_f(g->dtype) && c->in[0]->dtype == g->dtype;
     case TDD_OP_SUM:
-    case TDD_OP_MEAN:
     case TDD_OP_AMAX:
     case TDD_OP_AMIN:
     case TDD_OP_ARGMAX:
     case TDD_OP_ARGMIN:
+    case TDD_OP_PROD:
+    case TDD_OP_SUM_TO:
+        return true; /* every dtype the op accepts: float, integer or bool runs */
+    case TDD_OP_MEAN:
     case TDD_OP_VAR:
     case TDD_OP_STD:
     case TDD_OP_LOGSUMEXP:
-    case TDD_OP_PROD:
-    case TDD_OP_SUM_TO:
+        return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_CUMSUM:
     case TDD_OP_SOFTMAX:
     case TDD_OP_LOG_SOFTMAX:

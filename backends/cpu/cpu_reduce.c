@@ -1,5 +1,5 @@
-/* cpu_reduce.c -- threaded reductions over any set of dims (f32/f64 inputs,
- * double accumulation), and the line ops along one dim (cumsum, softmax,
+/* cpu_reduce.c -- threaded reductions over any set of dims (float inputs of
+ * every width accumulate in double, integer and bool inputs in wrapping int64), and the line ops along one dim (cumsum, softmax,
  * log_softmax). Outputs are split across threads; a reduction with fewer
  * outputs than threads splits each output's elements instead and combines. */
 #include <math.h>
@@ -7,18 +7,19 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "dtype.h"
 
 typedef enum { R_SUM, R_PROD, R_MAX, R_MIN, R_ARGMAX, R_ARGMIN, R_SQDEV, R_SUMEXP } rkind;
 
 /* Partial result of reducing some elements of one output. */
 typedef struct {
     double v;
-    int64_t arg; /* argmax/argmin: reduced-order index of v */
+    int64_t iv;  /* integer and bool inputs: exact (wrapping) sum, product or extreme */
+    int64_t arg; /* argmax/argmin: reduced-order index of v (iv) */
 } racc;
 
 typedef struct {
     const char *a;
-    bool f64;
     rkind kind;
     double center; /* R_SQDEV: the mean; R_SUMEXP: the max */
     racc acc;
@@ -36,7 +37,9 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
     }
 }
 
-#define RED_RUN(NAME, T)                                                                           \
+/* T is the storage type, LD converts one stored element to a float type and PT is
+ * the type of the vectorised partial sums (f32 for every 16-bit float). */
+#define RED_RUN(NAME, T, LD, PT)                                                                   \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
     {                                                                                              \
         rrun *r = vc;                                                                              \
@@ -49,14 +52,14 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
                 /* T lanes over short blocks vectorise; blocks add up in double */                 \
                 for (int64_t b0 = 0; b0 < n; b0 += 256) {                                          \
                     int64_t b1 = b0 + 256 < n ? b0 + 256 : n;                                      \
-                    T part = 0;                                                                    \
+                    PT part = 0;                                                                   \
                     _Pragma("omp simd reduction(+ : part)") for (int64_t i = b0; i < b1; i++)      \
-                        part += a[i];                                                              \
+                        part += LD(a[i]);                                                          \
                     acc += (double)part;                                                           \
                 }                                                                                  \
             } else {                                                                               \
                 for (int64_t i = 0; i < n; i++)                                                    \
-                    acc += a[i * s];                                                               \
+                    acc += LD(a[i * s]);                                                           \
             }                                                                                      \
             r->acc.v += acc;                                                                       \
             break;                                                                                 \
@@ -64,7 +67,7 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
             const double m = r->center;                                                            \
             _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i < n; i++)                 \
             {                                                                                      \
-                double d = (double)a[i * s] - m;                                                   \
+                double d = (double)LD(a[i * s]) - m;                                                   \
                 acc += d * d;                                                                      \
             }                                                                                      \
             r->acc.v += acc;                                                                       \
@@ -73,35 +76,105 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
         case R_SUMEXP: {                                                                           \
             const double m = r->center;                                                            \
             for (int64_t i = 0; i < n; i++)                                                        \
-                acc += exp((double)a[i * s] - m);                                                  \
+                acc += exp((double)LD(a[i * s]) - m);                                                  \
             r->acc.v += acc;                                                                       \
             break;                                                                                 \
         }                                                                                          \
         case R_PROD:                                                                               \
             for (int64_t i = 0; i < n; i++)                                                        \
-                r->acc.v *= (double)a[i * s];                                                      \
+                r->acc.v *= (double)LD(a[i * s]);                                                      \
             break;                                                                                 \
         case R_MAX:                                                                                \
         case R_ARGMAX:                                                                             \
             for (int64_t i = 0; i < n; i++)                                                        \
-                fold_ext(&r->acc, (double)a[i * s], r->pos + i, true);                             \
+                fold_ext(&r->acc, (double)LD(a[i * s]), r->pos + i, true);                             \
             break;                                                                                 \
         case R_MIN:                                                                                \
         case R_ARGMIN:                                                                             \
             for (int64_t i = 0; i < n; i++)                                                        \
-                fold_ext(&r->acc, (double)a[i * s], r->pos + i, false);                            \
+                fold_ext(&r->acc, (double)LD(a[i * s]), r->pos + i, false);                            \
             break;                                                                                 \
         }                                                                                          \
         r->pos += n;                                                                               \
     }
-RED_RUN(red_run_f32, float)
-RED_RUN(red_run_f64, double)
+#define LD_SAME(v) (v)
+RED_RUN(red_run_f32, float, LD_SAME, float)
+RED_RUN(red_run_f64, double, LD_SAME, double)
+RED_RUN(red_run_f16, uint16_t, tdd_f16_to_f32, float)
+RED_RUN(red_run_bf16, uint16_t, tdd_bf16_to_f32, float)
+
+/* Integer and bool inputs: sums and products wrap in uint64 as the reference's
+ * int64 math does; extremes keep the first occurrence. */
+#define RED_RUN_I(NAME, T)                                                                         \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        rrun *r = vc;                                                                              \
+        const T *a = (const T *)(const void *)r->a + off[0];                                       \
+        int64_t s = st[0];                                                                         \
+        uint64_t acc = (uint64_t)r->acc.iv;                                                        \
+        switch (r->kind) {                                                                         \
+        case R_SUM:                                                                                \
+            _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i < n; i++) acc +=          \
+                (uint64_t)(int64_t)a[i * s];                                                       \
+            r->acc.iv = (int64_t)acc;                                                              \
+            break;                                                                                 \
+        case R_PROD:                                                                               \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                acc *= (uint64_t)(int64_t)a[i * s];                                                \
+            r->acc.iv = (int64_t)acc;                                                              \
+            break;                                                                                 \
+        case R_MAX:                                                                                \
+        case R_ARGMAX:                                                                             \
+        case R_MIN:                                                                                \
+        case R_ARGMIN: {                                                                           \
+            const bool mx = r->kind == R_MAX || r->kind == R_ARGMAX;                               \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                int64_t v = (int64_t)a[i * s];                                                     \
+                if (r->acc.arg < 0 || (mx ? v > r->acc.iv : v < r->acc.iv)) {                      \
+                    r->acc.iv = v;                                                                 \
+                    r->acc.arg = r->pos + i;                                                       \
+                }                                                                                  \
+            }                                                                                      \
+            break;                                                                                 \
+        }                                                                                          \
+        case R_SQDEV:                                                                              \
+        case R_SUMEXP:                                                                             \
+            break; /* float-only reductions (tdd_cpu_native) */                                    \
+        }                                                                                          \
+        r->pos += n;                                                                               \
+    }
+RED_RUN_I(red_run_i32, int32_t)
+RED_RUN_I(red_run_i64, int64_t)
+RED_RUN_I(red_run_b8, uint8_t)
+
+static tdd_iter_fn red_fn(td_dtype dt)
+{
+    switch (dt) {
+    case TD_F32:
+        return red_run_f32;
+    case TD_F64:
+        return red_run_f64;
+    case TD_F16:
+        return red_run_f16;
+    case TD_BF16:
+        return red_run_bf16;
+    case TD_I32:
+        return red_run_i32;
+    case TD_I64:
+        return red_run_i64;
+    case TD_BOOL:
+    case TD_DTYPE_INVALID:
+    case TD_DTYPE_COUNT:
+        break;
+    }
+    return red_run_b8;
+}
 
 static racc acc_init(rkind k)
 {
-    racc a = {0, 0};
+    racc a = {0, 0, 0};
     if (k == R_PROD)
-        a.v = 1;
+        a.v = 1, a.iv = 1;
     else if (k == R_MAX || k == R_ARGMAX)
         a.v = -INFINITY, a.arg = -1;
     else if (k == R_MIN || k == R_ARGMIN)
@@ -109,21 +182,29 @@ static racc acc_init(rkind k)
     return a;
 }
 
-static void acc_combine(racc *into, racc b, rkind k)
+static void acc_combine(racc *into, racc b, rkind k, bool ints)
 {
     switch (k) {
     case R_SUM:
     case R_SQDEV:
     case R_SUMEXP:
         into->v += b.v;
+        into->iv = (int64_t)((uint64_t)into->iv + (uint64_t)b.iv);
         return;
     case R_PROD:
         into->v *= b.v;
+        into->iv = (int64_t)((uint64_t)into->iv * (uint64_t)b.iv);
         return;
     case R_MAX:
     case R_ARGMAX:
     case R_MIN:
     case R_ARGMIN: /* partials come in order, so ties keep the earlier index */
+        if (ints) {
+            bool mx = k == R_MAX || k == R_ARGMAX;
+            if (b.arg >= 0 && (into->arg < 0 || (mx ? b.iv > into->iv : b.iv < into->iv)))
+                *into = b;
+            return;
+        }
         if (b.arg >= 0 && (into->arg < 0 || into->v == into->v))
             if (into->arg < 0 || b.v != b.v || (k == R_MAX || k == R_ARGMAX ? b.v > into->v
                                                                              : b.v < into->v))
@@ -161,11 +242,10 @@ static void plan_init(rplan *p, const tdd_tensor *a, uint32_t mask)
 static racc reduce_part(const rplan *p, int64_t base, int64_t lo, int64_t hi, rkind k,
                         double center)
 {
-    rrun r = {.a = p->a->st->data, .f64 = p->a->dtype == TD_F64, .kind = k, .center = center,
-              .acc = acc_init(k), .pos = lo};
+    rrun r = {.a = p->a->st->data, .kind = k, .center = center, .acc = acc_init(k), .pos = lo};
     tdd_iter in = p->inner;
     in.base[0] = base;
-    tdd_iter_range(&in, lo, hi, r.f64 ? red_run_f64 : red_run_f32, &r);
+    tdd_iter_range(&in, lo, hi, red_fn(p->a->dtype), &r);
     return r.acc;
 }
 
@@ -206,7 +286,7 @@ static void reduce_pass(const rplan *p, const int64_t *bases, rkind k, const dou
         }
         racc acc = acc_init(k);
         for (int t = 0; t < T; t++)
-            acc_combine(&acc, part[t], k);
+            acc_combine(&acc, part[t], k, !tdd_dtype_is_float(p->a->dtype));
         res[o] = acc;
     }
 }
@@ -288,10 +368,10 @@ int cpu_reduce(const tdd_opcall *c, int nt)
             v = sqrt(v);
         if (c->op == TDD_OP_LOGSUMEXP)
             v = log(v) + center[o];
-        if (y->dtype == TD_F64)
-            ((double *)(void *)yd)[y->offset + o] = v;
+        if (!tdd_dtype_is_float(a->dtype))
+            tdd_store_i(yd, y->dtype, y->offset + o, res[o].iv);
         else
-            ((float *)(void *)yd)[y->offset + o] = (float)v;
+            tdd_store_f(yd, y->dtype, y->offset + o, v);
     }
     free(bases);
     free(res);
