@@ -545,9 +545,29 @@ static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         gin[0] = bin(b, TDD_OP_MUL, expand_back(b, g, xi, m, kd),
                      un(b, TDD_OP_EXP, bin(b, TDD_OP_SUB, x, expand_back(b, out, xi, m, kd))));
         break;
-    case TDD_OP_PROD:
-        gin[0] = bin(b, TDD_OP_DIV, expand_back(b, bin(b, TDD_OP_MUL, g, out), xi, m, kd), x);
+    case TDD_OP_PROD: {
+        /* g * out / x, except where x is 0: there the product of the others
+         * (nonzero only when that 0 is the slice's only one), as PyTorch. */
+        tdd_value *z = sc(b, TDD_OP_EQ, x, 0.0), *zf = maskf(b, z, xi->dtype);
+        tdd_value *in[2] = {x, z};
+        td_attr one = A_F("value", 1.0);
+        tdd_value *x1 = z ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &one, 1, 0, NULL) : NULL;
+        tdd_value *ge = expand_back(b, g, xi, m, kd);
+        tdd_value *a0 = bin(b, TDD_OP_DIV, bin(b, TDD_OP_MUL, ge, expand_back(b, out, xi, m, kd)),
+                            x1);
+        int64_t dims[TD_MAX_NDIM];
+        int nd = 0;
+        for (int d = 0; d < xi->ndim; d++)
+            if (m & (1u << d))
+                dims[nd++] = d;
+        td_attr pa[2] = {A_INTS("dim", dims, nd), A_B("keepdim", true)};
+        tdd_value *others = expand(b, op1a(b, TDD_OP_PROD, x1, pa, 2), xi->shape, xi->ndim);
+        tdd_value *single = maskf(b, sc(b, TDD_OP_EQ, sum_dims(b, zf, m, true), 1.0), xi->dtype);
+        tdd_value *b0 = bin(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, ge, others),
+                            bin(b, TDD_OP_MUL, zf, expand(b, single, xi->shape, xi->ndim)));
+        gin[0] = bin(b, TDD_OP_ADD, a0, b0);
         break;
+    }
     case TDD_OP_CUMSUM: { /* reversed cumulative sum: total - cumsum(g) + g */
         td_attr d = A_INT("dim", a->i[0]);
         tdd_value *cs = op1a(b, TDD_OP_CUMSUM, g, &d, 1);

@@ -67,6 +67,10 @@ CASES = [
      lambda s, a: s.op("amax", a, dim=1) + s.op("var", a, dim=1) + s.op("std", a, dim=1) +
      s.op("logsumexp", a, dim=1) + s.op("prod", a, dim=1),
      lambda a: a.amax(1) + a.var(1) + a.std(1) + a.logsumexp(1) + a.prod(1)),
+    ("prod-with-zeros", lambda: [np.array([[1.5, 0.0, 2.0, -1.0], [0.5, -2.0, 3.0, 1.0],
+                                           [0.0, 2.0, 0.0, 1.5]])],
+     lambda s, a: s.op("prod", a, dim=1) + s.op("prod", a, dim=0).sum() + s.op("prod", a),
+     lambda a: a.prod(1) + a.prod(0).sum() + a.prod()),
     ("softmax", lambda: [rnd(8, 3, 5)],
      lambda s, a: s.op("softmax", a, dim=1) * 3 + s.op("log_softmax", a, dim=0),
      lambda a: a.softmax(1) * 3 + a.log_softmax(0)),
