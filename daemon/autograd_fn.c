@@ -1037,17 +1037,28 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
         break;
     }
     case TDD_OP_PAD: {
+        /* Positive padding is cut off the gradient; negative padding (a crop)
+         * comes back as zeros. */
         tdd_value *r = g;
-        for (int d = 0; d < xi->ndim && r; d++) {
+        int nd = xi->ndim;
+        int64_t back[2 * TD_MAX_NDIM] = {0};
+        bool grow = false;
+        for (int d = 0; d < nd && r; d++) {
             int64_t before = a->ints[0][d];
-            if (before == 0 && n->out[0].shape[d] == xi->shape[d])
+            int64_t after = n->out[0].shape[d] - xi->shape[d] - before;
+            int64_t lo = before > 0 ? before : 0, hi = after > 0 ? after : 0;
+            back[2 * (nd - 1 - d)] = before < 0 ? -before : 0;
+            back[2 * (nd - 1 - d) + 1] = after < 0 ? -after : 0;
+            grow |= before < 0 || after < 0;
+            if (lo == 0 && hi == 0)
                 continue;
-            if (before < 0)
-                return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
-                                   "backward of pad with negative padding is not implemented");
-            td_attr s[3] = {A_INT("dim", d), A_INT("start", before),
-                            A_INT("stop", before + xi->shape[d])};
-            r = op1a(b, TDD_OP_SLICE, r, s, 3);
+            td_attr sl[3] = {A_INT("dim", d), A_INT("start", lo),
+                             A_INT("stop", n->out[0].shape[d] - hi)};
+            r = op1a(b, TDD_OP_SLICE, r, sl, 3);
+        }
+        if (grow) {
+            td_attr pa = A_INTS("pad", back, 2 * nd);
+            r = op1a(b, TDD_OP_PAD, r, &pa, 1);
         }
         gin[0] = r;
         break;

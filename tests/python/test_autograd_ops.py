@@ -96,6 +96,9 @@ CASES = [
      a.clone().flatten(1).sum(1).sum() +
      (a.unsqueeze(0).sum(dim=(0, 1, 3)).reshape(3, 1) * b.view(1, 24).squeeze(0).sum()).sum() +
      a.split([1, 3], dim=2)[1].tanh().sum() + b.cumsum(1).square().sum()),
+    ("pad-crop", lambda: [rnd(45, 3, 5)],
+     lambda s, a: s.op("pad", a, pad=[-1, 2, 1, -2]) * 1.5,
+     lambda a: torch.nn.functional.pad(a, [-1, 2, 1, -2]) * 1.5),
     ("losses", lambda: [rnd(16, 4, 5), rnd(17, 4, 5)],
      lambda s, x, y: s.op("mse_loss", x, y) +
      s.op("cross_entropy", x, s.tensor(np.array([1, 0, -100, 4]), device=x.device),
