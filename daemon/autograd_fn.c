@@ -703,7 +703,9 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
     int64_t span[2], rem[2];
     for (int k = 0; k < 2; k++) {
         span[k] = dl[k] * (K[k] - 1);
-        rem[k] = (H[k] + 2 * pd[k] - span[k] - 1) % st[k];
+        /* Rows past the last window (floor mode: 0 <= rem < stride), or,
+         * negative, how far a ceil_mode window reaches past the padding. */
+        rem[k] = H[k] + 2 * pd[k] - span[k] - 1 - (Ho[k] - 1) * st[k];
         if (span[k] < pd[k]) {
             tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
                         "backward with padding larger than the dilated kernel is not "
@@ -725,10 +727,10 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
             gz = op1a(b, TDD_OP_SLICE, gz, sl, 3);
         }
     }
-    if (rem[0] || rem[1]) {
+    if (rem[0] > 0 || rem[1] > 0) {
         /* Window starts past the last one: zeros, so the correlation below
          * spans the whole input. */
-        int64_t pad[4] = {0, rem[1], 0, rem[0]};
+        int64_t pad[4] = {0, rem[1] > 0 ? rem[1] : 0, 0, rem[0] > 0 ? rem[0] : 0};
         td_attr pa = A_INTS("pad", pad, 4);
         gz = op1a(b, TDD_OP_PAD, gz, &pa, 1);
     }
@@ -741,7 +743,13 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
     td_attr ca[4] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
                      A_INTS("stride", one, 2), A_INT("groups", G)};
     tdd_value *in[2] = {gz, wf};
-    return gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 4, 0, NULL) : NULL;
+    tdd_value *gx = gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 4, 0, NULL) : NULL;
+    for (int k = 0; k < 2; k++)
+        if (rem[k] < 0) { /* the overhanging window's part beyond the input */
+            td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0), A_INT("stop", H[k])};
+            gx = op1a(b, TDD_OP_SLICE, gx, sl, 3);
+        }
+    return gx;
 }
 
 /* conv2d: the input's gradient is the full correlation of the
@@ -867,28 +875,29 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         int nd = xi->ndim;
         int64_t H[2] = {xi->shape[nd - 2], xi->shape[nd - 1]};
         int64_t Ho[2] = {n->out[0].shape[nd - 2], n->out[0].shape[nd - 1]}, one[2] = {1, 1};
-        for (int k = 0; k < 2; k++)
-            if (Ho[k] != (H[k] + 2 * pd[k] - ks[k]) / st[k] + 1)
-                return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
-                                   "backward of avg_pool2d with a ceil_mode window is not "
-                                   "implemented");
         int64_t B = tdd_shape_numel(xi->shape, nd, INT64_MAX) / (H[0] * H[1]);
         int64_t gs[4] = {B, 1, Ho[0], Ho[1]}, kshape[4] = {1, 1, ks[0], ks[1]};
         td_attr fa[2] = {A_INTS("shape", kshape, 4), A_F("value", 1.0)};
         tdd_value *k1 = tdd_bw_op(b, TDD_OP_FULL, NULL, 0, fa, 2, xi->dtype, xi->dev);
-        tdd_value *g2 = reshape(b, g, gs, 4);
-        if (a->i[2]) {
-            g2 = sc(b, TDD_OP_DIV, g2, (double)(ks[0] * ks[1]));
-        } else {
-            int64_t xs[4] = {1, 1, H[0], H[1]};
-            td_attr xa[2] = {A_INTS("shape", xs, 4), A_F("value", 1.0)};
-            tdd_value *in[2] = {tdd_bw_op(b, TDD_OP_FULL, NULL, 0, xa, 2, xi->dtype, xi->dev),
-                                k1};
-            td_attr ca[2] = {A_INTS("stride", st, 2), A_INTS("padding", pd, 2)};
-            tdd_value *cnt = in[0] && k1 ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 2, 0, NULL)
-                                         : NULL; /* real elements per window */
-            g2 = bin(b, TDD_OP_DIV, g2, cnt);
+        /* The divisors, per output row and column, as PyTorch's kernel
+         * computes them: the window clipped to the padded input (or, without
+         * count_include_pad, to the input). */
+        tdd_value *div[2];
+        for (int k = 0; k < 2; k++) {
+            td_attr r[2] = {A_INT("start", 0), A_INT("end", Ho[k])};
+            tdd_value *s0 = sc(b, TDD_OP_SUB,
+                               sc(b, TDD_OP_MUL,
+                                  tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 2, TD_I64, xi->dev),
+                                  (double)st[k]),
+                               (double)pd[k]); /* window starts, padded coordinates */
+            double lim = a->i[2] ? (double)(H[k] + pd[k]) : (double)H[k];
+            td_attr hi = A_F("max", lim), lo = A_F("min", a->i[2] ? -(double)pd[k] : 0.0);
+            tdd_value *end = op1a(b, TDD_OP_CLAMP, sc(b, TDD_OP_ADD, s0, (double)ks[k]), &hi, 1);
+            div[k] = cast(b, bin(b, TDD_OP_SUB, end, op1a(b, TDD_OP_CLAMP, s0, &lo, 1)),
+                          xi->dtype);
         }
+        tdd_value *dv = bin(b, TDD_OP_MUL, unsqueeze(b, div[0], -1), div[1]); /* [Ho, Wo] */
+        tdd_value *g2 = bin(b, TDD_OP_DIV, reshape(b, g, gs, 4), dv);
         gin[0] = reshape(b, conv_input_grad(b, g2, k1, kshape, 1, B, H, Ho, st, pd, one),
                          xi->shape, nd);
         return b->rc;

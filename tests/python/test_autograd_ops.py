@@ -130,6 +130,18 @@ CASES = [
      s.op("avg_pool2d", x, kernel_size=[3, 2], stride=2, padding=1, count_include_pad=False),
      lambda x: torch.nn.functional.avg_pool2d(x, (3, 2), (2, 2), (1, 1)) +
      torch.nn.functional.avg_pool2d(x, (3, 2), 2, 1, count_include_pad=False)),
+    ("avg_pool2d-ceil", lambda: [rnd(46, 2, 2, 7, 8)],
+     lambda s, x: s.op("avg_pool2d", x, kernel_size=3, stride=2, padding=1, ceil_mode=True) +
+     s.op("avg_pool2d", x, kernel_size=3, stride=2, padding=1, ceil_mode=True,
+          count_include_pad=False),
+     lambda x: torch.nn.functional.avg_pool2d(x, 3, 2, 1, ceil_mode=True) +
+     torch.nn.functional.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)),
+    ("avg_pool2d-ceil-nopad", lambda: [rnd(47, 1, 2, 6, 5)],
+     lambda s, x: s.op("avg_pool2d", x, kernel_size=[2, 3], stride=[3, 2], ceil_mode=True),
+     lambda x: torch.nn.functional.avg_pool2d(x, (2, 3), (3, 2), ceil_mode=True)),
+    ("max_pool2d-ceil", lambda: [rnd(48, 1, 2, 7, 6)],
+     lambda s, x: s.op("max_pool2d", x, kernel_size=2, stride=2, ceil_mode=True),
+     lambda x: torch.nn.functional.max_pool2d(x, 2, 2, ceil_mode=True)),
     ("max_pool2d", lambda: [rnd(21, 2, 3, 6, 5)],
      lambda s, x: s.op("max_pool2d", x, kernel_size=[3, 2], stride=[2, 1], padding=[1, 1]),
      lambda x: torch.nn.functional.max_pool2d(x, (3, 2), (2, 1), (1, 1))),
