@@ -1,7 +1,7 @@
-/* cpu.c -- the fast CPU backend: OpenBLAS GEMM, OpenMP-threaded vectorisable
- * loops for f32/f64. Calls it has no fast kernel for (other dtypes, the less
- * common ops) run on the reference kernels, single-threaded; tdd_cpu_native
- * says which, and docs/ops.md shows it. */
+/* cpu.c -- the fast CPU backend: OpenBLAS GEMM (matmul, conv2d), OpenMP-threaded
+ * vectorisable loops for float, integer and bool dtypes, f16/bf16 through f32.
+ * Calls it has no fast kernel for run on the reference kernels, single-threaded;
+ * tdd_cpu_native says which, and docs/ops.md shows it. */
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -132,6 +132,115 @@ void cpu_store_contig(tdd_tensor *t, int64_t lo, int64_t n, const double *src)
     cpu_store_strided(t->st->data, t->dtype, t->offset + lo, 1, n, src);
 }
 
+/* ---------------------------------------------------------------- f16/bf16 via f32 */
+
+typedef struct {
+    float *f;
+    void *h;
+    td_dtype dt;
+} half_ctx;
+
+static void half_to_f32_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const half_ctx *x = vc;
+    const uint16_t *h = (const uint16_t *)x->h + off[1];
+    float *f = x->f + off[0];
+    if (x->dt == TD_F16)
+        for (int64_t i = 0; i < n; i++)
+            f[i * st[0]] = tdd_f16_to_f32(h[i * st[1]]);
+    else
+        for (int64_t i = 0; i < n; i++)
+            f[i * st[0]] = tdd_bf16_to_f32(h[i * st[1]]);
+}
+
+static void f32_to_half_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const half_ctx *x = vc;
+    uint16_t *h = (uint16_t *)x->h + off[0];
+    const float *f = x->f + off[1];
+    if (x->dt == TD_F16)
+        for (int64_t i = 0; i < n; i++)
+            h[i * st[0]] = tdd_f32_to_f16(f[i * st[1]]);
+    else
+        for (int64_t i = 0; i < n; i++)
+            h[i * st[0]] = tdd_f32_to_bf16(f[i * st[1]]);
+}
+
+static bool is_half(td_dtype dt)
+{
+    return dt == TD_F16 || dt == TD_BF16;
+}
+
+/* Runs an f32 kernel on a call with f16/bf16 operands: every 16-bit float input is
+ * converted into a contiguous f32 copy, outputs are computed in f32 and rounded
+ * back once (the reference computes in double and rounds once too). */
+int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int))
+{
+    tdd_opcall fc = *c;
+    tdd_opargs fa = *c->args;
+    tdd_tensor tin[TDD_MAX_OP_INPUTS], tout[TDD_MAX_OP_OUTPUTS];
+    tdd_storage sin[TDD_MAX_OP_INPUTS], sout[TDD_MAX_OP_OUTPUTS];
+    float *bufs[TDD_MAX_OP_INPUTS + TDD_MAX_OP_OUTPUTS] = {0};
+    int nb = 0, rc = 0;
+    fc.args = &fa;
+    if (is_half(fa.dtype))
+        fa.dtype = TD_F32;
+    if (is_half(fa.cdtype))
+        fa.cdtype = TD_F32;
+    for (int k = 0; k < c->n_in + c->n_out && !rc; k++) {
+        bool out = k >= c->n_in;
+        const tdd_tensor *t = out ? c->out[k - c->n_in] : c->in[k];
+        if (!is_half(t->dtype))
+            continue;
+        tdd_tensor *f = out ? &tout[k - c->n_in] : &tin[k];
+        tdd_storage *st = out ? &sout[k - c->n_in] : &sin[k];
+        *f = *t;
+        f->dtype = TD_F32;
+        f->offset = 0;
+        tdd_set_contiguous(f);
+        int64_t n = tdd_numel(t);
+        memset(st, 0, sizeof *st);
+        st->data = bufs[nb++] = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+        st->nbytes = (size_t)n * sizeof(float);
+        f->st = st;
+        if (!st->data) {
+            rc = TD_ERESOURCE_EXHAUSTED;
+            break;
+        }
+        if (out) {
+            fc.out[k - c->n_in] = f;
+            continue;
+        }
+        half_ctx x = {st->data, t->st->data, t->dtype};
+        const tdd_tensor *ops[2] = {f, t};
+        tdd_iter it;
+        tdd_iter_tensors(&it, t->shape, t->ndim, 2, ops);
+        cpu_par_iter(&it, half_to_f32_run, &x, nt);
+        fc.in[k] = f;
+    }
+    if (!rc)
+        rc = run(&fc, nt);
+    for (int k = 0; k < c->n_out && !rc; k++) {
+        tdd_tensor *t = c->out[k];
+        if (!is_half(t->dtype))
+            continue;
+        half_ctx x = {tout[k].st->data, t->st->data, t->dtype};
+        const tdd_tensor *ops[2] = {t, &tout[k]};
+        tdd_iter it;
+        tdd_iter_tensors(&it, t->shape, t->ndim, 2, ops);
+        cpu_par_iter(&it, f32_to_half_run, &x, nt);
+    }
+    for (int k = 0; k < nb; k++)
+        free(bufs[k]);
+    return rc;
+}
+
+static int matmul_nt(const tdd_opcall *c, int nt)
+{
+    (void)nt; /* OpenBLAS runs its own threads */
+    return cpu_matmul(c);
+}
+
 static bool is_f(td_dtype dt)
 {
     return dt == TD_F32 || dt == TD_F64;
@@ -241,8 +350,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
         return is_f(c->in[0]->dtype);
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
-    case TDD_OP_LINEAR:
-        return is_f(c->in[0]->dtype);
+    case TDD_OP_LINEAR: /* f16/bf16 convert to f32 for sgemm */
+        return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_TRANSPOSE:
     case TDD_OP_PERMUTE:
     case TDD_OP_RESHAPE:
@@ -278,8 +387,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
         return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return is_f(c->in[0]->dtype);
+    case TDD_OP_AVG_POOL2D: /* f16/bf16 through f32 copies */
+        return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_CAT:
     case TDD_OP_STACK:
     case TDD_OP_ONE_HOT:
@@ -425,7 +534,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
     case TDD_OP_LINEAR:
-        return cpu_matmul(c);
+        return is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, matmul_nt) : cpu_matmul(c);
     case TDD_OP_TRANSPOSE:
     case TDD_OP_PERMUTE:
     case TDD_OP_RESHAPE:
@@ -459,7 +568,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
-        return cpu_nn(c, nt);
+        return is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
     case TDD_OP_CAT:
     case TDD_OP_STACK:
     case TDD_OP_ONE_HOT:

@@ -35,6 +35,8 @@ int cpu_create(const tdd_opcall *c, int nt);      /* cpu_elem.c */
 int cpu_reduce(const tdd_opcall *c, int nt);      /* cpu_reduce.c */
 int cpu_lines(const tdd_opcall *c, int nt);       /* cpu_reduce.c: cumsum, softmax */
 int cpu_matmul(const tdd_opcall *c);              /* cpu_blas.c */
-int cpu_nn(const tdd_opcall *c, int nt);          /* cpu_nn.c: conv, pools, norms, losses, index */
+int cpu_nn(const tdd_opcall *c, int nt);
+/* Runs an f32 kernel on a call whose float operands are f16/bf16 (cpu.c). */
+int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));          /* cpu_nn.c: conv, pools, norms, losses, index */
 
 #endif
