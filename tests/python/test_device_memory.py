@@ -73,8 +73,6 @@ def test_mismatch_with_device_memory_is_typed(sim):
     assert np.array_equal((x + x).numpy(), np.full(3, 2, np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="daemon: optimizer updates run only on host-memory "
-                   "backends (cpu, ref) so far; device kernels for them are still to come")
 def test_training_step_on_device_memory(sim):
     w = sim.tensor(np.ones((3, 1), np.float32), device="sim:0", requires_grad=True)
     x = sim.tensor(np.eye(3, dtype=np.float32), device="sim:0")

@@ -108,7 +108,6 @@ def case(*args, **kw):
     CASES.append(Case(*args, **kw))
 
 
-NO_FORMULA = "daemon: no backward formula for {} (Backward answers UNSUPPORTED_OP)"
 
 # -- binary, with broadcasting (3,1,4) x (2,4) -> (3,2,4)
 B1, B2 = (3, 1, 4), (2, 4)
@@ -131,9 +130,9 @@ case("maximum-ties", [GC([1.0, 2.0, 3.0, -1.0]), GC([1.0, 0.0, 3.0, 2.0])],
 case("minimum-ties", [GC([1.0, 2.0, 3.0, -1.0]), GC([1.0, 0.0, 3.0, 2.0])],
      lambda s, a, b: a.minimum(b), lambda a, b: torch.minimum(a, b))
 case("remainder", [G(3, 4, lo=-5, hi=5), GNZ(4)], lambda s, a, b: s.op("remainder", a, b),
-     torch.remainder, xfail=NO_FORMULA.format("remainder"))
+     torch.remainder)
 case("remainder-scalar", [G(3, 4, lo=-5, hi=5)], lambda s, a: s.op("remainder", a, other=1.5),
-     lambda a: torch.remainder(a, 1.5), xfail=NO_FORMULA.format("remainder"))
+     lambda a: torch.remainder(a, 1.5))
 # scalar forms
 for _n, _o, _tf in [("add", 2.5, torch.add), ("sub", 0.5, torch.sub), ("mul", -1.5, torch.mul),
                     ("div", 4.0, torch.div), ("pow", 3.0, torch.pow), ("pow", 0.5, torch.pow),
@@ -215,10 +214,8 @@ case("prod-all", [G(2, 3, lo=0.5, hi=1.5)], lambda s, x: x.prod(), lambda x: x.p
 case("prod-dim", [G(*X3, lo=0.5, hi=1.5)], lambda s, x: x.prod(1), lambda x: x.prod(1))
 case("prod-keepdim-neg", [G(*X3, lo=0.5, hi=1.5)], lambda s, x: x.prod(-1, keepdim=True),
      lambda x: x.prod(-1, keepdim=True))
-PROD_ZERO_BUG = ("daemon bug: prod backward is g*out/x, which is 0/0 = NaN where an input "
-                 "is 0 (PyTorch gives the product of the other elements)")
 case("prod-with-zero", [GC([[1.5, 0.0, 2.0], [0.5, -2.0, 3.0]])], lambda s, x: x.prod(1),
-     lambda x: x.prod(1), xfail=PROD_ZERO_BUG)
+     lambda x: x.prod(1))
 for _d in (0, 1, -1):
     case(f"cumsum-dim{_d}", [G(*X3)], lambda s, x, _d=_d: x.cumsum(_d),
          lambda x, _d=_d: x.cumsum(_d), k=5)
@@ -292,9 +289,7 @@ VIEWS = [
     ("dropout-p0", lambda s, x: s.op("dropout", x, p=0.0), lambda x: FN.dropout(x, 0.0)),
 ]
 for _id, _fn, _tf in VIEWS:
-    case(_id, [G(*V)], _fn, _tf,
-         xfail=("daemon: backward of pad with negative padding is not implemented "
-                "(UNSUPPORTED_OP)") if _id == "pad-negative" else None)
+    case(_id, [G(*V)], _fn, _tf)
 case("cat", [G(2, 3), G(4, 3), G(1, 3)], lambda s, a, b, c: s.cat([a, b, c]),
      lambda a, b, c: torch.cat([a, b, c]))
 case("cat-dim-1-same-leaf", [G(2, 3), G(2, 1)], lambda s, a, b: s.cat([a, b, a], -1),
@@ -380,7 +375,7 @@ for _id, _at in [("k2", {"kernel_size": 2}),
     if "dilation" not in _at:
         case(f"avg_pool2d-{_id}", [G(2, 3, 7, 6)],
              lambda s, x, _a=_at: s.op("avg_pool2d", x, **_a),
-             lambda x, _a=_at: FN.avg_pool2d(x, **_a), xfail=NO_FORMULA.format("avg_pool2d"))
+             lambda x, _a=_at: FN.avg_pool2d(x, **_a))
 case("max_pool2d-3d-input", [G(3, 5, 6)], lambda s, x: s.op("max_pool2d", x, kernel_size=2),
      lambda x: FN.max_pool2d(x, 2))
 for _id, _xs, _ws, _at in [("basic", (2, 3, 6, 5), (4, 3, 3, 3), {}),
@@ -388,8 +383,7 @@ for _id, _xs, _ws, _at in [("basic", (2, 3, 6, 5), (4, 3, 3, 3), {}),
                             {"stride": 2, "padding": 1, "dilation": [2, 1], "groups": 2})]:
     case(f"conv2d-{_id}", [G(*_xs), G(*_ws), G(_ws[0])],
          lambda s, x, w, b, _a=_at: s.op("conv2d", x, w, b, **_a),
-         lambda x, w, b, _a=_at: FN.conv2d(x, w, b, **_a), k=18,
-         xfail=NO_FORMULA.format("conv2d"))
+         lambda x, w, b, _a=_at: FN.conv2d(x, w, b, **_a), k=18)
 
 # -- non-contiguous leaves' views as inputs, broadcasting, reuse (accumulation)
 case("nc-matmul-transposed", [G(4, 3), G(4, 5)], lambda s, a, b: a.t() @ b,
@@ -493,21 +487,6 @@ def test_grad_matches_torch(ad, c, device, dtype):
         assert tuple(g.shape) == tuple(tt.shape), f"{what}: grad {n} shape {g.shape}"
         np.testing.assert_allclose(g.numpy(), tt.grad.numpy(), rtol=rtol, atol=atol,
                                    err_msg=f"{what}: gradient of input {n}")
-
-
-def test_missing_formulas_answer_unsupported_op(ad):
-    """The xfail cases above are xfail because of this: Backward through
-    conv2d, avg_pool2d or remainder is refused, typed, naming the op (and
-    the session keeps working)."""
-    x = ad.tensor(np.ones((1, 1, 4, 4), np.float32), requires_grad=True)
-    w = ad.tensor(np.ones((1, 1, 2, 2), np.float32), requires_grad=True)
-    for name, out in [("conv2d", ad.op("conv2d", x, w)),
-                      ("avg_pool2d", ad.op("avg_pool2d", x, kernel_size=2)),
-                      ("remainder", ad.op("remainder", x, other=1.5))]:
-        with pytest.raises(tensordd.UnsupportedOpError) as info:
-            out.sum().backward()
-        assert name in str(info.value)
-    np.testing.assert_array_equal(ad.op("conv2d", x, w).numpy(), np.full((1, 1, 3, 3), 4.0))
 
 
 def test_grad_accumulates_across_devices_and_views(ad):
