@@ -218,41 +218,6 @@ void tdd_autograd_session_free(tdd_session *s)
     s->autograd = NULL;
 }
 
-static bool always_answered(const Tensordd__V1__Request *req)
-{
-    return req->body_case != TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE &&
-           req->body_case != TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE &&
-           req->body_case != TENSORDD__V1__REQUEST__BODY_OP;
-}
-
-int tdd_ag_answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err,
-                        bool always)
-{
-    err->request_id = req->id;
-    tdd_count_error(err->code);
-    if (req->want_reply || always)
-        tdd_conn_send_error(c, req->id, err);
-    else
-        tdd_session_fail(c->s, err);
-    return TDD_DISPATCH_DONE;
-}
-
-static int answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err)
-{
-    return tdd_ag_answer_error(c, req, err, always_answered(req));
-}
-
-/* Synchronising requests first report the session's pending error. */
-static int report_pending(tdd_conn *c, const Tensordd__V1__Request *req)
-{
-    tdd_session *s = c->s;
-    if (!s->has_err)
-        return 0;
-    s->has_err = false;
-    tdd_conn_send_error(c, req->id, &s->err);
-    return 1;
-}
-
 static int get_tensor(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
 {
     return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
@@ -277,7 +242,7 @@ int tdd_autograd_detach(tdd_conn *c, Tensordd__V1__Request *req)
     if (!rc && !(a = tdd_value_alias(v)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc)
-        return tdd_ag_answer_error(c, req, &err, false);
+        return tdd_answer_error(c, req, &err);
     /* Shares the data (as PyTorch's detach): later in-place optimizer updates
      * of v are visible through it. */
     tdd_handle_add(s, op->outputs[0], TD_HANDLE_TENSOR, a);
@@ -639,7 +604,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
     tdd_session *s = c->s;
     if (s->inflight)
         return TDD_DISPATCH_BLOCK;
-    if (report_pending(c, req))
+    if (tdd_report_pending(c, req->id))
         return TDD_DISPATCH_DONE;
     Tensordd__V1__Backward *bw = req->backward;
     td_error err;
@@ -672,7 +637,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         free(order.v);
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
 
     tdd_bw b = {.s = s, .req_id = req->id};
@@ -701,7 +666,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
     if (b.rc) {
         free(order.v);
         grads_free(grads);
-        return answer_error(c, req, &b.err);
+        return tdd_answer_error(c, req, &b.err);
     }
     if (!bw->retain_graph)
         for (size_t i = 0; i < order.n; i++) {
@@ -718,24 +683,6 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
 
 /* ---------------------------------------------------------------- Grad, GradRemove, GradReplace */
 
-static void send_tensor_info(tdd_conn *c, uint64_t req_id, const tdd_value *v)
-{
-    Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
-    Tensordd__V1__Device d;
-    char b[16];
-    tdd_wire_device(&d, b, sizeof b, v->dev);
-    ti.handle = v->handle;
-    ti.dtype = (Tensordd__V1__DType)v->t.dtype;
-    ti.n_shape = (size_t)v->t.ndim;
-    ti.shape = (int64_t *)(uintptr_t)v->t.shape;
-    ti.device = &d;
-    ti.requires_grad = v->requires_grad;
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req_id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-    r.tensor = &ti;
-    tdd_conn_send(c, &r, NULL, 0, NULL);
-}
 
 static int tracked(tdd_value *t, uint64_t id, td_error *err)
 {
@@ -751,7 +698,7 @@ static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
     tdd_session *s = c->s;
     if (s->inflight)
         return TDD_DISPATCH_BLOCK;
-    if (report_pending(c, req))
+    if (tdd_report_pending(c, req->id))
         return TDD_DISPATCH_DONE;
     Tensordd__V1__Grad *g = remove ? req->grad_remove : req->grad;
     td_error err;
@@ -774,7 +721,7 @@ static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
     if (!rc && !(out = tdd_value_alias(e->grad)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc)
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     tdd_handle_add(s, g->output, TD_HANDLE_TENSOR, out);
     if (remove) {
         HASH_DEL(grads->map, e);
@@ -782,7 +729,7 @@ static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
         tdd_value_unref(e->grad);
         free(e);
     }
-    send_tensor_info(c, req->id, out);
+    tdd_send_tensor(c, req->id, out, NULL, 0, NULL);
     return TDD_DISPATCH_DONE;
 }
 
@@ -791,7 +738,7 @@ static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
     tdd_session *s = c->s;
     if (s->inflight)
         return TDD_DISPATCH_BLOCK;
-    if (report_pending(c, req))
+    if (tdd_report_pending(c, req->id))
         return TDD_DISPATCH_DONE;
     Tensordd__V1__GradReplace *gr = req->grad_replace;
     td_error err;
@@ -829,7 +776,7 @@ static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
     if (!rc && grads_set(grads, t, g))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc)
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     tdd_conn_send_ok(c, req->id);
     return TDD_DISPATCH_DONE;
 }
@@ -867,5 +814,5 @@ int tdd_autograd_dispatch(tdd_conn *c, Tensordd__V1__Request *req)
     }
     td_error err;
     tdd_err_set(&err, TD_EPROTOCOL_ERROR, "not an autodiff request");
-    return answer_error(c, req, &err);
+    return tdd_answer_error(c, req, &err);
 }

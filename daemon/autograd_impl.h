@@ -118,8 +118,4 @@ typedef struct {
 
 tdd_ag_session *tdd_ag_state(tdd_session *s);
 
-/* Replies to a request: errors go where dispatch.c's answer_error sends them. */
-int tdd_ag_answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err,
-                        bool always);
-
 #endif

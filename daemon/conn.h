@@ -67,6 +67,14 @@ void tdd_conn_kick(tdd_conn *c);
 
 /* dispatch.c */
 int tdd_dispatch(tdd_conn *c, Tensordd__V1__Request *req, uint64_t payload_len);
+/* The one place a failed request's error goes: to the client now (synchronising
+ * requests, want_reply) or into the session's pending error. TDD_DISPATCH_DONE. */
+int tdd_answer_error(tdd_conn *c, const Tensordd__V1__Request *req, td_error *err);
+/* Reports and clears the session's first pending error; 1 if there was one. */
+int tdd_report_pending(tdd_conn *c, uint64_t req_id);
+/* Replies with v's TensorInfo (and a payload for downloads). */
+void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
+                     uint64_t plen, tdd_storage *hold);
 void tdd_dispatch_init(void);
 
 /* wire.c: td_error -> protobuf Error, in one place. The buffer owns every

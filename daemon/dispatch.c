@@ -41,7 +41,7 @@ static bool always_answered(const Request *req)
 
 /* The one place a failed request's error goes: to the client now, or into
  * the session's pending error for the next synchronising request. */
-static int answer_error(tdd_conn *c, const Request *req, td_error *err)
+int tdd_answer_error(tdd_conn *c, const Request *req, td_error *err)
 {
     err->request_id = req->id;
     tdd_count_error(err->code);
@@ -59,13 +59,13 @@ static void answer_ok(tdd_conn *c, const Request *req)
 }
 
 /* Reports and clears the session's first pending error; 1 if there was one. */
-static int report_pending(tdd_conn *c, const Request *req)
+int tdd_report_pending(tdd_conn *c, uint64_t req_id)
 {
     tdd_session *s = c->s;
     if (!s->has_err)
         return 0;
     s->has_err = false;
-    tdd_conn_send_error(c, req->id, &s->err);
+    tdd_conn_send_error(c, req_id, &s->err);
     return 1;
 }
 
@@ -98,17 +98,24 @@ static void bind_poisoned(tdd_session *s, uint64_t id, int code, uint64_t req_id
     tdd_handle_add(s, id, TD_HANDLE_TENSOR, v);
 }
 
-static void fill_tensor_info(Tensordd__V1__TensorInfo *ti, Tensordd__V1__Device *d, char *b,
-                             size_t blen, const tdd_value *v)
+void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
+                     uint64_t plen, tdd_storage *hold)
 {
-    tensordd__v1__tensor_info__init(ti);
-    tdd_wire_device(d, b, blen, v->dev);
-    ti->handle = v->handle;
-    ti->dtype = (Tensordd__V1__DType)v->t.dtype;
-    ti->n_shape = (size_t)v->t.ndim;
-    ti->shape = (int64_t *)(uintptr_t)v->t.shape;
-    ti->device = d;
-    ti->requires_grad = v->requires_grad;
+    Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
+    Tensordd__V1__Device d;
+    char b[16];
+    tdd_wire_device(&d, b, sizeof b, v->dev);
+    ti.handle = v->handle;
+    ti.dtype = (Tensordd__V1__DType)v->t.dtype;
+    ti.n_shape = (size_t)v->t.ndim;
+    ti.shape = (int64_t *)(uintptr_t)v->t.shape;
+    ti.device = &d;
+    ti.requires_grad = v->requires_grad;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = req_id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+    r.tensor = &ti;
+    tdd_conn_send(c, &r, payload, plen, hold);
 }
 
 /* ---------------------------------------------------------------- hello */
@@ -119,7 +126,7 @@ static int h_hello(tdd_conn *c, Request *req)
     td_error err;
     if (c->hello_done) {
         tdd_err_set(&err, TD_EPROTOCOL_ERROR, "Hello sent twice");
-        answer_error(c, req, &err);
+        tdd_answer_error(c, req, &err);
         return TDD_DISPATCH_CLOSE;
     }
     if (h->min_version > TD_PROTOCOL_VERSION || h->max_version < TD_PROTOCOL_VERSION) {
@@ -129,7 +136,7 @@ static int h_hello(tdd_conn *c, Request *req)
         err.detail_kind = TD_DETAIL_VERSION;
         err.detail.version.server_min = TD_PROTOCOL_VERSION;
         err.detail.version.server_max = TD_PROTOCOL_VERSION;
-        answer_error(c, req, &err);
+        tdd_answer_error(c, req, &err);
         return TDD_DISPATCH_CLOSE;
     }
     c->hello_done = true;
@@ -161,7 +168,7 @@ static int h_list_devices(tdd_conn *c, Request *req)
         free(infos), free(ptrs), free(devs), free(names);
         td_error err;
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
     for (int i = 0; i < n; i++) {
         tdd_device *d = tdd_device_get(i);
@@ -336,16 +343,7 @@ static void staged_download_done(void *arg, int rc)
             tdd_count_error(rc);
             tdd_conn_send_error(c, st->req_id, &err);
         } else {
-            Tensordd__V1__TensorInfo ti;
-            Tensordd__V1__Device d;
-            char b[16];
-            fill_tensor_info(&ti, &d, b, sizeof b, st->v);
-            ti.handle = st->v->handle;
-            Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-            r.id = st->req_id;
-            r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-            r.tensor = &ti;
-            tdd_conn_send(c, &r, st->host->data, st->host->nbytes, st->host);
+            tdd_send_tensor(c, st->req_id, st->v, st->host->data, st->host->nbytes, st->host);
         }
         tdd_conn_resume(c);
     }
@@ -363,21 +361,21 @@ static int staged_download(tdd_conn *c, Request *req, tdd_value *v, uint64_t nby
         int n_out = 1;
         if (tdd_submit_op(s, req->id, false, TDD_OP_CONTIGUOUS, &oreq, &v, 1, NULL, &dense,
                           &n_out, NULL, &err))
-            return answer_error(c, req, &err);
+            return tdd_answer_error(c, req, &err);
         src = dense;
     }
     staged *st = staged_new(s, src, (size_t)nbytes, req->id, &err);
     if (dense)
         tdd_value_unref(dense);
     if (!st)
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     st->v->handle = v->handle;
     tdd_conn_pause(c); /* later requests wait for this reply */
     if (tdd_submit_work(s, src->dev, staged_to_host, staged_download_done, st)) {
         tdd_conn_resume(c);
         staged_free(st);
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
     return TDD_DISPATCH_DONE;
 }
@@ -501,7 +499,7 @@ static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
         tdd_value_unref(v);
         free(u);
         bind_poisoned(s, up->handle, rc, req->id);
-        answer_error(c, req, &err);
+        tdd_answer_error(c, req, &err);
         c->pdst = NULL; /* the payload is read and dropped */
         c->pdone = NULL;
         return TDD_DISPATCH_PAYLOAD;
@@ -540,27 +538,19 @@ static int h_download(tdd_conn *c, Request *req)
     td_error err;
     tdd_value *v;
     if (get_value(c->s, req->download->handle, &v, &err))
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     /* The session's first error comes first: when it is what poisoned v, the
      * client gets the root cause with its typed detail, not just POISONED. */
-    if (report_pending(c, req))
+    if (tdd_report_pending(c, req->id))
         return TDD_DISPATCH_DONE;
     if (tdd_value_poisoned(v)) {
         tdd_err_poisoned(&err, v);
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
     uint64_t nbytes = (uint64_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
     if (v->dev->be->host_memory && tdd_is_contiguous(&v->t)) {
         /* Straight from the tensor's memory: no staging copy. */
-        Tensordd__V1__TensorInfo ti;
-        Tensordd__V1__Device d;
-        char b[16];
-        fill_tensor_info(&ti, &d, b, sizeof b, v);
-        Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-        r.id = req->id;
-        r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-        r.tensor = &ti;
-        tdd_conn_send(c, &r, tdd_data(&v->t), nbytes, v->t.st);
+        tdd_send_tensor(c, req->id, v, tdd_data(&v->t), nbytes, v->t.st);
         return TDD_DISPATCH_DONE;
     }
     return staged_download(c, req, v, nbytes);
@@ -571,20 +561,12 @@ static int h_describe(tdd_conn *c, Request *req)
     td_error err;
     tdd_value *v;
     if (get_value(c->s, req->describe->handle, &v, &err))
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     if (tdd_value_poisoned(v)) {
         tdd_err_poisoned(&err, v);
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
-    Tensordd__V1__TensorInfo ti;
-    Tensordd__V1__Device d;
-    char b[16];
-    fill_tensor_info(&ti, &d, b, sizeof b, v);
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-    r.tensor = &ti;
-    tdd_conn_send(c, &r, NULL, 0, NULL);
+    tdd_send_tensor(c, req->id, v, NULL, 0, NULL);
     return TDD_DISPATCH_DONE;
 }
 
@@ -695,7 +677,7 @@ static int h_op(tdd_conn *c, Request *req)
         }
         for (size_t i = 0; i < op->n_outputs && i < TDD_MAX_OP_OUTPUTS; i++)
             bind_poisoned(s, op->outputs[i], origin, origin_req);
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
     for (int i = 0; i < n_out; i++) {
         if (op->requires_grad && op->n_inputs == 0)
@@ -731,7 +713,7 @@ static int h_to_device(tdd_conn *c, Request *req)
         bind_poisoned(s, td->output,
                       rc == TD_EPOISONED ? err.detail.poisoned.origin_code : rc,
                       rc == TD_EPOISONED ? err.detail.poisoned.origin_request : req->id);
-        return answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err);
     }
     tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
     if (s->grad_enabled && v->requires_grad)
@@ -753,7 +735,7 @@ static int h_release(tdd_conn *c, Request *req)
         }
     }
     if (failed)
-        return answer_error(c, req, &first);
+        return tdd_answer_error(c, req, &first);
     answer_ok(c, req);
     return TDD_DISPATCH_DONE;
 }
@@ -762,7 +744,7 @@ static int h_sync(tdd_conn *c, Request *req)
 {
     if (c->s->inflight)
         return TDD_DISPATCH_BLOCK;
-    if (!report_pending(c, req))
+    if (!tdd_report_pending(c, req->id))
         tdd_conn_send_ok(c, req->id);
     return TDD_DISPATCH_DONE;
 }
@@ -773,7 +755,7 @@ static int h_goodbye(tdd_conn *c, Request *req)
         return TDD_DISPATCH_BLOCK;
     /* A last pending error is still told: the client may be leaving on a failure it
      * has not seen yet. */
-    if (!report_pending(c, req))
+    if (!tdd_report_pending(c, req->id))
         tdd_conn_send_ok(c, req->id);
     return TDD_DISPATCH_CLOSE;
 }
@@ -785,7 +767,7 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
     td_error err;
     if (payload_len && req->body_case != TENSORDD__V1__REQUEST__BODY_UPLOAD) {
         tdd_err_set(&err, TD_EPROTOCOL_ERROR, "only Upload carries a payload");
-        answer_error(c, req, &err);
+        tdd_answer_error(c, req, &err);
         return TDD_DISPATCH_CLOSE;
     }
     if (!c->hello_done && req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO) {
@@ -830,5 +812,5 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
         break;
     }
     tdd_err_set(&err, TD_EPROTOCOL_ERROR, "request without a known body");
-    return answer_error(c, req, &err);
+    return tdd_answer_error(c, req, &err);
 }

@@ -45,21 +45,7 @@ static void session_task_finish_ex(session_task *t, tdd_value *reply_value, bool
             tdd_session_fail(s, &t->err);
     } else if (t->want_reply && c) {
         if (reply_value) {
-            Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
-            Tensordd__V1__Device d;
-            char b[16];
-            tdd_wire_device(&d, b, sizeof b, reply_value->dev);
-            ti.handle = reply_value->handle;
-            ti.dtype = (Tensordd__V1__DType)reply_value->t.dtype;
-            ti.n_shape = (size_t)reply_value->t.ndim;
-            ti.shape = reply_value->t.shape;
-            ti.device = &d;
-            ti.requires_grad = reply_value->requires_grad;
-            Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-            r.id = t->req_id;
-            r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-            r.tensor = &ti;
-            tdd_conn_send(c, &r, NULL, 0, NULL);
+            tdd_send_tensor(c, t->req_id, reply_value, NULL, 0, NULL);
         } else {
             tdd_conn_send_ok(c, t->req_id);
         }

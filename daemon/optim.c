@@ -203,7 +203,7 @@ int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req)
     if (rc) {
         if (o)
             optim_free(o);
-        return tdd_ag_answer_error(c, req, &err, false);
+        return tdd_answer_error(c, req, &err);
     }
     o->h = h;
     tdd_handle_add(s, oc->handle, TD_HANDLE_OPTIMIZER, o);
@@ -485,7 +485,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         ag->step_active = false;
         if (ag->step_failed) {
             ag->step_failed = false;
-            return tdd_ag_answer_error(c, req, &ag->step_err, true);
+            return tdd_answer_error(c, req, &ag->step_err);
         }
         if (s->has_err) { /* a queued update op failed */
             s->has_err = false;
@@ -504,7 +504,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
     }
     if (!ag) {
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return tdd_ag_answer_error(c, req, &err, true);
+        return tdd_answer_error(c, req, &err);
     }
     Tensordd__V1__OptimizerStep *st = req->optimizer_step;
     tdd_optim *o = NULL;
@@ -534,7 +534,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
                 rc = err.code;
     }
     if (rc)
-        return tdd_ag_answer_error(c, req, &err, true);
+        return tdd_answer_error(c, req, &err);
     size_t queued = 0;
     if (via_ops) {
         tdd_bw b = {.s = s, .req_id = req->id};
@@ -552,7 +552,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         if (b.rc) {
             /* Parameters before the failing one have stepped (queued ops
              * cannot be taken back); the error says so. */
-            return tdd_ag_answer_error(c, req, &b.err, true);
+            return tdd_answer_error(c, req, &b.err);
         }
         if (s->inflight == 0) {
             if (s->has_err) { /* an update that ran inline failed */
@@ -611,7 +611,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         queued++;
     }
     if (rc && !queued)
-        return tdd_ag_answer_error(c, req, &err, true);
+        return tdd_answer_error(c, req, &err);
     if (rc) {
         ag->step_failed = true;
         ag->step_err = err;
