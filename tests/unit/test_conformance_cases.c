@@ -382,6 +382,11 @@ static int make_tensor(htensor *h, conf_backend *be, td_dtype dt, const int64_t 
     t->st = &h->st;
     if (!h->st.data)
         return -1;
+    /* Device memory (cuda, sim) is filled through a host buffer, as the daemon does. */
+    void *dev = h->st.data, *host = be->be->host_memory ? dev : malloc(nbytes ? nbytes : 1);
+    if (!host)
+        return -1;
+    h->st.data = host;
     memset(h->st.data, 0x7f, nbytes);
     int64_t idx[TD_MAX_NDIM];
     for (int64_t i = 0; i < n; i++) {
@@ -396,7 +401,31 @@ static int make_tensor(htensor *h, conf_backend *be, td_dtype dt, const int64_t 
         else if (vals)
             tdd_store_f(h->st.data, dt, off, vals[i]);
     }
+    h->st.data = dev;
+    if (host != dev) {
+        int rc = be->be->from_host(be->ctx, 0, dev, host, nbytes);
+        free(host);
+        return rc;
+    }
     return 0;
+}
+
+/* A host copy of h's whole storage viewed like h (h itself when host memory). */
+static bool host_view(const htensor *h, tdd_tensor *out, tdd_storage *st)
+{
+    *out = h->t;
+    if (h->be->be->host_memory)
+        return true;
+    *st = h->st;
+    st->data = malloc(h->st.nbytes ? h->st.nbytes : 1);
+    if (!st->data ||
+        h->be->be->to_host(h->be->ctx, 0, st->data, h->st.data, h->st.nbytes)) {
+        free(st->data);
+        st->data = NULL;
+        return false;
+    }
+    out->st = st;
+    return true;
 }
 
 static void free_tensor(htensor *h)
@@ -598,8 +627,21 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
     }
     if (execute && other && res->rc[0] == 0 && res->rc[1] == 0 && res->supported[1]) {
         for (int k = 0; k < n_out && !res->bad; k++) {
-            res->bad = compare(&out[0][k].t, &out[1][k].t, c->tol, &res->worst, res->msg,
+            tdd_tensor other_t;
+            tdd_storage other_st = {0};
+            const htensor *oh = &out[1][k];
+            if (od[k].view) /* a view's storage is its input's */
+                oh = &in[1][od[k].view_of];
+            if (!host_view(oh, &other_t, &other_st)) {
+                snprintf(res->msg, sizeof res->msg, "output %d: copy to host failed", k);
+                res->bad = 1;
+                break;
+            }
+            if (od[k].view)
+                other_t = out[1][k].t, other_t.st = other_st.data ? &other_st : other_t.st;
+            res->bad = compare(&out[0][k].t, &other_t, c->tol, &res->worst, res->msg,
                                sizeof res->msg);
+            free(other_st.data);
             if (res->bad) {
                 char tmp[sizeof res->msg];
                 memcpy(tmp, res->msg, sizeof tmp);
