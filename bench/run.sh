@@ -18,5 +18,7 @@ for b in "$BUILD"/bench/*; do
     esac
     echo
 done
+PYTHONPATH=client/python "${PY:-/usr/bin/python3}" bench/train_step.py "$ep"
+echo
 kill -TERM "$pid"
 wait "$pid"

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""train_step.py -- one MLP training step over the wire against the same step in
+local PyTorch (CPU), measured in the same run.
+
+    PYTHONPATH=client/python /usr/bin/python3 bench/train_step.py ENDPOINT
+
+The step: upload a 64x64 batch and its labels, forward (64-128-10 MLP, relu,
+cross_entropy), backward and an Adam step, all in the daemon; only the step's
+completion comes back. Local PyTorch does the same with torch.optim.Adam.
+Blocks of steps separated by idle gaps, medians reported (OpenBLAS threads
+spin after a call and would take the other core from the other process).
+"""
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+import tensordd
+
+STEPS, BLOCKS = 50, 7
+
+
+def blocks(step):
+    for _ in range(10):  # warm-up
+        step()
+    per_step = []
+    for _ in range(BLOCKS):
+        time.sleep(0.1)
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            step()
+        per_step.append((time.perf_counter() - t0) / STEPS)
+    return statistics.median(per_step)
+
+
+def main():
+    endpoint = sys.argv[1]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 64)).astype(np.float32)
+    y = rng.integers(0, 10, 64).astype(np.int64)
+    w1 = (rng.standard_normal((64, 128)) * 0.1).astype(np.float32)
+    b1 = np.zeros(128, np.float32)
+    w2 = (rng.standard_normal((128, 10)) * 0.1).astype(np.float32)
+    b2 = np.zeros(10, np.float32)
+
+    torch.set_num_threads(1)
+    tp = [torch.tensor(a, requires_grad=True) for a in (w1, b1, w2, b2)]
+    topt = torch.optim.Adam(tp, lr=1e-3)
+
+    def torch_step():
+        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
+        loss = torch.nn.functional.cross_entropy((xb @ tp[0] + tp[1]).relu() @ tp[2] + tp[3], yb)
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+
+    local = blocks(torch_step)
+
+    with tensordd.connect(endpoint) as s:
+        params = [s.tensor(a, requires_grad=True) for a in (w1, b1, w2, b2)]
+        W1, B1, W2, B2 = params
+        opt = tensordd.optim.Adam(params, lr=1e-3)
+
+        def remote_step():
+            xb, yb = s.tensor(x), s.tensor(y)
+            loss = s.op("cross_entropy", (xb @ W1 + B1).relu() @ W2 + B2, yb)
+            opt.step(loss.backward())
+
+        remote = blocks(remote_step)
+
+    print("MLP 64-128-10 training step, batch 64, Adam (median of %d blocks of %d)" %
+          (BLOCKS, STEPS))
+    print("  local PyTorch (1 thread)  %7.3f ms" % (local * 1e3))
+    print("  tensordd over loopback    %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
