@@ -81,8 +81,11 @@ static void raw_baseline(size_t n, int reps, double *up_gbs, double *down_gbs)
         int fd = accept(lfd, NULL, NULL);
         char *buf = malloc(n);
         memset(buf, 1, n);
+        char b = 0;
         for (int r = 0; r < reps; r++) {
             recv_all(fd, buf, n);
+            send_all(fd, &b, 1); /* received */
+            recv_all(fd, &b, 1); /* asked for it back */
             send_all(fd, buf, n);
         }
         _exit(0);
@@ -98,12 +101,13 @@ static void raw_baseline(size_t n, int reps, double *up_gbs, double *down_gbs)
     memset(dst, 0, n);
     double best_up = 1e9, best_down = 1e9;
     for (int r = 0; r < reps; r++) {
+        char b = 0;
         double t0 = now();
         send_all(fd, src, n);
-        /* the server's first byte back marks the end of its receive */
-        recv_all(fd, dst, 1);
+        recv_all(fd, &b, 1); /* the server has it all */
         double t1 = now();
-        recv_all(fd, dst + 1, n - 1);
+        send_all(fd, &b, 1);
+        recv_all(fd, dst, n);
         double t2 = now();
         best_up = t1 - t0 < best_up ? t1 - t0 : best_up;
         best_down = t2 - t1 < best_down ? t2 - t1 : best_down;
