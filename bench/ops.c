@@ -173,6 +173,9 @@ static void bench_sgemm(const char *ep)
     }
     double flops = 2.0 * N * N * N;
     double tl[REPS], tr[REPS];
+    /* The baseline is OpenBLAS as a user would call it: all cores (the cpu backend set it
+     * to one thread when bench_elementwise initialised it in this process). */
+    openblas_set_num_threads((int)sysconf(_SC_NPROCESSORS_ONLN));
     for (int r = 0; r < REPS; r++) {
         double t0 = now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,

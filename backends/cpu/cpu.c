@@ -2,6 +2,7 @@
  * vectorisable loops for float, integer and bool dtypes, f16/bf16 through f32.
  * Calls it has no fast kernel for run on the reference kernels, single-threaded;
  * tdd_cpu_native says which, and docs/ops.md shows it. */
+#include <cblas.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -418,6 +419,9 @@ static int cpu_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t
     c->ndev = cfg && cfg->cpu_devices > 0 ? cfg->cpu_devices : 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cfg && cfg->threads > 0 ? cfg->threads : (cores > 0 ? (int)cores : 1);
+    /* OpenBLAS single-threaded; cpu_gemm splits large GEMMs itself (see cpu_blas.c). */
+    openblas_set_num_threads(1);
+    tdd_cpu_gemm_threads = c->threads;
     *ctx = c;
     return c->ndev;
 }

@@ -35,6 +35,11 @@ int cpu_create(const tdd_opcall *c, int nt);      /* cpu_elem.c */
 int cpu_reduce(const tdd_opcall *c, int nt);      /* cpu_reduce.c */
 int cpu_lines(const tdd_opcall *c, int nt);       /* cpu_reduce.c: cumsum, softmax */
 int cpu_matmul(const tdd_opcall *c);              /* cpu_blas.c */
+/* Row-major C = alpha*op(A)@op(B) + beta*C, split over tdd_cpu_gemm_threads when large. */
+void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+              const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C,
+              int64_t ldc);
+extern int tdd_cpu_gemm_threads;
 int cpu_nn(const tdd_opcall *c, int nt);
 /* Runs an f32 kernel on a call whose float operands are f16/bf16 (cpu.c). */
 int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));          /* cpu_nn.c: conv, pools, norms, losses, index */

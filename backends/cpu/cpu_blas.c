@@ -35,6 +35,59 @@ static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool
     return false;
 }
 
+/* OpenBLAS runs single-threaded (cpu_init): its idle threads spin in
+ * sched_yield for milliseconds after every call, which on a small machine
+ * takes the cores from the client and from other sessions' small ops. Large
+ * GEMMs are split here over OpenMP threads instead, which sleep soon. */
+int tdd_cpu_gemm_threads = 1;
+
+/* Below this many flops one thread is faster than waking a team. */
+#define GEMM_PAR_FLOPS (8.0 * 1024 * 1024)
+
+static void gemm_call(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                      const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C,
+                      int64_t ldc)
+{
+    enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+    if (f64)
+        cblas_dgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, alpha,
+                    (const double *)A, (blasint)lda, (const double *)B, (blasint)ldb, beta,
+                    (double *)C, (blasint)ldc);
+    else
+        cblas_sgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, (float)alpha,
+                    (const float *)A, (blasint)lda, (const float *)B, (blasint)ldb, (float)beta,
+                    (float *)C, (blasint)ldc);
+}
+
+void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+              const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C,
+              int64_t ldc)
+{
+    int nt = tdd_cpu_gemm_threads;
+    if (nt <= 1 || 2.0 * (double)M * (double)N * (double)K < GEMM_PAR_FLOPS) {
+        gemm_call(f64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* Row blocks of C (and A), or column blocks of C (and B): whichever is longer. */
+    size_t esz = f64 ? 8 : 4;
+    bool by_rows = M >= N;
+    int64_t total = by_rows ? M : N;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int p = 0; p < nt; p++) {
+        int64_t lo = total * p / nt, hi = total * (p + 1) / nt;
+        if (hi <= lo)
+            continue;
+        if (by_rows)
+            gemm_call(f64, ta, tb, hi - lo, N, K, alpha,
+                      (const char *)A + (size_t)(ta ? lo : lo * lda) * esz, lda, B, ldb, beta,
+                      (char *)C + (size_t)(lo * ldc) * esz, ldc);
+        else
+            gemm_call(f64, ta, tb, M, hi - lo, K, alpha, A, lda,
+                      (const char *)B + (size_t)(tb ? lo * ldb : lo) * esz, ldb, beta,
+                      (char *)C + (size_t)lo * esz, ldc);
+    }
+}
+
 typedef struct {
     const tdd_opcall *c;
     tdd_tensor a, b, y;
@@ -93,17 +146,7 @@ static int gemm1(const mm_ctx *m, int64_t M, int64_t ao, int64_t ars, int64_t bo
         free(pb);
         return TD_EUNSUPPORTED_OP; /* beyond OpenBLAS's 32-bit sizes */
     }
-    enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
-    if (m->f64)
-        cblas_dgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0,
-                    (const double *)(const void *)A, (blasint)lda,
-                    (const double *)(const void *)B, (blasint)ldb, m->beta,
-                    (double *)(void *)Y, (blasint)(N > 0 ? N : 1));
-    else
-        cblas_sgemm(CblasRowMajor, TA, TB, (blasint)M, (blasint)N, (blasint)K, 1.0f,
-                    (const float *)(const void *)A, (blasint)lda, (const float *)(const void *)B,
-                    (blasint)ldb, (float)m->beta, (float *)(void *)Y,
-                    (blasint)(N > 0 ? N : 1));
+    cpu_gemm(m->f64, ta, tb, M, N, K, 1.0, A, lda, B, ldb, m->beta, Y, N > 0 ? N : 1);
     free(pa);
     free(pb);
     return 0;

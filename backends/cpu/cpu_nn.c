@@ -61,8 +61,8 @@ static void conv_valid(int64_t w0, int64_t sw, int64_t W, int64_t Wo, int64_t *l
 }
 
 /* im2col of one image and group: col[(c*kh + i)*kw + j][oh*Wo + ow] = x[c, h, w] or 0,
- * the rows split across threads. GEMM is the typed sgemm/dgemm call. */
-#define CONV_FN(NAME, T, GEMM)                                                                     \
+ * the rows split across threads. F64 picks dgemm over sgemm in cpu_gemm. */
+#define CONV_FN(NAME, T, F64)                                                                     \
     static void NAME##_im2col(const conv_geom *q, const T *x, T *restrict col, int nt)            \
     {                                                                                              \
         int64_t K = q->Cg * q->kh * q->kw, L = q->Ho * q->Wo;                                      \
@@ -128,9 +128,8 @@ static void conv_valid(int64_t w0, int64_t sw, int64_t W, int64_t Wo, int64_t *l
                     ldb = L;                                                                       \
                 }                                                                                  \
                 T *yg = Y + (n * q->O + gr * q->Og) * L;                                           \
-                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)q->Og, (blasint)L,        \
-                     (blasint)K, (T)1, W + gr * q->Og * K, (blasint)K, B, (blasint)ldb, (T)0, yg,  \
-                     (blasint)L);                                                                  \
+                cpu_gemm(F64, false, false, q->Og, L, K, 1.0, W + gr * q->Og * K, K, B, ldb, 0.0,  \
+                         yg, L);                                                                   \
             }                                                                                      \
             if (!bias)                                                                             \
                 continue;                                                                          \
@@ -145,8 +144,8 @@ static void conv_valid(int64_t w0, int64_t sw, int64_t W, int64_t Wo, int64_t *l
         free(wp);                                                                                  \
         return 0;                                                                                  \
     }
-CONV_FN(conv_f32, float, cblas_sgemm)
-CONV_FN(conv_f64, double, cblas_dgemm)
+CONV_FN(conv_f32, float, false)
+CONV_FN(conv_f64, double, true)
 
 static int cpu_conv2d(const tdd_opcall *c, int nt)
 {
