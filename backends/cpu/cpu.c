@@ -136,6 +136,110 @@ void cpu_store_contig(tdd_tensor *t, int64_t lo, int64_t n, const double *src)
 
 /* ---------------------------------------------------------------- f16/bf16 via f32 */
 
+/* Bit casts the vectoriser sees through. */
+static inline float f32_of_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t bits_of_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* dtype.h's conversions branch per class of value (and call lrintf), which keeps
+ * the compiler from vectorising them; these compute every class and blend with
+ * masks (GCC leaves ternaries here as branches), with bit-identical results
+ * (checked against dtype.h over every f16 and every f32). */
+static inline uint32_t pick(bool c, uint32_t a, uint32_t b)
+{
+    uint32_t m = 0u - (uint32_t)c;
+    return (a & m) | (b & ~m);
+}
+
+static inline float f16_to_f32_sel(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
+    uint32_t normal = (em << 13) + (112u << 23); /* exponent bias 15 -> 127 */
+    uint32_t special = (em << 13) | 0x7f800000u;  /* infinity, NaN */
+    uint32_t sub = bits_of_f32((float)(int32_t)em * 0x1p-24f); /* subnormal, zero: exact */
+    uint32_t u = pick(em >= 0x7c00u, special, pick(em >= 0x0400u, normal, sub));
+    return f32_of_bits(u | sign);
+}
+
+static inline uint16_t f32_to_f16_sel(float f)
+{
+    uint32_t x = bits_of_f32(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    /* normal: the 13 dropped mantissa bits round to nearest even; a carry into the
+     * exponent is the correct result, up to infinity from 65520 */
+    uint32_t normal = (ax - (112u << 23) + 0xfffu + ((ax >> 13) & 1u)) >> 13;
+    /* below 2^-14: in a sum with 0.5 the last mantissa bit weighs 2^-24, an f16
+     * subnormal's unit, so the FPU's addition does the rounding to nearest even */
+    uint32_t sub = bits_of_f32(f32_of_bits(ax) + 0.5f) - 0x3f000000u;
+    uint32_t special = pick(ax > 0x7f800000u, 0x7e00u, 0x7c00u); /* NaN stays a NaN */
+    uint32_t h = pick(ax >= 0x47800000u, special, pick(ax >= 0x38800000u, normal, sub));
+    return (uint16_t)(h | sign);
+}
+
+static inline uint16_t f32_to_bf16_sel(float f)
+{
+    uint32_t u = bits_of_f32(f);
+    uint32_t nan = (u >> 16) | 0x40u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)pick((u & 0x7fffffffu) > 0x7f800000u, nan, rounded);
+}
+
+void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_t n,
+                     td_dtype dt)
+{
+    if (dt == TD_F16) {
+        if (hs == 1 && fs == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++)
+                f[i] = f16_to_f32_sel(h[i]);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                f[i * fs] = f16_to_f32_sel(h[i * hs]);
+        }
+    } else {
+        if (hs == 1 && fs == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++)
+                f[i] = f32_of_bits((uint32_t)h[i] << 16);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                f[i * fs] = f32_of_bits((uint32_t)h[i * hs] << 16);
+        }
+    }
+}
+
+void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_t n,
+                     td_dtype dt)
+{
+    if (dt == TD_F16) {
+        if (hs == 1 && fs == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++)
+                h[i] = f32_to_f16_sel(f[i]);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                h[i * hs] = f32_to_f16_sel(f[i * fs]);
+        }
+    } else {
+        if (hs == 1 && fs == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++)
+                h[i] = f32_to_bf16_sel(f[i]);
+        } else {
+            for (int64_t i = 0; i < n; i++)
+                h[i * hs] = f32_to_bf16_sel(f[i * fs]);
+        }
+    }
+}
+
 typedef struct {
     float *f;
     void *h;
@@ -145,33 +249,15 @@ typedef struct {
 static void half_to_f32_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
 {
     const half_ctx *x = vc;
-    const uint16_t *h = (const uint16_t *)x->h + off[1];
-    float *f = x->f + off[0];
-    if (x->dt == TD_F16)
-        for (int64_t i = 0; i < n; i++)
-            f[i * st[0]] = tdd_f16_to_f32(h[i * st[1]]);
-    else
-        for (int64_t i = 0; i < n; i++)
-            f[i * st[0]] = tdd_bf16_to_f32(h[i * st[1]]);
+    cpu_half_to_f32((const uint16_t *)x->h + off[1], st[1], x->f + off[0], st[0], n, x->dt);
 }
 
 static void f32_to_half_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
 {
     const half_ctx *x = vc;
-    uint16_t *h = (uint16_t *)x->h + off[0];
-    const float *f = x->f + off[1];
-    if (x->dt == TD_F16)
-        for (int64_t i = 0; i < n; i++)
-            h[i * st[0]] = tdd_f32_to_f16(f[i * st[1]]);
-    else
-        for (int64_t i = 0; i < n; i++)
-            h[i * st[0]] = tdd_f32_to_bf16(f[i * st[1]]);
+    cpu_f32_to_half(x->f + off[1], st[1], (uint16_t *)x->h + off[0], st[0], n, x->dt);
 }
 
-static bool is_half(td_dtype dt)
-{
-    return dt == TD_F16 || dt == TD_BF16;
-}
 
 /* Runs an f32 kernel on a call with f16/bf16 operands: every 16-bit float input is
  * converted into a contiguous f32 copy, outputs are computed in f32 and rounded
@@ -185,14 +271,14 @@ int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int)
     float *bufs[TDD_MAX_OP_INPUTS + TDD_MAX_OP_OUTPUTS] = {0};
     int nb = 0, rc = 0;
     fc.args = &fa;
-    if (is_half(fa.dtype))
+    if (cpu_is_half(fa.dtype))
         fa.dtype = TD_F32;
-    if (is_half(fa.cdtype))
+    if (cpu_is_half(fa.cdtype))
         fa.cdtype = TD_F32;
     for (int k = 0; k < c->n_in + c->n_out && !rc; k++) {
         bool out = k >= c->n_in;
         const tdd_tensor *t = out ? c->out[k - c->n_in] : c->in[k];
-        if (!is_half(t->dtype))
+        if (!cpu_is_half(t->dtype))
             continue;
         tdd_tensor *f = out ? &tout[k - c->n_in] : &tin[k];
         tdd_storage *st = out ? &sout[k - c->n_in] : &sin[k];
@@ -224,7 +310,7 @@ int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int)
         rc = run(&fc, nt);
     for (int k = 0; k < c->n_out && !rc; k++) {
         tdd_tensor *t = c->out[k];
-        if (!is_half(t->dtype))
+        if (!cpu_is_half(t->dtype))
             continue;
         half_ctx x = {tout[k].st->data, t->st->data, t->dtype};
         const tdd_tensor *ops[2] = {t, &tout[k]};
@@ -273,6 +359,22 @@ static bool scalar_fits(const tdd_opargs *g)
     return g->cdtype != TD_BOOL || g->n[0] == 0 || g->n[0] == 1;
 }
 
+/* Inputs [from, to) the f32 kernels take through conversion (cpu_elem.c): compute
+ * dtype f16/bf16 with every input of it, or f32 with f32 and f16/bf16 inputs
+ * (widening is exact, as the reference's is). */
+static bool via_f32(const tdd_opcall *c, int from, int to)
+{
+    td_dtype ct = c->args->cdtype;
+    if (cpu_is_half(ct))
+        return inputs_are(c, from, to, ct);
+    if (ct != TD_F32)
+        return false;
+    for (int i = from; i < to && i < c->n_in; i++)
+        if (c->in[i]->dtype != TD_F32 && !cpu_is_half(c->in[i]->dtype))
+            return false;
+    return true;
+}
+
 bool tdd_cpu_native(const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
@@ -291,22 +393,24 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_LOGICAL_AND:
     case TDD_OP_LOGICAL_OR:
     case TDD_OP_LOGICAL_XOR:
-        return (is_f(ct) || is_i(ct) || ct == TD_BOOL) && inputs_are(c, 0, 2, ct) &&
-               scalar_fits(g);
+        return ((is_f(ct) || is_i(ct) || ct == TD_BOOL) && inputs_are(c, 0, 2, ct) &&
+                scalar_fits(g)) ||
+               via_f32(c, 0, 2);
     case TDD_OP_SUB:
-        return (is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct) && scalar_fits(g);
+        return ((is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct) && scalar_fits(g)) ||
+               via_f32(c, 0, 2);
     case TDD_OP_DIV:
     case TDD_OP_POW:
     case TDD_OP_REMAINDER: /* integer pow/remainder keep the reference's error checks */
-        return is_f(ct) && inputs_are(c, 0, 2, ct);
+        return (is_f(ct) && inputs_are(c, 0, 2, ct)) || via_f32(c, 0, 2);
     case TDD_OP_WHERE:
         return inputs_are(c, 1, 3, ct); /* a select: any dtype */
     case TDD_OP_MASKED_FILL:
         return c->in[0]->dtype == ct;
     case TDD_OP_RELU_BACKWARD:
-        return (is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct);
+        return ((is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct)) || via_f32(c, 0, 2);
     case TDD_OP_LOGICAL_NOT:
-        return is_f(ct) || is_i(ct) || ct == TD_BOOL;
+        return is_f(ct) || is_i(ct) || ct == TD_BOOL || cpu_is_half(ct);
     case TDD_OP_NEG:
     case TDD_OP_ABS:
     case TDD_OP_SIGN:
@@ -316,7 +420,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_CEIL:
     case TDD_OP_ROUND:
     case TDD_OP_SQUARE:
-        return (is_f(g->dtype) || is_i(g->dtype)) && c->in[0]->dtype == g->dtype;
+        return (tdd_dtype_is_float(g->dtype) || is_i(g->dtype)) && c->in[0]->dtype == g->dtype;
     case TDD_OP_EXP:
     case TDD_OP_LOG:
     case TDD_OP_LOG1P:
@@ -332,7 +436,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_SILU:
     case TDD_OP_SOFTPLUS:
     case TDD_OP_RECIPROCAL:
-        return is_f(g->dtype) && c->in[0]->dtype == g->dtype;
+        return tdd_dtype_is_float(g->dtype) && c->in[0]->dtype == g->dtype;
     case TDD_OP_SUM:
     case TDD_OP_AMAX:
     case TDD_OP_AMIN:
@@ -348,8 +452,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
         return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_CUMSUM:
     case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX:
-        return is_f(c->in[0]->dtype);
+    case TDD_OP_LOG_SOFTMAX: /* f16/bf16 lines widened to f32 (cpu_reduce.c) */
+        return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
     case TDD_OP_LINEAR: /* f16/bf16 convert to f32 for sgemm */
@@ -551,7 +655,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
     case TDD_OP_LINEAR:
-        return is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, matmul_nt) : cpu_matmul(c);
+        return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, matmul_nt) : cpu_matmul(c);
     case TDD_OP_TRANSPOSE:
     case TDD_OP_PERMUTE:
     case TDD_OP_RESHAPE:
@@ -585,7 +689,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
-        return is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
+        return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
     case TDD_OP_CAT:
     case TDD_OP_STACK:
     case TDD_OP_ONE_HOT:

@@ -24,6 +24,20 @@ void cpu_load_strided(const void *data, td_dtype dt, int64_t off, int64_t st, in
                       double *dst);
 void cpu_store_strided(void *data, td_dtype dt, int64_t off, int64_t st, int64_t n,
                        const double *src);
+/* 16-bit floats (dt: f16 or bf16) to f32 and back, rounding to nearest even:
+ * bit-identical to dtype.h's conversions, vectorised at unit strides. */
+static inline bool cpu_is_half(td_dtype dt)
+{
+    return dt == TD_F16 || dt == TD_BF16;
+}
+void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_t n,
+                     td_dtype dt);
+void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_t n,
+                     td_dtype dt);
+/* Elements a half-precision kernel converts at a time, in per-thread f32 buffers:
+ * small enough that a block's operands stay in L1/L2 between conversion and use. */
+#define CPU_HALF_BLOCK 4096
+
 /* C-order elements [lo, hi) of t, any layout. */
 void cpu_load_tensor(const tdd_tensor *t, int64_t lo, int64_t hi, double *dst);
 /* n elements into contiguous t from C-order element lo. */
@@ -40,8 +54,8 @@ void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, doubl
               const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C,
               int64_t ldc);
 extern int tdd_cpu_gemm_threads;
-int cpu_nn(const tdd_opcall *c, int nt);
+int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
 /* Runs an f32 kernel on a call whose float operands are f16/bf16 (cpu.c). */
-int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));          /* cpu_nn.c: conv, pools, norms, losses, index */
+int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));
 
 #endif

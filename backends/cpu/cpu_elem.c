@@ -1,7 +1,8 @@
-/* cpu_elem.c -- threaded, vectorisable elementwise kernels (f32/f64), copies
- * and fills. Every kernel is a run function for the strided iterator: it gets
- * one run of the innermost dimension with per-operand strides, and keeps a
- * unit-stride (and a broadcast-scalar) path the compiler vectorises. */
+/* cpu_elem.c -- threaded, vectorisable elementwise kernels (f32/f64, integers,
+ * bool; f16/bf16 through the f32 ones in blocks), copies and fills. Every kernel
+ * is a run function for the strided iterator: it gets one run of the innermost
+ * dimension with per-operand strides, and keeps a unit-stride (and a
+ * broadcast-scalar) path the compiler vectorises. */
 #include <stdint.h>
 #include <string.h>
 #include <tgmath.h>
@@ -450,6 +451,65 @@ static tdd_iter_fn elem_fn(const tdd_opcall *c, td_dtype ct)
     }
 }
 
+/* f16/bf16 operands run the f32 kernels a block at a time: half inputs are
+ * widened into this thread's f32 buffers, the kernel sees them at unit stride (a
+ * broadcast operand keeps stride 0 and is widened once), and a half output is
+ * rounded back once from f32. f32 inputs and a bool output pass through. Binary
+ * ops, relu_backward and unary ops have at most three operands. */
+#define HALF_OPS 3
+
+typedef struct {
+    tdd_iter_fn f32fn;
+    ew_ctx x; /* the f32 kernel's context; operand pointers are set per block */
+    int nops;
+    td_dtype dt[HALF_OPS];   /* operand k's storage dtype (0 is the output) */
+    char *y;                 /* the output's data */
+    const char *in[HALF_OPS]; /* inputs' data (in[0] unused) */
+} half_ew;
+
+static _Thread_local float half_buf[HALF_OPS][CPU_HALF_BLOCK];
+
+static void ew_input(ew_ctx *x, int k, const char *p)
+{
+    if (k == 1)
+        x->a = p;
+    else
+        x->b = p;
+}
+
+static void half_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const half_ew *h = vc;
+    float(*buf)[CPU_HALF_BLOCK] = half_buf;
+    for (int64_t i0 = 0; i0 < n; i0 += CPU_HALF_BLOCK) {
+        int64_t m = n - i0 < CPU_HALF_BLOCK ? n - i0 : CPU_HALF_BLOCK;
+        ew_ctx x = h->x;
+        int64_t boff[HALF_OPS], bst[HALF_OPS];
+        bool yh = cpu_is_half(h->dt[0]);
+        x.y = yh ? (char *)buf[0] : h->y;
+        boff[0] = yh ? 0 : off[0] + i0 * st[0];
+        bst[0] = yh ? 1 : st[0];
+        for (int k = 1; k < h->nops; k++) {
+            int64_t o = off[k] + i0 * st[k];
+            if (!cpu_is_half(h->dt[k])) {
+                ew_input(&x, k, h->in[k]);
+                boff[k] = o;
+                bst[k] = st[k];
+                continue;
+            }
+            ew_input(&x, k, (const char *)buf[k]);
+            boff[k] = 0;
+            bst[k] = st[k] != 0;
+            cpu_half_to_f32((const uint16_t *)(const void *)h->in[k] + o, st[k], buf[k], 1,
+                            st[k] ? m : 1, h->dt[k]);
+        }
+        h->f32fn(&x, m, boff, bst);
+        if (yh)
+            cpu_f32_to_half(buf[0], 1, (uint16_t *)(void *)h->y + off[0] + i0 * st[0], st[0], m,
+                            h->dt[0]);
+    }
+}
+
 int cpu_elementwise(const tdd_opcall *c, int nt)
 {
     const tdd_opargs *g = c->args;
@@ -462,9 +522,13 @@ int cpu_elementwise(const tdd_opcall *c, int nt)
     tdd_iter it;
     tdd_tensor scalar; /* the scalar form's "other" as a 0-dim operand */
     uint64_t spat = 0; /* its value in the compute dtype */
+    bool half = false; /* some operand is f16/bf16: the f32 kernel on converted blocks */
     for (int i = 0; i < c->n_in; i++)
         ops[1 + i] = c->in[i];
-    tdd_iter_fn fn = elem_fn(c, ct);
+    if (c->op != TDD_OP_WHERE && c->op != TDD_OP_MASKED_FILL) /* these only move bits */
+        for (int k = 0; k < nops; k++)
+            half = half || cpu_is_half(ops[k]->dtype);
+    tdd_iter_fn fn = elem_fn(c, half ? TD_F32 : ct);
     x.n[0] = g->n[1]; /* alpha */
     if (c->op == TDD_OP_MASKED_FILL) {
         if (tdd_dtype_is_float(y->dtype))
@@ -495,7 +559,24 @@ int cpu_elementwise(const tdd_opcall *c, int nt)
     x.a = nops > 1 ? ops[1]->st ? ops[1]->st->data : NULL : NULL;
     x.b = nops > 2 ? (ops[2] == &scalar ? (const char *)&spat : ops[2]->st->data) : NULL;
     x.c = nops > 3 ? ops[3]->st->data : NULL;
-    cpu_par_iter(&it, fn, &x, nt);
+    if (!half) {
+        cpu_par_iter(&it, fn, &x, nt);
+        return 0;
+    }
+    if (nops > HALF_OPS)
+        return TD_EINTERNAL; /* tdd_cpu_native sends no such call */
+    /* The reference rounds alpha to the compute dtype, as it does the operands. */
+    tdd_opargs ga = *g;
+    if (cpu_is_half(ct)) {
+        uint16_t a16;
+        tdd_store_f(&a16, ct, 0, g->f[1]);
+        ga.f[1] = tdd_load_f(&a16, ct, 0);
+    }
+    x.g = &ga;
+    half_ew h = {.f32fn = fn, .x = x, .nops = nops, .y = x.y, .in = {NULL, x.a, x.b}};
+    for (int k = 0; k < nops; k++)
+        h.dt[k] = ops[k]->dtype;
+    cpu_par_iter(&it, half_run, &h, nt);
     return 0;
 }
 

@@ -1,7 +1,8 @@
 /* cpu_reduce.c -- threaded reductions over any set of dims (float inputs of
- * every width accumulate in double, integer and bool inputs in wrapping int64), and the line ops along one dim (cumsum, softmax,
- * log_softmax). Outputs are split across threads; a reduction with fewer
- * outputs than threads splits each output's elements instead and combines. */
+ * every width accumulate in double, integer and bool inputs in wrapping int64),
+ * and the line ops along one dim (cumsum, softmax, log_softmax; f16/bf16 lines
+ * through the f32 kernel). Outputs are split across threads; a reduction with
+ * fewer outputs than threads splits each output's elements instead and combines. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,18 +384,11 @@ int cpu_reduce(const tdd_opcall *c, int nt)
 
 /* ---------------------------------------------------------------- line ops */
 
-typedef struct {
-    const tdd_opcall *c;
-    int64_t L, as, ys;
-} line_ctx;
-
+/* One line of L elements: a (stride as) to y (stride ys), computed in double. */
 #define LINE_FN(NAME, T)                                                                           \
-    static void NAME(const line_ctx *l, int64_t ao, int64_t yo)                                   \
+    static void NAME(tdd_op op, const T *a, int64_t as, T *y, int64_t ys, int64_t L)              \
     {                                                                                              \
-        const T *a = (const T *)l->c->in[0]->st->data + ao;                                        \
-        T *y = (T *)l->c->out[0]->st->data + yo;                                                   \
-        int64_t L = l->L, as = l->as, ys = l->ys;                                                  \
-        if (l->c->op == TDD_OP_CUMSUM) {                                                           \
+        if (op == TDD_OP_CUMSUM) {                                                                 \
             double s = 0;                                                                          \
             for (int64_t k = 0; k < L; k++) {                                                      \
                 s += a[k * as];                                                                    \
@@ -412,11 +406,11 @@ typedef struct {
             m = 0;                                                                                 \
         for (int64_t k = 0; k < L; k++) {                                                          \
             double e = exp((double)a[k * as] - m);                                                 \
-            if (l->c->op == TDD_OP_SOFTMAX)                                                        \
+            if (op == TDD_OP_SOFTMAX)                                                              \
                 y[k * ys] = (T)e;                                                                  \
             s += e;                                                                                \
         }                                                                                          \
-        if (l->c->op == TDD_OP_SOFTMAX) {                                                          \
+        if (op == TDD_OP_SOFTMAX) {                                                                \
             const double inv = 1.0 / s;                                                            \
             for (int64_t k = 0; k < L; k++)                                                        \
                 y[k * ys] = (T)(y[k * ys] * inv);                                                  \
@@ -430,19 +424,53 @@ LINE_FN(line_f32, float)
 LINE_FN(line_f64, double)
 
 typedef struct {
+    tdd_op op;
+    td_dtype dt;
+    const char *a;
+    char *y;
+    int64_t L, as, ys;
+} line_ctx;
+
+/* One thread's share of the lines: f16/bf16 lines are widened into buf (2*L
+ * floats: the line, then its result), run through line_f32 and rounded back once. */
+typedef struct {
     const line_ctx *l;
-    bool f64;
+    float *buf;
 } lines_ctx;
 
 static void lines_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
 {
     const lines_ctx *x = vc;
+    const line_ctx *l = x->l;
     for (int64_t i = 0; i < n; i++) {
-        if (x->f64)
-            line_f64(x->l, off[1] + i * st[1], off[0] + i * st[0]);
-        else
-            line_f32(x->l, off[1] + i * st[1], off[0] + i * st[0]);
+        int64_t ao = off[1] + i * st[1], yo = off[0] + i * st[0];
+        if (l->dt == TD_F64) {
+            line_f64(l->op, (const double *)(const void *)l->a + ao, l->as,
+                     (double *)(void *)l->y + yo, l->ys, l->L);
+        } else if (l->dt == TD_F32) {
+            line_f32(l->op, (const float *)(const void *)l->a + ao, l->as,
+                     (float *)(void *)l->y + yo, l->ys, l->L);
+        } else {
+            float *fa = x->buf, *fy = x->buf + l->L;
+            cpu_half_to_f32((const uint16_t *)(const void *)l->a + ao, l->as, fa, 1, l->L, l->dt);
+            line_f32(l->op, fa, 1, fy, 1, l->L);
+            cpu_f32_to_half(fy, 1, (uint16_t *)(void *)l->y + yo, l->ys, l->L, l->dt);
+        }
     }
+}
+
+/* Lines [lo, hi) of the iteration; false when a half line's buffer is not to be had. */
+static bool lines_part(const line_ctx *l, const tdd_iter *it, int64_t lo, int64_t hi)
+{
+    lines_ctx x = {l, NULL};
+    if (cpu_is_half(l->dt) && lo < hi) {
+        x.buf = malloc((size_t)l->L * 2 * sizeof *x.buf);
+        if (!x.buf)
+            return false;
+    }
+    tdd_iter_range(it, lo, hi, lines_run, &x);
+    free(x.buf);
+    return true;
 }
 
 int cpu_lines(const tdd_opcall *c, int nt)
@@ -450,7 +478,8 @@ int cpu_lines(const tdd_opcall *c, int nt)
     const tdd_tensor *a = c->in[0];
     tdd_tensor *y = c->out[0];
     int d = (int)c->args->i[0];
-    line_ctx l = {.c = c, .L = a->ndim ? a->shape[d] : 1, .as = a->ndim ? a->strides[d] : 0,
+    line_ctx l = {.op = c->op, .dt = a->dtype, .a = a->st->data, .y = y->st->data,
+                  .L = a->ndim ? a->shape[d] : 1, .as = a->ndim ? a->strides[d] : 0,
                   .ys = y->ndim ? y->strides[d] : 0};
     if (l.L == 0)
         return 0;
@@ -462,20 +491,18 @@ int cpu_lines(const tdd_opcall *c, int nt)
     const tdd_tensor *ops[2] = {y, a};
     tdd_iter it;
     tdd_iter_tensors(&it, shape, a->ndim, 2, ops);
-    lines_ctx x = {&l, a->dtype == TD_F64};
     /* each line costs L elements of work: scale the parallel threshold */
     int use = it.numel * l.L >= CPU_PAR_MIN && it.numel > 1 ? nt : 1;
     if (use > 1 && it.numel < use)
         use = (int)it.numel;
-    if (use <= 1) {
-        tdd_iter_range(&it, 0, it.numel, lines_run, &x);
-        return 0;
-    }
+    if (use <= 1)
+        return lines_part(&l, &it, 0, it.numel) ? 0 : TD_ERESOURCE_EXHAUSTED;
     int64_t per = it.numel / use, extra = it.numel % use;
-#pragma omp parallel for num_threads(use) schedule(static)
+    int failed = 0;
+#pragma omp parallel for num_threads(use) schedule(static) reduction(| : failed)
     for (int t = 0; t < use; t++) {
         int64_t lo = t * per + (t < extra ? t : extra);
-        tdd_iter_range(&it, lo, lo + per + (t < extra ? 1 : 0), lines_run, &x);
+        failed |= !lines_part(&l, &it, lo, lo + per + (t < extra ? 1 : 0));
     }
-    return 0;
+    return failed ? TD_ERESOURCE_EXHAUSTED : 0;
 }
