@@ -2,6 +2,7 @@
 #ifndef TDD_CONFIG_H
 #define TDD_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define TDD_MAX_LISTEN 16
@@ -22,6 +23,8 @@ typedef struct tdd_config {
     uint32_t max_sessions;   /* concurrent sessions */
     uint32_t idle_timeout_s; /* close a session silent this long; 0 = never */
     uint32_t shutdown_grace_s;
+    char token[256];         /* required in Hello when non-empty (--token-file) */
+    size_t token_len;
 } tdd_config;
 
 extern tdd_config tdd_cfg;

@@ -120,6 +120,17 @@ void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const voi
 
 /* ---------------------------------------------------------------- hello */
 
+/* Compares the offered token with the configured one in time that depends only
+ * on the configured length, so the comparison leaks nothing about the token. */
+static bool token_matches(const char *offered)
+{
+    size_t n = offered ? strlen(offered) : 0;
+    unsigned diff = (unsigned)(n ^ tdd_cfg.token_len);
+    for (size_t i = 0; i < tdd_cfg.token_len; i++)
+        diff |= (unsigned)(uint8_t)(i < n ? offered[i] : 0) ^ (uint8_t)tdd_cfg.token[i];
+    return diff == 0;
+}
+
 static int h_hello(tdd_conn *c, Request *req)
 {
     Tensordd__V1__Hello *h = req->hello;
@@ -136,6 +147,13 @@ static int h_hello(tdd_conn *c, Request *req)
         err.detail_kind = TD_DETAIL_VERSION;
         err.detail.version.server_min = TD_PROTOCOL_VERSION;
         err.detail.version.server_max = TD_PROTOCOL_VERSION;
+        tdd_answer_error(c, req, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (tdd_cfg.token_len && !token_matches(h->token)) {
+        tdd_err_set(&err, TD_EUNAUTHENTICATED, "this daemon requires a valid token in Hello");
+        tdd_info("session %llu (%s): bad or missing token; closing the connection",
+                 (unsigned long long)c->s->id, c->s->peer);
         tdd_answer_error(c, req, &err);
         return TDD_DISPATCH_CLOSE;
     }

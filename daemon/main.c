@@ -1,9 +1,11 @@
 /* main.c -- tensordd: flags, start-up, the loop, graceful shutdown. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <uv.h>
 
 #include "autograd.h"
@@ -30,6 +32,8 @@ static void usage(FILE *f)
             "  --sim-devices N        simulated discrete devices sim:0..N-1 with device\n"
             "                         memory and reference kernels, for tests (default 0)\n"
             "  --log-level LEVEL      error, warn, info (default), debug\n"
+            "  --token-file PATH      clients must send this token in Hello (first line of\n"
+            "                         the file); required to listen beyond loopback\n"
             "  --max-frame BYTES      largest protobuf request (default 4M)\n"
             "  --max-payload BYTES    largest tensor payload (default 64G)\n"
             "  --max-handles N        live handles per session (default 1048576)\n"
@@ -64,6 +68,34 @@ static int parse_u64(const char *s, uint64_t *out, int allow_suffix)
     if (v && mul > UINT64_MAX / v)
         return -1;
     *out = (uint64_t)v * mul;
+    return 0;
+}
+
+/* Reads the first line of path as the token; refuses files others can read. */
+static int read_token(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "tensordd: cannot read --token-file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
+        fprintf(stderr, "tensordd: warning: %s is readable by group or others (chmod 600)\n",
+                path);
+    char line[sizeof tdd_cfg.token + 2];
+    if (!fgets(line, sizeof line, f))
+        line[0] = 0;
+    fclose(f);
+    size_t n = strcspn(line, "\r\n");
+    if (n == 0 || n >= sizeof tdd_cfg.token) {
+        fprintf(stderr, "tensordd: --token-file %s: the token must be 1..%zu bytes on its first line\n",
+                path, sizeof tdd_cfg.token - 1);
+        return -1;
+    }
+    memcpy(tdd_cfg.token, line, n);
+    tdd_cfg.token[n] = 0;
+    tdd_cfg.token_len = n;
     return 0;
 }
 
@@ -102,7 +134,7 @@ int main(int argc, char **argv)
 {
     enum {
         O_LISTEN = 256, O_CPU, O_THREADS, O_SIM, O_LOG, O_FRAME, O_PAYLOAD, O_HANDLES, O_SMEM,
-        O_CAP, O_INFLIGHT, O_SESSIONS, O_IDLE, O_HELP, O_VERSION
+        O_CAP, O_INFLIGHT, O_SESSIONS, O_IDLE, O_TOKEN, O_HELP, O_VERSION
     };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
@@ -118,6 +150,7 @@ int main(int argc, char **argv)
         {"max-inflight", required_argument, 0, O_INFLIGHT},
         {"max-sessions", required_argument, 0, O_SESSIONS},
         {"idle-timeout", required_argument, 0, O_IDLE},
+        {"token-file", required_argument, 0, O_TOKEN},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
         {0, 0, 0, 0},
@@ -184,6 +217,10 @@ int main(int argc, char **argv)
         case O_IDLE:
             bad = parse_u64(optarg, &v, 0) || v > 86400 * 365;
             tdd_cfg.idle_timeout_s = (uint32_t)v;
+            break;
+        case O_TOKEN:
+            if (read_token(optarg))
+                return 2;
             break;
         case O_HELP:
             usage(stdout);

@@ -548,6 +548,14 @@ static void on_connection(uv_stream_t *server, int status)
     start_reading(c);
 }
 
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a);
+}
+
 static int listen_tcp(listener *l, const char *hostport)
 {
     char host[128];
@@ -577,6 +585,12 @@ static int listen_tcp(listener *l, const char *hostport)
                              (struct sockaddr_in *)&ss);
         if (rc)
             return rc;
+    }
+    if (!is_loopback(&ss) && !tdd_cfg.token_len) {
+        tdd_error("refusing to listen on tcp://%s without --token-file: anyone who can reach "
+                  "it could run code on this machine's devices",
+                  hostport);
+        return UV_EACCES;
     }
     uv_tcp_init(loop, &l->h.tcp);
     int rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&ss, 0);
@@ -634,9 +648,10 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg)
         else
             rc = UV_EINVAL;
         if (rc) {
-            tdd_error("cannot listen on %s: %s", ep,
-                      rc == UV_EINVAL ? "expected tcp://HOST:PORT or unix:///PATH"
-                                      : uv_strerror(rc));
+            if (rc != UV_EACCES)
+                tdd_error("cannot listen on %s: %s", ep,
+                          rc == UV_EINVAL ? "expected tcp://HOST:PORT or unix:///PATH"
+                                          : uv_strerror(rc));
             return rc;
         }
         l->h.handle.data = l;

@@ -247,17 +247,24 @@ def test_version_mismatch(daemon, monkeypatch):
 
 
 def test_unauthenticated(start_daemon, tmp_path):
-    help_text = subprocess.run([TDD_BIN, "--help"], capture_output=True, text=True).stdout
-    if "--token-file" not in help_text:
-        pytest.skip("daemon has no --token-file option yet: UNAUTHENTICATED cannot be provoked")
     token = tmp_path / "token"
     token.write_text("correct horse\n")
     token.chmod(0o600)
     d = start_daemon("--token-file", str(token))
     with pytest.raises(tensordd.UnauthenticatedError):
         tensordd.connect(d.endpoint, token="wrong", timeout=10)
+    with pytest.raises(tensordd.UnauthenticatedError):
+        tensordd.connect(d.endpoint, timeout=10)  # no token at all
+    with pytest.raises(tensordd.UnauthenticatedError):
+        tensordd.connect(d.endpoint, token="correct horse and more", timeout=10)
     with tensordd.connect(d.endpoint, token="correct horse", timeout=10) as s:
         assert_usable(s)
+
+
+def test_non_loopback_listener_requires_a_token():
+    r = subprocess.run([TDD_BIN, "--listen", "tcp://0.0.0.0:0", "--log-level", "error"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "token-file" in r.stderr
 
 
 # ---------------------------------------------------------------- autodiff errors
