@@ -14,6 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <immintrin.h>
+#endif
 
 #include "autograd_impl.h"
 
@@ -294,6 +297,72 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
 TDD_OPTIM_LOOP(float, update_f32)
 TDD_OPTIM_LOOP(double, update_f64)
 
+/* The common case -- Adam or AdamW on float32, dense, unaliased tensors --
+ * four elements at a time in SSE: the per-element branches of the loop above
+ * become per-call constants, fresh moments are zeroed first (0 * beta1 + x is
+ * what the loop above computes too), and the operations are the same, in
+ * the same order, each correctly rounded: bit-identical to the loop above.
+ * (gcc -O2 will not vectorise the plain loop: sqrtf may set errno.) */
+#ifdef __SSE2__
+static void adam_dense_f32(step_job *j, int64_t n)
+{
+    const opt_hyper *h = &j->h;
+    float *P = tdd_data(&j->p), *M = tdd_data(&j->b0), *V = tdd_data(&j->b1);
+    const float *G = tdd_data(&j->g);
+    if (j->init) {
+        memset(M, 0, (size_t)n * sizeof *M);
+        memset(V, 0, (size_t)n * sizeof *V);
+    }
+    double bc1 = 1.0 - pow(h->beta1, (double)j->step);
+    double bc2 = 1.0 - pow(h->beta2, (double)j->step);
+    float gsign = h->maximize ? -1.0f : 1.0f, wd = (float)h->weight_decay;
+    float decay = (float)(1.0 - h->lr * h->weight_decay), b1 = (float)h->beta1,
+          b2 = (float)h->beta2, ob1 = (float)(1.0 - h->beta1), ob2 = (float)(1.0 - h->beta2),
+          nss = -(float)(h->lr / bc1), bc2s = (float)sqrt(bc2), eps = (float)h->eps;
+    bool adamw = h->kind == OPT_ADAMW, l2 = !adamw && h->weight_decay != 0.0;
+    __m128 vgs = _mm_set1_ps(gsign), vwd = _mm_set1_ps(wd), vdec = _mm_set1_ps(decay),
+           vb1 = _mm_set1_ps(b1), vb2 = _mm_set1_ps(b2), vob1 = _mm_set1_ps(ob1),
+           vob2 = _mm_set1_ps(ob2), vnss = _mm_set1_ps(nss), vbc2s = _mm_set1_ps(bc2s),
+           veps = _mm_set1_ps(eps);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 g = _mm_mul_ps(_mm_loadu_ps(G + i), vgs), p = _mm_loadu_ps(P + i);
+        if (adamw)
+            p = _mm_mul_ps(p, vdec);
+        else if (l2)
+            g = _mm_add_ps(g, _mm_mul_ps(vwd, p));
+        __m128 m = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(M + i), vb1), _mm_mul_ps(vob1, g));
+        __m128 v = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(V + i), vb2),
+                              _mm_mul_ps(vob2, _mm_mul_ps(g, g)));
+        _mm_storeu_ps(M + i, m);
+        _mm_storeu_ps(V + i, v);
+        __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(v), vbc2s), veps);
+        _mm_storeu_ps(P + i, _mm_add_ps(p, _mm_mul_ps(vnss, _mm_div_ps(m, denom))));
+    }
+    for (; i < n; i++) {
+        float g = G[i] * gsign, p = P[i];
+        if (adamw)
+            p = p * decay;
+        else if (l2)
+            g = g + wd * p;
+        float m = M[i] * b1 + ob1 * g, v = V[i] * b2 + ob2 * (g * g);
+        M[i] = m;
+        V[i] = v;
+        P[i] = p + nss * (m / (sqrtf(v) / bc2s + eps));
+    }
+}
+
+/* The dense path applies: Adam(W) on float32, every tensor contiguous, no
+ * two sharing storage (each element is read before it is written). */
+static bool adam_dense_ok(const step_job *j)
+{
+    return j->h.kind != OPT_SGD && j->p.dtype == TD_F32 && j->bv[0] && j->bv[1] && tdd_is_contiguous(&j->p) &&
+           tdd_is_contiguous(&j->g) && tdd_is_contiguous(&j->b0) && tdd_is_contiguous(&j->b1) &&
+           j->p.st != j->g.st && j->p.st != j->b0.st && j->p.st != j->b1.st &&
+           j->g.st != j->b0.st && j->g.st != j->b1.st && j->b0.st != j->b1.st;
+}
+#endif
+
 static int step_run(void *arg)
 {
     step_job *j = arg;
@@ -301,6 +370,12 @@ static int step_run(void *arg)
      * came from a failed op says so. */
     if (tdd_value_poisoned(j->gv))
         return TD_EPOISONED;
+#ifdef __SSE2__
+    if (adam_dense_ok(j)) {
+        adam_dense_f32(j, tdd_numel(&j->p));
+        return 0;
+    }
+#endif
     if (j->p.dtype == TD_F32)
         update_f32(j);
     else
