@@ -179,10 +179,14 @@ $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC)) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMM
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) $(CHECK_LIBS) -o $@
 
-$(BUILD)/tests/integration: $(call obj,$(INTEG_SRC)) $(TEST_SUPPORT) $(BUILD)/libtensordd.a
+# The wire suite (test_ops_wire.c) runs the conformance table, whose shape rules come
+# from the backends' op table; common/ comes from libtensordd.a only, so once.
+$(BUILD)/tests/integration: $(call obj,$(INTEG_SRC)) $(TEST_SUPPORT) \
+                            $(call obj,tests/unit/test_conformance_cases.c) $(BACKEND_OBJ) \
+                            $(BUILD)/libtensordd.a
 	@mkdir -p $(dir $@)
 	@echo "  LINK     $@"
-	$(Q)$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(CHECK_LIBS) -o $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) $(CHECK_LIBS) -o $@
 
 $(BUILD)/tests/fuzz_replay: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)

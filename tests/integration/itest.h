@@ -26,5 +26,6 @@ int it_raw_session(void);
 Suite *it_data_suite(void);
 Suite *it_error_suite(void);
 Suite *it_autograd_suite(void);
+Suite *it_ops_wire_suite(void);
 
 #endif

@@ -47,4 +47,46 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
 
 td_dtype conf_dtype_of(char letter);
 
+/* ---- the pieces of conf_run that other harnesses reuse (the wire suite in
+ * tests/integration/test_ops_wire.c runs the same table through the daemon) */
+
+/* A case's attribute string as td_attr; the attributes point into the set. */
+#define CONF_MAX_ATTRS 12
+typedef struct {
+    td_attr a[CONF_MAX_ATTRS];
+    int64_t ints[CONF_MAX_ATTRS][16];
+    char names[CONF_MAX_ATTRS][32], strs[CONF_MAX_ATTRS][32];
+    size_t n;
+} conf_attrs;
+
+void conf_parse_attrs(const char *s, conf_attrs *as);
+
+/* One input of a case for one dtype: its dtype, logical shape, the layout
+ * letter (0 when none; variant 1 fills in T or S) and its numel values in C
+ * order of the logical shape: ivals for index inputs (i<N>), vals otherwise. */
+typedef struct {
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_NDIM];
+    char layout;
+    int64_t numel;
+    double *vals;
+    int64_t *ivals; /* NULL unless an index input */
+} conf_input;
+
+/* Builds the inputs of case c for dtype dt exactly as conf_run does (same
+ * seed per case, so the same values); returns how many (0..4). Free them with
+ * conf_inputs_free. */
+int conf_inputs(const conf_case *c, td_dtype dt, int variant, conf_input in[4]);
+void conf_inputs_free(conf_input in[4], int n);
+
+/* The tolerance of dtype dt scaled by a case's tol (0 and 0: exact). */
+void conf_tolerances(td_dtype dt, double tol, double *rtol, double *atol);
+
+/* Elements of other that differ from ref (same shape) beyond tol, as conf_run
+ * counts them; the first is described in msg, *worst grows to the largest
+ * |diff| / (atol + rtol |ref|). */
+int64_t conf_compare(const tdd_tensor *ref, const tdd_tensor *other, double tol, double *worst,
+                     char *msg, size_t len);
+
 #endif

@@ -290,18 +290,10 @@ static int parse_shape(const char *s, int64_t *shape)
     return n;
 }
 
-#define MAX_ATTRS 12
-typedef struct {
-    td_attr a[MAX_ATTRS];
-    int64_t ints[MAX_ATTRS][16];
-    char names[MAX_ATTRS][32], strs[MAX_ATTRS][32];
-    size_t n;
-} attr_set;
-
-static void parse_attrs(const char *s, attr_set *as)
+void conf_parse_attrs(const char *s, conf_attrs *as)
 {
     memset(as, 0, sizeof *as);
-    while (s && *s && as->n < MAX_ATTRS) {
+    while (s && *s && as->n < CONF_MAX_ATTRS) {
         size_t k = as->n++;
         td_attr *a = &as->a[k];
         const char *eq = strchr(s, '=');
@@ -459,7 +451,7 @@ static void free_tensor(htensor *h)
 
 /* ------------------------------------------------------------------ compare */
 
-static void tolerances(td_dtype dt, double *rtol, double *atol)
+static void dtype_tolerances(td_dtype dt, double *rtol, double *atol)
 {
     switch (dt) {
     case TD_F32:
@@ -488,13 +480,18 @@ static void tolerances(td_dtype dt, double *rtol, double *atol)
     *rtol = *atol = 0;
 }
 
-static int64_t compare(const tdd_tensor *r, const tdd_tensor *o, double tol, double *worst,
-                       char *msg, size_t len)
+void conf_tolerances(td_dtype dt, double tol, double *rtol, double *atol)
+{
+    dtype_tolerances(dt, rtol, atol);
+    *rtol *= tol;
+    *atol *= tol;
+}
+
+int64_t conf_compare(const tdd_tensor *r, const tdd_tensor *o, double tol, double *worst,
+                     char *msg, size_t len)
 {
     double rtol, atol;
-    tolerances(r->dtype, &rtol, &atol);
-    rtol *= tol;
-    atol *= tol;
+    conf_tolerances(r->dtype, tol, &rtol, &atol);
     int64_t n = tdd_numel(r), bad = 0, idx[TD_MAX_NDIM];
     bool fl = tdd_dtype_is_float(r->dtype);
     for (int64_t i = 0; i < n; i++) {
@@ -536,36 +533,27 @@ static int64_t compare(const tdd_tensor *r, const tdd_tensor *o, double tol, dou
     return bad;
 }
 
-/* ------------------------------------------------------------------ runner */
+/* ------------------------------------------------------------------ inputs */
 
-void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
-              conf_backend *other, bool execute, conf_result *res)
+int conf_inputs(const conf_case *c, td_dtype dt, int variant, conf_input in[4])
 {
-    memset(res, 0, sizeof *res);
-    const tdd_opdef *def = tdd_op_find(c->op);
-    if (!def) {
-        res->prep_rc = TD_EUNSUPPORTED_OP;
-        snprintf(res->msg, sizeof res->msg, "no op named %s", c->op);
-        return;
-    }
-    conf_backend *bes[2] = {ref, other};
-    htensor in[2][4];
-    htensor out[2][TDD_MAX_OP_OUTPUTS];
     int n_in = 0;
-    memset(in, 0, sizeof in);
-    memset(out, 0, sizeof out);
+    memset(in, 0, 4 * sizeof *in);
     rng_state = 0x9e3779b97f4a7c15u ^ (uint64_t)(c - conf_cases) * 7919u;
     for (int k = 0; k < 4 && c->inputs[k]; k++, n_in++) {
         const char *spec = c->inputs[k], *colon = strchr(spec, ':');
-        int64_t shape[TD_MAX_NDIM];
-        int nd = parse_shape(colon + 1, shape);
+        conf_input *ci = &in[k];
+        int64_t *shape = ci->shape;
+        int nd = ci->ndim = parse_shape(colon + 1, shape);
         const char *lay = colon + 1 + strspn(colon + 1, "0123456789,");
         char layout = *lay;
         if (variant == 1 && !layout)
             layout = nd >= 2 ? 'T' : 'S';
+        ci->layout = layout;
         int64_t n = 1;
         for (int d = 0; d < nd; d++)
             n *= shape[d];
+        ci->numel = n;
         td_dtype idt = dt;
         double *vals = calloc((size_t)n + 1, sizeof *vals);
         int64_t *ivals = NULL;
@@ -592,14 +580,51 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
                     vals[i] = pos ? 0.1 + 2.9 * rnd_unit() : -2.0 + 4.0 * rnd_unit();
             }
         }
+        ci->dtype = idt;
+        ci->vals = vals;
+        ci->ivals = ivals;
+    }
+    return n_in;
+}
+
+void conf_inputs_free(conf_input in[4], int n)
+{
+    for (int k = 0; k < n; k++) {
+        free(in[k].vals);
+        free(in[k].ivals);
+        in[k].vals = NULL;
+        in[k].ivals = NULL;
+    }
+}
+
+/* ------------------------------------------------------------------ runner */
+
+void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
+              conf_backend *other, bool execute, conf_result *res)
+{
+    memset(res, 0, sizeof *res);
+    const tdd_opdef *def = tdd_op_find(c->op);
+    if (!def) {
+        res->prep_rc = TD_EUNSUPPORTED_OP;
+        snprintf(res->msg, sizeof res->msg, "no op named %s", c->op);
+        return;
+    }
+    conf_backend *bes[2] = {ref, other};
+    htensor in[2][4];
+    htensor out[2][TDD_MAX_OP_OUTPUTS];
+    int n_in = 0;
+    memset(in, 0, sizeof in);
+    memset(out, 0, sizeof out);
+    conf_input spec[4];
+    n_in = conf_inputs(c, dt, variant, spec);
+    for (int k = 0; k < n_in; k++)
         for (int b = 0; b < 2; b++)
             if (bes[b])
-                make_tensor(&in[b][k], bes[b], idt, shape, nd, layout, vals, ivals);
-        free(vals);
-        free(ivals);
-    }
-    attr_set as;
-    parse_attrs(c->attrs, &as);
+                make_tensor(&in[b][k], bes[b], spec[k].dtype, spec[k].shape, spec[k].ndim,
+                            spec[k].layout, spec[k].vals, spec[k].ivals);
+    conf_inputs_free(spec, n_in);
+    conf_attrs as;
+    conf_parse_attrs(c->attrs, &as);
     tdd_opreq req = {.attrs = {as.a, as.n}, .dtype = def->kind == TDD_KIND_CREATE ? dt : 0,
                      .seed = 12345};
     if (def->kind == TDD_KIND_CREATE && dt == TD_DTYPE_INVALID)
@@ -661,7 +686,7 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
             }
             if (od[k].view)
                 other_t = out[1][k].t, other_t.st = other_st.data ? &other_st : other_t.st;
-            res->bad = compare(&out[0][k].t, &other_t, c->tol, &res->worst, res->msg,
+            res->bad = conf_compare(&out[0][k].t, &other_t, c->tol, &res->worst, res->msg,
                                sizeof res->msg);
             free(other_st.data);
             if (res->bad) {
