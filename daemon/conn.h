@@ -31,6 +31,11 @@ struct tdd_conn {
     void *parg;
     /* A synchronising request waiting for the session's queued work. */
     Tensordd__V1__Request *blocked;
+    /* Requests are unpacked into this arena (one malloc-free bump region,
+     * reset per request) unless arena_req, the request living there, is
+     * still in use, when a nested one is unpacked with malloc. */
+    struct tdd_arena *arena;
+    Tensordd__V1__Request *arena_req;
     int paused; /* > 0: no frame is processed (a download is being written) */
     bool hello_done;
     bool reading;
