@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -16,7 +17,11 @@ struct tdd_queue {
     pthread_cond_t cv;      /* work arrived / stop */
     pthread_cond_t done_cv; /* completed advanced (for cross-queue waits) */
     tdd_task *head, *tail;
-    uint64_t submitted, completed;
+    uint64_t submitted; /* loop thread only */
+    /* Written by the worker under mu; read without it by the loop's checks
+     * (idle, reached), which run per small op and used to contend for mu
+     * with the worker (futex wake-ups on both sides). */
+    _Atomic uint64_t completed;
     int waiters;
     int stop;
     pthread_t thread;
@@ -148,10 +153,14 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&q->mu);
         t->run(t);
         pthread_mutex_lock(&q->mu);
-        q->completed = t->seq;
+        atomic_store_explicit(&q->completed, t->seq, memory_order_release);
         if (q->waiters)
             pthread_cond_broadcast(&q->done_cv);
-        post_done(t); /* after completed is published: done() may submit again */
+        /* After completed is published (done() may submit again), and
+         * outside mu: the wake-up write must not hold up the loop's submits. */
+        pthread_mutex_unlock(&q->mu);
+        post_done(t);
+        pthread_mutex_lock(&q->mu);
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
@@ -214,7 +223,7 @@ void tdd_queue_wait(tdd_queue *q, uint64_t seq)
 {
     pthread_mutex_lock(&q->mu);
     q->waiters++;
-    while (q->completed < seq)
+    while (atomic_load_explicit(&q->completed, memory_order_acquire) < seq)
         pthread_cond_wait(&q->done_cv, &q->mu);
     q->waiters--;
     pthread_mutex_unlock(&q->mu);
@@ -222,18 +231,12 @@ void tdd_queue_wait(tdd_queue *q, uint64_t seq)
 
 bool tdd_queue_idle(tdd_queue *q)
 {
-    pthread_mutex_lock(&q->mu);
-    bool idle = q->completed == q->submitted;
-    pthread_mutex_unlock(&q->mu);
-    return idle;
+    return atomic_load_explicit(&q->completed, memory_order_acquire) == q->submitted;
 }
 
 bool tdd_queue_reached(tdd_queue *q, uint64_t seq)
 {
-    pthread_mutex_lock(&q->mu);
-    bool done = q->completed >= seq;
-    pthread_mutex_unlock(&q->mu);
-    return done;
+    return atomic_load_explicit(&q->completed, memory_order_acquire) >= seq;
 }
 
 uint64_t tdd_exec_pending(void)
