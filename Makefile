@@ -97,6 +97,7 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
            $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
 
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
+        install test-install \
         bench clean format \
         lint check-deps
 .DEFAULT_GOAL := all
@@ -231,7 +232,8 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
-	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-python
+	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
+	    test-python
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
 	@BUILD=$(BUILD) bash tests/rss_check.sh
@@ -261,6 +263,38 @@ run: deps
 
 bench: all $(BENCH_BINS)
 	@BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
+
+# ---------------------------------------------------------------- install
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]
+LIBDIR ?= $(PREFIX)/lib
+PYDIR ?= $(shell $(PY) -c 'import sys; print("$(PREFIX)/lib/python%d.%d/dist-packages" % sys.version_info[:2])')
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PYDIR)/tensordd
+	install -m 755 $(BUILD)/tensordd $(BUILD)/tdctl $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(BUILD)/libtensordd.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(BUILD)/libtensordd.so $(DESTDIR)$(LIBDIR)/libtensordd.so.0
+	ln -sf libtensordd.so.0 $(DESTDIR)$(LIBDIR)/libtensordd.so
+	install -m 644 client/tensordd.h $(DESTDIR)$(PREFIX)/include/
+	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
+	install -m 644 client/python/tensordd/*.py $(DESTDIR)$(PYDIR)/tensordd/
+	@echo "installed under $(DESTDIR)$(PREFIX) (python package in $(PYDIR)); systemd unit: deploy/tensordd.service"
+
+# Installs into a staging directory, then builds a client against the installed
+# header and library through pkg-config and imports the installed Python package.
+test-install:
+	@rm -rf $(BUILD)/stage
+	@$(MAKE) --no-print-directory install DESTDIR=$(abspath $(BUILD)/stage) PREFIX=/usr/local >/dev/null
+	@PKG_CONFIG_PATH=$(abspath $(BUILD)/stage)/usr/local/lib/pkgconfig \
+	    PKG_CONFIG_SYSROOT_DIR=$(abspath $(BUILD)/stage) \
+	    $(CC) -std=c11 $(LDFLAGS) examples/session.c $$(PKG_CONFIG_PATH=$(abspath $(BUILD)/stage)/usr/local/lib/pkgconfig \
+	        PKG_CONFIG_SYSROOT_DIR=$(abspath $(BUILD)/stage) pkg-config --cflags --libs --static tensordd) \
+	        -o $(BUILD)/stage/session
+	@cd /tmp && PYTHONPATH=$(abspath $(BUILD)/stage)$(PYDIR) $(PY) -c \
+	    'import tensordd, sys; assert tensordd.__file__.startswith(sys.argv[1]), tensordd.__file__' \
+	    $(abspath $(BUILD)/stage)
+	@echo "install: staged install links a client through pkg-config and imports the Python package"
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
