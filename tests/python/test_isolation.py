@@ -114,3 +114,24 @@ def test_hang_up_mid_upload_frees_everything(fresh):
         assert after["tensors_alive"] == base["tensors_alive"]
         assert memory_in_use(watcher) == base_mem
         assert_quick_session(fresh.endpoint)
+
+
+def test_idle_timeout_closes_only_the_silent_session(start_daemon):
+    d = start_daemon("--idle-timeout", "1")
+    quiet = raw(d.endpoint)
+    quiet.sendall(hello())
+    with tensordd.connect(d.endpoint, timeout=10) as busy:
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:  # busy keeps talking; quiet says nothing
+            busy.sync()
+            time.sleep(0.2)
+        quiet.settimeout(5)
+        data = b""
+        while True:  # the Hello reply, then EOF
+            chunk = quiet.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        assert len(data) > 16, "the Hello reply came before the close"
+        busy.sync()  # the active session is still served
+        assert busy.stats()["sessions"] == 1
