@@ -548,7 +548,10 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_CLONE:
         return true; /* views do nothing; copies move bytes of any dtype */
     case TDD_OP_CAST:
-        return c->in[0]->dtype == g->dtype || (is_f(c->in[0]->dtype) && is_f(g->dtype));
+        return true; /* every pair converts as ref does (cpu_cast.c) */
+    case TDD_OP_ONE_HOT: /* output i64 (ops_shape.c); cpu_one_hot fills it row by row */
+        return tdd_is_contiguous(c->out[0]) && c->out[0]->dtype == TD_I64 &&
+               (c->in[0]->dtype == TD_I64 || c->in[0]->dtype == TD_I32);
     case TDD_OP_FULL:
     case TDD_OP_ZEROS:
     case TDD_OP_ONES:
@@ -572,7 +575,6 @@ bool tdd_cpu_native(const tdd_opcall *c)
         return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_CAT:
     case TDD_OP_STACK:
-    case TDD_OP_ONE_HOT:
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
     case TDD_OP_PAD:
@@ -744,8 +746,13 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_SPLIT:
     case TDD_OP_CHUNK:
     case TDD_OP_CLONE:
-    case TDD_OP_CAST:
         return cpu_copy(c, nt);
+    case TDD_OP_CAST:
+        /* same-dtype casts too: ref round-trips floats through double/f32, which
+         * rewrites NaN payloads (f16/bf16) that a byte copy would keep */
+        return cpu_cast(c, nt);
+    case TDD_OP_ONE_HOT:
+        return cpu_one_hot(c, nt);
     case TDD_OP_FULL:
     case TDD_OP_ZEROS:
     case TDD_OP_ONES:
@@ -767,7 +774,6 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
     case TDD_OP_CAT:
     case TDD_OP_STACK:
-    case TDD_OP_ONE_HOT:
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
     case TDD_OP_PAD:

@@ -46,6 +46,8 @@ void cpu_store_contig(tdd_tensor *t, int64_t lo, int64_t n, const double *src);
 int cpu_elementwise(const tdd_opcall *c, int nt); /* cpu_elem.c */
 int cpu_copy(const tdd_opcall *c, int nt);        /* cpu_elem.c */
 int cpu_create(const tdd_opcall *c, int nt);      /* cpu_elem.c */
+int cpu_cast(const tdd_opcall *c, int nt);        /* cpu_cast.c: any dtype pair */
+int cpu_one_hot(const tdd_opcall *c, int nt);     /* cpu_cast.c */
 int cpu_reduce(const tdd_opcall *c, int nt);      /* cpu_reduce.c */
 int cpu_lines(const tdd_opcall *c, int nt);       /* cpu_reduce.c: cumsum, softmax */
 int cpu_matmul(const tdd_opcall *c);              /* cpu_blas.c */
