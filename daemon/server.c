@@ -95,14 +95,29 @@ static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payl
     }
     td_frame_encode(buf, (uint32_t)mlen, plen);
     protobuf_c_message_pack(&r->base, buf + TD_FRAME_HEADER_SIZE);
+    size_t flen = TD_FRAME_HEADER_SIZE + mlen, sent = 0;
+    if (plen == 0 && c->wq_bytes == 0) {
+        /* A reply with nothing queued ahead of it goes out with one write(2) now:
+         * through uv_write the socket would also be armed and disarmed for
+         * writability, two epoll_ctl calls per small reply. */
+        uv_buf_t b = uv_buf_init((char *)buf, (unsigned)flen);
+        int n = uv_try_write(&c->h.stream, &b, 1);
+        sent = n > 0 ? (size_t)n : 0;
+        tdd_stats.bytes_sent += sent;
+        if (sent == flen) {
+            free(buf);
+            free(wr);
+            return;
+        }
+    }
     wr->c = c;
     wr->buf = buf;
-    wr->total = TD_FRAME_HEADER_SIZE + mlen + plen;
+    wr->total = flen - sent + plen;
     wr->hold = hold;
     wr->resume = resume;
     if (hold)
         tdd_storage_ref(hold);
-    uv_buf_t bufs[2] = {uv_buf_init((char *)buf, (unsigned)(TD_FRAME_HEADER_SIZE + mlen)),
+    uv_buf_t bufs[2] = {uv_buf_init((char *)buf + sent, (unsigned)(flen - sent)),
                         uv_buf_init((char *)(uintptr_t)payload, (unsigned)plen)};
     /* uv_buf_t lengths are size_t on unix; one buffer per payload (large payloads are
      * written by libuv in as many write(2) calls as it takes). */
