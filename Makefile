@@ -97,7 +97,7 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
            $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
 
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
-        install test-install \
+        install test-install test-gpu-build \
         bench clean format \
         lint check-deps
 .DEFAULT_GOAL := all
@@ -233,7 +233,7 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
-	    test-python
+	    test-gpu-build test-python
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
 	@BUILD=$(BUILD) bash tests/rss_check.sh
@@ -280,6 +280,12 @@ install: all
 	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
 	install -m 644 client/python/tensordd/*.py $(DESTDIR)$(PYDIR)/tensordd/
 	@echo "installed under $(DESTDIR)$(PREFIX) (python package in $(PYDIR)); systemd unit: deploy/tensordd.service"
+
+# The GPU check can only run on a GPU machine, but it must always build: a link
+# that broke here would be found only when a GPU is finally lent.
+test-gpu-build: $(BUILD)/libtensordd.a
+	@if [ "$(HAVE_CUDA)" = 1 ]; then GPU_CHECK_BUILD_ONLY=1 BUILD=$(BUILD) bash bench/gpu_check.sh; \
+	else echo "gpu_check: no nvcc, not built"; fi
 
 # Installs into a staging directory, then builds a client against the installed
 # header and library through pkg-config and imports the installed Python package.

@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #pragma GCC diagnostic pop
 
+#include "bench.h"
 #include "tensordd.h"
 
 /* ------------------------------------------------------------------ cases */
@@ -199,25 +200,6 @@ static int64_t numel_of(int ndim, const int64_t *shape)
     for (int d = 0; d < ndim; d++)
         n *= shape[d];
     return n;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static td_device dev_ref, dev_cuda, dev_cpu;
@@ -434,12 +416,12 @@ static void bench_sgemm(td_client *c, int n, int blocks, int reps)
     }
     const float one = 1.0f, zero = 0.0f;
     for (int b = -1; b < blocks; b++) { /* block -1 warms up */
-        double t0 = now();
+        double t0 = bench_now();
         for (int r = 0; r < reps; r++)
             cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, dB, n, dA, n, &zero, dC, n);
         CUDA_OK(cudaDeviceSynchronize());
         if (b >= 0)
-            direct[b] = flop / (now() - t0) * 1e-9;
+            direct[b] = flop / (bench_now() - t0) * 1e-9;
     }
     cublasDestroy(blas);
     cudaFree(dA);
@@ -456,7 +438,7 @@ static void bench_sgemm(td_client *c, int n, int blocks, int reps)
         return;
     }
     for (int b = -1; b < blocks; b++) {
-        double t0 = now();
+        double t0 = bench_now();
         td_handle last = 0;
         for (int r = 0; r < reps; r++) {
             td_handle y = td_op1(c, "matmul", ab, 2, NULL, &err);
@@ -472,10 +454,10 @@ static void bench_sgemm(td_client *c, int n, int blocks, int reps)
             return;
         }
         if (b >= 0)
-            remote[b] = flop / (now() - t0) * 1e-9;
+            remote[b] = flop / (bench_now() - t0) * 1e-9;
     }
     td_release(c, ab, 2, NULL);
-    double rm = median(remote, blocks), dm = median(direct, blocks);
+    double rm = bench_median(remote, blocks), dm = bench_median(direct, blocks);
     printf("  sgemm %dx%d: remote %.0f GFLOP/s, direct cuBLAS %.0f GFLOP/s, ratio %.3f "
            "(target >= 0.9)\n",
            n, n, rm, dm, rm / dm);
@@ -492,12 +474,12 @@ static void bench_add(td_client *c, int64_t n, int blocks, int reps)
     CUDA_OK(cudaMalloc(&dy, bytes));
     CUDA_OK(cudaMemset(dx, 0, bytes));
     for (int b = -1; b < blocks; b++) {
-        double t0 = now();
+        double t0 = bench_now();
         for (int r = 0; r < reps; r++)
             CUDA_OK(cudaMemcpy(dy, dx, bytes, cudaMemcpyDeviceToDevice));
         CUDA_OK(cudaDeviceSynchronize());
         if (b >= 0)
-            direct[b] = 2.0 * (double)bytes * reps / (now() - t0) * 1e-9;
+            direct[b] = 2.0 * (double)bytes * reps / (bench_now() - t0) * 1e-9;
     }
     cudaFree(dx);
     cudaFree(dy);
@@ -514,7 +496,7 @@ static void bench_add(td_client *c, int64_t n, int blocks, int reps)
         return;
     }
     for (int b = -1; b < blocks; b++) {
-        double t0 = now();
+        double t0 = bench_now();
         td_handle last = 0;
         for (int r = 0; r < reps; r++) {
             td_handle y = td_op1(c, "add", ab, 2, NULL, &err);
@@ -529,10 +511,10 @@ static void bench_add(td_client *c, int64_t n, int blocks, int reps)
             return;
         }
         if (b >= 0)
-            remote[b] = 3.0 * (double)bytes * reps / (now() - t0) * 1e-9;
+            remote[b] = 3.0 * (double)bytes * reps / (bench_now() - t0) * 1e-9;
     }
     td_release(c, ab, 2, NULL);
-    double rm = median(remote, blocks), dm = median(direct, blocks);
+    double rm = bench_median(remote, blocks), dm = bench_median(direct, blocks);
     printf("  add %lld f32: remote %.0f GB/s, cudaMemcpy D2D %.0f GB/s, ratio %.3f "
            "(target: >= 80%% of HBM bandwidth)\n",
            (long long)n, rm, dm, rm / dm);

@@ -13,23 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "tensordd.h"
 
 #define ROUNDS 2000
 #define PIPELINED 200000
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void *echo(void *arg)
 {
@@ -74,7 +62,7 @@ static double raw_pingpong_us(void)
     char buf[64] = {0};
     static double t[ROUNDS];
     for (int r = 0; r < ROUNDS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         send(fd, buf, sizeof buf, MSG_NOSIGNAL);
         size_t got = 0;
         while (got < sizeof buf) {
@@ -83,13 +71,12 @@ static double raw_pingpong_us(void)
                 exit(2);
             got += (size_t)n;
         }
-        t[r] = now() - t0;
+        t[r] = bench_now() - t0;
     }
     close(fd);
     pthread_join(th, NULL);
     close(lfd);
-    qsort(t, ROUNDS, sizeof t[0], cmp_double);
-    return t[ROUNDS / 2] * 1e6;
+    return bench_median(t, ROUNDS) * 1e6;
 }
 
 int main(int argc, char **argv)
@@ -114,37 +101,35 @@ int main(int argc, char **argv)
     static double t[ROUNDS];
     td_op_opts sync_opts = {.want_reply = 1};
     for (int r = 0; r < ROUNDS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         td_handle y = td_op1(c, "relu", &h, 1, &sync_opts, &err);
-        t[r] = now() - t0;
+        t[r] = bench_now() - t0;
         if (!y) {
             fprintf(stderr, "latency: relu: %s\n", err.message);
             return 1;
         }
         td_release(c, &y, 1, &err);
     }
-    qsort(t, ROUNDS, sizeof t[0], cmp_double);
-    double op_us = t[ROUNDS / 2] * 1e6;
+    double op_us = bench_median(t, ROUNDS) * 1e6;
 
     /* Sync round trip (no work). */
     for (int r = 0; r < ROUNDS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         td_ping(c, &err);
-        t[r] = now() - t0;
+        t[r] = bench_now() - t0;
     }
-    qsort(t, ROUNDS, sizeof t[0], cmp_double);
-    double ping_us = t[ROUNDS / 2] * 1e6;
+    double ping_us = bench_median(t, ROUNDS) * 1e6;
 
     /* Pipelined: fire-and-forget ops, one sync at the end. */
     static td_handle ys[PIPELINED];
-    double t0 = now();
+    double t0 = bench_now();
     for (int i = 0; i < PIPELINED; i++)
         ys[i] = td_op1(c, "relu", &h, 1, NULL, &err);
     if (td_sync(c, &err)) {
         fprintf(stderr, "latency: pipelined: %s\n", err.message);
         return 1;
     }
-    double secs = now() - t0;
+    double secs = bench_now() - t0;
     td_release(c, ys, PIPELINED, &err);
     td_sync(c, &err);
     td_close(c);

@@ -16,26 +16,8 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "bench.h"
 #include "tensordd.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 #define REPS 9
 #define PAR 2 /* threads for the parallel memcpy baseline (the cpu backend's count here) */
@@ -111,12 +93,12 @@ static double time_op(void *ctx, const char *name, tdd_tensor *a, tdd_tensor *b,
     call.out[0] = out;
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (tdd_backend_cpu.execute(ctx, 0, &call))
             exit(1);
-        t[r] = now() - t0;
+        t[r] = bench_now() - t0;
     }
-    return median(t, REPS);
+    return bench_median(t, REPS);
 }
 
 static void bench_elementwise(void)
@@ -139,17 +121,17 @@ static void bench_elementwise(void)
 
     double t[REPS];
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         memcpy(so->data, sa->data, nbytes);
-        t[r] = now() - t0;
+        t[r] = bench_now() - t0;
     }
-    double memcpy_bw = 2.0 * (double)nbytes / median(t, REPS); /* read + write */
+    double memcpy_bw = 2.0 * (double)nbytes / bench_median(t, REPS); /* read + write */
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         par_memcpy(so->data, sa->data, nbytes);
-        t[r] = now() - t0;
+        t[r] = bench_now() - t0;
     }
-    double pmemcpy_bw = 2.0 * (double)nbytes / median(t, REPS);
+    double pmemcpy_bw = 2.0 * (double)nbytes / bench_median(t, REPS);
     double add_bw = 3.0 * (double)nbytes / time_op(ctx, "add", &a, &b, &o);
     double sum_bw = (double)nbytes / time_op(ctx, "sum", &a, NULL, &s);
     printf("cpu backend, 64 MiB f32 (median of %d)\n", REPS);
@@ -177,10 +159,10 @@ static void bench_sgemm(const char *ep)
      * to one thread when bench_elementwise initialised it in this process). */
     openblas_set_num_threads((int)sysconf(_SC_NPROCESSORS_ONLN));
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,
                     c, N);
-        tl[r] = now() - t0;
+        tl[r] = bench_now() - t0;
     }
     usleep(200000); /* let OpenBLAS's threads stop spinning before the daemon needs the cores */
 
@@ -197,17 +179,17 @@ static void bench_sgemm(const char *ep)
     td_sync(cl, &err);
     td_handle in[2] = {ha, hb};
     for (int r = 0; r < REPS; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         td_handle h = td_op1(cl, "matmul", in, 2, NULL, &err);
         if (td_sync(cl, &err)) {
             fprintf(stderr, "bench: matmul: %s\n", err.message);
             exit(1);
         }
-        tr[r] = now() - t0;
+        tr[r] = bench_now() - t0;
         td_release(cl, &h, 1, &err);
     }
     td_close(cl);
-    double gl = flops / median(tl, REPS) / 1e9, gr = flops / median(tr, REPS) / 1e9;
+    double gl = flops / bench_median(tl, REPS) / 1e9, gr = flops / bench_median(tr, REPS) / 1e9;
     printf("sgemm %dx%d (median of %d)\n", N, N, REPS);
     printf("  local OpenBLAS  %7.1f GFLOP/s\n", gl);
     printf("  tensordd cpu:0  %7.1f GFLOP/s   ratio %.2f\n", gr, gr / gl);

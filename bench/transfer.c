@@ -16,14 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench.h"
 #include "tensordd.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* kB value of a /proc/PID/status field, or -1. */
 static long proc_kb(int pid, const char *field)
@@ -102,13 +96,13 @@ static void raw_baseline(size_t n, int reps, double *up_gbs, double *down_gbs)
     double best_up = 1e9, best_down = 1e9;
     for (int r = 0; r < reps; r++) {
         char b = 0;
-        double t0 = now();
+        double t0 = bench_now();
         send_all(fd, src, n);
         recv_all(fd, &b, 1); /* the server has it all */
-        double t1 = now();
+        double t1 = bench_now();
         send_all(fd, &b, 1);
         recv_all(fd, dst, n);
-        double t2 = now();
+        double t2 = bench_now();
         best_up = t1 - t0 < best_up ? t1 - t0 : best_up;
         best_down = t2 - t1 < best_down ? t2 - t1 : best_down;
     }
@@ -160,17 +154,17 @@ int main(int argc, char **argv)
     int exact = 1;
     for (int r = 0; r < reps; r++) {
         td_handle h;
-        double t0 = now();
+        double t0 = bench_now();
         if (td_upload(c, NULL, TD_F32, 1, shape, src, 0, &h, &err) || td_sync(c, &err)) {
             fprintf(stderr, "transfer: upload: %s: %s\n", td_err_name(err.code), err.message);
             return 1;
         }
-        double t1 = now();
+        double t1 = bench_now();
         if (td_download(c, h, dst, n, NULL, &err)) {
             fprintf(stderr, "transfer: download: %s: %s\n", td_err_name(err.code), err.message);
             return 1;
         }
-        double t2 = now();
+        double t2 = bench_now();
         long hwm = proc_kb(pid, "VmHWM");
         peak_kb = hwm > peak_kb ? hwm : peak_kb;
         exact &= memcmp(src, dst, n) == 0;

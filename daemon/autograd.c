@@ -218,11 +218,6 @@ void tdd_autograd_session_free(tdd_session *s)
     s->autograd = NULL;
 }
 
-static int get_tensor(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
-{
-    return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
-}
-
 /* ---------------------------------------------------------------- detach */
 
 int tdd_autograd_detach(tdd_conn *c, Tensordd__V1__Request *req)
@@ -237,7 +232,7 @@ int tdd_autograd_detach(tdd_conn *c, Tensordd__V1__Request *req)
     if (!rc)
         rc = tdd_handle_check_new(s, op->outputs[0], &err);
     if (!rc)
-        rc = get_tensor(s, op->inputs[0], &v, &err);
+        rc = tdd_value_get(s, op->inputs[0], &v, &err);
     tdd_value *a = NULL;
     if (!rc && !(a = tdd_value_alias(v)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
@@ -611,7 +606,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
     tdd_value *loss = NULL, *go = NULL;
     int rc = tdd_handle_check_new(s, bw->grads, &err);
     if (!rc)
-        rc = get_tensor(s, bw->loss, &loss, &err);
+        rc = tdd_value_get(s, bw->loss, &loss, &err);
     if (!rc && tdd_value_poisoned(loss))
         rc = tdd_err_poisoned(&err, loss);
     if (!rc && !loss->requires_grad)
@@ -620,7 +615,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
                          "differentiate",
                          (unsigned long long)bw->loss);
     if (!rc && bw->grad_output) {
-        rc = get_tensor(s, bw->grad_output, &go, &err);
+        rc = tdd_value_get(s, bw->grad_output, &go, &err);
         if (!rc)
             rc = check_grad_output(loss, go, &err);
     } else if (!rc && tdd_numel(&loss->t) != 1) {
@@ -706,7 +701,7 @@ static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
     tdd_value *t = NULL;
     int rc = tdd_handle_get(s, g->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
     if (!rc)
-        rc = get_tensor(s, g->tensor, &t, &err);
+        rc = tdd_value_get(s, g->tensor, &t, &err);
     if (!rc)
         rc = tracked(t, g->tensor, &err);
     tdd_grad_entry *e = NULL;
@@ -748,11 +743,11 @@ static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
      * device, dtype, shape. Nothing is installed unless every check passes. */
     int rc = tdd_handle_get(s, gr->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
     if (!rc)
-        rc = get_tensor(s, gr->tensor, &t, &err);
+        rc = tdd_value_get(s, gr->tensor, &t, &err);
     if (!rc)
         rc = tracked(t, gr->tensor, &err);
     if (!rc)
-        rc = get_tensor(s, gr->grad, &g, &err);
+        rc = tdd_value_get(s, gr->grad, &g, &err);
     if (!rc && g->dev->be != t->dev->be)
         rc = tdd_err_devices(&err, TD_EBACKEND_MISMATCH, t->dev, g->dev, 0, 0,
                              "gradient is on backend %s (%s) but tensor %llu is on backend %s "

@@ -544,18 +544,13 @@ static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
 
 /* ---------------------------------------------------------------- download, describe */
 
-static int get_value(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
-{
-    return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
-}
-
 static int h_download(tdd_conn *c, Request *req)
 {
     if (c->s->inflight)
         return TDD_DISPATCH_BLOCK;
     td_error err;
     tdd_value *v;
-    if (get_value(c->s, req->download->handle, &v, &err))
+    if (tdd_value_get(c->s, req->download->handle, &v, &err))
         return tdd_answer_error(c, req, &err);
     /* The session's first error comes first: when it is what poisoned v, the
      * client gets the root cause with its typed detail, not just POISONED. */
@@ -578,7 +573,7 @@ static int h_describe(tdd_conn *c, Request *req)
 {
     td_error err;
     tdd_value *v;
-    if (get_value(c->s, req->describe->handle, &v, &err))
+    if (tdd_value_get(c->s, req->describe->handle, &v, &err))
         return tdd_answer_error(c, req, &err);
     if (tdd_value_poisoned(v)) {
         tdd_err_poisoned(&err, v);
@@ -668,7 +663,7 @@ static int h_op(tdd_conn *c, Request *req)
         rc = tdd_err_arg(&err, "inputs", "%zu inputs; at most %d", op->n_inputs,
                          TDD_MAX_OP_INPUTS);
     for (size_t i = 0; !rc && i < op->n_inputs; i++)
-        rc = get_value(s, op->inputs[i], &in[i], &err);
+        rc = tdd_value_get(s, op->inputs[i], &in[i], &err);
     if (!rc && op->n_attrs > TDD_MAX_ATTRS)
         rc = tdd_err_arg(&err, "attrs", "%zu attributes; at most %d", op->n_attrs, TDD_MAX_ATTRS);
     if (!rc)
@@ -722,7 +717,7 @@ static int h_to_device(tdd_conn *c, Request *req)
     tdd_device *dev = NULL;
     int rc = tdd_handle_check_new(s, td->output, &err);
     if (!rc)
-        rc = get_value(s, td->input, &v, &err);
+        rc = tdd_value_get(s, td->input, &v, &err);
     if (!rc && !(dev = resolve_device(td->device, &err)))
         rc = err.code;
     if (!rc)

@@ -165,7 +165,7 @@ static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td
 static int check_param(tdd_session *s, uint64_t id, tdd_value **out, td_error *err)
 {
     tdd_value *p;
-    int rc = tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)&p, err);
+    int rc = tdd_value_get(s, id, &p, err);
     if (rc)
         return rc;
     if (!p->requires_grad)

@@ -266,6 +266,11 @@ int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj,
     return 0;
 }
 
+int tdd_value_get(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
+{
+    return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
+}
+
 int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
 {
     if (id == 0)

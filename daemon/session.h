@@ -94,6 +94,8 @@ void tdd_session_fail(tdd_session *s, const td_error *err);
 tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id);
 /* Handle lookups with typed errors (UNKNOWN_HANDLE / WRONG_HANDLE_KIND). */
 int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj, td_error *err);
+/* The tensor value bound to id (UNKNOWN_HANDLE / WRONG_HANDLE_KIND otherwise). */
+int tdd_value_get(tdd_session *s, uint64_t id, tdd_value **v, td_error *err);
 /* Checks a fresh output id: non-zero, unused, under the handle limit. */
 int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err);
 /* Binds id (checked) to obj; takes the caller's reference. */
