@@ -51,18 +51,47 @@ export ASAN_OPTIONS ?= quarantine_size_mb=16
 export UBSAN_OPTIONS ?= print_stacktrace=1
 endif
 
-# CUDA: compiled and linked when nvcc is found; the daemon still starts without a driver.
+# CUDA: compiled and linked when nvcc and the CUDA runtime (header and static library)
+# are found; the daemon still starts without a driver. cuBLAS is opened at run time, so
+# its header is optional (backends/cuda/cublas_abi.h declares what is called without it).
+# Toolkits are installed in pieces: each piece is probed, and what is missing is said.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 ifneq ($(NVCC),)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
-HAVE_CUDA := 1
-CUDA_CPPFLAGS := -DTDD_HAVE_CUDA=1 -I$(CUDA_HOME)/include -DTDD_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
-# cuBLAS is dlopen'ed by the cuda backend once a GPU is found (see backends/cuda/cuda.c).
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+CUDA_MISSING := $(foreach f,include/cuda_runtime_api.h lib64/libcudart_static.a,\
+                  $(if $(wildcard $(CUDA_HOME)/$(f)),,$(CUDA_HOME)/$(f)))
+endif
 NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=compute_90
+# Goals that build nothing need no probe.
+ifneq ($(MAKECMDGOALS),)
+ifeq ($(filter-out clean deps format lint,$(MAKECMDGOALS)),)
+CUDA_SKIP_PROBE := 1
+endif
+endif
+ifneq ($(NVCC),)
+ifeq ($(strip $(CUDA_MISSING)),)
+ifeq ($(CUDA_SKIP_PROBE),)
+CUDA_PROBE := $(shell CC="$(CC)" sh tools/cuda_probe.sh "$(NVCC)" "$(CUDA_HOME)" "$(BUILD)" $(NVCC_ARCH))
+endif
+endif
+endif
+ifeq ($(CUDA_PROBE),ok)
+HAVE_CUDA := 1
+HAVE_CUBLAS_H := $(if $(wildcard $(CUDA_HOME)/include/cublas_v2.h),1,0)
+HAVE_CUBLAS_LIB := $(if $(wildcard $(CUDA_HOME)/lib64/libcublas.so),1,0)
+CUDA_CPPFLAGS := -DTDD_HAVE_CUDA=1 -DTDD_HAVE_CUBLAS_H=$(HAVE_CUBLAS_H) -I$(CUDA_HOME)/include \
+                 -DTDD_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 HAVE_CUDA := 0
+ifeq ($(NVCC),)
+CUDA_WHY := no nvcc on PATH or in /usr/local/cuda/bin
+else ifneq ($(strip $(CUDA_MISSING)),)
+CUDA_WHY := nvcc at $(NVCC) but the CUDA runtime is incomplete (missing: $(strip $(CUDA_MISSING)))
+else
+CUDA_WHY := $(CUDA_PROBE)
+endif
 endif
 
 GEN := $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h
@@ -103,6 +132,9 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
 .DEFAULT_GOAL := all
 
 all: $(TARGETS)
+ifneq ($(CUDA_WHY),)
+	@echo "  note     cuda backend not built: $(CUDA_WHY)"
+endif
 
 # ---------------------------------------------------------------- deps
 deps:
@@ -283,9 +315,17 @@ install: all
 
 # The GPU check can only run on a GPU machine, but it must always build: a link
 # that broke here would be found only when a GPU is finally lent.
+# The cuda backend must also build where cuBLAS's header is missing (cublas_abi.h's own
+# declarations): checked here against the same source whenever the header is present.
 test-gpu-build: $(BUILD)/libtensordd.a
-	@if [ "$(HAVE_CUDA)" = 1 ]; then GPU_CHECK_BUILD_ONLY=1 BUILD=$(BUILD) bash bench/gpu_check.sh; \
-	else echo "gpu_check: no nvcc, not built"; fi
+	@if [ "$(HAVE_CUDA)$(HAVE_CUBLAS_H)" = 11 ]; then \
+	    $(CC) $(CPPFLAGS) $(CUDA_CPPFLAGS) -UTDD_HAVE_CUBLAS_H -DTDD_HAVE_CUBLAS_H=0 $(CFLAGS) \
+	        -fsyntax-only backends/cuda/cuda.c && echo "cuda backend: builds without cublas_v2.h"; fi
+	@if [ "$(HAVE_CUDA)$(HAVE_CUBLAS_H)$(HAVE_CUBLAS_LIB)" = 111 ]; then \
+	    GPU_CHECK_BUILD_ONLY=1 BUILD=$(BUILD) bash bench/gpu_check.sh; \
+	elif [ "$(HAVE_CUDA)" = 1 ]; then \
+	    echo "gpu_check: not built (it links cuBLAS, whose header or library is not in $(CUDA_HOME))"; \
+	else echo "gpu_check: not built ($(CUDA_WHY))"; fi
 
 # Installs into a staging directory, then builds a client against the installed
 # header and library through pkg-config and imports the installed Python package.

@@ -15,28 +15,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The toolkit's headers test macros that C leaves undefined (-Wundef). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wundef"
-#include <cublas_v2.h>
-#pragma GCC diagnostic pop
-
 #include "backend.h"
+#include "cublas_abi.h"
 #include "dtype.h"
 #include "iter.h"
 #include "kernels.h"
 
 /* cuBLAS is opened when a GPU is found, not linked: its initialisers alone cost
- * about 150 MiB of RSS in a daemon that has no GPU to use it with. The types
- * come from cublas_v2.h, so a signature change fails the build. */
+ * about 150 MiB of RSS in a daemon that has no GPU to use it with. The pointer
+ * types are checked against cublas_v2.h wherever it is installed (cublas_abi.h). */
 static struct {
     void *lib;
-    __typeof__(cublasCreate_v2) *create;
-    __typeof__(cublasDestroy_v2) *destroy;
-    __typeof__(cublasSetStream_v2) *set_stream;
-    __typeof__(cublasSgemm_v2) *sgemm;
-    __typeof__(cublasSgemmStridedBatched) *sgemm_strided_batched;
-    __typeof__(cublasGetStatusString) *status_string;
+    tdd_cublas_create_fn *create;
+    tdd_cublas_destroy_fn *destroy;
+    tdd_cublas_set_stream_fn *set_stream;
+    tdd_cublas_sgemm_fn *sgemm;
+    tdd_cublas_sgemm_strided_batched_fn *sgemm_strided_batched;
+    tdd_cublas_status_string_fn *status_string;
 } blas_api;
 
 #ifndef TDD_CUDA_LIBDIR

@@ -8,7 +8,7 @@ static int none_init(const tdd_backend_config *cfg, void **ctx, char *why, size_
     (void)cfg;
     *ctx = NULL;
     if (why)
-        snprintf(why, why_len, "built without CUDA (nvcc not found at build time)");
+        snprintf(why, why_len, "built without CUDA (no usable CUDA toolkit at build time)");
     return 0;
 }
 
