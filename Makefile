@@ -346,6 +346,7 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
 
 lint:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
 	cppcheck --quiet --enable=warning,performance --inline-suppr -Iclient -Iproto -Ibackends \
 	    -Idaemon daemon backends client proto common
 

@@ -254,8 +254,8 @@ int tdd_p_dim(const tdd_prep *p, const char *attr, int64_t d, int ndim, int *out
     return 0;
 }
 
-int tdd_p_bcast(const tdd_prep *p, const int64_t *a, int an, const int64_t *b, int bn,
-                int64_t *o, int *on)
+int tdd_p_bcast(const tdd_prep *p, const int64_t *a, int an, const int64_t *b, int bn, int64_t *o,
+                int *on)
 {
     int n = an > bn ? an : bn;
     for (int d = 0; d < n; d++) {
@@ -263,8 +263,8 @@ int tdd_p_bcast(const tdd_prep *p, const int64_t *a, int an, const int64_t *b, i
         int64_t x = ad < 0 ? 1 : a[ad], y = bd < 0 ? 1 : b[bd];
         if (x != y && x != 1 && y != 1)
             return tdd_err_shape(p->err, a, an, b, bn,
-                                 "%s: shapes cannot broadcast (dim %d: %lld vs %lld)", p->name,
-                                 d, (long long)x, (long long)y);
+                                 "%s: shapes cannot broadcast (dim %d: %lld vs %lld)", p->name, d,
+                                 (long long)x, (long long)y);
         o[d] = x == 1 ? y : x;
     }
     *on = n;
@@ -283,8 +283,8 @@ void tdd_p_out(tdd_prep *p, int k, td_dtype dt, const int64_t *shape, int ndim)
         *p->n_out = k + 1;
 }
 
-void tdd_p_view(tdd_prep *p, int k, int src, const int64_t *shape, const int64_t *strides,
-                int ndim, int64_t offset)
+void tdd_p_view(tdd_prep *p, int k, int src, const int64_t *shape, const int64_t *strides, int ndim,
+                int64_t offset)
 {
     tdd_p_out(p, k, p->in[src]->dtype, shape, ndim);
     tdd_outdesc *o = &p->out[k];
@@ -307,10 +307,9 @@ static td_dtype dtype_by_name(const char *s)
     static const struct {
         const char *name;
         td_dtype dt;
-    } names[] = {{"float32", TD_F32}, {"float", TD_F32},   {"float64", TD_F64},
-                 {"double", TD_F64},  {"float16", TD_F16}, {"half", TD_F16},
-                 {"bfloat16", TD_BF16}, {"int32", TD_I32}, {"int", TD_I32},
-                 {"int64", TD_I64},   {"long", TD_I64},    {"bool", TD_BOOL}};
+    } names[] = {{"float32", TD_F32}, {"float", TD_F32}, {"float64", TD_F64},   {"double", TD_F64},
+                 {"float16", TD_F16}, {"half", TD_F16},  {"bfloat16", TD_BF16}, {"int32", TD_I32},
+                 {"int", TD_I32},     {"int64", TD_I64}, {"long", TD_I64},      {"bool", TD_BOOL}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(names[i].name, s) == 0)
             return names[i].dt;
@@ -432,8 +431,8 @@ static int prep_binary(tdd_prep *p)
     } else {
         const td_attr *o = tdd_attr_get(&p->req->attrs, "other");
         if (!o)
-            return tdd_err_arg(p->err, "other",
-                               "%s: needs a second input or the attribute other", p->name);
+            return tdd_err_arg(p->err, "other", "%s: needs a second input or the attribute other",
+                               p->name);
         td_dtype st;
         if (o->kind == TD_ATTR_FLOAT) {
             st = TD_F32; /* a Python float scalar takes the default dtype */
@@ -500,8 +499,7 @@ static int prep_element(tdd_prep *p)
         const tdd_tensor *c = p->in[0];
         if (c->dtype != TD_BOOL)
             return tdd_err_dtypes(p->err, TD_BOOL, c->dtype,
-                                  "where: condition must be bool, got %s",
-                                  td_dtype_name(c->dtype));
+                                  "where: condition must be bool, got %s", td_dtype_name(c->dtype));
         int64_t s2[TD_MAX_NDIM];
         int n2;
         rc = tdd_p_bcast(p, c->shape, c->ndim, p->in[1]->shape, p->in[1]->ndim, s2, &n2);
@@ -534,8 +532,8 @@ static int prep_element(tdd_prep *p)
         break;
     }
     case TDD_OP_RELU_BACKWARD:
-        rc = tdd_p_bcast(p, p->in[0]->shape, p->in[0]->ndim, p->in[1]->shape, p->in[1]->ndim,
-                         shape, &ndim);
+        rc = tdd_p_bcast(p, p->in[0]->shape, p->in[0]->ndim, p->in[1]->shape, p->in[1]->ndim, shape,
+                         &ndim);
         if (rc)
             return rc;
         g->dtype = g->cdtype = result_type(p->in, 2, TD_DTYPE_INVALID);
@@ -771,8 +769,7 @@ static int prep_reduce(tdd_prep *p)
         } else {
             int64_t dv;
             int d;
-            if ((rc = tdd_p_int(p, "dim", 0, &dv)) ||
-                (rc = tdd_p_dim(p, "dim", dv, a->ndim, &d)))
+            if ((rc = tdd_p_int(p, "dim", 0, &dv)) || (rc = tdd_p_dim(p, "dim", dv, a->ndim, &d)))
                 return rc;
             g->dims_mask = a->ndim ? 1u << d : 0;
             g->i[0] = d;
@@ -812,8 +809,7 @@ static int prep_reduce(tdd_prep *p)
         return rc;
     reduce_shape(a, g->dims_mask, keepdim, shape, &ndim, &count);
     if ((p->op == TDD_OP_AMAX || p->op == TDD_OP_AMIN) && count == 0)
-        return tdd_err_arg(p->err, "dim", "%s: cannot reduce over a zero-size dimension",
-                           p->name);
+        return tdd_err_arg(p->err, "dim", "%s: cannot reduce over a zero-size dimension", p->name);
     if (p->op == TDD_OP_VAR || p->op == TDD_OP_STD) {
         bool unbiased;
         if ((rc = tdd_p_bool(p, "unbiased", true, &unbiased)) ||
@@ -830,8 +826,7 @@ static int prep_reduce(tdd_prep *p)
 /* ------------------------------------------------------------------ dispatch */
 
 int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_opreq *req,
-                   int64_t max_numel, tdd_opargs *args, tdd_outdesc *out, int *n_out,
-                   td_error *err)
+                   int64_t max_numel, tdd_opargs *args, tdd_outdesc *out, int *n_out, td_error *err)
 {
     memset(args, 0, sizeof *args);
     *n_out = 0;
@@ -840,17 +835,16 @@ int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_o
     const tdd_opdef *d = &tdd_opdefs[op];
     if (n_in < d->min_inputs || n_in > d->max_inputs) {
         if (d->min_inputs == d->max_inputs)
-            return tdd_err_set(err, TD_EINVALID_ARGUMENT, "%s takes %d input(s), got %d",
-                               d->name, d->min_inputs, n_in);
-        return tdd_err_set(err, TD_EINVALID_ARGUMENT, "%s takes %d to %d inputs, got %d",
-                           d->name, d->min_inputs, d->max_inputs, n_in);
+            return tdd_err_set(err, TD_EINVALID_ARGUMENT, "%s takes %d input(s), got %d", d->name,
+                               d->min_inputs, n_in);
+        return tdd_err_set(err, TD_EINVALID_ARGUMENT, "%s takes %d to %d inputs, got %d", d->name,
+                           d->min_inputs, d->max_inputs, n_in);
     }
     for (int i = 0; i < n_in; i++) {
         const tdd_tensor *t = in[i];
         if (!t || t->dtype <= TD_DTYPE_INVALID || t->dtype >= TD_DTYPE_COUNT || t->ndim < 0 ||
             t->ndim > TD_MAX_NDIM)
-            return tdd_err_set(err, TD_EINVALID_ARGUMENT, "%s: input %d is malformed", d->name,
-                               i);
+            return tdd_err_set(err, TD_EINVALID_ARGUMENT, "%s: input %d is malformed", d->name, i);
     }
     static const tdd_opreq noreq;
     tdd_prep p = {.op = op,

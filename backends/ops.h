@@ -71,8 +71,8 @@ typedef enum {
     TDD_KIND_ELEMENT, /* other elementwise (where, masked_fill, relu_backward) */
     TDD_KIND_REDUCE,  /* reductions, scans, softmax */
     TDD_KIND_LINALG,
-    TDD_KIND_VIEW,    /* strided views (a copy only when no view is possible) */
-    TDD_KIND_INDEX,   /* copies, joins, indexing */
+    TDD_KIND_VIEW,  /* strided views (a copy only when no view is possible) */
+    TDD_KIND_INDEX, /* copies, joins, indexing */
     TDD_KIND_NN,
     TDD_KIND_CREATE,
 } tdd_opkind;

@@ -33,13 +33,13 @@ int tdd_p_missing(const tdd_prep *p, const char *name);
 /* Wraps a possibly negative dim into [0, ndim) (0-dim tensors accept 0 and -1). */
 int tdd_p_dim(const tdd_prep *p, const char *attr, int64_t d, int ndim, int *out);
 /* numpy broadcast of two shapes; SHAPE_MISMATCH naming both. */
-int tdd_p_bcast(const tdd_prep *p, const int64_t *a, int an, const int64_t *b, int bn,
-                int64_t *o, int *on);
+int tdd_p_bcast(const tdd_prep *p, const int64_t *a, int an, const int64_t *b, int bn, int64_t *o,
+                int *on);
 /* A non-view output (the daemon allocates it contiguous). */
 void tdd_p_out(tdd_prep *p, int k, td_dtype dt, const int64_t *shape, int ndim);
 /* A view output of input src. */
-void tdd_p_view(tdd_prep *p, int k, int src, const int64_t *shape, const int64_t *strides,
-                int ndim, int64_t offset);
+void tdd_p_view(tdd_prep *p, int k, int src, const int64_t *shape, const int64_t *strides, int ndim,
+                int64_t offset);
 /* The dtype asked for (req->dtype, else attribute "dtype"), else def. */
 int tdd_p_dtype(const tdd_prep *p, td_dtype def, td_dtype *out);
 int tdd_p_unsupported(const tdd_prep *p, td_dtype dt);

@@ -67,7 +67,7 @@ void tdd_iter_range(const tdd_iter *it, int64_t lo, int64_t hi, tdd_iter_fn fn, 
     if (lo >= hi)
         return;
     int nd = it->ndim, inner = nd - 1;
-    int64_t idx[TD_MAX_NDIM], off[TDD_ITER_MAX_OPS], st[TDD_ITER_MAX_OPS];
+    int64_t idx[TD_MAX_NDIM] = {0}, off[TDD_ITER_MAX_OPS], st[TDD_ITER_MAX_OPS];
     /* Seek: decompose lo into a multi-index. */
     int64_t rem = lo;
     for (int d = nd - 1; d >= 0; d--) {

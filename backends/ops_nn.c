@@ -9,8 +9,8 @@
 static int same_dtype(tdd_prep *p, const tdd_tensor *a, const tdd_tensor *b)
 {
     if (a->dtype != b->dtype)
-        return tdd_err_dtypes(p->err, a->dtype, b->dtype, "%s: dtypes differ (%s and %s)",
-                              p->name, td_dtype_name(a->dtype), td_dtype_name(b->dtype));
+        return tdd_err_dtypes(p->err, a->dtype, b->dtype, "%s: dtypes differ (%s and %s)", p->name,
+                              td_dtype_name(a->dtype), td_dtype_name(b->dtype));
     return 0;
 }
 
@@ -30,8 +30,8 @@ static int prep_matmul(tdd_prep *p)
         return tdd_p_unsupported(p, a->dtype);
     bool lin = p->op == TDD_OP_LINEAR;
     if (p->op == TDD_OP_BMM && (a->ndim != 3 || b->ndim != 3))
-        return tdd_err_arg(p->err, "input", "bmm: inputs must be 3-D, got %d-D and %d-D",
-                           a->ndim, b->ndim);
+        return tdd_err_arg(p->err, "input", "bmm: inputs must be 3-D, got %d-D and %d-D", a->ndim,
+                           b->ndim);
     if (a->ndim == 0 || b->ndim == 0)
         return tdd_err_arg(p->err, "input", "%s: inputs must be at least 1-D", p->name);
     if (lin && b->ndim > 2)
@@ -48,8 +48,8 @@ static int prep_matmul(tdd_prep *p)
     }
     if (K != Kb)
         return tdd_err_shape(p->err, a->shape, a->ndim, b->shape, b->ndim,
-                             "%s: inner dimensions differ (%lld and %lld)", p->name,
-                             (long long)K, (long long)Kb);
+                             "%s: inner dimensions differ (%lld and %lld)", p->name, (long long)K,
+                             (long long)Kb);
     int64_t batch[TD_MAX_NDIM], shape[TD_MAX_NDIM];
     int nb = 0, nd;
     int an = a->ndim > 2 ? a->ndim - 2 : 0, bn = (!lin && b->ndim > 2) ? b->ndim - 2 : 0;
@@ -135,8 +135,8 @@ static int prep_class_loss(tdd_prep *p)
                               "%s: target must hold int64 class indices, got %s", p->name,
                               td_dtype_name(t->dtype));
     if (x->ndim != 1 && x->ndim != 2)
-        return tdd_err_arg(p->err, "input", "%s: input must be [N, C] or [C], got %d-D",
-                           p->name, x->ndim);
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C] or [C], got %d-D", p->name,
+                           x->ndim);
     bool ok = x->ndim == 2 ? (t->ndim == 1 && t->shape[0] == x->shape[0]) : t->ndim == 0;
     if (!ok)
         return tdd_err_shape(p->err, x->shape, x->ndim - 1, t->shape, t->ndim,
@@ -174,8 +174,7 @@ static int prep_conv_pool(tdd_prep *p)
     if ((rc = need_float(p, x)))
         return rc;
     if (x->ndim != 3 && x->ndim != 4)
-        return tdd_err_arg(p->err, "input", "%s: input must be [N, C, H, W] or [C, H, W]",
-                           p->name);
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C, H, W] or [C, H, W]", p->name);
     bool batched = x->ndim == 4;
     int64_t N = batched ? x->shape[0] : 1, C = x->shape[x->ndim - 3];
     int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
@@ -216,8 +215,7 @@ static int prep_conv_pool(tdd_prep *p)
             return tdd_p_missing(p, "kernel_size");
         bool ceil_mode;
         if ((rc = pair(p, "kernel_size", 1, 1, ks)) || (rc = pair(p, "stride", 0, 0, st)) ||
-            (rc = pair(p, "padding", 0, 0, pd)) ||
-            (rc = pair(p, "dilation", 1, 1, dl)) ||
+            (rc = pair(p, "padding", 0, 0, pd)) || (rc = pair(p, "dilation", 1, 1, dl)) ||
             (rc = tdd_p_bool(p, "ceil_mode", false, &ceil_mode)))
             return rc;
         g->i[1] = ceil_mode;
@@ -243,8 +241,7 @@ static int prep_conv_pool(tdd_prep *p)
         int64_t span = dl[k] * (ks[k] - 1) + 1, room = in[k] + 2 * pd[k] - span;
         if (room < 0)
             return tdd_err_shape(p->err, ks, 2, in, 2,
-                                 "%s: kernel (dilated) is larger than the padded input",
-                                 p->name);
+                                 "%s: kernel (dilated) is larger than the padded input", p->name);
         int64_t o = room / st[k] + 1;
         if (g->i[1] && room % st[k] != 0) {
             o++;

@@ -235,8 +235,7 @@ static int prep_views(tdd_prep *p)
         int64_t dv, start, stop, step;
         int d;
         if ((rc = tdd_p_int(p, "dim", 0, &dv)) || (rc = tdd_p_int(p, "start", 0, &start)) ||
-            (rc = tdd_p_int(p, "stop", INT64_MAX, &stop)) ||
-            (rc = tdd_p_int(p, "step", 1, &step)))
+            (rc = tdd_p_int(p, "stop", INT64_MAX, &stop)) || (rc = tdd_p_int(p, "step", 1, &step)))
             return rc;
         if (nd == 0)
             return tdd_err_arg(p->err, "dim", "slice: cannot slice a 0-dim tensor");
@@ -286,8 +285,8 @@ static int prep_views(tdd_prep *p)
                 return tdd_err_arg(p->err, "chunks", "chunk: chunks must be positive");
             each = size / chunks + (size % chunks != 0);
         } else {
-            const char *nm = tdd_attr_get(&p->req->attrs, "split_sizes") ? "split_sizes"
-                                                                          : "split_size";
+            const char *nm =
+                tdd_attr_get(&p->req->attrs, "split_sizes") ? "split_sizes" : "split_size";
             const td_attr *at = tdd_attr_get(&p->req->attrs, nm);
             if (!at)
                 return tdd_p_missing(p, "split_size");
@@ -297,8 +296,7 @@ static int prep_views(tdd_prep *p)
                 int64_t tot = 0;
                 for (int i = 0; i < k; i++) {
                     if (sizes[i] < 0 || sizes[i] > size - tot)
-                        return tdd_err_arg(p->err, nm,
-                                           "split: sizes must be >= 0 and sum to %lld",
+                        return tdd_err_arg(p->err, nm, "split: sizes must be >= 0 and sum to %lld",
                                            (long long)size);
                     tot += sizes[i];
                 }

@@ -46,22 +46,56 @@ typedef struct {
     bool transpose0; /* pass input 0 through transpose(0, 1): strided kernels */
 } check_case;
 
-#define AI(nm, v) {.name = nm, .kind = TD_ATTR_INT, .i = v}
-#define AF(nm, v) {.name = nm, .kind = TD_ATTR_FLOAT, .f = v}
-#define AB(nm, v) {.name = nm, .kind = TD_ATTR_BOOL, .b = v}
-#define AS(nm, v) {.name = nm, .kind = TD_ATTR_STR, .s = v}
-#define AL2(nm, a, b) {.name = nm, .kind = TD_ATTR_INTS, .ints = (const int64_t[]){a, b}, .n = 2}
-#define AL1(nm, a) {.name = nm, .kind = TD_ATTR_INTS, .ints = (const int64_t[]){a}, .n = 1}
+#define AI(nm, v)                                                                                  \
+    {                                                                                              \
+        .name = nm, .kind = TD_ATTR_INT, .i = v                                                    \
+    }
+#define AF(nm, v)                                                                                  \
+    {                                                                                              \
+        .name = nm, .kind = TD_ATTR_FLOAT, .f = v                                                  \
+    }
+#define AB(nm, v)                                                                                  \
+    {                                                                                              \
+        .name = nm, .kind = TD_ATTR_BOOL, .b = v                                                   \
+    }
+#define AS(nm, v)                                                                                  \
+    {                                                                                              \
+        .name = nm, .kind = TD_ATTR_STR, .s = v                                                    \
+    }
+#define AL2(nm, a, b)                                                                              \
+    {                                                                                              \
+        .name = nm, .kind = TD_ATTR_INTS, .ints = (const int64_t[]){a, b}, .n = 2                  \
+    }
+#define AL1(nm, a)                                                                                 \
+    {                                                                                              \
+        .name = nm, .kind = TD_ATTR_INTS, .ints = (const int64_t[]){a}, .n = 1                     \
+    }
 
-#define F(...) {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}, TD_F32, D_ANY}
+#define F(...)                                                                                     \
+    {                                                                                              \
+        (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}, TD_F32, D_ANY    \
+    }
 #define FD(d, ...)                                                                                 \
-    {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}, TD_F32, d}
+    {                                                                                              \
+        (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}, TD_F32, d        \
+    }
 #define BOOL(...)                                                                                  \
-    {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}, TD_BOOL, D_BOOL}
+    {                                                                                              \
+        (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}, TD_BOOL, D_BOOL  \
+    }
 
-#define BIN(name) {name, name, 2, {F(64, 33), F(64, 33)}, 0, {{0}}, 1e-5, false}
-#define UN(name, dist) {name, name, 1, {FD(dist, 97, 41)}, 0, {{0}}, 1e-4, false}
-#define CMP(name) {name, name, 2, {FD(D_SMALLINT, 64, 33), FD(D_SMALLINT, 33)}, 0, {{0}}, 0, false}
+#define BIN(name)                                                                                  \
+    {                                                                                              \
+        name, name, 2, {F(64, 33), F(64, 33)}, 0, {{0}}, 1e-5, false                               \
+    }
+#define UN(name, dist)                                                                             \
+    {                                                                                              \
+        name, name, 1, {FD(dist, 97, 41)}, 0, {{0}}, 1e-4, false                                   \
+    }
+#define CMP(name)                                                                                  \
+    {                                                                                              \
+        name, name, 2, {FD(D_SMALLINT, 64, 33), FD(D_SMALLINT, 33)}, 0, {{0}}, 0, false            \
+    }
 
 static const check_case cases[] = {
     BIN("add"),
@@ -112,7 +146,13 @@ static const check_case cases[] = {
     UN("logical_not", D_SMALLINT),
     {"leaky_relu", "leaky_relu", 1, {F(97, 41)}, 1, {AF("negative_slope", 0.2)}, 1e-6, false},
     {"gelu", "gelu tanh", 1, {F(97, 41)}, 1, {AS("approximate", "tanh")}, 1e-4, false},
-    {"softplus", "softplus", 1, {F(97, 41)}, 2, {AF("beta", 2.0), AF("threshold", 3.0)}, 1e-4,
+    {"softplus",
+     "softplus",
+     1,
+     {F(97, 41)},
+     2,
+     {AF("beta", 2.0), AF("threshold", 3.0)},
+     1e-4,
      false},
     {"clamp", "clamp", 1, {F(97, 41)}, 2, {AF("min", -0.5), AF("max", 0.75)}, 0, false},
     {"exp", "exp strided", 1, {F(41, 97)}, 0, {{0}}, 1e-5, true},
@@ -121,7 +161,13 @@ static const check_case cases[] = {
     {"sum", "sum dim1", 1, {F(300, 77)}, 1, {AI("dim", 1)}, 1e-4, false},
     {"sum", "sum dim0 (column)", 1, {F(4096, 1100)}, 1, {AI("dim", 0)}, 1e-4, false},
     {"sum", "sum strided", 1, {F(77, 300)}, 1, {AI("dim", 1)}, 1e-4, true},
-    {"mean", "mean dims02 keep", 1, {F(8, 30, 17)}, 2, {AL2("dim", 0, 2), AB("keepdim", 1)}, 1e-4,
+    {"mean",
+     "mean dims02 keep",
+     1,
+     {F(8, 30, 17)},
+     2,
+     {AL2("dim", 0, 2), AB("keepdim", 1)},
+     1e-4,
      false},
     {"amax", "amax dim1", 1, {F(300, 77)}, 1, {AI("dim", 1)}, 0, false},
     {"amin", "amin all", 1, {F(300, 77)}, 0, {{0}}, 0, false},
@@ -148,17 +194,35 @@ static const check_case cases[] = {
     {"reshape", "reshape of ^T", 1, {F(30, 20)}, 1, {AL2("shape", 600, 1)}, 0, true},
     {"cat", "cat dim1", 3, {F(30, 2), F(30, 7), F(30, 1)}, 1, {AI("dim", 1)}, 0, false},
     {"stack", "stack dim1", 2, {F(30, 20), F(30, 20)}, 1, {AI("dim", 1)}, 0, false},
-    {"pad", "pad (crop + grow)", 1, {F(30, 20)}, 2, {AL2("pad", -2, 3), AF("value", 9.0)}, 0,
+    {"pad",
+     "pad (crop + grow)",
+     1,
+     {F(30, 20)},
+     2,
+     {AL2("pad", -2, 3), AF("value", 9.0)},
+     0,
      false},
     {"tril", "tril", 1, {F(30, 20)}, 1, {AI("diagonal", -1)}, 0, true},
     {"triu", "triu", 1, {F(4, 30, 20)}, 1, {AI("diagonal", 2)}, 0, false},
     {"full", "full", 0, {{0}}, 2, {AL2("shape", 5, 7), AF("value", 3.25)}, 0, false},
     {"zeros", "zeros", 0, {{0}}, 1, {AL1("shape", 9)}, 0, false},
     {"ones", "ones", 0, {{0}}, 1, {AL2("shape", 2, 3)}, 0, false},
-    {"arange", "arange", 0, {{0}}, 3, {AF("start", 1.0), AF("end", 10.0), AF("step", 0.5)}, 0,
+    {"arange",
+     "arange",
+     0,
+     {{0}},
+     3,
+     {AF("start", 1.0), AF("end", 10.0), AF("step", 0.5)},
+     0,
      false},
-    {"linspace", "linspace", 0, {{0}}, 3, {AF("start", -1.0), AF("end", 1.0), AI("steps", 17)},
-     1e-6, false},
+    {"linspace",
+     "linspace",
+     0,
+     {{0}},
+     3,
+     {AF("start", -1.0), AF("end", 1.0), AI("steps", 17)},
+     1e-6,
+     false},
     {"eye", "eye", 0, {{0}}, 2, {AI("n", 5), AI("m", 7)}, 0, false},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
@@ -167,7 +231,7 @@ static const check_case cases[] = {
 typedef struct {
     td_dtype from, to;
 } cast_case;
-static const cast_case casts[] = {{TD_F32, TD_I32}, {TD_F32, TD_I64}, {TD_F32, TD_F16},
+static const cast_case casts[] = {{TD_F32, TD_I32},  {TD_F32, TD_I64},  {TD_F32, TD_F16},
                                   {TD_F32, TD_BF16}, {TD_F32, TD_BOOL}, {TD_F32, TD_F64}};
 
 /* ------------------------------------------------------------------ helpers */
@@ -257,7 +321,9 @@ static int run_on(td_client *c, const check_case *k, td_dtype cast_to, const td_
     td_handle out = 0;
     if (!rc) {
         /* only creation ops take a device; the others run where their inputs live */
-        td_op_opts o = {.device = k->nin ? NULL : dev, .dtype = cast_to, .attrs = k->attr,
+        td_op_opts o = {.device = k->nin ? NULL : dev,
+                        .dtype = cast_to,
+                        .attrs = k->attr,
                         .nattrs = (size_t)k->nattr};
         rc = td_op(c, k->op, in, (size_t)k->nin, &o, &out, 1, err);
     }

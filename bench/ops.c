@@ -160,8 +160,8 @@ static void bench_sgemm(const char *ep)
     openblas_set_num_threads((int)sysconf(_SC_NPROCESSORS_ONLN));
     for (int r = 0; r < REPS; r++) {
         double t0 = bench_now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f,
-                    c, N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c,
+                    N);
         tl[r] = bench_now() - t0;
     }
     usleep(200000); /* let OpenBLAS's threads stop spinning before the daemon needs the cores */

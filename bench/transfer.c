@@ -185,8 +185,8 @@ int main(int argc, char **argv)
     printf("  download  %6.2f GB/s   raw loopback TCP %6.2f GB/s   ratio %.2f\n", down, raw_down,
            down / raw_down);
     printf("  round trip bit-exact: %s\n", exact ? "yes" : "NO");
-    printf("  daemon RSS idle %ld MiB, peak %ld MiB: %.2fx the tensor above idle\n",
-           idle_kb >> 10, peak_kb >> 10, above);
+    printf("  daemon RSS idle %ld MiB, peak %ld MiB: %.2fx the tensor above idle\n", idle_kb >> 10,
+           peak_kb >> 10, above);
     if (check && (!exact || above > 1.3 || idle_kb < 0)) {
         fprintf(stderr, "transfer: FAILED (%s)\n", !exact ? "data differs" : "peak RSS over 1.3x");
         return 1;

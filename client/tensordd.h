@@ -24,28 +24,28 @@ extern "C" {
 
 /* The error list. Numbers equal the protobuf ErrorCode values; a unit test
  * fails if the two drift. XX(name, number, message) */
-#define TD_ERRNO_MAP(XX)                                                                         \
-    XX(INVALID_ARGUMENT, 1, "invalid argument")                                                  \
-    XX(UNKNOWN_HANDLE, 2, "unknown handle")                                                      \
-    XX(WRONG_HANDLE_KIND, 3, "handle is of the wrong kind")                                      \
-    XX(BACKEND_MISMATCH, 4, "tensors are on different backends")                                 \
-    XX(DEVICE_MISMATCH, 5, "tensors are on different devices")                                   \
-    XX(DTYPE_MISMATCH, 6, "tensors have different dtypes")                                       \
-    XX(SHAPE_MISMATCH, 7, "tensor shapes do not match")                                          \
-    XX(NOT_TRACKED, 8, "tensor is not tracked by autodiff")                                      \
-    XX(UNSUPPORTED_OP, 9, "operation not supported")                                             \
-    XX(UNSUPPORTED_DTYPE, 10, "dtype not supported")                                             \
-    XX(DEVICE_UNAVAILABLE, 11, "device unavailable")                                             \
-    XX(RESOURCE_EXHAUSTED, 12, "resource exhausted")                                             \
-    XX(POISONED, 13, "input was produced by a failed request")                                   \
-    XX(PROTOCOL_ERROR, 14, "protocol error")                                                     \
-    XX(FRAME_TOO_LARGE, 15, "frame too large")                                                   \
-    XX(VERSION_MISMATCH, 16, "protocol version mismatch")                                        \
-    XX(UNAUTHENTICATED, 17, "unauthenticated")                                                   \
-    XX(INTERNAL, 18, "internal error")                                                           \
-    XX(HANDLE_IN_USE, 19, "handle id already in use")                                            \
-    XX(IO, 20, "i/o error")                                                                      \
-    XX(TIMEOUT, 21, "timed out")                                                                 \
+#define TD_ERRNO_MAP(XX)                                                                           \
+    XX(INVALID_ARGUMENT, 1, "invalid argument")                                                    \
+    XX(UNKNOWN_HANDLE, 2, "unknown handle")                                                        \
+    XX(WRONG_HANDLE_KIND, 3, "handle is of the wrong kind")                                        \
+    XX(BACKEND_MISMATCH, 4, "tensors are on different backends")                                   \
+    XX(DEVICE_MISMATCH, 5, "tensors are on different devices")                                     \
+    XX(DTYPE_MISMATCH, 6, "tensors have different dtypes")                                         \
+    XX(SHAPE_MISMATCH, 7, "tensor shapes do not match")                                            \
+    XX(NOT_TRACKED, 8, "tensor is not tracked by autodiff")                                        \
+    XX(UNSUPPORTED_OP, 9, "operation not supported")                                               \
+    XX(UNSUPPORTED_DTYPE, 10, "dtype not supported")                                               \
+    XX(DEVICE_UNAVAILABLE, 11, "device unavailable")                                               \
+    XX(RESOURCE_EXHAUSTED, 12, "resource exhausted")                                               \
+    XX(POISONED, 13, "input was produced by a failed request")                                     \
+    XX(PROTOCOL_ERROR, 14, "protocol error")                                                       \
+    XX(FRAME_TOO_LARGE, 15, "frame too large")                                                     \
+    XX(VERSION_MISMATCH, 16, "protocol version mismatch")                                          \
+    XX(UNAUTHENTICATED, 17, "unauthenticated")                                                     \
+    XX(INTERNAL, 18, "internal error")                                                             \
+    XX(HANDLE_IN_USE, 19, "handle id already in use")                                              \
+    XX(IO, 20, "i/o error")                                                                        \
+    XX(TIMEOUT, 21, "timed out")                                                                   \
     XX(CLOSED, 22, "connection closed")
 
 typedef enum {
@@ -93,19 +93,19 @@ typedef struct {
 /* Which member of td_error.detail is meaningful. */
 typedef enum {
     TD_DETAIL_NONE = 0,
-    TD_DETAIL_DEVICES,       /* BACKEND_MISMATCH, DEVICE_MISMATCH */
-    TD_DETAIL_DTYPES,        /* DTYPE_MISMATCH */
-    TD_DETAIL_SHAPES,        /* SHAPE_MISMATCH */
-    TD_DETAIL_HANDLE,        /* UNKNOWN_HANDLE */
-    TD_DETAIL_HANDLE_KIND,   /* WRONG_HANDLE_KIND */
-    TD_DETAIL_POISONED,      /* POISONED */
-    TD_DETAIL_RESOURCE,      /* RESOURCE_EXHAUSTED */
-    TD_DETAIL_VERSION,       /* VERSION_MISMATCH */
-    TD_DETAIL_ARGUMENT       /* INVALID_ARGUMENT naming the attribute */
+    TD_DETAIL_DEVICES,     /* BACKEND_MISMATCH, DEVICE_MISMATCH */
+    TD_DETAIL_DTYPES,      /* DTYPE_MISMATCH */
+    TD_DETAIL_SHAPES,      /* SHAPE_MISMATCH */
+    TD_DETAIL_HANDLE,      /* UNKNOWN_HANDLE */
+    TD_DETAIL_HANDLE_KIND, /* WRONG_HANDLE_KIND */
+    TD_DETAIL_POISONED,    /* POISONED */
+    TD_DETAIL_RESOURCE,    /* RESOURCE_EXHAUSTED */
+    TD_DETAIL_VERSION,     /* VERSION_MISMATCH */
+    TD_DETAIL_ARGUMENT     /* INVALID_ARGUMENT naming the attribute */
 } td_detail_kind;
 
 typedef struct {
-    int code;           /* TD_E*, 0 if none */
+    int code;            /* TD_E*, 0 if none */
     uint64_t request_id; /* the request that failed; 0 if local */
     char message[256];
     td_detail_kind detail_kind;
@@ -189,9 +189,8 @@ typedef struct {
 
 /* Uploads data (C order, numel*itemsize bytes) to a new tensor on device.
  * Asynchronous: errors surface at the next synchronising call. */
-int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim,
-              const int64_t *shape, const void *data, int requires_grad, td_handle *out,
-              td_error *err);
+int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim, const int64_t *shape,
+              const void *data, int requires_grad, td_handle *out, td_error *err);
 
 /* Downloads a tensor into buf (cap bytes). Synchronising. info may be NULL. */
 int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info *info,
@@ -202,7 +201,14 @@ int td_describe(td_client *c, td_handle h, td_tensor_info *info, td_error *err);
 
 /* ---- ops */
 
-typedef enum { TD_ATTR_INT = 1, TD_ATTR_FLOAT, TD_ATTR_BOOL, TD_ATTR_INTS, TD_ATTR_FLOATS, TD_ATTR_STR } td_attr_kind;
+typedef enum {
+    TD_ATTR_INT = 1,
+    TD_ATTR_FLOAT,
+    TD_ATTR_BOOL,
+    TD_ATTR_INTS,
+    TD_ATTR_FLOATS,
+    TD_ATTR_STR
+} td_attr_kind;
 
 typedef struct {
     const char *name;
@@ -240,8 +246,7 @@ td_handle td_op1(td_client *c, const char *name, const td_handle *inputs, size_t
                  const td_op_opts *opts, td_error *err);
 
 /* Copies a tensor to another device (keeps the autodiff graph). */
-int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out,
-                 td_error *err);
+int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out, td_error *err);
 
 /* Waits until every earlier request has run; reports the session's first error. */
 int td_sync(td_client *c, td_error *err);

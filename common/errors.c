@@ -35,9 +35,14 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[TD_DTYPE_COUNT] = {
-    [TD_DTYPE_INVALID] = {"invalid", 0}, [TD_F32] = {"float32", 4}, [TD_F64] = {"float64", 8},
-    [TD_F16] = {"float16", 2},           [TD_BF16] = {"bfloat16", 2}, [TD_I32] = {"int32", 4},
-    [TD_I64] = {"int64", 8},             [TD_BOOL] = {"bool", 1},
+    [TD_DTYPE_INVALID] = {"invalid", 0},
+    [TD_F32] = {"float32", 4},
+    [TD_F64] = {"float64", 8},
+    [TD_F16] = {"float16", 2},
+    [TD_BF16] = {"bfloat16", 2},
+    [TD_I32] = {"int32", 4},
+    [TD_I64] = {"int64", 8},
+    [TD_BOOL] = {"bool", 1},
 };
 
 const char *td_dtype_name(td_dtype dt)

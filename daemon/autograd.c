@@ -153,9 +153,8 @@ static void node_attach(tdd_node *n, tdd_value *const *out, int n_out)
     tdd_node_unref(n);
 }
 
-void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args,
-                         const tdd_attrs *attrs, tdd_value *const *in, int n_in,
-                         tdd_value *const *out, int n_out)
+void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, const tdd_attrs *attrs,
+                         tdd_value *const *in, int n_in, tdd_value *const *out, int n_out)
 {
     (void)s;
     bool any_float_out = false, any_need = false;
@@ -332,8 +331,8 @@ static int bw_submit(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const
         return b->rc;
     for (int i = 0; i < n_in; i++)
         if (!in[i])
-            return tdd_bw_fail(b, TD_EINTERNAL, "backward: %s lacks input %d",
-                               tdd_opdefs[op].name, i);
+            return tdd_bw_fail(b, TD_EINTERNAL, "backward: %s lacks input %d", tdd_opdefs[op].name,
+                               i);
     tdd_opreq req = {.attrs = {.a = attrs, .n = nattrs}, .dtype = dtype, .seed = 0};
     tdd_value *o[TDD_MAX_OP_OUTPUTS];
     int got = n_out;
@@ -434,8 +433,7 @@ static int collect(tdd_node *root, node_list *order, td_error *err)
             }
         }
         for (int k = 0; k < n->n_out && !rc; k++)
-            if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) &&
-                !n->out[k].alias)
+            if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) && !n->out[k].alias)
                 rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
                                  "a saved output of %s was lost (out of memory)",
                                  tdd_opdefs[n->op].name);
@@ -497,8 +495,8 @@ static tdd_value *fit_to_input(tdd_bw *b, tdd_value *g, const tdd_node_in *ni)
     if (!g)
         return NULL;
     if (!same_shape(g->t.ndim, g->t.shape, ni->ndim, ni->shape)) {
-        td_attr a = {.name = "shape", .kind = TD_ATTR_INTS, .ints = ni->shape,
-                     .n = (size_t)ni->ndim};
+        td_attr a = {
+            .name = "shape", .kind = TD_ATTR_INTS, .ints = ni->shape, .n = (size_t)ni->ndim};
         g = tdd_bw_op(b, TDD_OP_SUM_TO, &g, 1, &a, 1, 0, NULL);
     }
     if (g && g->t.dtype != ni->dtype)
@@ -566,9 +564,9 @@ static void backward_node(tdd_bw *b, tdd_node *n, tdd_grads *grads)
 
 static tdd_value *ones_like(tdd_bw *b, const tdd_value *v)
 {
-    td_attr a[2] = {{.name = "shape", .kind = TD_ATTR_INTS, .ints = v->t.shape,
-                     .n = (size_t)v->t.ndim},
-                    {.name = "value", .kind = TD_ATTR_FLOAT, .f = 1.0}};
+    td_attr a[2] = {
+        {.name = "shape", .kind = TD_ATTR_INTS, .ints = v->t.shape, .n = (size_t)v->t.ndim},
+        {.name = "value", .kind = TD_ATTR_FLOAT, .f = 1.0}};
     return tdd_bw_op(b, TDD_OP_FULL, NULL, 0, a, 2, v->t.dtype, v->dev);
 }
 
@@ -632,6 +630,8 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         free(order.v);
+        /* grads is NULL here: it is allocated only while rc is 0 */
+        /* cppcheck-suppress memleak */
         return tdd_answer_error(c, req, &err);
     }
 
@@ -677,7 +677,6 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
 }
 
 /* ---------------------------------------------------------------- Grad, GradRemove, GradReplace */
-
 
 static int tracked(tdd_value *t, uint64_t id, td_error *err)
 {
@@ -759,9 +758,9 @@ static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
                              "gradient is on %s but tensor %llu is on %s", g->dev->label,
                              (unsigned long long)gr->tensor, t->dev->label);
     if (!rc && g->t.dtype != t->t.dtype)
-        rc = tdd_err_dtypes(&err, t->t.dtype, g->t.dtype,
-                            "gradient is %s but tensor %llu is %s", td_dtype_name(g->t.dtype),
-                            (unsigned long long)gr->tensor, td_dtype_name(t->t.dtype));
+        rc = tdd_err_dtypes(&err, t->t.dtype, g->t.dtype, "gradient is %s but tensor %llu is %s",
+                            td_dtype_name(g->t.dtype), (unsigned long long)gr->tensor,
+                            td_dtype_name(t->t.dtype));
     if (!rc && !tdd_same_shape(&g->t, &t->t))
         rc = tdd_err_shape(&err, t->t.shape, t->t.ndim, g->t.shape, g->t.ndim,
                            "gradient's shape differs from tensor %llu's",

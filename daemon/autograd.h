@@ -7,9 +7,8 @@
 /* Records the op that produced out[] from in[] when grad mode is on and an
  * input requires grad; marks the (floating-point) outputs as requiring grad.
  * attrs are the request's attributes (views' dims); may be NULL. */
-void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args,
-                         const tdd_attrs *attrs, tdd_value *const *in, int n_in,
-                         tdd_value *const *out, int n_out);
+void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, const tdd_attrs *attrs,
+                         tdd_value *const *in, int n_in, tdd_value *const *out, int n_out);
 /* Records a ToDevice (the gradient flows back to the source device). */
 void tdd_autograd_record_to_device(tdd_session *s, tdd_value *in, tdd_value *out);
 /* The "detach" op: a new handle on the same data, outside the graph. */

@@ -11,7 +11,8 @@
 #define A_INT(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_INT, .i = (v), .f = (double)(v)})
 #define A_F(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_FLOAT, .f = (v)})
 #define A_B(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_BOOL, .b = (v), .i = (v)})
-#define A_INTS(nm, p, k) ((td_attr){.name = (nm), .kind = TD_ATTR_INTS, .ints = (p), .n = (size_t)(k)})
+#define A_INTS(nm, p, k)                                                                           \
+    ((td_attr){.name = (nm), .kind = TD_ATTR_INTS, .ints = (p), .n = (size_t)(k)})
 
 /* ---------------------------------------------------------------- builders */
 
@@ -367,9 +368,9 @@ static tdd_value *gelu_grad(tdd_bw *b, tdd_value *x)
     tdd_value *cdf = bin(b, TDD_OP_DIV, un(b, TDD_OP_GELU, xs), xs);
     in[0] = cdf;
     cdf = cdf ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &half, 1, 0, NULL) : NULL;
-    tdd_value *pdf = sc(b, TDD_OP_MUL, un(b, TDD_OP_EXP, sc(b, TDD_OP_MUL, un(b, TDD_OP_SQUARE, x),
-                                                            -0.5)),
-                        0.3989422804014327 /* 1/sqrt(2 pi) */);
+    tdd_value *pdf =
+        sc(b, TDD_OP_MUL, un(b, TDD_OP_EXP, sc(b, TDD_OP_MUL, un(b, TDD_OP_SQUARE, x), -0.5)),
+           0.3989422804014327 /* 1/sqrt(2 pi) */);
     return bin(b, TDD_OP_ADD, cdf, bin(b, TDD_OP_MUL, x, pdf));
 }
 
@@ -378,16 +379,15 @@ static tdd_value *gelu_tanh_grad(tdd_bw *b, tdd_value *x)
 {
     const double k = 0.7978845608028654 /* sqrt(2/pi) */, c = 0.044715;
     tdd_value *x2 = un(b, TDD_OP_SQUARE, x);
-    tdd_value *inner = sc(b, TDD_OP_MUL, bin(b, TDD_OP_ADD, x,
-                                             sc(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, x2, x), c)),
-                          k);
+    tdd_value *inner = sc(
+        b, TDD_OP_MUL, bin(b, TDD_OP_ADD, x, sc(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, x2, x), c)), k);
     tdd_value *t = un(b, TDD_OP_TANH, inner);
     tdd_value *left_d = sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, t, 1.0), 0.5);
     tdd_value *tanh_d = sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, un(b, TDD_OP_SQUARE, t)), 1.0);
-    tdd_value *inner_d = sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, x2, 3.0 * c), 1.0),
-                            k);
-    tdd_value *right_d = bin(b, TDD_OP_MUL, sc(b, TDD_OP_MUL, x, 0.5),
-                             bin(b, TDD_OP_MUL, tanh_d, inner_d));
+    tdd_value *inner_d =
+        sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, x2, 3.0 * c), 1.0), k);
+    tdd_value *right_d =
+        bin(b, TDD_OP_MUL, sc(b, TDD_OP_MUL, x, 0.5), bin(b, TDD_OP_MUL, tanh_d, inner_d));
     return bin(b, TDD_OP_ADD, left_d, right_d);
 }
 
@@ -438,8 +438,8 @@ static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         r = bin(b, TDD_OP_MUL, g, un(b, TDD_OP_NEG, un(b, TDD_OP_SIN, x)));
         break;
     case TDD_OP_TANH: /* 1 - out^2 */
-        r = bin(b, TDD_OP_MUL, g, sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, un(b, TDD_OP_SQUARE, out)),
-                                     1.0));
+        r = bin(b, TDD_OP_MUL, g,
+                sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, un(b, TDD_OP_SQUARE, out)), 1.0));
         break;
     case TDD_OP_SIGMOID: /* out * (1 - out) */
         r = bin(b, TDD_OP_MUL, g,
@@ -457,8 +457,7 @@ static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     case TDD_OP_SILU: { /* s * (1 + x * (1 - s)) */
         tdd_value *s = un(b, TDD_OP_SIGMOID, x);
         tdd_value *t = sc(b, TDD_OP_ADD,
-                          bin(b, TDD_OP_MUL, x, sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, s), 1.0)),
-                          1.0);
+                          bin(b, TDD_OP_MUL, x, sc(b, TDD_OP_ADD, un(b, TDD_OP_NEG, s), 1.0)), 1.0);
         r = bin(b, TDD_OP_MUL, g, bin(b, TDD_OP_MUL, s, t));
         break;
     }
@@ -518,8 +517,7 @@ static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     case TDD_OP_AMAX:
     case TDD_OP_AMIN: { /* shared equally among the elements equal to the extreme */
-        tdd_value *hit = maskf(b, bin(b, TDD_OP_EQ, x, expand_back(b, out, xi, m, kd)),
-                               xi->dtype);
+        tdd_value *hit = maskf(b, bin(b, TDD_OP_EQ, x, expand_back(b, out, xi, m, kd)), xi->dtype);
         tdd_value *cnt = expand(b, sum_dims(b, hit, m, true), xi->shape, xi->ndim);
         gin[0] = bin(b, TDD_OP_MUL, bin(b, TDD_OP_DIV, expand_back(b, g, xi, m, kd), cnt), hit);
         break;
@@ -553,8 +551,8 @@ static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         td_attr one = A_F("value", 1.0);
         tdd_value *x1 = z ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &one, 1, 0, NULL) : NULL;
         tdd_value *ge = expand_back(b, g, xi, m, kd);
-        tdd_value *a0 = bin(b, TDD_OP_DIV, bin(b, TDD_OP_MUL, ge, expand_back(b, out, xi, m, kd)),
-                            x1);
+        tdd_value *a0 =
+            bin(b, TDD_OP_DIV, bin(b, TDD_OP_MUL, ge, expand_back(b, out, xi, m, kd)), x1);
         int64_t dims[TD_MAX_NDIM];
         int nd = 0;
         for (int d = 0; d < xi->ndim; d++)
@@ -657,8 +655,8 @@ static int f_class_loss(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     tdd_value *valid = op1a(b, TDD_OP_NE, t, &ia, 1);
     tdd_value *mf_in[2] = {t, un(b, TDD_OP_LOGICAL_NOT, valid)};
     td_attr zv = A_INT("value", 0);
-    tdd_value *tsafe = mf_in[1] ? tdd_bw_op(b, TDD_OP_MASKED_FILL, mf_in, 2, &zv, 1, 0, NULL)
-                                : NULL;
+    tdd_value *tsafe =
+        mf_in[1] ? tdd_bw_op(b, TDD_OP_MASKED_FILL, mf_in, 2, &zv, 1, 0, NULL) : NULL;
     td_attr nc = A_INT("num_classes", C);
     tdd_value *q = cast(b, op1a(b, TDD_OP_ONE_HOT, tsafe, &nc, 1), dt);
     if (eps > 0.0)
@@ -737,11 +735,10 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
     /* Per group, in and out channels swap: [G, O/G, C/G, kh, kw] -> [C, O/G, kh, kw]. */
     int64_t Cg = wshape[1], Og = O / G;
     int64_t s5[5] = {G, Og, Cg, K[0], K[1]}, s4[4] = {G * Cg, Og, K[0], K[1]};
-    tdd_value *wf = reshape(b, transpose(b, reshape(b, flip_hw(b, w, wshape), s5, 5), 1, 2), s4,
-                            4);
+    tdd_value *wf = reshape(b, transpose(b, reshape(b, flip_hw(b, w, wshape), s5, 5), 1, 2), s4, 4);
     int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1};
-    td_attr ca[4] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2),
-                     A_INTS("stride", one, 2), A_INT("groups", G)};
+    td_attr ca[4] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2), A_INTS("stride", one, 2),
+                     A_INT("groups", G)};
     tdd_value *in[2] = {gz, wf};
     tdd_value *gx = gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 4, 0, NULL) : NULL;
     for (int k = 0; k < 2; k++)
@@ -799,8 +796,7 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             td_attr pa = A_INTS("dims", perm, 6);
             gw = reshape(b, op1a(b, TDD_OP_PERMUTE, reshape(b, gw, s6, 6), &pa, 1), s5, 5);
             td_attr r[3] = {A_INT("start", 0), A_INT("end", G * G), A_INT("step", G + 1)};
-            tdd_value *in2[2] = {gw, tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 3, TD_I64,
-                                               xi->dev)};
+            tdd_value *in2[2] = {gw, tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 3, TD_I64, xi->dev)};
             td_attr d0 = A_INT("dim", 0);
             gw = in2[0] && in2[1] ? tdd_bw_op(b, TDD_OP_INDEX_SELECT, in2, 2, &d0, 1, 0, NULL)
                                   : NULL;
@@ -885,29 +881,28 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         tdd_value *div[2];
         for (int k = 0; k < 2; k++) {
             td_attr r[2] = {A_INT("start", 0), A_INT("end", Ho[k])};
-            tdd_value *s0 = sc(b, TDD_OP_SUB,
-                               sc(b, TDD_OP_MUL,
-                                  tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 2, TD_I64, xi->dev),
-                                  (double)st[k]),
-                               (double)pd[k]); /* window starts, padded coordinates */
+            tdd_value *s0 =
+                sc(b, TDD_OP_SUB,
+                   sc(b, TDD_OP_MUL, tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 2, TD_I64, xi->dev),
+                      (double)st[k]),
+                   (double)pd[k]); /* window starts, padded coordinates */
             double lim = a->i[2] ? (double)(H[k] + pd[k]) : (double)H[k];
             td_attr hi = A_F("max", lim), lo = A_F("min", a->i[2] ? -(double)pd[k] : 0.0);
             tdd_value *end = op1a(b, TDD_OP_CLAMP, sc(b, TDD_OP_ADD, s0, (double)ks[k]), &hi, 1);
-            div[k] = cast(b, bin(b, TDD_OP_SUB, end, op1a(b, TDD_OP_CLAMP, s0, &lo, 1)),
-                          xi->dtype);
+            div[k] = cast(b, bin(b, TDD_OP_SUB, end, op1a(b, TDD_OP_CLAMP, s0, &lo, 1)), xi->dtype);
         }
         tdd_value *dv = bin(b, TDD_OP_MUL, unsqueeze(b, div[0], -1), div[1]); /* [Ho, Wo] */
         tdd_value *g2 = bin(b, TDD_OP_DIV, reshape(b, g, gs, 4), dv);
-        gin[0] = reshape(b, conv_input_grad(b, g2, k1, kshape, 1, B, H, Ho, st, pd, one),
-                         xi->shape, nd);
+        gin[0] =
+            reshape(b, conv_input_grad(b, g2, k1, kshape, 1, B, H, Ho, st, pd, one), xi->shape, nd);
         return b->rc;
     }
     case TDD_OP_MAX_POOL2D: {
         /* The winners' positions: the pool again with indices (deterministic,
          * so the same as the forward's), then scattered into the input. */
         const int64_t *ks = a->ints[3], *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
-        td_attr at[6] = {A_INTS("kernel_size", ks, 2), A_INTS("stride", st, 2),
-                         A_INTS("padding", pd, 2), A_INTS("dilation", dl, 2),
+        td_attr at[6] = {A_INTS("kernel_size", ks, 2),   A_INTS("stride", st, 2),
+                         A_INTS("padding", pd, 2),       A_INTS("dilation", dl, 2),
                          A_B("ceil_mode", a->i[1] != 0), A_B("return_indices", true)};
         tdd_value *o[2] = {NULL, NULL};
         if (tdd_bw_op_n(b, TDD_OP_MAX_POOL2D, &x, 1, at, 6, o, 2))
@@ -948,8 +943,7 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 }
 
 /* index is spread to shape along dim (index is 1-D of length shape[dim]). */
-static tdd_value *index_along(tdd_bw *b, tdd_value *idx, int64_t dim, const int64_t *shape,
-                              int nd)
+static tdd_value *index_along(tdd_bw *b, tdd_value *idx, int64_t dim, const int64_t *shape, int nd)
 {
     int64_t s[TD_MAX_NDIM];
     for (int d = 0; d < nd; d++)
@@ -1010,8 +1004,8 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
             td_attr r[3] = {A_INT("start", start), A_INT("end", start + len * step),
                             A_INT("step", step)};
             tdd_value *idx = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 3, TD_I64, xi->dev);
-            gin[0] = scatter_into_zeros(b, xi, index_along(b, idx, d, n->out[0].shape, xi->ndim),
-                                        g, d);
+            gin[0] =
+                scatter_into_zeros(b, xi, index_along(b, idx, d, n->out[0].shape, xi->ndim), g, d);
         }
         break;
     }
@@ -1032,8 +1026,7 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
             if (n->in[i].needs_grad) {
                 td_attr s[3] = {A_INT("dim", d), A_INT("start", off), A_INT("stop", off + len)};
                 tdd_value *p = op1a(b, TDD_OP_SLICE, g, s, 3);
-                gin[i] = n->op == TDD_OP_CAT ? p
-                                             : reshape(b, p, n->in[i].shape, n->in[i].ndim);
+                gin[i] = n->op == TDD_OP_CAT ? p : reshape(b, p, n->in[i].shape, n->in[i].ndim);
             }
             off += len;
         }
@@ -1085,9 +1078,8 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
         break;
     }
     case TDD_OP_INDEX_SELECT:
-        gin[0] = scatter_into_zeros(b, xi, index_along(b, n->in[1].v, a->i[0],
-                                                        n->out[0].shape, xi->ndim),
-                                    g, a->i[0]);
+        gin[0] = scatter_into_zeros(
+            b, xi, index_along(b, n->in[1].v, a->i[0], n->out[0].shape, xi->ndim), g, a->i[0]);
         break;
     case TDD_OP_EMBEDDING: {
         const tdd_node_in *wi = &n->in[1];

@@ -84,7 +84,7 @@ tdd_value *tdd_bw_op(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const
 /* The same for ops with several outputs: fills out[0..n_out) (borrowed). */
 int tdd_bw_op_n(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const td_attr *attrs,
                 size_t nattrs, tdd_value **out, int n_out);
-void tdd_bw_keep(tdd_bw *b, tdd_value *v); /* hands one reference to bw->tmp */
+void tdd_bw_keep(tdd_bw *b, tdd_value *v);   /* hands one reference to bw->tmp */
 void tdd_bw_release(tdd_bw *b, size_t keep); /* drops tmp entries past keep */
 int tdd_bw_fail(tdd_bw *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

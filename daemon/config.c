@@ -9,9 +9,9 @@ void tdd_config_defaults(tdd_config *c)
 {
     memset(c, 0, sizeof *c);
     c->cpu_devices = 1;
-    c->max_msg = 4u << 20;             /* op requests are small; 4 MiB is generous */
-    c->max_payload = 64ull << 30;      /* one tensor upload */
-    c->max_numel = (int64_t)1 << 36;   /* 256 GiB of f32 */
+    c->max_msg = 4u << 20;           /* op requests are small; 4 MiB is generous */
+    c->max_payload = 64ull << 30;    /* one tensor upload */
+    c->max_numel = (int64_t)1 << 36; /* 256 GiB of f32 */
     c->max_handles = 1u << 20;
     c->session_memory = 0;
     c->memory_cap = 0;

@@ -23,7 +23,7 @@ typedef struct tdd_config {
     uint32_t max_sessions;   /* concurrent sessions */
     uint32_t idle_timeout_s; /* close a session silent this long; 0 = never */
     uint32_t shutdown_grace_s;
-    char token[256];         /* required in Hello when non-empty (--token-file) */
+    char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;
 } tdd_config;
 

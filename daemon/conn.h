@@ -102,8 +102,7 @@ typedef struct {
 
 Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
                                          uint64_t request_id);
-void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len,
-                     const tdd_device *d);
+void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d);
 
 /* counters for Stats */
 typedef struct {

@@ -12,8 +12,8 @@
 #define TDD_MAX_DEVICES 64
 
 /* The backends this build serves, in listing order. */
-static const tdd_backend *const backends[] = {&tdd_backend_cpu, &tdd_backend_ref,
-                                              &tdd_backend_cuda, &tdd_backend_sim};
+static const tdd_backend *const backends[] = {&tdd_backend_cpu, &tdd_backend_ref, &tdd_backend_cuda,
+                                              &tdd_backend_sim};
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
 static void *contexts[NBACKENDS];

@@ -10,8 +10,8 @@ struct tdd_queue;
 typedef struct tdd_device {
     const tdd_backend *be;
     void *ctx;
-    int ordinal; /* within the backend */
-    int index;   /* within the daemon */
+    int ordinal;    /* within the backend */
+    int index;      /* within the daemon */
     char label[24]; /* "cpu:0" */
     char name[64];
     uint64_t in_use, peak; /* bytes; loop thread only */

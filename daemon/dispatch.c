@@ -77,8 +77,8 @@ static tdd_device *resolve_device(const Tensordd__V1__Device *d, td_error *err)
     tdd_device *dev = tdd_device_find(d->backend, d->ordinal, &known);
     if (!dev) {
         if (known)
-            tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here",
-                        d->backend, d->ordinal);
+            tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here", d->backend,
+                        d->ordinal);
         else
             tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
     }
@@ -337,8 +337,8 @@ static int staged_to_host(void *arg)
     if (v->dev->be->host_memory)
         tdd_copy_contiguous(&v->t, st->host->data);
     else
-        st->rc = v->dev->be->to_host(v->dev->ctx, v->dev->ordinal, st->host->data,
-                                     tdd_data(&v->t), st->host->nbytes);
+        st->rc = v->dev->be->to_host(v->dev->ctx, v->dev->ordinal, st->host->data, tdd_data(&v->t),
+                                     st->host->nbytes);
     return st->rc;
 }
 
@@ -377,8 +377,8 @@ static int staged_download(tdd_conn *c, Request *req, tdd_value *v, uint64_t nby
         /* The device lays the view out densely first; the copy out follows in queue order. */
         tdd_opreq oreq = {.dtype = TD_DTYPE_INVALID};
         int n_out = 1;
-        if (tdd_submit_op(s, req->id, false, TDD_OP_CONTIGUOUS, &oreq, &v, 1, NULL, &dense,
-                          &n_out, NULL, &err))
+        if (tdd_submit_op(s, req->id, false, TDD_OP_CONTIGUOUS, &oreq, &v, 1, NULL, &dense, &n_out,
+                          NULL, &err))
             return tdd_answer_error(c, req, &err);
         src = dense;
     }
@@ -403,8 +403,8 @@ static int staged_from_host(void *arg)
 {
     staged *st = arg;
     tdd_value *v = st->v;
-    st->rc = v->dev->be->from_host(v->dev->ctx, v->dev->ordinal, tdd_data(&v->t),
-                                   st->host->data, st->host->nbytes);
+    st->rc = v->dev->be->from_host(v->dev->ctx, v->dev->ordinal, tdd_data(&v->t), st->host->data,
+                                   st->host->nbytes);
     if (st->rc)
         tdd_value_poison(v, st->rc, st->req_id);
     return st->rc;
@@ -660,8 +660,7 @@ static int h_op(tdd_conn *c, Request *req)
     if (!rc && !(def = tdd_op_find(op->op)))
         rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "unknown op '%.64s'", op->op);
     if (!rc && op->n_inputs > TDD_MAX_OP_INPUTS)
-        rc = tdd_err_arg(&err, "inputs", "%zu inputs; at most %d", op->n_inputs,
-                         TDD_MAX_OP_INPUTS);
+        rc = tdd_err_arg(&err, "inputs", "%zu inputs; at most %d", op->n_inputs, TDD_MAX_OP_INPUTS);
     for (size_t i = 0; !rc && i < op->n_inputs; i++)
         rc = tdd_value_get(s, op->inputs[i], &in[i], &err);
     if (!rc && op->n_attrs > TDD_MAX_ATTRS)
@@ -673,13 +672,12 @@ static int h_op(tdd_conn *c, Request *req)
         rc = err.code;
     if (!rc && (op->dtype < 0 || op->dtype >= (int)TD_DTYPE_COUNT))
         rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
-    tdd_opreq oreq = {.attrs = {.a = attrs, .n = op->n_attrs},
-                      .dtype = (td_dtype)op->dtype,
-                      .seed = s->rng};
+    tdd_opreq oreq = {
+        .attrs = {.a = attrs, .n = op->n_attrs}, .dtype = (td_dtype)op->dtype, .seed = s->rng};
     if (!rc) {
         s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
-        rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in,
-                                 (int)op->n_inputs, dev, op->outputs, out, &n_out, &args, &err);
+        rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
+                                 dev, op->outputs, out, &n_out, &args, &err);
     }
     if (rc) {
         int origin = rc;
@@ -702,8 +700,7 @@ static int h_op(tdd_conn *c, Request *req)
         for (size_t i = 0; i < op->n_inputs; i++)
             track |= in[i]->requires_grad;
         if (track)
-            tdd_autograd_record(s, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out,
-                                n_out);
+            tdd_autograd_record(s, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out, n_out);
     }
     return TDD_DISPATCH_DONE;
 }
@@ -723,8 +720,7 @@ static int h_to_device(tdd_conn *c, Request *req)
     if (!rc)
         rc = tdd_submit_copy(s, req->id, v, dev, &out, &err);
     if (rc) {
-        bind_poisoned(s, td->output,
-                      rc == TD_EPOISONED ? err.detail.poisoned.origin_code : rc,
+        bind_poisoned(s, td->output, rc == TD_EPOISONED ? err.detail.poisoned.origin_code : rc,
                       rc == TD_EPOISONED ? err.detail.poisoned.origin_request : req->id);
         return tdd_answer_error(c, req, &err);
     }

@@ -85,8 +85,7 @@ static void on_wake(uv_poll_t *p, int status, int events)
 static int set_nonblock(int fd)
 {
     int fl = fcntl(fd, F_GETFL);
-    return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
-                   fcntl(fd, F_SETFD, FD_CLOEXEC) < 0
+    return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0
                ? -1
                : 0;
 }

@@ -177,9 +177,9 @@ tdd_device *tdd_default_device(void)
     return tdd_device_get(0);
 }
 
-int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
-                  const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
-                  tdd_value **out, int *n_out, tdd_opargs *args_out, td_error *err)
+int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op, const tdd_opreq *req,
+                  tdd_value *const *in, int n_in, tdd_device *dev, tdd_value **out, int *n_out,
+                  tdd_opargs *args_out, td_error *err)
 {
     return tdd_submit_op_named(s, req_id, want_reply, op, req, in, n_in, dev, NULL, out, n_out,
                                args_out, err);
@@ -187,8 +187,8 @@ int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
 
 int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
                         const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
-                        const uint64_t *out_ids, tdd_value **out, int *n_out,
-                        tdd_opargs *args_out, td_error *err)
+                        const uint64_t *out_ids, tdd_value **out, int *n_out, tdd_opargs *args_out,
+                        td_error *err)
 {
     if (n_in > TDD_MAX_OP_INPUTS)
         return tdd_err_arg(err, "inputs", "at most %d inputs", TDD_MAX_OP_INPUTS);
@@ -213,8 +213,8 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     int nout = 0;
     rc = tdd_op_prepare(op, tin, n_in, req, tdd_cfg.max_numel, &ot->args, od, &nout, err);
     if (!rc && (nout < 1 || nout > TDD_MAX_OP_OUTPUTS))
-        rc = tdd_err_set(err, TD_EINTERNAL, "op %s described %d outputs", tdd_opdefs[op].name,
-                         nout);
+        rc =
+            tdd_err_set(err, TD_EINTERNAL, "op %s described %d outputs", tdd_opdefs[op].name, nout);
     if (!rc && *n_out && *n_out != nout)
         rc = tdd_err_arg(err, "outputs", "%s produces %d output(s), %d handle(s) given",
                          tdd_opdefs[op].name, nout, *n_out);

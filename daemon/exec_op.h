@@ -13,16 +13,16 @@
  * want_reply: the session's connection gets a reply once the op has run.
  * *n_out: 0 for "as many as the op makes", else the count expected.
  * args_out (may be NULL) receives the validated arguments (for autodiff). */
-int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
-                  const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
-                  tdd_value **out, int *n_out, tdd_opargs *args_out, td_error *err);
+int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op, const tdd_opreq *req,
+                  tdd_value *const *in, int n_in, tdd_device *dev, tdd_value **out, int *n_out,
+                  tdd_opargs *args_out, td_error *err);
 
 /* The same, naming the outputs' client handle ids (out_ids[0..n), may be NULL)
  * so that replies sent before the caller binds them carry the ids. */
 int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op,
                         const tdd_opreq *req, tdd_value *const *in, int n_in, tdd_device *dev,
-                        const uint64_t *out_ids, tdd_value **out, int *n_out,
-                        tdd_opargs *args_out, td_error *err);
+                        const uint64_t *out_ids, tdd_value **out, int *n_out, tdd_opargs *args_out,
+                        td_error *err);
 
 /* Checks that inputs share a backend and device; typed errors name both sides. */
 int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err);

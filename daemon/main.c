@@ -21,29 +21,28 @@ void tdd_dispatch_set_note(const char *note);
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: tensordd [options]\n"
-            "Remote tensor execution daemon: runs tensor ops and backward passes for clients\n"
-            "that hold handles to tensors living here.\n\n"
-            "  --listen ENDPOINT      tcp://HOST:PORT or unix:///PATH (repeatable;\n"
-            "                         default tcp://127.0.0.1:7070; port 0 picks a free one)\n"
-            "  --cpu-devices N        logical CPU devices cpu:0..N-1 (default 1)\n"
-            "  --threads N            threads for the cpu backend (default: all cores)\n"
-            "  --sim-devices N        simulated discrete devices sim:0..N-1 with device\n"
-            "                         memory and reference kernels, for tests (default 0)\n"
-            "  --log-level LEVEL      error, warn, info (default), debug\n"
-            "  --token-file PATH      clients must send this token in Hello (first line of\n"
-            "                         the file); required to listen beyond loopback\n"
-            "  --max-frame BYTES      largest protobuf request (default 4M)\n"
-            "  --max-payload BYTES    largest tensor payload (default 64G)\n"
-            "  --max-handles N        live handles per session (default 1048576)\n"
-            "  --session-memory BYTES memory quota per session (default: none)\n"
-            "  --memory-cap BYTES     memory for the whole daemon (default: physical memory)\n"
-            "  --max-inflight N       queued requests per session before reading pauses (4096)\n"
-            "  --max-sessions N       concurrent sessions (default 1024)\n"
-            "  --idle-timeout SECS    close sessions silent this long (default 0: never)\n"
-            "  --help, --version\n"
-            "BYTES take K, M, G suffixes (powers of 1024).\n");
+    fprintf(f, "usage: tensordd [options]\n"
+               "Remote tensor execution daemon: runs tensor ops and backward passes for clients\n"
+               "that hold handles to tensors living here.\n\n"
+               "  --listen ENDPOINT      tcp://HOST:PORT or unix:///PATH (repeatable;\n"
+               "                         default tcp://127.0.0.1:7070; port 0 picks a free one)\n"
+               "  --cpu-devices N        logical CPU devices cpu:0..N-1 (default 1)\n"
+               "  --threads N            threads for the cpu backend (default: all cores)\n"
+               "  --sim-devices N        simulated discrete devices sim:0..N-1 with device\n"
+               "                         memory and reference kernels, for tests (default 0)\n"
+               "  --log-level LEVEL      error, warn, info (default), debug\n"
+               "  --token-file PATH      clients must send this token in Hello (first line of\n"
+               "                         the file); required to listen beyond loopback\n"
+               "  --max-frame BYTES      largest protobuf request (default 4M)\n"
+               "  --max-payload BYTES    largest tensor payload (default 64G)\n"
+               "  --max-handles N        live handles per session (default 1048576)\n"
+               "  --session-memory BYTES memory quota per session (default: none)\n"
+               "  --memory-cap BYTES     memory for the whole daemon (default: physical memory)\n"
+               "  --max-inflight N       queued requests per session before reading pauses (4096)\n"
+               "  --max-sessions N       concurrent sessions (default 1024)\n"
+               "  --idle-timeout SECS    close sessions silent this long (default 0: never)\n"
+               "  --help, --version\n"
+               "BYTES take K, M, G suffixes (powers of 1024).\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out, int allow_suffix)
@@ -55,11 +54,24 @@ static int parse_u64(const char *s, uint64_t *out, int allow_suffix)
     uint64_t mul = 1;
     if (allow_suffix && *end) {
         switch (*end) {
-        case 'k': case 'K': mul = 1ull << 10; break;
-        case 'm': case 'M': mul = 1ull << 20; break;
-        case 'g': case 'G': mul = 1ull << 30; break;
-        case 't': case 'T': mul = 1ull << 40; break;
-        default: return -1;
+        case 'k':
+        case 'K':
+            mul = 1ull << 10;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1ull << 20;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1ull << 30;
+            break;
+        case 't':
+        case 'T':
+            mul = 1ull << 40;
+            break;
+        default:
+            return -1;
         }
         end++;
     }
@@ -81,15 +93,15 @@ static int read_token(const char *path)
     }
     struct stat sb;
     if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
-        fprintf(stderr, "tensordd: warning: %s is readable by group or others (chmod 600)\n",
-                path);
+        fprintf(stderr, "tensordd: warning: %s is readable by group or others (chmod 600)\n", path);
     char line[sizeof tdd_cfg.token + 2];
     if (!fgets(line, sizeof line, f))
         line[0] = 0;
     fclose(f);
     size_t n = strcspn(line, "\r\n");
     if (n == 0 || n >= sizeof tdd_cfg.token) {
-        fprintf(stderr, "tensordd: --token-file %s: the token must be 1..%zu bytes on its first line\n",
+        fprintf(stderr,
+                "tensordd: --token-file %s: the token must be 1..%zu bytes on its first line\n",
                 path, sizeof tdd_cfg.token - 1);
         return -1;
     }
@@ -133,8 +145,22 @@ static void on_signal(uv_signal_t *h, int signum)
 int main(int argc, char **argv)
 {
     enum {
-        O_LISTEN = 256, O_CPU, O_THREADS, O_SIM, O_LOG, O_FRAME, O_PAYLOAD, O_HANDLES, O_SMEM,
-        O_CAP, O_INFLIGHT, O_SESSIONS, O_IDLE, O_TOKEN, O_HELP, O_VERSION
+        O_LISTEN = 256,
+        O_CPU,
+        O_THREADS,
+        O_SIM,
+        O_LOG,
+        O_FRAME,
+        O_PAYLOAD,
+        O_HANDLES,
+        O_SMEM,
+        O_CAP,
+        O_INFLIGHT,
+        O_SESSIONS,
+        O_IDLE,
+        O_TOKEN,
+        O_HELP,
+        O_VERSION
     };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},

@@ -151,8 +151,9 @@ static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td
     if (!(h->momentum >= 0.0))
         return tdd_err_arg(err, "momentum", "invalid momentum %g", h->momentum);
     if (h->nesterov && (h->momentum <= 0.0 || h->dampening != 0.0))
-        return tdd_err_arg(err, "nesterov", "nesterov momentum requires a momentum and zero "
-                                            "dampening");
+        return tdd_err_arg(err, "nesterov",
+                           "nesterov momentum requires a momentum and zero "
+                           "dampening");
     if (!(h->eps >= 0.0))
         return tdd_err_arg(err, "eps", "invalid epsilon %g", h->eps);
     if (!(h->beta1 >= 0.0 && h->beta1 < 1.0))
@@ -246,56 +247,56 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
 
 /* One definition per dtype: arithmetic in the parameter's dtype, scalars
  * rounded to it once, in the order torch.optim applies them. */
-#define TDD_OPTIM_LOOP(T, NAME)                                                                  \
-    static void NAME(step_job *j)                                                                \
-    {                                                                                            \
-        const opt_hyper *h = &j->h;                                                              \
-        T *P = j->p.st->data, *G = j->g.st->data;                                                \
-        T *SB0 = j->bv[0] ? (T *)tdd_data(&j->b0) : NULL;                                         \
-        T *SB1 = j->bv[1] ? (T *)tdd_data(&j->b1) : NULL;                                         \
-        int64_t n = tdd_numel(&j->p);                                                            \
-        bool pc = tdd_is_contiguous(&j->p), gc = tdd_is_contiguous(&j->g);                       \
-        T wd = (T)h->weight_decay, lr = (T)h->lr;                                                \
-        if (h->kind == OPT_SGD) {                                                                \
-            T mom = (T)h->momentum, damp = (T)(1.0 - h->dampening);                              \
-            for (int64_t i = 0; i < n; i++) {                                                    \
-                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                          \
-                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                             \
-                if (h->maximize)                                                                 \
-                    gi = -gi;                                                                    \
-                if (h->weight_decay != 0.0)                                                      \
-                    gi = gi + wd * P[po];                                                        \
-                if (h->momentum != 0.0) {                                                        \
+#define TDD_OPTIM_LOOP(T, NAME)                                                                    \
+    static void NAME(step_job *j)                                                                  \
+    {                                                                                              \
+        const opt_hyper *h = &j->h;                                                                \
+        T *P = j->p.st->data, *G = j->g.st->data;                                                  \
+        T *SB0 = j->bv[0] ? (T *)tdd_data(&j->b0) : NULL;                                          \
+        T *SB1 = j->bv[1] ? (T *)tdd_data(&j->b1) : NULL;                                          \
+        int64_t n = tdd_numel(&j->p);                                                              \
+        bool pc = tdd_is_contiguous(&j->p), gc = tdd_is_contiguous(&j->g);                         \
+        T wd = (T)h->weight_decay, lr = (T)h->lr;                                                  \
+        if (h->kind == OPT_SGD) {                                                                  \
+            T mom = (T)h->momentum, damp = (T)(1.0 - h->dampening);                                \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                            \
+                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                               \
+                if (h->maximize)                                                                   \
+                    gi = -gi;                                                                      \
+                if (h->weight_decay != 0.0)                                                        \
+                    gi = gi + wd * P[po];                                                          \
+                if (h->momentum != 0.0) {                                                          \
                     SB0[i] = j->init ? gi : SB0[i] * mom + damp * gi;                              \
                     gi = h->nesterov ? gi + mom * SB0[i] : SB0[i];                                 \
-                }                                                                                \
-                P[po] = P[po] + (-lr) * gi;                                                      \
-            }                                                                                    \
-            return;                                                                              \
-        }                                                                                        \
-        double bc1 = 1.0 - pow(h->beta1, (double)j->step);                                       \
-        double bc2 = 1.0 - pow(h->beta2, (double)j->step);                                       \
-        T b1 = (T)h->beta1, b2 = (T)h->beta2, ob1 = (T)(1.0 - h->beta1),                         \
-          ob2 = (T)(1.0 - h->beta2);                                                             \
-        T step_size = (T)(h->lr / bc1), bc2s = (T)sqrt(bc2), eps = (T)h->eps;                    \
-        T decay = (T)(1.0 - h->lr * h->weight_decay);                                            \
-        for (int64_t i = 0; i < n; i++) {                                                        \
-            int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                              \
-            T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                                 \
-            if (h->maximize)                                                                     \
-                gi = -gi;                                                                        \
-            if (h->kind == OPT_ADAMW)                                                            \
-                P[po] = P[po] * decay;                                                           \
-            else if (h->weight_decay != 0.0)                                                     \
-                gi = gi + wd * P[po];                                                            \
+                }                                                                                  \
+                P[po] = P[po] + (-lr) * gi;                                                        \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        double bc1 = 1.0 - pow(h->beta1, (double)j->step);                                         \
+        double bc2 = 1.0 - pow(h->beta2, (double)j->step);                                         \
+        T b1 = (T)h->beta1, b2 = (T)h->beta2, ob1 = (T)(1.0 - h->beta1),                           \
+          ob2 = (T)(1.0 - h->beta2);                                                               \
+        T step_size = (T)(h->lr / bc1), bc2s = (T)sqrt(bc2), eps = (T)h->eps;                      \
+        T decay = (T)(1.0 - h->lr * h->weight_decay);                                              \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                                \
+            T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                                   \
+            if (h->maximize)                                                                       \
+                gi = -gi;                                                                          \
+            if (h->kind == OPT_ADAMW)                                                              \
+                P[po] = P[po] * decay;                                                             \
+            else if (h->weight_decay != 0.0)                                                       \
+                gi = gi + wd * P[po];                                                              \
             T m = j->init ? (T)0 : SB0[i], v = j->init ? (T)0 : SB1[i];                            \
-            m = m * b1 + ob1 * gi;                                                               \
-            v = v * b2 + ob2 * (gi * gi);                                                        \
-            SB0[i] = m;                                                                           \
-            SB1[i] = v;                                                                           \
-            T denom = (T)(SQRT_##T(v) / bc2s) + eps;                                             \
-            P[po] = P[po] + (-step_size) * (m / denom);                                          \
-        }                                                                                        \
+            m = m * b1 + ob1 * gi;                                                                 \
+            v = v * b2 + ob2 * (gi * gi);                                                          \
+            SB0[i] = m;                                                                            \
+            SB1[i] = v;                                                                            \
+            T denom = (T)(SQRT_##T(v) / bc2s) + eps;                                               \
+            P[po] = P[po] + (-step_size) * (m / denom);                                            \
+        }                                                                                          \
     }
 
 #define SQRT_float sqrtf
@@ -338,8 +339,8 @@ static void adam_dense_f32(step_job *j, int64_t n)
         else if (l2)
             g = _mm_add_ps(g, _mm_mul_ps(vwd, p));
         __m128 m = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(M + i), vb1), _mm_mul_ps(vob1, g));
-        __m128 v = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(V + i), vb2),
-                              _mm_mul_ps(vob2, _mm_mul_ps(g, g)));
+        __m128 v =
+            _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(V + i), vb2), _mm_mul_ps(vob2, _mm_mul_ps(g, g)));
         _mm_storeu_ps(M + i, m);
         _mm_storeu_ps(V + i, v);
         __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(v), vbc2s), veps);
@@ -362,10 +363,11 @@ static void adam_dense_f32(step_job *j, int64_t n)
  * two sharing storage (each element is read before it is written). */
 static bool adam_dense_ok(const step_job *j)
 {
-    return j->h.kind != OPT_SGD && j->p.dtype == TD_F32 && j->bv[0] && j->bv[1] && tdd_is_contiguous(&j->p) &&
-           tdd_is_contiguous(&j->g) && tdd_is_contiguous(&j->b0) && tdd_is_contiguous(&j->b1) &&
-           j->p.st != j->g.st && j->p.st != j->b0.st && j->p.st != j->b1.st &&
-           j->g.st != j->b0.st && j->g.st != j->b1.st && j->b0.st != j->b1.st;
+    return j->h.kind != OPT_SGD && j->p.dtype == TD_F32 && j->bv[0] && j->bv[1] &&
+           tdd_is_contiguous(&j->p) && tdd_is_contiguous(&j->g) && tdd_is_contiguous(&j->b0) &&
+           tdd_is_contiguous(&j->b1) && j->p.st != j->g.st && j->p.st != j->b0.st &&
+           j->p.st != j->b1.st && j->g.st != j->b0.st && j->g.st != j->b1.st &&
+           j->b0.st != j->b1.st;
 }
 #endif
 
@@ -472,8 +474,9 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
         if (h->weight_decay != 0.0)
             g = axpy(b, g, p, h->weight_decay);
         if (h->momentum != 0.0) {
-            nb[0] = init ? g : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->momentum), g,
-                                    1.0 - h->dampening);
+            nb[0] =
+                init ? g
+                     : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->momentum), g, 1.0 - h->dampening);
             g = h->nesterov ? axpy(b, g, nb[0], h->momentum) : nb[0];
         }
         p = axpy(b, p, g, -h->lr);
@@ -490,9 +493,8 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
         nb[1] = init ? sc(b, TDD_OP_MUL, gg, 1.0 - h->beta2)
                      : axpy(b, sc(b, TDD_OP_MUL, op->buf[1], h->beta2), gg, 1.0 - h->beta2);
         double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
-        tdd_value *denom = sc(b, TDD_OP_ADD, sc(b, TDD_OP_DIV, un(b, TDD_OP_SQRT, nb[1]),
-                                                sqrt(bc2)),
-                              h->eps);
+        tdd_value *denom =
+            sc(b, TDD_OP_ADD, sc(b, TDD_OP_DIV, un(b, TDD_OP_SQRT, nb[1]), sqrt(bc2)), h->eps);
         p = axpy(b, p, div2(b, nb[0], denom), -(h->lr / bc1));
     }
     if (b->rc)
@@ -521,10 +523,9 @@ static int check_grad(const tdd_value *p, const tdd_value *g, td_error *err)
                                "gradient of parameter %llu is on %s, the parameter on %s",
                                (unsigned long long)p->handle, g->dev->label, p->dev->label);
     if (g->t.dtype != p->t.dtype)
-        return tdd_err_dtypes(err, p->t.dtype, g->t.dtype,
-                              "gradient of parameter %llu is %s, the parameter %s",
-                              (unsigned long long)p->handle, td_dtype_name(g->t.dtype),
-                              td_dtype_name(p->t.dtype));
+        return tdd_err_dtypes(
+            err, p->t.dtype, g->t.dtype, "gradient of parameter %llu is %s, the parameter %s",
+            (unsigned long long)p->handle, td_dtype_name(g->t.dtype), td_dtype_name(p->t.dtype));
     if (!tdd_same_shape(&g->t, &p->t))
         return tdd_err_shape(err, p->t.shape, p->t.ndim, g->t.shape, g->t.ndim,
                              "gradient of parameter %llu has another shape",

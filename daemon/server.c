@@ -65,8 +65,8 @@ static void after_write(uv_write_t *w, int status)
     tdd_storage_unref(wr->hold);
     free(wr->buf);
     if (status < 0 && status != UV_ECANCELED)
-        tdd_debug("session %llu: write failed: %s",
-                  (unsigned long long)(c->s ? c->s->id : 0), uv_strerror(status));
+        tdd_debug("session %llu: write failed: %s", (unsigned long long)(c->s ? c->s->id : 0),
+                  uv_strerror(status));
     bool resume = wr->resume;
     free(wr);
     if (resume)
@@ -75,8 +75,8 @@ static void after_write(uv_write_t *w, int status)
         tdd_conn_kick(c);
 }
 
-static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload,
-                        uint64_t plen, tdd_storage *hold, bool resume)
+static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
+                        tdd_storage *hold, bool resume)
 {
     if (c->closing) {
         if (resume)

@@ -20,13 +20,13 @@ typedef struct tdd_value {
     uint64_t handle; /* the client's id for it (0 if internal) */
     tdd_tensor t;    /* t.st is NULL when poisoned before any storage existed */
     tdd_device *dev;
-    tdd_queue *fq;   /* producer's queue and position; readers on other queues wait */
+    tdd_queue *fq; /* producer's queue and position; readers on other queues wait */
     uint64_t fseq;
     /* Poison: written by the loop at validation, or by the worker that ran
      * the producer before it completed; read by later tasks (ordered after
      * the producer) and by the loop after completion. */
-    _Atomic int poison;   /* 0 or the origin's TD_E* code */
-    uint64_t poison_req;  /* the origin request id */
+    _Atomic int poison;  /* 0 or the origin's TD_E* code */
+    uint64_t poison_req; /* the origin request id */
     /* autodiff (loop thread only) */
     bool requires_grad;
     struct tdd_node *grad_fn; /* the node that produced it, or NULL for leaves */
@@ -71,7 +71,7 @@ typedef struct tdd_session {
     bool has_err;      /* first error since the last synchronising request */
     td_error err;
     bool grad_enabled;
-    uint64_t rng;      /* per-session random stream */
+    uint64_t rng; /* per-session random stream */
     uint64_t requests;
     char peer[64], client_name[64];
     struct tdd_session *prev, *next;

@@ -4,8 +4,7 @@
 
 #include "conn.h"
 
-void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len,
-                     const tdd_device *d)
+void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d)
 {
     tensordd__v1__device__init(out);
     snprintf(backend_buf, len, "%s", d->be->name);

@@ -164,8 +164,8 @@ static inline uint32_t pick(bool c, uint32_t a, uint32_t b)
 static inline float f16_to_f32_sel(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu;
-    uint32_t normal = (em << 13) + (112u << 23); /* exponent bias 15 -> 127 */
-    uint32_t special = (em << 13) | 0x7f800000u;  /* infinity, NaN */
+    uint32_t normal = (em << 13) + (112u << 23);               /* exponent bias 15 -> 127 */
+    uint32_t special = (em << 13) | 0x7f800000u;               /* infinity, NaN */
     uint32_t sub = bits_of_f32((float)(int32_t)em * 0x1p-24f); /* subnormal, zero: exact */
     uint32_t u = pick(em >= 0x7c00u, special, pick(em >= 0x0400u, normal, sub));
     return f32_of_bits(u | sign);
@@ -235,7 +235,7 @@ static bool cpu_has_f16c(void)
 }
 
 __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t *h, float *f,
-                                                                  int64_t n)
+                                                                 int64_t n)
 {
     const __m128i mag = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
     int64_t i = 0;
@@ -251,7 +251,7 @@ __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t 
 }
 
 __attribute__((target("avx2,f16c"))) static void f32_to_f16_f16c(const float *f, uint16_t *h,
-                                                                  int64_t n)
+                                                                 int64_t n)
 {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -266,8 +266,7 @@ __attribute__((target("avx2,f16c"))) static void f32_to_f16_f16c(const float *f,
     f32_to_f16_unit(f + i, h + i, n - i);
 }
 
-__attribute__((target("avx2"))) static void f32_to_bf16_avx2(const float *f, uint16_t *h,
-                                                             int64_t n)
+__attribute__((target("avx2"))) static void f32_to_bf16_avx2(const float *f, uint16_t *h, int64_t n)
 {
     f32_to_bf16_unit(f, h, n);
 }
@@ -281,8 +280,7 @@ static bool cpu_has_f16c(void)
 #define f32_to_bf16_avx2 f32_to_bf16_unit
 #endif
 
-void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_t n,
-                     td_dtype dt)
+void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_t n, td_dtype dt)
 {
     if (hs == 1 && fs == 1) {
         if (dt == TD_F16)
@@ -298,8 +296,7 @@ void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_
     }
 }
 
-void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_t n,
-                     td_dtype dt)
+void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_t n, td_dtype dt)
 {
     if (hs == 1 && fs == 1) {
         if (dt == TD_F16)
@@ -332,7 +329,6 @@ static void f32_to_half_run(void *vc, int64_t n, const int64_t *off, const int64
     const half_ctx *x = vc;
     cpu_f32_to_half(x->f + off[1], st[1], (uint16_t *)x->h + off[0], st[0], n, x->dt);
 }
-
 
 /* Runs an f32 kernel on a call with f16/bf16 operands: every 16-bit float input is
  * converted into a contiguous f32 copy, outputs are computed in f32 and rounded
@@ -548,7 +544,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_CLONE:
         return true; /* views do nothing; copies move bytes of any dtype */
     case TDD_OP_CAST:
-        return true; /* every pair converts as ref does (cpu_cast.c) */
+        return true;     /* every pair converts as ref does (cpu_cast.c) */
     case TDD_OP_ONE_HOT: /* output i64 (ops_shape.c); cpu_one_hot fills it row by row */
         return tdd_is_contiguous(c->out[0]) && c->out[0]->dtype == TD_I64 &&
                (c->in[0]->dtype == TD_I64 || c->in[0]->dtype == TD_I32);

@@ -30,10 +30,8 @@ static inline bool cpu_is_half(td_dtype dt)
 {
     return dt == TD_F16 || dt == TD_BF16;
 }
-void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_t n,
-                     td_dtype dt);
-void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_t n,
-                     td_dtype dt);
+void cpu_half_to_f32(const uint16_t *h, int64_t hs, float *f, int64_t fs, int64_t n, td_dtype dt);
+void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_t n, td_dtype dt);
 /* Elements a half-precision kernel converts at a time, in per-thread f32 buffers:
  * small enough that a block's operands stay in L1/L2 between conversion and use. */
 #define CPU_HALF_BLOCK 4096

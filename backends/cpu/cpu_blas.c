@@ -98,8 +98,8 @@ typedef struct {
 } mm_ctx;
 
 /* Copies a rows x cols strided matrix into dst (row-major). */
-static void pack(const void *src, int64_t off, int64_t rows, int64_t cols, int64_t rs,
-                 int64_t cs, void *dst, bool f64)
+static void pack(const void *src, int64_t off, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                 void *dst, bool f64)
 {
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < cols; j++) {

@@ -82,7 +82,7 @@ static inline float quiet_f32(float f)
 typedef void (*cast_fn)(const void *a, int64_t as, void *y, int64_t ys, int64_t n);
 
 #define CAST_FN(S, D)                                                                              \
-    static void cast_##S##_##D(const void *av, int64_t as, void *yv, int64_t ys, int64_t n)       \
+    static void cast_##S##_##D(const void *av, int64_t as, void *yv, int64_t ys, int64_t n)        \
     {                                                                                              \
         const T_##S *restrict a = av;                                                              \
         T_##D *restrict y = yv;                                                                    \

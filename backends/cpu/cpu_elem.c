@@ -14,14 +14,14 @@ typedef struct {
     char *y;
     const char *a, *b, *c;
     const tdd_opargs *g;
-    double s[2];   /* float unary parameters */
-    int64_t n[2];  /* integer kernels: alpha; clamp's bounds */
-    uint64_t pat;  /* masked_fill's value as the output dtype's bits */
+    double s[2];  /* float unary parameters */
+    int64_t n[2]; /* integer kernels: alpha; clamp's bounds */
+    uint64_t pat; /* masked_fill's value as the output dtype's bits */
 } ew_ctx;
 
 /* Binary: EXPR in x (from a) and z (from b), output type OT. */
 #define BIN_FN(NAME, T, OT, EXPR)                                                                  \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
         OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
@@ -58,8 +58,8 @@ typedef struct {
     }
 
 /* Unary: EXPR in x, output type OT; p0, p1 are the op's parameters. */
-#define UN_FNO(NAME, T, OT, EXPR)                                                                       \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+#define UN_FNO(NAME, T, OT, EXPR)                                                                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
         OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
@@ -86,7 +86,7 @@ typedef struct {
 #define ELEM_FNS(T, S)                                                                             \
     BIN_FN(add_##S, T, T, x + alpha * z)                                                           \
     BIN_FN(sub_##S, T, T, x - alpha * z)                                                           \
-    BIN_FN(mul_##S, T, T, x * z)                                                                   \
+    BIN_FN(mul_##S, T, T, x *z)                                                                    \
     BIN_FN(div_##S, T, T, x / z)                                                                   \
     BIN_FN(pow_##S, T, T, pow(x, z))                                                               \
     BIN_FN(max_##S, T, T, (x != x || z != z) ? (T)NAN : (x > z ? x : z))                           \
@@ -119,17 +119,17 @@ typedef struct {
     UN_FN(sigmoid_##S, T, (T)1 / ((T)1 + exp(-x)))                                                 \
     UN_FN(relu_##S, T, x < 0 ? (T)0 : x)                                                           \
     UN_FN(lrelu_##S, T, x > 0 ? x : x * p0)                                                        \
-    UN_FN(gelu_##S, T, (T)0.5 * x * ((T)1 + erf(x * (T)0.7071067811865476)))                      \
+    UN_FN(gelu_##S, T, (T)0.5 * x * ((T)1 + erf(x * (T)0.7071067811865476)))                       \
     UN_FN(gelut_##S, T,                                                                            \
-          (T)0.5 * x * ((T)1 + tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))))      \
+          (T)0.5 * x * ((T)1 + tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))))       \
     UN_FN(silu_##S, T, x / ((T)1 + exp(-x)))                                                       \
-    UN_FN(softplus_##S, T, x * p0 > p1 ? x : log1p(exp(x * p0)) / p0)                              \
+    UN_FN(softplus_##S, T, x *p0 > p1 ? x : log1p(exp(x * p0)) / p0)                               \
     UN_FN(clamp_##S, T, x < p0 ? p0 : (x > p1 ? p1 : x))                                           \
     UN_FN(floor_##S, T, floor(x))                                                                  \
     UN_FN(ceil_##S, T, ceil(x))                                                                    \
     UN_FN(round_##S, T, nearbyint(x))                                                              \
     UN_FN(recip_##S, T, (T)1 / x)                                                                  \
-    UN_FN(square_##S, T, x * x)                                                                    \
+    UN_FN(square_##S, T, x *x)                                                                     \
     static tdd_iter_fn elem_fn_##S(const tdd_opcall *c)                                            \
     {                                                                                              \
         switch (c->op) {                                                                           \
@@ -232,7 +232,7 @@ ELEM_FNS(double, f64)
  * signed-overflow UB; comparisons stay signed. CVT narrows a U result to T
  * (bool: nonzero is true). */
 #define IBIN_FN(NAME, T, U, OT, EXPR)                                                              \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
         OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
@@ -262,7 +262,7 @@ ELEM_FNS(double, f64)
     }
 
 #define IUN_FN(NAME, T, U, OT, EXPR)                                                               \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
         OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
@@ -287,7 +287,7 @@ ELEM_FNS(double, f64)
 #define INT_FNS(T, U, S, CVT)                                                                      \
     IBIN_FN(add_##S, T, U, T, CVT((U)x + alpha * (U)z))                                            \
     IBIN_FN(sub_##S, T, U, T, CVT((U)x - alpha * (U)z))                                            \
-    IBIN_FN(mul_##S, T, U, T, CVT((U)x * (U)z))                                                    \
+    IBIN_FN(mul_##S, T, U, T, CVT((U)x *(U)z))                                                     \
     IBIN_FN(max_##S, T, U, T, x > z ? x : z)                                                       \
     IBIN_FN(min_##S, T, U, T, x < z ? x : z)                                                       \
     IBIN_FN(eq_##S, T, U, uint8_t, (uint8_t)(x == z))                                              \
@@ -347,8 +347,11 @@ ELEM_FNS(double, f64)
     IUN_FN(abs_##S, T, U, T, x < 0 ? CVT((U)0 - (U)x) : x)                                         \
     IUN_FN(sign_##S, T, U, T, (T)((x > 0) - (x < 0)))                                              \
     IUN_FN(relu_##S, T, U, T, x < 0 ? (T)0 : x)                                                    \
-    IUN_FN(square_##S, T, U, T, CVT((U)x * (U)x))                                                  \
-    IUN_FN(clamp_##S, T, U, T, CVT((U)(uint64_t)((int64_t)x < lo ? lo : (int64_t)x > hi ? hi : x))) \
+    IUN_FN(square_##S, T, U, T, CVT((U)x *(U)x))                                                   \
+    IUN_FN(clamp_##S, T, U, T,                                                                     \
+           CVT((U)(uint64_t)((int64_t)x < lo   ? lo                                                \
+                             : (int64_t)x > hi ? hi                                                \
+                                               : x)))                                              \
     IUN_FN(ident_##S, T, U, T, x)                                                                  \
     static tdd_iter_fn sint_fn_##S(tdd_op op)                                                      \
     {                                                                                              \
@@ -386,7 +389,7 @@ SINT_FNS(int64_t, uint64_t, i64, CVT_I64)
 /* where and masked_fill select elements without arithmetic, so one kernel per
  * element size serves every dtype. */
 #define WHERE_FN(NAME, T)                                                                          \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
         T *restrict y = (T *)(void *)c->y + off[0];                                                \
@@ -407,7 +410,7 @@ WHERE_FN(where_u64, uint64_t)
 
 /* masked_fill: y = mask ? value : x (operands y, x, mask); value is the fill's bits. */
 #define FILL_FN(NAME, T)                                                                           \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
         T *restrict y = (T *)(void *)c->y + off[0];                                                \
@@ -462,8 +465,8 @@ typedef struct {
     tdd_iter_fn f32fn;
     ew_ctx x; /* the f32 kernel's context; operand pointers are set per block */
     int nops;
-    td_dtype dt[HALF_OPS];   /* operand k's storage dtype (0 is the output) */
-    char *y;                 /* the output's data */
+    td_dtype dt[HALF_OPS];    /* operand k's storage dtype (0 is the output) */
+    char *y;                  /* the output's data */
     const char *in[HALF_OPS]; /* inputs' data (in[0] unused) */
 } half_ew;
 
@@ -629,8 +632,11 @@ int cpu_copy(const tdd_opcall *c, int nt)
     /* Reshape copies keep C order, so walk both as flat sequences of their own shapes:
      * iterate y's shape with a viewed through a's own C-order index. When shapes differ
      * (reshape), make the input contiguous-order-compatible by iterating a's shape. */
-    cp_ctx x = {.y = y->st->data, .a = a->st->data, .esz = td_dtype_size(a->dtype),
-                .from = a->dtype, .to = y->dtype};
+    cp_ctx x = {.y = y->st->data,
+                .a = a->st->data,
+                .esz = td_dtype_size(a->dtype),
+                .from = a->dtype,
+                .to = y->dtype};
     tdd_iter it;
     tdd_tensor yv = *y;
     /* y is contiguous: view it with a's shape (same numel, same C order). */

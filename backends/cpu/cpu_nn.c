@@ -62,6 +62,8 @@ static void conv_valid(int64_t w0, int64_t sw, int64_t W, int64_t Wo, int64_t *l
 
 /* im2col of one image and group: col[(c*kh + i)*kw + j][oh*Wo + ow] = x[c, h, w] or 0,
  * the rows split across threads. F64 picks dgemm over sgemm in cpu_gemm. */
+/* clang-format splits the _Pragma strings below, which must stay whole. */
+/* clang-format off */
 #define CONV_FN(NAME, T, F64)                                                                     \
     static void NAME##_im2col(const conv_geom *q, const T *x, T *restrict col, int nt)            \
     {                                                                                              \
@@ -218,6 +220,7 @@ static int cpu_conv2d(const tdd_opcall *c, int nt)
     }
 POOL_FN(pool_f32, float)
 POOL_FN(pool_f64, double)
+/* clang-format on */
 
 static int cpu_pool2d(const tdd_opcall *c, int nt)
 {
@@ -356,6 +359,8 @@ static int cpu_class_loss(const tdd_opcall *c, int nt)
                     const double sh = isinf(m) ? 0.0 : m;
                     for (int64_t k = 0; k < C; k++)
                         s += exp(row[k] - sh);
+                    /* a row of -inf has s == 0: log gives -inf, the answer */
+                    /* cppcheck-suppress invalidFunctionArg */
                     const double lse = log(s) + sh;
                     v = lse - row[cls];
                     if (eps > 0) {
@@ -468,12 +473,12 @@ static inline int64_t load_index(const gx_ctx *g, int64_t i)
 }
 
 #define GATHER_FN(NAME, U)                                                                         \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         gx_ctx *g = vc;                                                                            \
         U *restrict y = (U *)(void *)g->y + off[0];                                                \
         const U *restrict x = (const U *)(const void *)g->x + off[1];                              \
-        if (st[2] == 0) { /* one index for the whole run (embedding rows) */                      \
+        if (st[2] == 0) { /* one index for the whole run (embedding rows) */                       \
             int64_t k = load_index(g, off[2]);                                                     \
             if (k < 0 || k >= g->size) {                                                           \
                 atomic_store_explicit(&g->bad, 1, memory_order_relaxed);                           \
@@ -509,8 +514,11 @@ static int cpu_gather(const tdd_opcall *c, int nt)
     int nd = y->ndim, d = emb ? 0 : (int)c->args->i[0];
     tdd_tensor xv = *x, iv = *ix;
     xv.ndim = iv.ndim = nd;
-    gx_ctx g = {.y = y->st->data, .x = x->st->data, .ix = ix->st->data,
-                .ix64 = ix->dtype == TD_I64, .xd = x->ndim ? x->strides[d] : 0,
+    gx_ctx g = {.y = y->st->data,
+                .x = x->st->data,
+                .ix = ix->st->data,
+                .ix64 = ix->dtype == TD_I64,
+                .xd = x->ndim ? x->strides[d] : 0,
                 .size = x->ndim ? x->shape[d] : 1};
     atomic_init(&g.bad, 0);
     if (emb) { /* y = [*ix, D]: x rows picked by ix, ix constant along D */
@@ -539,8 +547,10 @@ static int cpu_gather(const tdd_opcall *c, int nt)
     tdd_iter it;
     tdd_iter_tensors(&it, y->shape, nd, 3, ops);
     size_t esz = td_dtype_size(y->dtype);
-    tdd_iter_fn fn = esz == 1 ? gather_u8 : esz == 2 ? gather_u16 : esz == 4 ? gather_u32
-                                                                            : gather_u64;
+    tdd_iter_fn fn = esz == 1   ? gather_u8
+                     : esz == 2 ? gather_u16
+                     : esz == 4 ? gather_u32
+                                : gather_u64;
     cpu_par_iter(&it, fn, &g, nt);
     return atomic_load(&g.bad) ? TD_EINVALID_ARGUMENT : 0;
 }
@@ -592,21 +602,23 @@ static int cpu_scatter_add(const tdd_opcall *c, int nt)
     tdd_tensor *y = c->out[0];
     int d = (int)c->args->i[0], nd = ix->ndim;
     /* y = x first (same shapes; y contiguous) */
-    tdd_opcall cp = {.op = TDD_OP_CLONE, .args = c->args, .n_in = 1, .n_out = 1,
-                     .in = {x}, .out = {y}};
+    tdd_opcall cp = {
+        .op = TDD_OP_CLONE, .args = c->args, .n_in = 1, .n_out = 1, .in = {x}, .out = {y}};
     tdd_opargs ca = *c->args;
     ca.out_view = false;
     cp.args = &ca;
     int rc = cpu_copy(&cp, nt);
     if (rc || tdd_numel(ix) == 0)
         return rc;
-    sc_ctx s = {.c = c, .L = nd ? ix->shape[d] : 1, .is = nd ? ix->strides[d] : 0,
-                .ss = nd ? src->strides[d] : 0, .yd = nd ? y->strides[d] : 0,
+    sc_ctx s = {.c = c,
+                .L = nd ? ix->shape[d] : 1,
+                .is = nd ? ix->strides[d] : 0,
+                .ss = nd ? src->strides[d] : 0,
+                .yd = nd ? y->strides[d] : 0,
                 .size = nd ? x->shape[d] : 1};
     atomic_init(&s.bad, 0);
     /* lines: the index's shape with dim d collapsed; src and y follow the same coords */
-    int64_t shape[TD_MAX_NDIM], st[3][TD_MAX_NDIM], base[3] = {ix->offset, src->offset,
-                                                                y->offset};
+    int64_t shape[TD_MAX_NDIM], st[3][TD_MAX_NDIM], base[3] = {ix->offset, src->offset, y->offset};
     for (int k = 0; k < nd; k++) {
         shape[k] = k == d ? 1 : ix->shape[k];
         st[0][k] = ix->strides[k];

@@ -43,7 +43,7 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
  * lost digits to cancellation (a memory-bound loop pays nothing for the widening),
  * f32 for the 16-bit floats. */
 #define RED_RUN(NAME, T, LD, PT)                                                                   \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         rrun *r = vc;                                                                              \
         const T *a = (const T *)(const void *)r->a + off[0];                                       \
@@ -70,7 +70,7 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
             const double m = r->center;                                                            \
             _Pragma("omp simd reduction(+ : acc)") for (int64_t i = 0; i < n; i++)                 \
             {                                                                                      \
-                double d = (double)LD(a[i * s]) - m;                                                   \
+                double d = (double)LD(a[i * s]) - m;                                               \
                 acc += d * d;                                                                      \
             }                                                                                      \
             r->acc.v += acc;                                                                       \
@@ -79,23 +79,23 @@ static inline void fold_ext(racc *acc, double v, int64_t pos, bool max)
         case R_SUMEXP: {                                                                           \
             const double m = r->center;                                                            \
             for (int64_t i = 0; i < n; i++)                                                        \
-                acc += exp((double)LD(a[i * s]) - m);                                                  \
+                acc += exp((double)LD(a[i * s]) - m);                                              \
             r->acc.v += acc;                                                                       \
             break;                                                                                 \
         }                                                                                          \
         case R_PROD:                                                                               \
             for (int64_t i = 0; i < n; i++)                                                        \
-                r->acc.v *= (double)LD(a[i * s]);                                                      \
+                r->acc.v *= (double)LD(a[i * s]);                                                  \
             break;                                                                                 \
         case R_MAX:                                                                                \
         case R_ARGMAX:                                                                             \
             for (int64_t i = 0; i < n; i++)                                                        \
-                fold_ext(&r->acc, (double)LD(a[i * s]), r->pos + i, true);                             \
+                fold_ext(&r->acc, (double)LD(a[i * s]), r->pos + i, true);                         \
             break;                                                                                 \
         case R_MIN:                                                                                \
         case R_ARGMIN:                                                                             \
             for (int64_t i = 0; i < n; i++)                                                        \
-                fold_ext(&r->acc, (double)LD(a[i * s]), r->pos + i, false);                            \
+                fold_ext(&r->acc, (double)LD(a[i * s]), r->pos + i, false);                        \
             break;                                                                                 \
         }                                                                                          \
         r->pos += n;                                                                               \
@@ -109,7 +109,7 @@ RED_RUN(red_run_bf16, uint16_t, tdd_bf16_to_f32, float)
 /* Integer and bool inputs: sums and products wrap in uint64 as the reference's
  * int64 math does; extremes keep the first occurrence. */
 #define RED_RUN_I(NAME, T)                                                                         \
-    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                  \
+    static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         rrun *r = vc;                                                                              \
         const T *a = (const T *)(const void *)r->a + off[0];                                       \
@@ -209,8 +209,8 @@ static void acc_combine(racc *into, racc b, rkind k, bool ints)
             return;
         }
         if (b.arg >= 0 && (into->arg < 0 || into->v == into->v))
-            if (into->arg < 0 || b.v != b.v || (k == R_MAX || k == R_ARGMAX ? b.v > into->v
-                                                                             : b.v < into->v))
+            if (into->arg < 0 || b.v != b.v ||
+                (k == R_MAX || k == R_ARGMAX ? b.v > into->v : b.v < into->v))
                 *into = b;
         return;
     }
@@ -386,7 +386,7 @@ int cpu_reduce(const tdd_opcall *c, int nt)
 
 /* One line of L elements: a (stride as) to y (stride ys), computed in double. */
 #define LINE_FN(NAME, T)                                                                           \
-    static void NAME(tdd_op op, const T *a, int64_t as, T *y, int64_t ys, int64_t L)              \
+    static void NAME(tdd_op op, const T *a, int64_t as, T *y, int64_t ys, int64_t L)               \
     {                                                                                              \
         if (op == TDD_OP_CUMSUM) {                                                                 \
             double s = 0;                                                                          \
@@ -478,8 +478,12 @@ int cpu_lines(const tdd_opcall *c, int nt)
     const tdd_tensor *a = c->in[0];
     tdd_tensor *y = c->out[0];
     int d = (int)c->args->i[0];
-    line_ctx l = {.op = c->op, .dt = a->dtype, .a = a->st->data, .y = y->st->data,
-                  .L = a->ndim ? a->shape[d] : 1, .as = a->ndim ? a->strides[d] : 0,
+    line_ctx l = {.op = c->op,
+                  .dt = a->dtype,
+                  .a = a->st->data,
+                  .y = y->st->data,
+                  .L = a->ndim ? a->shape[d] : 1,
+                  .as = a->ndim ? a->strides[d] : 0,
                   .ys = y->ndim ? y->strides[d] : 0};
     if (l.L == 0)
         return 0;

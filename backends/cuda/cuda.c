@@ -332,15 +332,24 @@ static int cuda_synchronize(void *ctx, int ordinal)
 /* Kernel op code + 1 for each tdd op (0: not of that family). */
 #define BIN(op, k) [TDD_OP_##op] = (signed char)((k) + 1)
 static const signed char bin_of[TDD_OP_COUNT] = {
-    BIN(ADD, TDC_ADD),          BIN(SUB, TDC_SUB),
-    BIN(MUL, TDC_MUL),          BIN(DIV, TDC_DIV),
-    BIN(POW, TDC_POW),          BIN(MAXIMUM, TDC_MAXIMUM),
-    BIN(MINIMUM, TDC_MINIMUM),  BIN(REMAINDER, TDC_REMAINDER),
-    BIN(EQ, TDC_EQ),            BIN(NE, TDC_NE),
-    BIN(LT, TDC_LT),            BIN(LE, TDC_LE),
-    BIN(GT, TDC_GT),            BIN(GE, TDC_GE),
-    BIN(LOGICAL_AND, TDC_LAND), BIN(LOGICAL_OR, TDC_LOR),
-    BIN(LOGICAL_XOR, TDC_LXOR), BIN(RELU_BACKWARD, TDC_RELU_BWD),
+    BIN(ADD, TDC_ADD),
+    BIN(SUB, TDC_SUB),
+    BIN(MUL, TDC_MUL),
+    BIN(DIV, TDC_DIV),
+    BIN(POW, TDC_POW),
+    BIN(MAXIMUM, TDC_MAXIMUM),
+    BIN(MINIMUM, TDC_MINIMUM),
+    BIN(REMAINDER, TDC_REMAINDER),
+    BIN(EQ, TDC_EQ),
+    BIN(NE, TDC_NE),
+    BIN(LT, TDC_LT),
+    BIN(LE, TDC_LE),
+    BIN(GT, TDC_GT),
+    BIN(GE, TDC_GE),
+    BIN(LOGICAL_AND, TDC_LAND),
+    BIN(LOGICAL_OR, TDC_LOR),
+    BIN(LOGICAL_XOR, TDC_LXOR),
+    BIN(RELU_BACKWARD, TDC_RELU_BWD),
 };
 static const signed char un_of[TDD_OP_COUNT] = {
     BIN(NEG, TDC_NEG),
@@ -531,10 +540,9 @@ static int exec_unary(cuda_dev *dv, const tdd_opcall *c, tdc_unop op)
     float p0 = (float)g->f[0], p1 = (float)g->f[1];
     if (op == TDC_GELU)
         p0 = g->i[0] ? 1.0f : 0.0f;
-    return cuda_rc(dv,
-                   tdc_unary(&dv->kd, op, &l, tdd_data(y), tdd_data(c->in[0]), p0, p1,
-                             (int)g->flags),
-                   tdd_opdefs[c->op].name);
+    return cuda_rc(
+        dv, tdc_unary(&dv->kd, op, &l, tdd_data(y), tdd_data(c->in[0]), p0, p1, (int)g->flags),
+        tdd_opdefs[c->op].name);
 }
 
 static int exec_reduce(cuda_dev *dv, const tdd_opcall *c)
@@ -569,8 +577,7 @@ static int exec_reduce(cuda_dev *dv, const tdd_opcall *c)
          * output's shift is read before that same output is written. */
         e = tdc_reduce(kd, &r, y, xp, TDC_R_MAX, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
         if (!e)
-            e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_EXP_SUB_AUX, TDC_F_LOG_ADD_AUX, y,
-                           1.0f);
+            e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_EXP_SUB_AUX, TDC_F_LOG_ADD_AUX, y, 1.0f);
         break;
     case TDD_OP_VAR:
     case TDD_OP_STD: {
@@ -623,8 +630,7 @@ static int exec_rows(cuda_dev *dv, const tdd_opcall *c, tdc_rowop op)
         l.kstride[d] = it.strides[0][d];
         l.ostride[d] = it.strides[1][d];
     }
-    return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, tdd_data(y), tdd_data(x)),
-                   tdd_opdefs[c->op].name);
+    return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, tdd_data(y), tdd_data(x)), tdd_opdefs[c->op].name);
 }
 
 /* How cuBLAS sees one operand of C = A B (row-major R x C view at strides sr, sc), given
@@ -679,8 +685,8 @@ typedef struct {
 } gemm_operand;
 
 /* Describes view v ([batch.., R, C]) for cuBLAS, copying it dense into *tmp if it must. */
-static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch,
-                        gemm_operand *o, void **tmp)
+static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch, gemm_operand *o,
+                        void **tmp)
 {
     int64_t R = v->shape[nb], C = v->shape[nb + 1];
     *tmp = NULL;
@@ -728,9 +734,9 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         rc = cuda_rc(dv, tdc_copy(&dv->kd, &l, yp, tdd_data(bias), 4), "linear bias");
         beta = 1.0f;
     } else if (K == 0) {
-        rc = cuda_rc(dv,
-                     cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), dv->stream),
-                     "matmul");
+        rc =
+            cuda_rc(dv, cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), dv->stream),
+                    "matmul");
     }
     if (rc || K == 0)
         return rc;
@@ -745,11 +751,11 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         cublasStatus_t s;
         if (batch == 1)
             s = blas_api.sgemm(dv->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p, A.ld, &beta, yp,
-                            n);
+                               n);
         else
             s = blas_api.sgemm_strided_batched(dv->blas, B.op, A.op, n, m, k, &one, B.p, B.ld,
-                                          B.bstride, A.p, A.ld, A.bstride, &beta, yp, n, M * N,
-                                          (int)batch);
+                                               B.bstride, A.p, A.ld, A.bstride, &beta, yp, n, M * N,
+                                               (int)batch);
         rc = blas_rc(s);
     }
     if (ta)
@@ -797,8 +803,8 @@ static int exec_create(cuda_dev *dv, const tdd_opcall *c)
         break;
     case TDD_OP_RAND:
     case TDD_OP_RANDN:
-        e = tdc_random_fill(&dv->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp, n, g->seed,
-                            0, 0);
+        e = tdc_random_fill(&dv->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp, n, g->seed, 0,
+                            0);
         break;
     case TDD_OP_RANDINT:
         e = tdc_random_fill(&dv->kd, TDC_RANDINT, yp, n, g->seed, g->n[0],
@@ -816,9 +822,9 @@ static int copy_view(cuda_dev *dv, const tdd_tensor *dst, const tdd_tensor *src)
     const tdd_tensor *ts[2] = {dst, src};
     tdc_layout l;
     layout_of(&l, src->shape, src->ndim, 2, ts);
-    return cuda_rc(dv, tdc_copy(&dv->kd, &l, tdd_data(dst), tdd_data(src),
-                                (int)td_dtype_size(src->dtype)),
-                   "copy");
+    return cuda_rc(
+        dv, tdc_copy(&dv->kd, &l, tdd_data(dst), tdd_data(src), (int)td_dtype_size(src->dtype)),
+        "copy");
 }
 
 /* cat/stack: each input copied into its slice of the output (no kernel of their own). */
@@ -866,8 +872,8 @@ static int exec_pad(cuda_dev *dv, const tdd_opcall *c)
     for (int d = 0; d < x->ndim; d++) {
         int64_t lo = g->ints[0][d];
         int64_t skip = lo < 0 ? -lo : 0, start = lo > 0 ? lo : 0;
-        int64_t len = x->shape[d] - skip < y->shape[d] - start ? x->shape[d] - skip
-                                                                : y->shape[d] - start;
+        int64_t len =
+            x->shape[d] - skip < y->shape[d] - start ? x->shape[d] - skip : y->shape[d] - start;
         if (len < 0)
             len = 0;
         src.shape[d] = dst.shape[d] = len;
@@ -915,12 +921,11 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         const tdd_tensor *ts[4] = {y, c->in[0], c->in[1], c->n_in > 2 ? c->in[2] : NULL};
         tdc_layout l;
         layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
-        cudaError_t e =
-            c->op == TDD_OP_WHERE
-                ? tdc_where(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]), tdd_data(c->in[1]),
-                            tdd_data(c->in[2]))
-                : tdc_masked_fill(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]),
-                                  tdd_data(c->in[1]), (float)c->args->f[0]);
+        cudaError_t e = c->op == TDD_OP_WHERE
+                            ? tdc_where(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]),
+                                        tdd_data(c->in[1]), tdd_data(c->in[2]))
+                            : tdc_masked_fill(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]),
+                                              tdd_data(c->in[1]), (float)c->args->f[0]);
         return cuda_rc(dv, e, tdd_opdefs[c->op].name);
     }
     case TDD_OP_SOFTMAX:
@@ -942,9 +947,9 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {y, x};
         tdc_layout l;
         layout_of(&l, y->shape, y->ndim, 2, ts);
-        return cuda_rc(dv, tdc_cast(&dv->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x),
-                                    (int)x->dtype),
-                       "cast");
+        return cuda_rc(
+            dv, tdc_cast(&dv->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), (int)x->dtype),
+            "cast");
     }
     case TDD_OP_CAT:
     case TDD_OP_STACK:

@@ -13,7 +13,8 @@
 
 #include "kernels.h"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
 
@@ -189,9 +190,8 @@ template <> __device__ __forceinline__ void store4<float>(float *y, int64_t v, f
 }
 template <> __device__ __forceinline__ void store4<uint8_t>(uint8_t *y, int64_t v, float4 r)
 {
-    reinterpret_cast<uchar4 *>(y)[v] =
-        make_uchar4((uint8_t)(r.x != 0.0f), (uint8_t)(r.y != 0.0f), (uint8_t)(r.z != 0.0f),
-                    (uint8_t)(r.w != 0.0f));
+    reinterpret_cast<uchar4 *>(y)[v] = make_uchar4((uint8_t)(r.x != 0.0f), (uint8_t)(r.y != 0.0f),
+                                                   (uint8_t)(r.z != 0.0f), (uint8_t)(r.w != 0.0f));
 }
 
 template <typename Y> __device__ __forceinline__ Y conv(float v)
@@ -261,8 +261,8 @@ __global__ void where_kernel(__grid_constant__ const tdc_layout l, float *y, con
     }
 }
 
-__global__ void masked_fill_kernel(__grid_constant__ const tdc_layout l, float *y,
-                                   const float *x, const uint8_t *m, float value)
+__global__ void masked_fill_kernel(__grid_constant__ const tdc_layout l, float *y, const float *x,
+                                   const uint8_t *m, float value)
 {
     for (int64_t i = gtid(); i < l.numel; i += gstride()) {
         int64_t off[3] = {i, i, i};
@@ -327,8 +327,8 @@ __device__ __forceinline__ int64_t load_i(const void *p, int dt, int64_t i)
     return (int64_t)v;
 }
 
-__global__ void cast_kernel(__grid_constant__ const tdc_layout l, void *y, int ydt,
-                            const void *x, int xdt)
+__global__ void cast_kernel(__grid_constant__ const tdc_layout l, void *y, int ydt, const void *x,
+                            int xdt)
 {
     for (int64_t i = gtid(); i < l.numel; i += gstride()) {
         int64_t off[2] = {i, i};
@@ -355,8 +355,8 @@ __global__ void cast_kernel(__grid_constant__ const tdc_layout l, void *y, int y
             ((int64_t *)y)[yo] = load_i(x, xdt, xo);
             break;
         default:
-            ((uint8_t *)y)[yo] = dt_is_float(xdt) ? load_f(x, xdt, xo) != 0.0
-                                                  : load_i(x, xdt, xo) != 0;
+            ((uint8_t *)y)[yo] =
+                dt_is_float(xdt) ? load_f(x, xdt, xo) != 0.0 : load_i(x, xdt, xo) != 0;
             break;
         }
     }
@@ -533,8 +533,8 @@ __device__ float block_reduce(int comb, float v)
 // elements (coalesced when the innermost reduced dim is dense). With nsplit > 1 it writes
 // partials for reduce_partials; otherwise the finished value.
 __global__ void reduce_block(__grid_constant__ const tdc_reduce_layout l, const float *x,
-                             float *out, int comb, int map, int fin, const float *aux,
-                             float scale, int nsplit, int64_t chunk)
+                             float *out, int comb, int map, int fin, const float *aux, float scale,
+                             int nsplit, int64_t chunk)
 {
     int64_t items = l.nout * nsplit;
     for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
@@ -544,7 +544,8 @@ __global__ void reduce_block(__grid_constant__ const tdc_reduce_layout l, const 
         float acc = r_init(comb);
         int64_t lo = s * chunk, hi = lo + chunk < l.nred ? lo + chunk : l.nred;
         for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)
-            acc = r_comb(comb, acc, r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+            acc = r_comb(comb, acc,
+                         r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
         acc = block_reduce(comb, acc);
         if (threadIdx.x == 0)
             out[w] = nsplit > 1 ? acc : r_finish(fin, acc, a, scale);
@@ -569,15 +570,16 @@ __global__ void reduce_partials(const float *part, int nsplit, int64_t nout, flo
 
 // One thread per output: for short reductions, and for reductions over an outer dim where
 // neighbouring threads then read neighbouring elements.
-__global__ void reduce_thread(__grid_constant__ const tdc_reduce_layout l, const float *x,
-                              float *y, int comb, int map, int fin, const float *aux, float scale)
+__global__ void reduce_thread(__grid_constant__ const tdc_reduce_layout l, const float *x, float *y,
+                              int comb, int map, int fin, const float *aux, float scale)
 {
     for (int64_t o = gtid(); o < l.nout; o += gstride()) {
         int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
         float a = aux ? aux[o] : 0.0f;
         float acc = r_init(comb);
         for (int64_t r = 0; r < l.nred; r++)
-            acc = r_comb(comb, acc, r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+            acc = r_comb(comb, acc,
+                         r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
         y[o] = r_finish(fin, acc, a, scale);
     }
 }
@@ -659,8 +661,8 @@ __global__ void argreduce_thread(__grid_constant__ const tdc_reduce_layout l, co
 
 // One block per row: max, sum of exp, then the write (three passes over the row; the
 // second and third hit L2 for rows that fit).
-__global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, float *y,
-                             const float *x, int log_out)
+__global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, float *y, const float *x,
+                             int log_out)
 {
     for (int64_t row = blockIdx.x; row < l.nrows; row += gridDim.x) {
         int64_t xo = flat_offset(l.kshape, l.kstride, l.nk, row);
@@ -732,23 +734,23 @@ extern "C" cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layo
         int vec = aligned16(y) && aligned16(a) && (!b || aligned16(b)) &&
                   (!boolean || ((uintptr_t)y & 3u) == 0);
         if (boolean)
-            bin_contig<-1, uint8_t><<<g, kThreads, 0, s>>>(op, l->numel, (uint8_t *)y, a, b,
-                                                            scalar, alpha, vec);
+            bin_contig<-1, uint8_t>
+                <<<g, kThreads, 0, s>>>(op, l->numel, (uint8_t *)y, a, b, scalar, alpha, vec);
         else if (op == TDC_ADD)
-            bin_contig<TDC_ADD, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
-                                                             scalar, alpha, vec);
+            bin_contig<TDC_ADD, float>
+                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
         else if (op == TDC_SUB)
-            bin_contig<TDC_SUB, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
-                                                             scalar, alpha, vec);
+            bin_contig<TDC_SUB, float>
+                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
         else if (op == TDC_MUL)
-            bin_contig<TDC_MUL, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
-                                                             scalar, alpha, vec);
+            bin_contig<TDC_MUL, float>
+                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
         else if (op == TDC_DIV)
-            bin_contig<TDC_DIV, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b,
-                                                             scalar, alpha, vec);
+            bin_contig<TDC_DIV, float>
+                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
         else
-            bin_contig<-1, float><<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar,
-                                                        alpha, vec);
+            bin_contig<-1, float>
+                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
     } else if (boolean) {
         bin_strided<uint8_t><<<g, kThreads, 0, s>>>(op, *l, (uint8_t *)y, a, b, scalar, alpha);
     } else {
@@ -794,8 +796,8 @@ extern "C" cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, 
     if (l->numel == 0)
         return cudaSuccess;
     if (l->contig)
-        return cudaMemcpyAsync(y, x, (size_t)l->numel * (size_t)elsize,
-                               cudaMemcpyDeviceToDevice, d->stream);
+        return cudaMemcpyAsync(y, x, (size_t)l->numel * (size_t)elsize, cudaMemcpyDeviceToDevice,
+                               d->stream);
     int g = grid_for(d, l->numel);
     cudaStream_t s = d->stream;
     switch (elsize) {
@@ -905,8 +907,7 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
 }
 
 extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, const void *x,
-                               int elsize, int64_t rows, int64_t cols, int64_t diagonal,
-                               int upper)
+                               int elsize, int64_t rows, int64_t cols, int64_t diagonal, int upper)
 {
     if (l->numel == 0)
         return cudaSuccess;
@@ -914,8 +915,8 @@ extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, c
     cudaStream_t s = d->stream;
     switch (elsize) {
     case 1:
-        tri_kernel<uint8_t><<<g, kThreads, 0, s>>>(*l, (uint8_t *)y, (const uint8_t *)x, rows,
-                                                   cols, diagonal, upper);
+        tri_kernel<uint8_t><<<g, kThreads, 0, s>>>(*l, (uint8_t *)y, (const uint8_t *)x, rows, cols,
+                                                   diagonal, upper);
         break;
     case 2:
         tri_kernel<uint16_t><<<g, kThreads, 0, s>>>(*l, (uint16_t *)y, (const uint16_t *)x, rows,
@@ -962,7 +963,7 @@ extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, 
     cudaStream_t s = d->stream;
     if (thread_per_output(l)) {
         reduce_thread<<<grid_for(d, l->nout), kThreads, 0, s>>>(*l, x, y, comb, map, fin, aux,
-                                                               scale);
+                                                                scale);
         return launched();
     }
     // Few outputs over many elements: split each reduction so every SM gets blocks.
@@ -994,7 +995,7 @@ extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, 
     e = launched();
     if (e == cudaSuccess) {
         reduce_partials<<<grid_for(d, l->nout * 32), kThreads, 0, s>>>(part, (int)nsplit, l->nout,
-                                                                      y, comb, fin, aux, scale);
+                                                                       y, comb, fin, aux, scale);
         e = launched();
     }
     cudaError_t f = cudaFreeAsync(part, s);
@@ -1015,8 +1016,8 @@ extern "C" cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *
     return launched();
 }
 
-extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l,
-                                float *y, const float *x)
+extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, float *y,
+                                const float *x)
 {
     if (l->nrows == 0 || l->n == 0)
         return cudaSuccess;

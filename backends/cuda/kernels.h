@@ -93,10 +93,10 @@ typedef enum {
 } tdc_unop;
 
 /* y = a op b (b == NULL: the scalar form, b = scalar); alpha scales b in add/sub. */
-cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layout *l, void *y,
-                       const float *a, const float *b, float scalar, float alpha);
-cudaError_t tdc_unary(const tdc_dev *d, tdc_unop op, const tdc_layout *l, void *y,
-                      const float *x, float p0, float p1, int flags);
+cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layout *l, void *y, const float *a,
+                       const float *b, float scalar, float alpha);
+cudaError_t tdc_unary(const tdc_dev *d, tdc_unop op, const tdc_layout *l, void *y, const float *x,
+                      float p0, float p1, int flags);
 /* where(cond, a, b): operands y, cond (bool bytes), a, b. */
 cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y, const uint8_t *cond,
                       const float *a, const float *b);
@@ -150,8 +150,8 @@ cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, float *y, c
                        float scale);
 /* Index of the max (is_max) or min over the reduced dims (C-order flat index there);
  * NaN wins, ties go to the first index, as PyTorch. */
-cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y,
-                          const float *x, int is_max);
+cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y, const float *x,
+                          int is_max);
 
 /* Row ops along one dim: rows are the kept dims' elements (kstride for x, ostride for y),
  * each row n elements at stride xs (x) and ys (y). */

@@ -43,13 +43,13 @@ double ref_round(td_dtype dt, double v);
 /* Line j of t along dim d: base offset; *step is the stride along d. */
 int64_t ref_line(const tdd_tensor *t, int d, int64_t j, int64_t *step);
 
-int ref_elementwise(const tdd_opcall *c);   /* ref_elem.c: binary, unary, where, ... */
-int ref_copy(const tdd_opcall *c);          /* ref_elem.c: clone, cast, reshape copies */
-int ref_create(const tdd_opcall *c);        /* ref_elem.c */
-int ref_reduce(const tdd_opcall *c);        /* ref_reduce.c: reductions, scans, softmax */
-int ref_loss(const tdd_opcall *c);          /* ref_reduce.c */
-int ref_matmul(const tdd_opcall *c);        /* ref_nn.c */
-int ref_index_op(const tdd_opcall *c);      /* ref_nn.c: cat ... pad */
-int ref_nn(const tdd_opcall *c);            /* ref_nn.c: layer_norm, dropout, conv, pools */
+int ref_elementwise(const tdd_opcall *c); /* ref_elem.c: binary, unary, where, ... */
+int ref_copy(const tdd_opcall *c);        /* ref_elem.c: clone, cast, reshape copies */
+int ref_create(const tdd_opcall *c);      /* ref_elem.c */
+int ref_reduce(const tdd_opcall *c);      /* ref_reduce.c: reductions, scans, softmax */
+int ref_loss(const tdd_opcall *c);        /* ref_reduce.c */
+int ref_matmul(const tdd_opcall *c);      /* ref_nn.c */
+int ref_index_op(const tdd_opcall *c);    /* ref_nn.c: cat ... pad */
+int ref_nn(const tdd_opcall *c);          /* ref_nn.c: layer_norm, dropout, conv, pools */
 
 #endif

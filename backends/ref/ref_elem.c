@@ -350,8 +350,9 @@ int ref_create(const tdd_opcall *c)
             /* from both ends, as PyTorch, so the last value is exactly end */
             double step = n > 1 ? (g->f[1] - g->f[0]) / (double)(n - 1) : 0.0;
             /* one step is the start (n / 2 == 0 would pick the end) */
-            ref_setf(y, o, i < n / 2 || n == 1 ? g->f[0] + step * (double)i
-                                               : g->f[1] - step * (double)(n - 1 - i));
+            ref_setf(y, o,
+                     i < n / 2 || n == 1 ? g->f[0] + step * (double)i
+                                         : g->f[1] - step * (double)(n - 1 - i));
             break;
         }
         case TDD_OP_EYE:

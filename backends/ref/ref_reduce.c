@@ -221,9 +221,8 @@ int ref_loss(const tdd_opcall *c)
         int64_t n = tdd_numel(x);
         for (int64_t i = 0; i < n; i++) {
             double a = ref_getf(x, ref_index(x, i)), b = ref_getf(t, ref_index(t, i));
-            double v = c->op == TDD_OP_MSE_LOSS
-                           ? (a - b) * (a - b)
-                           : (a > 0 ? a : 0) - a * b + log1p(exp(-fabs(a)));
+            double v = c->op == TDD_OP_MSE_LOSS ? (a - b) * (a - b)
+                                                : (a > 0 ? a : 0) - a * b + log1p(exp(-fabs(a)));
             loss_store(c, i, v, &total);
         }
         loss_finish(c, total, (double)n);
@@ -252,6 +251,8 @@ int ref_loss(const tdd_opcall *c)
             double sh = isinf(m) ? 0.0 : m;
             for (int64_t k = 0; k < C; k++)
                 s += exp(ref_getf(x, base + k * cs) - sh);
+            /* a row of -inf has s == 0: log gives -inf, the answer */
+            /* cppcheck-suppress invalidFunctionArg */
             lse = log(s) + sh;
             v = lse - ref_getf(x, base + cls * cs);
             if (eps > 0) {

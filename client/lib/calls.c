@@ -7,8 +7,8 @@
 #include "internal.h"
 
 #define REQ(var, field, CASE, body)                                                                \
-    Tensordd__V1__Request var = TENSORDD__V1__REQUEST__INIT;                                      \
-    var.body_case = TENSORDD__V1__REQUEST__BODY_##CASE;                                           \
+    Tensordd__V1__Request var = TENSORDD__V1__REQUEST__INIT;                                       \
+    var.body_case = TENSORDD__V1__REQUEST__BODY_##CASE;                                            \
     var.field = (body)
 
 static const td_device default_device = {.backend = "cpu", .ordinal = 0};
@@ -82,8 +82,9 @@ int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **ou
         if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_HELLO || !r.msg->hello) {
             rc = unexpected(c, &r, "Hello", err);
         } else if (r.msg->hello->version != TD_PROTOCOL_VERSION) {
-            rc = td__fail(err, TD_EVERSION_MISMATCH, "daemon chose protocol version %u, we speak %d",
-                          r.msg->hello->version, TD_PROTOCOL_VERSION);
+            rc =
+                td__fail(err, TD_EVERSION_MISMATCH, "daemon chose protocol version %u, we speak %d",
+                         r.msg->hello->version, TD_PROTOCOL_VERSION);
             td__reply_free(&r);
         } else {
             c->session_id = r.msg->hello->session_id;
@@ -288,9 +289,8 @@ static void info_from_pb(const Tensordd__V1__TensorInfo *t, td_tensor_info *info
     info->requires_grad = t->requires_grad ? 1 : 0;
 }
 
-int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim,
-              const int64_t *shape, const void *data, int requires_grad, td_handle *out,
-              td_error *err)
+int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim, const int64_t *shape,
+              const void *data, int requires_grad, td_handle *out, td_error *err)
 {
     int rc = check_client(c, err);
     if (rc)
@@ -350,8 +350,8 @@ int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info
         rc = td__drain(c, pl, err);
         return rc ? rc
                   : td__fail(err, TD_EINVALID_ARGUMENT,
-                             "tensor is %llu bytes, the buffer holds %zu",
-                             (unsigned long long)pl, cap);
+                             "tensor is %llu bytes, the buffer holds %zu", (unsigned long long)pl,
+                             cap);
     }
     if ((rc = td__read_payload(c, buf, pl, err)) != 0)
         return rc;
@@ -533,8 +533,7 @@ td_handle td_op1(td_client *c, const char *name, const td_handle *inputs, size_t
     return out;
 }
 
-int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out,
-                 td_error *err)
+int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out, td_error *err)
 {
     int rc = check_client(c, err);
     if (rc)

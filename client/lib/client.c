@@ -93,8 +93,8 @@ static int open_unix(td_client *c, const char *path, td_error *err)
     int rc = connect_fd(fd, (const struct sockaddr *)&sa, sizeof sa, c->timeout_ms);
     if (rc != 0) {
         close(fd);
-        return td__fail(err, rc == -ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "connect unix://%s: %s",
-                        path, strerror(-rc));
+        return td__fail(err, rc == -ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "connect unix://%s: %s", path,
+                        strerror(-rc));
     }
     c->fd = fd;
     return 0;
@@ -142,8 +142,8 @@ static int open_tcp(td_client *c, const char *hostport, td_error *err)
         close(fd);
     }
     freeaddrinfo(res);
-    return td__fail(err, last == ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "connect tcp://%s: %s",
-                    hostport, strerror(last));
+    return td__fail(err, last == ETIMEDOUT ? TD_ETIMEOUT : TD_EIO, "connect tcp://%s: %s", hostport,
+                    strerror(last));
 }
 
 int td__open(td_client *c, const char *endpoint, td_error *err)
@@ -416,8 +416,7 @@ void td__reply_free(td__reply *r)
  * requests: their first error is kept for the next synchronising call. */
 static int wait_for(td_client *c, uint64_t id, td__reply *out, td_error *err)
 {
-    static const td_frame_limits lim = {.max_msg = TD__MAX_RESPONSE_MSG,
-                                        .max_payload = UINT64_MAX};
+    static const td_frame_limits lim = {.max_msg = TD__MAX_RESPONSE_MSG, .max_payload = UINT64_MAX};
     out->msg = NULL;
     out->payload_len = 0;
     for (;;) {

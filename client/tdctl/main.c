@@ -492,9 +492,8 @@ static int cmd_sessions(int argc, char **argv, global_opts *g)
         char b[32];
         human(s.session_list[i].bytes_in_use, b, sizeof b);
         printf("%-8" PRIu64 " %-28s %-20s %8" PRIu64 " %12s %10" PRIu64 "\n",
-               s.session_list[i].session_id, s.session_list[i].peer,
-               s.session_list[i].client_name, s.session_list[i].handles, b,
-               s.session_list[i].requests);
+               s.session_list[i].session_id, s.session_list[i].peer, s.session_list[i].client_name,
+               s.session_list[i].handles, b, s.session_list[i].requests);
     }
     if (s.nsessions > n)
         printf("(%zu more not listed)\n", s.nsessions - n);
@@ -602,8 +601,8 @@ static int write_output(td_client *c, td_handle h, const char *path, progress_ba
     if (rc)
         return report("apply", rc, &e);
     char hdr[1024], why[256];
-    size_t hl = npy_make_header(info.dtype, info.ndim, info.shape, hdr, sizeof hdr, why,
-                                sizeof why);
+    size_t hl =
+        npy_make_header(info.dtype, info.ndim, info.shape, hdr, sizeof hdr, why, sizeof why);
     if (!hl) {
         fprintf(stderr, "tdctl: cannot write %s: %s\n", path, why);
         return EXIT_USAGE;
@@ -772,7 +771,7 @@ static const struct {
     const char *name;
     int (*fn)(int, char **, global_opts *);
 } commands[] = {
-    {"devices", cmd_devices}, {"ping", cmd_ping},   {"stats", cmd_stats},
+    {"devices", cmd_devices},   {"ping", cmd_ping},   {"stats", cmd_stats},
     {"sessions", cmd_sessions}, {"apply", cmd_apply},
 };
 

@@ -16,8 +16,8 @@ static const struct {
     const char *descr;
     td_dtype dt;
 } descrs[] = {
-    {"<f4", TD_F32}, {"<f8", TD_F64}, {"<f2", TD_F16}, {"<i4", TD_I32},
-    {"<i8", TD_I64}, {"|b1", TD_BOOL},
+    {"<f4", TD_F32}, {"<f8", TD_F64}, {"<f2", TD_F16},
+    {"<i4", TD_I32}, {"<i8", TD_I64}, {"|b1", TD_BOOL},
 };
 
 static int fail(char *why, size_t len, const char *msg, const char *arg)
@@ -90,16 +90,17 @@ int npy_parse_header(const uint8_t *buf, size_t len, npy_array *out, char *why, 
     if (out->dtype == TD_DTYPE_INVALID) {
         if (descr[0] == '>')
             return fail(why, whylen, "big-endian data is not supported: dtype ", descr);
-        return fail(why, whylen,
-                    "unsupported dtype (supported: <f4 <f8 <f2 <i4 <i8 |b1): ", descr);
+        return fail(why, whylen, "unsupported dtype (supported: <f4 <f8 <f2 <i4 <i8 |b1): ", descr);
     }
 
     const char *f = find_value(h, end, "fortran_order");
     if (!f)
         return fail(why, whylen, "npy header has no 'fortran_order'", NULL);
     if ((size_t)(end - f) >= 4 && memcmp(f, "True", 4) == 0)
-        return fail(why, whylen, "fortran_order True is not supported: save the array in C order "
-                                 "(numpy.ascontiguousarray)", NULL);
+        return fail(why, whylen,
+                    "fortran_order True is not supported: save the array in C order "
+                    "(numpy.ascontiguousarray)",
+                    NULL);
     if ((size_t)(end - f) < 5 || memcmp(f, "False", 5) != 0)
         return fail(why, whylen, "npy header: bad 'fortran_order'", NULL);
 
@@ -200,8 +201,8 @@ size_t npy_make_header(td_dtype dt, int ndim, const int64_t *shape, char *out, s
         return 0;
     }
     char dict[512];
-    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     descr);
+    int n =
+        snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int i = 0; i < ndim && n > 0 && (size_t)n < sizeof dict; i++)
         n += snprintf(dict + n, sizeof dict - (size_t)n, "%lld%s", (long long)shape[i],
                       ndim == 1 ? "," : (i + 1 < ndim ? ", " : ""));

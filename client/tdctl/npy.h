@@ -11,11 +11,11 @@ typedef struct {
     td_dtype dtype;
     int ndim;
     int64_t shape[TD_MAX_NDIM];
-    uint64_t nbytes;   /* numel * itemsize */
-    size_t data_off;   /* where the array starts in the file */
-    void *map;         /* the whole file, mapped */
+    uint64_t nbytes; /* numel * itemsize */
+    size_t data_off; /* where the array starts in the file */
+    void *map;       /* the whole file, mapped */
     size_t map_len;
-    const void *data;  /* map + data_off */
+    const void *data; /* map + data_off */
 } npy_array;
 
 /* Parses an .npy header (v1, v2 or v3) from the first len bytes of a file.

@@ -40,8 +40,8 @@ static void draw(progress_bar *p, uint64_t done, double t)
     double rate = el > 0 ? (double)done / el : 0; /* bytes/s */
     double eta = rate > 0 ? (double)(p->total - done) / rate : 0;
     /* \033[K clears what a longer earlier line left behind */
-    fprintf(stderr, "\r%-24.24s [%s] %3d%% %8.1f MiB/s ETA %4.0fs\033[K",
-            p->label ? p->label : "", bar, (int)(frac * 100), rate / (1024.0 * 1024.0), eta);
+    fprintf(stderr, "\r%-24.24s [%s] %3d%% %8.1f MiB/s ETA %4.0fs\033[K", p->label ? p->label : "",
+            bar, (int)(frac * 100), rate / (1024.0 * 1024.0), eta);
     fflush(stderr);
     p->drawn = 1;
     p->last_draw = t;

@@ -1,4 +1,5 @@
-/* main.c -- integration suite runner: one shared daemon, helpers, lifecycle checks, final liveness. */
+/* main.c -- integration suite runner: one shared daemon, helpers, lifecycle checks, final liveness.
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,8 +207,10 @@ int main(void)
         fprintf(stderr, "integration: FAIL: the shared daemon was not running at the end\n");
         failed++;
     } else if (status != 0) {
-        fprintf(stderr, "integration: FAIL: the shared daemon exited with status %d on SIGTERM "
-                        "(want 0)\n", status);
+        fprintf(stderr,
+                "integration: FAIL: the shared daemon exited with status %d on SIGTERM "
+                "(want 0)\n",
+                status);
         failed++;
     } else {
         printf("integration: shared daemon exited 0 on SIGTERM\n");

@@ -29,8 +29,8 @@ static void down(td_client *c, td_handle h, void *out, size_t nbytes)
                   e.message);
 }
 
-static td_handle op1(td_client *c, const char *name, td_handle a, td_handle b,
-                     const td_attr *attrs, size_t n)
+static td_handle op1(td_client *c, const char *name, td_handle a, td_handle b, const td_attr *attrs,
+                     size_t n)
 {
     td_handle in[2] = {a, b};
     td_op_opts o = {.attrs = attrs, .nattrs = n};
@@ -262,8 +262,8 @@ START_TEST(test_accumulate_retain_detach)
     td_handle x = up(c, "cpu:0", TD_F32, 1, s4, v, 1);
     /* loss = sum(x*x + x*3) -> 2x + 3 */
     td_attr three = td_attr_float("other", 3.0);
-    td_handle t = op1(c, "add", op1(c, "mul", x, x, NULL, 0), op1(c, "mul", x, 0, &three, 1),
-                      NULL, 0);
+    td_handle t =
+        op1(c, "add", op1(c, "mul", x, x, NULL, 0), op1(c, "mul", x, 0, &three, 1), NULL, 0);
     td_handle loss = op1(c, "sum", t, 0, NULL, 0);
     float got[4];
     for (int pass = 0; pass < 2; pass++) {
@@ -351,9 +351,9 @@ START_TEST(test_optimizer_errors)
         {"adam", p, {td_attr_float("beta1", 1.0)}, 1, TD_EINVALID_ARGUMENT},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(td_optimizer_create(c, bad[i].kind, &bad[i].param, 1, bad[i].attrs,
-                                             bad[i].n, &o, &e),
-                         0);
+        ck_assert_int_eq(
+            td_optimizer_create(c, bad[i].kind, &bad[i].param, 1, bad[i].attrs, bad[i].n, &o, &e),
+            0);
         ck_assert_msg(td_sync(c, &e) == bad[i].code, "case %zu: got %s (%s)", i,
                       td_err_name(e.code), e.message);
         /* The handle was never bound. */
@@ -402,9 +402,9 @@ static td_handle weigh(td_client *c, td_handle h)
 static td_handle c_mlp(td_client *c, const td_handle *in)
 {
     /* matmul + broadcast bias -> relu -> cross_entropy: the digits MLP in small */
-    td_handle h = op1(c, "relu", op1(c, "add", op1(c, "matmul", in[0], in[1], NULL, 0), in[2],
-                                     NULL, 0),
-                      0, NULL, 0);
+    td_handle h =
+        op1(c, "relu", op1(c, "add", op1(c, "matmul", in[0], in[1], NULL, 0), in[2], NULL, 0), 0,
+            NULL, 0);
     int64_t t[3] = {4, 0, 2}, st[1] = {3};
     td_handle tgt = up(c, "ref:0", TD_I64, 1, st, t, 0);
     return op1(c, "add", op1(c, "cross_entropy", h, tgt, NULL, 0), weigh(c, h), NULL, 0);
@@ -412,7 +412,7 @@ static td_handle c_mlp(td_client *c, const td_handle *in)
 
 static td_handle c_bcast(td_client *c, const td_handle *in)
 {
-    td_handle a = op1(c, "mul", in[0], in[1], NULL, 0); /* [3,4] * [4] */
+    td_handle a = op1(c, "mul", in[0], in[1], NULL, 0);                        /* [3,4] * [4] */
     td_handle b = op1(c, "div", a, op1(c, "exp", in[2], 0, NULL, 0), NULL, 0); /* / [3,1] */
     return weigh(c, op1(c, "sub", b, in[1], NULL, 0));
 }
@@ -430,9 +430,9 @@ static td_handle c_unary(td_client *c, const td_handle *in)
 static td_handle c_reduce(td_client *c, const td_handle *in)
 {
     td_attr a[2] = {td_attr_int("dim", 1), td_attr_bool("keepdim", 1)};
-    td_handle m = op1(c, "mean", in[0], 0, a, 2);          /* [3,1] */
-    td_handle s = op1(c, "sum", in[0], 0, a, 1);           /* [3] */
-    td_handle d = op1(c, "sub", in[0], m, NULL, 0);        /* broadcast back */
+    td_handle m = op1(c, "mean", in[0], 0, a, 2);   /* [3,1] */
+    td_handle s = op1(c, "sum", in[0], 0, a, 1);    /* [3] */
+    td_handle d = op1(c, "sub", in[0], m, NULL, 0); /* broadcast back */
     return sum_all(c, op1(c, "add", weigh(c, d), weigh(c, s), NULL, 0));
 }
 
@@ -450,7 +450,7 @@ static td_handle c_views(td_client *c, const td_handle *in)
     int64_t shp[2] = {2, 6};
     td_attr rs = td_attr_ints("shape", shp, 2);
     td_handle t = op1(c, "transpose", in[0], 0, tr, 2); /* [4,3] */
-    td_handle r = op1(c, "reshape", t, 0, &rs, 1);       /* [2,6] */
+    td_handle r = op1(c, "reshape", t, 0, &rs, 1);      /* [2,6] */
     td_attr sl[3] = {td_attr_int("dim", 1), td_attr_int("start", 1), td_attr_int("stop", 5)};
     return weigh(c, op1(c, "slice", r, 0, sl, 3));
 }
@@ -554,11 +554,10 @@ static td_handle c_layers(td_client *c, const td_handle *in)
     td_handle l = weigh(c, td_op1(c, "layer_norm", ln3, 3, &o, &e));
     td_attr nb = td_attr_ints("normalized_shape", ns, 1);
     l = add_(c, l, weigh(c, op1(c, "layer_norm", x, 0, &nb, 1)));
-    td_handle lin[3] = {x, un_(c, "tanh", op1(c, "unsqueeze", w, 0,
-                                            (td_attr[]){td_attr_int("dim", 0)}, 1)), b};
+    td_handle lin[3] = {
+        x, un_(c, "tanh", op1(c, "unsqueeze", w, 0, (td_attr[]){td_attr_int("dim", 0)}, 1)), b};
     td_op_opts oo = {0};
-    lin[2] = op1(c, "slice", b, 0, (td_attr[]){td_attr_int("start", 0), td_attr_int("stop", 1)},
-                 2);
+    lin[2] = op1(c, "slice", b, 0, (td_attr[]){td_attr_int("start", 0), td_attr_int("stop", 1)}, 2);
     return add_(c, l, weigh(c, td_op1(c, "linear", lin, 3, &oo, &e)));
 }
 
@@ -586,8 +585,8 @@ static td_handle c_index(td_client *c, const td_handle *in)
     int64_t perm[3] = {2, 0, 1}, sh3[3] = {1, 3, 4}, ex3[3] = {2, 3, 4};
     td_handle x3 = op1(c, "reshape", x, 0, (td_attr[]){td_attr_ints("shape", sh3, 3)}, 1);
     td_handle e3 = op1(c, "expand", x3, 0, (td_attr[]){td_attr_ints("shape", ex3, 3)}, 1);
-    l = add_(c, l, weigh(c, op1(c, "permute", e3, 0, (td_attr[]){td_attr_ints("dims", perm, 3)},
-                                1)));
+    l = add_(c, l,
+             weigh(c, op1(c, "permute", e3, 0, (td_attr[]){td_attr_ints("dims", perm, 3)}, 1)));
     td_attr sl[4] = {td_attr_int("dim", 1), td_attr_int("start", 0), td_attr_int("stop", 4),
                      td_attr_int("step", 2)};
     l = add_(c, l, weigh(c, op1(c, "slice", x, 0, sl, 4)));
@@ -767,8 +766,7 @@ Suite *it_autograd_suite(void)
     tcase_add_test(tc, test_accumulate_retain_detach);
     tcase_add_test(tc, test_to_device_gradient);
     tcase_add_test(tc, test_optimizer_errors);
-    tcase_add_loop_test(tc, test_gradcheck_f64, 0,
-                        (int)(sizeof grad_cases / sizeof grad_cases[0]));
+    tcase_add_loop_test(tc, test_gradcheck_f64, 0, (int)(sizeof grad_cases / sizeof grad_cases[0]));
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("training");
     tcase_set_timeout(tt, 300);

@@ -1,4 +1,5 @@
-/* test_data.c -- integration: bytes and numbers through a real daemon (round trips, ops vs a C reference). */
+/* test_data.c -- integration: bytes and numbers through a real daemon (round trips, ops vs a C
+ * reference). */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -120,8 +121,10 @@ static void check_binary(td_client *c, const char *dev, const char *op, int whic
     ck_assert_uint_ne(out, 0);
     it_download_f32(c, out, got, N);
     for (int i = 0; i < N; i++) {
-        float ref = which == 0 ? a[i] + b[i] : which == 1 ? a[i] - b[i] : which == 2 ? a[i] * b[i]
-                                                                                  : a[i] / b[i];
+        float ref = which == 0   ? a[i] + b[i]
+                    : which == 1 ? a[i] - b[i]
+                    : which == 2 ? a[i] * b[i]
+                                 : a[i] / b[i];
         /* Tolerance: add/sub/mul are single IEEE operations, exact. div: 2 ulp,
          * in case a backend multiplies by a reciprocal. */
         float tol = which == 3 ? 2 * ldexpf(1.0f, -23) * fabsf(ref) : 0.0f;
@@ -204,8 +207,8 @@ START_TEST(test_relu_sum_vs_reference)
         it_download_f32(c, r, got, N);
         for (int i = 0; i < N; i++) {
             float ref = x[i] > 0 ? x[i] : 0.0f; /* exact: relu only selects */
-            ck_assert_msg(got[i] == ref, "relu on %s: [%d] relu(%g) = %g", devs[d], i,
-                          (double)x[i], (double)got[i]);
+            ck_assert_msg(got[i] == ref, "relu on %s: [%d] relu(%g) = %g", devs[d], i, (double)x[i],
+                          (double)got[i]);
         }
         td_handle s = td_op1(c, "sum", &h, 1, NULL, &e);
         float sum = 0;
@@ -223,8 +226,8 @@ START_TEST(test_relu_sum_vs_reference)
         }
         /* f32 accumulation: within 1e-5 of the sum of magnitudes (naive order
          * gives ~N*eps/2*mag in the worst case, far less in practice). */
-        ck_assert_msg(fabs((double)sum - ref) <= 1e-5 * mag, "sum on %s = %.9g, want %.9g",
-                      devs[d], (double)sum, ref);
+        ck_assert_msg(fabs((double)sum - ref) <= 1e-5 * mag, "sum on %s = %.9g, want %.9g", devs[d],
+                      (double)sum, ref);
     }
     td_close(c);
 }

@@ -1,4 +1,5 @@
-/* test_errors.c -- integration: every error reaches the client typed; poison; garbage on the wire. */
+/* test_errors.c -- integration: every error reaches the client typed; poison; garbage on the wire.
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -150,7 +150,8 @@ static td_handle put_input(wire_run *w, const td_device *dev, const conf_input *
         h = view_op(w, "slice", h, a, 2, e);
     }
     if (h && (lay == 'T' || lay == 'S') && !layout_reads_back(w, h, in, e))
-        return 0; else if (lay == 'E') {
+        return 0;
+    else if (lay == 'E') {
         td_attr u = td_attr_int("dim", 0);
         td_attr x = td_attr_ints("shape", in->shape, (size_t)nd);
         h = view_op(w, "unsqueeze", h, &u, 1, e);
@@ -216,13 +217,12 @@ static int check_random(const conf_case *cs, const conf_attrs *as, const conf_in
         for (int64_t i = 0; i < n; i++) {
             int64_t v = tdd_load_i(d, t->dtype, i);
             if (v < lo || v >= hi)
-                return snprintf(msg, len, "element %lld = %lld outside [%lld, %lld)",
-                                (long long)i, (long long)v, (long long)lo, (long long)hi);
+                return snprintf(msg, len, "element %lld = %lld outside [%lld, %lld)", (long long)i,
+                                (long long)v, (long long)lo, (long long)hi);
             varied |= v != first;
         }
         if (n > 8 && !varied)
-            return snprintf(msg, len, "all %lld values equal %lld", (long long)n,
-                            (long long)first);
+            return snprintf(msg, len, "all %lld values equal %lld", (long long)n, (long long)first);
     } else { /* dropout in training: each element 0 or x / (1 - p) */
         double p = attr_f(as, "p", 0.5), rtol, atol;
         conf_tolerances(t->dtype, tol, &rtol, &atol);
@@ -325,8 +325,8 @@ static bool run_case(td_client *c, const conf_case *cs, td_dtype dt, int variant
             ck_assert_ptr_nonnull(host[b][k]);
             rc = td_download(c, outs[b][k], host[b][k], nbytes, &info, &e);
             if (rc) {
-                snprintf(what, sizeof what, "%s: download of output %d: %s: %.180s",
-                         wire_devs[b], k, td_err_name(rc), e.message);
+                snprintf(what, sizeof what, "%s: download of output %d: %s: %.180s", wire_devs[b],
+                         k, td_err_name(rc), e.message);
                 goto out;
             }
             bool same = info.dtype == od[k].dtype && info.ndim == od[k].ndim &&
@@ -334,8 +334,8 @@ static bool run_case(td_client *c, const conf_case *cs, td_dtype dt, int variant
                         !strcmp(info.device.backend, dev.backend);
             if (!same) {
                 snprintf(what, sizeof what,
-                         "%s: output %d is %s %dd on %s; the op table says %s %dd", wire_devs[b],
-                         k, td_dtype_name(info.dtype), info.ndim, info.device.backend,
+                         "%s: output %d is %s %dd on %s; the op table says %s %dd", wire_devs[b], k,
+                         td_dtype_name(info.dtype), info.ndim, info.device.backend,
                          td_dtype_name(od[k].dtype), od[k].ndim);
                 goto out;
             }
@@ -378,10 +378,9 @@ static bool run_case(td_client *c, const conf_case *cs, td_dtype dt, int variant
 out:
     if (!ok) {
         describe_inputs(cs, ins, sizeof ins);
-        fprintf(stderr, "ops-wire: FAIL %s [%s] %s variant %d inputs {%s}: %s\n", cs->op,
-                cs->attrs,
-                creation && dt == TD_DTYPE_INVALID ? "(default dtype)" : td_dtype_name(dt),
-                variant, ins, what);
+        fprintf(stderr, "ops-wire: FAIL %s [%s] %s variant %d inputs {%s}: %s\n", cs->op, cs->attrs,
+                creation && dt == TD_DTYPE_INVALID ? "(default dtype)" : td_dtype_name(dt), variant,
+                ins, what);
         td_sync(c, &e); /* take the session's pending error so the next run starts clean */
     }
     for (int b = 0; b < 2; b++)

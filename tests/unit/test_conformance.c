@@ -34,7 +34,6 @@ static td_attr at_ints(const char *name, const int64_t *v, size_t n)
     return (td_attr){.name = name, .kind = TD_ATTR_INTS, .ints = v, .n = n};
 }
 
-
 static void setup(void)
 {
     tdd_backend_config cfg = {.cpu_devices = 1, .threads = 2, .sim_devices = 1};
@@ -77,8 +76,8 @@ START_TEST(case_matches_ref)
                 /* A backend may decline an op/dtype it does not support (typed); what it
                  * runs must match ref. cpu supports everything. */
                 bool declined = !r.supported[1] && other != &cpu_be;
-                bool ok = r.prep_rc == 0 && r.rc[0] == 0 && (declined || r.rc[1] == 0) &&
-                          r.bad == 0;
+                bool ok =
+                    r.prep_rc == 0 && r.rc[0] == 0 && (declined || r.rc[1] == 0) && r.bad == 0;
                 if (!ok) {
                     failures++;
                     fprintf(stderr,
@@ -147,8 +146,7 @@ static void expect_arg(const char *op, const tdd_tensor *a, const tdd_tensor *b,
 {
     td_error err;
     int rc = prep(op, a, b, attrs, n, &err, NULL, NULL);
-    ck_assert_msg(rc == TD_EINVALID_ARGUMENT, "%s: got %s (%s)", op, td_err_name(rc),
-                  err.message);
+    ck_assert_msg(rc == TD_EINVALID_ARGUMENT, "%s: got %s (%s)", op, td_err_name(rc), err.message);
     ck_assert_int_eq(err.detail_kind, TD_DETAIL_ARGUMENT);
     ck_assert_str_eq(err.detail.argument.argument, argument);
 }
@@ -269,8 +267,7 @@ START_TEST(views_share_storage_with_pytorch_strides)
     ck_assert_int_eq(od[0].strides[0], 1);
     ck_assert_int_eq(od[0].strides[2], 12);
     ck_assert_int_eq(od[0].offset, 5);
-    td_attr sl[4] = {at_int("dim", 2), at_int("start", 1), at_int("stop", 4),
-                     at_int("step", 2)};
+    td_attr sl[4] = {at_int("dim", 2), at_int("start", 1), at_int("stop", 4), at_int("step", 2)};
     ck_assert_int_eq(prep("slice", &a, NULL, sl, 4, &err, od, &n), 0);
     ck_assert(od[0].view);
     ck_assert_int_eq(od[0].shape[2], 2);
@@ -308,8 +305,8 @@ END_TEST
 
 /* Runs op on backend be over one f32 input (values v) and returns output values. */
 static int run1(conf_backend *be, const char *op, const int64_t *shape, int nd, const float *v,
-                const td_attr *attrs, size_t na, const tdd_tensor *second, double *out,
-                int64_t cap, int *rc_exec)
+                const td_attr *attrs, size_t na, const tdd_tensor *second, double *out, int64_t cap,
+                int *rc_exec)
 {
     tdd_tensor t = mk(TD_F32, nd, shape);
     tdd_storage st = {.data = (void *)v, .nbytes = 0};
@@ -328,8 +325,12 @@ static int run1(conf_backend *be, const char *op, const int64_t *shape, int nd, 
     int64_t n = tdd_numel(&o);
     tdd_storage ost = {.data = calloc((size_t)n + 1, 8)};
     o.st = &ost;
-    tdd_opcall call = {.op = tdd_op_find(op)->op, .args = &args, .n_in = second ? 2 : 1,
-                       .n_out = 1, .in = {&t, second}, .out = {&o}};
+    tdd_opcall call = {.op = tdd_op_find(op)->op,
+                       .args = &args,
+                       .n_in = second ? 2 : 1,
+                       .n_out = 1,
+                       .in = {&t, second},
+                       .out = {&o}};
     *rc_exec = be->be->execute(be->ctx, 0, &call);
     for (int64_t i = 0; i < n && i < cap; i++)
         out[i] = tdd_load_f(ost.data, o.dtype, i);
@@ -344,8 +345,8 @@ START_TEST(values_match_pytorch)
         double out[8];
         int rc;
         float g[3] = {1.0f, -0.5f, 3.0f};
-        ck_assert_int_eq(run1(bes[b], "gelu", (const int64_t[]){3}, 1, g, NULL, 0, NULL, out, 8,
-                              &rc), 0);
+        ck_assert_int_eq(
+            run1(bes[b], "gelu", (const int64_t[]){3}, 1, g, NULL, 0, NULL, out, 8, &rc), 0);
         ck_assert_int_eq(rc, 0);
         /* torch.nn.functional.gelu(torch.tensor([1., -.5, 3.])) */
         ck_assert_double_eq_tol(out[0], 0.8413447, 1e-6);
@@ -353,8 +354,8 @@ START_TEST(values_match_pytorch)
         ck_assert_double_eq_tol(out[2], 2.9959502, 1e-6);
         float r[4] = {-3.0f, 3.0f, -3.5f, 5.0f};
         td_attr o2 = at_float("other", 2.0);
-        ck_assert_int_eq(run1(bes[b], "remainder", (const int64_t[]){4}, 1, r, &o2, 1, NULL, out,
-                              8, &rc), 0);
+        ck_assert_int_eq(
+            run1(bes[b], "remainder", (const int64_t[]){4}, 1, r, &o2, 1, NULL, out, 8, &rc), 0);
         /* torch.remainder(torch.tensor([-3., 3., -3.5, 5.]), 2) */
         ck_assert_double_eq_tol(out[0], 1.0, 1e-12);
         ck_assert_double_eq_tol(out[1], 1.0, 1e-12);
@@ -367,27 +368,30 @@ START_TEST(values_match_pytorch)
         tdd_tensor tgt = mk(TD_I64, 1, (const int64_t[]){2});
         tdd_storage tst = {.data = tv};
         tgt.st = &tst;
-        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, NULL, 0,
-                              &tgt, out, 8, &rc), 0);
+        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, NULL, 0, &tgt,
+                              out, 8, &rc),
+                         0);
         ck_assert_int_eq(rc, 0);
         ck_assert_double_eq_tol(out[0], 0.4076059644, 1e-6);
         td_attr ls = at_float("label_smoothing", 0.2);
-        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, &ls, 1,
-                              &tgt, out, 8, &rc), 0);
+        ck_assert_int_eq(
+            run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, &ls, 1, &tgt, out, 8, &rc),
+            0);
         ck_assert_double_eq_tol(out[0], 0.6076059341, 1e-6);
         /* a class index out of range is INVALID_ARGUMENT from the kernel, not a crash */
         tv[1] = 7;
-        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, NULL, 0,
-                              &tgt, out, 8, &rc), 0);
+        ck_assert_int_eq(run1(bes[b], "cross_entropy", (const int64_t[]){2, 3}, 2, x, NULL, 0, &tgt,
+                              out, 8, &rc),
+                         0);
         ck_assert_int_eq(rc, TD_EINVALID_ARGUMENT);
         /* torch.var(torch.tensor([1., 2., 3., 4.])) = 1.6667; round half to even */
         float vv[4] = {1, 2, 3, 4};
-        ck_assert_int_eq(run1(bes[b], "var", (const int64_t[]){4}, 1, vv, NULL, 0, NULL, out, 8,
-                              &rc), 0);
+        ck_assert_int_eq(
+            run1(bes[b], "var", (const int64_t[]){4}, 1, vv, NULL, 0, NULL, out, 8, &rc), 0);
         ck_assert_double_eq_tol(out[0], 5.0 / 3.0, 1e-6);
         float rr[4] = {0.5f, 1.5f, 2.5f, -0.5f};
-        ck_assert_int_eq(run1(bes[b], "round", (const int64_t[]){4}, 1, rr, NULL, 0, NULL, out,
-                              8, &rc), 0);
+        ck_assert_int_eq(
+            run1(bes[b], "round", (const int64_t[]){4}, 1, rr, NULL, 0, NULL, out, 8, &rc), 0);
         ck_assert_double_eq_tol(out[0], 0.0, 1e-12);
         ck_assert_double_eq_tol(out[1], 2.0, 1e-12);
         ck_assert_double_eq_tol(out[2], 2.0, 1e-12);

@@ -10,8 +10,8 @@
 #include "dtype.h"
 #include "test_conformance.h"
 
-#define F "sd"      /* float dtypes run natively on cpu */
-#define FA "sdhb"   /* every float dtype */
+#define F "sd"       /* float dtypes run natively on cpu */
+#define FA "sdhb"    /* every float dtype */
 #define NUM "sdhbil" /* every numeric dtype */
 #define ALL "sdhbilo"
 
@@ -235,8 +235,7 @@ const conf_case conf_cases[] = {
     {"avg_pool2d", {"x:2,3,7,6"}, "kernel_size=2;padding=1;count_include_pad=false", F, 1},
     /* NN at sizes the cpu kernels thread (im2col rows, planes, rows, lines) */
     {"conv2d", {"x:2,16,20,20", "x:32,16,3,3", "x:32"}, "padding=1", F, 100},
-    {"conv2d", {"x:2,8,9,9", "x:8,2,3,3"}, "groups=4;dilation=[2,1];stride=2;padding=[2,1]", F,
-     30},
+    {"conv2d", {"x:2,8,9,9", "x:8,2,3,3"}, "groups=4;dilation=[2,1];stride=2;padding=[2,1]", F, 30},
     {"conv2d", {"x:2,6,5,5", "x:4,6,1,1", "x:4"}, "", F, 30},
     {"conv2d", {"x:3,5,5", "x:4,3,3,3"}, "padding=1;stride=[1,2]", F, 30},
     {"conv2d", {"x:2,4,6,6", "x:6,2,3,3", "x:6"}, "groups=2;padding=1", "hb", 30},
@@ -446,8 +445,7 @@ static bool host_view(const htensor *h, tdd_tensor *out, tdd_storage *st)
         return true;
     *st = h->st;
     st->data = malloc(h->st.nbytes ? h->st.nbytes : 1);
-    if (!st->data ||
-        h->be->be->to_host(h->be->ctx, 0, st->data, h->st.data, h->st.nbytes)) {
+    if (!st->data || h->be->be->to_host(h->be->ctx, 0, st->data, h->st.data, h->st.nbytes)) {
         free(st->data);
         st->data = NULL;
         return false;
@@ -501,8 +499,8 @@ void conf_tolerances(td_dtype dt, double tol, double *rtol, double *atol)
     *atol *= tol;
 }
 
-int64_t conf_compare(const tdd_tensor *r, const tdd_tensor *o, double tol, double *worst,
-                     char *msg, size_t len)
+int64_t conf_compare(const tdd_tensor *r, const tdd_tensor *o, double tol, double *worst, char *msg,
+                     size_t len)
 {
     double rtol, atol;
     conf_tolerances(r->dtype, tol, &rtol, &atol);
@@ -613,8 +611,8 @@ void conf_inputs_free(conf_input in[4], int n)
 
 /* ------------------------------------------------------------------ runner */
 
-void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
-              conf_backend *other, bool execute, conf_result *res)
+void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref, conf_backend *other,
+              bool execute, conf_result *res)
 {
     memset(res, 0, sizeof *res);
     const tdd_opdef *def = tdd_op_find(c->op);
@@ -639,8 +637,8 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
     conf_inputs_free(spec, n_in);
     conf_attrs as;
     conf_parse_attrs(c->attrs, &as);
-    tdd_opreq req = {.attrs = {as.a, as.n}, .dtype = def->kind == TDD_KIND_CREATE ? dt : 0,
-                     .seed = 12345};
+    tdd_opreq req = {
+        .attrs = {as.a, as.n}, .dtype = def->kind == TDD_KIND_CREATE ? dt : 0, .seed = 12345};
     if (def->kind == TDD_KIND_CREATE && dt == TD_DTYPE_INVALID)
         req.dtype = TD_DTYPE_INVALID;
     const tdd_tensor *tin[2][4];
@@ -651,8 +649,8 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
     tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
     int n_out = 0;
     td_error err;
-    res->prep_rc = tdd_op_prepare(def->op, tin[0], n_in, &req, (int64_t)1 << 40, &args, od,
-                                  &n_out, &err);
+    res->prep_rc =
+        tdd_op_prepare(def->op, tin[0], n_in, &req, (int64_t)1 << 40, &args, od, &n_out, &err);
     if (res->prep_rc) {
         snprintf(res->msg, sizeof res->msg, "prepare: %.200s", err.message);
         goto done;
@@ -701,7 +699,7 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
             if (od[k].view)
                 other_t = out[1][k].t, other_t.st = other_st.data ? &other_st : other_t.st;
             res->bad = conf_compare(&out[0][k].t, &other_t, c->tol, &res->worst, res->msg,
-                               sizeof res->msg);
+                                    sizeof res->msg);
             free(other_st.data);
             if (res->bad) {
                 char tmp[sizeof res->msg];

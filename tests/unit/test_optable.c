@@ -30,8 +30,8 @@ START_TEST(test_names_unique)
 {
     for (int i = 0; i < TDD_OP_COUNT; i++)
         for (int j = i + 1; j < TDD_OP_COUNT; j++)
-            ck_assert_msg(strcmp(tdd_opdefs[i].name, tdd_opdefs[j].name) != 0,
-                          "op name %s twice", tdd_opdefs[i].name);
+            ck_assert_msg(strcmp(tdd_opdefs[i].name, tdd_opdefs[j].name) != 0, "op name %s twice",
+                          tdd_opdefs[i].name);
 }
 END_TEST
 
