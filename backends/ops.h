@@ -151,6 +151,7 @@ typedef enum {
     X(EXPAND, "expand", 1, 1, VIEW)                                                                \
     X(SLICE, "slice", 1, 1, VIEW)                                                                  \
     X(CONTIGUOUS, "contiguous", 1, 1, VIEW)                                                        \
+    X(DETACH, "detach", 1, 1, VIEW)                                                                \
     X(SPLIT, "split", 1, 1, VIEW)                                                                  \
     X(CHUNK, "chunk", 1, 1, VIEW)                                                                  \
     X(CLONE, "clone", 1, 1, INDEX)                                                                 \

@@ -259,6 +259,8 @@ static int prep_views(tdd_prep *p)
         tdd_p_view(p, 0, 0, shape, st, nd, a->offset + (len ? start * a->strides[d] : 0));
         return 0;
     }
+    case TDD_OP_DETACH:
+        break; /* the same bytes, seen outside the graph (autograd records nothing) */
     case TDD_OP_CONTIGUOUS:
         if (tdd_is_contiguous(a))
             break;

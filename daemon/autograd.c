@@ -1,5 +1,5 @@
 /* autograd.c -- autodiff in the daemon: graph recording, the backward pass,
- * Gradients objects (Grad, GradRemove, GradReplace), detach and grad mode.
+ * Gradients objects (Grad, GradRemove, GradReplace) and grad mode.
  *
  * Ownership (all on the loop thread): a value holds a reference on its
  * grad_fn; a node holds references on the input nodes it leads back to, on
@@ -162,7 +162,9 @@ void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, cons
         any_float_out |= is_float(out[k]->t.dtype);
     for (int i = 0; i < n_in; i++)
         any_need |= in[i]->requires_grad && is_float(in[i]->t.dtype);
-    if (!any_float_out || !any_need || n_in > TDD_MAX_OP_INPUTS || n_out > TDD_MAX_OP_OUTPUTS)
+    /* detach's output is the same bytes outside the graph (PyTorch's detach) */
+    if (op == TDD_OP_DETACH || !any_float_out || !any_need || n_in > TDD_MAX_OP_INPUTS ||
+        n_out > TDD_MAX_OP_OUTPUTS)
         return;
     tdd_node *n = node_new();
     if (!n) {
@@ -215,34 +217,6 @@ void tdd_autograd_session_free(tdd_session *s)
 {
     free(s->autograd);
     s->autograd = NULL;
-}
-
-/* ---------------------------------------------------------------- detach */
-
-int tdd_autograd_detach(tdd_conn *c, Tensordd__V1__Request *req)
-{
-    Tensordd__V1__Op *op = req->op;
-    tdd_session *s = c->s;
-    td_error err;
-    tdd_value *v = NULL;
-    int rc = 0;
-    if (op->n_inputs != 1 || op->n_outputs != 1)
-        rc = tdd_err_arg(&err, "inputs", "detach takes one input and one output");
-    if (!rc)
-        rc = tdd_handle_check_new(s, op->outputs[0], &err);
-    if (!rc)
-        rc = tdd_value_get(s, op->inputs[0], &v, &err);
-    tdd_value *a = NULL;
-    if (!rc && !(a = tdd_value_alias(v)))
-        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-    if (rc)
-        return tdd_answer_error(c, req, &err);
-    /* Shares the data (as PyTorch's detach): later in-place optimizer updates
-     * of v are visible through it. */
-    tdd_handle_add(s, op->outputs[0], TD_HANDLE_TENSOR, a);
-    if (req->want_reply)
-        tdd_conn_send_ok(c, req->id);
-    return TDD_DISPATCH_DONE;
 }
 
 /* ---------------------------------------------------------------- gradients map */

@@ -12,7 +12,6 @@ void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, cons
 /* Records a ToDevice (the gradient flows back to the source device). */
 void tdd_autograd_record_to_device(tdd_session *s, tdd_value *in, tdd_value *out);
 /* The "detach" op: a new handle on the same data, outside the graph. */
-int tdd_autograd_detach(tdd_conn *c, Tensordd__V1__Request *req);
 /* Drops a value's reference on its grad_fn (session.c calls it when a value dies). */
 void tdd_autograd_value_free(tdd_value *v);
 /* Backward, Grad, GradRemove, GradReplace, SetGradMode, OptimizerCreate,

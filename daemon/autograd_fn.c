@@ -181,6 +181,7 @@ bool tdd_formula_saves_inputs(tdd_op op)
     case TDD_OP_EXPAND:
     case TDD_OP_SLICE:
     case TDD_OP_CONTIGUOUS:
+    case TDD_OP_DETACH:
     case TDD_OP_SPLIT:
     case TDD_OP_CHUNK:
     case TDD_OP_CLONE:

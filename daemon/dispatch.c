@@ -654,8 +654,6 @@ static int h_op(tdd_conn *c, Request *req)
                 rc = tdd_err_arg(&err, "outputs", "output handle %llu named twice",
                                  (unsigned long long)op->outputs[i]);
     }
-    if (!rc && op->op && strcmp(op->op, "detach") == 0)
-        return tdd_autograd_detach(c, req); /* no kernel: a new handle outside the graph */
     const tdd_opdef *def = NULL;
     if (!rc && !(def = tdd_op_find(op->op)))
         rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "unknown op '%.64s'", op->op);

@@ -539,6 +539,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_EXPAND:
     case TDD_OP_SLICE:
     case TDD_OP_CONTIGUOUS:
+    case TDD_OP_DETACH:
     case TDD_OP_SPLIT:
     case TDD_OP_CHUNK:
     case TDD_OP_CLONE:
@@ -739,6 +740,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_EXPAND:
     case TDD_OP_SLICE:
     case TDD_OP_CONTIGUOUS:
+    case TDD_OP_DETACH:
     case TDD_OP_SPLIT:
     case TDD_OP_CHUNK:
     case TDD_OP_CLONE:

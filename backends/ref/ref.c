@@ -144,6 +144,7 @@ int tdd_ref_run(const tdd_opcall *c)
     case TDD_OP_EXPAND:
     case TDD_OP_SLICE:
     case TDD_OP_CONTIGUOUS:
+    case TDD_OP_DETACH:
     case TDD_OP_SPLIT:
     case TDD_OP_CHUNK:
     case TDD_OP_CLONE:

@@ -341,6 +341,17 @@ START_TEST(test_poisoned_propagation)
     ck_assert_int_eq(e.detail.poisoned.origin_code, TD_EUNKNOWN_HANDLE);
     td_sync(c, &e);
 
+    /* detach takes the same path as every op: when it fails, its output is bound
+     * poisoned (it once answered the error and left the output unbound). */
+    td_handle pd = td_op1(c, "detach", &bogus, 1, NULL, &e);
+    uint64_t rd = td_last_request_id(c);
+    ck_assert_int_eq(td_sync(c, &e), TD_EUNKNOWN_HANDLE);
+    rc = td_download(c, pd, y, sizeof y, NULL, &e);
+    ck_assert_int_eq(rc, TD_EPOISONED);
+    ck_assert_uint_eq(e.detail.poisoned.origin_request, rd);
+    ck_assert_int_eq(e.detail.poisoned.origin_code, TD_EUNKNOWN_HANDLE);
+    td_sync(c, &e);
+
     /* The session works afterwards and is clean. */
     td_handle r = td_op1(c, "relu", &a, 1, NULL, &e);
     it_download_f32(c, r, y, 3);

@@ -79,6 +79,22 @@ def test_no_grad_and_detach_record_nothing(ad):
     assert not W.detach().requires_grad
 
 
+def test_detach_shares_data_and_cuts_the_graph(ad):
+    w = randf(5)
+    W = ad.tensor(w, requires_grad=True)
+    D = W.detach()
+    assert D.shape == W.shape and D.dtype == W.dtype and not D.requires_grad
+    grads = (W * D).sum().backward()
+    t = torch.tensor(w, requires_grad=True)
+    (t * t.detach()).sum().backward()
+    np.testing.assert_allclose(grads.get(W).numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-6)
+    # As in PyTorch, the detached tensor shares W's bytes: an optimizer step on W shows in D.
+    tensordd.optim.SGD([W], lr=0.5).step(grads)
+    with torch.no_grad():
+        t -= 0.5 * t.grad
+    np.testing.assert_allclose(D.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_remove_and_replace(ad):
     w = randf(2, 2)
     W = ad.tensor(w, requires_grad=True)

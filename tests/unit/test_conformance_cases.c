@@ -179,6 +179,7 @@ const conf_case conf_cases[] = {
     {"slice", {"x:6,5"}, "dim=1;start=1;stop=-1;step=2", ALL, 1},
     {"contiguous", {"x:3,4T"}, "", ALL, 1},
     {"contiguous", {"x:3,4"}, "", F, 1},
+    {"detach", {"x:3,4T"}, "", ALL, 1},
     {"split", {"x:7,3"}, "split_size=3", ALL, 1},
     {"split", {"x:7,3"}, "split_sizes=[2,5]", F, 1},
     {"chunk", {"x:3,7"}, "chunks=3;dim=1", ALL, 1},
