@@ -74,6 +74,7 @@ void tdd_node_unref(tdd_node *n)
             tdd_value_unref(m->out[k].grad);
         for (int i = 0; i < m->n_in; i++)
             tdd_node_unref(m->in[i].fn);
+        tdd_account_credit(m->acct, m->bytes);
         free(m);
     }
     freeing = false;
@@ -130,14 +131,36 @@ static void note_output(tdd_node *n, int k, tdd_value *v, bool save)
         no->alias = tdd_value_alias(v); /* NULL (out of memory) fails the backward later */
 }
 
-static tdd_node *node_new(void)
+tdd_node *tdd_autograd_reserve(tdd_session *s, int n_in, int n_out, td_error *err)
 {
-    tdd_node *n = calloc(1, sizeof *n);
-    if (!n)
+    if (n_in < 0 || n_in > TDD_MAX_OP_INPUTS || n_out < 1 || n_out > TDD_MAX_OP_OUTPUTS) {
+        tdd_err_set(err, TD_EINTERNAL, "autograd: a node of %d inputs and %d outputs", n_in, n_out);
         return NULL;
+    }
+    uint64_t bytes = sizeof(tdd_node) + (size_t)n_in * sizeof(tdd_node_in) +
+                     (size_t)n_out * sizeof(tdd_node_out);
+    if (tdd_account_charge(s->acct, bytes, err))
+        return NULL;
+    tdd_node *n = calloc(1, bytes);
+    if (!n) {
+        tdd_account_credit(s->acct, bytes);
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    n->in = (tdd_node_in *)(n + 1);
+    n->out = (tdd_node_out *)(n->in + n_in);
+    n->cap_in = n_in;
+    n->cap_out = n_out;
+    n->acct = s->acct;
+    n->bytes = bytes;
     n->refs = 1;
     n->seq = ++node_seq;
     return n;
+}
+
+void tdd_autograd_unreserve(tdd_node *n)
+{
+    tdd_node_unref(n);
 }
 
 /* Hands the outputs to the node; drops the creator's reference. */
@@ -153,24 +176,26 @@ static void node_attach(tdd_node *n, tdd_value *const *out, int n_out)
     tdd_node_unref(n);
 }
 
-void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, const tdd_attrs *attrs,
+bool tdd_autograd_tracks(const tdd_session *s, tdd_op op, tdd_value *const *in, int n_in)
+{
+    /* detach's output is the same bytes outside the graph (PyTorch's detach) */
+    if (!s->grad_enabled || op == TDD_OP_DETACH)
+        return false;
+    for (int i = 0; i < n_in; i++)
+        if (in[i]->requires_grad && is_float(in[i]->t.dtype))
+            return true;
+    return false;
+}
+
+void tdd_autograd_record(tdd_node *n, tdd_op op, const tdd_opargs *args, const tdd_attrs *attrs,
                          tdd_value *const *in, int n_in, tdd_value *const *out, int n_out)
 {
-    (void)s;
-    bool any_float_out = false, any_need = false;
+    bool any_float_out = false;
     for (int k = 0; k < n_out; k++)
         any_float_out |= is_float(out[k]->t.dtype);
-    for (int i = 0; i < n_in; i++)
-        any_need |= in[i]->requires_grad && is_float(in[i]->t.dtype);
-    /* detach's output is the same bytes outside the graph (PyTorch's detach) */
-    if (op == TDD_OP_DETACH || !any_float_out || !any_need || n_in > TDD_MAX_OP_INPUTS ||
-        n_out > TDD_MAX_OP_OUTPUTS)
-        return;
-    tdd_node *n = node_new();
-    if (!n) {
-        /* Out of memory: the outputs stay tracked without history, so a
-         * backward through them reaches no leaf instead of crashing. */
-        tdd_warn("autograd: out of memory recording %s", tdd_opdefs[op].name);
+    /* nothing differentiable came out (argmax, comparisons), or more than was reserved */
+    if (!any_float_out || n_in > n->cap_in || n_out > n->cap_out) {
+        tdd_node_unref(n);
         return;
     }
     n->op = op;
@@ -187,14 +212,12 @@ void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, cons
     node_attach(n, out, n_out);
 }
 
-void tdd_autograd_record_to_device(tdd_session *s, tdd_value *in, tdd_value *out)
+void tdd_autograd_record_to_device(tdd_node *n, tdd_value *in, tdd_value *out)
 {
-    (void)s;
-    if (!is_float(in->t.dtype))
+    if (!is_float(in->t.dtype) || n->cap_in < 1 || n->cap_out < 1) {
+        tdd_node_unref(n);
         return;
-    tdd_node *n = node_new();
-    if (!n)
-        return;
+    }
     n->to_device = true;
     n->op = TDD_OP_COUNT;
     n->n_in = 1;

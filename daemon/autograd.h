@@ -4,14 +4,24 @@
 
 #include "conn.h"
 
-/* Records the op that produced out[] from in[] when grad mode is on and an
- * input requires grad; marks the (floating-point) outputs as requiring grad.
- * attrs are the request's attributes (views' dims); may be NULL. */
-void tdd_autograd_record(tdd_session *s, tdd_op op, const tdd_opargs *args, const tdd_attrs *attrs,
-                         tdd_value *const *in, int n_in, tdd_value *const *out, int n_out);
-/* Records a ToDevice (the gradient flows back to the source device). */
-void tdd_autograd_record_to_device(tdd_session *s, tdd_value *in, tdd_value *out);
-/* The "detach" op: a new handle on the same data, outside the graph. */
+struct tdd_node;
+
+/* Whether op on in[] is recorded: grad mode on, an input that requires grad, not detach. */
+bool tdd_autograd_tracks(const tdd_session *s, tdd_op op, tdd_value *const *in, int n_in);
+/* A graph node for n_in inputs and n_out outputs, charged to the session's memory account
+ * before the op is queued, so a graph the quota cannot hold fails the op with a typed
+ * RESOURCE_EXHAUSTED (NULL, err set) instead of recording a broken history. */
+struct tdd_node *tdd_autograd_reserve(tdd_session *s, int n_in, int n_out, td_error *err);
+/* Gives back a reserved node that was not used (the op failed). */
+void tdd_autograd_unreserve(struct tdd_node *n);
+/* Records, in the reserved node n (consumed), the op that produced out[] from in[]; marks
+ * the floating-point outputs as requiring grad. attrs are the request's attributes (views'
+ * dims); may be NULL. */
+void tdd_autograd_record(struct tdd_node *n, tdd_op op, const tdd_opargs *args,
+                         const tdd_attrs *attrs, tdd_value *const *in, int n_in,
+                         tdd_value *const *out, int n_out);
+/* Records a ToDevice in n (consumed): the gradient flows back to the source device. */
+void tdd_autograd_record_to_device(struct tdd_node *n, tdd_value *in, tdd_value *out);
 /* Drops a value's reference on its grad_fn (session.c calls it when a value dies). */
 void tdd_autograd_value_free(tdd_value *v);
 /* Backward, Grad, GradRemove, GradReplace, SetGradMode, OptimizerCreate,

@@ -40,8 +40,11 @@ typedef struct tdd_node {
     tdd_opargs args;
     int64_t ex[2 * TD_MAX_NDIM]; /* attributes the formula needs beyond args, normalised */
     int n_in, n_out;
-    tdd_node_in in[TDD_MAX_OP_INPUTS];
-    tdd_node_out out[TDD_MAX_OP_OUTPUTS];
+    int cap_in, cap_out; /* as reserved (tdd_autograd_reserve) */
+    tdd_node_in *in;     /* cap_in entries, in the same allocation */
+    tdd_node_out *out;   /* cap_out entries, likewise */
+    tdd_account *acct;   /* charged with bytes: a graph is memory the client caused */
+    uint64_t bytes;
     struct tdd_node *free_next; /* deferred-free list */
 } tdd_node;
 

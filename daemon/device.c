@@ -123,25 +123,44 @@ static int exhausted(td_error *err, const char *what, uint64_t requested, uint64
     return TD_ERESOURCE_EXHAUSTED;
 }
 
-tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
+int tdd_account_charge(tdd_account *acct, uint64_t nbytes, td_error *err)
 {
     uint64_t cap = memory_cap();
-    if (nbytes > cap - global_in_use) {
-        exhausted(err, "daemon memory", nbytes, cap - global_in_use);
-        return NULL;
+    if (nbytes > cap - global_in_use)
+        return exhausted(err, "daemon memory", nbytes, cap - global_in_use);
+    if (acct && acct->limit && nbytes > acct->limit - acct->in_use)
+        return exhausted(err, "session memory", nbytes, acct->limit - acct->in_use);
+    if (acct) {
+        acct->refs++;
+        acct->in_use += nbytes;
     }
-    if (acct && acct->limit && nbytes > acct->limit - acct->in_use) {
-        exhausted(err, "session memory", nbytes, acct->limit - acct->in_use);
-        return NULL;
+    global_in_use += nbytes;
+    return 0;
+}
+
+void tdd_account_credit(tdd_account *acct, uint64_t nbytes)
+{
+    global_in_use -= nbytes;
+    if (acct) {
+        acct->in_use -= nbytes;
+        tdd_account_unref(acct);
     }
+}
+
+tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
+{
+    if (tdd_account_charge(acct, nbytes, err))
+        return NULL;
     dstorage *ds = calloc(1, sizeof *ds);
     if (!ds) {
+        tdd_account_credit(acct, nbytes);
         exhausted(err, "host memory", nbytes, 0);
         return NULL;
     }
     ds->st.data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
     if (!ds->st.data) {
         free(ds);
+        tdd_account_credit(acct, nbytes);
         exhausted(err, dev->label, nbytes, 0);
         return NULL;
     }
@@ -149,11 +168,6 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     ds->st.nbytes = nbytes;
     ds->st.dev = dev;
     ds->acct = acct;
-    if (acct) {
-        acct->refs++;
-        acct->in_use += nbytes;
-    }
-    global_in_use += nbytes;
     dev->in_use += nbytes;
     if (dev->in_use > dev->peak)
         dev->peak = dev->in_use;
@@ -173,11 +187,7 @@ void tdd_storage_unref(tdd_storage *st)
     tdd_device *dev = st->dev;
     dev->be->free(dev->ctx, dev->ordinal, st->data, st->nbytes);
     dev->in_use -= st->nbytes;
-    global_in_use -= st->nbytes;
-    if (ds->acct) {
-        ds->acct->in_use -= st->nbytes;
-        tdd_account_unref(ds->acct);
-    }
+    tdd_account_credit(ds->acct, st->nbytes);
     free(ds);
 }
 

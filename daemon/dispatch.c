@@ -672,12 +672,17 @@ static int h_op(tdd_conn *c, Request *req)
         rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
     tdd_opreq oreq = {
         .attrs = {.a = attrs, .n = op->n_attrs}, .dtype = (td_dtype)op->dtype, .seed = s->rng};
+    struct tdd_node *node = NULL; /* the autodiff record, reserved before anything runs */
+    if (!rc && tdd_autograd_tracks(s, def->op, in, (int)op->n_inputs) &&
+        !(node = tdd_autograd_reserve(s, (int)op->n_inputs, n_out, &err)))
+        rc = err.code;
     if (!rc) {
         s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
         rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
                                  dev, op->outputs, out, &n_out, &args, &err);
     }
     if (rc) {
+        tdd_autograd_unreserve(node);
         int origin = rc;
         uint64_t origin_req = req->id;
         if (rc == TD_EPOISONED) {
@@ -693,13 +698,8 @@ static int h_op(tdd_conn *c, Request *req)
             out[i]->requires_grad = true;
         tdd_handle_add(s, op->outputs[i], TD_HANDLE_TENSOR, out[i]);
     }
-    if (s->grad_enabled && op->n_inputs > 0) {
-        bool track = false;
-        for (size_t i = 0; i < op->n_inputs; i++)
-            track |= in[i]->requires_grad;
-        if (track)
-            tdd_autograd_record(s, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out, n_out);
-    }
+    if (node)
+        tdd_autograd_record(node, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out, n_out);
     return TDD_DISPATCH_DONE;
 }
 
@@ -710,21 +710,25 @@ static int h_to_device(tdd_conn *c, Request *req)
     td_error err;
     tdd_value *v = NULL, *out = NULL;
     tdd_device *dev = NULL;
+    struct tdd_node *node = NULL;
     int rc = tdd_handle_check_new(s, td->output, &err);
     if (!rc)
         rc = tdd_value_get(s, td->input, &v, &err);
     if (!rc && !(dev = resolve_device(td->device, &err)))
         rc = err.code;
+    if (!rc && s->grad_enabled && v->requires_grad && !(node = tdd_autograd_reserve(s, 1, 1, &err)))
+        rc = err.code;
     if (!rc)
         rc = tdd_submit_copy(s, req->id, v, dev, &out, &err);
     if (rc) {
+        tdd_autograd_unreserve(node);
         bind_poisoned(s, td->output, rc == TD_EPOISONED ? err.detail.poisoned.origin_code : rc,
                       rc == TD_EPOISONED ? err.detail.poisoned.origin_request : req->id);
         return tdd_answer_error(c, req, &err);
     }
     tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
-    if (s->grad_enabled && v->requires_grad)
-        tdd_autograd_record_to_device(s, v, out);
+    if (node)
+        tdd_autograd_record_to_device(node, v, out);
     if (req->want_reply)
         tdd_conn_send_ok(c, req->id); /* queued; errors of the copy surface at the next sync */
     return TDD_DISPATCH_DONE;
