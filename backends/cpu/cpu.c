@@ -571,11 +571,14 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_AVG_POOL2D: /* f16/bf16 through f32 copies */
         return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_CAT:
-    case TDD_OP_STACK:
+    case TDD_OP_STACK: /* raw element moves; mixed dtypes convert (the reference does) */
+        return inputs_are(c, 0, c->n_in, c->out[0]->dtype);
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
-    case TDD_OP_PAD:
-    case TDD_OP_DROPOUT:
+    case TDD_OP_PAD: /* rows of a C-contiguous output (cpu_index.c) */
+        return tdd_is_contiguous(c->out[0]);
+    case TDD_OP_DROPOUT: /* the reference's draws and rounding: bit-identical */
+        return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->out[0]);
     case TDD_OP_ARANGE:
     case TDD_OP_LINSPACE:
     case TDD_OP_EYE:
@@ -776,6 +779,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_TRIU:
     case TDD_OP_PAD:
     case TDD_OP_DROPOUT:
+        return cpu_index(c, nt);
     case TDD_OP_ARANGE:
     case TDD_OP_LINSPACE:
     case TDD_OP_EYE:

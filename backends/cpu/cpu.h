@@ -55,6 +55,8 @@ void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, doubl
               int64_t ldc);
 extern int tdd_cpu_gemm_threads;
 int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
+/* cpu_index.c: cat, stack, tril, triu, pad (byte moves, any dtype), dropout */
+int cpu_index(const tdd_opcall *c, int nt);
 /* Runs an f32 kernel on a call whose float operands are f16/bf16 (cpu.c). */
 int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));
 

@@ -1,0 +1,386 @@
+/* cpu_index.c -- joins and masks that move elements without arithmetic: cat,
+ * stack, tril, triu, pad (any dtype: elements move as raw bytes of the dtype's
+ * size, contiguous runs by memcpy), and dropout (float dtypes, the reference's
+ * counter-based draws, so the same seed gives the same tensor bit for bit).
+ * tdd_cpu_native (cpu.c) sends a call here only when every input has the output's
+ * dtype (cat/stack promote otherwise: the reference converts) and, for the
+ * row-based kernels, the output is C-contiguous. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "dtype.h"
+
+/* ---------------------------------------------------------------- element moves */
+
+/* n elements of esz bytes from a (stride sa) to y (stride sy), strides in elements. */
+static void move_n(char *y, int64_t sy, const char *a, int64_t sa, int64_t n, size_t esz)
+{
+    if (sy == 1 && sa == 1) {
+        memcpy(y, a, (size_t)n * esz);
+        return;
+    }
+    switch (esz) {
+    case 1:
+        for (int64_t i = 0; i < n; i++)
+            y[i * sy] = a[i * sa];
+        return;
+    case 2: {
+        uint16_t *yy = (uint16_t *)(void *)y;
+        const uint16_t *aa = (const uint16_t *)(const void *)a;
+        for (int64_t i = 0; i < n; i++)
+            yy[i * sy] = aa[i * sa];
+        return;
+    }
+    case 4: {
+        uint32_t *yy = (uint32_t *)(void *)y;
+        const uint32_t *aa = (const uint32_t *)(const void *)a;
+        for (int64_t i = 0; i < n; i++)
+            yy[i * sy] = aa[i * sa];
+        return;
+    }
+    case 8: {
+        uint64_t *yy = (uint64_t *)(void *)y;
+        const uint64_t *aa = (const uint64_t *)(const void *)a;
+        for (int64_t i = 0; i < n; i++)
+            yy[i * sy] = aa[i * sa];
+        return;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++)
+            memcpy(y + (size_t)(i * sy) * esz, a + (size_t)(i * sa) * esz, esz);
+        return;
+    }
+}
+
+/* n contiguous elements of esz bytes, each the bytes at pat. */
+static void fill_n(char *y, int64_t n, const unsigned char *pat, size_t esz)
+{
+    bool zero = true;
+    for (size_t b = 0; b < esz; b++)
+        zero = zero && pat[b] == 0;
+    if (zero || esz == 1) {
+        memset(y, pat[0], (size_t)n * esz);
+        return;
+    }
+    switch (esz) {
+    case 2: {
+        uint16_t v, *yy = (uint16_t *)(void *)y;
+        memcpy(&v, pat, sizeof v);
+        for (int64_t i = 0; i < n; i++)
+            yy[i] = v;
+        return;
+    }
+    case 4: {
+        uint32_t v, *yy = (uint32_t *)(void *)y;
+        memcpy(&v, pat, sizeof v);
+        for (int64_t i = 0; i < n; i++)
+            yy[i] = v;
+        return;
+    }
+    case 8: {
+        uint64_t v, *yy = (uint64_t *)(void *)y;
+        memcpy(&v, pat, sizeof v);
+        for (int64_t i = 0; i < n; i++)
+            yy[i] = v;
+        return;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++)
+            memcpy(y + (size_t)i * esz, pat, esz);
+        return;
+    }
+}
+
+/* Threads for a kernel over n elements: one below CPU_PAR_MIN (waking the team costs
+ * more), at most one per unit of parallel work. */
+static int threads_for(int nt, int64_t n, int64_t units)
+{
+    if (nt <= 1 || n < CPU_PAR_MIN || units <= 1)
+        return 1;
+    return units < nt ? (int)units : nt;
+}
+
+/* ---------------------------------------------------------------- cat, stack */
+
+typedef struct {
+    char *y;
+    const char *a;
+    size_t esz;
+} mv_ctx;
+
+static void mv_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const mv_ctx *m = vc;
+    move_n(m->y + (size_t)off[0] * m->esz, st[0], m->a + (size_t)off[1] * m->esz, st[1], n, m->esz);
+}
+
+/* Input k lands in a slab of the output: the output seen with input k's shape, its
+ * strides (stack: without the new dim) and an offset to the slab. One iteration per
+ * input over (slab, input); the inputs' elements, end to end, are split evenly
+ * between the threads, so a thread copies whole runs of one or a few inputs. */
+static int cpu_join(const tdd_opcall *c, int nt)
+{
+    tdd_tensor *y = c->out[0];
+    int d = (int)c->args->i[0];
+    bool stack = c->op == TDD_OP_STACK;
+    size_t esz = td_dtype_size(y->dtype);
+    tdd_iter its[TDD_MAX_OP_INPUTS];
+    int64_t start[TDD_MAX_OP_INPUTS + 1];
+    int64_t pos = 0;
+    start[0] = 0;
+    for (int k = 0; k < c->n_in; k++) {
+        const tdd_tensor *a = c->in[k];
+        tdd_tensor slab = *a;
+        slab.st = y->st;
+        if (stack) {
+            for (int j = 0; j < a->ndim; j++)
+                slab.strides[j] = y->strides[j < d ? j : j + 1];
+            slab.offset = y->offset + k * y->strides[d];
+        } else {
+            memcpy(slab.strides, y->strides, sizeof slab.strides);
+            slab.offset = y->offset + pos * y->strides[d];
+            pos += a->shape[d];
+        }
+        const tdd_tensor *ops[2] = {&slab, a};
+        tdd_iter_tensors(&its[k], a->shape, a->ndim, 2, ops);
+        start[k + 1] = start[k] + its[k].numel;
+    }
+    int64_t total = start[c->n_in];
+    int use = threads_for(nt, total, total);
+    mv_ctx m = {y->st->data, NULL, esz};
+#pragma omp parallel for num_threads(use) schedule(static) firstprivate(m)
+    for (int t = 0; t < use; t++) {
+        int64_t lo = total / use * t + (t < total % use ? t : total % use);
+        int64_t hi = lo + total / use + (t < total % use ? 1 : 0);
+        for (int k = 0; k < c->n_in && lo < hi; k++) {
+            int64_t a0 = lo > start[k] ? lo : start[k];
+            int64_t a1 = hi < start[k + 1] ? hi : start[k + 1];
+            if (a0 >= a1)
+                continue;
+            m.a = c->in[k]->st->data;
+            tdd_iter_range(&its[k], a0 - start[k], a1 - start[k], mv_run, &m);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- row walks */
+
+/* Rows (last dim) [r0, r1) of a C-contiguous shape, keeping the multi-index of the
+ * row's leading dims idx[0..nd-1) and the input offset that index maps to. */
+typedef struct {
+    int nd;               /* dims of the shape (>= 1) */
+    const int64_t *shape; /* the output's shape */
+    int64_t idx[TD_MAX_NDIM];
+} row_walk;
+
+static void row_seek(row_walk *w, int64_t r)
+{
+    for (int k = w->nd - 2; k >= 0; k--) {
+        w->idx[k] = w->shape[k] ? r % w->shape[k] : 0;
+        r = w->shape[k] ? r / w->shape[k] : 0;
+    }
+}
+
+static void row_next(row_walk *w)
+{
+    for (int k = w->nd - 2; k >= 0; k--) {
+        if (++w->idx[k] < w->shape[k])
+            return;
+        w->idx[k] = 0;
+    }
+}
+
+/* tril/triu: row i of each matrix keeps columns j with j - i <= diag (tril) or
+ * >= diag (triu); the rest are zero (all-zero bytes in every dtype). */
+static int cpu_tri(const tdd_opcall *c, int nt)
+{
+    const tdd_tensor *a = c->in[0];
+    tdd_tensor *y = c->out[0];
+    int nd = y->ndim;
+    int64_t C = y->shape[nd - 1], n = tdd_numel(y);
+    if (n == 0)
+        return 0;
+    int64_t rows = n / C, diag = c->args->i[0];
+    bool lower = c->op == TDD_OP_TRIL;
+    size_t esz = td_dtype_size(y->dtype);
+    char *yd = (char *)y->st->data + (size_t)y->offset * esz;
+    const char *ad = a->st->data;
+    int64_t as = a->strides[nd - 1];
+    int use = threads_for(nt, n, rows);
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int t = 0; t < use; t++) {
+        int64_t r0 = rows / use * t + (t < rows % use ? t : rows % use);
+        int64_t r1 = r0 + rows / use + (t < rows % use ? 1 : 0);
+        row_walk w = {.nd = nd, .shape = y->shape};
+        row_seek(&w, r0);
+        for (int64_t r = r0; r < r1; r++, row_next(&w)) {
+            int64_t i = w.idx[nd - 2], ao = a->offset;
+            for (int k = 0; k < nd - 1; k++)
+                ao += w.idx[k] * a->strides[k];
+            /* kept columns: [0, e) for tril, [e, C) for triu, clamped to [0, C] */
+            int64_t e = lower ? i + diag + 1 : i + diag;
+            e = e < 0 ? 0 : e > C ? C : e;
+            int64_t k0 = lower ? 0 : e, k1 = lower ? e : C;
+            char *yr = yd + (size_t)(r * C) * esz;
+            memset(yr, 0, (size_t)k0 * esz);
+            move_n(yr + (size_t)k0 * esz, 1, ad + (size_t)(ao + k0 * as) * esz, as, k1 - k0, esz);
+            memset(yr + (size_t)k1 * esz, 0, (size_t)(C - k1) * esz);
+        }
+    }
+    return 0;
+}
+
+/* pad (constant mode): output element idx reads input idx - before (per dim) when
+ * that is inside the input, else the value (stored as the reference stores it).
+ * Negative padding crops. Rows of the output: the leading dims decide whether the
+ * row is inside; the inside part of an inside row is one (strided) run. */
+static int cpu_pad(const tdd_opcall *c, int nt)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *a = c->in[0];
+    tdd_tensor *y = c->out[0];
+    int64_t n = tdd_numel(y);
+    if (n == 0)
+        return 0;
+    size_t esz = td_dtype_size(y->dtype);
+    unsigned char pat[8] = {0};
+    tdd_store_f(pat, y->dtype, 0, g->f[0]);
+    char *yd = (char *)y->st->data + (size_t)y->offset * esz;
+    const char *ad = a->st->data;
+    if (y->ndim == 0) { /* nothing to pad: one element */
+        move_n(yd, 1, ad + (size_t)a->offset * esz, 1, 1, esz);
+        return 0;
+    }
+    int nd = y->ndim;
+    const int64_t *before = g->ints[0];
+    int64_t C = y->shape[nd - 1], rows = n / C;
+    int64_t as = a->strides[nd - 1], ain = a->shape[nd - 1], lo = before[nd - 1];
+    /* columns [c0, c1) of a row are inside: input column j - lo */
+    int64_t c0 = lo > 0 ? lo : 0, c1 = lo + ain < C ? lo + ain : C;
+    if (c1 < c0)
+        c1 = c0;
+    int use = threads_for(nt, n, rows);
+#pragma omp parallel for num_threads(use) schedule(static)
+    for (int t = 0; t < use; t++) {
+        int64_t r0 = rows / use * t + (t < rows % use ? t : rows % use);
+        int64_t r1 = r0 + rows / use + (t < rows % use ? 1 : 0);
+        row_walk w = {.nd = nd, .shape = y->shape};
+        row_seek(&w, r0);
+        for (int64_t r = r0; r < r1; r++, row_next(&w)) {
+            char *yr = yd + (size_t)(r * C) * esz;
+            bool inside = c1 > c0;
+            int64_t ao = a->offset;
+            for (int k = 0; k < nd - 1 && inside; k++) {
+                int64_t j = w.idx[k] - before[k];
+                inside = j >= 0 && j < a->shape[k];
+                ao += j * a->strides[k];
+            }
+            if (!inside) {
+                fill_n(yr, C, pat, esz);
+                continue;
+            }
+            fill_n(yr, c0, pat, esz);
+            move_n(yr + (size_t)c0 * esz, 1, ad + (size_t)(ao + (c0 - lo) * as) * esz, as, c1 - c0,
+                   esz);
+            fill_n(yr + (size_t)c1 * esz, C - c1, pat, esz);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- dropout */
+
+/* The reference's formula and draws, element i of the C-order output drawing
+ * tdd_rng_uniform(seed, i): kept values are divided by 1 - p in double and rounded
+ * once to the dtype, so cpu and ref agree bit for bit. */
+typedef struct {
+    char *y;
+    const char *x;
+    td_dtype dt;
+    int64_t y0; /* the output's offset: element i is at y0 + i (contiguous) */
+    double p, scale;
+    uint64_t seed;
+    bool train;
+} dr_ctx;
+
+static inline double dropout1(const dr_ctx *q, double v, int64_t i)
+{
+    if (!q->train)
+        return v;
+    return (q->p < 1.0 && tdd_rng_uniform(q->seed, (uint64_t)i) >= q->p) ? v / q->scale : 0.0;
+}
+
+static void dropout_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
+{
+    const dr_ctx *q = vc;
+    int64_t i0 = off[0] - q->y0;
+    switch (q->dt) {
+    case TD_F32: {
+        float *y = (float *)(void *)q->y + off[0];
+        const float *x = (const float *)(const void *)q->x + off[1];
+        for (int64_t i = 0; i < n; i++)
+            y[i * st[0]] = (float)dropout1(q, (double)x[i * st[1]], i0 + i * st[0]);
+        return;
+    }
+    case TD_F64: {
+        double *y = (double *)(void *)q->y + off[0];
+        const double *x = (const double *)(const void *)q->x + off[1];
+        for (int64_t i = 0; i < n; i++)
+            y[i * st[0]] = dropout1(q, x[i * st[1]], i0 + i * st[0]);
+        return;
+    }
+    case TD_F16:
+    case TD_BF16:
+    case TD_I32:
+    case TD_I64:
+    case TD_BOOL:
+    case TD_DTYPE_INVALID:
+    case TD_DTYPE_COUNT:
+        break;
+    }
+    /* 16-bit floats: dtype.h's conversions, exactly the reference's */
+    for (int64_t i = 0; i < n; i++)
+        tdd_store_f(q->y, q->dt, off[0] + i * st[0],
+                    dropout1(q, tdd_load_f(q->x, q->dt, off[1] + i * st[1]), i0 + i * st[0]));
+}
+
+static int cpu_dropout(const tdd_opcall *c, int nt)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0];
+    tdd_tensor *y = c->out[0];
+    dr_ctx q = {.y = y->st->data,
+                .x = x->st->data,
+                .dt = y->dtype,
+                .y0 = y->offset,
+                .p = g->f[0],
+                .scale = 1.0 - g->f[0],
+                .seed = g->seed,
+                .train = g->i[0] != 0};
+    const tdd_tensor *ops[2] = {y, x};
+    tdd_iter it;
+    tdd_iter_tensors(&it, y->shape, y->ndim, 2, ops);
+    /* a draw costs about what a few elements of a copy do */
+    cpu_par_iter_n(&it, dropout_run, &q, nt, q.train ? 8 * it.numel : it.numel);
+    return 0;
+}
+
+int cpu_index(const tdd_opcall *c, int nt)
+{
+    switch (c->op) {
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+        return cpu_join(c, nt);
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+        return cpu_tri(c, nt);
+    case TDD_OP_PAD:
+        return cpu_pad(c, nt);
+    case TDD_OP_DROPOUT:
+        return cpu_dropout(c, nt);
+    default:
+        return TD_EINTERNAL; /* tdd_cpu_native sends no other op here */
+    }
+}
