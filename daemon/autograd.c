@@ -75,6 +75,7 @@ void tdd_node_unref(tdd_node *n)
         for (int i = 0; i < m->n_in; i++)
             tdd_node_unref(m->in[i].fn);
         tdd_account_credit(m->acct, m->bytes);
+        tdd_account_unref(m->acct);
         free(m);
     }
     freeing = false;
@@ -152,6 +153,7 @@ tdd_node *tdd_autograd_reserve(tdd_session *s, int n_in, int n_out, td_error *er
     n->cap_in = n_in;
     n->cap_out = n_out;
     n->acct = s->acct;
+    n->acct->refs++; /* a graph may outlive its session (values held by queued tasks) */
     n->bytes = bytes;
     n->refs = 1;
     n->seq = ++node_seq;

@@ -13,6 +13,7 @@ void tdd_config_defaults(tdd_config *c)
     c->max_payload = 64ull << 30;    /* one tensor upload */
     c->max_numel = (int64_t)1 << 36; /* 256 GiB of f32 */
     c->max_handles = 1u << 20;
+    c->max_id_runs = 1u << 16;
     c->session_memory = 0;
     c->memory_cap = 0;
     c->max_inflight = 4096;

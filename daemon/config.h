@@ -17,6 +17,7 @@ typedef struct tdd_config {
     uint64_t max_payload;    /* largest raw payload */
     int64_t max_numel;       /* largest tensor, in elements */
     uint64_t max_handles;    /* live handles per session */
+    uint64_t max_id_runs;    /* runs of consecutive ids a session may have bound */
     uint64_t session_memory; /* bytes per session; 0 = only the global cap */
     uint64_t memory_cap;     /* bytes for the whole daemon; 0 = physical memory */
     uint32_t max_inflight;   /* queued requests per session before reading pauses */

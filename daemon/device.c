@@ -130,10 +130,8 @@ int tdd_account_charge(tdd_account *acct, uint64_t nbytes, td_error *err)
         return exhausted(err, "daemon memory", nbytes, cap - global_in_use);
     if (acct && acct->limit && nbytes > acct->limit - acct->in_use)
         return exhausted(err, "session memory", nbytes, acct->limit - acct->in_use);
-    if (acct) {
-        acct->refs++;
+    if (acct)
         acct->in_use += nbytes;
-    }
     global_in_use += nbytes;
     return 0;
 }
@@ -141,10 +139,8 @@ int tdd_account_charge(tdd_account *acct, uint64_t nbytes, td_error *err)
 void tdd_account_credit(tdd_account *acct, uint64_t nbytes)
 {
     global_in_use -= nbytes;
-    if (acct) {
+    if (acct)
         acct->in_use -= nbytes;
-        tdd_account_unref(acct);
-    }
 }
 
 tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
@@ -168,6 +164,8 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     ds->st.nbytes = nbytes;
     ds->st.dev = dev;
     ds->acct = acct;
+    if (acct)
+        acct->refs++; /* storage may outlive its session (queued tasks, other holders) */
     dev->in_use += nbytes;
     if (dev->in_use > dev->peak)
         dev->peak = dev->in_use;
@@ -188,6 +186,7 @@ void tdd_storage_unref(tdd_storage *st)
     dev->be->free(dev->ctx, dev->ordinal, st->data, st->nbytes);
     dev->in_use -= st->nbytes;
     tdd_account_credit(ds->acct, st->nbytes);
+    tdd_account_unref(ds->acct);
     free(ds);
 }
 

@@ -41,9 +41,9 @@ void tdd_storage_ref(tdd_storage *st);
 void tdd_storage_unref(tdd_storage *st);
 
 void tdd_account_unref(tdd_account *a);
-/* Charges nbytes of memory a client caused (storage, autodiff graph nodes) to acct (may be
- * NULL) and the daemon's cap: RESOURCE_EXHAUSTED in err when over either. A charge holds a
- * reference on acct until credited. Loop thread only. */
+/* Charges nbytes of memory a client caused (storage, autodiff graph nodes, bookkeeping) to
+ * acct (may be NULL) and the daemon's cap: RESOURCE_EXHAUSTED in err when over either.
+ * Whatever outlives the session holds its own reference on acct. Loop thread only. */
 int tdd_account_charge(tdd_account *acct, uint64_t nbytes, td_error *err);
 void tdd_account_credit(tdd_account *acct, uint64_t nbytes);
 uint64_t tdd_memory_in_use(void);

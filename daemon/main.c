@@ -36,6 +36,8 @@ static void usage(FILE *f)
                "  --max-frame BYTES      largest protobuf request (default 4M)\n"
                "  --max-payload BYTES    largest tensor payload (default 64G)\n"
                "  --max-handles N        live handles per session (default 1048576)\n"
+               "  --max-id-runs N        runs of consecutive handle ids a session may have used\n"
+               "                         (ids are never reused; default 65536)\n"
                "  --session-memory BYTES memory quota per session (default: none)\n"
                "  --memory-cap BYTES     memory for the whole daemon (default: physical memory)\n"
                "  --max-inflight N       queued requests per session before reading pauses (4096)\n"
@@ -153,6 +155,7 @@ int main(int argc, char **argv)
         O_FRAME,
         O_PAYLOAD,
         O_HANDLES,
+        O_IDRUNS,
         O_SMEM,
         O_CAP,
         O_INFLIGHT,
@@ -171,6 +174,7 @@ int main(int argc, char **argv)
         {"max-frame", required_argument, 0, O_FRAME},
         {"max-payload", required_argument, 0, O_PAYLOAD},
         {"max-handles", required_argument, 0, O_HANDLES},
+        {"max-id-runs", required_argument, 0, O_IDRUNS},
         {"session-memory", required_argument, 0, O_SMEM},
         {"memory-cap", required_argument, 0, O_CAP},
         {"max-inflight", required_argument, 0, O_INFLIGHT},
@@ -225,6 +229,9 @@ int main(int argc, char **argv)
             break;
         case O_HANDLES:
             bad = parse_u64(optarg, &tdd_cfg.max_handles, 0) || !tdd_cfg.max_handles;
+            break;
+        case O_IDRUNS:
+            bad = parse_u64(optarg, &tdd_cfg.max_id_runs, 0) || !tdd_cfg.max_id_runs;
             break;
         case O_SMEM:
             bad = parse_u64(optarg, &tdd_cfg.session_memory, 1);

@@ -91,6 +91,111 @@ tdd_session *tdd_session_new(struct tdd_conn *conn)
     return s;
 }
 
+/* ---------------------------------------------------------------- ids ever bound */
+
+typedef struct tdd_id_run {
+    uint64_t lo, hi;
+} tdd_id_run;
+
+/* The first run with hi >= id (n_id_runs when none). */
+static size_t run_at(const tdd_session *s, uint64_t id)
+{
+    size_t lo = 0, hi = s->n_id_runs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->id_runs[mid].hi < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool id_was_bound(const tdd_session *s, uint64_t id)
+{
+    size_t i = run_at(s, id);
+    return i < s->n_id_runs && s->id_runs[i].lo <= id;
+}
+
+/* Whether remembering id (not bound before) needs a run of its own. */
+static bool id_opens_run(const tdd_session *s, uint64_t id)
+{
+    size_t i = run_at(s, id);
+    if (i < s->n_id_runs && s->id_runs[i].lo == id + 1)
+        return false;
+    return !(i > 0 && s->id_runs[i - 1].hi + 1 == id);
+}
+
+/* Room for one more run, charged to the session's memory account. */
+static int id_runs_grow(tdd_session *s, td_error *err)
+{
+    if (s->n_id_runs < s->cap_id_runs)
+        return 0;
+    if (s->n_id_runs >= tdd_cfg.max_id_runs) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
+                    "this session's handle ids are scattered over %zu runs of consecutive ids, "
+                    "the limit (--max-id-runs): count ids up instead",
+                    s->n_id_runs);
+        if (err) {
+            err->detail_kind = TD_DETAIL_RESOURCE;
+            snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource,
+                     "handle id runs");
+            err->detail.resource.requested = 1;
+            err->detail.resource.available = 0;
+        }
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    size_t cap = s->cap_id_runs ? 2 * s->cap_id_runs : 4;
+    if (cap > tdd_cfg.max_id_runs)
+        cap = (size_t)tdd_cfg.max_id_runs;
+    uint64_t more = (cap - s->cap_id_runs) * sizeof(tdd_id_run);
+    int rc = tdd_account_charge(s->acct, more, err);
+    if (rc)
+        return rc;
+    tdd_id_run *r = realloc(s->id_runs, cap * sizeof *r);
+    if (!r) {
+        tdd_account_credit(s->acct, more);
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    }
+    s->id_runs = r;
+    s->cap_id_runs = cap;
+    return 0;
+}
+
+/* Remembers a newly bound id (best effort: without room it is not remembered). */
+static void id_remember(tdd_session *s, uint64_t id)
+{
+    size_t i = run_at(s, id), n = s->n_id_runs;
+    tdd_id_run *r = s->id_runs;
+    bool joins_prev = i > 0 && r[i - 1].hi + 1 == id;
+    bool joins_next = i < n && r[i].lo == id + 1;
+    if (joins_prev && joins_next) {
+        r[i - 1].hi = r[i].hi;
+        memmove(r + i, r + i + 1, (n - i - 1) * sizeof *r);
+        s->n_id_runs--;
+    } else if (joins_prev) {
+        r[i - 1].hi = id;
+    } else if (joins_next) {
+        r[i].lo = id;
+    } else if (!id_runs_grow(s, NULL)) {
+        r = s->id_runs;
+        memmove(r + i + 1, r + i, (n - i) * sizeof *r);
+        r[i] = (tdd_id_run){id, id};
+        s->n_id_runs++;
+    }
+}
+
+static void id_runs_free(tdd_session *s)
+{
+    if (s->cap_id_runs)
+        tdd_account_credit(s->acct, s->cap_id_runs * sizeof(tdd_id_run));
+    free(s->id_runs);
+    s->id_runs = NULL;
+    s->n_id_runs = s->cap_id_runs = 0;
+}
+
+/* ---------------------------------------------------------------- handles */
+
 static void free_obj(td_handle_kind kind, void *obj)
 {
     if (kind == TD_HANDLE_TENSOR)
@@ -108,6 +213,7 @@ void tdd_session_close(tdd_session *s)
             free_obj(t.slots[i].kind, t.slots[i].obj);
     free(t.slots);
     s->nhandles = 0;
+    id_runs_free(s);
     s->closed = true;
     s->conn = NULL;
     if (s->prev)
@@ -246,11 +352,21 @@ static const char *kind_name(td_handle_kind k)
     return "none";
 }
 
+/* UNKNOWN_HANDLE, saying whether the id was released or never bound. */
+static int unknown_handle(const tdd_session *s, td_error *err, uint64_t id)
+{
+    int rc = tdd_err_unknown_handle(err, id);
+    if (err && id_was_bound(s, id))
+        snprintf(err->message, sizeof err->message,
+                 "handle %llu was released earlier in this session", (unsigned long long)id);
+    return rc;
+}
+
 int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj, td_error *err)
 {
     tdd_handle *h = tdd_handle_find(s, id);
     if (!h)
-        return tdd_err_unknown_handle(err, id);
+        return unknown_handle(s, err, id);
     if (h->kind != kind) {
         tdd_err_set(err, TD_EWRONG_HANDLE_KIND, "handle %llu is a %s handle, expected a %s handle",
                     (unsigned long long)id, kind_name(h->kind), kind_name(kind));
@@ -275,8 +391,12 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
 {
     if (id == 0)
         return tdd_err_arg(err, "handle", "handle id 0 is reserved");
-    if (tdd_handle_find(s, id)) {
-        tdd_err_set(err, TD_EHANDLE_IN_USE, "handle %llu is already in use",
+    bool live = tdd_handle_find(s, id) != NULL;
+    if (live || id_was_bound(s, id)) {
+        tdd_err_set(err, TD_EHANDLE_IN_USE,
+                    live ? "handle %llu is already in use"
+                         : "handle %llu was bound and released earlier in this session: handle "
+                           "ids are never reused within a session",
                     (unsigned long long)id);
         if (err) {
             err->detail_kind = TD_DETAIL_HANDLE;
@@ -296,6 +416,8 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
         }
         return TD_ERESOURCE_EXHAUSTED;
     }
+    if (id_opens_run(s, id))
+        return id_runs_grow(s, err);
     return 0;
 }
 
@@ -310,13 +432,14 @@ void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
     if (kind == TD_HANDLE_TENSOR)
         ((tdd_value *)obj)->handle = id;
     s->nhandles++;
+    id_remember(s, id);
 }
 
 int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
 {
     tdd_handle *h = tdd_handle_find(s, id);
     if (!h)
-        return tdd_err_unknown_handle(err, id);
+        return unknown_handle(s, err, id);
     td_handle_kind kind = h->kind;
     void *obj = h->obj;
     table_remove(&s->handles, h);

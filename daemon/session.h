@@ -66,6 +66,11 @@ typedef struct tdd_session {
     struct tdd_conn *conn; /* NULL once the connection is gone */
     tdd_handle_table handles;
     uint64_t nhandles;
+    /* Every id the session has bound, as sorted runs [lo, hi] that neither overlap nor
+     * touch: ids are never reused within a session, and a released id is told apart
+     * from one never seen. A client counting ids up keeps this at one run. */
+    struct tdd_id_run *id_runs;
+    size_t n_id_runs, cap_id_runs;
     tdd_account *acct;
     uint64_t inflight; /* tasks queued for this session */
     bool has_err;      /* first error since the last synchronising request */

@@ -4,6 +4,7 @@ protocol-level errors, which end the connection by design)."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import socket
 import struct
@@ -155,6 +156,45 @@ def test_handle_in_use(session):
         session.sync()
     b._session = None  # b does not own the id: keep a's handle alive
     np.testing.assert_array_equal(a.numpy(), [1, 1])
+
+
+def test_released_id_is_never_rebound(session):
+    a = ones(session, 2)
+    old = a.handle
+    del a
+    gc.collect()
+    session.sync()  # the release has reached the daemon
+    session._handles = itertools.count(old)  # make the client reuse the released id
+    b = ones(session, 2)
+    assert b.handle == old
+    with pytest.raises(tensordd.HandleInUseError) as info:
+        session.sync()
+    assert "never reused" in str(info.value)
+    b._session = None  # b never owned the id
+    # Using the released id says it was released, not that it never existed.
+    ghost = tensordd.Tensor(session, old)
+    with pytest.raises(tensordd.UnknownHandleError) as info:
+        ghost.numpy()
+    assert info.value.handle == old and "released" in str(info.value)
+    ghost._session = None
+    session._handles = itertools.count(max(old, 10**6) + 1)
+    assert_usable(session)
+
+
+def test_scattered_ids_are_bounded(start_daemon):
+    d = start_daemon("--max-id-runs", "8")
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        s._handles = itertools.count(1000, 2)  # every id starts a run of its own
+        kept = [ones(s, 1) for _ in range(8)]
+        s.sync()
+        _ninth = ones(s, 1)
+        with pytest.raises(tensordd.ResourceExhaustedError) as info:
+            s.sync()
+        assert info.value.resource == "handle id runs"
+        _ninth._session = None
+        # Ids that extend an existing run still work.
+        s._handles = itertools.count(kept[-1].handle + 1)
+        assert_usable(s)
 
 
 def test_poisoned_propagates_with_origin(session):
