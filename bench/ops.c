@@ -1,6 +1,9 @@
 /* ops.c -- op throughput against the physical baselines, in one run:
  *   - cpu backend add and sum over 64 MiB, as a fraction of memcpy bandwidth
  *     measured in the same process (add moves 3 buffers' worth, sum 1);
+ *   - cat of two 32 MiB f32 tensors along dim 0 and dim 1 and tril of a 4096^2 f32,
+ *     cpu backend against the ref backend (the single-threaded kernel cpu ran before
+ *     it had its own), as fractions of memcpy (all count bytes read + written);
  *   - 2048^2 sgemm through the daemon (upload once, matmul, sync) against a
  *     direct OpenBLAS call in this process.
  *
@@ -144,6 +147,119 @@ static void bench_elementwise(void)
     tdd_backend_cpu.shutdown(ctx);
 }
 
+/* Seconds for one call of op on backend be (median of reps): inputs in[0..n_in),
+ * attributes attrs, one output allocated here from the prepared description. */
+static double time_backend_op(const tdd_backend *be, void *ctx, const char *name,
+                              const tdd_tensor *const *in, int n_in, const td_attr *attrs,
+                              size_t nattrs, int reps)
+{
+    const tdd_opdef *def = tdd_op_find(name);
+    tdd_opreq req = {.attrs = {attrs, nattrs}};
+    tdd_opargs args;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    int n_out = 0;
+    td_error err;
+    if (!def || tdd_op_prepare(def->op, in, n_in, &req, INT64_MAX, &args, od, &n_out, &err)) {
+        fprintf(stderr, "bench: %s: cannot prepare\n", name);
+        exit(1);
+    }
+    tdd_tensor out;
+    memset(&out, 0, sizeof out);
+    out.dtype = od[0].dtype;
+    out.ndim = od[0].ndim;
+    memcpy(out.shape, od[0].shape, sizeof out.shape);
+    tdd_set_contiguous(&out);
+    out.st = host_storage((size_t)tdd_numel(&out) * td_dtype_size(out.dtype));
+    tdd_opcall call = {.op = def->op, .args = &args, .n_in = n_in, .n_out = 1};
+    for (int k = 0; k < n_in; k++)
+        call.in[k] = in[k];
+    call.out[0] = &out;
+    double t[REPS];
+    for (int r = 0; r < reps && r < REPS; r++) {
+        double t0 = bench_now();
+        if (be->execute(ctx, 0, &call))
+            exit(1);
+        t[r] = bench_now() - t0;
+    }
+    free(out.st->data);
+    free(out.st);
+    return bench_median(t, reps < REPS ? reps : REPS);
+}
+
+/* cat and tril, which the cpu backend ran on the reference kernels until cpu_index.c. */
+static void bench_index(void)
+{
+    tdd_backend_config cfg = {.cpu_devices = 1};
+    void *cpu, *ref;
+    char why[128];
+    tdd_backend_cpu.init(&cfg, &cpu, why, sizeof why);
+    tdd_backend_ref.init(&cfg, &ref, why, sizeof why);
+    size_t half = 32u << 20, nbytes = 2 * half; /* two 32 MiB inputs, one 64 MiB output */
+    tdd_storage *s0 = host_storage(half), *s1 = host_storage(half), *sm = host_storage(nbytes),
+                *so = host_storage(nbytes);
+    double t[REPS];
+    for (int r = 0; r < REPS; r++) {
+        double t0 = bench_now();
+        memcpy(so->data, sm->data, nbytes);
+        t[r] = bench_now() - t0;
+    }
+    double memcpy_bw = 2.0 * (double)nbytes / bench_median(t, REPS);
+    for (int r = 0; r < REPS; r++) {
+        double t0 = bench_now();
+        par_memcpy(so->data, sm->data, nbytes);
+        t[r] = bench_now() - t0;
+    }
+    double pmemcpy_bw = 2.0 * (double)nbytes / bench_median(t, REPS);
+    free(so->data);
+    free(so);
+
+    tdd_tensor a, b, m; /* a, b: [2048, 4096] f32 (32 MiB each); m: [4096, 4096] */
+    vec(&a, s0, (int64_t)(half / 4));
+    vec(&b, s1, (int64_t)(half / 4));
+    vec(&m, sm, (int64_t)(nbytes / 4));
+    a.ndim = b.ndim = m.ndim = 2;
+    a.shape[0] = b.shape[0] = 2048;
+    m.shape[0] = a.shape[1] = b.shape[1] = m.shape[1] = 4096;
+    tdd_set_contiguous(&a);
+    tdd_set_contiguous(&b);
+    tdd_set_contiguous(&m);
+    const tdd_tensor *cat_in[2] = {&a, &b}, *tri_in[1] = {&m};
+    td_attr dim0 = {.name = "dim", .kind = TD_ATTR_INT, .i = 0};
+    td_attr dim1 = {.name = "dim", .kind = TD_ATTR_INT, .i = 1};
+    struct {
+        const char *label, *op;
+        const tdd_tensor *const *in;
+        int n_in;
+        const td_attr *attr;
+    } cases[] = {
+        {"cat dim=0 (2x 32 MiB)", "cat", cat_in, 2, &dim0},
+        {"cat dim=1 (2x 32 MiB)", "cat", cat_in, 2, &dim1},
+        {"tril 4096x4096", "tril", tri_in, 1, NULL},
+    };
+    printf("cpu backend vs ref kernels, f32, 64 MiB out (median of %d cpu, 3 ref)\n", REPS);
+    printf("  memcpy, 1 thread      %6.2f GB/s (bytes read + written)\n", memcpy_bw / 1e9);
+    printf("  memcpy, %d threads     %6.2f GB/s\n", PAR, pmemcpy_bw / 1e9);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        size_t na = cases[k].attr ? 1 : 0;
+        double tc = time_backend_op(&tdd_backend_cpu, cpu, cases[k].op, cases[k].in, cases[k].n_in,
+                                    cases[k].attr, na, REPS);
+        double tr = time_backend_op(&tdd_backend_ref, ref, cases[k].op, cases[k].in, cases[k].n_in,
+                                    cases[k].attr, na, 3);
+        double bc = 2.0 * (double)nbytes / tc, br = 2.0 * (double)nbytes / tr;
+        printf("  %-22s cpu %6.2f GB/s (%.2f of 1-thread memcpy, %.2f of %d-thread)   "
+               "ref %6.3f GB/s (%.3f of 1-thread memcpy)   %.0fx\n",
+               cases[k].label, bc / 1e9, bc / memcpy_bw, bc / pmemcpy_bw, PAR, br / 1e9,
+               br / memcpy_bw, tr / tc);
+    }
+    tdd_backend_cpu.shutdown(cpu);
+    tdd_backend_ref.shutdown(ref);
+    tdd_storage *ss[3] = {s0, s1, sm};
+    for (int k = 0; k < 3; k++) {
+        free(ss[k]->data);
+        free(ss[k]);
+    }
+}
+
 static void bench_sgemm(const char *ep)
 {
     enum { N = 2048 };
@@ -205,6 +321,7 @@ int main(int argc, char **argv)
         return 2;
     }
     bench_elementwise();
+    bench_index();
     usleep(200000);
     bench_sgemm(argv[1]);
     return 0;
