@@ -115,6 +115,23 @@ int tdd_err_arg(td_error *err, const char *argument, const char *fmt, ...)
     return TD_EINVALID_ARGUMENT;
 }
 
+int tdd_err_resource(td_error *err, const char *resource, uint64_t requested, uint64_t available,
+                     const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err_start(err, TD_ERESOURCE_EXHAUSTED, fmt, ap);
+        va_end(ap);
+        err->detail_kind = TD_DETAIL_RESOURCE;
+        snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource, "%s",
+                 resource);
+        err->detail.resource.requested = requested;
+        err->detail.resource.available = available;
+    }
+    return TD_ERESOURCE_EXHAUSTED;
+}
+
 int tdd_err_dtypes(td_error *err, td_dtype expected, td_dtype got, const char *fmt, ...)
 {
     if (err) {

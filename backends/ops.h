@@ -296,6 +296,9 @@ int tdd_err_arg(td_error *err, const char *argument, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int tdd_err_dtypes(td_error *err, td_dtype expected, td_dtype got, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* RESOURCE_EXHAUSTED naming the resource (a quota or cap) and what was asked and left. */
+int tdd_err_resource(td_error *err, const char *resource, uint64_t requested, uint64_t available,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* PyTorch's type promotion of two dtypes (bool < ints < floats; f16+bf16 = f32). */
 td_dtype tdd_promote(td_dtype a, td_dtype b);

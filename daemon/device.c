@@ -112,15 +112,9 @@ static uint64_t memory_cap(void)
 
 static int exhausted(td_error *err, const char *what, uint64_t requested, uint64_t available)
 {
-    tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "%s: %llu bytes requested, %llu available", what,
-                (unsigned long long)requested, (unsigned long long)available);
-    if (err) {
-        err->detail_kind = TD_DETAIL_RESOURCE;
-        snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource, "%s", what);
-        err->detail.resource.requested = requested;
-        err->detail.resource.available = available;
-    }
-    return TD_ERESOURCE_EXHAUSTED;
+    return tdd_err_resource(err, what, requested, available,
+                            "%s: %llu bytes requested, %llu available", what,
+                            (unsigned long long)requested, (unsigned long long)available);
 }
 
 int tdd_account_charge(tdd_account *acct, uint64_t nbytes, td_error *err)

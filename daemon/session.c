@@ -131,20 +131,11 @@ static int id_runs_grow(tdd_session *s, td_error *err)
 {
     if (s->n_id_runs < s->cap_id_runs)
         return 0;
-    if (s->n_id_runs >= tdd_cfg.max_id_runs) {
-        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
-                    "this session's handle ids are scattered over %zu runs of consecutive ids, "
-                    "the limit (--max-id-runs): count ids up instead",
-                    s->n_id_runs);
-        if (err) {
-            err->detail_kind = TD_DETAIL_RESOURCE;
-            snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource,
-                     "handle id runs");
-            err->detail.resource.requested = 1;
-            err->detail.resource.available = 0;
-        }
-        return TD_ERESOURCE_EXHAUSTED;
-    }
+    if (s->n_id_runs >= tdd_cfg.max_id_runs)
+        return tdd_err_resource(err, "handle id runs", 1, 0,
+                                "this session's handle ids are scattered over %zu runs of "
+                                "consecutive ids, the limit (--max-id-runs): count ids up instead",
+                                s->n_id_runs);
     size_t cap = s->cap_id_runs ? 2 * s->cap_id_runs : 4;
     if (cap > tdd_cfg.max_id_runs)
         cap = (size_t)tdd_cfg.max_id_runs;
@@ -404,18 +395,9 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
         }
         return TD_EHANDLE_IN_USE;
     }
-    if (s->nhandles >= tdd_cfg.max_handles) {
-        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "session holds %llu handles, the limit",
-                    (unsigned long long)s->nhandles);
-        if (err) {
-            err->detail_kind = TD_DETAIL_RESOURCE;
-            snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource,
-                     "handles");
-            err->detail.resource.requested = 1;
-            err->detail.resource.available = 0;
-        }
-        return TD_ERESOURCE_EXHAUSTED;
-    }
+    if (s->nhandles >= tdd_cfg.max_handles)
+        return tdd_err_resource(err, "handles", 1, 0, "session holds %llu handles, the limit",
+                                (unsigned long long)s->nhandles);
     if (id_opens_run(s, id))
         return id_runs_grow(s, err);
     return 0;
