@@ -466,14 +466,15 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_LOGICAL_XOR:
         return ((is_f(ct) || is_i(ct) || ct == TD_BOOL) && inputs_are(c, 0, 2, ct) &&
                 scalar_fits(g)) ||
-               via_f32(c, 0, 2);
+               via_f32(c, 0, 2) || cpu_ints_to_float(c);
     case TDD_OP_SUB:
         return ((is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct) && scalar_fits(g)) ||
-               via_f32(c, 0, 2);
+               via_f32(c, 0, 2) || cpu_ints_to_float(c);
     case TDD_OP_DIV:
     case TDD_OP_POW:
     case TDD_OP_REMAINDER: /* integer pow/remainder keep the reference's error checks */
-        return (is_f(ct) && inputs_are(c, 0, 2, ct)) || via_f32(c, 0, 2);
+        return (is_f(ct) && inputs_are(c, 0, 2, ct)) || via_f32(c, 0, 2) ||
+               cpu_ints_to_float(c); /* integer inputs, float compute: converted first */
     case TDD_OP_WHERE:
         return inputs_are(c, 1, 3, ct); /* a select: any dtype */
     case TDD_OP_MASKED_FILL:
@@ -491,7 +492,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_CEIL:
     case TDD_OP_ROUND:
     case TDD_OP_SQUARE:
-        return (tdd_dtype_is_float(g->dtype) || is_i(g->dtype)) && c->in[0]->dtype == g->dtype;
+        return ((tdd_dtype_is_float(g->dtype) || is_i(g->dtype)) && c->in[0]->dtype == g->dtype) ||
+               cpu_ints_to_float(c); /* clamp of integers to float bounds */
     case TDD_OP_EXP:
     case TDD_OP_LOG:
     case TDD_OP_LOG1P:
@@ -507,7 +509,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_SILU:
     case TDD_OP_SOFTPLUS:
     case TDD_OP_RECIPROCAL:
-        return tdd_dtype_is_float(g->dtype) && c->in[0]->dtype == g->dtype;
+        return (tdd_dtype_is_float(g->dtype) && c->in[0]->dtype == g->dtype) ||
+               cpu_ints_to_float(c); /* exp of an integer tensor: f32 */
     case TDD_OP_SUM:
     case TDD_OP_AMAX:
     case TDD_OP_AMIN:
@@ -520,7 +523,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_VAR:
     case TDD_OP_STD:
     case TDD_OP_LOGSUMEXP:
-        return tdd_dtype_is_float(c->in[0]->dtype);
+        return tdd_dtype_is_float(c->in[0]->dtype) || cpu_ints_to_float(c);
     case TDD_OP_CUMSUM:
     case TDD_OP_SOFTMAX:
     case TDD_OP_LOG_SOFTMAX: /* f16/bf16 lines widened to f32 (cpu_reduce.c) */
@@ -712,7 +715,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_RECIPROCAL:
     case TDD_OP_SQUARE:
     case TDD_OP_LOGICAL_NOT:
-        return cpu_elementwise(c, nt);
+        return cpu_ints_to_float(c) ? cpu_via_cast(c, nt, cpu_elementwise) : cpu_elementwise(c, nt);
     case TDD_OP_SUM:
     case TDD_OP_MEAN:
     case TDD_OP_AMAX:
@@ -724,7 +727,7 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_LOGSUMEXP:
     case TDD_OP_PROD:
     case TDD_OP_SUM_TO:
-        return cpu_reduce(c, nt);
+        return cpu_ints_to_float(c) ? cpu_via_cast(c, nt, cpu_reduce) : cpu_reduce(c, nt);
     case TDD_OP_CUMSUM:
     case TDD_OP_SOFTMAX:
     case TDD_OP_LOG_SOFTMAX:

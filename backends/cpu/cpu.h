@@ -57,6 +57,10 @@ extern int tdd_cpu_gemm_threads;
 int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
 /* cpu_index.c: cat, stack, tril, triu, pad (byte moves, any dtype), dropout */
 int cpu_index(const tdd_opcall *c, int nt);
+/* A binary/unary op or logsumexp computing in f32/f64 with integer or bool inputs (the
+ * rest of that dtype): cpu_via_cast converts them to it and runs the float kernel. */
+bool cpu_ints_to_float(const tdd_opcall *c);
+int cpu_via_cast(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));
 /* Runs an f32 kernel on a call whose float operands are f16/bf16 (cpu.c). */
 int cpu_via_f32(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int));
 

@@ -384,3 +384,78 @@ int cpu_index(const tdd_opcall *c, int nt)
         return TD_EINTERNAL; /* tdd_cpu_native sends no other op here */
     }
 }
+
+/* ---------------------------------------------------------------- integer inputs, float kernels */
+
+/* The float dtype a call's integer and bool inputs convert to before a float kernel
+ * runs them: binary ops compute in the promoted dtype (true division, a float "other",
+ * an integer tensor with a float one), float functions of integers (exp, sqrt, ...,
+ * clamp to float bounds, logsumexp) in their output dtype. The reference rounds every
+ * input to that dtype first too (ref_elem.c), so converting first changes nothing. */
+static td_dtype int_cast_target(const tdd_opcall *c)
+{
+    tdd_opkind k = tdd_opdefs[c->op].kind;
+    if (k != TDD_KIND_BINARY && k != TDD_KIND_UNARY && c->op != TDD_OP_LOGSUMEXP)
+        return TD_DTYPE_INVALID;
+    td_dtype ct = k == TDD_KIND_BINARY ? c->args->cdtype : c->args->dtype;
+    return ct == TD_F32 || ct == TD_F64 ? ct : TD_DTYPE_INVALID;
+}
+
+bool cpu_ints_to_float(const tdd_opcall *c)
+{
+    td_dtype ct = int_cast_target(c);
+    bool any = false;
+    if (ct == TD_DTYPE_INVALID)
+        return false;
+    for (int k = 0; k < c->n_in; k++) {
+        td_dtype dt = c->in[k]->dtype;
+        if (dt == ct)
+            continue;
+        if (tdd_dtype_is_float(dt))
+            return false; /* f16/bf16 with f32 go through cpu_via_f32 */
+        any = true;
+    }
+    return any;
+}
+
+int cpu_via_cast(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int))
+{
+    td_dtype ct = int_cast_target(c);
+    tdd_opcall fc = *c;
+    tdd_tensor tin[TDD_MAX_OP_INPUTS];
+    tdd_storage sin[TDD_MAX_OP_INPUTS];
+    void *bufs[TDD_MAX_OP_INPUTS] = {0};
+    int nb = 0, rc = 0;
+    tdd_opargs ca;
+    memset(&ca, 0, sizeof ca);
+    ca.dtype = ca.cdtype = ct;
+    for (int k = 0; k < c->n_in && !rc; k++) {
+        const tdd_tensor *t = c->in[k];
+        if (tdd_dtype_is_float(t->dtype))
+            continue;
+        tdd_tensor *f = &tin[k];
+        *f = *t;
+        f->dtype = ct;
+        f->offset = 0;
+        tdd_set_contiguous(f);
+        int64_t n = tdd_numel(t);
+        memset(&sin[k], 0, sizeof sin[k]);
+        sin[k].data = bufs[nb++] = malloc((size_t)(n > 0 ? n : 1) * td_dtype_size(ct));
+        sin[k].nbytes = (size_t)n * td_dtype_size(ct);
+        f->st = &sin[k];
+        if (!sin[k].data) {
+            rc = TD_ERESOURCE_EXHAUSTED;
+            break;
+        }
+        tdd_opcall cc = {.op = TDD_OP_CAST, .args = &ca, .n_in = 1, .n_out = 1};
+        cc.in[0] = t;
+        cc.out[0] = f;
+        rc = cpu_cast(&cc, nt);
+        fc.in[k] = f;
+    }
+    if (!rc)
+        rc = run(&fc, nt);
+    for (int k = 0; k < nb; k++)
+        free(bufs[k]);
+    return rc;
+}
