@@ -9,6 +9,8 @@
 #include "conn.h"
 #include "exec_op.h"
 #include "log.h"
+#include "server.h"
+#include "wire.h"
 
 #define TDD_VERSION_STRING "tensordd 0.1.0"
 
@@ -101,21 +103,8 @@ static void bind_poisoned(tdd_session *s, uint64_t id, int code, uint64_t req_id
 void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
                      uint64_t plen, tdd_storage *hold)
 {
-    Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
-    Tensordd__V1__Device d;
-    char b[16];
-    tdd_wire_device(&d, b, sizeof b, v->dev);
-    ti.handle = v->handle;
-    ti.dtype = (Tensordd__V1__DType)v->t.dtype;
-    ti.n_shape = (size_t)v->t.ndim;
-    ti.shape = (int64_t *)(uintptr_t)v->t.shape;
-    ti.device = &d;
-    ti.requires_grad = v->requires_grad;
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req_id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
-    r.tensor = &ti;
-    tdd_conn_send(c, &r, payload, plen, hold);
+    uint8_t msg[TDD_WIRE_SMALL_MAX];
+    tdd_conn_send_encoded(c, msg, tdd_wire_tensor(msg, req_id, v), payload, plen, hold);
 }
 
 /* ---------------------------------------------------------------- hello */

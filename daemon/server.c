@@ -7,8 +7,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "conn.h"
 #include "log.h"
+#include "server.h"
+#include "wire.h"
 
 #define RBUF_SIZE (64 * 1024)
 /* Payload slices handed to read(2) at once: large enough for full-speed
@@ -51,11 +52,15 @@ static void conn_shutdown(tdd_conn *c);
 typedef struct {
     uv_write_t req;
     tdd_conn *c;
-    uint8_t *buf;
     size_t total;
     tdd_storage *hold;
-    bool resume; /* the connection was paused for this write */
+    bool resume;         /* the connection was paused for this write */
+    max_align_t bytes[]; /* the part of the frame not yet written */
 } write_req;
+
+/* Frames up to this size are built on the stack: a small reply with nothing
+ * queued ahead of it then costs no allocation at all. */
+#define SMALL_FRAME 512
 
 static void after_write(uv_write_t *w, int status)
 {
@@ -63,7 +68,6 @@ static void after_write(uv_write_t *w, int status)
     tdd_conn *c = wr->c;
     c->wq_bytes -= wr->total;
     tdd_storage_unref(wr->hold);
-    free(wr->buf);
     if (status < 0 && status != UV_ECANCELED)
         tdd_debug("session %llu: write failed: %s", (unsigned long long)(c->s ? c->s->id : 0),
                   uv_strerror(status));
@@ -75,49 +79,51 @@ static void after_write(uv_write_t *w, int status)
         tdd_conn_kick(c);
 }
 
-static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
-                        tdd_storage *hold, bool resume)
+static void out_of_memory(tdd_conn *c, bool resume)
 {
-    if (c->closing) {
-        if (resume)
-            c->paused--;
-        return;
-    }
-    size_t mlen = protobuf_c_message_get_packed_size(&r->base);
-    write_req *wr = calloc(1, sizeof *wr);
-    uint8_t *buf = malloc(TD_FRAME_HEADER_SIZE + mlen);
-    if (!wr || !buf) {
-        free(wr);
-        free(buf);
-        tdd_error("out of memory writing a response; closing the connection");
-        conn_close(c);
-        return;
-    }
-    td_frame_encode(buf, (uint32_t)mlen, plen);
-    protobuf_c_message_pack(&r->base, buf + TD_FRAME_HEADER_SIZE);
-    size_t flen = TD_FRAME_HEADER_SIZE + mlen, sent = 0;
+    if (resume)
+        c->paused--;
+    tdd_error("out of memory writing a response; closing the connection");
+    conn_close(c);
+}
+
+/* Sends frame[0..flen) (header and message) then payload[0..plen). frame is
+ * the caller's (the stack, usually) unless wr is given, when it lies in
+ * wr->bytes. */
+static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, const void *payload,
+                       uint64_t plen, tdd_storage *hold, bool resume)
+{
+    size_t sent = 0;
     if (plen == 0 && c->wq_bytes == 0) {
         /* A reply with nothing queued ahead of it goes out with one write(2) now:
          * through uv_write the socket would also be armed and disarmed for
          * writability, two epoll_ctl calls per small reply. */
-        uv_buf_t b = uv_buf_init((char *)buf, (unsigned)flen);
+        uv_buf_t b = uv_buf_init((char *)frame, (unsigned)flen);
         int n = uv_try_write(&c->h.stream, &b, 1);
         sent = n > 0 ? (size_t)n : 0;
         tdd_stats.bytes_sent += sent;
         if (sent == flen) {
-            free(buf);
             free(wr);
             return;
         }
     }
+    uint8_t *rest = frame + sent;
+    if (!wr) {
+        wr = malloc(sizeof *wr + (flen - sent));
+        if (!wr) {
+            out_of_memory(c, resume);
+            return;
+        }
+        memcpy(wr->bytes, rest, flen - sent);
+        rest = (uint8_t *)wr->bytes;
+    }
     wr->c = c;
-    wr->buf = buf;
     wr->total = flen - sent + plen;
     wr->hold = hold;
     wr->resume = resume;
     if (hold)
         tdd_storage_ref(hold);
-    uv_buf_t bufs[2] = {uv_buf_init((char *)buf + sent, (unsigned)(flen - sent)),
+    uv_buf_t bufs[2] = {uv_buf_init((char *)rest, (unsigned)(flen - sent)),
                         uv_buf_init((char *)(uintptr_t)payload, (unsigned)plen)};
     /* uv_buf_t lengths are size_t on unix; one buffer per payload (large payloads are
      * written by libuv in as many write(2) calls as it takes). */
@@ -128,7 +134,6 @@ static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payl
     if (rc < 0) {
         c->wq_bytes -= wr->total;
         tdd_storage_unref(hold);
-        free(buf);
         free(wr);
         if (resume)
             c->paused--;
@@ -136,15 +141,66 @@ static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payl
     }
 }
 
+static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
+                        tdd_storage *hold, bool resume)
+{
+    if (c->closing) {
+        if (resume)
+            c->paused--;
+        return;
+    }
+    size_t mlen = protobuf_c_message_get_packed_size(&r->base);
+    size_t flen = TD_FRAME_HEADER_SIZE + mlen;
+    uint8_t small[SMALL_FRAME];
+    uint8_t *frame = small;
+    write_req *wr = NULL;
+    if (flen > sizeof small) {
+        wr = malloc(sizeof *wr + flen);
+        if (!wr) {
+            out_of_memory(c, resume);
+            return;
+        }
+        frame = (uint8_t *)wr->bytes;
+    }
+    td_frame_encode(frame, (uint32_t)mlen, plen);
+    protobuf_c_message_pack(&r->base, frame + TD_FRAME_HEADER_SIZE);
+    send_frame(c, frame, flen, wr, payload, plen, hold, resume);
+}
+
+/* A payload pointing into tensor memory must not change while it is written:
+ * frame processing pauses until the write completes. */
 void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
                    tdd_storage *hold)
 {
-    /* A payload pointing into tensor memory must not change while it is written:
-     * frame processing pauses until the write completes. */
     bool pause = plen > 0;
     if (pause)
         c->paused++;
     send_packed(c, r, payload, plen, hold, pause);
+}
+
+void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const void *payload,
+                           uint64_t plen, tdd_storage *hold)
+{
+    bool pause = plen > 0;
+    if (c->closing)
+        return;
+    if (pause)
+        c->paused++;
+    size_t flen = TD_FRAME_HEADER_SIZE + mlen;
+    uint8_t small[SMALL_FRAME];
+    uint8_t *frame = small;
+    write_req *wr = NULL;
+    if (flen > sizeof small) {
+        wr = malloc(sizeof *wr + flen);
+        if (!wr) {
+            out_of_memory(c, pause);
+            return;
+        }
+        frame = (uint8_t *)wr->bytes;
+    }
+    td_frame_encode(frame, (uint32_t)mlen, plen);
+    memcpy(frame + TD_FRAME_HEADER_SIZE, msg, mlen);
+    send_frame(c, frame, flen, wr, payload, plen, hold, pause);
 }
 
 void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
@@ -159,12 +215,8 @@ void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
 
 void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
 {
-    Tensordd__V1__Ok ok = TENSORDD__V1__OK__INIT;
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_OK;
-    r.ok = &ok;
-    send_packed(c, &r, NULL, 0, NULL, false);
+    uint8_t msg[16];
+    tdd_conn_send_encoded(c, msg, tdd_wire_ok(msg, id), NULL, 0, NULL);
 }
 
 /* ---------------------------------------------------------------- reads */

@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "wire.h"
+
 #include "conn.h"
 
 void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d)
@@ -117,4 +119,109 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
         break;
     }
     return e;
+}
+
+/* ---------------------------------------------------------------- small replies */
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static size_t varint_len(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+/* Response field numbers (proto/tensordd.proto) as keys: (field << 3) | wire type. */
+#define KEY_RESPONSE_ID 0x08     /* 1, varint */
+#define KEY_RESPONSE_OK 0x5a     /* 11, length-delimited */
+#define KEY_RESPONSE_TENSOR 0x72 /* 14, length-delimited */
+#define KEY_TI_HANDLE 0x08       /* TensorInfo.handle = 1 */
+#define KEY_TI_DTYPE 0x10        /* TensorInfo.dtype = 2 */
+#define KEY_TI_SHAPE 0x1a        /* TensorInfo.shape = 3, packed */
+#define KEY_TI_DEVICE 0x22       /* TensorInfo.device = 4 */
+#define KEY_TI_REQUIRES_GRAD 0x28
+#define KEY_DEV_BACKEND 0x0a /* Device.backend = 1 */
+#define KEY_DEV_ORDINAL 0x10 /* Device.ordinal = 2 */
+
+static uint8_t *put_id(uint8_t *p, uint64_t id)
+{
+    if (!id)
+        return p;
+    *p++ = KEY_RESPONSE_ID;
+    return put_varint(p, id);
+}
+
+size_t tdd_wire_ok(uint8_t *out, uint64_t id)
+{
+    uint8_t *p = put_id(out, id);
+    *p++ = KEY_RESPONSE_OK;
+    *p++ = 0;
+    return (size_t)(p - out);
+}
+
+size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
+{
+    /* The device, as tdd_wire_device writes it: the backend name cut to 15 bytes. */
+    const char *be = v->dev->be->name;
+    size_t blen = strnlen(be, 15);
+    uint32_t ordinal = (uint32_t)v->dev->ordinal;
+    size_t dlen = (blen ? 1 + 1 + blen : 0) + (ordinal ? 1 + varint_len(ordinal) : 0);
+
+    int ndim = v->t.ndim < 0 ? 0 : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM : v->t.ndim;
+    size_t slen = 0;
+    for (int i = 0; i < ndim; i++)
+        slen += varint_len((uint64_t)v->t.shape[i]);
+    int64_t dtype = (int64_t)v->t.dtype; /* an enum: negative values take 10 bytes */
+
+    size_t tlen = (v->handle ? 1 + varint_len(v->handle) : 0) +
+                  (dtype ? 1 + varint_len((uint64_t)dtype) : 0) +
+                  (slen ? 1 + varint_len(slen) + slen : 0) + 1 + varint_len(dlen) + dlen +
+                  (v->requires_grad ? 2 : 0);
+
+    uint8_t *p = put_id(out, id);
+    *p++ = KEY_RESPONSE_TENSOR;
+    p = put_varint(p, tlen);
+    if (v->handle) {
+        *p++ = KEY_TI_HANDLE;
+        p = put_varint(p, v->handle);
+    }
+    if (dtype) {
+        *p++ = KEY_TI_DTYPE;
+        p = put_varint(p, (uint64_t)dtype);
+    }
+    if (slen) {
+        *p++ = KEY_TI_SHAPE;
+        p = put_varint(p, slen);
+        for (int i = 0; i < ndim; i++)
+            p = put_varint(p, (uint64_t)v->t.shape[i]);
+    }
+    *p++ = KEY_TI_DEVICE;
+    p = put_varint(p, dlen);
+    if (blen) {
+        *p++ = KEY_DEV_BACKEND;
+        *p++ = (uint8_t)blen;
+        memcpy(p, be, blen);
+        p += blen;
+    }
+    if (ordinal) {
+        *p++ = KEY_DEV_ORDINAL;
+        p = put_varint(p, ordinal);
+    }
+    if (v->requires_grad) {
+        *p++ = KEY_TI_REQUIRES_GRAD;
+        *p++ = 1;
+    }
+    return (size_t)(p - out);
 }

@@ -68,6 +68,7 @@ int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **ou
         free(c);
         return rc;
     }
+    td__set_timeout(c, c->timeout_ms);
 
     Tensordd__V1__Hello hello = TENSORDD__V1__HELLO__INIT;
     hello.min_version = TD_PROTOCOL_VERSION;
@@ -108,7 +109,7 @@ void td_close(td_client *c)
     if (!c->dead && c->fd >= 0) {
         /* Bounded: closing must not hang on a daemon that stopped answering. */
         if (c->timeout_ms == 0 || c->timeout_ms > 5000)
-            c->timeout_ms = 5000;
+            td__set_timeout(c, 5000);
         Tensordd__V1__Goodbye bye = TENSORDD__V1__GOODBYE__INIT;
         REQ(req, goodbye, GOODBYE, &bye);
         td__reply r;

@@ -44,6 +44,41 @@ static int wait_fd(td_client *c, short ev)
     }
 }
 
+/* recv_wait's results besides recv's own. */
+#define RECV_TIMEOUT (-2)
+#define RECV_POLL_FAILED (-3)
+
+/* Receives into buf, sleeping in recv(2) itself: one system call per reply
+ * instead of three (a MSG_DONTWAIT recv that finds nothing, poll, recv again).
+ * The per-wait timeout is the socket's SO_RCVTIMEO (td__set_timeout), so a
+ * timed-out wait reads as EAGAIN. Returns recv's result (-1 with errno),
+ * RECV_TIMEOUT or RECV_POLL_FAILED. */
+static ssize_t recv_wait(td_client *c, void *buf, size_t len)
+{
+    for (;;) {
+        ssize_t k = recv(c->fd, buf, len, 0);
+        if (k >= 0 || errno == EINTR)
+            return k;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return k;
+        if (c->timeout_ms > 0)
+            return RECV_TIMEOUT;
+        /* No timeout set, so the socket should not say EAGAIN; wait the old way. */
+        int rc = wait_fd(c, POLLIN);
+        if (rc)
+            return rc == TD_ETIMEOUT ? RECV_TIMEOUT : RECV_POLL_FAILED;
+    }
+}
+
+void td__set_timeout(td_client *c, int timeout_ms)
+{
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
+    if (c->fd < 0)
+        return;
+    struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
 /* ---------------------------------------------------------------- connect */
 
 static int connect_fd(int fd, const struct sockaddr *sa, socklen_t len, int timeout_ms)
@@ -301,23 +336,19 @@ static int fill(td_client *c, td_error *err)
         c->rpos = 0;
     }
     for (;;) {
-        ssize_t k = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, MSG_DONTWAIT);
+        ssize_t k = recv_wait(c, c->rbuf + c->rlen, c->rcap - c->rlen);
         if (k > 0) {
             c->rlen += (size_t)k;
             return 0;
         }
         if (k == 0)
             return kill_stream(c, err, TD_ECLOSED, "the daemon closed the connection");
+        if (k == RECV_TIMEOUT)
+            return kill_stream(c, err, TD_ETIMEOUT, "timed out waiting for the daemon");
+        if (k == RECV_POLL_FAILED)
+            return kill_stream(c, err, TD_EIO, "poll failed while receiving");
         if (errno == EINTR)
             continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(c, POLLIN);
-            if (rc == TD_ETIMEOUT)
-                return kill_stream(c, err, TD_ETIMEOUT, "timed out waiting for the daemon");
-            if (rc)
-                return kill_stream(c, err, TD_EIO, "poll failed while receiving");
-            continue;
-        }
         if (errno == ECONNRESET)
             return kill_stream(c, err, TD_ECLOSED, "connection reset by the daemon");
         return kill_stream(c, err, TD_EIO, strerror(errno));
@@ -365,7 +396,7 @@ int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
     while (got < len) {
         uint64_t want = len - got;
         size_t slice = want < PAYLOAD_SLICE ? (size_t)want : PAYLOAD_SLICE;
-        ssize_t k = recv(c->fd, out + got, slice, MSG_DONTWAIT);
+        ssize_t k = recv_wait(c, out + got, slice);
         if (k > 0) {
             got += (uint64_t)k;
             if (c->progress)
@@ -374,16 +405,12 @@ int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
         }
         if (k == 0)
             return kill_stream(c, err, TD_ECLOSED, "the daemon closed the connection mid-payload");
+        if (k == RECV_TIMEOUT)
+            return kill_stream(c, err, TD_ETIMEOUT, "timed out receiving a payload");
+        if (k == RECV_POLL_FAILED)
+            return kill_stream(c, err, TD_EIO, "poll failed while receiving");
         if (errno == EINTR)
             continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(c, POLLIN);
-            if (rc == TD_ETIMEOUT)
-                return kill_stream(c, err, TD_ETIMEOUT, "timed out receiving a payload");
-            if (rc)
-                return kill_stream(c, err, TD_EIO, "poll failed while receiving");
-            continue;
-        }
         return kill_stream(c, err, errno == ECONNRESET ? TD_ECLOSED : TD_EIO, strerror(errno));
     }
     return 0;

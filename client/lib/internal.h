@@ -59,6 +59,8 @@ int td__open(td_client *c, const char *endpoint, td_error *err);
 int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
              td__reply *reply, td_error *err);
 int td__flush(td_client *c, td_error *err);
+/* Sets the per-wait timeout (0: forever) and the socket's receive timeout to match. */
+void td__set_timeout(td_client *c, int timeout_ms);
 int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err);
 int td__drain(td_client *c, uint64_t len, td_error *err);
 void td__reply_free(td__reply *r);

@@ -1,0 +1,27 @@
+/* wire.h -- hand-written encoders for the replies every small request gets.
+ *
+ * protobuf-c packs through a generic walk of its descriptors, once to size a
+ * message and again to write it (sub-messages are sized twice): for the Ok
+ * and TensorInfo replies of small ops that walk, a device name copied with
+ * snprintf, and two mallocs for the frame were more instructions than the op.
+ * These write the same bytes protobuf-c writes for the same message (proto3:
+ * fields at their default value are left out; packed repeated scalars). */
+#ifndef TDD_WIRE_H
+#define TDD_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "session.h"
+
+/* Large enough for every message below (TensorInfo: at most ~130 bytes). */
+#define TDD_WIRE_SMALL_MAX 192
+
+/* Response { id, ok {} }; returns its length. */
+size_t tdd_wire_ok(uint8_t *out, uint64_t id);
+
+/* Response { id, tensor: TensorInfo of v } as tdd_send_tensor describes it;
+ * returns its length (at most TDD_WIRE_SMALL_MAX). */
+size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v);
+
+#endif
