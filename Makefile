@@ -126,7 +126,7 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
            $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
 
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
-        install test-install test-gpu-build \
+        install test-install test-gpu-build fuzz \
         bench clean format \
         lint check-deps
 .DEFAULT_GOAL := all
@@ -225,6 +225,25 @@ $(BUILD)/tests/fuzz_replay: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -DTDD_FUZZ_REPLAY $^ $(DAEMON_LIBS) -o $@
+
+# `make fuzz`: libFuzzer (clang) on the whole request path for FUZZ_SECONDS, with ASan and
+# UBSan, starting from the committed corpus. New inputs land in build/fuzz/corpus; a crash
+# is written to build/fuzz/ and should be added to tests/fuzz/corpus with its fix.
+FUZZ_SECONDS ?= 120
+FUZZ_PKGS := clang libclang-rt-14-dev libomp-dev
+$(BUILD)/tests/fuzz_target: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fsanitize=fuzzer $^ $(DAEMON_LIBS) -o $@
+
+fuzz:
+	@$(MAKE) --no-print-directory deps APT_PKGS="$(FUZZ_PKGS)"
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SAN=address,undefined WERROR=0 \
+	    OPT="-O1 -g -fsanitize=fuzzer-no-link" NVCC= build/fuzz/tests/fuzz_target
+	@mkdir -p build/fuzz/corpus
+	cd build/fuzz && ASAN_OPTIONS=quarantine_size_mb=16:detect_leaks=1 ./tests/fuzz_target \
+	    -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=30 -rss_limit_mb=4096 \
+	    corpus $(abspath tests/fuzz/corpus)
 
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/gpu_check.c,$(wildcard bench/*.c)))
 

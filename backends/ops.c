@@ -64,7 +64,8 @@ const td_attr *tdd_attr_get(const tdd_attrs *as, const char *name)
 
 /* ------------------------------------------------------------------ errors */
 
-static void err_start(td_error *err, int code, const char *fmt, va_list ap)
+__attribute__((format(printf, 3, 0))) static void err_start(td_error *err, int code,
+                                                            const char *fmt, va_list ap)
 {
     memset(err, 0, sizeof *err);
     err->code = code;

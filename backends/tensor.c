@@ -38,12 +38,17 @@ bool tdd_mul_overflows(uint64_t a, uint64_t b, uint64_t *out)
 
 int64_t tdd_shape_numel(const int64_t *shape, int ndim, int64_t max)
 {
-    uint64_t n = 1;
+    /* The extent (the product with 0-size dims counted as 1) is bounded too: strides and
+     * offsets are computed from it, and a shape like [0, 2^40, 2^40] holds no element but
+     * would overflow them (found by the fuzzer). */
+    uint64_t n = 1, extent = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return -1;
-        if (tdd_mul_overflows(n, (uint64_t)shape[i], &n) || n > (uint64_t)max)
+        uint64_t d = (uint64_t)shape[i];
+        if (tdd_mul_overflows(extent, d ? d : 1, &extent) || extent > (uint64_t)max)
             return -1;
+        n *= d;
     }
     return (int64_t)n;
 }

@@ -39,7 +39,8 @@ static inline void *tdd_data(const tdd_tensor *t)
 {
     return (char *)t->st->data + (size_t)t->offset * td_dtype_size(t->dtype);
 }
-/* numel of a shape; -1 if a dim is negative or the product overflows max. */
+/* numel of a shape; -1 if a dim is negative or its extent (0-size dims counted as 1)
+ * exceeds max. */
 int64_t tdd_shape_numel(const int64_t *shape, int ndim, int64_t max);
 /* a*b into *out unless it overflows. */
 bool tdd_mul_overflows(uint64_t a, uint64_t b, uint64_t *out);

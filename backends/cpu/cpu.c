@@ -222,6 +222,7 @@ static inline void f32_to_bf16_unit(const float *f, uint16_t *h, int64_t n)
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 /* Conversions are most of a half-precision elementwise op's time, and SSE2 has
@@ -231,7 +232,8 @@ static inline void f32_to_bf16_unit(const float *f, uint16_t *h, int64_t n)
  * bf16's rounding is compiled for AVX2. */
 static bool cpu_has_f16c(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d; /* cpuid: clang's __builtin_cpu_supports does not know "f16c" */
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 
 __attribute__((target("avx2,f16c"))) static void f16_to_f32_f16c(const uint16_t *h, float *f,

@@ -197,6 +197,20 @@ def test_scattered_ids_are_bounded(start_daemon):
         assert_usable(s)
 
 
+def test_zero_size_tensor_with_a_huge_extent_is_refused(session):
+    # No element, but an extent past the element limit: strides over such shapes overflow
+    # int64 once dims are large enough (found by `make fuzz`).
+    empty = np.empty((0, 1 << 30, 1 << 30), np.float32)
+    _t = session.tensor(empty)
+    with pytest.raises(tensordd.InvalidArgumentError) as info:
+        session.sync()
+    assert info.value.argument == "shape"
+    # A zero-size tensor of modest extent is fine.
+    z = session.tensor(np.empty((0, 3), np.float32))
+    assert (z + z).numpy().shape == (0, 3)
+    assert_usable(session)
+
+
 def test_poisoned_propagates_with_origin(session):
     a, b = ones(session, 2, 3), ones(session, 4, 5)
     bad = a + b  # fails: SHAPE_MISMATCH
