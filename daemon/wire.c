@@ -225,3 +225,177 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
     }
     return (size_t)(p - out);
 }
+
+/* ---------------------------------------------------------------- small requests */
+
+typedef struct {
+    const uint8_t *p, *end;
+} rd;
+
+/* A varint of at most 10 bytes whose value fits 64 bits; false otherwise
+ * (protobuf-c's own decoder then has the last word on it). */
+static bool get_varint(rd *r, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 10; i++) {
+        if (r->p == r->end)
+            return false;
+        uint8_t b = *r->p++;
+        if (i == 9 && b > 1)
+            return false;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (b < 0x80) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A length-delimited field's bytes, wholly inside the message. */
+static bool get_bytes(rd *r, rd *out)
+{
+    uint64_t len;
+    if (!get_varint(r, &len) || len > (uint64_t)(r->end - r->p))
+        return false;
+    out->p = r->p;
+    out->end = r->p + len;
+    r->p += len;
+    return true;
+}
+
+/* A non-empty packed repeated uint64 field (uint64_t array from al). */
+static bool get_packed_u64(const rd *f, ProtobufCAllocator *al, size_t *n_out, uint64_t **out)
+{
+    size_t n = 0;
+    for (const uint8_t *q = f->p; q < f->end; q++)
+        n += *q < 0x80;
+    if (!n || f->end[-1] >= 0x80)
+        return false;
+    uint64_t *a = al->alloc(al->allocator_data, n * sizeof *a);
+    if (!a)
+        return false;
+    rd r = *f;
+    for (size_t i = 0; i < n; i++)
+        if (!get_varint(&r, &a[i]))
+            return false;
+    if (r.p != r.end)
+        return false;
+    *n_out = n;
+    *out = a;
+    return true;
+}
+
+static bool decode_op(rd r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
+{
+    Tensordd__V1__Op *op = al->alloc(al->allocator_data, sizeof *op);
+    if (!op)
+        return false;
+    tensordd__v1__op__init(op);
+    unsigned seen = 0;
+    while (r.p < r.end) {
+        uint64_t key, v;
+        rd f;
+        if (!get_varint(&r, &key) || key > 0xff || (seen & (1u << (key >> 3))))
+            return false;
+        seen |= 1u << (key >> 3);
+        switch (key) {
+        case 0x0a: { /* op = 1 */
+            if (!get_bytes(&r, &f) || f.p == f.end)
+                return false;
+            size_t n = (size_t)(f.end - f.p);
+            char *s = al->alloc(al->allocator_data, n + 1);
+            if (!s)
+                return false;
+            memcpy(s, f.p, n);
+            s[n] = 0;
+            op->op = s;
+            break;
+        }
+        case 0x12: /* inputs = 2, packed */
+            if (!get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_inputs, &op->inputs))
+                return false;
+            break;
+        case 0x1a: /* outputs = 3, packed */
+            if (!get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_outputs, &op->outputs))
+                return false;
+            break;
+        case 0x30: /* dtype = 6 */
+            if (!get_varint(&r, &v) || v > INT32_MAX)
+                return false;
+            op->dtype = (Tensordd__V1__DType)v;
+            break;
+        case 0x38: /* requires_grad = 7 */
+            if (!get_varint(&r, &v) || v > 1)
+                return false;
+            op->requires_grad = (protobuf_c_boolean)v;
+            break;
+        default: /* attrs, device, anything else: protobuf-c's decoder */
+            return false;
+        }
+    }
+    *out = op;
+    return true;
+}
+
+Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, ProtobufCAllocator *al)
+{
+    rd r = {msg, msg + len};
+    Tensordd__V1__Request *req = al->alloc(al->allocator_data, sizeof *req);
+    if (!req)
+        return NULL;
+    tensordd__v1__request__init(req);
+    bool has_id = false, has_want = false;
+    while (r.p < r.end) {
+        uint64_t key, v;
+        rd f;
+        if (!get_varint(&r, &key))
+            return NULL;
+        switch (key) {
+        case 0x08: /* id = 1 */
+            if (has_id || !get_varint(&r, &v))
+                return NULL;
+            req->id = v;
+            has_id = true;
+            break;
+        case 0x10: /* want_reply = 2 */
+            if (has_want || !get_varint(&r, &v) || v > 1)
+                return NULL;
+            req->want_reply = (protobuf_c_boolean)v;
+            has_want = true;
+            break;
+        case 0x72: /* op = 14 */
+            if (req->body_case || !get_bytes(&r, &f) || !decode_op(f, al, &req->op))
+                return NULL;
+            req->body_case = TENSORDD__V1__REQUEST__BODY_OP;
+            break;
+        case 0x7a: { /* release = 15 */
+            if (req->body_case || !get_bytes(&r, &f))
+                return NULL;
+            Tensordd__V1__Release *rl = al->alloc(al->allocator_data, sizeof *rl);
+            if (!rl)
+                return NULL;
+            tensordd__v1__release__init(rl);
+            rd h;
+            if (!get_varint(&f, &key) || key != 0x0a || !get_bytes(&f, &h) || f.p != f.end ||
+                !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
+                return NULL;
+            req->release = rl;
+            req->body_case = TENSORDD__V1__REQUEST__BODY_RELEASE;
+            break;
+        }
+        case 0x8a: /* sync = 17: two-byte key 0x8a 0x01 */
+        default:
+            if (key != ((17u << 3) | 2) || req->body_case || !get_bytes(&r, &f) || f.p != f.end)
+                return NULL;
+            Tensordd__V1__Sync *sy = al->alloc(al->allocator_data, sizeof *sy);
+            if (!sy)
+                return NULL;
+            tensordd__v1__sync__init(sy);
+            req->sync = sy;
+            req->body_case = TENSORDD__V1__REQUEST__BODY_SYNC;
+            break;
+        }
+    }
+    return req;
+}

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "session.h"
+#include "tensordd.pb-c.h"
 
 /* Large enough for every message below (TensorInfo: at most ~130 bytes). */
 #define TDD_WIRE_SMALL_MAX 192
@@ -23,5 +24,12 @@ size_t tdd_wire_ok(uint8_t *out, uint64_t id);
 /* Response { id, tensor: TensorInfo of v } as tdd_send_tensor describes it;
  * returns its length (at most TDD_WIRE_SMALL_MAX). */
 size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v);
+
+/* Decodes the requests small ops send most (an Op without attrs or device,
+ * a Release, a Sync) straight into al's memory, as protobuf-c would decode
+ * them; NULL for anything else, malformed or not, which is then left to
+ * protobuf-c (tensordd__v1__request__unpack), whose verdict stands. */
+Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len,
+                                             ProtobufCAllocator *al);
 
 #endif
