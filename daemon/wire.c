@@ -183,7 +183,7 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
     size_t slen = 0;
     for (int i = 0; i < ndim; i++)
         slen += varint_len((uint64_t)v->t.shape[i]);
-    int64_t dtype = (int64_t)v->t.dtype; /* an enum: negative values take 10 bytes */
+    int64_t dtype = (int32_t)v->t.dtype; /* an enum: negative values take 10 bytes */
 
     size_t tlen = (v->handle ? 1 + varint_len(v->handle) : 0) +
                   (dtype ? 1 + varint_len((uint64_t)dtype) : 0) +

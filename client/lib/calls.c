@@ -29,7 +29,7 @@ static int check_client(td_client *c, td_error *err)
 static int call_ok(td_client *c, Tensordd__V1__Request *req, td_error *err)
 {
     td__reply r;
-    int rc = td__call(c, req, NULL, 0, &r, err);
+    int rc = td__call_ex(c, req, NULL, 0, &r, 1, err);
     if (rc)
         return rc;
     uint64_t pl = r.payload_len;

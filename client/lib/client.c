@@ -281,7 +281,11 @@ static int flush_with(td_client *c, const void *payload, uint64_t plen, td_error
 static int append_frame(td_client *c, const Tensordd__V1__Request *req, const void *payload,
                         uint64_t plen, int inline_payload, td_error *err)
 {
-    size_t mlen = tensordd__v1__request__get_packed_size(req);
+    td__req_sizes z;
+    size_t mlen = td__request_fast_size(req, &z);
+    int fast = mlen != 0;
+    if (!fast)
+        mlen = tensordd__v1__request__get_packed_size(req);
     if (mlen > UINT32_MAX)
         return td__fail(err, TD_EINVALID_ARGUMENT, "request message too large");
     size_t extra = inline_payload ? (size_t)plen : 0;
@@ -290,7 +294,10 @@ static int append_frame(td_client *c, const Tensordd__V1__Request *req, const vo
         return rc;
     uint8_t *p = c->wbuf + c->wlen;
     td_frame_encode(p, (uint32_t)mlen, plen);
-    tensordd__v1__request__pack(req, p + TD_FRAME_HEADER_SIZE);
+    if (fast)
+        td__request_fast_pack(req, &z, p + TD_FRAME_HEADER_SIZE);
+    else
+        tensordd__v1__request__pack(req, p + TD_FRAME_HEADER_SIZE);
     if (extra)
         memcpy(p + TD_FRAME_HEADER_SIZE + mlen, payload, extra);
     c->wlen += TD_FRAME_HEADER_SIZE + mlen + extra;
@@ -441,11 +448,12 @@ void td__reply_free(td__reply *r)
 
 /* Reads responses until the one with id `id`. Others are answers to earlier
  * requests: their first error is kept for the next synchronising call. */
-static int wait_for(td_client *c, uint64_t id, td__reply *out, td_error *err)
+static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td_error *err)
 {
     static const td_frame_limits lim = {.max_msg = TD__MAX_RESPONSE_MSG, .max_payload = UINT64_MAX};
     out->msg = NULL;
     out->payload_len = 0;
+    out->body_case = TENSORDD__V1__RESPONSE__BODY__NOT_SET;
     for (;;) {
         int rc = need(c, TD_FRAME_HEADER_SIZE, err);
         if (rc) {
@@ -466,6 +474,22 @@ static int wait_for(td_client *c, uint64_t id, td__reply *out, td_error *err)
         rc = need(c, h.msg_len, err);
         if (rc)
             return rc;
+        uint64_t rid;
+        int body;
+        if (body_only && td__glance_response(c->rbuf + c->rpos, h.msg_len, &rid, &body)) {
+            /* Not an error: nothing in it is needed (nor, if it answers an
+             * earlier request, kept). */
+            c->rpos += h.msg_len;
+            if (rid == id) {
+                out->payload_len = h.payload_len;
+                out->body_case = body;
+                return 0;
+            }
+            rc = td__drain(c, h.payload_len, err);
+            if (rc)
+                return rc;
+            continue;
+        }
         Tensordd__V1__Response *r =
             tensordd__v1__response__unpack(NULL, h.msg_len, c->rbuf + c->rpos);
         c->rpos += h.msg_len;
@@ -474,6 +498,7 @@ static int wait_for(td_client *c, uint64_t id, td__reply *out, td_error *err)
         if (r->id == id) {
             out->msg = r;
             out->payload_len = h.payload_len;
+            out->body_case = (int)r->body_case;
             return 0;
         }
         if (r->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR && r->error && !c->has_early) {
@@ -491,6 +516,12 @@ static int wait_for(td_client *c, uint64_t id, td__reply *out, td_error *err)
 
 int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
              td__reply *reply, td_error *err)
+{
+    return td__call_ex(c, req, payload, payload_len, reply, 0, err);
+}
+
+int td__call_ex(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
+                td__reply *reply, int body_only, td_error *err)
 {
     if (c->dead)
         return td__fail(err, c->dead, "connection unusable after an earlier failure (%s)",
@@ -513,10 +544,11 @@ int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint
     }
     if (rc || !reply)
         return rc;
-    rc = wait_for(c, req->id, reply, err);
+    rc = wait_for(c, req->id, body_only, reply, err);
     if (rc)
         return rc;
-    if (reply->msg->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR && reply->msg->error) {
+    if (reply->msg && reply->msg->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR &&
+        reply->msg->error) {
         td_error le;
         rc = td__from_pb(reply->msg->error, &le);
         if (!le.request_id)

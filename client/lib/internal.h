@@ -47,8 +47,9 @@ struct td_client {
 /* A response matched to its request; payload_len bytes of raw payload still
  * sit on the socket and the caller must read or drain them. */
 typedef struct {
-    Tensordd__V1__Response *msg;
+    Tensordd__V1__Response *msg; /* NULL when td__call_ex was told body_only */
     uint64_t payload_len;
+    int body_case; /* the Response's body, even when msg is NULL */
 } td__reply;
 
 /* client.c: the byte stream */
@@ -58,6 +59,11 @@ int td__open(td_client *c, const char *endpoint, td_error *err);
  * response with that id. reply->msg must then be freed with td__reply_free. */
 int td__call(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
              td__reply *reply, td_error *err);
+/* The same; body_only: the caller needs no more than whether the request
+ * succeeded, so a reply that is not an error is not decoded (reply->msg stays
+ * NULL; reply->body_case and payload_len are set). */
+int td__call_ex(td_client *c, Tensordd__V1__Request *req, const void *payload, uint64_t payload_len,
+                td__reply *reply, int body_only, td_error *err);
 int td__flush(td_client *c, td_error *err);
 /* Sets the per-wait timeout (0: forever) and the socket's receive timeout to match. */
 void td__set_timeout(td_client *c, int timeout_ms);
@@ -67,6 +73,21 @@ void td__reply_free(td__reply *r);
 /* An error from an earlier request's answer (one we were not waiting for),
  * reported by the next synchronising call that would otherwise succeed. */
 int td__take_early(td_client *c, td_error *err);
+
+/* wire.c: hand-written protobuf for small calls. td__request_fast_size
+ * returns the packed size of req, or 0 when req is not one it encodes (an
+ * Op with attrs, say: protobuf-c packs those); td__request_fast_pack then
+ * writes exactly the bytes protobuf-c would. */
+typedef struct {
+    size_t z[6];
+} td__req_sizes;
+size_t td__request_fast_size(const Tensordd__V1__Request *req, td__req_sizes *z);
+size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_sizes *z,
+                             uint8_t *out);
+/* Reads a Response's id and body without decoding it: 1 when it is an Ok or a
+ * well-formed TensorInfo (what a caller that only needs success can skip),
+ * 0 for anything else (an Error above all), which must be unpacked. */
+int td__glance_response(const uint8_t *msg, size_t len, uint64_t *id, int *body_case);
 
 /* error.c: every conversion into td_error */
 int td__fail(td_error *err, int code, const char *fmt, ...)
