@@ -119,13 +119,38 @@ static void op_run(tdd_task *t)
         poison_outputs(ot->out, ot->n_out, st->rc, &st->err, st->req_id);
 }
 
+/* Op tasks are over 1 KiB (the error and the validated arguments ride along):
+ * from malloc each one was a large-bin request that first consolidated the
+ * fast bins, on every small op. A few freed ones are kept for the next ops.
+ * Loop thread only (tasks are made and released there). */
+#define OP_TASK_CACHE 16
+static op_task *op_task_cache[OP_TASK_CACHE];
+static int op_task_cached;
+
+static op_task *op_task_new(void)
+{
+    if (op_task_cached == 0)
+        return calloc(1, sizeof(op_task));
+    op_task *ot = op_task_cache[--op_task_cached];
+    memset(ot, 0, sizeof *ot);
+    return ot;
+}
+
+static void op_task_free(op_task *ot)
+{
+    if (op_task_cached < OP_TASK_CACHE)
+        op_task_cache[op_task_cached++] = ot;
+    else
+        free(ot);
+}
+
 static void op_release(op_task *ot)
 {
     for (int i = 0; i < ot->n_in; i++)
         tdd_value_unref(ot->in[i]);
     for (int i = 0; i < ot->n_out; i++)
         tdd_value_unref(ot->out[i]);
-    free(ot);
+    op_task_free(ot);
 }
 
 static void op_done(tdd_task *t)
@@ -203,7 +228,7 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     if (!dev)
         return tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "no device to run on");
 
-    op_task *ot = calloc(1, sizeof *ot);
+    op_task *ot = op_task_new();
     if (!ot)
         return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     const tdd_tensor *tin[TDD_MAX_OP_INPUTS];
@@ -219,7 +244,7 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
         rc = tdd_err_arg(err, "outputs", "%s produces %d output(s), %d handle(s) given",
                          tdd_opdefs[op].name, nout, *n_out);
     if (rc) {
-        free(ot);
+        op_task_free(ot);
         return rc;
     }
     ot->dev = dev;
@@ -256,7 +281,7 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     if (rc) {
         for (int i = 0; i < nout; i++)
             tdd_value_unref(ot->out[i]);
-        free(ot);
+        op_task_free(ot);
         return rc;
     }
     for (int i = 0; i < n_in; i++) {
