@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,7 @@ static void start_daemon(void)
 typedef struct {
     const uint8_t *data;
     size_t size;
-    volatile int done;
+    atomic_int done; /* set by the client thread, polled by the loop's */
 } client_job;
 
 /* The client side: send everything, half-close, read until the daemon closes. */
@@ -79,7 +80,7 @@ static void *client(void *arg)
     }
     if (fd >= 0)
         close(fd);
-    j->done = 1;
+    atomic_store(&j->done, 1);
     return NULL;
 }
 
@@ -91,7 +92,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_t t;
     pthread_create(&t, NULL, client, &j);
     struct timespec nap = {0, 100000};
-    while (!j.done) {
+    while (!atomic_load(&j.done)) {
         uv_run(loop, UV_RUN_NOWAIT);
         nanosleep(&nap, NULL);
     }
