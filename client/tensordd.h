@@ -8,6 +8,11 @@
  * sends nothing the daemon must answer. A failed op poisons its outputs; the
  * session's first error is reported by the next synchronising call
  * (td_sync, td_download, td_describe, td_backward, td_grad*, ...).
+ *
+ * Threads: a td_client is one session on one connection, and calls on it must
+ * not overlap (guard it with a mutex to share it). Clients are independent of
+ * each other; a thread may own one, but each is its own session, whose handles
+ * the others cannot name.
  */
 #ifndef TENSORDD_H
 #define TENSORDD_H
