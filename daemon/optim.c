@@ -45,6 +45,8 @@ typedef struct {
     opt_hyper h;
     size_t n;
     opt_param *ps;
+    tdd_account *acct; /* charged with bytes: the parameter list is memory the client caused */
+    uint64_t bytes;
 } tdd_optim;
 
 static void optim_free(void *obj)
@@ -54,6 +56,10 @@ static void optim_free(void *obj)
         tdd_value_unref(o->ps[i].p);
         tdd_value_unref(o->ps[i].buf[0]);
         tdd_value_unref(o->ps[i].buf[1]);
+    }
+    if (o->acct) {
+        tdd_account_credit(o->acct, o->bytes);
+        tdd_account_unref(o->acct);
     }
     free(o->ps);
     free(o);
@@ -196,8 +202,14 @@ int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req)
     if (!rc && oc->n_params == 0)
         rc = tdd_err_arg(&err, "params", "optimizer got an empty parameter list");
     tdd_optim *o = NULL;
+    uint64_t bytes = sizeof *o + oc->n_params * sizeof *o->ps;
     if (!rc && (!(o = calloc(1, sizeof *o)) || !(o->ps = calloc(oc->n_params, sizeof *o->ps))))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (!rc && !(rc = tdd_account_charge(s->acct, bytes, &err))) {
+        o->acct = s->acct;
+        o->acct->refs++;
+        o->bytes = bytes;
+    }
     for (size_t i = 0; !rc && i < oc->n_params; i++) {
         tdd_value *p = NULL;
         rc = check_param(s, oc->params[i], &p, &err);

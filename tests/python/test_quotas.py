@@ -65,3 +65,28 @@ def test_graph_memory_is_returned_after_backward_and_release(start_daemon):
             gc.collect()
             s.sync()
             assert my_bytes(s) == base
+
+
+def test_optimizer_parameter_lists_count_against_the_quota(start_daemon):
+    d = start_daemon("--session-memory", str(QUOTA))
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        require_autodiff(s)
+        # 1000 one-element parameters: 4 KB of storage. Each optimizer over them keeps a
+        # parameter list of tens of KB in the daemon, which is what fills the quota.
+        params = [s.tensor(np.ones(1, np.float32), requires_grad=True) for _ in range(1000)]
+        s.sync()
+        base = my_bytes(s)
+        opts = []
+        with pytest.raises(tensordd.ResourceExhaustedError) as info:
+            for _ in range(200):
+                opts.append(tensordd.optim.SGD(params, lr=0.1))
+                s.sync()
+        assert info.value.resource == "session memory"
+        assert len(opts) > 1  # the first ones fit
+        del opts
+        gc.collect()
+        s.sync()
+        assert my_bytes(s) == base
+        grads = (params[0] * 3).sum().backward()
+        tensordd.optim.SGD(params[:1], lr=0.5).step(grads)
+        np.testing.assert_allclose(params[0].numpy(), [1 - 0.5 * 3])

@@ -1,7 +1,8 @@
 """optim -- optimizers that run in the daemon (SGD, Adam, AdamW).
 
-An optimizer is created once with its parameters (OptimizerCreate, sent
-asynchronously); its state (momentum buffers, Adam moments) lives in the
+An optimizer is created once with its parameters (OptimizerCreate, a round
+trip, so a bad hyperparameter or a full quota raises in the constructor as in
+PyTorch, and the C client's td_optimizer_create); its state (momentum buffers, Adam moments) lives in the
 daemon, keyed by parameter. ``step(grads)`` reads a Gradients handle and
 updates the parameters in place in one synchronising request.
 """
@@ -30,19 +31,21 @@ class Optimizer:
                 raise TypeError(f"parameters must be Tensors, got {type(p).__name__}")
             if p._session is not session:
                 raise ValueError("all parameters must belong to one session")
-        self._session = session
         self.params = params
         self.hyper = dict(hyper)
         req = session._new_request()
+        req.want_reply = True
         c = req.optimizer_create
         c.handle = session._new_handle()
         c.kind = self.kind
         c.params.extend(p._handle for p in params)
         for name, value in hyper.items():
             _set_attr(c.attrs.add(), name, value)
+        session._roundtrip(req, _Call(f"optimizer_create {self.kind}",
+                                      tuple(p._handle for p in params), f"-> #{c.handle}"))
+        # Only an optimizer the daemon holds has a handle to release.
         self._handle = c.handle
-        session._send(req, _Call(f"optimizer_create {self.kind}",
-                                 tuple(p._handle for p in params), f"-> #{c.handle}"))
+        self._session = session
 
     def __del__(self):
         session = getattr(self, "_session", None)
