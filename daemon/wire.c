@@ -232,12 +232,12 @@ typedef struct {
     const uint8_t *p, *end;
 } rd;
 
-/* A varint of at most 10 bytes whose value fits 64 bits; false otherwise
+/* A varint of at most max bytes whose value fits 64 bits; false otherwise
  * (protobuf-c's own decoder then has the last word on it). */
-static bool get_varint(rd *r, uint64_t *out)
+static bool get_varint_max(rd *r, uint64_t *out, int max)
 {
     uint64_t v = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < max; i++) {
         if (r->p == r->end)
             return false;
         uint8_t b = *r->p++;
@@ -252,11 +252,24 @@ static bool get_varint(rd *r, uint64_t *out)
     return false;
 }
 
+/* A value: at most 10 bytes. */
+static bool get_varint(rd *r, uint64_t *out)
+{
+    return get_varint_max(r, out, 10);
+}
+
+/* A key or a length: protobuf-c reads these in at most 5 bytes and rejects
+ * the message if they take more (a value may take 10). */
+static bool get_key(rd *r, uint64_t *out)
+{
+    return get_varint_max(r, out, 5);
+}
+
 /* A length-delimited field's bytes, wholly inside the message. */
 static bool get_bytes(rd *r, rd *out)
 {
     uint64_t len;
-    if (!get_varint(r, &len) || len > (uint64_t)(r->end - r->p))
+    if (!get_key(r, &len) || len > (uint64_t)(r->end - r->p))
         return false;
     out->p = r->p;
     out->end = r->p + len;
@@ -296,7 +309,7 @@ static bool decode_op(rd r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
     while (r.p < r.end) {
         uint64_t key, v;
         rd f;
-        if (!get_varint(&r, &key) || key > 0xff || (seen & (1u << (key >> 3))))
+        if (!get_key(&r, &key) || key > 0xff || (seen & (1u << (key >> 3))))
             return false;
         seen |= 1u << (key >> 3);
         switch (key) {
@@ -349,7 +362,7 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
     while (r.p < r.end) {
         uint64_t key, v;
         rd f;
-        if (!get_varint(&r, &key))
+        if (!get_key(&r, &key))
             return NULL;
         switch (key) {
         case 0x08: /* id = 1 */
@@ -377,7 +390,7 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
                 return NULL;
             tensordd__v1__release__init(rl);
             rd h;
-            if (!get_varint(&f, &key) || key != 0x0a || !get_bytes(&f, &h) || f.p != f.end ||
+            if (!get_key(&f, &key) || key != 0x0a || !get_bytes(&f, &h) || f.p != f.end ||
                 !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
                 return NULL;
             req->release = rl;

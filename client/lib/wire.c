@@ -211,10 +211,11 @@ typedef struct {
     const uint8_t *p, *end;
 } rd;
 
-static int get_v(rd *r, uint64_t *out)
+/* A varint of at most max bytes whose value fits 64 bits. */
+static int get_vmax(rd *r, uint64_t *out, int max)
 {
     uint64_t v = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < max; i++) {
         if (r->p == r->end)
             return 0;
         uint8_t b = *r->p++;
@@ -229,10 +230,22 @@ static int get_v(rd *r, uint64_t *out)
     return 0;
 }
 
+/* A value: at most 10 bytes. */
+static int get_v(rd *r, uint64_t *out)
+{
+    return get_vmax(r, out, 10);
+}
+
+/* A key or a length: protobuf-c rejects a message where one takes more than 5 bytes. */
+static int get_key(rd *r, uint64_t *out)
+{
+    return get_vmax(r, out, 5);
+}
+
 static int get_ld(rd *r, rd *out)
 {
     uint64_t len;
-    if (!get_v(r, &len) || len > (uint64_t)(r->end - r->p))
+    if (!get_key(r, &len) || len > (uint64_t)(r->end - r->p))
         return 0;
     out->p = r->p;
     out->end = r->p + len;
@@ -256,7 +269,7 @@ static int check_device(rd r)
     uint64_t key, v;
     rd f;
     while (r.p < r.end) {
-        if (!get_v(&r, &key))
+        if (!get_key(&r, &key))
             return 0;
         if (key == 0x0a ? !get_ld(&r, &f) : key == 0x10 ? !get_v(&r, &v) : 1)
             return 0;
@@ -270,7 +283,7 @@ static int check_tensor_info(rd r)
     uint64_t key, v;
     rd f;
     while (r.p < r.end) {
-        if (!get_v(&r, &key))
+        if (!get_key(&r, &key))
             return 0;
         switch (key) {
         case 0x08: /* handle */
@@ -303,7 +316,7 @@ int td__glance_response(const uint8_t *msg, size_t len, uint64_t *id, int *body_
     *id = 0;
     *body_case = TENSORDD__V1__RESPONSE__BODY__NOT_SET;
     while (r.p < r.end) {
-        if (!get_v(&r, &key))
+        if (!get_key(&r, &key))
             return 0;
         if (key == 0x08) {
             if (!get_v(&r, &v))

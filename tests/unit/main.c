@@ -5,6 +5,7 @@
 Suite *frame_suite(void);
 Suite *errors_suite(void);
 Suite *optable_suite(void);
+Suite *wire_suite(void);
 /* Suites that may not be linked in every build stage. */
 __attribute__((weak)) Suite *conformance_suite(void);
 __attribute__((weak)) Suite *autograd_suite(void);
@@ -15,6 +16,7 @@ int main(void)
     SRunner *sr = srunner_create(frame_suite());
     srunner_add_suite(sr, errors_suite());
     srunner_add_suite(sr, optable_suite());
+    srunner_add_suite(sr, wire_suite());
     Suite *(*const optional[])(void) = {conformance_suite, autograd_suite, exec_suite};
     for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
         if (optional[i])
