@@ -87,6 +87,21 @@ static void out_of_memory(tdd_conn *c, bool resume)
     conn_close(c);
 }
 
+/* Where a frame of flen bytes is built: small on the caller's stack, else a write
+ * request of its own (*wr); NULL when out of memory (the connection is told). */
+static uint8_t *frame_buffer(tdd_conn *c, size_t flen, uint8_t *small, write_req **wr, bool resume)
+{
+    *wr = NULL;
+    if (flen <= SMALL_FRAME)
+        return small;
+    *wr = malloc(sizeof **wr + flen);
+    if (!*wr) {
+        out_of_memory(c, resume);
+        return NULL;
+    }
+    return (uint8_t *)(*wr)->bytes;
+}
+
 /* Sends frame[0..flen) (header and message) then payload[0..plen). frame is
  * the caller's (the stack, usually) unless wr is given, when it lies in
  * wr->bytes. */
@@ -152,16 +167,10 @@ static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payl
     size_t mlen = protobuf_c_message_get_packed_size(&r->base);
     size_t flen = TD_FRAME_HEADER_SIZE + mlen;
     uint8_t small[SMALL_FRAME];
-    uint8_t *frame = small;
-    write_req *wr = NULL;
-    if (flen > sizeof small) {
-        wr = malloc(sizeof *wr + flen);
-        if (!wr) {
-            out_of_memory(c, resume);
-            return;
-        }
-        frame = (uint8_t *)wr->bytes;
-    }
+    write_req *wr;
+    uint8_t *frame = frame_buffer(c, flen, small, &wr, resume);
+    if (!frame)
+        return;
     td_frame_encode(frame, (uint32_t)mlen, plen);
     protobuf_c_message_pack(&r->base, frame + TD_FRAME_HEADER_SIZE);
     send_frame(c, frame, flen, wr, payload, plen, hold, resume);
@@ -188,16 +197,10 @@ void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const v
         c->paused++;
     size_t flen = TD_FRAME_HEADER_SIZE + mlen;
     uint8_t small[SMALL_FRAME];
-    uint8_t *frame = small;
-    write_req *wr = NULL;
-    if (flen > sizeof small) {
-        wr = malloc(sizeof *wr + flen);
-        if (!wr) {
-            out_of_memory(c, pause);
-            return;
-        }
-        frame = (uint8_t *)wr->bytes;
-    }
+    write_req *wr;
+    uint8_t *frame = frame_buffer(c, flen, small, &wr, pause);
+    if (!frame)
+        return;
     td_frame_encode(frame, (uint32_t)mlen, plen);
     memcpy(frame + TD_FRAME_HEADER_SIZE, msg, mlen);
     send_frame(c, frame, flen, wr, payload, plen, hold, pause);
