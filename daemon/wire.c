@@ -4,6 +4,8 @@
 
 #include "wire.h"
 
+#include "pbwire.h"
+
 #include "conn.h"
 
 void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d)
@@ -123,26 +125,6 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
 
 /* ---------------------------------------------------------------- small replies */
 
-static uint8_t *put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
 /* Response field numbers (proto/tensordd.proto) as keys: (field << 3) | wire type. */
 #define KEY_RESPONSE_ID 0x08     /* 1, varint */
 #define KEY_RESPONSE_OK 0x5a     /* 11, length-delimited */
@@ -160,7 +142,7 @@ static uint8_t *put_id(uint8_t *p, uint64_t id)
     if (!id)
         return p;
     *p++ = KEY_RESPONSE_ID;
-    return put_varint(p, id);
+    return td_pb_put_varint(p, id);
 }
 
 size_t tdd_wire_ok(uint8_t *out, uint64_t id)
@@ -177,38 +159,38 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
     const char *be = v->dev->be->name;
     size_t blen = strnlen(be, 15);
     uint32_t ordinal = (uint32_t)v->dev->ordinal;
-    size_t dlen = (blen ? 1 + 1 + blen : 0) + (ordinal ? 1 + varint_len(ordinal) : 0);
+    size_t dlen = (blen ? 1 + 1 + blen : 0) + (ordinal ? 1 + td_pb_varint_len(ordinal) : 0);
 
     int ndim = v->t.ndim < 0 ? 0 : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM : v->t.ndim;
     size_t slen = 0;
     for (int i = 0; i < ndim; i++)
-        slen += varint_len((uint64_t)v->t.shape[i]);
+        slen += td_pb_varint_len((uint64_t)v->t.shape[i]);
     int64_t dtype = (int32_t)v->t.dtype; /* an enum: negative values take 10 bytes */
 
-    size_t tlen = (v->handle ? 1 + varint_len(v->handle) : 0) +
-                  (dtype ? 1 + varint_len((uint64_t)dtype) : 0) +
-                  (slen ? 1 + varint_len(slen) + slen : 0) + 1 + varint_len(dlen) + dlen +
-                  (v->requires_grad ? 2 : 0);
+    size_t tlen = (v->handle ? 1 + td_pb_varint_len(v->handle) : 0) +
+                  (dtype ? 1 + td_pb_varint_len((uint64_t)dtype) : 0) +
+                  (slen ? 1 + td_pb_varint_len(slen) + slen : 0) + 1 + td_pb_varint_len(dlen) +
+                  dlen + (v->requires_grad ? 2 : 0);
 
     uint8_t *p = put_id(out, id);
     *p++ = KEY_RESPONSE_TENSOR;
-    p = put_varint(p, tlen);
+    p = td_pb_put_varint(p, tlen);
     if (v->handle) {
         *p++ = KEY_TI_HANDLE;
-        p = put_varint(p, v->handle);
+        p = td_pb_put_varint(p, v->handle);
     }
     if (dtype) {
         *p++ = KEY_TI_DTYPE;
-        p = put_varint(p, (uint64_t)dtype);
+        p = td_pb_put_varint(p, (uint64_t)dtype);
     }
     if (slen) {
         *p++ = KEY_TI_SHAPE;
-        p = put_varint(p, slen);
+        p = td_pb_put_varint(p, slen);
         for (int i = 0; i < ndim; i++)
-            p = put_varint(p, (uint64_t)v->t.shape[i]);
+            p = td_pb_put_varint(p, (uint64_t)v->t.shape[i]);
     }
     *p++ = KEY_TI_DEVICE;
-    p = put_varint(p, dlen);
+    p = td_pb_put_varint(p, dlen);
     if (blen) {
         *p++ = KEY_DEV_BACKEND;
         *p++ = (uint8_t)blen;
@@ -217,7 +199,7 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
     }
     if (ordinal) {
         *p++ = KEY_DEV_ORDINAL;
-        p = put_varint(p, ordinal);
+        p = td_pb_put_varint(p, ordinal);
     }
     if (v->requires_grad) {
         *p++ = KEY_TI_REQUIRES_GRAD;
@@ -228,57 +210,9 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
 
 /* ---------------------------------------------------------------- small requests */
 
-typedef struct {
-    const uint8_t *p, *end;
-} rd;
-
-/* A varint of at most max bytes whose value fits 64 bits; false otherwise
- * (protobuf-c's own decoder then has the last word on it). */
-static bool get_varint_max(rd *r, uint64_t *out, int max)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < max; i++) {
-        if (r->p == r->end)
-            return false;
-        uint8_t b = *r->p++;
-        if (i == 9 && b > 1)
-            return false;
-        v |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (b < 0x80) {
-            *out = v;
-            return true;
-        }
-    }
-    return false;
-}
-
-/* A value: at most 10 bytes. */
-static bool get_varint(rd *r, uint64_t *out)
-{
-    return get_varint_max(r, out, 10);
-}
-
-/* A key or a length: protobuf-c reads these in at most 5 bytes and rejects
- * the message if they take more (a value may take 10). */
-static bool get_key(rd *r, uint64_t *out)
-{
-    return get_varint_max(r, out, 5);
-}
-
-/* A length-delimited field's bytes, wholly inside the message. */
-static bool get_bytes(rd *r, rd *out)
-{
-    uint64_t len;
-    if (!get_key(r, &len) || len > (uint64_t)(r->end - r->p))
-        return false;
-    out->p = r->p;
-    out->end = r->p + len;
-    r->p += len;
-    return true;
-}
-
 /* A non-empty packed repeated uint64 field (uint64_t array from al). */
-static bool get_packed_u64(const rd *f, ProtobufCAllocator *al, size_t *n_out, uint64_t **out)
+static bool get_packed_u64(const td_pb_reader *f, ProtobufCAllocator *al, size_t *n_out,
+                           uint64_t **out)
 {
     size_t n = 0;
     for (const uint8_t *q = f->p; q < f->end; q++)
@@ -288,9 +222,9 @@ static bool get_packed_u64(const rd *f, ProtobufCAllocator *al, size_t *n_out, u
     uint64_t *a = al->alloc(al->allocator_data, n * sizeof *a);
     if (!a)
         return false;
-    rd r = *f;
+    td_pb_reader r = *f;
     for (size_t i = 0; i < n; i++)
-        if (!get_varint(&r, &a[i]))
+        if (!td_pb_get_varint(&r, &a[i]))
             return false;
     if (r.p != r.end)
         return false;
@@ -299,7 +233,7 @@ static bool get_packed_u64(const rd *f, ProtobufCAllocator *al, size_t *n_out, u
     return true;
 }
 
-static bool decode_op(rd r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
+static bool decode_op(td_pb_reader r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
 {
     Tensordd__V1__Op *op = al->alloc(al->allocator_data, sizeof *op);
     if (!op)
@@ -308,13 +242,13 @@ static bool decode_op(rd r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
     unsigned seen = 0;
     while (r.p < r.end) {
         uint64_t key, v;
-        rd f;
-        if (!get_key(&r, &key) || key > 0xff || (seen & (1u << (key >> 3))))
+        td_pb_reader f;
+        if (!td_pb_get_key(&r, &key) || key > 0xff || (seen & (1u << (key >> 3))))
             return false;
         seen |= 1u << (key >> 3);
         switch (key) {
         case 0x0a: { /* op = 1 */
-            if (!get_bytes(&r, &f) || f.p == f.end)
+            if (!td_pb_get_bytes(&r, &f) || f.p == f.end)
                 return false;
             size_t n = (size_t)(f.end - f.p);
             char *s = al->alloc(al->allocator_data, n + 1);
@@ -326,20 +260,20 @@ static bool decode_op(rd r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
             break;
         }
         case 0x12: /* inputs = 2, packed */
-            if (!get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_inputs, &op->inputs))
+            if (!td_pb_get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_inputs, &op->inputs))
                 return false;
             break;
         case 0x1a: /* outputs = 3, packed */
-            if (!get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_outputs, &op->outputs))
+            if (!td_pb_get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_outputs, &op->outputs))
                 return false;
             break;
         case 0x30: /* dtype = 6 */
-            if (!get_varint(&r, &v) || v > INT32_MAX)
+            if (!td_pb_get_varint(&r, &v) || v > INT32_MAX)
                 return false;
             op->dtype = (Tensordd__V1__DType)v;
             break;
         case 0x38: /* requires_grad = 7 */
-            if (!get_varint(&r, &v) || v > 1)
+            if (!td_pb_get_varint(&r, &v) || v > 1)
                 return false;
             op->requires_grad = (protobuf_c_boolean)v;
             break;
@@ -353,7 +287,7 @@ static bool decode_op(rd r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
 
 Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, ProtobufCAllocator *al)
 {
-    rd r = {msg, msg + len};
+    td_pb_reader r = {msg, msg + len};
     Tensordd__V1__Request *req = al->alloc(al->allocator_data, sizeof *req);
     if (!req)
         return NULL;
@@ -361,37 +295,37 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
     bool has_id = false, has_want = false;
     while (r.p < r.end) {
         uint64_t key, v;
-        rd f;
-        if (!get_key(&r, &key))
+        td_pb_reader f;
+        if (!td_pb_get_key(&r, &key))
             return NULL;
         switch (key) {
         case 0x08: /* id = 1 */
-            if (has_id || !get_varint(&r, &v))
+            if (has_id || !td_pb_get_varint(&r, &v))
                 return NULL;
             req->id = v;
             has_id = true;
             break;
         case 0x10: /* want_reply = 2 */
-            if (has_want || !get_varint(&r, &v) || v > 1)
+            if (has_want || !td_pb_get_varint(&r, &v) || v > 1)
                 return NULL;
             req->want_reply = (protobuf_c_boolean)v;
             has_want = true;
             break;
         case 0x72: /* op = 14 */
-            if (req->body_case || !get_bytes(&r, &f) || !decode_op(f, al, &req->op))
+            if (req->body_case || !td_pb_get_bytes(&r, &f) || !decode_op(f, al, &req->op))
                 return NULL;
             req->body_case = TENSORDD__V1__REQUEST__BODY_OP;
             break;
         case 0x7a: { /* release = 15 */
-            if (req->body_case || !get_bytes(&r, &f))
+            if (req->body_case || !td_pb_get_bytes(&r, &f))
                 return NULL;
             Tensordd__V1__Release *rl = al->alloc(al->allocator_data, sizeof *rl);
             if (!rl)
                 return NULL;
             tensordd__v1__release__init(rl);
-            rd h;
-            if (!get_key(&f, &key) || key != 0x0a || !get_bytes(&f, &h) || f.p != f.end ||
-                !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
+            td_pb_reader h;
+            if (!td_pb_get_key(&f, &key) || key != 0x0a || !td_pb_get_bytes(&f, &h) ||
+                f.p != f.end || !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
                 return NULL;
             req->release = rl;
             req->body_case = TENSORDD__V1__REQUEST__BODY_RELEASE;
@@ -399,7 +333,8 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
         }
         case 0x8a: /* sync = 17: two-byte key 0x8a 0x01 */
         default:
-            if (key != ((17u << 3) | 2) || req->body_case || !get_bytes(&r, &f) || f.p != f.end)
+            if (key != ((17u << 3) | 2) || req->body_case || !td_pb_get_bytes(&r, &f) ||
+                f.p != f.end)
                 return NULL;
             Tensordd__V1__Sync *sy = al->alloc(al->allocator_data, sizeof *sy);
             if (!sy)

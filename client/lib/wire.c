@@ -12,38 +12,19 @@
 #include <string.h>
 
 #include "internal.h"
-
-static size_t vlen(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static uint8_t *put_v(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
+#include "pbwire.h"
 
 /* A length-delimited field's size: key + length + bytes. */
 static size_t ld(size_t keylen, size_t len)
 {
-    return keylen + vlen(len) + len;
+    return keylen + td_pb_varint_len(len) + len;
 }
 
 static size_t packed_len(const uint64_t *a, size_t n)
 {
     size_t s = 0;
     for (size_t i = 0; i < n; i++)
-        s += vlen(a[i]);
+        s += td_pb_varint_len(a[i]);
     return s;
 }
 
@@ -52,9 +33,9 @@ static uint8_t *put_packed(uint8_t *p, uint8_t key, const uint64_t *a, size_t n,
     if (!n)
         return p;
     *p++ = key;
-    p = put_v(p, len);
+    p = td_pb_put_varint(p, len);
     for (size_t i = 0; i < n; i++)
-        p = put_v(p, a[i]);
+        p = td_pb_put_varint(p, a[i]);
     return p;
 }
 
@@ -84,7 +65,7 @@ typedef struct {
 static size_t device_len(const Tensordd__V1__Device *d, size_t *backend)
 {
     *backend = d->backend ? strlen(d->backend) : 0;
-    return (*backend ? ld(1, *backend) : 0) + (d->ordinal ? 1 + vlen(d->ordinal) : 0);
+    return (*backend ? ld(1, *backend) : 0) + (d->ordinal ? 1 + td_pb_varint_len(d->ordinal) : 0);
 }
 
 /* Sizes the body into z->body; 0 when the request is not one this file encodes. */
@@ -108,7 +89,7 @@ static int body_len(const Tensordd__V1__Request *req, op_sizes *z)
         }
         /* an enum is an int32: a negative one takes 10 bytes */
         if (op->dtype)
-            n += 1 + vlen((uint64_t)(int64_t)(int32_t)op->dtype);
+            n += 1 + td_pb_varint_len((uint64_t)(int64_t)(int32_t)op->dtype);
         if (op->requires_grad)
             n += 2;
         z->body = n;
@@ -138,7 +119,8 @@ size_t td__request_fast_size(const Tensordd__V1__Request *req, td__req_sizes *zs
     if (req->base.n_unknown_fields || !body_len(req, z))
         return 0;
     size_t keylen = req->body_case == TENSORDD__V1__REQUEST__BODY_SYNC ? 2 : 1;
-    return (req->id ? 1 + vlen(req->id) : 0) + (req->want_reply ? 2 : 0) + ld(keylen, z->body);
+    return (req->id ? 1 + td_pb_varint_len(req->id) : 0) + (req->want_reply ? 2 : 0) +
+           ld(keylen, z->body);
 }
 
 size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_sizes *zs,
@@ -148,7 +130,7 @@ size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_siz
     uint8_t *p = out;
     if (req->id) {
         *p++ = K_REQ_ID;
-        p = put_v(p, req->id);
+        p = td_pb_put_varint(p, req->id);
     }
     if (req->want_reply) {
         *p++ = K_REQ_WANT_REPLY;
@@ -158,10 +140,10 @@ size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_siz
     case TENSORDD__V1__REQUEST__BODY_OP: {
         const Tensordd__V1__Op *op = req->op;
         *p++ = K_REQ_OP;
-        p = put_v(p, z->body);
+        p = td_pb_put_varint(p, z->body);
         if (z->name) {
             *p++ = K_OP_NAME;
-            p = put_v(p, z->name);
+            p = td_pb_put_varint(p, z->name);
             memcpy(p, op->op, z->name);
             p += z->name;
         }
@@ -169,21 +151,21 @@ size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_siz
         p = put_packed(p, K_OP_OUTPUTS, op->outputs, op->n_outputs, z->out);
         if (op->device) {
             *p++ = K_OP_DEVICE;
-            p = put_v(p, z->dev);
+            p = td_pb_put_varint(p, z->dev);
             if (z->backend) {
                 *p++ = K_DEV_BACKEND;
-                p = put_v(p, z->backend);
+                p = td_pb_put_varint(p, z->backend);
                 memcpy(p, op->device->backend, z->backend);
                 p += z->backend;
             }
             if (op->device->ordinal) {
                 *p++ = K_DEV_ORDINAL;
-                p = put_v(p, op->device->ordinal);
+                p = td_pb_put_varint(p, op->device->ordinal);
             }
         }
         if (op->dtype) {
             *p++ = K_OP_DTYPE;
-            p = put_v(p, (uint64_t)(int64_t)(int32_t)op->dtype);
+            p = td_pb_put_varint(p, (uint64_t)(int64_t)(int32_t)op->dtype);
         }
         if (op->requires_grad) {
             *p++ = K_OP_REQUIRES_GRAD;
@@ -193,7 +175,7 @@ size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_siz
     }
     case TENSORDD__V1__REQUEST__BODY_RELEASE:
         *p++ = K_REQ_RELEASE;
-        p = put_v(p, z->body);
+        p = td_pb_put_varint(p, z->body);
         p = put_packed(p, K_RELEASE_HANDLES, req->release->handles, req->release->n_handles, z->in);
         break;
     default: /* Sync */
@@ -207,98 +189,52 @@ size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_siz
 
 /* ---------------------------------------------------------------- replies */
 
-typedef struct {
-    const uint8_t *p, *end;
-} rd;
-
-/* A varint of at most max bytes whose value fits 64 bits. */
-static int get_vmax(rd *r, uint64_t *out, int max)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < max; i++) {
-        if (r->p == r->end)
-            return 0;
-        uint8_t b = *r->p++;
-        if (i == 9 && b > 1)
-            return 0;
-        v |= (uint64_t)(b & 0x7f) << (7 * i);
-        if (b < 0x80) {
-            *out = v;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* A value: at most 10 bytes. */
-static int get_v(rd *r, uint64_t *out)
-{
-    return get_vmax(r, out, 10);
-}
-
-/* A key or a length: protobuf-c rejects a message where one takes more than 5 bytes. */
-static int get_key(rd *r, uint64_t *out)
-{
-    return get_vmax(r, out, 5);
-}
-
-static int get_ld(rd *r, rd *out)
-{
-    uint64_t len;
-    if (!get_key(r, &len) || len > (uint64_t)(r->end - r->p))
-        return 0;
-    out->p = r->p;
-    out->end = r->p + len;
-    r->p += len;
-    return 1;
-}
-
 /* A run of varints filling f exactly. */
-static int varints(rd f)
+static int varints(td_pb_reader f)
 {
     uint64_t v;
     while (f.p < f.end)
-        if (!get_v(&f, &v))
+        if (!td_pb_get_varint(&f, &v))
             return 0;
     return 1;
 }
 
 /* Device: backend (string), ordinal (uint32). */
-static int check_device(rd r)
+static int check_device(td_pb_reader r)
 {
     uint64_t key, v;
-    rd f;
+    td_pb_reader f;
     while (r.p < r.end) {
-        if (!get_key(&r, &key))
+        if (!td_pb_get_key(&r, &key))
             return 0;
-        if (key == 0x0a ? !get_ld(&r, &f) : key == 0x10 ? !get_v(&r, &v) : 1)
+        if (key == 0x0a ? !td_pb_get_bytes(&r, &f) : key == 0x10 ? !td_pb_get_varint(&r, &v) : 1)
             return 0;
     }
     return 1;
 }
 
 /* TensorInfo: handle, dtype, shape (packed or not), device, requires_grad. */
-static int check_tensor_info(rd r)
+static int check_tensor_info(td_pb_reader r)
 {
     uint64_t key, v;
-    rd f;
+    td_pb_reader f;
     while (r.p < r.end) {
-        if (!get_key(&r, &key))
+        if (!td_pb_get_key(&r, &key))
             return 0;
         switch (key) {
         case 0x08: /* handle */
         case 0x10: /* dtype */
         case 0x18: /* shape, one unpacked element */
         case 0x28: /* requires_grad */
-            if (!get_v(&r, &v))
+            if (!td_pb_get_varint(&r, &v))
                 return 0;
             break;
         case 0x1a: /* shape, packed */
-            if (!get_ld(&r, &f) || !varints(f))
+            if (!td_pb_get_bytes(&r, &f) || !varints(f))
                 return 0;
             break;
         case 0x22: /* device */
-            if (!get_ld(&r, &f) || !check_device(f))
+            if (!td_pb_get_bytes(&r, &f) || !check_device(f))
                 return 0;
             break;
         default:
@@ -310,20 +246,20 @@ static int check_tensor_info(rd r)
 
 int td__glance_response(const uint8_t *msg, size_t len, uint64_t *id, int *body_case)
 {
-    rd r = {msg, msg + len};
+    td_pb_reader r = {msg, msg + len};
     uint64_t key, v;
-    rd body = {NULL, NULL};
+    td_pb_reader body = {NULL, NULL};
     *id = 0;
     *body_case = TENSORDD__V1__RESPONSE__BODY__NOT_SET;
     while (r.p < r.end) {
-        if (!get_key(&r, &key))
+        if (!td_pb_get_key(&r, &key))
             return 0;
         if (key == 0x08) {
-            if (!get_v(&r, &v))
+            if (!td_pb_get_varint(&r, &v))
                 return 0;
             *id = v;
         } else if (key == 0x5a || key == 0x72) { /* ok = 11, tensor = 14 */
-            if (*body_case || !get_ld(&r, &body))
+            if (*body_case || !td_pb_get_bytes(&r, &body))
                 return 0;
             *body_case = (int)(key >> 3);
         } else {
