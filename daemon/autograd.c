@@ -253,28 +253,51 @@ tdd_grad_entry *tdd_grads_find(tdd_grads *g, const tdd_value *leaf)
     return e;
 }
 
+static tdd_grads *grads_new(tdd_session *s)
+{
+    tdd_grads *g = calloc(1, sizeof *g);
+    if (g) {
+        g->acct = s->acct;
+        g->acct->refs++; /* a Gradients object may outlive its session's table */
+    }
+    return g;
+}
+
+static void grads_drop(tdd_grads *g, tdd_grad_entry *e)
+{
+    HASH_DEL(g->map, e);
+    tdd_value_unref(e->leaf);
+    tdd_value_unref(e->grad);
+    tdd_account_credit(g->acct, sizeof *e);
+    free(e);
+}
+
 static void grads_free(void *obj)
 {
     tdd_grads *g = obj;
     tdd_grad_entry *e, *tmp;
     HASH_ITER(hh, g->map, e, tmp)
     {
-        HASH_DEL(g->map, e);
-        tdd_value_unref(e->leaf);
-        tdd_value_unref(e->grad);
-        free(e);
+        grads_drop(g, e);
     }
+    tdd_account_unref(g->acct);
     free(g);
 }
 
-/* Sets leaf's gradient to grad (takes a new reference on both). */
-static int grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad)
+/* Sets leaf's gradient to grad (takes a new reference on both); a new entry is
+ * charged to the session's memory (RESOURCE_EXHAUSTED in err when it is full). */
+static int grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad, td_error *err)
 {
     tdd_grad_entry *e = tdd_grads_find(g, leaf);
     if (!e) {
+        int rc = tdd_account_charge(g->acct, sizeof *e, err);
+        if (rc)
+            return rc;
         e = calloc(1, sizeof *e);
-        if (!e)
-            return TD_ERESOURCE_EXHAUSTED;
+        if (!e) {
+            tdd_account_credit(g->acct, sizeof *e);
+            return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        }
         tdd_value_ref(leaf);
         e->leaf = leaf;
         HASH_ADD_PTR(g->map, leaf, e);
@@ -468,11 +491,11 @@ static int accumulate_leaf(tdd_bw *b, tdd_grads *grads, tdd_value *leaf, tdd_val
     if (cur) {
         tdd_value_ref(cur);
         accumulate(b, &cur, g);
-        if (!b->rc && grads_set(grads, leaf, cur))
-            tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        if (!b->rc)
+            b->rc = grads_set(grads, leaf, cur, &b->err);
         tdd_value_unref(cur);
-    } else if (!b->rc && grads_set(grads, leaf, g)) {
-        tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    } else if (!b->rc) {
+        b->rc = grads_set(grads, leaf, g, &b->err);
     }
     return b->rc;
 }
@@ -625,7 +648,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
     if (!rc && loss->grad_fn)
         rc = collect(loss->grad_fn, &order, &err);
     tdd_grads *grads = NULL;
-    if (!rc && !(grads = calloc(1, sizeof *grads)))
+    if (!rc && !(grads = grads_new(s)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         free(order.v);
@@ -716,12 +739,8 @@ static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
     if (rc)
         return tdd_answer_error(c, req, &err);
     tdd_handle_add(s, g->output, TD_HANDLE_TENSOR, out);
-    if (remove) {
-        HASH_DEL(grads->map, e);
-        tdd_value_unref(e->leaf);
-        tdd_value_unref(e->grad);
-        free(e);
-    }
+    if (remove)
+        grads_drop(grads, e);
     tdd_send_tensor(c, req->id, out, NULL, 0, NULL);
     return TDD_DISPATCH_DONE;
 }
@@ -766,8 +785,8 @@ static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
                            (unsigned long long)gr->tensor);
     if (!rc && tdd_value_poisoned(g))
         rc = tdd_err_poisoned(&err, g);
-    if (!rc && grads_set(grads, t, g))
-        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (!rc)
+        rc = grads_set(grads, t, g, &err);
     if (rc)
         return tdd_answer_error(c, req, &err);
     tdd_conn_send_ok(c, req->id);

@@ -59,6 +59,7 @@ typedef struct tdd_grad_entry {
 
 typedef struct {
     tdd_grad_entry *map;
+    tdd_account *acct; /* each entry is charged to the session that made it */
 } tdd_grads;
 
 tdd_grad_entry *tdd_grads_find(tdd_grads *g, const tdd_value *leaf);

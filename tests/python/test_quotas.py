@@ -90,3 +90,26 @@ def test_optimizer_parameter_lists_count_against_the_quota(start_daemon):
         grads = (params[0] * 3).sum().backward()
         tensordd.optim.SGD(params[:1], lr=0.5).step(grads)
         np.testing.assert_allclose(params[0].numpy(), [1 - 0.5 * 3])
+
+
+def test_gradients_entries_are_charged(start_daemon):
+    d = start_daemon()
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        require_autodiff(s)
+        # Zero-size leaves: their gradients hold no bytes of storage, so what the
+        # Gradients object costs is its entries, which must show in the account.
+        n = 500
+        leaves = [s.tensor(np.empty(0, np.float32), requires_grad=True) for _ in range(n)]
+        total = leaves[0].sum()
+        for leaf in leaves[1:]:
+            total = total + leaf.sum()
+        s.sync()
+        before = my_bytes(s)
+        grads = total.backward()
+        assert grads.get(leaves[-1]).shape == (0,)
+        s.sync()
+        assert my_bytes(s) - before >= n * 32
+        del grads
+        gc.collect()
+        s.sync()
+        assert my_bytes(s) == before
