@@ -310,7 +310,7 @@ int td_grad_replace(td_client *c, td_handle grads, td_handle t, td_handle g, td_
 int td_set_grad_enabled(td_client *c, int enabled, td_error *err);
 
 /* kind: "sgd", "adam", "adamw"; attrs: lr, momentum, dampening, nesterov, weight_decay,
- * beta1, beta2, eps. */
+ * beta1, beta2, eps, amsgrad (bool, adam and adamw only; a third state buffer). */
 int td_optimizer_create(td_client *c, const char *kind, const td_handle *params, size_t n,
                         const td_attr *attrs, size_t nattrs, td_handle *out, td_error *err);
 int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_error *err);

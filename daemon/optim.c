@@ -32,12 +32,14 @@ typedef struct {
     opt_kind kind;
     double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
     bool nesterov, maximize;
+    bool amsgrad; /* Adam(W): normalise by the largest exp_avg_sq so far */
     bool foreach; /* update with queued ops (any backend) rather than a host loop */
 } opt_hyper;
 
 typedef struct {
     tdd_value *p;      /* ref */
-    tdd_value *buf[2]; /* SGD: momentum; Adam: exp_avg, exp_avg_sq. NULL before the first step */
+    tdd_value *buf[3]; /* SGD: momentum; Adam: exp_avg, exp_avg_sq (, max_exp_avg_sq with
+                        * amsgrad). NULL before the first step */
     int64_t step;
 } opt_param;
 
@@ -56,6 +58,7 @@ static void optim_free(void *obj)
         tdd_value_unref(o->ps[i].p);
         tdd_value_unref(o->ps[i].buf[0]);
         tdd_value_unref(o->ps[i].buf[1]);
+        tdd_value_unref(o->ps[i].buf[2]);
     }
     if (o->acct) {
         tdd_account_credit(o->acct, o->bytes);
@@ -143,6 +146,8 @@ static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td
             h->beta2 = v;
         } else if (adam && strcmp(nm, "eps") == 0) {
             h->eps = v;
+        } else if (adam && strcmp(nm, "amsgrad") == 0) {
+            h->amsgrad = v != 0.0;
         } else {
             return tdd_err_arg(err, nm, "%s takes no attribute '%.32s'", k, nm);
         }
@@ -240,8 +245,8 @@ typedef struct {
     opt_hyper h;
     int64_t step; /* after this update (Adam's bias correction) */
     bool init;    /* the state buffers are fresh */
-    tdd_tensor p, g, b0, b1;
-    tdd_value *pv, *gv, *bv[2]; /* references keeping the tensors alive */
+    tdd_tensor p, g, b0, b1, b2;
+    tdd_value *pv, *gv, *bv[3]; /* references keeping the tensors alive */
     tdd_session *s;
 } step_job;
 
@@ -266,6 +271,7 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
         T *P = j->p.st->data, *G = j->g.st->data;                                                  \
         T *SB0 = j->bv[0] ? (T *)tdd_data(&j->b0) : NULL;                                          \
         T *SB1 = j->bv[1] ? (T *)tdd_data(&j->b1) : NULL;                                          \
+        T *SB2 = j->bv[2] ? (T *)tdd_data(&j->b2) : NULL;                                          \
         int64_t n = tdd_numel(&j->p);                                                              \
         bool pc = tdd_is_contiguous(&j->p), gc = tdd_is_contiguous(&j->g);                         \
         T wd = (T)h->weight_decay, lr = (T)h->lr;                                                  \
@@ -306,6 +312,12 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
             v = v * b2 + ob2 * (gi * gi);                                                          \
             SB0[i] = m;                                                                            \
             SB1[i] = v;                                                                            \
+            if (h->amsgrad) {                                                                      \
+                /* torch.maximum (NaN propagates); max(0, v) is v */                               \
+                T mx = j->init ? v : SB2[i];                                                       \
+                v = mx > v || mx != mx ? mx : v;                                                   \
+                SB2[i] = v;                                                                        \
+            }                                                                                      \
             T denom = (T)(SQRT_##T(v) / bc2s) + eps;                                               \
             P[po] = P[po] + (-step_size) * (m / denom);                                            \
         }                                                                                          \
@@ -327,10 +339,13 @@ static void adam_dense_f32(step_job *j, int64_t n)
 {
     const opt_hyper *h = &j->h;
     float *P = tdd_data(&j->p), *M = tdd_data(&j->b0), *V = tdd_data(&j->b1);
+    float *X = j->h.amsgrad ? tdd_data(&j->b2) : NULL; /* max_exp_avg_sq */
     const float *G = tdd_data(&j->g);
     if (j->init) {
         memset(M, 0, (size_t)n * sizeof *M);
         memset(V, 0, (size_t)n * sizeof *V);
+        if (X) /* max(0, v) is v, as the loop's max(v, v) */
+            memset(X, 0, (size_t)n * sizeof *X);
     }
     double bc1 = 1.0 - pow(h->beta1, (double)j->step);
     double bc2 = 1.0 - pow(h->beta2, (double)j->step);
@@ -355,6 +370,13 @@ static void adam_dense_f32(step_job *j, int64_t n)
             _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(V + i), vb2), _mm_mul_ps(vob2, _mm_mul_ps(g, g)));
         _mm_storeu_ps(M + i, m);
         _mm_storeu_ps(V + i, v);
+        if (X) {
+            /* maxps answers its second operand when either is NaN; a NaN
+             * maximum is kept as the loop (and torch.maximum) keeps it */
+            __m128 x = _mm_loadu_ps(X + i), nan = _mm_cmpunord_ps(x, x);
+            v = _mm_or_ps(_mm_and_ps(nan, x), _mm_andnot_ps(nan, _mm_max_ps(x, v)));
+            _mm_storeu_ps(X + i, v);
+        }
         __m128 denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(v), vbc2s), veps);
         _mm_storeu_ps(P + i, _mm_add_ps(p, _mm_mul_ps(vnss, _mm_div_ps(m, denom))));
     }
@@ -367,6 +389,11 @@ static void adam_dense_f32(step_job *j, int64_t n)
         float m = M[i] * b1 + ob1 * g, v = V[i] * b2 + ob2 * (g * g);
         M[i] = m;
         V[i] = v;
+        if (X) {
+            float x = X[i];
+            v = x > v || x != x ? x : v;
+            X[i] = v;
+        }
         P[i] = p + nss * (m / (sqrtf(v) / bc2s + eps));
     }
 }
@@ -375,11 +402,15 @@ static void adam_dense_f32(step_job *j, int64_t n)
  * two sharing storage (each element is read before it is written). */
 static bool adam_dense_ok(const step_job *j)
 {
-    return j->h.kind != OPT_SGD && j->p.dtype == TD_F32 && j->bv[0] && j->bv[1] &&
-           tdd_is_contiguous(&j->p) && tdd_is_contiguous(&j->g) && tdd_is_contiguous(&j->b0) &&
-           tdd_is_contiguous(&j->b1) && j->p.st != j->g.st && j->p.st != j->b0.st &&
-           j->p.st != j->b1.st && j->g.st != j->b0.st && j->g.st != j->b1.st &&
-           j->b0.st != j->b1.st;
+    bool ok = j->h.kind != OPT_SGD && j->p.dtype == TD_F32 && j->bv[0] && j->bv[1] &&
+              tdd_is_contiguous(&j->p) && tdd_is_contiguous(&j->g) && tdd_is_contiguous(&j->b0) &&
+              tdd_is_contiguous(&j->b1) && j->p.st != j->g.st && j->p.st != j->b0.st &&
+              j->p.st != j->b1.st && j->g.st != j->b0.st && j->g.st != j->b1.st &&
+              j->b0.st != j->b1.st;
+    if (ok && j->h.amsgrad) /* max_exp_avg_sq likewise */
+        ok = j->bv[2] && tdd_is_contiguous(&j->b2) && j->b2.st != j->p.st && j->b2.st != j->g.st &&
+             j->b2.st != j->b0.st && j->b2.st != j->b1.st;
+    return ok;
 }
 #endif
 
@@ -419,6 +450,7 @@ static void step_done(void *arg, int rc)
     tdd_value_unref(j->gv);
     tdd_value_unref(j->bv[0]);
     tdd_value_unref(j->bv[1]);
+    tdd_value_unref(j->bv[2]);
     free(j);
 }
 
@@ -463,6 +495,12 @@ static tdd_value *div2(tdd_bw *b, tdd_value *x, tdd_value *y)
     return x && y ? tdd_bw_op(b, TDD_OP_DIV, in, 2, NULL, 0, 0, NULL) : NULL;
 }
 
+static tdd_value *max2(tdd_bw *b, tdd_value *x, tdd_value *y)
+{
+    tdd_value *in[2] = {x, y};
+    return x && y ? tdd_bw_op(b, TDD_OP_MAXIMUM, in, 2, NULL, 0, 0, NULL) : NULL;
+}
+
 /* Points v at r's storage and readiness (r's data replaces v's). */
 static void adopt(tdd_value *v, const tdd_value *r)
 {
@@ -480,7 +518,7 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
         return tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     tdd_bw_keep(b, pa);
     tdd_value *p = pa, *g = h->maximize ? un(b, TDD_OP_NEG, grad) : grad;
-    tdd_value *nb[2] = {NULL, NULL};
+    tdd_value *nb[3] = {NULL, NULL, NULL};
     bool init = op->step == 0;
     if (h->kind == OPT_SGD) {
         if (h->weight_decay != 0.0)
@@ -504,17 +542,24 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
                      : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->beta1), g, 1.0 - h->beta1);
         nb[1] = init ? sc(b, TDD_OP_MUL, gg, 1.0 - h->beta2)
                      : axpy(b, sc(b, TDD_OP_MUL, op->buf[1], h->beta2), gg, 1.0 - h->beta2);
+        /* amsgrad: torch.maximum(max_exp_avg_sq, exp_avg_sq); the fresh
+         * maximum, max(0, exp_avg_sq), is exp_avg_sq itself. */
+        if (h->amsgrad)
+            nb[2] = init ? nb[1] : max2(b, op->buf[2], nb[1]);
         double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
-        tdd_value *denom =
-            sc(b, TDD_OP_ADD, sc(b, TDD_OP_DIV, un(b, TDD_OP_SQRT, nb[1]), sqrt(bc2)), h->eps);
+        tdd_value *denom = sc(
+            b, TDD_OP_ADD,
+            sc(b, TDD_OP_DIV, un(b, TDD_OP_SQRT, h->amsgrad ? nb[2] : nb[1]), sqrt(bc2)), h->eps);
         p = axpy(b, p, div2(b, nb[0], denom), -(h->lr / bc1));
     }
     if (b->rc)
         return b->rc;
     adopt(op->p, p);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         if (nb[k]) {
-            /* State buffers are values of their own: take the result itself. */
+            /* State buffers are values of their own: take the result itself
+             * (amsgrad's first maximum is exp_avg_sq's value too; results
+             * are never written in place, so sharing it is safe). */
             tdd_value_ref(nb[k]);
             tdd_value_unref(op->buf[k]);
             op->buf[k] = nb[k];
@@ -609,7 +654,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
     /* Everything is checked, and every state buffer allocated, before any
      * update is queued: a failed step changes no parameter. */
     bool sgd = o && o->h.kind == OPT_SGD;
-    int nbuf = !o ? 0 : sgd ? (o->h.momentum != 0.0 ? 1 : 0) : 2;
+    int nbuf = !o ? 0 : sgd ? (o->h.momentum != 0.0 ? 1 : 0) : o->h.amsgrad ? 3 : 2;
     /* Every parameter steps the same way: as ops when asked, or when one
      * lives where the loop cannot loop over it. */
     bool via_ops = o && o->h.foreach;
@@ -700,6 +745,8 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
             j->b0 = j->bv[0]->t;
         if (j->bv[1])
             j->b1 = j->bv[1]->t;
+        if (j->bv[2])
+            j->b2 = j->bv[2]->t;
         tdd_device *dev = op->p->dev;
         if (small && tdd_queue_idle(dev->q)) {
             step_done(j, step_run(j)); /* a failure lands in ag->step_failed */

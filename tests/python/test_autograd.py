@@ -158,13 +158,41 @@ def test_to_device_keeps_the_graph(ad):
     np.testing.assert_allclose(g.numpy(), np.full(3, 2), rtol=0)
 
 
+def _optimizer(kind, params, **attrs):
+    """An optimizer of that kind with exactly these attrs (any the daemon takes)."""
+    cls = {"adam": tensordd.optim.Adam, "adamw": tensordd.optim.AdamW}[kind]
+    opt = tensordd.optim.Optimizer.__new__(cls)
+    tensordd.optim.Optimizer.__init__(opt, params, **attrs)
+    return opt
+
+
 @pytest.mark.parametrize("make,torch_make", [
     (lambda p: tensordd.optim.SGD(p, lr=0.1), lambda p: torch.optim.SGD(p, lr=0.1)),
     (lambda p: tensordd.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True),
      lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)),
     (lambda p: tensordd.optim.Adam(p, lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01)),
     (lambda p: tensordd.optim.AdamW(p, lr=0.01), lambda p: torch.optim.AdamW(p, lr=0.01)),
-])
+    # amsgrad: a small beta2 and a large lr let exp_avg_sq fall between steps,
+    # so the running maximum differs from it (without amsgrad these fail)
+    (lambda p: tensordd.optim.Adam(p, lr=0.2, betas=(0.9, 0.0), amsgrad=True),
+     lambda p: torch.optim.Adam(p, lr=0.2, betas=(0.9, 0.0), amsgrad=True)),
+    (lambda p: tensordd.optim.Adam(p, lr=0.3, betas=(0.8, 0.3), weight_decay=0.1, amsgrad=True),
+     lambda p: torch.optim.Adam(p, lr=0.3, betas=(0.8, 0.3), weight_decay=0.1, amsgrad=True)),
+    # (a decay of lr * weight_decay = 0.5 halves the weights, and so the
+    # gradients, each step: exp_avg_sq falls whatever the data)
+    (lambda p: tensordd.optim.AdamW(p, lr=0.5, betas=(0.8, 0.0), weight_decay=1.0, amsgrad=True),
+     lambda p: torch.optim.AdamW(p, lr=0.5, betas=(0.8, 0.0), weight_decay=1.0, amsgrad=True)),
+    # maximize: the daemon takes it, the classes don't (so the base class sends it)
+    (lambda p: _optimizer("adam", p, lr=0.3, beta1=0.8, beta2=0.3, weight_decay=0.1,
+                          maximize=True, amsgrad=True),
+     lambda p: torch.optim.Adam(p, lr=0.3, betas=(0.8, 0.3), weight_decay=0.1, maximize=True,
+                                amsgrad=True)),
+    (lambda p: _optimizer("adamw", p, lr=0.3, beta1=0.8, beta2=0.0, weight_decay=0.5,
+                          maximize=True, amsgrad=True),
+     lambda p: torch.optim.AdamW(p, lr=0.3, betas=(0.8, 0.0), weight_decay=0.5, maximize=True,
+                                 amsgrad=True)),
+], ids=["sgd", "sgd-nesterov", "adam", "adamw", "adam-amsgrad", "adam-amsgrad-wd",
+        "adamw-amsgrad", "adam-amsgrad-maximize", "adamw-amsgrad-maximize"])
 def test_optimizers_match_torch(ad, make, torch_make):
     x, w1, w2 = randf(8, 3), randf(3, 5), randf(5, 2)
     W1 = ad.tensor(w1, requires_grad=True)

@@ -200,7 +200,17 @@ def test_non_contiguous_inputs(ad):
      lambda p: torch.optim.Adam(p, lr=0.02, betas=(0.8, 0.99), weight_decay=0.1)),
     (lambda p: tensordd.optim.AdamW(p, lr=0.02, eps=1e-6, weight_decay=0.5),
      lambda p: torch.optim.AdamW(p, lr=0.02, eps=1e-6, weight_decay=0.5)),
-], ids=["sgd-dampening-wd", "sgd-nesterov", "adam-wd", "adamw"])
+    # amsgrad (the loop, its SSE form and the ops): beta2 0.9 lets exp_avg_sq
+    # fall as the fit improves, so the maximum matters (without it these fail)
+    (lambda p: tensordd.optim.Adam(p, lr=0.05, betas=(0.8, 0.9), weight_decay=0.1,
+                                   amsgrad=True),
+     lambda p: torch.optim.Adam(p, lr=0.05, betas=(0.8, 0.9), weight_decay=0.1, amsgrad=True)),
+    (lambda p: tensordd.optim.AdamW(p, lr=0.05, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.5,
+                                    amsgrad=True),
+     lambda p: torch.optim.AdamW(p, lr=0.05, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.5,
+                                 amsgrad=True)),
+], ids=["sgd-dampening-wd", "sgd-nesterov", "adam-wd", "adamw", "adam-amsgrad-wd",
+        "adamw-amsgrad"])
 @pytest.mark.parametrize("foreach", [False, True], ids=["loop", "foreach"])
 def test_optimizers_track_torch_for_many_steps(ad, make, torch_make, foreach):
     """20 steps with fresh gradients each time: state (momentum, moments, step

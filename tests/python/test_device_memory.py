@@ -81,3 +81,31 @@ def test_training_step_on_device_memory(sim):
     assert np.array_equal(grads.get(w).numpy(), np.ones((3, 1), np.float32))
     tensordd.optim.SGD([w], lr=0.5).step(grads)
     assert np.array_equal(w.numpy(), np.full((3, 1), 0.5, np.float32))
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_adam_amsgrad_on_device_memory(sim, kind):
+    """Adam(W) with amsgrad as queued ops on device memory (sim:0) and as the
+    host loop (cpu:0, float64: the scalar loop) both track torch.optim for 20
+    steps; beta2 0.9 lets exp_avg_sq fall, so the running maximum matters."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    x, y, w0 = rng.uniform(-1.5, 1.5, (16, 3)), rng.uniform(-1.5, 1.5, (16, 2)), \
+        rng.uniform(-1.5, 1.5, (3, 2))
+    hyper = dict(lr=0.05, betas=(0.8, 0.9), weight_decay=0.1, amsgrad=True)
+    cls, tcls = {"adam": (tensordd.optim.Adam, torch.optim.Adam),
+                 "adamw": (tensordd.optim.AdamW, torch.optim.AdamW)}[kind]
+    tw = torch.tensor(w0, requires_grad=True)
+    topt = tcls([tw], **hyper)
+    for _ in range(20):
+        topt.zero_grad()
+        torch.nn.functional.mse_loss(torch.tensor(x) @ tw, torch.tensor(y)).backward()
+        topt.step()
+    for dev in ("sim:0", "cpu:0"):
+        w = sim.tensor(w0, device=dev, requires_grad=True)
+        X, Y = sim.tensor(x, device=dev), sim.tensor(y, device=dev)
+        opt = cls([w], **hyper)
+        for _ in range(20):
+            opt.step(sim.op("mse_loss", X @ w, Y).backward())
+        np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-12, atol=1e-14,
+                                   err_msg=dev)

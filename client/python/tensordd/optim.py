@@ -2,7 +2,7 @@
 
 An optimizer is created once with its parameters (OptimizerCreate, a round
 trip, so a bad hyperparameter or a full quota raises in the constructor as in
-PyTorch, and the C client's td_optimizer_create); its state (momentum buffers, Adam moments) lives in the
+PyTorch, and the C client's td_optimizer_create); its state (momentum buffers, Adam moments and amsgrad's maxima) lives in the
 daemon, keyed by parameter. ``step(grads)`` reads a Gradients handle and
 updates the parameters in place in one synchronising request.
 """
@@ -92,17 +92,21 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam (``torch.optim.Adam``): weight decay added to the gradient (L2)."""
+    """Adam (``torch.optim.Adam``): weight decay added to the gradient (L2);
+    ``amsgrad`` normalises by the largest second moment so far."""
 
     kind = "adam"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, amsgrad: bool = False):
         beta1, beta2 = betas
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError("invalid Adam hyperparameters")
+        # amsgrad goes only when set (the daemon's default is off), so a plain
+        # Adam's request is what it was.
+        extra = {"amsgrad": True} if amsgrad else {}
         super().__init__(params, lr=float(lr), beta1=float(beta1), beta2=float(beta2),
-                         eps=float(eps), weight_decay=float(weight_decay))
+                         eps=float(eps), weight_decay=float(weight_decay), **extra)
 
 
 class AdamW(Adam):
@@ -111,5 +115,6 @@ class AdamW(Adam):
     kind = "adamw"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 1e-2, amsgrad: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad)
