@@ -2,9 +2,10 @@
 
 An optimizer is created once with its parameters (OptimizerCreate, a round
 trip, so a bad hyperparameter or a full quota raises in the constructor as in
-PyTorch, and the C client's td_optimizer_create); its state (momentum buffers, Adam moments and amsgrad's maxima) lives in the
-daemon, keyed by parameter. ``step(grads)`` reads a Gradients handle and
-updates the parameters in place in one synchronising request.
+PyTorch, and the C client's td_optimizer_create); its state (momentum buffers,
+Adam moments, amsgrad's maxima) lives in the daemon, keyed by parameter.
+``step(grads)`` reads a Gradients handle and updates the parameters in place
+in one synchronising request.
 """
 
 from __future__ import annotations
