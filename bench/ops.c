@@ -75,33 +75,49 @@ static void vec(tdd_tensor *t, tdd_storage *st, int64_t n)
     t->st = st;
 }
 
-/* Seconds for one call of op on the cpu backend (median of REPS). */
-static double time_op(void *ctx, const char *name, tdd_tensor *a, tdd_tensor *b, tdd_tensor *out)
+/* Prepares a call of op name on in[0..n_in) with attrs (exits when it cannot);
+ * od[0] describes the output, which the caller provides in call->out[0]. */
+static void prepare(const char *name, const tdd_tensor *const *in, int n_in, const td_attr *attrs,
+                    size_t nattrs, tdd_opargs *args, tdd_outdesc *od, tdd_opcall *call)
 {
     const tdd_opdef *def = tdd_op_find(name);
-    const tdd_tensor *in[2] = {a, b};
-    int n_in = b ? 2 : 1;
-    tdd_opreq req = {0};
-    tdd_opargs args;
-    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    tdd_opreq req = {.attrs = {attrs, nattrs}};
     int n_out = 0;
     td_error err;
-    if (!def || tdd_op_prepare(def->op, in, n_in, &req, INT64_MAX, &args, od, &n_out, &err)) {
+    if (!def || tdd_op_prepare(def->op, in, n_in, &req, INT64_MAX, args, od, &n_out, &err)) {
         fprintf(stderr, "bench: %s: cannot prepare\n", name);
         exit(1);
     }
-    tdd_opcall call = {.op = def->op, .args = &args, .n_in = n_in, .n_out = 1};
-    call.in[0] = a;
-    call.in[1] = b;
-    call.out[0] = out;
+    *call = (tdd_opcall){.op = def->op, .args = args, .n_in = n_in, .n_out = 1};
+    for (int k = 0; k < n_in; k++)
+        call->in[k] = in[k];
+}
+
+/* Seconds for one execution of call on backend be (median of reps, at most REPS). */
+static double time_call(const tdd_backend *be, void *ctx, const tdd_opcall *call, int reps)
+{
     double t[REPS];
-    for (int r = 0; r < REPS; r++) {
+    if (reps > REPS)
+        reps = REPS;
+    for (int r = 0; r < reps; r++) {
         double t0 = bench_now();
-        if (tdd_backend_cpu.execute(ctx, 0, &call))
+        if (be->execute(ctx, 0, call))
             exit(1);
         t[r] = bench_now() - t0;
     }
-    return bench_median(t, REPS);
+    return bench_median(t, reps);
+}
+
+/* Seconds for one call of op on the cpu backend (median of REPS). */
+static double time_op(void *ctx, const char *name, tdd_tensor *a, tdd_tensor *b, tdd_tensor *out)
+{
+    const tdd_tensor *in[2] = {a, b};
+    tdd_opargs args;
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    tdd_opcall call;
+    prepare(name, in, b ? 2 : 1, NULL, 0, &args, od, &call);
+    call.out[0] = out;
+    return time_call(&tdd_backend_cpu, ctx, &call, REPS);
 }
 
 static void bench_elementwise(void)
@@ -153,16 +169,10 @@ static double time_backend_op(const tdd_backend *be, void *ctx, const char *name
                               const tdd_tensor *const *in, int n_in, const td_attr *attrs,
                               size_t nattrs, int reps)
 {
-    const tdd_opdef *def = tdd_op_find(name);
-    tdd_opreq req = {.attrs = {attrs, nattrs}};
     tdd_opargs args;
     tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
-    int n_out = 0;
-    td_error err;
-    if (!def || tdd_op_prepare(def->op, in, n_in, &req, INT64_MAX, &args, od, &n_out, &err)) {
-        fprintf(stderr, "bench: %s: cannot prepare\n", name);
-        exit(1);
-    }
+    tdd_opcall call;
+    prepare(name, in, n_in, attrs, nattrs, &args, od, &call);
     tdd_tensor out;
     memset(&out, 0, sizeof out);
     out.dtype = od[0].dtype;
@@ -170,20 +180,11 @@ static double time_backend_op(const tdd_backend *be, void *ctx, const char *name
     memcpy(out.shape, od[0].shape, sizeof out.shape);
     tdd_set_contiguous(&out);
     out.st = host_storage((size_t)tdd_numel(&out) * td_dtype_size(out.dtype));
-    tdd_opcall call = {.op = def->op, .args = &args, .n_in = n_in, .n_out = 1};
-    for (int k = 0; k < n_in; k++)
-        call.in[k] = in[k];
     call.out[0] = &out;
-    double t[REPS];
-    for (int r = 0; r < reps && r < REPS; r++) {
-        double t0 = bench_now();
-        if (be->execute(ctx, 0, &call))
-            exit(1);
-        t[r] = bench_now() - t0;
-    }
+    double t = time_call(be, ctx, &call, reps);
     free(out.st->data);
     free(out.st);
-    return bench_median(t, reps < REPS ? reps : REPS);
+    return t;
 }
 
 /* cat and tril, which the cpu backend ran on the reference kernels until cpu_index.c. */
