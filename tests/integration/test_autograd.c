@@ -349,6 +349,7 @@ START_TEST(test_optimizer_errors)
         {"sgd", p, {td_attr_bool("nesterov", 1), lr}, 2, TD_EINVALID_ARGUMENT},
         {"sgd", p, {td_attr_float("momentum", 0.9)}, 1, TD_EINVALID_ARGUMENT}, /* no lr */
         {"adam", p, {td_attr_float("beta1", 1.0)}, 1, TD_EINVALID_ARGUMENT},
+        {"sgd", p, {td_attr_bool("amsgrad", 1), lr}, 2, TD_EINVALID_ARGUMENT}, /* Adam's only */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(

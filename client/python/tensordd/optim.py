@@ -2,7 +2,8 @@
 
 An optimizer is created once with its parameters (OptimizerCreate, a round
 trip, so a bad hyperparameter or a full quota raises in the constructor as in
-PyTorch, and the C client's td_optimizer_create); its state (momentum buffers,
+PyTorch; the C client's td_optimizer_create is asynchronous and reports it at
+the next synchronising call); its state (momentum buffers,
 Adam moments, amsgrad's maxima) lives in the daemon, keyed by parameter.
 ``step(grads)`` reads a Gradients handle and updates the parameters in place
 in one synchronising request.
