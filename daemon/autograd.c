@@ -278,6 +278,8 @@ static void grads_free(void *obj)
     tdd_grad_entry *e, *tmp;
     HASH_ITER(hh, g->map, e, tmp)
     {
+        /* HASH_ITER sets e; cppcheck does not see through the macro */
+        /* cppcheck-suppress uninitvar */
         grads_drop(g, e);
     }
     tdd_account_unref(g->acct);

@@ -113,6 +113,8 @@ static int body_len(const Tensordd__V1__Request *req, op_sizes *z)
 
 size_t td__request_fast_size(const Tensordd__V1__Request *req, td__req_sizes *zs)
 {
+    /* zs is the caller's uninitialised scratch, zeroed just below */
+    /* cppcheck-suppress ctuuninitvar */
     op_sizes *z = (op_sizes *)zs->z;
     _Static_assert(sizeof(op_sizes) <= sizeof zs->z, "td__req_sizes too small");
     memset(z, 0, sizeof *z);
