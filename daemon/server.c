@@ -87,19 +87,32 @@ static void out_of_memory(tdd_conn *c, bool resume)
     conn_close(c);
 }
 
-/* Where a frame of flen bytes is built: small on the caller's stack, else a write
- * request of its own (*wr); NULL when out of memory (the connection is told). */
-static uint8_t *frame_buffer(tdd_conn *c, size_t flen, uint8_t *small, write_req **wr, bool resume)
+/* Starts a frame for a message of mlen bytes and a payload of plen: its header
+ * written, the message to be put after it. The frame is small on the caller's
+ * stack, else in a write request of its own (*wr). NULL when nothing is to be
+ * sent: the connection is closing, or out of memory (the connection is told);
+ * either way a pause taken for this reply (resume) is given back. */
+static uint8_t *frame_begin(tdd_conn *c, size_t mlen, uint64_t plen, uint8_t *small, write_req **wr,
+                            bool resume)
 {
     *wr = NULL;
-    if (flen <= SMALL_FRAME)
-        return small;
-    *wr = malloc(sizeof **wr + flen);
-    if (!*wr) {
-        out_of_memory(c, resume);
+    if (c->closing) {
+        if (resume)
+            c->paused--;
         return NULL;
     }
-    return (uint8_t *)(*wr)->bytes;
+    size_t flen = TD_FRAME_HEADER_SIZE + mlen;
+    uint8_t *frame = small;
+    if (flen > SMALL_FRAME) {
+        *wr = malloc(sizeof **wr + flen);
+        if (!*wr) {
+            out_of_memory(c, resume);
+            return NULL;
+        }
+        frame = (uint8_t *)(*wr)->bytes;
+    }
+    td_frame_encode(frame, (uint32_t)mlen, plen);
+    return frame;
 }
 
 /* Sends frame[0..flen) (header and message) then payload[0..plen). frame is
@@ -159,21 +172,14 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
 static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
                         tdd_storage *hold, bool resume)
 {
-    if (c->closing) {
-        if (resume)
-            c->paused--;
-        return;
-    }
     size_t mlen = protobuf_c_message_get_packed_size(&r->base);
-    size_t flen = TD_FRAME_HEADER_SIZE + mlen;
     uint8_t small[SMALL_FRAME];
     write_req *wr;
-    uint8_t *frame = frame_buffer(c, flen, small, &wr, resume);
+    uint8_t *frame = frame_begin(c, mlen, plen, small, &wr, resume);
     if (!frame)
         return;
-    td_frame_encode(frame, (uint32_t)mlen, plen);
     protobuf_c_message_pack(&r->base, frame + TD_FRAME_HEADER_SIZE);
-    send_frame(c, frame, flen, wr, payload, plen, hold, resume);
+    send_frame(c, frame, TD_FRAME_HEADER_SIZE + mlen, wr, payload, plen, hold, resume);
 }
 
 /* A payload pointing into tensor memory must not change while it is written:
@@ -191,19 +197,15 @@ void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const v
                            uint64_t plen, tdd_storage *hold)
 {
     bool pause = plen > 0;
-    if (c->closing)
-        return;
     if (pause)
         c->paused++;
-    size_t flen = TD_FRAME_HEADER_SIZE + mlen;
     uint8_t small[SMALL_FRAME];
     write_req *wr;
-    uint8_t *frame = frame_buffer(c, flen, small, &wr, pause);
+    uint8_t *frame = frame_begin(c, mlen, plen, small, &wr, pause);
     if (!frame)
         return;
-    td_frame_encode(frame, (uint32_t)mlen, plen);
     memcpy(frame + TD_FRAME_HEADER_SIZE, msg, mlen);
-    send_frame(c, frame, flen, wr, payload, plen, hold, pause);
+    send_frame(c, frame, TD_FRAME_HEADER_SIZE + mlen, wr, payload, plen, hold, pause);
 }
 
 void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
