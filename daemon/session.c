@@ -111,19 +111,18 @@ static size_t run_at(const tdd_session *s, uint64_t id)
     return lo;
 }
 
-static bool id_was_bound(const tdd_session *s, uint64_t id)
-{
-    size_t i = run_at(s, id);
-    return i < s->n_id_runs && s->id_runs[i].lo <= id;
-}
+/* Where id stands among the runs: bound before, next to a run, or alone. */
+typedef enum { ID_BOUND, ID_JOINS_RUN, ID_ALONE } id_place;
 
-/* Whether remembering id (not bound before) needs a run of its own. */
-static bool id_opens_run(const tdd_session *s, uint64_t id)
+static id_place id_where(const tdd_session *s, uint64_t id)
 {
     size_t i = run_at(s, id);
-    if (i < s->n_id_runs && s->id_runs[i].lo == id + 1)
-        return false;
-    return !(i > 0 && s->id_runs[i - 1].hi + 1 == id);
+    if (i < s->n_id_runs && s->id_runs[i].lo <= id)
+        return ID_BOUND;
+    if ((i < s->n_id_runs && s->id_runs[i].lo == id + 1) ||
+        (i > 0 && s->id_runs[i - 1].hi + 1 == id))
+        return ID_JOINS_RUN;
+    return ID_ALONE;
 }
 
 /* Room for one more run, charged to the session's memory account. */
@@ -347,7 +346,7 @@ static const char *kind_name(td_handle_kind k)
 static int unknown_handle(const tdd_session *s, td_error *err, uint64_t id)
 {
     int rc = tdd_err_unknown_handle(err, id);
-    if (err && id_was_bound(s, id))
+    if (err && id_where(s, id) == ID_BOUND)
         snprintf(err->message, sizeof err->message,
                  "handle %llu was released earlier in this session", (unsigned long long)id);
     return rc;
@@ -383,7 +382,8 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
     if (id == 0)
         return tdd_err_arg(err, "handle", "handle id 0 is reserved");
     bool live = tdd_handle_find(s, id) != NULL;
-    if (live || id_was_bound(s, id)) {
+    id_place where = id_where(s, id);
+    if (live || where == ID_BOUND) {
         tdd_err_set(err, TD_EHANDLE_IN_USE,
                     live ? "handle %llu is already in use"
                          : "handle %llu was bound and released earlier in this session: handle "
@@ -398,7 +398,7 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
     if (s->nhandles >= tdd_cfg.max_handles)
         return tdd_err_resource(err, "handles", 1, 0, "session holds %llu handles, the limit",
                                 (unsigned long long)s->nhandles);
-    if (id_opens_run(s, id))
+    if (where == ID_ALONE)
         return id_runs_grow(s, err);
     return 0;
 }
