@@ -19,5 +19,9 @@ void tdd_config_defaults(tdd_config *c)
     c->max_inflight = 4096;
     c->max_sessions = 1024;
     c->idle_timeout_s = 0;
+    c->hello_timeout_s = 10;
+    c->max_handshakes = 64;
+    c->write_timeout_s = 20; /* under the 30 s shutdown grace: a stuck reader cannot hold it */
+    c->max_write_queue = 64u << 20;
     c->shutdown_grace_s = 30;
 }

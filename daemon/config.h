@@ -10,19 +10,24 @@
 typedef struct tdd_config {
     const char *listen[TDD_MAX_LISTEN];
     int nlisten;
-    int cpu_devices;         /* logical cpu devices cpu:0..N-1 */
-    int threads;             /* cpu backend threads; 0 = cores */
-    int sim_devices;         /* simulated discrete devices sim:0..N-1 (tests) */
-    uint32_t max_msg;        /* largest protobuf request */
-    uint64_t max_payload;    /* largest raw payload */
-    int64_t max_numel;       /* largest tensor, in elements */
-    uint64_t max_handles;    /* live handles per session */
-    uint64_t max_id_runs;    /* runs of consecutive ids a session may have bound */
-    uint64_t session_memory; /* bytes per session; 0 = only the global cap */
-    uint64_t memory_cap;     /* bytes for the whole daemon; 0 = physical memory */
-    uint32_t max_inflight;   /* queued requests per session before reading pauses */
-    uint32_t max_sessions;   /* concurrent sessions */
-    uint32_t idle_timeout_s; /* close a session silent this long; 0 = never */
+    int cpu_devices;          /* logical cpu devices cpu:0..N-1 */
+    int threads;              /* cpu backend threads; 0 = cores */
+    int sim_devices;          /* simulated discrete devices sim:0..N-1 (tests) */
+    uint32_t max_msg;         /* largest protobuf request */
+    uint64_t max_payload;     /* largest raw payload */
+    int64_t max_numel;        /* largest tensor, in elements */
+    uint64_t max_handles;     /* live handles per session */
+    uint64_t max_id_runs;     /* runs of consecutive ids a session may have bound */
+    uint64_t session_memory;  /* bytes per session; 0 = only the global cap */
+    uint64_t memory_cap;      /* bytes for the whole daemon; 0 = physical memory */
+    uint32_t max_inflight;    /* queued requests per session before reading pauses */
+    uint32_t max_sessions;    /* concurrent sessions */
+    uint32_t idle_timeout_s;  /* close a session silent this long; 0 = never */
+    uint32_t hello_timeout_s; /* close a connection that has not completed Hello; 0 = never */
+    uint32_t max_handshakes;  /* connections still before Hello (the oldest is dropped) */
+    uint32_t write_timeout_s; /* close a connection whose writes make no progress; 0 = never */
+    uint64_t
+        max_write_queue; /* reply bytes (with their bookkeeping) queued before reading pauses */
     uint32_t shutdown_grace_s;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;

@@ -40,9 +40,15 @@ struct tdd_conn {
     bool hello_done;
     bool reading;
     bool closing;
-    bool draining; /* daemon shutting down: answer Goodbye once idle */
-    uint64_t wq_bytes;
-    uv_timer_t idle;
+    bool draining;     /* daemon shutting down: answer Goodbye once idle */
+    uint64_t wq_bytes; /* queued replies: frame bytes plus each write's bookkeeping */
+    uint64_t wq_peak;
+    /* Loop times (ms) the watchdog judges by: opened (Hello timeout), the last
+     * traffic either way (idle timeout), the last progress of queued writes
+     * (write timeout; wq_seen is the queue's size when it was last looked at). */
+    uint64_t opened_ms, active_ms, wq_moved_ms;
+    size_t wq_seen;
+    uv_timer_t watch;
     tdd_conn *prev, *next;
 };
 
@@ -59,6 +65,10 @@ int tdd_server_start(uv_loop_t *loop, const tdd_config *cfg);
 const char *tdd_server_endpoint(int i);
 /* Stop accepting; let connections finish; the loop ends when all are closed. */
 void tdd_server_shutdown(void);
+/* Hello succeeded: the connection becomes a session, counted against
+ * --max-sessions, and gets the full frame limits. A negative TD_E* (err set)
+ * when the daemon serves its limit of sessions. */
+int tdd_conn_admit(tdd_conn *c, td_error *err);
 
 void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
                    tdd_storage *hold);

@@ -10,6 +10,7 @@
 #include "exec_op.h"
 #include "log.h"
 #include "server.h"
+#include "utf8.h"
 #include "wire.h"
 
 #define TDD_VERSION_STRING "tensordd 0.1.0"
@@ -146,9 +147,12 @@ static int h_hello(tdd_conn *c, Request *req)
         tdd_answer_error(c, req, &err);
         return TDD_DISPATCH_CLOSE;
     }
-    c->hello_done = true;
-    snprintf(c->s->client_name, sizeof c->s->client_name, "%s",
-             h->client_name ? h->client_name : "");
+    if (tdd_conn_admit(c, &err)) {
+        tdd_answer_error(c, req, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
+    td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
     Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
     hr.version = TD_PROTOCOL_VERSION;
     hr.server = (char *)TDD_VERSION_STRING;
@@ -661,6 +665,21 @@ static int h_op(tdd_conn *c, Request *req)
         rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
     tdd_opreq oreq = {
         .attrs = {.a = attrs, .n = op->n_attrs}, .dtype = (td_dtype)op->dtype, .seed = s->rng};
+    if (!rc && op->requires_grad && op->n_inputs == 0) {
+        /* As Upload: only floating-point tensors can require grad. Told before anything
+         * is queued; the output dtypes come from prepare (cheap: there are no inputs). */
+        tdd_opargs pa;
+        tdd_outdesc pod[TDD_MAX_OP_OUTPUTS];
+        int pn = 0;
+        rc = tdd_op_prepare(def->op, NULL, 0, &oreq, tdd_cfg.max_numel, &pa, pod, &pn, &err);
+        for (int i = 0; !rc && i < pn; i++) {
+            td_dtype odt = pod[i].dtype;
+            if (odt != TD_F32 && odt != TD_F64 && odt != TD_F16 && odt != TD_BF16)
+                rc = tdd_err_arg(&err, "requires_grad",
+                                 "%s: only floating-point tensors can require grad, not %s",
+                                 def->name, td_dtype_name(odt));
+        }
+    }
     struct tdd_node *node = NULL; /* the autodiff record, reserved before anything runs */
     if (!rc && tdd_autograd_tracks(s, def->op, in, (int)op->n_inputs) &&
         !(node = tdd_autograd_reserve(s, (int)op->n_inputs, n_out, &err)))
@@ -766,8 +785,11 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
 {
     td_error err;
     if (payload_len && req->body_case != TENSORDD__V1__REQUEST__BODY_UPLOAD) {
+        /* The connection closes: the error is told now, whether or not the request
+         * wanted a reply (a pending error would never be read). */
         tdd_err_set(&err, TD_EPROTOCOL_ERROR, "only Upload carries a payload");
-        tdd_answer_error(c, req, &err);
+        tdd_count_error(err.code);
+        tdd_conn_send_error(c, req->id, &err);
         return TDD_DISPATCH_CLOSE;
     }
     if (!c->hello_done && req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <uv.h>
 
 #include "autograd.h"
@@ -42,7 +43,16 @@ static void usage(FILE *f)
                "  --memory-cap BYTES     memory for the whole daemon (default: physical memory)\n"
                "  --max-inflight N       queued requests per session before reading pauses (4096)\n"
                "  --max-sessions N       concurrent sessions (default 1024)\n"
-               "  --idle-timeout SECS    close sessions silent this long (default 0: never)\n"
+               "  --idle-timeout SECS    close sessions with no traffic either way and no work\n"
+               "                         in flight for this long (default 0: never)\n"
+               "  --hello-timeout SECS   close connections that have not completed Hello\n"
+               "                         (default 10; 0: never)\n"
+               "  --max-handshakes N     connections before Hello; a new one past the limit\n"
+               "                         drops the oldest (default 64)\n"
+               "  --write-timeout SECS   close connections whose replies make no progress\n"
+               "                         (a client that stops reading; default 20; 0: never)\n"
+               "  --max-write-queue BYTES  replies queued per connection, with their bookkeeping,\n"
+               "                         before it stops reading requests (default 64M)\n"
                "  --help, --version\n"
                "BYTES take K, M, G suffixes (powers of 1024).\n");
 }
@@ -113,9 +123,24 @@ static int read_token(const char *path)
     return 0;
 }
 
-static uv_signal_t sigterm, sigint;
+static uv_signal_t sigterm, sigint, sigusr1;
 static uv_timer_t grace;
 static bool stopping;
+
+/* Test hook, off unless TDD_TEST_STALL_MS is set: SIGUSR1 then holds the loop thread
+ * that long, as a slow request would. Tests use it to put work between two loop
+ * phases deterministically (a timer that fires with a read already waiting). */
+static unsigned long test_stall_ms;
+
+static void on_stall(uv_signal_t *h, int signum)
+{
+    (void)h;
+    (void)signum;
+    tdd_info("test hook: stalling the loop for %lu ms", test_stall_ms);
+    struct timespec ts = {(time_t)(test_stall_ms / 1000), (long)(test_stall_ms % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR)
+        ;
+}
 
 static void on_grace(uv_timer_t *t)
 {
@@ -139,6 +164,8 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_signal_stop(&sigint);
     uv_close((uv_handle_t *)&sigterm, NULL);
     uv_close((uv_handle_t *)&sigint, NULL);
+    if (test_stall_ms)
+        uv_close((uv_handle_t *)&sigusr1, NULL);
     uv_timer_init(uv_default_loop(), &grace);
     uv_timer_start(&grace, on_grace, tdd_cfg.shutdown_grace_s * 1000ull, 0);
     uv_unref((uv_handle_t *)&grace);
@@ -161,6 +188,10 @@ int main(int argc, char **argv)
         O_INFLIGHT,
         O_SESSIONS,
         O_IDLE,
+        O_HELLO,
+        O_HANDSHAKES,
+        O_WTIMEOUT,
+        O_WQUEUE,
         O_TOKEN,
         O_HELP,
         O_VERSION
@@ -180,6 +211,10 @@ int main(int argc, char **argv)
         {"max-inflight", required_argument, 0, O_INFLIGHT},
         {"max-sessions", required_argument, 0, O_SESSIONS},
         {"idle-timeout", required_argument, 0, O_IDLE},
+        {"hello-timeout", required_argument, 0, O_HELLO},
+        {"max-handshakes", required_argument, 0, O_HANDSHAKES},
+        {"write-timeout", required_argument, 0, O_WTIMEOUT},
+        {"max-write-queue", required_argument, 0, O_WQUEUE},
         {"token-file", required_argument, 0, O_TOKEN},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
@@ -251,6 +286,21 @@ int main(int argc, char **argv)
             bad = parse_u64(optarg, &v, 0) || v > 86400 * 365;
             tdd_cfg.idle_timeout_s = (uint32_t)v;
             break;
+        case O_HELLO:
+            bad = parse_u64(optarg, &v, 0) || v > 86400;
+            tdd_cfg.hello_timeout_s = (uint32_t)v;
+            break;
+        case O_HANDSHAKES:
+            bad = parse_u64(optarg, &v, 0) || v < 1 || v > (1u << 20);
+            tdd_cfg.max_handshakes = (uint32_t)v;
+            break;
+        case O_WTIMEOUT:
+            bad = parse_u64(optarg, &v, 0) || v > 86400;
+            tdd_cfg.write_timeout_s = (uint32_t)v;
+            break;
+        case O_WQUEUE:
+            bad = parse_u64(optarg, &tdd_cfg.max_write_queue, 1) || tdd_cfg.max_write_queue < 4096;
+            break;
         case O_TOKEN:
             if (read_token(optarg))
                 return 2;
@@ -300,6 +350,12 @@ int main(int argc, char **argv)
     uv_signal_init(loop, &sigint);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
     uv_signal_start(&sigint, on_signal, SIGINT);
+    const char *stall = getenv("TDD_TEST_STALL_MS");
+    if (stall && (test_stall_ms = strtoul(stall, NULL, 10)) > 0) {
+        uv_signal_init(loop, &sigusr1);
+        uv_signal_start(&sigusr1, on_stall, SIGUSR1);
+        uv_unref((uv_handle_t *)&sigusr1);
+    }
 
     uv_run(loop, UV_RUN_DEFAULT);
 

@@ -1,6 +1,7 @@
 /* server.c -- libuv listeners and connections: frames in, payloads straight
  * into tensor storage, responses out, backpressure and graceful shutdown. */
 #include <errno.h>
+#include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,14 @@
 /* Payload slices handed to read(2) at once: large enough for full-speed
  * loopback, small enough that one client cannot monopolise the loop. */
 #define PAYLOAD_SLICE (8u << 20)
-/* Write queue bytes above which a connection stops reading. */
-#define WQ_HIGH_WATER (64u << 20)
+/* What one queued write costs beyond its frame bytes: the write request (libuv's
+ * uv_write_t is most of it) and the allocator's header and rounding. A client that
+ * pipelines small requests and never reads is held to --max-write-queue in memory,
+ * not in frame bytes (a 22-byte reply costs about 280). */
+#define WRITE_COST (sizeof(write_req) + 32)
+/* Messages a connection may send before Hello: Hello is small, and nothing before
+ * it may make the daemon allocate up to --max-frame. */
+#define PREAUTH_MAX_MSG (16u << 10)
 
 tdd_counters tdd_stats;
 
@@ -42,10 +49,13 @@ static listener listeners[TDD_MAX_LISTEN];
 static int nlisteners;
 static tdd_conn *conns;
 static bool shutting_down;
+static uint32_t n_handshaking; /* connections before Hello */
+static uint32_t n_admitted;    /* connections past Hello: the sessions --max-sessions bounds */
 
 static void conn_process(tdd_conn *c);
 static void conn_close(tdd_conn *c);
 static void conn_shutdown(tdd_conn *c);
+static void watch_arm(tdd_conn *c);
 
 /* ---------------------------------------------------------------- writes */
 
@@ -67,6 +77,7 @@ static void after_write(uv_write_t *w, int status)
     write_req *wr = (write_req *)w;
     tdd_conn *c = wr->c;
     c->wq_bytes -= wr->total;
+    c->active_ms = c->wq_moved_ms = uv_now(loop);
     tdd_storage_unref(wr->hold);
     if (status < 0 && status != UV_ECANCELED)
         tdd_debug("session %llu: write failed: %s", (unsigned long long)(c->s ? c->s->id : 0),
@@ -146,7 +157,7 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
         rest = (uint8_t *)wr->bytes;
     }
     wr->c = c;
-    wr->total = flen - sent + plen;
+    wr->total = flen - sent + plen + WRITE_COST;
     wr->hold = hold;
     wr->resume = resume;
     if (hold)
@@ -156,8 +167,14 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
     /* uv_buf_t lengths are size_t on unix; one buffer per payload (large payloads are
      * written by libuv in as many write(2) calls as it takes). */
     bufs[1].len = (size_t)plen;
+    if (c->wq_bytes == 0) {
+        c->wq_moved_ms = uv_now(loop); /* the write timeout counts from here */
+        c->wq_seen = 0;
+    }
     c->wq_bytes += wr->total;
-    tdd_stats.bytes_sent += wr->total;
+    if (c->wq_bytes > c->wq_peak)
+        c->wq_peak = c->wq_bytes;
+    tdd_stats.bytes_sent += flen - sent + plen;
     int rc = uv_write(&wr->req, &c->h.stream, bufs, plen ? 2 : 1, after_write);
     if (rc < 0) {
         c->wq_bytes -= wr->total;
@@ -166,7 +183,10 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
         if (resume)
             c->paused--;
         conn_close(c);
+        return;
     }
+    if (tdd_cfg.write_timeout_s && !uv_is_active((uv_handle_t *)&c->watch))
+        watch_arm(c);
 }
 
 static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
@@ -228,7 +248,8 @@ void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
 
 static bool over_high_water(const tdd_conn *c)
 {
-    return (c->s && c->s->inflight >= tdd_cfg.max_inflight) || c->wq_bytes >= WQ_HIGH_WATER;
+    return (c->s && c->s->inflight >= tdd_cfg.max_inflight) ||
+           c->wq_bytes >= tdd_cfg.max_write_queue;
 }
 
 static bool can_process(const tdd_conn *c)
@@ -240,6 +261,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
     tdd_conn *c = h->data;
+    if (c->closing) {
+        /* Nothing is read into a closing connection: its payload's destination may be
+         * freed already (uv_read_stop was called; this is belt and braces). */
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
     /* The rest of a payload goes straight to its destination. */
     if (c->in_payload && c->pdst && c->rpos == c->rlen) {
         uint64_t left = c->plen - c->pgot;
@@ -485,8 +512,10 @@ static void conn_process(tdd_conn *c)
         c->rpos += used;
         if (rc < 0) {
             fail_protocol(c, rc,
-                          rc == TD_EFRAME_TOO_LARGE ? "frame exceeds the configured limits"
-                                                    : "bad frame header (magic/version)");
+                          rc != TD_EFRAME_TOO_LARGE ? "bad frame header (magic/version)"
+                          : c->hello_done           ? "frame exceeds the configured limits"
+                                                    : "frame exceeds what is accepted before Hello "
+                                                      "(16 KiB, no payload)");
             return;
         }
         if (rc == TD_FRAME_READY)
@@ -498,6 +527,8 @@ static void conn_process(tdd_conn *c)
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     tdd_conn *c = st->data;
+    if (c->closing)
+        return;
     if (nread < 0) {
         if (nread != UV_EOF)
             tdd_debug("session %llu: read: %s", (unsigned long long)(c->s ? c->s->id : 0),
@@ -508,8 +539,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0)
         return;
     tdd_stats.bytes_received += (uint64_t)nread;
-    if (tdd_cfg.idle_timeout_s)
-        uv_timer_again(&c->idle);
+    c->active_ms = uv_now(loop);
     if (c->in_payload && c->pdst && buf->base == (char *)c->pdst + c->pgot) {
         c->pgot += (uint64_t)nread;
         if (c->pgot == c->plen)
@@ -574,7 +604,12 @@ static void after_close(uv_handle_t *h)
     arena_destroy(c->arena);
     td_frame_parser_free(&c->fp);
     free(c->rbuf);
+    /* A client that queued many replies and left: give the heap's free pages back
+     * (they are small blocks, which the allocator keeps otherwise). */
+    bool trim = c->wq_peak > (1u << 20);
     free(c);
+    if (trim)
+        malloc_trim(0);
     if (shutting_down && !conns) {
         for (int i = 0; i < nlisteners; i++)
             if (!uv_is_closing(&listeners[i].h.handle))
@@ -582,7 +617,7 @@ static void after_close(uv_handle_t *h)
     }
 }
 
-static void idle_closed(uv_handle_t *h)
+static void watch_closed(uv_handle_t *h)
 {
     tdd_conn *c = h->data;
     uv_close(&c->h.handle, after_close);
@@ -590,14 +625,26 @@ static void idle_closed(uv_handle_t *h)
 
 static void conn_close(tdd_conn *c)
 {
-    if (uv_is_closing(&c->h.handle))
+    if (uv_is_closing(&c->h.handle) || uv_is_closing((uv_handle_t *)&c->watch))
         return;
     c->closing = true;
+    /* Stop reading now: the stream is closed only after the timer below, a loop
+     * iteration later, and a read in between must not land in a payload
+     * destination the session's close is about to free. */
+    if (c->reading)
+        uv_read_stop(&c->h.stream);
+    c->reading = false;
     if (c->in_payload && c->pdone) {
         tdd_payload_cb cb = c->pdone;
         c->pdone = NULL;
         cb(c, c->parg, TD_ECLOSED);
     }
+    c->in_payload = false;
+    c->pdst = NULL;
+    if (c->hello_done)
+        n_admitted--;
+    else
+        n_handshaking--;
     if (c->s) {
         tdd_debug("session %llu closed", (unsigned long long)c->s->id);
         tdd_session_close(c->s);
@@ -609,11 +656,11 @@ static void conn_close(tdd_conn *c)
         conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    c->idle.data = c;
+    c->watch.data = c;
     /* uv_close waits for queued writes' callbacks (with UV_ECANCELED). A
      * reply-then-close (fail_protocol) has its final error already in the
      * kernel's buffer for small messages, which is what we need. */
-    uv_close((uv_handle_t *)&c->idle, idle_closed);
+    uv_close((uv_handle_t *)&c->watch, watch_closed);
 }
 
 static void after_shutdown(uv_shutdown_t *req, int status)
@@ -643,14 +690,120 @@ static void conn_shutdown(tdd_conn *c)
         return;
     }
     req->data = c;
+    if (tdd_cfg.write_timeout_s && !uv_is_active((uv_handle_t *)&c->watch))
+        watch_arm(c); /* a shutdown behind writes that never drain is bounded too */
 }
 
-static void on_idle_timeout(uv_timer_t *t)
+/* ---------------------------------------------------------------- watchdog */
+
+/* One timer per connection enforces three bounds, each judged at the moment it
+ * could expire (traffic only stamps a time; it never touches the timer):
+ *  - Hello within --hello-timeout of the connect;
+ *  - idle: no traffic either way and no work in flight for --idle-timeout (a
+ *    session reading a long download, or waiting on its own Sync, is busy);
+ *  - queued replies that make no progress for --write-timeout (a client that
+ *    stopped reading), which also bounds a shutdown's wait for it. */
+static bool session_busy(const tdd_conn *c)
+{
+    return c->blocked || (c->s && c->s->inflight > 0);
+}
+
+static uint64_t deadline_min(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+static void on_watch(uv_timer_t *t);
+
+static void watch_arm(tdd_conn *c)
+{
+    if (c->closing && uv_is_closing((uv_handle_t *)&c->watch))
+        return;
+    uint64_t now = uv_now(loop), next = UINT64_MAX;
+    if (!c->hello_done && tdd_cfg.hello_timeout_s)
+        next = deadline_min(next, c->opened_ms + tdd_cfg.hello_timeout_s * 1000ull);
+    if (c->hello_done && tdd_cfg.idle_timeout_s)
+        next = deadline_min(next, c->active_ms + tdd_cfg.idle_timeout_s * 1000ull);
+    if (c->wq_bytes && tdd_cfg.write_timeout_s) {
+        /* Partial progress of a large write has no callback: look at least every second. */
+        next = deadline_min(next, c->wq_moved_ms + tdd_cfg.write_timeout_s * 1000ull);
+        next = deadline_min(next, now + 1000);
+    }
+    if (next == UINT64_MAX) {
+        uv_timer_stop(&c->watch);
+        return;
+    }
+    uv_timer_start(&c->watch, on_watch, next > now ? next - now : 0, 0);
+}
+
+static void on_watch(uv_timer_t *t)
 {
     tdd_conn *c = t->data;
-    tdd_info("session %llu idle for %us; closing", (unsigned long long)(c->s ? c->s->id : 0),
-             tdd_cfg.idle_timeout_s);
-    conn_close(c);
+    uint64_t now = uv_now(loop);
+    unsigned long long sid = c->s ? (unsigned long long)c->s->id : 0;
+    if (!c->hello_done && tdd_cfg.hello_timeout_s &&
+        now - c->opened_ms >= tdd_cfg.hello_timeout_s * 1000ull) {
+        tdd_info("connection %llu sent no Hello within %us; closing", sid, tdd_cfg.hello_timeout_s);
+        conn_close(c);
+        return;
+    }
+    if (c->wq_bytes) {
+        size_t q = uv_stream_get_write_queue_size(&c->h.stream);
+        if (q != c->wq_seen) {
+            c->wq_seen = q;
+            c->active_ms = c->wq_moved_ms = now;
+        }
+        if (tdd_cfg.write_timeout_s && now - c->wq_moved_ms >= tdd_cfg.write_timeout_s * 1000ull) {
+            tdd_info("session %llu: replies made no progress for %us (%llu bytes queued); closing",
+                     sid, tdd_cfg.write_timeout_s, (unsigned long long)c->wq_bytes);
+            conn_close(c);
+            return;
+        }
+    }
+    if (session_busy(c) || c->wq_bytes)
+        c->active_ms = now;
+    if (c->hello_done && tdd_cfg.idle_timeout_s &&
+        now - c->active_ms >= tdd_cfg.idle_timeout_s * 1000ull) {
+        tdd_info("session %llu idle for %us; closing", sid, tdd_cfg.idle_timeout_s);
+        conn_close(c);
+        return;
+    }
+    watch_arm(c);
+}
+
+int tdd_conn_admit(tdd_conn *c, td_error *err)
+{
+    if (n_admitted >= tdd_cfg.max_sessions) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
+                    tdd_cfg.max_sessions);
+        err->detail_kind = TD_DETAIL_RESOURCE;
+        snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource, "sessions");
+        return err->code;
+    }
+    c->hello_done = true;
+    n_handshaking--;
+    n_admitted++;
+    c->fp.lim.max_msg = tdd_cfg.max_msg;
+    c->fp.lim.max_payload = tdd_cfg.max_payload;
+    c->active_ms = uv_now(loop);
+    watch_arm(c);
+    return 0;
+}
+
+/* Connections before Hello are bounded: past --max-handshakes the oldest one is
+ * dropped, so silent connects can neither exhaust the daemon nor keep a client
+ * with the token out (it sends Hello at once and is never the oldest for long). */
+static void drop_oldest_handshake(void)
+{
+    tdd_conn *oldest = NULL;
+    for (tdd_conn *c = conns; c; c = c->next)
+        if (!c->hello_done && !c->closing)
+            oldest = c; /* the list is newest first */
+    if (oldest) {
+        tdd_info("%u connections without Hello; dropping the oldest (%s)", n_handshaking,
+                 oldest->s ? oldest->s->peer : "?");
+        conn_close(oldest);
+    }
 }
 
 static void peer_name(tdd_conn *c, bool is_tcp, char *out, size_t len)
@@ -694,35 +847,27 @@ static void on_connection(uv_stream_t *server, int status)
     else
         uv_pipe_init(loop, &c->h.pipe, 0);
     c->h.handle.data = c;
-    uv_timer_init(loop, &c->idle);
-    c->idle.data = c;
-    if (!c->rbuf || uv_accept(server, &c->h.stream) < 0) {
-        c->prev = NULL;
-        c->next = conns;
-        if (conns)
-            conns->prev = c;
-        conns = c;
-        conn_close(c);
-        return;
-    }
+    uv_timer_init(loop, &c->watch);
+    c->watch.data = c;
+    c->opened_ms = c->active_ms = uv_now(loop);
+    if (n_handshaking >= tdd_cfg.max_handshakes)
+        drop_oldest_handshake();
+    n_handshaking++;
     c->next = conns;
     if (conns)
         conns->prev = c;
     conns = c;
-    if (is_tcp)
-        uv_tcp_nodelay(&c->h.tcp, 1);
-    td_frame_limits lim = {.max_msg = tdd_cfg.max_msg, .max_payload = tdd_cfg.max_payload};
-    td_frame_parser_init(&c->fp, &lim);
-    if (tdd_nsessions >= tdd_cfg.max_sessions) {
-        td_error err;
-        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
-                    tdd_cfg.max_sessions);
-        err.detail_kind = TD_DETAIL_RESOURCE;
-        snprintf(err.detail.resource.resource, sizeof err.detail.resource.resource, "sessions");
-        tdd_conn_send_error(c, 0, &err);
+    if (!c->rbuf || uv_accept(server, &c->h.stream) < 0) {
         conn_close(c);
         return;
     }
+    if (is_tcp)
+        uv_tcp_nodelay(&c->h.tcp, 1);
+    /* Before Hello: small messages and no payload (tdd_conn_admit lifts both). */
+    td_frame_limits lim = {.max_msg = tdd_cfg.max_msg < PREAUTH_MAX_MSG ? tdd_cfg.max_msg
+                                                                        : PREAUTH_MAX_MSG,
+                           .max_payload = 0};
+    td_frame_parser_init(&c->fp, &lim);
     c->s = tdd_session_new(c);
     if (!c->s) {
         conn_close(c);
@@ -730,9 +875,7 @@ static void on_connection(uv_stream_t *server, int status)
     }
     peer_name(c, is_tcp, c->s->peer, sizeof c->s->peer);
     tdd_debug("session %llu opened from %s", (unsigned long long)c->s->id, c->s->peer);
-    if (tdd_cfg.idle_timeout_s)
-        uv_timer_start(&c->idle, on_idle_timeout, tdd_cfg.idle_timeout_s * 1000ull,
-                       tdd_cfg.idle_timeout_s * 1000ull);
+    watch_arm(c);
     start_reading(c);
 }
 

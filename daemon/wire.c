@@ -5,6 +5,7 @@
 #include "wire.h"
 
 #include "pbwire.h"
+#include "utf8.h"
 
 #include "conn.h"
 
@@ -19,7 +20,7 @@ void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, c
 static void wire_td_device(Tensordd__V1__Device *out, char *buf, size_t len, const td_device *d)
 {
     tensordd__v1__device__init(out);
-    snprintf(buf, len, "%s", d->backend);
+    td_utf8_copy(buf, len, d->backend);
     out->backend = buf;
     out->ordinal = d->ordinal;
 }
@@ -30,7 +31,9 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
     Tensordd__V1__Error *e = &w->e;
     tensordd__v1__error__init(e);
     e->code = (Tensordd__V1__ErrorCode)(-err->code);
-    snprintf(w->msg, sizeof w->msg, "%s", err->message[0] ? err->message : td_strerror(err->code));
+    /* Messages quote what the client sent (an op's name, an attribute): cut on a
+     * character, never inside one, and with invalid bytes replaced. */
+    td_utf8_copy(w->msg, sizeof w->msg, err->message[0] ? err->message : td_strerror(err->code));
     e->message = w->msg;
     e->request_id = err->request_id ? err->request_id : request_id;
     switch (err->detail_kind) {
@@ -98,7 +101,7 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
         break;
     case TD_DETAIL_RESOURCE:
         tensordd__v1__resource_exhausted__init(&w->re);
-        snprintf(w->res, sizeof w->res, "%s", err->detail.resource.resource);
+        td_utf8_copy(w->res, sizeof w->res, err->detail.resource.resource);
         w->re.resource = w->res;
         w->re.requested = err->detail.resource.requested;
         w->re.available = err->detail.resource.available;
@@ -114,7 +117,7 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
         break;
     case TD_DETAIL_ARGUMENT:
         tensordd__v1__invalid_argument__init(&w->ia);
-        snprintf(w->arg, sizeof w->arg, "%s", err->detail.argument.argument);
+        td_utf8_copy(w->arg, sizeof w->arg, err->detail.argument.argument);
         w->ia.argument = w->arg;
         e->detail_case = TENSORDD__V1__ERROR__DETAIL_INVALID_ARGUMENT;
         e->invalid_argument = &w->ia;
