@@ -17,6 +17,11 @@ typedef struct tdd_storage {
     void *data;
     size_t nbytes;
     struct tdd_device *dev;
+    /* Bumped by every in-place update of the data (optimizer steps), through whichever
+     * view: every view of the storage shares it, as torch's version counter is shared by
+     * a tensor's views, so autodiff refuses a saved view whose base was updated since.
+     * Loop thread only. */
+    uint64_t version;
 } tdd_storage;
 
 /* A view: dtype, shape and element strides over a storage, starting at offset

@@ -33,7 +33,6 @@ tdd_value *tdd_value_alias(const tdd_value *v)
     a->fseq = v->fseq;
     a->poison_req = v->poison_req;
     atomic_store(&a->poison, tdd_value_poisoned(v));
-    a->version = v->version;
     return a;
 }
 
@@ -93,6 +92,12 @@ static bool is_float(td_dtype dt)
     return tdd_dtype_is_float(dt);
 }
 
+/* The in-place update count of v's data (its storage's, shared by every view of it). */
+static uint64_t storage_version(const tdd_value *v)
+{
+    return v->t.st ? v->t.st->version : 0;
+}
+
 static void note_input(tdd_node *n, int i, tdd_value *v, bool save)
 {
     tdd_node_in *ni = &n->in[i];
@@ -100,7 +105,7 @@ static void note_input(tdd_node *n, int i, tdd_value *v, bool save)
     ni->ndim = v->t.ndim;
     memcpy(ni->shape, v->t.shape, sizeof ni->shape);
     ni->dev = v->dev;
-    ni->version = v->version;
+    ni->version = storage_version(v);
     ni->needs_grad = v->requires_grad && is_float(v->t.dtype);
     if (save) {
         tdd_value_ref(v);
@@ -128,6 +133,7 @@ static void note_output(tdd_node *n, int k, tdd_value *v, bool save)
     no->dtype = v->t.dtype;
     no->ndim = v->t.ndim;
     memcpy(no->shape, v->t.shape, sizeof no->shape);
+    no->version = storage_version(v);
     if (save && is_float(v->t.dtype))
         no->alias = tdd_value_alias(v); /* NULL (out of memory) fails the backward later */
 }
@@ -444,10 +450,14 @@ static int collect(tdd_node *root, node_list *order, td_error *err)
         }
         for (int i = 0; i < n->n_in && !rc; i++) {
             tdd_node_in *ni = &n->in[i];
-            if (ni->v && ni->v->version != ni->version)
+            /* The storage's count, not the value's: a view saved for backward (unsqueeze(w),
+             * transpose(w), detach(w)) sees an update made through w, as in torch. */
+            if (ni->v && storage_version(ni->v) != ni->version)
                 rc = tdd_err_arg(err, "tensor",
-                                 "input %d of %s (handle %llu) was modified in place (by an "
-                                 "optimizer step) after it was saved for backward",
+                                 "one of the variables needed for gradient computation has been "
+                                 "modified by an inplace operation: input %d of %s (handle %llu) "
+                                 "shares storage updated in place (by an optimizer step) after "
+                                 "it was saved for backward",
                                  i, tdd_opdefs[n->op].name, (unsigned long long)ni->v->handle);
             else if (ni->v && tdd_value_poisoned(ni->v))
                 rc = tdd_err_poisoned(err, ni->v);
@@ -456,11 +466,20 @@ static int collect(tdd_node *root, node_list *order, td_error *err)
                 rc = list_push(&stack, ni->fn);
             }
         }
-        for (int k = 0; k < n->n_out && !rc; k++)
-            if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) && !n->out[k].alias)
+        for (int k = 0; k < n->n_out && !rc; k++) {
+            tdd_value *al = n->out[k].alias;
+            if (al && storage_version(al) != n->out[k].version)
+                rc = tdd_err_arg(err, "tensor",
+                                 "one of the variables needed for gradient computation has been "
+                                 "modified by an inplace operation: output %d of %s shares "
+                                 "storage updated in place (by an optimizer step) after it was "
+                                 "saved for backward",
+                                 k, tdd_opdefs[n->op].name);
+            else if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) && !al)
                 rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
                                  "a saved output of %s was lost (out of memory)",
                                  tdd_opdefs[n->op].name);
+        }
     }
     if (rc == TD_ERESOURCE_EXHAUSTED && err->code != rc)
         tdd_err_set(err, rc, "out of host memory");
@@ -654,6 +673,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         free(order.v);
+        tdd_handle_unreserve(s, bw->grads); /* the id's charge, if checked */
         /* grads is NULL here: it is allocated only while rc is 0 */
         /* cppcheck-suppress memleak */
         return tdd_answer_error(c, req, &err);
@@ -685,6 +705,7 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
     if (b.rc) {
         free(order.v);
         grads_free(grads);
+        tdd_handle_unreserve(s, bw->grads);
         return tdd_answer_error(c, req, &b.err);
     }
     if (!bw->retain_graph)
@@ -738,8 +759,10 @@ static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
     tdd_value *out = NULL;
     if (!rc && !(out = tdd_value_alias(e->grad)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-    if (rc)
+    if (rc) {
+        tdd_handle_unreserve(s, g->output); /* the id's charge, if checked */
         return tdd_answer_error(c, req, &err);
+    }
     tdd_handle_add(s, g->output, TD_HANDLE_TENSOR, out);
     if (remove)
         grads_drop(grads, e);

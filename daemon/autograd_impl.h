@@ -14,7 +14,7 @@ typedef struct {
     int fn_out;          /* which output of fn the input is */
     tdd_value *leaf;     /* a tracked leaf (ref): the Gradients key */
     bool needs_grad;
-    uint64_t version; /* v->version when saved: in-place updates since are errors */
+    uint64_t version; /* v's storage version when saved: in-place updates since are errors */
     td_dtype dtype;
     int ndim;
     int64_t shape[TD_MAX_NDIM];
@@ -24,6 +24,7 @@ typedef struct {
 typedef struct {
     uintptr_t id;     /* the output value's address: identifies it, never dereferenced */
     tdd_value *alias; /* saved output (own value sharing the storage), or NULL */
+    uint64_t version; /* the output's storage version when recorded (as for inputs) */
     td_dtype dtype;
     int ndim;
     int64_t shape[TD_MAX_NDIM];

@@ -313,6 +313,62 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     return 0;
 }
 
+int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value *src,
+                      td_error *err)
+{
+    if (tdd_value_poisoned(src))
+        return tdd_err_poisoned(err, src);
+    if (tdd_value_poisoned(dst))
+        return tdd_err_poisoned(err, dst);
+    if (src->dev != dst->dev || src->t.dtype != dst->t.dtype || !tdd_same_shape(&src->t, &dst->t) ||
+        !dst->t.st || !tdd_is_contiguous(&dst->t))
+        return tdd_err_set(err, TD_EINTERNAL, "in-place copy into handle %llu: %s",
+                           (unsigned long long)dst->handle,
+                           src->dev != dst->dev          ? "another device"
+                           : !dst->t.st                  ? "no storage"
+                           : !tdd_is_contiguous(&dst->t) ? "not contiguous"
+                                                         : "another dtype or shape");
+    op_task *ot = op_task_new();
+    if (!ot)
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    /* clone's kernel (every backend has it: a strided copy on the device) with the
+     * destination's own tensor as the output. */
+    const tdd_tensor *tin[1] = {&src->t};
+    tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
+    int nout = 0;
+    tdd_opreq oreq = {.dtype = TD_DTYPE_INVALID};
+    int rc =
+        tdd_op_prepare(TDD_OP_CLONE, tin, 1, &oreq, tdd_cfg.max_numel, &ot->args, od, &nout, err);
+    if (rc) {
+        op_task_free(ot);
+        return rc;
+    }
+    tdd_device *dev = dst->dev;
+    ot->dev = dev;
+    ot->op = TDD_OP_CLONE;
+    ot->run_kernel = true;
+    ot->n_in = 1;
+    ot->n_out = 1;
+    ot->in[0] = src;
+    tdd_value_ref(src);
+    ot->out[0] = dst;
+    tdd_value_ref(dst);
+    dst->fq = dev->q;
+    dst->fseq = tdd_queue_next_seq(dev->q);
+    session_task_begin(&ot->st, s, req_id, false);
+    ot->st.base.run = op_run;
+    ot->st.base.done = op_done;
+    if (can_run_inline(ot)) {
+        dst->fq = NULL; /* ready now */
+        op_run(&ot->st.base);
+        session_task_finish_ex(&ot->st, NULL, false);
+        op_release(ot);
+        return 0;
+    }
+    tdd_queue_submit(dev->q, &ot->st.base);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- copies */
 
 typedef struct {

@@ -27,6 +27,13 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
 /* Checks that inputs share a backend and device; typed errors name both sides. */
 int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err);
 
+/* Queues a copy of src's data into dst's own storage, in place (an update every view of
+ * dst's storage sees, as torch's copy_). Same device, dtype and shape; dst contiguous.
+ * dst's readers from then on wait for the copy. On failure returns a TD_E* code with err
+ * filled and queues nothing; a copy failing when it runs poisons dst. */
+int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value *src,
+                      td_error *err);
+
 /* Queues a copy of src to a new contiguous value on dst. */
 int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device *dst,
                     tdd_value **out, td_error *err);

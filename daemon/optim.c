@@ -215,14 +215,19 @@ int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req)
         o->acct->refs++;
         o->bytes = bytes;
     }
+    /* Duplicates are found by a stamp on the value, O(1) each: this runs on the loop
+     * thread, and comparing with every earlier parameter (O(N^2)) stalled every session
+     * for 13.8 s at 200k parameters (--max-handles allows 1M). */
+    static uint64_t create_stamp;
+    uint64_t stamp = ++create_stamp;
     for (size_t i = 0; !rc && i < oc->n_params; i++) {
         tdd_value *p = NULL;
         rc = check_param(s, oc->params[i], &p, &err);
-        for (size_t j = 0; !rc && j < o->n; j++)
-            if (o->ps[j].p == p)
-                rc = tdd_err_arg(&err, "params", "parameter %llu appears twice",
-                                 (unsigned long long)oc->params[i]);
+        if (!rc && p->mark == stamp)
+            rc = tdd_err_arg(&err, "params", "parameter %llu appears twice",
+                             (unsigned long long)oc->params[i]);
         if (!rc) {
+            p->mark = stamp;
             tdd_value_ref(p);
             o->ps[o->n++].p = p;
         }
@@ -230,6 +235,7 @@ int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req)
     if (rc) {
         if (o)
             optim_free(o);
+        tdd_handle_unreserve(s, oc->handle); /* the id's charge, if checked */
         return tdd_answer_error(c, req, &err);
     }
     o->h = h;
@@ -458,10 +464,11 @@ static void step_done(void *arg, int rc)
 
 /* PyTorch's "foreach" flavour: the same update as a sequence of tensor ops
  * (torch.optim's own formulation, op for op), queued on the parameter's
- * device, for backends whose memory the loop cannot touch. The results are
- * new tensors; the parameter's handle is then pointed at its new storage
- * (readers wait for the producer, as for any op). The ops read aliases of
- * the old storage, so nothing queued sees the switch. */
+ * device, for backends whose memory the loop cannot touch. The new value is
+ * then copied into the parameter's own storage, in place, as torch.optim and
+ * the host loop update it: every view of the parameter (detach(w),
+ * unsqueeze(w)) sees the step on every backend. The copy is queued after the
+ * ops that read the old values, on the same device queue. */
 #define A_F(nm, v) ((td_attr){.name = (nm), .kind = TD_ATTR_FLOAT, .f = (v)})
 
 static tdd_value *sc(tdd_bw *b, tdd_op op, tdd_value *x, double v)
@@ -501,16 +508,6 @@ static tdd_value *max2(tdd_bw *b, tdd_value *x, tdd_value *y)
     return x && y ? tdd_bw_op(b, TDD_OP_MAXIMUM, in, 2, NULL, 0, 0, NULL) : NULL;
 }
 
-/* Points v at r's storage and readiness (r's data replaces v's). */
-static void adopt(tdd_value *v, const tdd_value *r)
-{
-    tdd_storage_ref(r->t.st);
-    tdd_storage_unref(v->t.st);
-    v->t = r->t;
-    v->fq = r->fq;
-    v->fseq = r->fseq;
-}
-
 static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *grad)
 {
     tdd_value *pa = tdd_value_alias(op->p);
@@ -524,8 +521,10 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
         if (h->weight_decay != 0.0)
             g = axpy(b, g, p, h->weight_decay);
         if (h->momentum != 0.0) {
+            /* torch.clone(grad) on the first step: the buffer must not share the
+             * gradient's storage (which may be a view of a parameter updated in place). */
             nb[0] =
-                init ? g
+                init ? un(b, TDD_OP_CLONE, g)
                      : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->momentum), g, 1.0 - h->dampening);
             g = h->nesterov ? axpy(b, g, nb[0], h->momentum) : nb[0];
         }
@@ -554,7 +553,8 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
     }
     if (b->rc)
         return b->rc;
-    adopt(op->p, p);
+    if (tdd_submit_assign(b->s, b->req_id, op->p, p, &b->err))
+        return b->rc = b->err.code;
     for (int k = 0; k < 3; k++)
         if (nb[k]) {
             /* State buffers are values of their own: take the result itself
@@ -682,7 +682,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
             tdd_grad_entry *e = tdd_grads_find(grads, op->p);
             if (!e || step_ops(&b, &o->h, op, e->grad))
                 continue;
-            op->p->version++;
+            op->p->t.st->version++;
             op->step++;
             tdd_bw_release(&b, 0);
         }
@@ -751,7 +751,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         if (small && tdd_queue_idle(dev->q)) {
             step_done(j, step_run(j)); /* a failure lands in ag->step_failed */
             op->p->fq = NULL;          /* ready now */
-            op->p->version++;
+            op->p->t.st->version++;
             op->step++;
             continue;
         }
@@ -764,7 +764,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         /* Readers on other queues now wait for the update, not the upload. */
         op->p->fq = dev->q;
         op->p->fseq = seq;
-        op->p->version++;
+        op->p->t.st->version++;
         op->step++;
         queued++;
     }

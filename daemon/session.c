@@ -198,10 +198,15 @@ void tdd_session_close(tdd_session *s)
 {
     tdd_handle_table t = s->handles;
     s->handles = (tdd_handle_table){0}; /* freeing an object must not find the table half-gone */
+    uint64_t charged = s->n_reserved;
+    s->n_reserved = 0;
     for (size_t i = 0; i < t.cap; i++)
-        if (t.slots[i].id)
+        if (t.slots[i].id) {
+            charged += t.slots[i].charged;
             free_obj(t.slots[i].kind, t.slots[i].obj);
+        }
     free(t.slots);
+    tdd_account_credit(s->acct, charged * tdd_handle_cost());
     s->nhandles = 0;
     id_runs_free(s);
     s->closed = true;
@@ -377,6 +382,73 @@ int tdd_value_get(tdd_session *s, uint64_t id, tdd_value **v, td_error *err)
     return tdd_handle_get(s, id, TD_HANDLE_TENSOR, (void **)v, err);
 }
 
+/* ---------------------------------------------------------------- per-handle bookkeeping */
+
+/* What glibc's malloc takes for a request of n bytes: an 8-byte header, 16-byte granules,
+ * 32 bytes at least. */
+static uint64_t malloc_chunk(size_t n)
+{
+    size_t c = (n + 8 + 15) & ~(size_t)15;
+    return c < 32 ? 32 : c;
+}
+
+/* The smallest device allocation as the host pays for it: cpu's 64 bytes at 64-byte
+ * alignment (posix_memalign: the chunk, its header and alignment slack). */
+#define MIN_ALLOC_COST 128
+/* The handle table stays under half full and doubles: 2 to 4 slots per live handle. */
+#define SLOTS_PER_HANDLE 4
+
+uint64_t tdd_handle_cost(void)
+{
+    /* The storage header is device.c's (a tdd_storage and its account pointer). */
+    return malloc_chunk(sizeof(tdd_value)) + malloc_chunk(sizeof(tdd_storage) + sizeof(void *)) +
+           MIN_ALLOC_COST + SLOTS_PER_HANDLE * sizeof(tdd_handle);
+}
+
+static size_t reserved_at(const tdd_session *s, uint64_t id)
+{
+    size_t i = 0;
+    while (i < s->n_reserved && s->reserved[i] != id)
+        i++;
+    return i;
+}
+
+/* Drops reservation i (its charge stays with the caller: bound, or to be credited). */
+static void reserved_drop(tdd_session *s, size_t i)
+{
+    s->reserved[i] = s->reserved[--s->n_reserved];
+}
+
+void tdd_handle_unreserve(tdd_session *s, uint64_t id)
+{
+    size_t i = reserved_at(s, id);
+    if (i == s->n_reserved)
+        return;
+    reserved_drop(s, i);
+    tdd_account_credit(s->acct, tdd_handle_cost());
+}
+
+/* Charges id's bookkeeping until it is bound (once per id). A request checks at most
+ * TDD_MAX_OP_OUTPUTS ids and binds or gives back each; reservations left behind by a
+ * request that failed between check and bind (out of memory) are given back when the
+ * list fills, oldest first. */
+static int reserve(tdd_session *s, uint64_t id, td_error *err)
+{
+    if (reserved_at(s, id) < s->n_reserved)
+        return 0;
+    int rc = tdd_account_charge(s->acct, tdd_handle_cost(), err);
+    if (rc)
+        return rc;
+    size_t cap = sizeof s->reserved / sizeof s->reserved[0];
+    if (s->n_reserved == cap) {
+        memmove(s->reserved, s->reserved + 1, (cap - 1) * sizeof s->reserved[0]);
+        s->n_reserved--;
+        tdd_account_credit(s->acct, tdd_handle_cost());
+    }
+    s->reserved[s->n_reserved++] = id;
+    return 0;
+}
+
 int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
 {
     if (id == 0)
@@ -398,16 +470,29 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
     if (s->nhandles >= tdd_cfg.max_handles)
         return tdd_err_resource(err, "handles", 1, 0, "session holds %llu handles, the limit",
                                 (unsigned long long)s->nhandles);
-    if (where == ID_ALONE)
-        return id_runs_grow(s, err);
-    return 0;
+    if (where == ID_ALONE) {
+        int rc = id_runs_grow(s, err);
+        if (rc)
+            return rc;
+    }
+    return reserve(s, id, err);
 }
 
 void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
 {
-    tdd_handle h = {.id = id, .kind = kind, .obj = obj};
+    /* The charge reserved when id was checked moves to the entry; without one (not
+     * checked) it is charged now, and an entry the account cannot hold stays uncharged. */
+    size_t r = reserved_at(s, id);
+    bool charged = r < s->n_reserved;
+    if (charged)
+        reserved_drop(s, r);
+    else
+        charged = tdd_account_charge(s->acct, tdd_handle_cost(), NULL) == 0;
+    tdd_handle h = {.id = id, .kind = kind, .charged = charged, .obj = obj};
     if (table_put(&s->handles, &h)) {
         /* Cannot record it: drop the object; uses of the id say UNKNOWN_HANDLE. */
+        if (charged)
+            tdd_account_credit(s->acct, tdd_handle_cost());
         free_obj(kind, obj);
         return;
     }
@@ -424,6 +509,8 @@ int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
         return unknown_handle(s, err, id);
     td_handle_kind kind = h->kind;
     void *obj = h->obj;
+    if (h->charged)
+        tdd_account_credit(s->acct, tdd_handle_cost());
     table_remove(&s->handles, h);
     s->nhandles--;
     free_obj(kind, obj); /* last: freeing may release other handles' objects */

@@ -30,7 +30,8 @@ typedef struct tdd_value {
     /* autodiff (loop thread only) */
     bool requires_grad;
     struct tdd_node *grad_fn; /* the node that produced it, or NULL for leaves */
-    uint64_t version;         /* bumped by in-place updates (optimizer steps) */
+    /* (In-place updates are counted on the storage, t.st->version, shared by every view.) */
+    uint64_t mark; /* loop-thread scratch: a pass's stamp, for O(1) "seen it" tests */
 } tdd_value;
 
 tdd_value *tdd_value_new(tdd_device *dev);
@@ -43,7 +44,8 @@ int tdd_value_poisoned(const tdd_value *v);
 typedef struct tdd_handle {
     uint64_t id;
     td_handle_kind kind;
-    void *obj; /* tdd_value*, or the autograd/optimizer object */
+    bool charged; /* its bookkeeping (tdd_handle_cost) is on the session's account */
+    void *obj;    /* tdd_value*, or the autograd/optimizer object */
 } tdd_handle;
 
 /* The handle table: open addressing with linear probing, entries inline.
@@ -72,6 +74,10 @@ typedef struct tdd_session {
     struct tdd_id_run *id_runs;
     size_t n_id_runs, cap_id_runs;
     tdd_account *acct;
+    /* Ids that passed tdd_handle_check_new and are not bound yet: each holds the per-handle
+     * charge (tdd_handle_cost) until tdd_handle_add takes it over or it is given back. */
+    uint64_t reserved[2 * TDD_MAX_OP_OUTPUTS];
+    size_t n_reserved;
     uint64_t inflight; /* tasks queued for this session */
     bool has_err;      /* first error since the last synchronising request */
     td_error err;
@@ -101,8 +107,17 @@ tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id);
 int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj, td_error *err);
 /* The tensor value bound to id (UNKNOWN_HANDLE / WRONG_HANDLE_KIND otherwise). */
 int tdd_value_get(tdd_session *s, uint64_t id, tdd_value **v, td_error *err);
-/* Checks a fresh output id: non-zero, unused, under the handle limit. */
+/* What one handle costs the daemon beyond its tensor's bytes: the value, the storage
+ * header, the smallest allocation and the table slots. Charged to the session's account
+ * (--session-memory) while the handle is bound, so many small handles hit the quota. */
+uint64_t tdd_handle_cost(void);
+/* Checks a fresh output id: non-zero, unused, under the handle limit, and charges its
+ * bookkeeping (RESOURCE_EXHAUSTED when the session's memory cannot hold it). The charge
+ * is held for id until tdd_handle_add binds it or tdd_handle_unreserve gives it back;
+ * checking the same id again holds no second charge. */
 int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err);
+/* Gives back the charge of an id checked but not to be bound (a failed request). */
+void tdd_handle_unreserve(tdd_session *s, uint64_t id);
 /* Binds id (checked) to obj; takes the caller's reference. */
 void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj);
 /* Unbinds and drops the table's reference. */
