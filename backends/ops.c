@@ -3,6 +3,8 @@
  * NN and creation rules live in ops_shape.c and ops_nn.c). */
 #include "ops.h"
 
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +18,75 @@ const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
     TDD_OPS(TDD__OP_DEF)
 #undef TDD__OP_DEF
 };
+
+#define CMP_ATTRS "other:f"
+#define RED_ATTRS "dim:i keepdim:b"
+const char *const tdd_op_attr_bounds[TDD_OP_COUNT] = {
+    [TDD_OP_ADD] = "other:f alpha:f",
+    [TDD_OP_SUB] = "other:f alpha:f",
+    [TDD_OP_MUL] = CMP_ATTRS,
+    [TDD_OP_DIV] = CMP_ATTRS,
+    [TDD_OP_POW] = CMP_ATTRS,
+    [TDD_OP_MAXIMUM] = CMP_ATTRS,
+    [TDD_OP_MINIMUM] = CMP_ATTRS,
+    [TDD_OP_REMAINDER] = CMP_ATTRS,
+    [TDD_OP_EQ] = CMP_ATTRS,
+    [TDD_OP_NE] = CMP_ATTRS,
+    [TDD_OP_LT] = CMP_ATTRS,
+    [TDD_OP_LE] = CMP_ATTRS,
+    [TDD_OP_GT] = CMP_ATTRS,
+    [TDD_OP_GE] = CMP_ATTRS,
+    [TDD_OP_LOGICAL_AND] = CMP_ATTRS,
+    [TDD_OP_LOGICAL_OR] = CMP_ATTRS,
+    [TDD_OP_LOGICAL_XOR] = CMP_ATTRS,
+    [TDD_OP_MASKED_FILL] = "value:f",
+    [TDD_OP_LEAKY_RELU] = "negative_slope:f",
+    [TDD_OP_SOFTPLUS] = "beta:f threshold:f",
+    [TDD_OP_CLAMP] = "min:f max:f min<=max",
+    [TDD_OP_SUM] = RED_ATTRS,
+    [TDD_OP_MEAN] = RED_ATTRS,
+    [TDD_OP_AMAX] = RED_ATTRS,
+    [TDD_OP_AMIN] = RED_ATTRS,
+    [TDD_OP_ARGMAX] = RED_ATTRS,
+    [TDD_OP_ARGMIN] = RED_ATTRS,
+    [TDD_OP_VAR] = RED_ATTRS " correction:f",
+    [TDD_OP_STD] = RED_ATTRS " correction:f",
+    [TDD_OP_LOGSUMEXP] = RED_ATTRS,
+    [TDD_OP_PROD] = RED_ATTRS,
+    [TDD_OP_CUMSUM] = "dim:i",
+    [TDD_OP_SOFTMAX] = "dim:i",
+    [TDD_OP_LOG_SOFTMAX] = "dim:i",
+    [TDD_OP_TRANSPOSE] = "dim0:i dim1:i",
+    [TDD_OP_FLATTEN] = "start_dim:i end_dim:i",
+    [TDD_OP_SQUEEZE] = "dim:i",
+    [TDD_OP_UNSQUEEZE] = "dim:i",
+    [TDD_OP_SLICE] = "dim:i start:i stop:i step:i start<=stop",
+    [TDD_OP_SPLIT] = "split_size:i dim:i",
+    [TDD_OP_CHUNK] = "chunks:i dim:i",
+    [TDD_OP_CAT] = "dim:i",
+    [TDD_OP_STACK] = "dim:i",
+    [TDD_OP_GATHER] = "dim:i",
+    [TDD_OP_SCATTER_ADD] = "dim:i",
+    [TDD_OP_INDEX_SELECT] = "dim:i",
+    [TDD_OP_ONE_HOT] = "num_classes:i",
+    [TDD_OP_TRIL] = "diagonal:i",
+    [TDD_OP_TRIU] = "diagonal:i",
+    [TDD_OP_PAD] = "value:f",
+    [TDD_OP_CROSS_ENTROPY] = "ignore_index:i label_smoothing:f",
+    [TDD_OP_NLL_LOSS] = "ignore_index:i",
+    [TDD_OP_LAYER_NORM] = "eps:f",
+    [TDD_OP_DROPOUT] = "p:f train:b",
+    [TDD_OP_CONV2D] = "stride:i padding:i dilation:i groups:i",
+    [TDD_OP_MAX_POOL2D] = "kernel_size:i stride:i padding:i dilation:i ceil_mode:b",
+    [TDD_OP_AVG_POOL2D] = "kernel_size:i stride:i padding:i ceil_mode:b count_include_pad:b",
+    [TDD_OP_FULL] = "value:f",
+    [TDD_OP_ARANGE] = "start:f end:f step:f",
+    [TDD_OP_LINSPACE] = "start:f end:f steps:i",
+    [TDD_OP_EYE] = "n:i m:i",
+    [TDD_OP_RANDINT] = "low:i high:i low<=high",
+};
+#undef CMP_ATTRS
+#undef RED_ATTRS
 
 /* Name lookup is on every op request: a hash of the name into a table built
  * once (a linear strcmp scan over ~100 names showed in profiles). */
@@ -368,6 +439,34 @@ int tdd_p_shape(const tdd_prep *p, const char *name, int64_t *shape, int *ndim)
     return 0;
 }
 
+int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt)
+{
+    if (!a || dt == TD_BOOL || (a->kind != TD_ATTR_INT && a->kind != TD_ATTR_FLOAT))
+        return 0; /* bool holds anything (nonzero is true), as PyTorch's fill */
+    if (tdd_dtype_is_float(dt)) {
+        double lim = dt == TD_F16    ? 65504.0
+                     : dt == TD_BF16 ? 0x1.fep127
+                     : dt == TD_F32  ? FLT_MAX
+                                     : DBL_MAX;
+        if (a->kind == TD_ATTR_FLOAT && isfinite(a->f) && fabs(a->f) > lim)
+            return tdd_err_arg(p->err, a->name, "%s: %s = %g does not fit in %s", p->name, a->name,
+                               a->f, td_dtype_name(dt));
+        return 0;
+    }
+    int64_t lo = dt == TD_I32 ? INT32_MIN : INT64_MIN, hi = dt == TD_I32 ? INT32_MAX : INT64_MAX;
+    if (a->kind == TD_ATTR_INT) {
+        if (a->i < lo || a->i > hi)
+            return tdd_err_arg(p->err, a->name, "%s: %s = %lld does not fit in %s", p->name,
+                               a->name, (long long)a->i, td_dtype_name(dt));
+        return 0;
+    }
+    /* [lo, hi] as doubles: lo is exact; hi + 1 is a power of two, exact too */
+    if (!(a->f >= (double)lo && (dt == TD_I32 ? a->f <= (double)hi : a->f < -(double)lo)))
+        return tdd_err_arg(p->err, a->name, "%s: %s = %g does not fit in %s", p->name, a->name,
+                           a->f, td_dtype_name(dt));
+    return 0;
+}
+
 /* ------------------------------------------------------------------ promotion */
 
 static int fl_rank(td_dtype d)
@@ -543,9 +642,11 @@ static int prep_element(tdd_prep *p)
         const td_attr *v = tdd_attr_get(&p->req->attrs, "value");
         if (!v)
             return tdd_p_missing(p, "value");
-        if ((rc = tdd_p_float(p, "value", 0, &g->f[0])))
+        if ((rc = tdd_p_float(p, "value", 0, &g->f[0])) || (rc = tdd_p_fits(p, v, x->dtype)))
             return rc;
         g->n[0] = v->kind == TD_ATTR_INT ? v->i : tdd_sat_i64(g->f[0]);
+        if (x->dtype == TD_BOOL)
+            g->n[0] = g->f[0] != 0.0; /* nonzero (NaN too) is true */
         g->dtype = g->cdtype = x->dtype;
         break;
     }
@@ -644,6 +745,10 @@ static int prep_unary(tdd_prep *p)
             if (!fl && mx->kind == TD_ATTR_FLOAT)
                 out = TD_F32;
         }
+        /* PyTorch: min(max(x, min), max) -- min > max gives max; a NaN bound gives NaN
+         * (the kernels' rule); a bound the output dtype cannot hold is refused */
+        if ((rc = tdd_p_fits(p, mn, out)) || (rc = tdd_p_fits(p, mx, out)))
+            return rc;
         break;
     }
     case TDD_OP_NEG:

@@ -201,6 +201,14 @@ typedef struct {
 
 extern const tdd_opdef tdd_opdefs[TDD_OP_COUNT];
 
+/* The scalar attributes of each op that take a client's number, machine-readable for
+ * generated tests (tests/unit/test_conformance.c tries each at its extremes: 0, +-1, the
+ * int32/int64 limits, NaN and +-Inf, and every ordered pair reversed): space-separated
+ * "name:k" with k = i (an int), f (a number: int or float), b (a bool), and "a<=b" for a
+ * pair the op expects ordered (clamp's min<=max). NULL: none. Lists ("shape", "dims",
+ * "pad") and strings are not listed. */
+extern const char *const tdd_op_attr_bounds[TDD_OP_COUNT];
+
 /* The op named name, or NULL. */
 const tdd_opdef *tdd_op_find(const char *name);
 

@@ -45,6 +45,11 @@ int tdd_p_dtype(const tdd_prep *p, td_dtype def, td_dtype *out);
 int tdd_p_unsupported(const tdd_prep *p, td_dtype dt);
 /* "shape" attribute checked to be non-negative and within ndim. */
 int tdd_p_shape(const tdd_prep *p, const char *name, int64_t *shape, int *ndim);
+/* A number attribute a (NULL: nothing to check) that is to be stored in dtype dt, checked
+ * as PyTorch checks a fill value: integer dtypes refuse NaN, +-Inf and values past their
+ * range, float dtypes a finite value past their largest, bool takes anything.
+ * INVALID_ARGUMENT naming the attribute. */
+int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt);
 
 int tdd_prep_shape(tdd_prep *p);  /* ops_shape.c: views, copies, joins, indexing */
 int tdd_prep_nn(tdd_prep *p);     /* ops_nn.c: linalg, NN ops, losses */

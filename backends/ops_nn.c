@@ -451,6 +451,23 @@ int tdd_prep_create(tdd_prep *p)
         return tdd_p_unsupported(p, dt);
     if (p->op == TDD_OP_RANDINT && dt == TD_BOOL)
         return tdd_p_unsupported(p, dt);
+    if (p->op == TDD_OP_FULL && (rc = tdd_p_fits(p, tdd_attr_get(&p->req->attrs, "value"), dt)))
+        return rc;
+    if (p->op == TDD_OP_FULL && dt == TD_BOOL)
+        g->n[0] = g->f[0] != 0.0; /* nonzero (NaN too) is true: 0.5 is not truncated to 0 */
+    if (p->op == TDD_OP_RANDINT && dt != TD_F32 && dt != TD_F64) {
+        /* every draw in [low, high) must fit the dtype, as PyTorch's check */
+        int64_t lo = dt == TD_I32 ? INT32_MIN : dt == TD_I64 ? INT64_MIN : -65504;
+        int64_t hi = dt == TD_I32 ? INT32_MAX : dt == TD_I64 ? INT64_MAX : 65504;
+        if (dt == TD_BF16)
+            lo = INT64_MIN, hi = INT64_MAX; /* bfloat16 holds the int64 range */
+        if (g->n[0] < lo)
+            return tdd_err_arg(p->err, "low", "randint: low = %lld does not fit in %s",
+                               (long long)g->n[0], td_dtype_name(dt));
+        if (g->n[1] - 1 > hi)
+            return tdd_err_arg(p->err, "high", "randint: high - 1 = %lld does not fit in %s",
+                               (long long)(g->n[1] - 1), td_dtype_name(dt));
+    }
     g->dtype = g->cdtype = dt;
     tdd_p_out(p, 0, dt, shape, nd);
     return 0;

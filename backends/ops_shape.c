@@ -486,7 +486,8 @@ static int prep_index(tdd_prep *p)
         const char *mode;
         if ((rc = tdd_p_ints(p, "pad", pads, 2 * TD_MAX_NDIM, &n)) ||
             (rc = tdd_p_str(p, "mode", "constant", &mode)) ||
-            (rc = tdd_p_float(p, "value", 0.0, &g->f[0])))
+            (rc = tdd_p_float(p, "value", 0.0, &g->f[0])) ||
+            (rc = tdd_p_fits(p, tdd_attr_get(&p->req->attrs, "value"), g->dtype)))
             return rc;
         if (n < 0)
             return tdd_p_missing(p, "pad");

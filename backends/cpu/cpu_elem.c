@@ -82,6 +82,10 @@ typedef struct {
     }
 #define UN_FN(NAME, T, EXPR) UN_FNO(NAME, T, T, EXPR)
 
+/* PyTorch's clamp, min(max(x, lo), hi): lo > hi gives hi, a NaN input or bound gives NaN
+ * (absent bounds are -inf and +inf). */
+#define CLAMP_F(v, b, CMP) ((v CMP b || b != b) ? b : v)
+
 /* One instance per compute type. */
 #define ELEM_FNS(T, S)                                                                             \
     BIN_FN(add_##S, T, T, x + alpha * z)                                                           \
@@ -124,7 +128,7 @@ typedef struct {
           (T)0.5 * x * ((T)1 + tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))))       \
     UN_FN(silu_##S, T, x / ((T)1 + exp(-x)))                                                       \
     UN_FN(softplus_##S, T, x *p0 > p1 ? x : log1p(exp(x * p0)) / p0)                               \
-    UN_FN(clamp_##S, T, x < p0 ? p0 : (x > p1 ? p1 : x))                                           \
+    UN_FN(clamp_##S, T, CLAMP_F(CLAMP_F(x, p0, <), p1, >))                                         \
     UN_FN(floor_##S, T, floor(x))                                                                  \
     UN_FN(ceil_##S, T, ceil(x))                                                                    \
     UN_FN(round_##S, T, nearbyint(x))                                                              \
@@ -349,7 +353,7 @@ ELEM_FNS(double, f64)
     IUN_FN(relu_##S, T, U, T, x < 0 ? (T)0 : x)                                                    \
     IUN_FN(square_##S, T, U, T, CVT((U)x *(U)x))                                                   \
     IUN_FN(clamp_##S, T, U, T,                                                                     \
-           CVT((U)(uint64_t)((int64_t)x < lo   ? lo                                                \
+           CVT((U)(uint64_t)((int64_t)x < lo   ? (lo > hi ? hi : lo)                               \
                              : (int64_t)x > hi ? hi                                                \
                                                : x)))                                              \
     IUN_FN(ident_##S, T, U, T, x)                                                                  \

@@ -219,8 +219,12 @@ static int cpu_tri(const tdd_opcall *c, int nt)
             int64_t i = w.idx[nd - 2], ao = a->offset;
             for (int k = 0; k < nd - 1; k++)
                 ao += w.idx[k] * a->strides[k];
-            /* kept columns: [0, e) for tril, [e, C) for triu, clamped to [0, C] */
-            int64_t e = lower ? i + diag + 1 : i + diag;
+            /* kept columns: [0, e) for tril, [e, C) for triu, clamped to [0, C]; the
+             * client's diagonal may be anything, so the sum saturates (i, 1 and C are
+             * small: past either edge is all that matters) */
+            int64_t e;
+            if (__builtin_add_overflow(i + (lower ? 1 : 0), diag, &e))
+                e = diag < 0 ? 0 : C;
             e = e < 0 ? 0 : e > C ? C : e;
             int64_t k0 = lower ? 0 : e, k1 = lower ? e : C;
             char *yr = yd + (size_t)(r * C) * esz;

@@ -160,10 +160,10 @@ __device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int f
         return x / (1.0f + expf(-x));
     case TDC_SOFTPLUS: // p0 beta, p1 threshold: linear above it, as PyTorch
         return x * p0 > p1 ? x : log1pf(expf(x * p0)) / p0;
-    case TDC_CLAMP:
-        if ((flags & 1) && x < p0)
+    case TDC_CLAMP: // min(max(x, p0), p1) as PyTorch: p0 > p1 gives p1, a NaN bound NaN
+        if ((flags & 1) && (x < p0 || p0 != p0))
             x = p0;
-        if ((flags & 2) && x > p1)
+        if ((flags & 2) && (x > p1 || p1 != p1))
             x = p1;
         return x;
     case TDC_FLOOR:

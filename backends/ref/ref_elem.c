@@ -182,10 +182,10 @@ static double unary_f(tdd_op op, double x, const tdd_opargs *g)
         return x / (1.0 + exp(-x));
     case TDD_OP_SOFTPLUS:
         return x * g->f[0] > g->f[1] ? x : log1p(exp(x * g->f[0])) / g->f[0];
-    case TDD_OP_CLAMP:
-        if ((g->flags & 1u) && x < g->f[0])
+    case TDD_OP_CLAMP: /* min(max(x, min), max): min > max gives max; NaN anywhere gives NaN */
+        if ((g->flags & 1u) && (x < g->f[0] || isnan(g->f[0])))
             x = g->f[0];
-        if ((g->flags & 2u) && x > g->f[1])
+        if ((g->flags & 2u) && (x > g->f[1] || isnan(g->f[1])))
             x = g->f[1];
         return x;
     case TDD_OP_FLOOR:

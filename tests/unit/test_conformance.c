@@ -2,6 +2,7 @@
  * table in test_conformance_cases.c, tolerances in its compare()), plus
  * tdd_op_prepare's typed errors, view semantics, and PyTorch reference values. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,218 @@ START_TEST(case_matches_ref)
     }
     ck_assert_msg(failures == 0, "%s [%s]: %d failing dtype/layout combinations (see stderr)",
                   c->op, c->attrs, failures);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ attribute extremes */
+
+/* Every small table row again with each scalar attribute of its op (tdd_op_attr_bounds in
+ * backends/ops.c) at its extremes, and each ordered pair reversed: prepare either refuses
+ * it with a typed error (INVALID_ARGUMENT naming an attribute, RESOURCE_EXHAUSTED, ...)
+ * or every backend runs it and agrees with ref (issue 8: tril/triu with diagonal INT64_MAX
+ * and clamp with min > max or a NaN bound differed, and overflowed under UBSan). */
+#define GEN_MAX_NUMEL 4096 /* rows with larger inputs are skipped; outputs are bounded too */
+
+static const int64_t gen_ints[] = {0,
+                                   1,
+                                   -1,
+                                   2,
+                                   INT32_MAX,
+                                   INT32_MIN,
+                                   (int64_t)INT32_MAX + 1,
+                                   (int64_t)INT32_MIN - 1,
+                                   INT64_MAX,
+                                   INT64_MIN,
+                                   INT64_MAX - 1,
+                                   INT64_MIN + 1};
+static const double gen_floats[] = {0.0,       -0.0,    1.0,      -1.0,   0.5,    NAN,     INFINITY,
+                                    -INFINITY, DBL_MAX, -DBL_MAX, 1e-300, 3.0e38, 65504.0, 1e10};
+
+typedef struct {
+    char name[32];
+    char kind; /* i, f, b */
+} gen_attr;
+
+/* Parses an op's bounds string into attributes and ordered pairs (indices into at). */
+static int gen_parse(const char *spec, gen_attr *at, int max, int pairs[][2], int *npairs)
+{
+    int n = 0;
+    *npairs = 0;
+    char tok[80];
+    for (const char *q = spec; q && *q;) {
+        size_t len = strcspn(q, " ");
+        snprintf(tok, sizeof tok, "%.*s", (int)len, q);
+        q += len + (q[len] == ' ');
+        char *le = strstr(tok, "<=");
+        if (le) {
+            *le = 0;
+            int a = -1, b = -1;
+            for (int k = 0; k < n; k++) {
+                if (strcmp(at[k].name, tok) == 0)
+                    a = k;
+                if (strcmp(at[k].name, le + 2) == 0)
+                    b = k;
+            }
+            ck_assert_msg(a >= 0 && b >= 0, "bounds \"%s\": pair of unknown attributes", spec);
+            pairs[*npairs][0] = a;
+            pairs[(*npairs)++][1] = b;
+            continue;
+        }
+        char *colon = strchr(tok, ':');
+        ck_assert_msg(colon && n < max, "bounds \"%s\": bad token %s", spec, tok);
+        *colon = 0;
+        snprintf(at[n].name, sizeof at[n].name, "%.31s", tok);
+        at[n++].kind = colon[1];
+    }
+    return n;
+}
+
+/* The case's attributes with the given ones put in (replacing same-named ones). */
+static size_t gen_attrs(const conf_case *c, const td_attr *put, int nput, td_attr *out,
+                        conf_attrs *as)
+{
+    conf_parse_attrs(c->attrs, as);
+    size_t n = 0;
+    for (size_t k = 0; k < as->n; k++) {
+        bool replaced = false;
+        for (int j = 0; j < nput; j++)
+            replaced = replaced || strcmp(as->a[k].name, put[j].name) == 0;
+        if (!replaced)
+            out[n++] = as->a[k];
+    }
+    for (int j = 0; j < nput; j++)
+        out[n++] = put[j];
+    return n;
+}
+
+static bool gen_small(const conf_case *c)
+{
+    conf_input in[4];
+    int n = conf_inputs(c, TD_F32, 0, in);
+    bool small = true;
+    for (int k = 0; k < n; k++)
+        small = small && in[k].numel <= GEN_MAX_NUMEL;
+    conf_inputs_free(in, n);
+    return small;
+}
+
+static int gen_failures, gen_runs;
+
+static const char *gen_attr_str(const td_attr *a, char *buf, size_t len)
+{
+    if (a->kind == TD_ATTR_INT)
+        snprintf(buf, len, "%s=%lld", a->name, (long long)a->i);
+    else if (a->kind == TD_ATTR_FLOAT)
+        snprintf(buf, len, "%s=%g", a->name, a->f);
+    else
+        snprintf(buf, len, "%s=%s", a->name, a->b ? "true" : "false");
+    return buf;
+}
+
+/* Runs case c with put[] on every dtype of the row and every backend; counts failures. */
+static void gen_check(const conf_case *c, const td_attr *put, int nput)
+{
+    td_attr attrs[CONF_MAX_ATTRS + 2];
+    conf_attrs as;
+    size_t na = gen_attrs(c, put, nput, attrs, &as);
+    const char *dts = c->dtypes[0] ? c->dtypes : "-";
+    for (int o = 0; o < nothers; o++) {
+        for (const char *l = dts; *l; l++) {
+            td_dtype dt = *l == '-' ? TD_DTYPE_INVALID : conf_dtype_of(*l);
+            conf_result r;
+            conf_run_attrs(c, dt, 0, &ref_be, others[o], true, attrs, na, GEN_MAX_NUMEL * 16, &r);
+            gen_runs++;
+            const char *why = NULL;
+            if (r.prep_rc) {
+                int code = r.prep_rc;
+                if (code != TD_EINVALID_ARGUMENT && code != TD_ESHAPE_MISMATCH &&
+                    code != TD_ERESOURCE_EXHAUSTED && code != TD_EUNSUPPORTED_DTYPE &&
+                    code != TD_EDTYPE_MISMATCH)
+                    why = "prepare refused it with an untyped code";
+                else if (code == TD_EINVALID_ARGUMENT &&
+                         (r.prep_err.detail_kind != TD_DETAIL_ARGUMENT ||
+                          !r.prep_err.detail.argument.argument[0]))
+                    why = "INVALID_ARGUMENT names no attribute";
+            } else {
+                bool declined = !r.supported[1] && others[o] != &cpu_be;
+                if (r.bad || (!declined && r.rc[1] != r.rc[0]))
+                    why = "differs from ref";
+                else if (r.rc[0] != 0 && r.rc[0] != TD_EINVALID_ARGUMENT)
+                    why = "ref failed untyped";
+            }
+            if (why && ++gen_failures <= 40) {
+                char b0[64], b1[64] = "";
+                gen_attr_str(&put[0], b0, sizeof b0);
+                if (nput > 1)
+                    gen_attr_str(&put[1], b1, sizeof b1);
+                fprintf(stderr,
+                        "attr extremes: %s [%s] %s %s %s on %s: %s (prep %s, ref %s, %s %s: "
+                        "%s)\n",
+                        c->op, c->attrs, b0, b1, td_dtype_name(dt), others[o]->be->name, why,
+                        td_err_name(r.prep_rc), td_err_name(r.rc[0]), others[o]->be->name,
+                        td_err_name(r.rc[1]), r.msg);
+            }
+        }
+    }
+}
+
+static td_attr gen_value(const char *name, char kind, int k, int *count)
+{
+    int ni = (int)(sizeof gen_ints / sizeof gen_ints[0]);
+    int nf = (int)(sizeof gen_floats / sizeof gen_floats[0]);
+    if (kind == 'b') {
+        *count = 2;
+        return (td_attr){.name = name, .kind = TD_ATTR_BOOL, .b = k == 1};
+    }
+    if (kind == 'i') {
+        *count = ni;
+        return at_int(name, gen_ints[k]);
+    }
+    *count = ni + nf; /* a number: ints and floats */
+    return k < ni ? at_int(name, gen_ints[k]) : at_float(name, gen_floats[k - ni]);
+}
+
+START_TEST(attribute_extremes_match_ref)
+{
+    const conf_case *c = &conf_cases[_i];
+    const tdd_opdef *def = tdd_op_find(c->op);
+    ck_assert_ptr_nonnull(def);
+    const char *spec = tdd_op_attr_bounds[def->op];
+    if (!spec || !gen_small(c))
+        return;
+    gen_attr at[8];
+    int pairs[4][2], np;
+    int n = gen_parse(spec, at, 8, pairs, &np);
+    gen_failures = gen_runs = 0;
+    for (int a = 0; a < n; a++) {
+        int count = 1;
+        for (int k = 0; k < count; k++) {
+            td_attr v = gen_value(at[a].name, at[a].kind, k, &count);
+            gen_check(c, &v, 1);
+        }
+    }
+    /* ordered pairs reversed (min > max), equal, and at the limits */
+    for (int p = 0; p < np; p++) {
+        const char *lo = at[pairs[p][0]].name, *hi = at[pairs[p][1]].name;
+        td_attr rev[][2] = {{at_int(lo, 1), at_int(hi, 0)},
+                            {at_int(lo, 3), at_int(hi, 1)},
+                            {at_int(lo, 2), at_int(hi, 2)},
+                            {at_int(lo, INT64_MAX), at_int(hi, INT64_MIN)},
+                            {at_int(lo, INT64_MIN + 1), at_int(hi, INT64_MAX)},
+                            {at_float(lo, 3.0), at_float(hi, 1.0)},
+                            {at_float(lo, 0.5), at_float(hi, -0.5)},
+                            {at_float(lo, INFINITY), at_float(hi, -INFINITY)},
+                            {at_float(lo, NAN), at_float(hi, NAN)}};
+        for (size_t k = 0; k < sizeof rev / sizeof rev[0]; k++) {
+            if (at[pairs[p][0]].kind == 'i' && rev[k][0].kind == TD_ATTR_FLOAT)
+                continue;
+            gen_check(c, rev[k], 2);
+        }
+    }
+    if (getenv("GEN_DEBUG"))
+        fprintf(stderr, "gen %s [%s]: %d runs\n", c->op, c->attrs, gen_runs);
+    ck_assert_msg(gen_failures == 0, "%s [%s]: %d of %d generated attribute cases fail (stderr)",
+                  c->op, c->attrs, gen_failures, gen_runs);
 }
 END_TEST
 
@@ -437,6 +650,11 @@ Suite *conformance_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, case_matches_ref, 0, conf_ncases);
     suite_add_tcase(s, tc);
+    TCase *gen = tcase_create("attribute_extremes");
+    tcase_add_checked_fixture(gen, setup, teardown);
+    tcase_set_timeout(gen, 120);
+    tcase_add_loop_test(gen, attribute_extremes_match_ref, 0, conf_ncases);
+    suite_add_tcase(s, gen);
     TCase *pe = tcase_create("prepare");
     tcase_add_test(pe, shape_mismatch_names_both_shapes);
     tcase_add_test(pe, bad_attributes_name_the_attribute);

@@ -38,11 +38,18 @@ typedef struct {
     int64_t bad;      /* elements out of tolerance (first output mismatch) */
     double worst;     /* largest |diff| / (atol + rtol |ref|) */
     char msg[256];
+    td_error prep_err; /* tdd_op_prepare's error when prep_rc != 0 */
 } conf_result;
 
 /* variant 0: layouts as written; 1: every input of ndim >= 2 transposed, 1-D strided. */
 void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref, conf_backend *other,
               bool execute, conf_result *res);
+
+/* conf_run with attrs (n_attrs of them) in place of the case's own and outputs bounded
+ * by max_numel: the generated attribute-extreme cases. */
+void conf_run_attrs(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
+                    conf_backend *other, bool execute, const td_attr *attrs, size_t n_attrs,
+                    int64_t max_numel, conf_result *res);
 
 td_dtype conf_dtype_of(char letter);
 

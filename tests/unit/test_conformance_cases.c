@@ -675,6 +675,15 @@ void conf_inputs_free(conf_input in[4], int n)
 void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref, conf_backend *other,
               bool execute, conf_result *res)
 {
+    conf_attrs as;
+    conf_parse_attrs(c->attrs, &as);
+    conf_run_attrs(c, dt, variant, ref, other, execute, as.a, as.n, (int64_t)1 << 40, res);
+}
+
+void conf_run_attrs(const conf_case *c, td_dtype dt, int variant, conf_backend *ref,
+                    conf_backend *other, bool execute, const td_attr *attrs, size_t n_attrs,
+                    int64_t max_numel, conf_result *res)
+{
     memset(res, 0, sizeof *res);
     const tdd_opdef *def = tdd_op_find(c->op);
     if (!def) {
@@ -696,10 +705,8 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref, c
                 make_tensor(&in[b][k], bes[b], spec[k].dtype, spec[k].shape, spec[k].ndim,
                             spec[k].layout, spec[k].vals, spec[k].ivals);
     conf_inputs_free(spec, n_in);
-    conf_attrs as;
-    conf_parse_attrs(c->attrs, &as);
     tdd_opreq req = {
-        .attrs = {as.a, as.n}, .dtype = def->kind == TDD_KIND_CREATE ? dt : 0, .seed = 12345};
+        .attrs = {attrs, n_attrs}, .dtype = def->kind == TDD_KIND_CREATE ? dt : 0, .seed = 12345};
     if (def->kind == TDD_KIND_CREATE && dt == TD_DTYPE_INVALID)
         req.dtype = TD_DTYPE_INVALID;
     const tdd_tensor *tin[2][4];
@@ -710,9 +717,9 @@ void conf_run(const conf_case *c, td_dtype dt, int variant, conf_backend *ref, c
     tdd_outdesc od[TDD_MAX_OP_OUTPUTS];
     int n_out = 0;
     td_error err;
-    res->prep_rc =
-        tdd_op_prepare(def->op, tin[0], n_in, &req, (int64_t)1 << 40, &args, od, &n_out, &err);
+    res->prep_rc = tdd_op_prepare(def->op, tin[0], n_in, &req, max_numel, &args, od, &n_out, &err);
     if (res->prep_rc) {
+        res->prep_err = err;
         snprintf(res->msg, sizeof res->msg, "prepare: %.200s", err.message);
         goto done;
     }
