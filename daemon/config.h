@@ -6,6 +6,8 @@
 #include <stdint.h>
 
 #define TDD_MAX_LISTEN 16
+/* The one version string (--version, HelloReply.server). */
+#define TDD_VERSION "0.1.0"
 
 typedef struct tdd_config {
     const char *listen[TDD_MAX_LISTEN];
@@ -36,5 +38,8 @@ typedef struct tdd_config {
 extern tdd_config tdd_cfg;
 
 void tdd_config_defaults(tdd_config *c);
+/* Defaults, then the command line (config.c's table): 0 to run, 1 when --help or
+ * --version was answered (exit 0), 2 after a one-line message on a bad flag. */
+int tdd_config_from_args(tdd_config *c, int argc, char **argv);
 
 #endif

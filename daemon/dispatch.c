@@ -13,7 +13,6 @@
 #include "utf8.h"
 #include "wire.h"
 
-#define TDD_VERSION_STRING "tensordd 0.1.0"
 
 typedef Tensordd__V1__Request Request;
 
@@ -155,7 +154,7 @@ static int h_hello(tdd_conn *c, Request *req)
     td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
     Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
     hr.version = TD_PROTOCOL_VERSION;
-    hr.server = (char *)TDD_VERSION_STRING;
+    hr.server = (char *)"tensordd " TDD_VERSION;
     hr.session_id = c->s->id;
     hr.note = server_note;
     Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;

@@ -107,6 +107,8 @@ def test_idle_timeout_during_upload_reads_nothing_into_freed_tensor(start_daemon
     c.sendall(msg[head:])  # waits in the socket while the loop sleeps
     assert wait_eof(c, 10), "the idle session was not closed"
     c.close()
+    time.sleep(0.2)
+    assert d.proc.poll() is None, f"the daemon died:\n{d.log()}"
     served(d.endpoint)
     assert d.stop() == 0, d.log()
 
@@ -119,25 +121,37 @@ def token_daemon(start_daemon, tmp_path):
     tok = tmp_path / "token"
     tok.write_text("s3cret\n")
     tok.chmod(0o600)
-    return start_daemon("--token-file", str(tok), "--max-sessions", "4", "--max-handshakes",
-                        "8")
+    return lambda *extra: start_daemon("--token-file", str(tok), "--max-sessions", "4", *extra)
 
 
 def test_silent_connects_do_not_lock_out_token_holders(token_daemon):
-    silent = [raw(token_daemon.endpoint) for _ in range(40)]
+    d = token_daemon()
+    silent = [raw(d.endpoint) for _ in range(4)]
     try:
         time.sleep(0.3)
-        for _ in range(3):
-            served(token_daemon.endpoint, token="s3cret")
+        served(d.endpoint, token="s3cret")
         # The sessions bound is for sessions: four with the token are served at once.
-        held = [tensordd.connect(token_daemon.endpoint, token="s3cret", timeout=10)
-                for _ in range(4)]
+        held = [tensordd.connect(d.endpoint, token="s3cret", timeout=10) for _ in range(4)]
         try:
             with pytest.raises(tensordd.ResourceExhaustedError):
-                tensordd.connect(token_daemon.endpoint, token="s3cret", timeout=10)
+                tensordd.connect(d.endpoint, token="s3cret", timeout=10)
         finally:
             for s in held:
                 s.close()
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_connects_past_max_handshakes_drop_the_oldest(token_daemon):
+    d = token_daemon("--max-handshakes", "8")
+    silent = [raw(d.endpoint) for _ in range(40)]
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            served(d.endpoint, token="s3cret")
+        # The 32 oldest were dropped: they read EOF.
+        assert sum(wait_eof(s, 5) for s in silent[:32]) == 32
     finally:
         for s in silent:
             s.close()
@@ -155,14 +169,15 @@ def test_connection_without_hello_is_closed_after_hello_timeout(start_daemon):
 def test_large_frame_before_hello_is_refused_at_the_header(token_daemon):
     """Before Hello, a header announcing a 1 MiB message is refused at once: the
     daemon neither waits for nor allocates it."""
-    c = raw(token_daemon.endpoint)
+    d = token_daemon()
+    c = raw(d.endpoint)
     c.sendall(struct.pack("<IIQ", MAGIC, 1 << 20, 0))
     r = read_frame(c)
     assert r is not None and r.WhichOneof("body") == "error"
     assert r.error.code == pb.FRAME_TOO_LARGE
     assert "Hello" in r.error.message
     c.close()
-    served(token_daemon.endpoint, token="s3cret")
+    served(d.endpoint, token="s3cret")
 
 
 # ---------------------------------------------------------------- item 3
