@@ -24,7 +24,7 @@ static int binary_i(tdd_op op, int64_t x, int64_t y, int64_t alpha, int64_t *r)
         *r = wrap_add(x, wrap_mul(alpha, y));
         return 0;
     case TDD_OP_SUB:
-        *r = wrap_add(x, -wrap_mul(alpha, y));
+        *r = (int64_t)((uint64_t)x - (uint64_t)wrap_mul(alpha, y)); /* no -INT64_MIN */
         return 0;
     case TDD_OP_MUL:
         *r = wrap_mul(x, y);
