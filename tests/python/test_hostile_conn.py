@@ -195,11 +195,13 @@ def test_client_that_never_reads_is_held_to_the_write_queue_bound(start_daemon):
     base = rss_kib(d.proc.pid)
     burst = b"".join(frame(pb.Request(id=10 + i, sync=pb.Sync())) for i in range(4096))
     c.setblocking(False)
-    sent, stuck_since = 0, None
+    sent, off, stuck_since = 0, 0, None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            sent += c.send(burst)
+            n = c.send(burst[off:])  # partial sends resume mid-burst: frames stay whole
+            sent += n
+            off = (off + n) % len(burst)
             stuck_since = None
         except BlockingIOError:
             stuck_since = stuck_since or time.monotonic()
@@ -211,6 +213,7 @@ def test_client_that_never_reads_is_held_to_the_write_queue_bound(start_daemon):
     print(f"{syncs} syncs sent before the daemon stopped reading; RSS grew {grown_mib:.1f} MiB")
     assert stuck_since is not None, "the daemon never stopped reading"
     assert grown_mib < 8 + 16, f"RSS grew {grown_mib:.1f} MiB for an 8 MiB write queue"
+    assert d.proc.poll() is None and "closing" not in d.log(), d.log()
     c.close()
     served(d.endpoint)
     assert d.stop() == 0, d.log()
