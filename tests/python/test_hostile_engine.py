@@ -111,6 +111,7 @@ def test_many_zero_size_handles_hit_the_session_quota(start_daemon):
         # and the session works on
         np.testing.assert_array_equal(s.tensor(np.arange(3, dtype=np.float32)).numpy(),
                                       [0, 1, 2])
+    assert d.stop() == 0, d.log()  # (the sanitizer build reports leaks here)
 
 
 def test_handle_charges_are_given_back_on_failed_requests(start_daemon):
@@ -129,6 +130,7 @@ def test_handle_charges_are_given_back_on_failed_requests(start_daemon):
         gc.collect()
         s.sync()
         assert my_bytes(s) == base
+    assert d.stop() == 0, d.log()
 
 
 # ---------------------------------------------------------------- item 5
@@ -180,6 +182,7 @@ def test_optimizer_over_200k_parameters_does_not_freeze_other_sessions(start_dae
         np.testing.assert_allclose(params[0].numpy(), [0.0])
         with pytest.raises(tensordd.InvalidArgumentError, match="appears twice"):
             tensordd.optim.SGD(params[:10] + params[5:6], lr=0.1)
+    assert d.stop() == 0, d.log()
 
 
 # ---------------------------------------------------------------- item 6
