@@ -440,24 +440,73 @@ static int step_run(void *arg)
     return 0;
 }
 
-static void step_done(void *arg, int rc)
+/* All of one step's updates on one device: one task. A task per parameter cost two
+ * thread hand-offs and a completion each on the loop (200k one-element parameters
+ * stalled every session 0.7 s per step). */
+typedef struct {
+    tdd_value *pv, *gv, *bv[3]; /* references */
+    int64_t step;               /* after this update */
+    bool init;
+    size_t pi; /* the parameter's index in the optimizer (loop side) */
+} step_item;
+
+typedef struct {
+    opt_hyper h;
+    tdd_session *s;
+    size_t n;
+    size_t failed; /* the first item whose update failed (worker side) */
+    step_item it[];
+} step_batch;
+
+static int batch_run(void *arg)
 {
-    step_job *j = arg;
-    tdd_ag_session *ag = j->s->autograd;
+    step_batch *b = arg;
+    int first = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const step_item *it = &b->it[i];
+        /* The values' tensors are fixed at their creation: reading them here is safe. */
+        step_job j = {.h = b->h, .step = it->step, .init = it->init, .s = b->s};
+        j.pv = it->pv;
+        j.gv = it->gv;
+        j.p = it->pv->t;
+        j.g = it->gv->t;
+        for (int k = 0; k < 3; k++)
+            j.bv[k] = it->bv[k];
+        if (it->bv[0])
+            j.b0 = it->bv[0]->t;
+        if (it->bv[1])
+            j.b1 = it->bv[1]->t;
+        if (it->bv[2])
+            j.b2 = it->bv[2]->t;
+        int rc = step_run(&j);
+        if (rc && !first) {
+            first = rc;
+            b->failed = i;
+        }
+    }
+    return first;
+}
+
+static void batch_done(void *arg, int rc)
+{
+    step_batch *b = arg;
+    tdd_ag_session *ag = b->s->autograd;
     if (rc && ag && !ag->step_failed) {
+        const step_item *it = &b->it[b->failed];
         ag->step_failed = true;
         if (rc == TD_EPOISONED)
-            tdd_err_poisoned(&ag->step_err, j->gv);
+            tdd_err_poisoned(&ag->step_err, it->gv);
         else
             tdd_err_set(&ag->step_err, rc, "optimizer update of handle %llu failed: %s",
-                        (unsigned long long)j->pv->handle, td_strerror(rc));
+                        (unsigned long long)it->pv->handle, td_strerror(rc));
     }
-    tdd_value_unref(j->pv);
-    tdd_value_unref(j->gv);
-    tdd_value_unref(j->bv[0]);
-    tdd_value_unref(j->bv[1]);
-    tdd_value_unref(j->bv[2]);
-    free(j);
+    for (size_t i = 0; i < b->n; i++) {
+        tdd_value_unref(b->it[i].pv);
+        tdd_value_unref(b->it[i].gv);
+        for (int k = 0; k < 3; k++)
+            tdd_value_unref(b->it[i].bv[k]);
+    }
+    free(b);
 }
 
 /* ---------------------------------------------------------------- the update as ops */
@@ -662,9 +711,14 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         via_ops |= !o->ps[i].p->dev->be->host_memory;
     if (via_ops)
         nbuf = 0; /* the ops make their state as results */
+    /* Each parameter's gradient is looked up once (a hash lookup is a cache miss or two
+     * with 10^5 entries; the passes below used to repeat it). */
+    tdd_grad_entry **ge = NULL;
+    if (!rc && !(ge = calloc(o->n ? o->n : 1, sizeof *ge)))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     for (size_t i = 0; !rc && i < o->n; i++) {
         opt_param *op = &o->ps[i];
-        tdd_grad_entry *e = tdd_grads_find(grads, op->p);
+        tdd_grad_entry *e = ge[i] = tdd_grads_find(grads, op->p);
         if (!e)
             continue;
         rc = check_grad(op->p, e->grad, &err);
@@ -672,15 +726,16 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
             if (!op->buf[k] && !(op->buf[k] = state_buffer(s, op->p, &err)))
                 rc = err.code;
     }
-    if (rc)
+    if (rc) {
+        free(ge);
         return tdd_answer_error(c, req, &err);
+    }
     size_t queued = 0;
     if (via_ops) {
         tdd_bw b = {.s = s, .req_id = req->id};
         for (size_t i = 0; i < o->n && !b.rc; i++) {
             opt_param *op = &o->ps[i];
-            tdd_grad_entry *e = tdd_grads_find(grads, op->p);
-            if (!e || step_ops(&b, &o->h, op, e->grad))
+            if (!ge[i] || step_ops(&b, &o->h, op, ge[i]->grad))
                 continue;
             op->p->t.st->version++;
             op->step++;
@@ -688,6 +743,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         }
         tdd_bw_release(&b, 0);
         free(b.tmp);
+        free(ge);
         if (b.rc) {
             /* Parameters before the failing one have stepped (queued ops
              * cannot be taken back); the error says so. */
@@ -707,67 +763,93 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         ag->step_failed = false;
         return TDD_DISPATCH_BLOCK;
     }
+    /* The host loop: one batch of updates per device, made before anything runs (so
+     * running out of memory here steps nothing). */
+    int ndev = tdd_device_count();
+    step_batch **bat = calloc((size_t)ndev, sizeof *bat);
+    size_t *cnt = calloc((size_t)ndev, sizeof *cnt);
+    int64_t total = 0;
+    bool ok = bat && cnt;
+    for (size_t i = 0; ok && i < o->n; i++)
+        if (ge[i]) {
+            cnt[o->ps[i].p->dev->index]++;
+            total += tdd_numel(&o->ps[i].p->t);
+        }
+    for (int d = 0; ok && d < ndev; d++) {
+        if (!cnt[d])
+            continue;
+        if (!(bat[d] = calloc(1, sizeof(step_batch) + cnt[d] * sizeof(step_item)))) {
+            ok = false;
+            break;
+        }
+        bat[d]->h = o->h;
+        bat[d]->s = s;
+    }
+    if (!ok) {
+        for (int d = 0; bat && d < ndev; d++)
+            free(bat[d]);
+        free(bat);
+        free(cnt);
+        free(ge);
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(c, req, &err);
+    }
+    for (size_t i = 0; i < o->n; i++) {
+        if (!ge[i])
+            continue; /* no gradient: skipped, as torch.optim skips p.grad None */
+        opt_param *op = &o->ps[i];
+        step_batch *b = bat[op->p->dev->index];
+        step_item *it = &b->it[b->n++];
+        it->pi = i;
+        it->init = op->step == 0;
+        it->step = op->step + 1;
+        it->pv = op->p;
+        it->gv = ge[i]->grad;
+        tdd_value_ref(it->pv);
+        tdd_value_ref(it->gv);
+        for (int k = 0; k < nbuf; k++) {
+            it->bv[k] = op->buf[k];
+            tdd_value_ref(op->buf[k]);
+        }
+    }
+    free(ge);
+    free(cnt);
     /* Small updates run here, on the loop, when their device has nothing
      * queued: the session's own work has all run (inflight is 0), and two
      * thread wake-ups per step cost more than a few thousand elements of
      * Adam (the inline op path in exec_op.c makes the same trade). */
-    int64_t total = 0;
-    for (size_t i = 0; i < o->n; i++)
-        if (tdd_grads_find(grads, o->ps[i].p))
-            total += tdd_numel(&o->ps[i].p->t);
     bool small = total <= OPTIM_INLINE_MAX_ELEMS;
     ag->step_failed = false; /* only this step's updates report here */
-    for (size_t i = 0; i < o->n; i++) {
-        opt_param *op = &o->ps[i];
-        tdd_grad_entry *e = tdd_grads_find(grads, op->p);
-        if (!e)
-            continue; /* no gradient: skipped, as torch.optim skips p.grad None */
-        step_job *j = calloc(1, sizeof *j);
-        if (!j) {
-            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-            break;
-        }
-        j->h = o->h;
-        j->init = op->step == 0;
-        j->step = op->step + 1;
-        j->s = s;
-        j->pv = op->p;
-        j->gv = e->grad;
-        j->p = op->p->t;
-        j->g = e->grad->t;
-        tdd_value_ref(j->pv);
-        tdd_value_ref(j->gv);
-        for (int k = 0; k < nbuf; k++) {
-            j->bv[k] = op->buf[k];
-            tdd_value_ref(op->buf[k]);
-        }
-        if (j->bv[0])
-            j->b0 = j->bv[0]->t;
-        if (j->bv[1])
-            j->b1 = j->bv[1]->t;
-        if (j->bv[2])
-            j->b2 = j->bv[2]->t;
-        tdd_device *dev = op->p->dev;
-        if (small && tdd_queue_idle(dev->q)) {
-            step_done(j, step_run(j)); /* a failure lands in ag->step_failed */
-            op->p->fq = NULL;          /* ready now */
-            op->p->t.st->version++;
-            op->step++;
+    for (int d = 0; d < ndev; d++) {
+        step_batch *b = bat[d];
+        if (!b)
             continue;
+        tdd_device *dev = tdd_device_get(d);
+        bool inline_run = small && tdd_queue_idle(dev->q);
+        uint64_t seq = 0;
+        if (!inline_run) {
+            seq = tdd_queue_next_seq(dev->q);
+            if (tdd_submit_work(s, dev, batch_run, batch_done, b)) {
+                batch_done(b, 0);
+                rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+                continue;
+            }
+            queued++;
         }
-        uint64_t seq = tdd_queue_next_seq(dev->q);
-        if (tdd_submit_work(s, dev, step_run, step_done, j)) {
-            step_done(j, 0);
-            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-            break;
+        /* (b is freed by batch_done, which runs on this thread: after this loop when
+         * queued, below when inline.) */
+        for (size_t i = 0; i < b->n; i++) {
+            tdd_value *p = b->it[i].pv;
+            /* Readers on other queues now wait for the update, not the upload. */
+            p->fq = inline_run ? NULL : dev->q;
+            p->fseq = seq;
+            p->t.st->version++;
+            o->ps[b->it[i].pi].step++;
         }
-        /* Readers on other queues now wait for the update, not the upload. */
-        op->p->fq = dev->q;
-        op->p->fseq = seq;
-        op->p->t.st->version++;
-        op->step++;
-        queued++;
+        if (inline_run)
+            batch_done(b, batch_run(b)); /* a failure lands in ag->step_failed */
     }
+    free(bat);
     if (rc && !queued) {
         ag->step_failed = false;
         return tdd_answer_error(c, req, &err);
