@@ -19,74 +19,280 @@ const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
 #undef TDD__OP_DEF
 };
 
-#define CMP_ATTRS "other:f"
-#define RED_ATTRS "dim:i keepdim:b"
-const char *const tdd_op_attr_bounds[TDD_OP_COUNT] = {
-    [TDD_OP_ADD] = "other:f alpha:f",
-    [TDD_OP_SUB] = "other:f alpha:f",
-    [TDD_OP_MUL] = CMP_ATTRS,
-    [TDD_OP_DIV] = CMP_ATTRS,
-    [TDD_OP_POW] = CMP_ATTRS,
-    [TDD_OP_MAXIMUM] = CMP_ATTRS,
-    [TDD_OP_MINIMUM] = CMP_ATTRS,
-    [TDD_OP_REMAINDER] = CMP_ATTRS,
-    [TDD_OP_EQ] = CMP_ATTRS,
-    [TDD_OP_NE] = CMP_ATTRS,
-    [TDD_OP_LT] = CMP_ATTRS,
-    [TDD_OP_LE] = CMP_ATTRS,
-    [TDD_OP_GT] = CMP_ATTRS,
-    [TDD_OP_GE] = CMP_ATTRS,
-    [TDD_OP_LOGICAL_AND] = CMP_ATTRS,
-    [TDD_OP_LOGICAL_OR] = CMP_ATTRS,
-    [TDD_OP_LOGICAL_XOR] = CMP_ATTRS,
-    [TDD_OP_MASKED_FILL] = "value:f",
-    [TDD_OP_LEAKY_RELU] = "negative_slope:f",
-    [TDD_OP_SOFTPLUS] = "beta:f threshold:f",
-    [TDD_OP_CLAMP] = "min:f max:f min<=max",
-    [TDD_OP_SUM] = RED_ATTRS,
-    [TDD_OP_MEAN] = RED_ATTRS,
-    [TDD_OP_AMAX] = RED_ATTRS,
-    [TDD_OP_AMIN] = RED_ATTRS,
-    [TDD_OP_ARGMAX] = RED_ATTRS,
-    [TDD_OP_ARGMIN] = RED_ATTRS,
-    [TDD_OP_VAR] = RED_ATTRS " correction:f",
-    [TDD_OP_STD] = RED_ATTRS " correction:f",
-    [TDD_OP_LOGSUMEXP] = RED_ATTRS,
-    [TDD_OP_PROD] = RED_ATTRS,
-    [TDD_OP_CUMSUM] = "dim:i",
-    [TDD_OP_SOFTMAX] = "dim:i",
-    [TDD_OP_LOG_SOFTMAX] = "dim:i",
-    [TDD_OP_TRANSPOSE] = "dim0:i dim1:i",
-    [TDD_OP_FLATTEN] = "start_dim:i end_dim:i",
-    [TDD_OP_SQUEEZE] = "dim:i",
-    [TDD_OP_UNSQUEEZE] = "dim:i",
-    [TDD_OP_SLICE] = "dim:i start:i stop:i step:i start<=stop",
-    [TDD_OP_SPLIT] = "split_size:i dim:i",
-    [TDD_OP_CHUNK] = "chunks:i dim:i",
-    [TDD_OP_CAT] = "dim:i",
-    [TDD_OP_STACK] = "dim:i",
-    [TDD_OP_GATHER] = "dim:i",
-    [TDD_OP_SCATTER_ADD] = "dim:i",
-    [TDD_OP_INDEX_SELECT] = "dim:i",
-    [TDD_OP_ONE_HOT] = "num_classes:i",
-    [TDD_OP_TRIL] = "diagonal:i",
-    [TDD_OP_TRIU] = "diagonal:i",
-    [TDD_OP_PAD] = "value:f",
-    [TDD_OP_CROSS_ENTROPY] = "ignore_index:i label_smoothing:f",
-    [TDD_OP_NLL_LOSS] = "ignore_index:i",
-    [TDD_OP_LAYER_NORM] = "eps:f",
-    [TDD_OP_DROPOUT] = "p:f train:b",
-    [TDD_OP_CONV2D] = "stride:i padding:i dilation:i groups:i",
-    [TDD_OP_MAX_POOL2D] = "kernel_size:i stride:i padding:i dilation:i ceil_mode:b",
-    [TDD_OP_AVG_POOL2D] = "kernel_size:i stride:i padding:i ceil_mode:b count_include_pad:b",
-    [TDD_OP_FULL] = "value:f",
-    [TDD_OP_ARANGE] = "start:f end:f step:f",
-    [TDD_OP_LINSPACE] = "start:f end:f steps:i",
-    [TDD_OP_EYE] = "n:i m:i",
-    [TDD_OP_RANDINT] = "low:i high:i low<=high",
+/* ------------------------------------------------------------------ attribute schema */
+
+/* One attribute: A(name, type, default, bounds) optional, R(name, type, bounds) required;
+ * AX/RX: the same, left out of the conformance generator's extremes. */
+#define A(nm, ty, def, bnd)                                                                        \
+    {                                                                                              \
+        nm, TDD_AT_##ty, false, def, bnd, false                                                    \
+    }
+#define R(nm, ty, bnd)                                                                             \
+    {                                                                                              \
+        nm, TDD_AT_##ty, true, NULL, bnd, false                                                    \
+    }
+#define AX(nm, ty, def, bnd)                                                                       \
+    {                                                                                              \
+        nm, TDD_AT_##ty, false, def, bnd, true                                                     \
+    }
+#define DTYPE_ATTR                                                                                 \
+    AX("dtype", STR, "the op's default (or the request's dtype field)",                            \
+       "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool")
+#define REDUCTION_ATTR A("reduction", STR, "\"mean\"", "mean|sum|none")
+
+static const tdd_attrdef s_add[] = {
+    A("other", NUM, "(the second input)", "required without a second input"),
+    A("alpha", NUM, "1", "an int for integral inputs")};
+static const tdd_attrdef s_binary[] = {
+    A("other", NUM, "(the second input)", "required without a second input")};
+static const tdd_attrdef s_masked_fill[] = {R("value", NUM, "fits the input's dtype")};
+static const tdd_attrdef s_leaky_relu[] = {A("negative_slope", NUM, "0.01", NULL)};
+static const tdd_attrdef s_gelu[] = {A("approximate", STR, "\"none\"", "none|tanh")};
+static const tdd_attrdef s_softplus[] = {A("beta", NUM, "1", "!= 0"),
+                                         A("threshold", NUM, "20", NULL)};
+static const tdd_attrdef s_clamp[] = {A("min", NUM, "(none; at least one of min, max)", NULL),
+                                      A("max", NUM, "(none; at least one of min, max)", NULL)};
+static const tdd_attrdef s_reduce[] = {A("dim", INT_OR_INTS, "all dims", "each in [-ndim, ndim)"),
+                                       A("keepdim", BOOL, "false", NULL)};
+static const tdd_attrdef s_varstd[] = {
+    A("dim", INT_OR_INTS, "all dims", "each in [-ndim, ndim)"), A("keepdim", BOOL, "false", NULL),
+    A("unbiased", BOOL, "true", NULL), A("correction", NUM, "1 (0 when unbiased=false)", NULL)};
+static const tdd_attrdef s_argmax[] = {A("dim", INT, "flattened", "[-ndim, ndim)"),
+                                       A("keepdim", BOOL, "false", NULL)};
+static const tdd_attrdef s_dim_req[] = {R("dim", INT, "[-ndim, ndim)")};
+static const tdd_attrdef s_sum_to[] = {R("shape", INTS, "the input broadcasts from it")};
+static const tdd_attrdef s_transpose[] = {R("dim0", INT, "[-ndim, ndim)"),
+                                          R("dim1", INT, "[-ndim, ndim)")};
+static const tdd_attrdef s_permute[] = {R("dims", INTS, "a permutation of the dims")};
+static const tdd_attrdef s_shape[] = {R("shape", INTS, "one -1 allowed; same element count")};
+static const tdd_attrdef s_flatten[] = {A("start_dim", INT, "0", "[-ndim, ndim)"),
+                                        A("end_dim", INT, "-1", ">= start_dim")};
+static const tdd_attrdef s_squeeze[] = {
+    A("dim", INT_OR_INTS, "every size-1 dim", "each in [-ndim, ndim)")};
+static const tdd_attrdef s_unsqueeze[] = {R("dim", INT, "[-ndim-1, ndim]")};
+static const tdd_attrdef s_expand[] = {R("shape", INTS, "-1 keeps a dim")};
+static const tdd_attrdef s_slice[] = {
+    A("dim", INT, "0", "[-ndim, ndim)"), A("start", INT, "0", "clamped to the dim"),
+    A("stop", INT, "the dim's size", "clamped to the dim"), A("step", INT, "1", ">= 1")};
+static const tdd_attrdef s_split[] = {
+    A("split_size", INT_OR_INTS, "(required unless split_sizes)",
+      ">= 1, or sizes summing to the dim"),
+    AX("split_sizes", INTS, "(required unless split_size)", "sizes summing to the dim"),
+    A("dim", INT, "0", "[-ndim, ndim)")};
+static const tdd_attrdef s_chunk[] = {R("chunks", INT, ">= 1"),
+                                      A("dim", INT, "0", "[-ndim, ndim)")};
+static const tdd_attrdef s_cast[] = {
+    AX("dtype", STR, "(required: this or the request's dtype field)",
+       "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool")};
+static const tdd_attrdef s_cat[] = {A("dim", INT, "0", "[-ndim, ndim) (stack: [-ndim-1, ndim])")};
+static const tdd_attrdef s_one_hot[] = {R("num_classes", INT, ">= 1")};
+static const tdd_attrdef s_diagonal[] = {A("diagonal", INT, "0", NULL)};
+static const tdd_attrdef s_pad[] = {
+    R("pad", INTS, "pairs, last dim first (left, right, top, bottom, ...)"),
+    A("mode", STR, "\"constant\"", "constant"), A("value", NUM, "0", "fits the input's dtype")};
+static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
+                                              A("label_smoothing", NUM, "0", "[0, 1]")};
+static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
+static const tdd_attrdef s_loss[] = {REDUCTION_ATTR};
+static const tdd_attrdef s_layer_norm[] = {R("normalized_shape", INTS, "the input's trailing dims"),
+                                           A("eps", NUM, "1e-5", NULL)};
+static const tdd_attrdef s_dropout[] = {A("p", NUM, "0.5", "[0, 1]"),
+                                        A("train", BOOL, "true", NULL)};
+static const tdd_attrdef s_conv2d[] = {A("stride", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
+                                       A("padding", INT_OR_INTS, "0", ">= 0; an int or (h, w)"),
+                                       A("dilation", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
+                                       A("groups", INT, "1", "divides the channels")};
+static const tdd_attrdef s_max_pool2d[] = {
+    R("kernel_size", INT_OR_INTS, ">= 1; an int or (h, w)"),
+    A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (h, w)"),
+    A("padding", INT_OR_INTS, "0", "<= kernel_size / 2"),
+    A("dilation", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
+    A("ceil_mode", BOOL, "false", NULL),
+    AX("return_indices", BOOL, "false", "true adds an int64 output (flat index into H*W)")};
+static const tdd_attrdef s_avg_pool2d[] = {
+    R("kernel_size", INT_OR_INTS, ">= 1; an int or (h, w)"),
+    A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (h, w)"),
+    A("padding", INT_OR_INTS, "0", "<= kernel_size / 2"), A("ceil_mode", BOOL, "false", NULL),
+    A("count_include_pad", BOOL, "true", NULL)};
+static const tdd_attrdef s_full[] = {R("shape", INTS, ">= 0 each"),
+                                     R("value", NUM, "fits the dtype"), DTYPE_ATTR};
+static const tdd_attrdef s_create_shape[] = {R("shape", INTS, ">= 0 each"), DTYPE_ATTR};
+static const tdd_attrdef s_arange[] = {A("start", NUM, "0", "finite"), R("end", NUM, "finite"),
+                                       A("step", NUM, "1", "finite, != 0"), DTYPE_ATTR};
+static const tdd_attrdef s_linspace[] = {A("start", NUM, "0", NULL), A("end", NUM, "0", NULL),
+                                         R("steps", INT, ">= 0"), DTYPE_ATTR};
+static const tdd_attrdef s_eye[] = {R("n", INT, ">= 0"), A("m", INT, "n", ">= 0"), DTYPE_ATTR};
+static const tdd_attrdef s_randint[] = {A("low", INT, "0", "< high"), R("high", INT, "> low"),
+                                        R("shape", INTS, ">= 0 each"), DTYPE_ATTR};
+
+#define S(in, arr)                                                                                 \
+    {                                                                                              \
+        in, arr, (int)(sizeof arr / sizeof arr[0]), NULL                                           \
+    }
+#define S_ORD(in, arr, ord)                                                                        \
+    {                                                                                              \
+        in, arr, (int)(sizeof arr / sizeof arr[0]), ord                                            \
+    }
+#define S_NONE(in)                                                                                 \
+    {                                                                                              \
+        in, NULL, 0, NULL                                                                          \
+    }
+#define BIN_IN "input, other (optional: the attribute other instead)"
+#define RED_IN "input"
+
+const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
+    [TDD_OP_ADD] = S(BIN_IN, s_add),
+    [TDD_OP_SUB] = S(BIN_IN, s_add),
+    [TDD_OP_MUL] = S(BIN_IN, s_binary),
+    [TDD_OP_DIV] = S(BIN_IN, s_binary),
+    [TDD_OP_POW] = S(BIN_IN, s_binary),
+    [TDD_OP_MAXIMUM] = S(BIN_IN, s_binary),
+    [TDD_OP_MINIMUM] = S(BIN_IN, s_binary),
+    [TDD_OP_REMAINDER] = S(BIN_IN, s_binary),
+    [TDD_OP_EQ] = S(BIN_IN, s_binary),
+    [TDD_OP_NE] = S(BIN_IN, s_binary),
+    [TDD_OP_LT] = S(BIN_IN, s_binary),
+    [TDD_OP_LE] = S(BIN_IN, s_binary),
+    [TDD_OP_GT] = S(BIN_IN, s_binary),
+    [TDD_OP_GE] = S(BIN_IN, s_binary),
+    [TDD_OP_LOGICAL_AND] = S(BIN_IN, s_binary),
+    [TDD_OP_LOGICAL_OR] = S(BIN_IN, s_binary),
+    [TDD_OP_LOGICAL_XOR] = S(BIN_IN, s_binary),
+    [TDD_OP_WHERE] = S_NONE("condition (bool), input, other"),
+    [TDD_OP_MASKED_FILL] = S("input, mask (bool)", s_masked_fill),
+    [TDD_OP_RELU_BACKWARD] = S_NONE("grad, input"),
+    [TDD_OP_NEG] = S_NONE("input"),
+    [TDD_OP_ABS] = S_NONE("input"),
+    [TDD_OP_SIGN] = S_NONE("input"),
+    [TDD_OP_EXP] = S_NONE("input"),
+    [TDD_OP_LOG] = S_NONE("input"),
+    [TDD_OP_LOG1P] = S_NONE("input"),
+    [TDD_OP_EXPM1] = S_NONE("input"),
+    [TDD_OP_SQRT] = S_NONE("input"),
+    [TDD_OP_RSQRT] = S_NONE("input"),
+    [TDD_OP_SIN] = S_NONE("input"),
+    [TDD_OP_COS] = S_NONE("input"),
+    [TDD_OP_TANH] = S_NONE("input"),
+    [TDD_OP_SIGMOID] = S_NONE("input"),
+    [TDD_OP_RELU] = S_NONE("input"),
+    [TDD_OP_LEAKY_RELU] = S("input", s_leaky_relu),
+    [TDD_OP_GELU] = S("input", s_gelu),
+    [TDD_OP_SILU] = S_NONE("input"),
+    [TDD_OP_SOFTPLUS] = S("input", s_softplus),
+    [TDD_OP_CLAMP] = S_ORD("input", s_clamp, "min<=max"),
+    [TDD_OP_FLOOR] = S_NONE("input"),
+    [TDD_OP_CEIL] = S_NONE("input"),
+    [TDD_OP_ROUND] = S_NONE("input"),
+    [TDD_OP_RECIPROCAL] = S_NONE("input"),
+    [TDD_OP_SQUARE] = S_NONE("input"),
+    [TDD_OP_LOGICAL_NOT] = S_NONE("input"),
+    [TDD_OP_SUM] = S(RED_IN, s_reduce),
+    [TDD_OP_MEAN] = S(RED_IN, s_reduce),
+    [TDD_OP_AMAX] = S(RED_IN, s_reduce),
+    [TDD_OP_AMIN] = S(RED_IN, s_reduce),
+    [TDD_OP_ARGMAX] = S(RED_IN, s_argmax),
+    [TDD_OP_ARGMIN] = S(RED_IN, s_argmax),
+    [TDD_OP_VAR] = S(RED_IN, s_varstd),
+    [TDD_OP_STD] = S(RED_IN, s_varstd),
+    [TDD_OP_LOGSUMEXP] = S(RED_IN, s_reduce),
+    [TDD_OP_PROD] = S(RED_IN, s_reduce),
+    [TDD_OP_SUM_TO] = S(RED_IN, s_sum_to),
+    [TDD_OP_CUMSUM] = S(RED_IN, s_dim_req),
+    [TDD_OP_SOFTMAX] = S(RED_IN, s_dim_req),
+    [TDD_OP_LOG_SOFTMAX] = S(RED_IN, s_dim_req),
+    [TDD_OP_MATMUL] = S_NONE("input, other"),
+    [TDD_OP_BMM] = S_NONE("input [B, N, M], other [B, M, P]"),
+    [TDD_OP_LINEAR] = S_NONE("input, weight [out, in], bias [out] (optional)"),
+    [TDD_OP_TRANSPOSE] = S("input", s_transpose),
+    [TDD_OP_PERMUTE] = S("input", s_permute),
+    [TDD_OP_RESHAPE] = S("input", s_shape),
+    [TDD_OP_VIEW] = S("input", s_shape),
+    [TDD_OP_FLATTEN] = S("input", s_flatten),
+    [TDD_OP_SQUEEZE] = S("input", s_squeeze),
+    [TDD_OP_UNSQUEEZE] = S("input", s_unsqueeze),
+    [TDD_OP_EXPAND] = S("input", s_expand),
+    [TDD_OP_SLICE] = S_ORD("input", s_slice, "start<=stop"),
+    [TDD_OP_CONTIGUOUS] = S_NONE("input"),
+    [TDD_OP_DETACH] = S_NONE("input"),
+    [TDD_OP_SPLIT] = S("input", s_split),
+    [TDD_OP_CHUNK] = S("input", s_chunk),
+    [TDD_OP_CLONE] = S_NONE("input"),
+    [TDD_OP_CAST] = S("input", s_cast),
+    [TDD_OP_CAT] = S("tensors (1 to 16)", s_cat),
+    [TDD_OP_STACK] = S("tensors (1 to 16)", s_cat),
+    [TDD_OP_GATHER] = S("input, index (int64)", s_dim_req),
+    [TDD_OP_SCATTER_ADD] = S("input, index (int64), src", s_dim_req),
+    [TDD_OP_INDEX_SELECT] = S("input, index (int64, 1-D)", s_dim_req),
+    [TDD_OP_ONE_HOT] = S("index (int64)", s_one_hot),
+    [TDD_OP_EMBEDDING] = S_NONE("indices (int64), weight [num, dim]"),
+    [TDD_OP_TRIL] = S("input (>= 2-D)", s_diagonal),
+    [TDD_OP_TRIU] = S("input (>= 2-D)", s_diagonal),
+    [TDD_OP_PAD] = S("input", s_pad),
+    [TDD_OP_CROSS_ENTROPY] = S("input [N, C] or [C], target (int64) [N] or []", s_cross_entropy),
+    [TDD_OP_NLL_LOSS] = S("logp [N, C] or [C], target (int64) [N] or []", s_nll_loss),
+    [TDD_OP_MSE_LOSS] = S("input, target", s_loss),
+    [TDD_OP_BCE_WITH_LOGITS] = S("input, target", s_loss),
+    [TDD_OP_LAYER_NORM] = S("input, weight (optional), bias (optional)", s_layer_norm),
+    [TDD_OP_DROPOUT] = S("input", s_dropout),
+    [TDD_OP_CONV2D] =
+        S("input [N, C, H, W] or [C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional)",
+          s_conv2d),
+    [TDD_OP_MAX_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_max_pool2d),
+    [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
+    [TDD_OP_FULL] = S("", s_full),
+    [TDD_OP_ZEROS] = S("", s_create_shape),
+    [TDD_OP_ONES] = S("", s_create_shape),
+    [TDD_OP_ARANGE] = S("", s_arange),
+    [TDD_OP_LINSPACE] = S("", s_linspace),
+    [TDD_OP_EYE] = S("", s_eye),
+    [TDD_OP_RAND] = S("", s_create_shape),
+    [TDD_OP_RANDN] = S("", s_create_shape),
+    [TDD_OP_RANDINT] = S_ORD("", s_randint, "low<=high"),
 };
-#undef CMP_ATTRS
-#undef RED_ATTRS
+#undef A
+#undef R
+#undef AX
+#undef DTYPE_ATTR
+#undef REDUCTION_ATTR
+#undef S
+#undef S_ORD
+#undef S_NONE
+#undef BIN_IN
+#undef RED_IN
+
+void (*tdd_attr_read_hook)(tdd_op op, const char *name);
+
+const tdd_attrdef *tdd_op_attr(tdd_op op, const char *name)
+{
+    if ((unsigned)op >= TDD_OP_COUNT || !name)
+        return NULL;
+    const tdd_opschema *s = &tdd_op_schema[op];
+    for (int i = 0; i < s->n_attrs; i++)
+        if (strcmp(s->attrs[i].name, name) == 0)
+            return &s->attrs[i];
+    return NULL;
+}
+
+const char *tdd_attrtype_name(tdd_attrtype t)
+{
+    switch (t) {
+    case TDD_AT_INT:
+        return "an int";
+    case TDD_AT_NUM:
+        return "a number";
+    case TDD_AT_BOOL:
+        return "a bool";
+    case TDD_AT_INT_OR_INTS:
+        return "an int or an int list";
+    case TDD_AT_INTS:
+        return "an int list";
+    case TDD_AT_FLOATS:
+        return "a float list";
+    case TDD_AT_STR:
+        return "a string";
+    }
+    return "?";
+}
 
 /* Name lookup is on every op request: a hash of the name into a table built
  * once (a linear strcmp scan over ~100 names showed in profiles). */
@@ -131,6 +337,13 @@ const td_attr *tdd_attr_get(const tdd_attrs *as, const char *name)
         if (as->a[i].name && strcmp(as->a[i].name, name) == 0)
             return &as->a[i];
     return NULL;
+}
+
+const td_attr *tdd_p_get(const tdd_prep *p, const char *name)
+{
+    if (tdd_attr_read_hook)
+        tdd_attr_read_hook(p->op, name);
+    return tdd_attr_get(&p->req->attrs, name);
 }
 
 /* ------------------------------------------------------------------ errors */
@@ -252,7 +465,7 @@ int tdd_p_missing(const tdd_prep *p, const char *name)
 
 int tdd_p_int(const tdd_prep *p, const char *name, int64_t def, int64_t *v)
 {
-    const td_attr *a = tdd_attr_get(&p->req->attrs, name);
+    const td_attr *a = tdd_p_get(p, name);
     *v = def;
     if (!a)
         return 0;
@@ -269,7 +482,7 @@ int tdd_p_int(const tdd_prep *p, const char *name, int64_t def, int64_t *v)
 
 int tdd_p_float(const tdd_prep *p, const char *name, double def, double *v)
 {
-    const td_attr *a = tdd_attr_get(&p->req->attrs, name);
+    const td_attr *a = tdd_p_get(p, name);
     *v = def;
     if (!a)
         return 0;
@@ -286,7 +499,7 @@ int tdd_p_float(const tdd_prep *p, const char *name, double def, double *v)
 
 int tdd_p_bool(const tdd_prep *p, const char *name, bool def, bool *v)
 {
-    const td_attr *a = tdd_attr_get(&p->req->attrs, name);
+    const td_attr *a = tdd_p_get(p, name);
     *v = def;
     if (!a)
         return 0;
@@ -301,7 +514,7 @@ int tdd_p_bool(const tdd_prep *p, const char *name, bool def, bool *v)
 
 int tdd_p_str(const tdd_prep *p, const char *name, const char *def, const char **v)
 {
-    const td_attr *a = tdd_attr_get(&p->req->attrs, name);
+    const td_attr *a = tdd_p_get(p, name);
     *v = def;
     if (!a)
         return 0;
@@ -313,7 +526,7 @@ int tdd_p_str(const tdd_prep *p, const char *name, const char *def, const char *
 
 int tdd_p_ints(const tdd_prep *p, const char *name, int64_t *v, int max, int *n)
 {
-    const td_attr *a = tdd_attr_get(&p->req->attrs, name);
+    const td_attr *a = tdd_p_get(p, name);
     *n = -1;
     if (!a)
         return 0;
@@ -546,7 +759,7 @@ static int prep_binary(tdd_prep *p)
             return rc;
         ct = result_type(p->in, 2, TD_DTYPE_INVALID);
     } else {
-        const td_attr *o = tdd_attr_get(&p->req->attrs, "other");
+        const td_attr *o = tdd_p_get(p, "other");
         if (!o)
             return tdd_err_arg(p->err, "other", "%s: needs a second input or the attribute other",
                                p->name);
@@ -574,10 +787,9 @@ static int prep_binary(tdd_prep *p)
     }
     g->f[1] = 1.0;
     g->n[1] = 1;
-    const td_attr *al = tdd_attr_get(&p->req->attrs, "alpha");
+    /* only add and sub take alpha (the schema check refuses it elsewhere) */
+    const td_attr *al = p->op == TDD_OP_ADD || p->op == TDD_OP_SUB ? tdd_p_get(p, "alpha") : NULL;
     if (al) {
-        if (p->op != TDD_OP_ADD && p->op != TDD_OP_SUB)
-            return tdd_err_arg(p->err, "alpha", "%s: takes no alpha", p->name);
         if (al->kind == TD_ATTR_INT) {
             g->f[1] = (double)al->i;
             g->n[1] = al->i;
@@ -639,7 +851,7 @@ static int prep_element(tdd_prep *p)
         if (ndim != x->ndim || memcmp(shape, x->shape, (size_t)ndim * sizeof *shape) != 0)
             return tdd_err_shape(p->err, x->shape, x->ndim, m->shape, m->ndim,
                                  "masked_fill: mask must broadcast to the input's shape");
-        const td_attr *v = tdd_attr_get(&p->req->attrs, "value");
+        const td_attr *v = tdd_p_get(p, "value");
         if (!v)
             return tdd_p_missing(p, "value");
         if ((rc = tdd_p_float(p, "value", 0, &g->f[0])) || (rc = tdd_p_fits(p, v, x->dtype)))
@@ -725,8 +937,8 @@ static int prep_unary(tdd_prep *p)
     case TDD_OP_CLAMP: {
         if (dt == TD_BOOL)
             return tdd_p_unsupported(p, dt);
-        const td_attr *mn = tdd_attr_get(&p->req->attrs, "min");
-        const td_attr *mx = tdd_attr_get(&p->req->attrs, "max");
+        const td_attr *mn = tdd_p_get(p, "min");
+        const td_attr *mx = tdd_p_get(p, "max");
         if (!mn && !mx)
             return tdd_err_arg(p->err, "min", "clamp: at least one of min and max is required");
         if (mn) {
@@ -828,8 +1040,10 @@ static int prep_reduce(tdd_prep *p)
     bool fl = tdd_dtype_is_float(dt);
     int64_t shape[TD_MAX_NDIM], count;
     int ndim, rc;
-    bool keepdim;
-    if ((rc = tdd_p_bool(p, "keepdim", false, &keepdim)))
+    bool keepdim = false;
+    /* cumsum, softmax, log_softmax and sum_to take no keepdim */
+    if (p->op != TDD_OP_CUMSUM && p->op != TDD_OP_SOFTMAX && p->op != TDD_OP_LOG_SOFTMAX &&
+        p->op != TDD_OP_SUM_TO && (rc = tdd_p_bool(p, "keepdim", false, &keepdim)))
         return rc;
     g->keepdim = keepdim;
     switch (p->op) {
@@ -838,7 +1052,7 @@ static int prep_reduce(tdd_prep *p)
     case TDD_OP_LOG_SOFTMAX: {
         int64_t dv;
         int d;
-        if (!tdd_attr_get(&p->req->attrs, "dim"))
+        if (!tdd_p_get(p, "dim"))
             return tdd_p_missing(p, "dim");
         if ((rc = tdd_p_int(p, "dim", 0, &dv)) || (rc = tdd_p_dim(p, "dim", dv, a->ndim, &d)))
             return rc;
@@ -885,7 +1099,7 @@ static int prep_reduce(tdd_prep *p)
     case TDD_OP_ARGMIN: {
         if (dt == TD_BOOL)
             return tdd_p_unsupported(p, dt);
-        const td_attr *da = tdd_attr_get(&p->req->attrs, "dim");
+        const td_attr *da = tdd_p_get(p, "dim");
         if (!da) {
             g->dims_mask = (uint32_t)((1u << a->ndim) - 1u);
             g->i[0] = -1;
@@ -946,6 +1160,76 @@ static int prep_reduce(tdd_prep *p)
     return 0;
 }
 
+/* ------------------------------------------------------------------ schema check */
+
+/* Whether an attribute of kind k is read by the reader of type t (ops_impl.h's readers). */
+static bool type_accepts(tdd_attrtype t, const td_attr *a)
+{
+    switch (t) {
+    case TDD_AT_INT:
+        return a->kind == TD_ATTR_INT || a->kind == TD_ATTR_BOOL ||
+               (a->kind == TD_ATTR_INTS && a->n == 1 && a->ints);
+    case TDD_AT_NUM:
+        return a->kind == TD_ATTR_FLOAT || a->kind == TD_ATTR_INT || a->kind == TD_ATTR_BOOL;
+    case TDD_AT_BOOL:
+        return a->kind == TD_ATTR_BOOL || a->kind == TD_ATTR_INT;
+    case TDD_AT_INT_OR_INTS:
+    case TDD_AT_INTS:
+        return a->kind == TD_ATTR_INT || (a->kind == TD_ATTR_INTS && (a->n == 0 || a->ints));
+    case TDD_AT_FLOATS:
+        return a->kind == TD_ATTR_FLOATS && (a->n == 0 || a->floats);
+    case TDD_AT_STR:
+        return a->kind == TD_ATTR_STR && a->s;
+    }
+    return false;
+}
+
+/* "a, b, c" (or "none") into buf. */
+static void accepted_names(tdd_op op, char *buf, size_t len)
+{
+    const tdd_opschema *s = &tdd_op_schema[op];
+    size_t at = 0;
+    buf[0] = 0;
+    if (s->n_attrs == 0)
+        snprintf(buf, len, "none");
+    for (int i = 0; i < s->n_attrs && at < len; i++) {
+        int w = snprintf(buf + at, len - at, "%s%s", i ? ", " : "", s->attrs[i].name);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+}
+
+/* Every attribute of the request against the op's schema, before any op rule runs: an
+ * attribute the op does not take, one of a type its reader would refuse, or one named
+ * twice is INVALID_ARGUMENT naming it. */
+static int check_attrs(const tdd_prep *p)
+{
+    const tdd_attrs *as = &p->req->attrs;
+    if (as->n && !as->a)
+        return tdd_err_arg(p->err, "attrs", "%s: malformed attribute list", p->name);
+    for (size_t i = 0; i < as->n; i++) {
+        const td_attr *a = &as->a[i];
+        if (!a->name || !a->name[0])
+            return tdd_err_arg(p->err, "attrs", "%s: attribute %zu has no name", p->name, i);
+        const tdd_attrdef *d = tdd_op_attr(p->op, a->name);
+        if (!d) {
+            char acc[200];
+            accepted_names(p->op, acc, sizeof acc);
+            return tdd_err_arg(p->err, a->name, "%s takes no attribute '%.64s' (accepts: %s)",
+                               p->name, a->name, acc);
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(as->a[j].name, a->name) == 0)
+                return tdd_err_arg(p->err, a->name, "%s: attribute '%.64s' is given twice", p->name,
+                                   a->name);
+        if (!type_accepts(d->type, a))
+            return tdd_err_arg(p->err, a->name, "%s: attribute '%s' must be %s, got %s", p->name,
+                               d->name, tdd_attrtype_name(d->type), kind_name(a->kind));
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_opreq *req,
@@ -983,7 +1267,9 @@ int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_o
     args->seed = p.req->seed;
     args->dtype = n_in > 0 ? in[0]->dtype : TD_F32;
     args->cdtype = args->dtype;
-    int rc = 0;
+    int rc = check_attrs(&p);
+    if (rc)
+        return rc;
     switch (d->kind) {
     case TDD_KIND_BINARY:
         rc = prep_binary(&p);

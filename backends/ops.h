@@ -201,13 +201,54 @@ typedef struct {
 
 extern const tdd_opdef tdd_opdefs[TDD_OP_COUNT];
 
-/* The scalar attributes of each op that take a client's number, machine-readable for
- * generated tests (tests/unit/test_conformance.c tries each at its extremes: 0, +-1, the
- * int32/int64 limits, NaN and +-Inf, and every ordered pair reversed): space-separated
- * "name:k" with k = i (an int), f (a number: int or float), b (a bool), and "a<=b" for a
- * pair the op expects ordered (clamp's min<=max). NULL: none. Lists ("shape", "dims",
- * "pad") and strings are not listed. */
-extern const char *const tdd_op_attr_bounds[TDD_OP_COUNT];
+/* The attribute schema: every attribute each op accepts, as data (backends/ops.c,
+ * tdd_op_schema). tdd_op_prepare checks a request's attributes against it before any
+ * op rule runs: an attribute the op does not accept, one of the wrong type, or one named
+ * twice is INVALID_ARGUMENT naming it (and the attributes the op accepts). The types say
+ * what the prepare code's readers (ops_impl.h) accept: */
+typedef enum {
+    TDD_AT_INT,         /* an int (a bool, or a one-element int list, also reads as one) */
+    TDD_AT_NUM,         /* a number: float, int or bool */
+    TDD_AT_BOOL,        /* a bool (an int reads as one: nonzero is true) */
+    TDD_AT_INT_OR_INTS, /* an int or an int list (sum's dim, conv2d's stride) */
+    TDD_AT_INTS,        /* an int list ("shape", "dims"; a single int is a list of one) */
+    TDD_AT_FLOATS,      /* a float list */
+    TDD_AT_STR,         /* a string */
+} tdd_attrtype;
+
+typedef struct {
+    const char *name;
+    tdd_attrtype type;
+    bool required;      /* absent -> INVALID_ARGUMENT "attribute X is required" (from prepare) */
+    const char *def;    /* the default when absent, as documented (NULL when required) */
+    const char *bounds; /* the values prepare accepts, as documented (NULL: any of the type) */
+    /* scalar attributes (INT, NUM, BOOL, INT_OR_INTS) are tried at their extremes by the
+     * conformance generator (tests/unit/test_conformance.c) unless this is set */
+    bool no_extremes;
+} tdd_attrdef;
+
+typedef struct {
+    const char *inputs; /* the op's inputs, as documented ("" for creation ops) */
+    const tdd_attrdef *attrs;
+    int n_attrs;
+    /* ordered scalar pairs the op expects, space-separated "a<=b" (clamp's "min<=max"):
+     * the conformance generator also tries each reversed. NULL: none. */
+    const char *ordered;
+} tdd_opschema;
+
+/* Indexed by op; every op has an entry (inputs != NULL; test_optable.c holds it). */
+extern const tdd_opschema tdd_op_schema[TDD_OP_COUNT];
+
+/* The schema entry of attribute name for op, or NULL when op does not accept it. */
+const tdd_attrdef *tdd_op_attr(tdd_op op, const char *name);
+
+/* The name of an attribute type, as error messages and docs write it ("int or int list"). */
+const char *tdd_attrtype_name(tdd_attrtype t);
+
+/* Debug hook for tests (tests/unit/test_optable.c): when set, called with every attribute
+ * name the prepare code reads (present or not). NULL in the daemon. Not thread-safe to
+ * change while ops run. */
+extern void (*tdd_attr_read_hook)(tdd_op op, const char *name);
 
 /* The op named name, or NULL. */
 const tdd_opdef *tdd_op_find(const char *name);

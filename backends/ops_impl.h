@@ -20,6 +20,9 @@ typedef struct {
     td_error *err;
 } tdd_prep;
 
+/* The attribute name as the request gave it, or NULL; every attribute the prepare code
+ * reads goes through here (tdd_attr_read_hook sees it). */
+const td_attr *tdd_p_get(const tdd_prep *p, const char *name);
 /* Attribute readers: absent -> *v = def and 0; present with a wrong kind or
  * value -> INVALID_ARGUMENT naming the attribute. */
 int tdd_p_int(const tdd_prep *p, const char *name, int64_t def, int64_t *v);

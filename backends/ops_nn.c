@@ -211,28 +211,28 @@ static int prep_conv_pool(tdd_prep *p)
             (rc = pair(p, "dilation", 1, 1, dl)))
             return rc;
     } else {
-        if (!tdd_attr_get(&p->req->attrs, "kernel_size"))
+        if (!tdd_p_get(p, "kernel_size"))
             return tdd_p_missing(p, "kernel_size");
         bool ceil_mode;
+        dl[0] = dl[1] = 1; /* avg_pool2d takes no dilation (as PyTorch) */
         if ((rc = pair(p, "kernel_size", 1, 1, ks)) || (rc = pair(p, "stride", 0, 0, st)) ||
-            (rc = pair(p, "padding", 0, 0, pd)) || (rc = pair(p, "dilation", 1, 1, dl)) ||
+            (rc = pair(p, "padding", 0, 0, pd)) ||
+            (p->op == TDD_OP_MAX_POOL2D && (rc = pair(p, "dilation", 1, 1, dl))) ||
             (rc = tdd_p_bool(p, "ceil_mode", false, &ceil_mode)))
             return rc;
         g->i[1] = ceil_mode;
         if (st[0] == 0 || st[1] == 0) {
-            const td_attr *sa = tdd_attr_get(&p->req->attrs, "stride");
+            const td_attr *sa = tdd_p_get(p, "stride");
             if (sa && !(sa->kind == TD_ATTR_INTS && sa->n == 0))
                 return tdd_err_arg(p->err, "stride", "%s: stride must be positive", p->name);
             st[0] = ks[0];
             st[1] = ks[1];
         }
-        if (p->op == TDD_OP_AVG_POOL2D && (dl[0] != 1 || dl[1] != 1))
-            return tdd_err_arg(p->err, "dilation", "avg_pool2d: takes no dilation");
         if (pd[0] > ks[0] / 2 || pd[1] > ks[1] / 2)
             return tdd_err_arg(p->err, "padding",
                                "%s: padding must be at most half the kernel size", p->name);
-        bool cip;
-        if ((rc = tdd_p_bool(p, "count_include_pad", true, &cip)))
+        bool cip = true; /* max_pool2d takes no count_include_pad */
+        if (p->op == TDD_OP_AVG_POOL2D && (rc = tdd_p_bool(p, "count_include_pad", true, &cip)))
             return rc;
         g->i[2] = cip;
     }
@@ -353,7 +353,7 @@ int tdd_prep_create(tdd_prep *p)
     td_dtype def = TD_F32, dt;
     switch (p->op) {
     case TDD_OP_FULL: {
-        const td_attr *v = tdd_attr_get(&p->req->attrs, "value");
+        const td_attr *v = tdd_p_get(p, "value");
         if (!v)
             return tdd_p_missing(p, "value");
         if ((rc = tdd_p_float(p, "value", 0, &g->f[0])))
@@ -374,7 +374,7 @@ int tdd_prep_create(tdd_prep *p)
         g->n[0] = p->op == TDD_OP_ONES;
         break;
     case TDD_OP_RANDINT: {
-        if (!tdd_attr_get(&p->req->attrs, "high"))
+        if (!tdd_p_get(p, "high"))
             return tdd_p_missing(p, "high");
         if ((rc = tdd_p_int(p, "low", 0, &g->n[0])) || (rc = tdd_p_int(p, "high", 0, &g->n[1])) ||
             (rc = tdd_p_shape(p, "shape", shape, &nd)))
@@ -388,10 +388,10 @@ int tdd_prep_create(tdd_prep *p)
         const char *names[3] = {"start", "end", "step"};
         double defs[3] = {0, 0, 1};
         bool all_int = true;
-        if (!tdd_attr_get(&p->req->attrs, "end"))
+        if (!tdd_p_get(p, "end"))
             return tdd_p_missing(p, "end");
         for (int k = 0; k < 3; k++) {
-            const td_attr *a = tdd_attr_get(&p->req->attrs, names[k]);
+            const td_attr *a = tdd_p_get(p, names[k]);
             if ((rc = tdd_p_float(p, names[k], defs[k], &g->f[k])))
                 return rc;
             g->n[k] = a && a->kind == TD_ATTR_INT ? a->i : (int64_t)defs[k];
@@ -420,7 +420,7 @@ int tdd_prep_create(tdd_prep *p)
     }
     case TDD_OP_LINSPACE: {
         int64_t steps;
-        if (!tdd_attr_get(&p->req->attrs, "steps"))
+        if (!tdd_p_get(p, "steps"))
             return tdd_p_missing(p, "steps");
         if ((rc = tdd_p_float(p, "start", 0, &g->f[0])) ||
             (rc = tdd_p_float(p, "end", 0, &g->f[1])) || (rc = tdd_p_int(p, "steps", 0, &steps)))
@@ -431,7 +431,7 @@ int tdd_prep_create(tdd_prep *p)
         break;
     }
     case TDD_OP_EYE: {
-        if (!tdd_attr_get(&p->req->attrs, "n"))
+        if (!tdd_p_get(p, "n"))
             return tdd_p_missing(p, "n");
         if ((rc = tdd_p_int(p, "n", 0, &g->i[0])) || (rc = tdd_p_int(p, "m", g->i[0], &g->i[1])))
             return rc;
@@ -451,7 +451,7 @@ int tdd_prep_create(tdd_prep *p)
         return tdd_p_unsupported(p, dt);
     if (p->op == TDD_OP_RANDINT && dt == TD_BOOL)
         return tdd_p_unsupported(p, dt);
-    if (p->op == TDD_OP_FULL && (rc = tdd_p_fits(p, tdd_attr_get(&p->req->attrs, "value"), dt)))
+    if (p->op == TDD_OP_FULL && (rc = tdd_p_fits(p, tdd_p_get(p, "value"), dt)))
         return rc;
     if (p->op == TDD_OP_FULL && dt == TD_BOOL)
         g->n[0] = g->f[0] != 0.0; /* nonzero (NaN too) is true: 0.5 is not truncated to 0 */

@@ -94,9 +94,9 @@ static int prep_views(tdd_prep *p)
     case TDD_OP_TRANSPOSE: {
         int64_t d0, d1;
         int i0, i1;
-        if (!tdd_attr_get(&p->req->attrs, "dim0"))
+        if (!tdd_p_get(p, "dim0"))
             return tdd_p_missing(p, "dim0");
-        if (!tdd_attr_get(&p->req->attrs, "dim1"))
+        if (!tdd_p_get(p, "dim1"))
             return tdd_p_missing(p, "dim1");
         if ((rc = tdd_p_int(p, "dim0", 0, &d0)) || (rc = tdd_p_int(p, "dim1", 0, &d1)) ||
             (rc = tdd_p_dim(p, "dim0", d0, nd, &i0)) || (rc = tdd_p_dim(p, "dim1", d1, nd, &i1)))
@@ -182,7 +182,7 @@ static int prep_views(tdd_prep *p)
     }
     case TDD_OP_UNSQUEEZE: {
         int64_t dv;
-        if (!tdd_attr_get(&p->req->attrs, "dim"))
+        if (!tdd_p_get(p, "dim"))
             return tdd_p_missing(p, "dim");
         if ((rc = tdd_p_int(p, "dim", 0, &dv)))
             return rc;
@@ -279,7 +279,7 @@ static int prep_views(tdd_prep *p)
         int64_t size = a->shape[d], each;
         if (p->op == TDD_OP_CHUNK) {
             int64_t chunks;
-            if (!tdd_attr_get(&p->req->attrs, "chunks"))
+            if (!tdd_p_get(p, "chunks"))
                 return tdd_p_missing(p, "chunks");
             if ((rc = tdd_p_int(p, "chunks", 1, &chunks)))
                 return rc;
@@ -287,9 +287,8 @@ static int prep_views(tdd_prep *p)
                 return tdd_err_arg(p->err, "chunks", "chunk: chunks must be positive");
             each = size / chunks + (size % chunks != 0);
         } else {
-            const char *nm =
-                tdd_attr_get(&p->req->attrs, "split_sizes") ? "split_sizes" : "split_size";
-            const td_attr *at = tdd_attr_get(&p->req->attrs, nm);
+            const char *nm = tdd_p_get(p, "split_sizes") ? "split_sizes" : "split_size";
+            const td_attr *at = tdd_p_get(p, nm);
             if (!at)
                 return tdd_p_missing(p, "split_size");
             if (at->kind == TD_ATTR_INTS) {
@@ -408,7 +407,7 @@ static int prep_index(tdd_prep *p)
     case TDD_OP_SCATTER_ADD: {
         const tdd_tensor *ix = p->in[1];
         const tdd_tensor *src = p->op == TDD_OP_SCATTER_ADD ? p->in[2] : NULL;
-        if (!tdd_attr_get(&p->req->attrs, "dim"))
+        if (!tdd_p_get(p, "dim"))
             return tdd_p_missing(p, "dim");
         if ((rc = tdd_p_int(p, "dim", 0, &dv)) || (rc = tdd_p_dim(p, "dim", dv, nd, &d)) ||
             (rc = need_index(p, ix, false)))
@@ -431,7 +430,7 @@ static int prep_index(tdd_prep *p)
     }
     case TDD_OP_INDEX_SELECT: {
         const tdd_tensor *ix = p->in[1];
-        if (!tdd_attr_get(&p->req->attrs, "dim"))
+        if (!tdd_p_get(p, "dim"))
             return tdd_p_missing(p, "dim");
         if ((rc = tdd_p_int(p, "dim", 0, &dv)) || (rc = tdd_p_dim(p, "dim", dv, nd, &d)) ||
             (rc = need_index(p, ix, true)))
@@ -447,7 +446,7 @@ static int prep_index(tdd_prep *p)
         int64_t c;
         if ((rc = need_index(p, a, false)))
             return rc;
-        if (!tdd_attr_get(&p->req->attrs, "num_classes"))
+        if (!tdd_p_get(p, "num_classes"))
             return tdd_p_missing(p, "num_classes");
         if ((rc = tdd_p_int(p, "num_classes", 0, &c)))
             return rc;
@@ -487,7 +486,7 @@ static int prep_index(tdd_prep *p)
         if ((rc = tdd_p_ints(p, "pad", pads, 2 * TD_MAX_NDIM, &n)) ||
             (rc = tdd_p_str(p, "mode", "constant", &mode)) ||
             (rc = tdd_p_float(p, "value", 0.0, &g->f[0])) ||
-            (rc = tdd_p_fits(p, tdd_attr_get(&p->req->attrs, "value"), g->dtype)))
+            (rc = tdd_p_fits(p, tdd_p_get(p, "value"), g->dtype)))
             return rc;
         if (n < 0)
             return tdd_p_missing(p, "pad");

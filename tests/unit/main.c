@@ -10,6 +10,7 @@ Suite *wire_suite(void);
 __attribute__((weak)) Suite *conformance_suite(void);
 __attribute__((weak)) Suite *autograd_suite(void);
 __attribute__((weak)) Suite *exec_suite(void);
+__attribute__((weak)) Suite *attr_schema_suite(void);
 
 int main(void)
 {
@@ -17,7 +18,8 @@ int main(void)
     srunner_add_suite(sr, errors_suite());
     srunner_add_suite(sr, optable_suite());
     srunner_add_suite(sr, wire_suite());
-    Suite *(*const optional[])(void) = {conformance_suite, autograd_suite, exec_suite};
+    Suite *(*const optional[])(void) = {conformance_suite, autograd_suite, exec_suite,
+                                        attr_schema_suite};
     for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
         if (optional[i])
             srunner_add_suite(sr, optional[i]());

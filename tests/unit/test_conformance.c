@@ -96,7 +96,7 @@ END_TEST
 
 /* ------------------------------------------------------------------ attribute extremes */
 
-/* Every small table row again with each scalar attribute of its op (tdd_op_attr_bounds in
+/* Every small table row again with each scalar attribute of its op (tdd_op_schema in
  * backends/ops.c) at its extremes, and each ordered pair reversed: prepare either refuses
  * it with a typed error (INVALID_ARGUMENT naming an attribute, RESOURCE_EXHAUSTED, ...)
  * or every backend runs it and agrees with ref (issue 8: tril/triu with diagonal INT64_MAX
@@ -123,36 +123,45 @@ typedef struct {
     char kind; /* i, f, b */
 } gen_attr;
 
-/* Parses an op's bounds string into attributes and ordered pairs (indices into at). */
-static int gen_parse(const char *spec, gen_attr *at, int max, int pairs[][2], int *npairs)
+/* The scalar attributes of op's schema (tdd_op_schema in backends/ops.c: ints, "int or int
+ * list", numbers, bools, unless marked no_extremes) and its ordered pairs (indices into at). */
+static int gen_parse(tdd_op op, gen_attr *at, int max, int pairs[][2], int *npairs)
 {
+    const tdd_opschema *sc = &tdd_op_schema[op];
     int n = 0;
     *npairs = 0;
+    for (int k = 0; k < sc->n_attrs; k++) {
+        const tdd_attrdef *d = &sc->attrs[k];
+        char kind = d->type == TDD_AT_INT || d->type == TDD_AT_INT_OR_INTS ? 'i'
+                    : d->type == TDD_AT_NUM                                ? 'f'
+                    : d->type == TDD_AT_BOOL                               ? 'b'
+                                                                           : 0;
+        if (!kind || d->no_extremes)
+            continue;
+        ck_assert_msg(n < max, "%s: too many scalar attributes", tdd_opdefs[op].name);
+        snprintf(at[n].name, sizeof at[n].name, "%.31s", d->name);
+        at[n++].kind = kind;
+    }
     char tok[80];
-    for (const char *q = spec; q && *q;) {
+    for (const char *q = sc->ordered; q && *q;) {
         size_t len = strcspn(q, " ");
         snprintf(tok, sizeof tok, "%.*s", (int)len, q);
         q += len + (q[len] == ' ');
         char *le = strstr(tok, "<=");
-        if (le) {
-            *le = 0;
-            int a = -1, b = -1;
-            for (int k = 0; k < n; k++) {
-                if (strcmp(at[k].name, tok) == 0)
-                    a = k;
-                if (strcmp(at[k].name, le + 2) == 0)
-                    b = k;
-            }
-            ck_assert_msg(a >= 0 && b >= 0, "bounds \"%s\": pair of unknown attributes", spec);
-            pairs[*npairs][0] = a;
-            pairs[(*npairs)++][1] = b;
-            continue;
+        ck_assert_msg(le != NULL, "%s: ordered \"%s\": bad token %s", tdd_opdefs[op].name,
+                      sc->ordered, tok);
+        *le = 0;
+        int a = -1, b = -1;
+        for (int k = 0; k < n; k++) {
+            if (strcmp(at[k].name, tok) == 0)
+                a = k;
+            if (strcmp(at[k].name, le + 2) == 0)
+                b = k;
         }
-        char *colon = strchr(tok, ':');
-        ck_assert_msg(colon && n < max, "bounds \"%s\": bad token %s", spec, tok);
-        *colon = 0;
-        snprintf(at[n].name, sizeof at[n].name, "%.31s", tok);
-        at[n++].kind = colon[1];
+        ck_assert_msg(a >= 0 && b >= 0, "%s: ordered \"%s\": pair of unknown attributes",
+                      tdd_opdefs[op].name, sc->ordered);
+        pairs[*npairs][0] = a;
+        pairs[(*npairs)++][1] = b;
     }
     return n;
 }
@@ -267,12 +276,11 @@ START_TEST(attribute_extremes_match_ref)
     const conf_case *c = &conf_cases[_i];
     const tdd_opdef *def = tdd_op_find(c->op);
     ck_assert_ptr_nonnull(def);
-    const char *spec = tdd_op_attr_bounds[def->op];
-    if (!spec || !gen_small(c))
+    if (!gen_small(c))
         return;
     gen_attr at[8];
     int pairs[4][2], np;
-    int n = gen_parse(spec, at, 8, pairs, &np);
+    int n = gen_parse(def->op, at, 8, pairs, &np);
     gen_failures = gen_runs = 0;
     for (int a = 0; a < n; a++) {
         int count = 1;
