@@ -413,6 +413,43 @@ START_TEST(test_garbage_does_not_hurt_others)
 }
 END_TEST
 
+/* An attribute the op does not take (a typo) is INVALID_ARGUMENT naming it, the op and the
+ * attributes it accepts, answered before anything is queued; before issue 9 it was ignored. */
+START_TEST(test_unknown_attribute)
+{
+    td_client *c = it_client("unknown-attribute");
+    float x[6] = {0, 1, 2, 3, 4, 5};
+    int64_t s23[2] = {2, 3}, d0[1] = {0};
+    td_handle in = it_upload_f32(c, "cpu:0", 2, s23, x), out;
+    td_attr at[2] = {td_attr_ints("dim", d0, 1), td_attr_bool("keepdm", 1)};
+    td_op_opts oo = {.want_reply = 1, .attrs = at, .nattrs = 2};
+    td_error e;
+    int rc = td_op(c, "sum", &in, 1, &oo, &out, 1, &e);
+    ck_assert_int_eq(rc, TD_EINVALID_ARGUMENT);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_ARGUMENT);
+    ck_assert_str_eq(e.detail.argument.argument, "keepdm");
+    ck_assert_ptr_nonnull(
+        strstr(e.message, "sum takes no attribute 'keepdm' (accepts: dim, keepdim)"));
+    td_sync(c, &e);
+    /* the wrong type: a string where slice wants an int */
+    td_attr sl[2] = {td_attr_int("dim", 1),
+                     (td_attr){.name = "stop", .kind = TD_ATTR_STR, .s = "2"}};
+    oo.attrs = sl;
+    rc = td_op(c, "slice", &in, 1, &oo, &out, 1, &e);
+    ck_assert_int_eq(rc, TD_EINVALID_ARGUMENT);
+    ck_assert_str_eq(e.detail.argument.argument, "stop");
+    td_sync(c, &e);
+    /* the session goes on */
+    td_attr ok[2] = {td_attr_ints("dim", d0, 1), td_attr_bool("keepdim", 1)};
+    oo.attrs = ok;
+    ck_assert_int_eq(td_op(c, "sum", &in, 1, &oo, &out, 1, &e), 0);
+    float y[3];
+    ck_assert_int_eq(td_download(c, out, y, sizeof y, NULL, &e), 0);
+    ck_assert(y[0] == 3 && y[1] == 5 && y[2] == 7);
+    td_close(c);
+}
+END_TEST
+
 Suite *it_error_suite(void)
 {
     Suite *s = suite_create("errors");
@@ -428,6 +465,7 @@ Suite *it_error_suite(void)
     tcase_add_test(tc, test_protocol_error_bad_message);
     tcase_add_test(tc, test_protocol_error_bad_magic);
     tcase_add_test(tc, test_frame_too_large);
+    tcase_add_test(tc, test_unknown_attribute);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("async");
