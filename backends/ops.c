@@ -35,9 +35,9 @@ const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
     {                                                                                              \
         nm, TDD_AT_##ty, false, def, bnd, true                                                     \
     }
-#define DTYPE_ATTR                                                                                 \
-    AX("dtype", STR, "the op's default (or the request's dtype field)",                            \
-       "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool")
+#define DTYPE_NAMES "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool"
+/* creation ops: the dtype as a numpy name, when the request's dtype field is not set */
+#define DTYPE_ATTR(def) AX("dtype", STR, def, DTYPE_NAMES)
 #define REDUCTION_ATTR A("reduction", STR, "\"mean\"", "mean|sum|none")
 
 static const tdd_attrdef s_add[] = {
@@ -82,8 +82,7 @@ static const tdd_attrdef s_split[] = {
 static const tdd_attrdef s_chunk[] = {R("chunks", INT, ">= 1"),
                                       A("dim", INT, "0", "[-ndim, ndim)")};
 static const tdd_attrdef s_cast[] = {
-    AX("dtype", STR, "(required: this or the request's dtype field)",
-       "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool")};
+    AX("dtype", STR, "(required: this or the request's dtype field)", DTYPE_NAMES)};
 static const tdd_attrdef s_cat[] = {A("dim", INT, "0", "[-ndim, ndim) (stack: [-ndim-1, ndim])")};
 static const tdd_attrdef s_one_hot[] = {R("num_classes", INT, ">= 1")};
 static const tdd_attrdef s_diagonal[] = {A("diagonal", INT, "0", NULL)};
@@ -114,16 +113,24 @@ static const tdd_attrdef s_avg_pool2d[] = {
     A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (h, w)"),
     A("padding", INT_OR_INTS, "0", "<= kernel_size / 2"), A("ceil_mode", BOOL, "false", NULL),
     A("count_include_pad", BOOL, "true", NULL)};
-static const tdd_attrdef s_full[] = {R("shape", INTS, ">= 0 each"),
-                                     R("value", NUM, "fits the dtype"), DTYPE_ATTR};
-static const tdd_attrdef s_create_shape[] = {R("shape", INTS, ">= 0 each"), DTYPE_ATTR};
-static const tdd_attrdef s_arange[] = {A("start", NUM, "0", "finite"), R("end", NUM, "finite"),
-                                       A("step", NUM, "1", "finite, != 0"), DTYPE_ATTR};
+static const tdd_attrdef s_full[] = {
+    R("shape", INTS, ">= 0 each"),
+    R("value", NUM, "fits the dtype"),
+    DTYPE_ATTR("int64 for an int value, bool for a bool, else float32"),
+};
+static const tdd_attrdef s_create_shape[] = {R("shape", INTS, ">= 0 each"), DTYPE_ATTR("float32")};
+static const tdd_attrdef s_arange[] = {
+    A("start", NUM, "0", "finite"),
+    R("end", NUM, "finite"),
+    A("step", NUM, "1", "finite, != 0"),
+    DTYPE_ATTR("int64 when start, end and step are ints, else float32"),
+};
 static const tdd_attrdef s_linspace[] = {A("start", NUM, "0", NULL), A("end", NUM, "0", NULL),
-                                         R("steps", INT, ">= 0"), DTYPE_ATTR};
-static const tdd_attrdef s_eye[] = {R("n", INT, ">= 0"), A("m", INT, "n", ">= 0"), DTYPE_ATTR};
+                                         R("steps", INT, ">= 0"), DTYPE_ATTR("float32")};
+static const tdd_attrdef s_eye[] = {R("n", INT, ">= 0"), A("m", INT, "n", ">= 0"),
+                                    DTYPE_ATTR("float32")};
 static const tdd_attrdef s_randint[] = {A("low", INT, "0", "< high"), R("high", INT, "> low"),
-                                        R("shape", INTS, ">= 0 each"), DTYPE_ATTR};
+                                        R("shape", INTS, ">= 0 each"), DTYPE_ATTR("int64")};
 
 #define S(in, arr)                                                                                 \
     {                                                                                              \
@@ -253,6 +260,7 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
 #undef R
 #undef AX
 #undef DTYPE_ATTR
+#undef DTYPE_NAMES
 #undef REDUCTION_ATTR
 #undef S
 #undef S_ORD

@@ -1,8 +1,9 @@
 /* ops.h -- the op table: names, arities, kinds, and the shape/attribute rules
  * every backend relies on.
  *
- * Adding an op (the recipe): a TDD_OPS line here (with its attributes in the
- * comment block below), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
+ * Adding an op (the recipe): a TDD_OPS line here, its entry in the attribute schema
+ * (tdd_op_schema in ops.c: inputs and every attribute; an op without one fails
+ * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
  * kernel (ref/), a cpu kernel (cpu/, or the documented fallback to the ref
  * kernel), a row in the conformance table (tests/unit/test_conformance_cases.c).
  * The kernels' switches have no default, so the compiler names any backend
@@ -21,40 +22,10 @@
  *  - reductions take "dim" (int or int list; absent = all dims) and "keepdim";
  *  - "reduction" is "mean" (default), "sum" or "none".
  *
- * Attributes (default in brackets):
- *  add/sub: other, alpha[1]    mul div pow maximum minimum remainder, eq ne lt le gt ge,
- *  logical_and/or/xor: other   where(cond, a, b)   masked_fill(x, mask): value
- *  leaky_relu: negative_slope[0.01]   gelu: approximate["none"|"tanh"]
- *  softplus: beta[1], threshold[20]   clamp: min, max (at least one)
- *  relu_backward(grad, x): grad * (x > 0)
- *  sum mean amax amin prod logsumexp: dim, keepdim   var std: dim, keepdim, correction[1]
- *  argmax argmin: dim (one int; absent = flattened), keepdim
- *  cumsum softmax log_softmax: dim (required)
- *  sum_to: shape (the shape to reduce a broadcast result back to)
- *  matmul bmm: --   linear(x, W[, b])
- *  transpose: dim0, dim1   permute: dims   reshape view: shape (one -1 allowed)
- *  flatten: start_dim[0], end_dim[-1]   squeeze: dim (int or list; absent = all size-1)
- *  unsqueeze: dim   expand: shape (-1 keeps)   slice: dim[0], start[0], stop[end], step[1]
- *  contiguous clone: --   cast: dtype
- *  cat stack: dim[0]   split: split_size (int) or split_sizes (ints), dim[0]
- *  chunk: chunks, dim[0]
- *  gather(x, index): dim   scatter_add(x, index, src): dim   index_select(x, index): dim
- *  one_hot(index): num_classes (required: the output shape cannot depend on data)
- *  embedding(indices, weight)   tril triu: diagonal[0]
- *  pad: pad (ints, last dim first: left, right, top, bottom, ...), value[0] (constant mode)
- *  cross_entropy(input[N,C] or [C], target int[N] or []): reduction, ignore_index[-100],
- *      label_smoothing[0]
- *  nll_loss(logp, target): reduction, ignore_index[-100]
- *  mse_loss binary_cross_entropy_with_logits: reduction
- *  layer_norm(x[, weight[, bias]]): normalized_shape, eps[1e-5]
- *  dropout: p[0.5], train[true]
- *  conv2d(x[N,C,H,W] or [C,H,W], w[, b]): stride[1], padding[0], dilation[1], groups[1]
- *      (stride/padding/dilation: int or pair)
- *  max_pool2d: kernel_size, stride[kernel_size], padding[0], dilation[1], ceil_mode[false],
- *      return_indices[false] (second output: int64 flat index into H*W, as PyTorch)
- *  avg_pool2d: kernel_size, stride, padding, ceil_mode, count_include_pad[true]
- *  full: shape, value   zeros ones rand randn: shape   arange: start[0], end, step[1]
- *  linspace: start, end, steps   eye: n, m[n]   randint: low[0], high, shape
+ * Attributes: each op's, with type, default and bounds, are data in tdd_op_schema
+ * (ops.c), below as tdd_opschema; docs/ops.md lists them (make docs). Adding an attribute
+ * to an op: its row in the op's schema array, then the read in its prepare rule
+ * (tdd_p_int & co., ops_impl.h); test_attr_schema.c fails when the two disagree.
  */
 #ifndef TDD_OPS_H
 #define TDD_OPS_H

@@ -1,7 +1,8 @@
-/* opcoverage.c -- prints the op x backend x dtype coverage table (markdown)
- * from the op table, each backend's supports() and the cpu backend's
- * native-kernel rule, using the conformance suite's cases as sample calls.
- * docs/ops.md is its output; never edit that file by hand. */
+/* opcoverage.c -- prints each op's inputs and attributes (from the attribute schema,
+ * tdd_op_schema) and the op x backend x dtype coverage table (markdown) from the op
+ * table, each backend's supports() and the cpu backend's native-kernel rule, using the
+ * conformance suite's cases as sample calls. docs/ops.md is its output; never edit that
+ * file by hand. */
 #include <stdio.h>
 #include <string.h>
 
@@ -30,6 +31,65 @@ static const char *kind_name(tdd_opkind k)
         return "creation";
     }
     return "?";
+}
+
+/* A table cell: '|' would end it. */
+static void cell(const char *s)
+{
+    for (; s && *s; s++)
+        if (*s == '|')
+            fputs("\\|", stdout);
+        else
+            putchar(*s);
+}
+
+/* Each op's inputs and attributes, from the schema tdd_op_prepare checks requests against. */
+static void print_schema(void)
+{
+    printf("\n## Inputs and attributes\n\n"
+           "From the attribute schema (`tdd_op_schema`, backends/ops.c) that every request is\n"
+           "checked against before anything is queued: an attribute the op does not take, one\n"
+           "of the wrong type or one given twice is INVALID_ARGUMENT naming it. Types: int\n"
+           "(a bool reads as 0/1), number (int, float or bool), bool (an int reads as\n"
+           "nonzero), int list (a single int is a list of one), int or int list, string.\n"
+           "Dims may be negative (counted from the end). Creation ops also take the dtype as\n"
+           "the request's dtype field (the Python client's `dtype=`), and run on the\n"
+           "request's device; random ops draw from the session's random stream.\n\n"
+           "| op | inputs | attributes (type, default or required, accepted values) |\n"
+           "|---|---|---|\n");
+    for (int op = 0; op < TDD_OP_COUNT; op++) {
+        const tdd_opschema *sc = &tdd_op_schema[op];
+        printf("| %s | ", tdd_opdefs[op].name);
+        cell(sc->inputs && sc->inputs[0] ? sc->inputs : "none");
+        printf(" | ");
+        if (sc->n_attrs == 0)
+            printf("none");
+        for (int i = 0; i < sc->n_attrs; i++) {
+            const tdd_attrdef *a = &sc->attrs[i];
+            static const char *const tys[] = {
+                [TDD_AT_INT] = "int",       [TDD_AT_NUM] = "number",
+                [TDD_AT_BOOL] = "bool",     [TDD_AT_INT_OR_INTS] = "int or int list",
+                [TDD_AT_INTS] = "int list", [TDD_AT_FLOATS] = "float list",
+                [TDD_AT_STR] = "string"};
+            const char *ty = tys[a->type];
+            printf("%s`%s`: %s, ", i ? "<br>" : "", a->name, ty);
+            if (a->required)
+                printf("required");
+            else {
+                printf("default ");
+                cell(a->def);
+            }
+            if (a->bounds) {
+                printf("; ");
+                cell(a->bounds);
+            }
+        }
+        if (sc->ordered) {
+            printf("<br>expects ");
+            cell(sc->ordered);
+        }
+        printf(" |\n");
+    }
 }
 
 static const td_dtype dtypes[] = {TD_F32, TD_F64, TD_F16, TD_BF16, TD_I32, TD_I64, TD_BOOL};
@@ -117,6 +177,7 @@ int main(void)
     }
     printf("\n%d ops; %d op/dtype combinations accepted, %d of them with a fast cpu kernel.\n",
            TDD_OP_COUNT, total, fast);
+    print_schema();
     ref.be->shutdown(ref.ctx);
     cpu.be->shutdown(cpu.ctx);
     return 0;
