@@ -13,7 +13,6 @@
 #include "utf8.h"
 #include "wire.h"
 
-
 typedef Tensordd__V1__Request Request;
 
 static char server_note[256];

@@ -241,7 +241,8 @@ void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
 void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
 {
     uint8_t msg[16];
-    tdd_conn_send_encoded(c, msg, tdd_wire_ok(msg, id), NULL, 0, NULL);
+    size_t mlen = tdd_wire_ok(msg, id);
+    tdd_conn_send_encoded(c, msg, mlen, NULL, 0, NULL);
 }
 
 /* ---------------------------------------------------------------- reads */
