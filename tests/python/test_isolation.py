@@ -100,6 +100,9 @@ def test_hang_up_mid_upload_frees_everything(fresh):
         base_mem = memory_in_use(watcher)
         c = raw(fresh.endpoint)
         c.sendall(hello())
+        # The Hello reply first: the session surely exists before the wait below,
+        # which could otherwise end before the daemon had even accepted it.
+        assert len(c.recv(16, socket.MSG_WAITALL)) == 16
         payload = np.ones(1 << 20, np.float32).tobytes()  # 4 MiB promised
         msg = frame(pb.Request(id=2, upload=pb.Upload(handle=7, dtype=pb.DTYPE_F32,
                                                       shape=[1 << 20])), payload)
