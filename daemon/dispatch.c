@@ -40,12 +40,28 @@ static bool always_answered(const Request *req)
     }
 }
 
+/* The error of the request being dispatched, when it failed (loop thread only): the
+ * generic path binds the new handles it named to placeholders once its handler is done. */
+static struct {
+    bool set;
+    td_error err;
+} failed_now;
+
+static void note_failure(const td_error *err)
+{
+    if (!failed_now.set) {
+        failed_now.err = *err;
+        failed_now.set = true;
+    }
+}
+
 /* The one place a failed request's error goes: to the client now, or into
  * the session's pending error for the next synchronising request. */
 int tdd_answer_error(tdd_conn *c, const Request *req, td_error *err)
 {
     err->request_id = req->id;
     tdd_count_error(err->code);
+    note_failure(err);
     if (req->want_reply || always_answered(req))
         tdd_conn_send_error(c, req->id, err);
     else
@@ -66,6 +82,7 @@ int tdd_report_pending(tdd_conn *c, uint64_t req_id)
     if (!s->has_err)
         return 0;
     s->has_err = false;
+    note_failure(&s->err); /* the request it answers fails with it */
     tdd_conn_send_error(c, req_id, &s->err);
     return 1;
 }
@@ -84,19 +101,6 @@ static tdd_device *resolve_device(const Tensordd__V1__Device *d, td_error *err)
             tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
     }
     return dev;
-}
-
-/* A value standing for a failed request's outputs, so later uses of the
- * handles say POISONED (naming the origin) rather than UNKNOWN_HANDLE. */
-static void bind_poisoned(tdd_session *s, uint64_t id, int code, uint64_t req_id)
-{
-    if (tdd_handle_check_new(s, id, NULL))
-        return;
-    tdd_value *v = tdd_value_new(tdd_default_device());
-    if (!v)
-        return;
-    tdd_value_poison(v, code == TD_EPOISONED ? TD_EPOISONED : code, req_id);
-    tdd_handle_add(s, id, TD_HANDLE_TENSOR, v);
 }
 
 void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
@@ -507,9 +511,8 @@ static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
     if (rc) {
         tdd_value_unref(v);
         free(u);
-        bind_poisoned(s, up->handle, rc, req->id);
-        tdd_answer_error(c, req, &err);
-        c->pdst = NULL; /* the payload is read and dropped */
+        tdd_answer_error(c, req, &err); /* binds up->handle to a placeholder (failed_binds) */
+        c->pdst = NULL;                 /* the payload is read and dropped */
         c->pdone = NULL;
         return TDD_DISPATCH_PAYLOAD;
     }
@@ -689,15 +692,7 @@ static int h_op(tdd_conn *c, Request *req)
     }
     if (rc) {
         tdd_autograd_unreserve(node);
-        int origin = rc;
-        uint64_t origin_req = req->id;
-        if (rc == TD_EPOISONED) {
-            origin = err.detail.poisoned.origin_code;
-            origin_req = err.detail.poisoned.origin_request;
-        }
-        for (size_t i = 0; i < op->n_outputs && i < TDD_MAX_OP_OUTPUTS; i++)
-            bind_poisoned(s, op->outputs[i], origin, origin_req);
-        return tdd_answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err); /* binds the outputs to placeholders */
     }
     for (int i = 0; i < n_out; i++) {
         if (op->requires_grad && op->n_inputs == 0)
@@ -728,9 +723,7 @@ static int h_to_device(tdd_conn *c, Request *req)
         rc = tdd_submit_copy(s, req->id, v, dev, &out, &err);
     if (rc) {
         tdd_autograd_unreserve(node);
-        bind_poisoned(s, td->output, rc == TD_EPOISONED ? err.detail.poisoned.origin_code : rc,
-                      rc == TD_EPOISONED ? err.detail.poisoned.origin_request : req->id);
-        return tdd_answer_error(c, req, &err);
+        return tdd_answer_error(c, req, &err); /* binds the output to a placeholder */
     }
     tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
     if (node)
@@ -779,7 +772,75 @@ static int h_goodbye(tdd_conn *c, Request *req)
 
 /* ---------------------------------------------------------------- entry */
 
+/* The handles a request names as new, with their kinds: a failed request binds each
+ * to a poisoned placeholder (tdd_handle_bind_failed), so the client's Release of it
+ * succeeds and a use says POISONED naming the origin. */
+static size_t new_handles(const Request *req, uint64_t *ids, td_handle_kind *kind)
+{
+    size_t n = 0;
+    switch (req->body_case) {
+    case TENSORDD__V1__REQUEST__BODY_UPLOAD:
+        ids[n++] = req->upload->handle;
+        break;
+    case TENSORDD__V1__REQUEST__BODY_OP:
+        for (size_t i = 0; i < req->op->n_outputs && i < TDD_MAX_OP_OUTPUTS; i++)
+            ids[n++] = req->op->outputs[i];
+        break;
+    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
+        ids[n++] = req->to_device->output;
+        break;
+    case TENSORDD__V1__REQUEST__BODY_GRAD:
+        ids[n++] = req->grad->output;
+        break;
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
+        ids[n++] = req->grad_remove->output;
+        break;
+    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
+        *kind = TD_HANDLE_GRADIENTS;
+        ids[n++] = req->backward->grads;
+        return n;
+    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
+        *kind = TD_HANDLE_OPTIMIZER;
+        ids[n++] = req->optimizer_create->handle;
+        return n;
+    default:
+        break;
+    }
+    *kind = TD_HANDLE_TENSOR;
+    return n;
+}
+
+/* After a failed request's handler: placeholders for the new ids it left unbound. */
+static void bind_failed(tdd_conn *c, const Request *req)
+{
+    uint64_t ids[TDD_MAX_OP_OUTPUTS];
+    td_handle_kind kind = TD_HANDLE_NONE;
+    size_t n = new_handles(req, ids, &kind);
+    for (size_t i = 0; i < n && c->s && !c->s->closed; i++)
+        tdd_handle_bind_failed(c->s, ids[i], kind, &failed_now.err);
+}
+
+static int route(tdd_conn *c, Request *req, uint64_t payload_len);
+
 int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
+{
+    /* A handler may resume its connection, which dispatches a blocked request inside it:
+     * the outer request's failure is kept aside meanwhile. */
+    bool outer_set = failed_now.set;
+    td_error outer;
+    if (outer_set)
+        outer = failed_now.err;
+    failed_now.set = false;
+    int rc = route(c, req, payload_len);
+    if (failed_now.set && rc != TDD_DISPATCH_BLOCK)
+        bind_failed(c, req);
+    failed_now.set = outer_set;
+    if (outer_set)
+        failed_now.err = outer;
+    return rc;
+}
+
+static int route(tdd_conn *c, Request *req, uint64_t payload_len)
 {
     td_error err;
     if (payload_len && req->body_case != TENSORDD__V1__REQUEST__BODY_UPLOAD) {

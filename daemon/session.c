@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exec_op.h" /* tdd_default_device */
 #include "log.h"
 
 tdd_session *tdd_sessions;
@@ -186,9 +187,9 @@ static void id_runs_free(tdd_session *s)
 
 /* ---------------------------------------------------------------- handles */
 
-static void free_obj(td_handle_kind kind, void *obj)
+static void free_obj(td_handle_kind kind, bool poisoned, void *obj)
 {
-    if (kind == TD_HANDLE_TENSOR)
+    if (kind == TD_HANDLE_TENSOR || poisoned)
         tdd_value_unref(obj);
     else if (free_fns[kind])
         free_fns[kind](obj);
@@ -203,7 +204,7 @@ void tdd_session_close(tdd_session *s)
     for (size_t i = 0; i < t.cap; i++)
         if (t.slots[i].id) {
             charged += t.slots[i].charged;
-            free_obj(t.slots[i].kind, t.slots[i].obj);
+            free_obj(t.slots[i].kind, t.slots[i].poisoned, t.slots[i].obj);
         }
     free(t.slots);
     tdd_account_credit(s->acct, charged * tdd_handle_cost());
@@ -317,6 +318,7 @@ static void table_remove(tdd_handle_table *t, tdd_handle *h)
         }
     }
     t->slots[i].id = 0;
+    t->slots[i].poisoned = false;
     t->slots[i].obj = NULL;
     t->n--;
 }
@@ -373,6 +375,8 @@ int tdd_handle_get(tdd_session *s, uint64_t id, td_handle_kind kind, void **obj,
         }
         return TD_EWRONG_HANDLE_KIND;
     }
+    if (h->poisoned)
+        return tdd_err_poisoned(err, h->obj);
     *obj = h->obj;
     return 0;
 }
@@ -478,7 +482,7 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
     return reserve(s, id, err);
 }
 
-void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
+static void handle_put(tdd_session *s, uint64_t id, td_handle_kind kind, bool poisoned, void *obj)
 {
     /* The charge reserved when id was checked moves to the entry; without one (not
      * checked) it is charged now, and an entry the account cannot hold stays uncharged. */
@@ -488,18 +492,44 @@ void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
         reserved_drop(s, r);
     else
         charged = tdd_account_charge(s->acct, tdd_handle_cost(), NULL) == 0;
-    tdd_handle h = {.id = id, .kind = kind, .charged = charged, .obj = obj};
+    tdd_handle h = {.id = id, .kind = kind, .charged = charged, .poisoned = poisoned, .obj = obj};
     if (table_put(&s->handles, &h)) {
         /* Cannot record it: drop the object; uses of the id say UNKNOWN_HANDLE. */
         if (charged)
             tdd_account_credit(s->acct, tdd_handle_cost());
-        free_obj(kind, obj);
+        free_obj(kind, poisoned, obj);
         return;
     }
-    if (kind == TD_HANDLE_TENSOR)
+    if (kind == TD_HANDLE_TENSOR || poisoned)
         ((tdd_value *)obj)->handle = id;
     s->nhandles++;
     id_remember(s, id);
+}
+
+void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
+{
+    handle_put(s, id, kind, false, obj);
+}
+
+void tdd_handle_bind_failed(tdd_session *s, uint64_t id, td_handle_kind kind, const td_error *err)
+{
+    if (kind == TD_HANDLE_NONE || tdd_handle_check_new(s, id, NULL))
+        return; /* not a new id (its own error says so), or no room: nothing to bind */
+    tdd_value *v = tdd_value_new(tdd_default_device());
+    if (!v) {
+        tdd_handle_unreserve(s, id);
+        return;
+    }
+    int code = err->code;
+    uint64_t origin = err->request_id;
+    if (code == TD_EPOISONED && err->detail_kind == TD_DETAIL_POISONED) {
+        code = err->detail.poisoned.origin_code;
+        origin = err->detail.poisoned.origin_request;
+    }
+    tdd_value_poison(v, code, origin);
+    /* A tensor placeholder is a plain poisoned value (ops propagate its poison); the
+     * other kinds are marked on the entry, and their lookups answer POISONED. */
+    handle_put(s, id, kind, kind != TD_HANDLE_TENSOR, v);
 }
 
 int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
@@ -508,12 +538,13 @@ int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
     if (!h)
         return unknown_handle(s, err, id);
     td_handle_kind kind = h->kind;
+    bool poisoned = h->poisoned;
     void *obj = h->obj;
     if (h->charged)
         tdd_account_credit(s->acct, tdd_handle_cost());
     table_remove(&s->handles, h);
     s->nhandles--;
-    free_obj(kind, obj); /* last: freeing may release other handles' objects */
+    free_obj(kind, poisoned, obj); /* last: freeing may release other handles' objects */
     return 0;
 }
 

@@ -44,8 +44,10 @@ int tdd_value_poisoned(const tdd_value *v);
 typedef struct tdd_handle {
     uint64_t id;
     td_handle_kind kind;
-    bool charged; /* its bookkeeping (tdd_handle_cost) is on the session's account */
-    void *obj;    /* tdd_value*, or the autograd/optimizer object */
+    bool charged;  /* its bookkeeping (tdd_handle_cost) is on the session's account */
+    bool poisoned; /* a failed request's placeholder: obj is a poisoned tdd_value whatever
+                    * the kind (tensor handles never set it: their value carries the poison) */
+    void *obj;     /* tdd_value*, or the autograd/optimizer object */
 } tdd_handle;
 
 /* The handle table: open addressing with linear probing, entries inline.
@@ -120,6 +122,12 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err);
 void tdd_handle_unreserve(tdd_session *s, uint64_t id);
 /* Binds id (checked) to obj; takes the caller's reference. */
 void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj);
+/* A request that named id as a new handle failed with err: binds id to a poisoned
+ * placeholder of that kind, remembering the origin (err's request and code, or the
+ * origin err names when it is POISONED itself), so that Release of id succeeds and a
+ * use of it is POISONED naming the origin. Nothing is bound when id is not a valid new
+ * id (in use, released before, 0) or the session cannot hold one more handle. */
+void tdd_handle_bind_failed(tdd_session *s, uint64_t id, td_handle_kind kind, const td_error *err);
 /* Unbinds and drops the table's reference. */
 int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err);
 void tdd_handle_set_free_fn(td_handle_kind kind, tdd_obj_free_fn fn);

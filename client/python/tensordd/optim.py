@@ -12,6 +12,7 @@ in one synchronising request.
 from __future__ import annotations
 
 from .autograd import Gradients
+from .errors import Error
 from .session import _Call, _set_attr
 from .tensor import Tensor
 
@@ -43,9 +44,13 @@ class Optimizer:
         c.params.extend(p._handle for p in params)
         for name, value in hyper.items():
             _set_attr(c.attrs.add(), name, value)
-        session._roundtrip(req, _Call(f"optimizer_create {self.kind}",
-                                      tuple(p._handle for p in params), f"-> #{c.handle}"))
-        # Only an optimizer the daemon holds has a handle to release.
+        try:
+            session._roundtrip(req, _Call(f"optimizer_create {self.kind}",
+                                          tuple(p._handle for p in params), f"-> #{c.handle}"))
+        except Error:
+            # A failed create still binds the id (to a poisoned placeholder): release it.
+            session._release_later(c.handle)
+            raise
         self._handle = c.handle
         self._session = session
 
