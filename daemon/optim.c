@@ -93,6 +93,38 @@ static int attr_num(const Tensordd__V1__Attr *a, double *v, td_error *err)
     }
 }
 
+/* The attributes each optimizer takes, as torch.optim names them. */
+static const char *const sgd_attrs[] = {"lr",           "momentum", "dampening", "nesterov",
+                                        "weight_decay", "maximize", "foreach",   NULL};
+static const char *const adam_attrs[] = {"lr",      "betas",    "beta1",   "beta2",        "eps",
+                                         "amsgrad", "maximize", "foreach", "weight_decay", NULL};
+
+/* Every attribute is one the optimizer takes, given once: checked before any value
+ * is read, with a bit per known name (a request may carry many attributes). */
+static int check_attr_names(const Tensordd__V1__OptimizerCreate *oc, const char *kind,
+                            const char *const *names, td_error *err)
+{
+    unsigned seen = 0;
+    for (size_t i = 0; i < oc->n_attrs; i++) {
+        const char *nm = oc->attrs[i]->name ? oc->attrs[i]->name : "";
+        int k = 0;
+        while (names[k] && strcmp(names[k], nm) != 0)
+            k++;
+        if (!names[k]) {
+            char list[160];
+            size_t o = 0;
+            for (int j = 0; names[j] && o < sizeof list; j++)
+                o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", j ? ", " : "", names[j]);
+            return tdd_err_arg(err, nm, "%s takes no attribute '%.32s' (accepts: %s)", kind, nm,
+                               list);
+        }
+        if (seen & (1u << k))
+            return tdd_err_arg(err, nm, "%s: attribute '%s' given twice", kind, nm);
+        seen |= 1u << k;
+    }
+    return 0;
+}
+
 static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td_error *err)
 {
     memset(h, 0, sizeof *h);
@@ -106,6 +138,9 @@ static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td
     else
         return tdd_err_arg(err, "kind", "unknown optimizer '%.32s' (sgd, adam, adamw)", k);
     bool adam = h->kind != OPT_SGD, have_lr = false;
+    int crc = check_attr_names(oc, k, adam ? adam_attrs : sgd_attrs, err);
+    if (crc)
+        return crc;
     h->lr = 1e-3; /* Adam's and AdamW's default; SGD has none */
     h->beta1 = 0.9;
     h->beta2 = 0.999;

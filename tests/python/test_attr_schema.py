@@ -139,3 +139,37 @@ def test_tdctl_unknown_attribute_exits_1_naming_it(tdctl, daemon, tmp_path):
     assert "INVALID_ARGUMENT" in r.stderr and "dimm" in r.stderr
     assert "accepts: dim, keepdim" in r.stderr
     assert not (tmp_path / "s.npy").exists()
+
+
+def test_optimizer_refusal_lists_what_it_accepts(session):
+    w = session.tensor(np.ones(3, np.float32), device="cpu:0", requires_grad=True)
+
+    class TypoAdam(tensordd.optim.Optimizer):
+        kind = "adam"
+
+    with pytest.raises(tensordd.InvalidArgumentError) as info:
+        TypoAdam([w], lr=0.1, momentum=0.9)  # SGD's, not Adam's
+    assert info.value.argument == "momentum"
+    assert "accepts: lr, betas" in str(info.value) and "amsgrad" in str(info.value)
+    with pytest.raises(tensordd.InvalidArgumentError) as info:
+        TypoAdam([w], lr=0.1, schedule="cosine")  # an unknown name with a string value
+    assert info.value.argument == "schedule" and "takes no attribute" in str(info.value)
+    assert_usable(session)
+
+
+def test_optimizer_attribute_given_twice_is_refused(daemon):
+    from test_hostile_conn import frame, hello, raw, read_frame
+    from tensordd import tensordd_pb2 as pb
+    c = raw(daemon.endpoint)
+    c.sendall(hello())
+    assert read_frame(c).WhichOneof("body") == "hello"
+    c.sendall(frame(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32, shape=[3],
+                                                      requires_grad=True)), b"\0" * 12))
+    oc = pb.OptimizerCreate(handle=2, kind="sgd", params=[1],
+                            attrs=[pb.Attr(name="lr", f=0.1), pb.Attr(name="lr", f=10.0)])
+    c.sendall(frame(pb.Request(id=3, want_reply=True, optimizer_create=oc)))
+    r = read_frame(c)
+    assert r.WhichOneof("body") == "error", r
+    assert r.error.code == pb.INVALID_ARGUMENT and r.error.invalid_argument.argument == "lr"
+    assert "twice" in r.error.message
+    c.close()
