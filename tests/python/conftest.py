@@ -109,6 +109,15 @@ def daemon():
     assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
 
 
+@pytest.fixture(scope="module")
+def sim_daemon():
+    """A daemon per test module with cpu:0, ref:0 and a simulated device sim:0."""
+    d = Daemon("--cpu-devices", "1", "--sim-devices", "1")
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
 @pytest.fixture
 def start_daemon():
     """Starts extra daemons (own arguments) that are stopped after the test."""

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
 from helpers import require_autodiff
 
 torch = pytest.importorskip("torch")
@@ -49,17 +48,13 @@ def vm_rss(pid: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def engine_daemon():
-    """A daemon with cpu:0, ref:0 and sim:0."""
-    d = Daemon("--cpu-devices", "1", "--sim-devices", "1")
-    yield d
-    assert d.stop() == 0, d.log()
+def engine_daemon(sim_daemon):
+    return sim_daemon
 
 
 @pytest.fixture
 def engine(engine_daemon):
-    """A session of its own per test: a refused backward leaves its Gradients id unbound,
-    and the client's later Release of it is reported (UNKNOWN_HANDLE) at close."""
+    """A session of its own per test, so what one test leaves cannot reach the next."""
     s = tensordd.connect(engine_daemon.endpoint, timeout=60)
     require_autodiff(s)
     yield s

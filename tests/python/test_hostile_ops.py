@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
 
 torch = pytest.importorskip("torch")
 
@@ -33,11 +32,8 @@ NAN, INF = float("nan"), float("inf")
 
 
 @pytest.fixture(scope="module")
-def hd():
-    """A daemon with cpu:0, ref:0 and a simulated device sim:0."""
-    d = Daemon("--cpu-devices", "1", "--sim-devices", "1")
-    yield d
-    assert d.stop() == 0, d.log()
+def hd(sim_daemon):
+    return sim_daemon
 
 
 @pytest.fixture
