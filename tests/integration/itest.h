@@ -27,5 +27,6 @@ Suite *it_data_suite(void);
 Suite *it_error_suite(void);
 Suite *it_autograd_suite(void);
 Suite *it_ops_wire_suite(void);
+Suite *it_failed_binds_suite(void);
 
 #endif

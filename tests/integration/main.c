@@ -7,7 +7,6 @@
 
 #include "itest.h"
 
-Suite *it_failed_binds_suite(void); /* test_failed_binds.c */
 
 tdt_daemon it_daemon;
 
@@ -198,7 +197,7 @@ int main(void)
     srunner_add_suite(sr, it_error_suite());
     srunner_add_suite(sr, it_autograd_suite());
     srunner_add_suite(sr, it_ops_wire_suite());
-    srunner_add_suite(sr, it_failed_binds_suite()); /* test_failed_binds.c */
+    srunner_add_suite(sr, it_failed_binds_suite());
     srunner_add_suite(sr, final_suite());
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
     int failed = srunner_ntests_failed(sr);
