@@ -7,7 +7,6 @@
 
 #include "itest.h"
 
-
 tdt_daemon it_daemon;
 
 td_client *it_client(const char *name)
