@@ -52,7 +52,7 @@ ifeq ($(WERROR),1)
 WARN += -Werror
 endif
 OPT ?= -O2 -g
-CPPFLAGS := -D_GNU_SOURCE -Iclient -Iproto -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
+CPPFLAGS := -D_GNU_SOURCE -Iinclude -Iproto -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
 CFLAGS := -std=c11 $(OPT) -fPIC -pthread $(WARN)
 LDFLAGS := -pthread
 ifneq ($(SAN),)
@@ -190,7 +190,7 @@ $(call obj,$(wildcard backends/cuda/*.c) daemon/main.c daemon/device.c): CPPFLAG
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC     $<"
-	$(Q)$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC $(NVCC_ARCH) -Iclient -Iproto -Ibackends -c $< -o $@
+	$(Q)$(NVCC) -O2 -std=c++17 -Xcompiler -fPIC $(NVCC_ARCH) -Iinclude -Iproto -Ibackends -c $< -o $@
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
@@ -347,7 +347,8 @@ install: all
 	install -m 644 $(BUILD)/libtensordd.a $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(BUILD)/libtensordd.so $(DESTDIR)$(LIBDIR)/libtensordd.so.0
 	ln -sf libtensordd.so.0 $(DESTDIR)$(LIBDIR)/libtensordd.so
-	install -m 644 client/tensordd.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 include/tensordd.h include/td_attr.h include/td_dtype.h include/td_error.h \
+	    $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
 	install -m 644 client/python/tensordd/*.py $(DESTDIR)$(PYDIR)/tensordd/
 	@echo "installed under $(DESTDIR)$(PREFIX) (python package in $(PYDIR)); systemd unit: deploy/tensordd.service"
@@ -386,7 +387,7 @@ format:
 
 lint:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
-	cppcheck --quiet --enable=warning,performance --inline-suppr -Iclient -Iproto -Ibackends \
+	cppcheck --quiet --enable=warning,performance --inline-suppr -Iinclude -Iproto -Ibackends \
 	    -Idaemon daemon backends client proto common
 
 clean:

@@ -1,7 +1,12 @@
-/* errors.c -- names and messages of the TD_E* codes, expanded from TD_ERRNO_MAP. */
+/* errors.c -- names and messages of the TD_E* codes, expanded from TD_ERRNO_MAP; the
+ * one td_error builder; dtype names and sizes. */
+#include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 
-#include "tensordd.h"
+#include "td_dtype.h"
+#include "td_error.h"
 
 const char *td_err_name(int code)
 {
@@ -53,4 +58,23 @@ const char *td_dtype_name(td_dtype dt)
 size_t td_dtype_size(td_dtype dt)
 {
     return (unsigned)dt < TD_DTYPE_COUNT ? dtypes[dt].size : 0;
+}
+
+int td_error_vset(td_error *err, int code, const char *fmt, va_list ap)
+{
+    if (err) {
+        memset(err, 0, sizeof *err);
+        err->code = code;
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+    }
+    return code;
+}
+
+int td_error_set(td_error *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    td_error_vset(err, code, fmt, ap);
+    va_end(ap);
+    return code;
 }

@@ -7,14 +7,10 @@
 
 int td__fail(td_error *err, int code, const char *fmt, ...)
 {
-    if (err) {
-        memset(err, 0, sizeof *err);
-        err->code = code;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    td_error_vset(err, code, fmt, ap);
+    va_end(ap);
     return code;
 }
 
