@@ -165,6 +165,7 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_LOGICAL_AND] = S(BIN_IN, s_binary),
     [TDD_OP_LOGICAL_OR] = S(BIN_IN, s_binary),
     [TDD_OP_LOGICAL_XOR] = S(BIN_IN, s_binary),
+    [TDD_OP_ATAN2] = S(BIN_IN, s_binary),
     [TDD_OP_WHERE] = S_NONE("condition (bool), input, other"),
     [TDD_OP_MASKED_FILL] = S("input, mask (bool)", s_masked_fill),
     [TDD_OP_RELU_BACKWARD] = S_NONE("grad, input"),
@@ -743,15 +744,30 @@ static td_dtype result_type(const tdd_tensor *const *ts, int n, td_dtype scalar)
 
 /* ------------------------------------------------------------------ elementwise */
 
-static bool is_compare(tdd_op op)
+/* The output dtype of an elementwise op from its compute dtype *ct (the RULE column of
+ * elementwise.h); a dtype the rule refuses is UNSUPPORTED_DTYPE. */
+static int ew_out_dtype(tdd_prep *p, td_dtype *ct, td_dtype *out)
 {
-    return op == TDD_OP_EQ || op == TDD_OP_NE || op == TDD_OP_LT || op == TDD_OP_LE ||
-           op == TDD_OP_GT || op == TDD_OP_GE;
-}
-
-static bool is_logical(tdd_op op)
-{
-    return op == TDD_OP_LOGICAL_AND || op == TDD_OP_LOGICAL_OR || op == TDD_OP_LOGICAL_XOR;
+    bool fl = tdd_dtype_is_float(*ct);
+    *out = *ct;
+    switch (tdd_ew_rule(p->op)) {
+    case TDD_EW_SAME:
+        return *ct == TD_BOOL ? tdd_p_unsupported(p, *ct) : 0;
+    case TDD_EW_SAMEB:
+        return 0;
+    case TDD_EW_FLOAT:
+        if (!fl)
+            *ct = *out = TD_F32; /* true division; integers take the default float dtype */
+        return 0;
+    case TDD_EW_FONLY:
+        return fl ? 0 : tdd_p_unsupported(p, *ct);
+    case TDD_EW_BOOL:
+        *out = TD_BOOL;
+        return 0;
+    case TDD_EW_NONE:
+        break;
+    }
+    return tdd_err_set(p->err, TD_EINTERNAL, "%s: not an elementwise expression", p->name);
 }
 
 static int prep_binary(tdd_prep *p)
@@ -810,16 +826,9 @@ static int prep_binary(tdd_prep *p)
             return wrong_kind(p, al, "a number");
         }
     }
-    td_dtype out = ct;
-    if (is_compare(p->op) || is_logical(p->op)) {
-        out = TD_BOOL;
-    } else if (p->op == TDD_OP_DIV) {
-        if (!tdd_dtype_is_float(ct))
-            ct = out = TD_F32; /* true division */
-    } else if (ct == TD_BOOL && p->op != TDD_OP_ADD && p->op != TDD_OP_MUL &&
-               p->op != TDD_OP_MAXIMUM && p->op != TDD_OP_MINIMUM) {
-        return tdd_p_unsupported(p, ct);
-    }
+    td_dtype out;
+    if ((rc = ew_out_dtype(p, &ct, &out)))
+        return rc;
     g->cdtype = ct;
     g->dtype = out;
     tdd_p_out(p, 0, out, shape, ndim);
@@ -890,32 +899,16 @@ static int prep_unary(tdd_prep *p)
 {
     tdd_opargs *g = p->args;
     const tdd_tensor *a = p->in[0];
-    td_dtype dt = a->dtype, out = dt;
+    td_dtype dt = a->dtype, ct = dt, out;
     bool fl = tdd_dtype_is_float(dt);
-    int rc = 0;
-    switch (p->op) {
-    case TDD_OP_EXP:
-    case TDD_OP_LOG:
-    case TDD_OP_LOG1P:
-    case TDD_OP_EXPM1:
-    case TDD_OP_SQRT:
-    case TDD_OP_RSQRT:
-    case TDD_OP_SIN:
-    case TDD_OP_COS:
-    case TDD_OP_TANH:
-    case TDD_OP_SIGMOID:
-    case TDD_OP_RECIPROCAL:
-        if (!fl)
-            out = TD_F32; /* integers promote to the default float dtype */
-        break;
+    int rc = ew_out_dtype(p, &ct, &out);
+    if (rc)
+        return rc;
+    switch (p->op) { /* the attributes, for the ops that take any */
     case TDD_OP_LEAKY_RELU:
-        if (!fl)
-            return tdd_p_unsupported(p, dt);
         rc = tdd_p_float(p, "negative_slope", 0.01, &g->f[0]);
         break;
     case TDD_OP_GELU: {
-        if (!fl)
-            return tdd_p_unsupported(p, dt);
         const char *s;
         if ((rc = tdd_p_str(p, "approximate", "none", &s)))
             return rc;
@@ -928,13 +921,7 @@ static int prep_unary(tdd_prep *p)
                                "gelu: approximate must be \"none\" or \"tanh\", got \"%s\"", s);
         break;
     }
-    case TDD_OP_SILU:
-        if (!fl)
-            return tdd_p_unsupported(p, dt);
-        break;
     case TDD_OP_SOFTPLUS:
-        if (!fl)
-            return tdd_p_unsupported(p, dt);
         if ((rc = tdd_p_float(p, "beta", 1.0, &g->f[0])))
             return rc;
         if ((rc = tdd_p_float(p, "threshold", 20.0, &g->f[1])))
@@ -943,8 +930,6 @@ static int prep_unary(tdd_prep *p)
             return tdd_err_arg(p->err, "beta", "softplus: beta must not be 0");
         break;
     case TDD_OP_CLAMP: {
-        if (dt == TD_BOOL)
-            return tdd_p_unsupported(p, dt);
         const td_attr *mn = tdd_p_get(p, "min");
         const td_attr *mx = tdd_p_get(p, "max");
         if (!mn && !mx)
@@ -969,24 +954,19 @@ static int prep_unary(tdd_prep *p)
          * (the kernels' rule); a bound the output dtype cannot hold is refused */
         if ((rc = tdd_p_fits(p, mn, out)) || (rc = tdd_p_fits(p, mx, out)))
             return rc;
+        /* an absent bound is the infinite one: the kernels' expression takes both */
+        if (!mn) {
+            g->f[0] = -INFINITY;
+            g->n[0] = INT64_MIN;
+        }
+        if (!mx) {
+            g->f[1] = INFINITY;
+            g->n[1] = INT64_MAX;
+        }
         break;
     }
-    case TDD_OP_NEG:
-    case TDD_OP_ABS:
-    case TDD_OP_SIGN:
-    case TDD_OP_RELU:
-    case TDD_OP_FLOOR:
-    case TDD_OP_CEIL:
-    case TDD_OP_ROUND:
-    case TDD_OP_SQUARE:
-        if (dt == TD_BOOL)
-            return tdd_p_unsupported(p, dt);
-        break;
-    case TDD_OP_LOGICAL_NOT:
-        out = TD_BOOL;
-        break;
     default:
-        return tdd_err_set(p->err, TD_EINTERNAL, "%s: not a unary op", p->name);
+        break;
     }
     if (rc)
         return rc;

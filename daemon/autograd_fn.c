@@ -332,6 +332,16 @@ static int f_binary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             gin[1] = un(b, TDD_OP_NEG,
                         bin(b, TDD_OP_MUL, g, un(b, TDD_OP_FLOOR, bin(b, TDD_OP_DIV, x, y))));
         break;
+    case TDD_OP_ATAN2: { /* atan2(x, y): d/dx = y / (x^2 + y^2), d/dy = -x / (x^2 + y^2) */
+        tdd_value *r2 = a->scalar_form
+                            ? sc(b, TDD_OP_ADD, un(b, TDD_OP_SQUARE, x), other * other)
+                            : bin(b, TDD_OP_ADD, un(b, TDD_OP_SQUARE, x), un(b, TDD_OP_SQUARE, y));
+        tdd_value *gr = bin(b, TDD_OP_DIV, g, r2);
+        gin[0] = a->scalar_form ? sc(b, TDD_OP_MUL, gr, other) : bin(b, TDD_OP_MUL, gr, y);
+        if (!a->scalar_form && n->in[1].needs_grad)
+            gin[1] = un(b, TDD_OP_NEG, bin(b, TDD_OP_MUL, gr, x));
+        break;
+    }
     case TDD_OP_MAXIMUM:
     case TDD_OP_MINIMUM: {
         /* Ties split the gradient in half, as PyTorch does. */

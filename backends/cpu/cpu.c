@@ -448,71 +448,33 @@ static bool via_f32(const tdd_opcall *c, int from, int to)
     return true;
 }
 
+/* An op of elementwise.h's tables: the float kernels for f32/f64 (f16/bf16 through them), the
+ * integer ones for rows with an exact integer form (IMODE INT), integer inputs of a float
+ * compute dtype converted first. */
+static bool ew_native(const tdd_opcall *c, int arity)
+{
+    const tdd_opargs *g = c->args;
+    td_dtype ct = g->cdtype;
+    bool ints = tdd_ew_imode(c->op) == TDD_EWI_INT && (is_i(ct) || ct == TD_BOOL);
+    if (arity == 1)
+        return ((tdd_dtype_is_float(ct) || ints) && c->in[0]->dtype == ct) ||
+               cpu_ints_to_float(c); /* exp of an integer tensor: f32 */
+    return ((is_f(ct) || ints) && inputs_are(c, 0, 2, ct) && scalar_fits(g)) || via_f32(c, 0, 2) ||
+           cpu_ints_to_float(c); /* integer inputs, float compute: converted first */
+}
+
 bool tdd_cpu_native(const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
     td_dtype ct = g->cdtype;
+    int arity = (unsigned)c->op < TDD_OP_COUNT ? tdd_ew_arity(c->op) : 0;
+    if (arity)
+        return ew_native(c, arity);
     switch (c->op) {
-    case TDD_OP_ADD:
-    case TDD_OP_MUL:
-    case TDD_OP_MAXIMUM:
-    case TDD_OP_MINIMUM:
-    case TDD_OP_EQ:
-    case TDD_OP_NE:
-    case TDD_OP_LT:
-    case TDD_OP_LE:
-    case TDD_OP_GT:
-    case TDD_OP_GE:
-    case TDD_OP_LOGICAL_AND:
-    case TDD_OP_LOGICAL_OR:
-    case TDD_OP_LOGICAL_XOR:
-        return ((is_f(ct) || is_i(ct) || ct == TD_BOOL) && inputs_are(c, 0, 2, ct) &&
-                scalar_fits(g)) ||
-               via_f32(c, 0, 2) || cpu_ints_to_float(c);
-    case TDD_OP_SUB:
-        return ((is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct) && scalar_fits(g)) ||
-               via_f32(c, 0, 2) || cpu_ints_to_float(c);
-    case TDD_OP_DIV:
-    case TDD_OP_POW:
-    case TDD_OP_REMAINDER: /* integer pow/remainder keep the reference's error checks */
-        return (is_f(ct) && inputs_are(c, 0, 2, ct)) || via_f32(c, 0, 2) ||
-               cpu_ints_to_float(c); /* integer inputs, float compute: converted first */
     case TDD_OP_WHERE:
         return inputs_are(c, 1, 3, ct); /* a select: any dtype */
     case TDD_OP_MASKED_FILL:
         return c->in[0]->dtype == ct;
-    case TDD_OP_RELU_BACKWARD:
-        return ((is_f(ct) || is_i(ct)) && inputs_are(c, 0, 2, ct)) || via_f32(c, 0, 2);
-    case TDD_OP_LOGICAL_NOT:
-        return is_f(ct) || is_i(ct) || ct == TD_BOOL || cpu_is_half(ct);
-    case TDD_OP_NEG:
-    case TDD_OP_ABS:
-    case TDD_OP_SIGN:
-    case TDD_OP_RELU:
-    case TDD_OP_CLAMP:
-    case TDD_OP_FLOOR:
-    case TDD_OP_CEIL:
-    case TDD_OP_ROUND:
-    case TDD_OP_SQUARE:
-        return ((tdd_dtype_is_float(g->dtype) || is_i(g->dtype)) && c->in[0]->dtype == g->dtype) ||
-               cpu_ints_to_float(c); /* clamp of integers to float bounds */
-    case TDD_OP_EXP:
-    case TDD_OP_LOG:
-    case TDD_OP_LOG1P:
-    case TDD_OP_EXPM1:
-    case TDD_OP_SQRT:
-    case TDD_OP_RSQRT:
-    case TDD_OP_SIN:
-    case TDD_OP_COS:
-    case TDD_OP_TANH:
-    case TDD_OP_SIGMOID:
-    case TDD_OP_LEAKY_RELU:
-    case TDD_OP_GELU:
-    case TDD_OP_SILU:
-    case TDD_OP_SOFTPLUS:
-    case TDD_OP_RECIPROCAL:
-        return (tdd_dtype_is_float(g->dtype) && c->in[0]->dtype == g->dtype) ||
-               cpu_ints_to_float(c); /* exp of an integer tensor: f32 */
     case TDD_OP_SUM:
     case TDD_OP_AMAX:
     case TDD_OP_AMIN:
@@ -589,7 +551,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_EYE:
     case TDD_OP_RANDINT:
         return false;
-    case TDD_OP_COUNT:
+    default: /* the elementwise expression ops: ew_native, above */
         break;
     }
     return false;
@@ -671,86 +633,26 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     (void)ordinal;
     if (!tdd_cpu_native(c))
         return tdd_ref_run(c);
-    switch (c->op) {
-    case TDD_OP_ADD:
-    case TDD_OP_SUB:
-    case TDD_OP_MUL:
-    case TDD_OP_DIV:
-    case TDD_OP_POW:
-    case TDD_OP_MAXIMUM:
-    case TDD_OP_MINIMUM:
-    case TDD_OP_REMAINDER:
-    case TDD_OP_EQ:
-    case TDD_OP_NE:
-    case TDD_OP_LT:
-    case TDD_OP_LE:
-    case TDD_OP_GT:
-    case TDD_OP_GE:
-    case TDD_OP_LOGICAL_AND:
-    case TDD_OP_LOGICAL_OR:
-    case TDD_OP_LOGICAL_XOR:
-    case TDD_OP_WHERE:
-    case TDD_OP_MASKED_FILL:
-    case TDD_OP_RELU_BACKWARD:
-    case TDD_OP_NEG:
-    case TDD_OP_ABS:
-    case TDD_OP_SIGN:
-    case TDD_OP_EXP:
-    case TDD_OP_LOG:
-    case TDD_OP_LOG1P:
-    case TDD_OP_EXPM1:
-    case TDD_OP_SQRT:
-    case TDD_OP_RSQRT:
-    case TDD_OP_SIN:
-    case TDD_OP_COS:
-    case TDD_OP_TANH:
-    case TDD_OP_SIGMOID:
-    case TDD_OP_RELU:
-    case TDD_OP_LEAKY_RELU:
-    case TDD_OP_GELU:
-    case TDD_OP_SILU:
-    case TDD_OP_SOFTPLUS:
-    case TDD_OP_CLAMP:
-    case TDD_OP_FLOOR:
-    case TDD_OP_CEIL:
-    case TDD_OP_ROUND:
-    case TDD_OP_RECIPROCAL:
-    case TDD_OP_SQUARE:
-    case TDD_OP_LOGICAL_NOT:
+    switch (tdd_opdefs[c->op].kind) {
+    case TDD_KIND_BINARY:
+    case TDD_KIND_UNARY:
+    case TDD_KIND_ELEMENT:
         return cpu_ints_to_float(c) ? cpu_via_cast(c, nt, cpu_elementwise) : cpu_elementwise(c, nt);
-    case TDD_OP_SUM:
-    case TDD_OP_MEAN:
-    case TDD_OP_AMAX:
-    case TDD_OP_AMIN:
-    case TDD_OP_ARGMAX:
-    case TDD_OP_ARGMIN:
-    case TDD_OP_VAR:
-    case TDD_OP_STD:
-    case TDD_OP_LOGSUMEXP:
-    case TDD_OP_PROD:
-    case TDD_OP_SUM_TO:
+    case TDD_KIND_REDUCE:
+        if (c->op == TDD_OP_CUMSUM || c->op == TDD_OP_SOFTMAX || c->op == TDD_OP_LOG_SOFTMAX)
+            return cpu_lines(c, nt);
         return cpu_ints_to_float(c) ? cpu_via_cast(c, nt, cpu_reduce) : cpu_reduce(c, nt);
-    case TDD_OP_CUMSUM:
-    case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX:
-        return cpu_lines(c, nt);
-    case TDD_OP_MATMUL:
-    case TDD_OP_BMM:
-    case TDD_OP_LINEAR:
+    case TDD_KIND_LINALG:
         return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, matmul_nt) : cpu_matmul(c);
-    case TDD_OP_TRANSPOSE:
-    case TDD_OP_PERMUTE:
-    case TDD_OP_RESHAPE:
-    case TDD_OP_VIEW:
-    case TDD_OP_FLATTEN:
-    case TDD_OP_SQUEEZE:
-    case TDD_OP_UNSQUEEZE:
-    case TDD_OP_EXPAND:
-    case TDD_OP_SLICE:
-    case TDD_OP_CONTIGUOUS:
-    case TDD_OP_DETACH:
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
+    case TDD_KIND_VIEW:
+        return cpu_copy(c, nt);
+    case TDD_KIND_CREATE: /* arange, linspace, eye, randint: no fast kernel (not native) */
+        return cpu_create(c, nt);
+    case TDD_KIND_INDEX:
+    case TDD_KIND_NN:
+        break;
+    }
+    switch (c->op) {
     case TDD_OP_CLONE:
         return cpu_copy(c, nt);
     case TDD_OP_CAST:
@@ -759,25 +661,6 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return cpu_cast(c, nt);
     case TDD_OP_ONE_HOT:
         return cpu_one_hot(c, nt);
-    case TDD_OP_FULL:
-    case TDD_OP_ZEROS:
-    case TDD_OP_ONES:
-    case TDD_OP_RAND:
-    case TDD_OP_RANDN:
-        return cpu_create(c, nt);
-    case TDD_OP_GATHER:
-    case TDD_OP_SCATTER_ADD:
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_EMBEDDING:
-    case TDD_OP_CROSS_ENTROPY:
-    case TDD_OP_NLL_LOSS:
-    case TDD_OP_MSE_LOSS:
-    case TDD_OP_BCE_WITH_LOGITS:
-    case TDD_OP_LAYER_NORM:
-    case TDD_OP_CONV2D:
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
     case TDD_OP_CAT:
     case TDD_OP_STACK:
     case TDD_OP_TRIL:
@@ -785,15 +668,9 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_PAD:
     case TDD_OP_DROPOUT:
         return cpu_index(c, nt);
-    case TDD_OP_ARANGE:
-    case TDD_OP_LINSPACE:
-    case TDD_OP_EYE:
-    case TDD_OP_RANDINT:
-        return tdd_ref_run(c); /* no fast kernel yet (tdd_cpu_native says false) */
-    case TDD_OP_COUNT:
-        break;
+    default: /* gather, scatter_add, index_select, embedding and the nn ops */
+        return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
     }
-    return TD_EUNSUPPORTED_OP;
 }
 
 const tdd_backend tdd_backend_cpu = {

@@ -14,17 +14,18 @@ typedef struct {
     char *y;
     const char *a, *b, *c;
     const tdd_opargs *g;
-    double s[2];  /* float unary parameters */
-    int64_t n[2]; /* integer kernels: alpha; clamp's bounds */
-    uint64_t pat; /* masked_fill's value as the output dtype's bits */
+    double s[2];    /* float unary parameters p0, p1 */
+    int64_t alpha;  /* integer add/sub */
+    int64_t lo, hi; /* integer clamp's bounds */
+    uint64_t pat;   /* masked_fill's value as the output dtype's bits */
 } ew_ctx;
 
-/* Binary: EXPR in x (from a) and z (from b), output type OT. */
+/* Binary: EXPR in x (from a) and y (from b), output type OT (operand 0 is the output). */
 #define BIN_FN(NAME, T, OT, EXPR)                                                                  \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
-        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        OT *restrict out = (OT *)(void *)c->y + off[0];                                            \
         const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
         const T *restrict b = (const T *)(const void *)c->b + off[2];                              \
         const T alpha = (T)c->g->f[1];                                                             \
@@ -32,363 +33,215 @@ typedef struct {
         if (st[0] == 1 && st[1] == 1 && st[2] == 1) {                                              \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
-                const T x = a[i], z = b[i];                                                        \
-                y[i] = (OT)(EXPR);                                                                 \
+                const T x = a[i], y = b[i];                                                        \
+                out[i] = (OT)(EXPR);                                                               \
             }                                                                                      \
         } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {                                       \
-            const T z = b[0];                                                                      \
+            const T y = b[0];                                                                      \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
                 const T x = a[i];                                                                  \
-                y[i] = (OT)(EXPR);                                                                 \
+                out[i] = (OT)(EXPR);                                                               \
             }                                                                                      \
         } else if (st[0] == 1 && st[1] == 0 && st[2] == 1) {                                       \
             const T x = a[0];                                                                      \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
-                const T z = b[i];                                                                  \
-                y[i] = (OT)(EXPR);                                                                 \
+                const T y = b[i];                                                                  \
+                out[i] = (OT)(EXPR);                                                               \
             }                                                                                      \
         } else {                                                                                   \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                const T x = a[i * st[1]], z = b[i * st[2]];                                        \
-                y[i * st[0]] = (OT)(EXPR);                                                         \
+                const T x = a[i * st[1]], y = b[i * st[2]];                                        \
+                out[i * st[0]] = (OT)(EXPR);                                                       \
             }                                                                                      \
         }                                                                                          \
     }
 
-/* Unary: EXPR in x, output type OT; p0, p1 are the op's parameters. */
-#define UN_FNO(NAME, T, OT, EXPR)                                                                  \
+/* Unary: EXPR in x, output type OT; p0, p1 are the op's parameters, V its variant (a
+ * constant, so gelu's two forms are two loops, not a select in one). */
+#define UN_FN(NAME, T, OT, V, EXPR)                                                                \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
-        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        OT *restrict out = (OT *)(void *)c->y + off[0];                                            \
         const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
         const T p0 = (T)c->s[0], p1 = (T)c->s[1];                                                  \
+        const int v = V;                                                                           \
         (void)p0;                                                                                  \
         (void)p1;                                                                                  \
+        (void)v;                                                                                   \
         if (st[0] == 1 && st[1] == 1) {                                                            \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
                 const T x = a[i];                                                                  \
-                y[i] = (OT)(EXPR);                                                                 \
+                out[i] = (OT)(EXPR);                                                               \
             }                                                                                      \
         } else {                                                                                   \
             for (int64_t i = 0; i < n; i++) {                                                      \
                 const T x = a[i * st[1]];                                                          \
-                y[i * st[0]] = (OT)(EXPR);                                                         \
+                out[i * st[0]] = (OT)(EXPR);                                                       \
             }                                                                                      \
         }                                                                                          \
     }
-#define UN_FN(NAME, T, EXPR) UN_FNO(NAME, T, T, EXPR)
 
-/* PyTorch's clamp, min(max(x, lo), hi): lo > hi gives hi, a NaN input or bound gives NaN
- * (absent bounds are -inf and +inf). */
-#define CLAMP_F(v, b, CMP) ((v CMP b || b != b) ? b : v)
+/* The output type of a rule (elementwise.h's RULE column) for compute type T. */
+#define OT_SAME(T) T
+#define OT_SAMEB(T) T
+#define OT_FLOAT(T) T
+#define OT_FONLY(T) T
+#define OT_BOOL(T) uint8_t
 
-/* One instance per compute type. */
-#define ELEM_FNS(T, S)                                                                             \
-    BIN_FN(add_##S, T, T, x + alpha * z)                                                           \
-    BIN_FN(sub_##S, T, T, x - alpha * z)                                                           \
-    BIN_FN(mul_##S, T, T, x *z)                                                                    \
-    BIN_FN(div_##S, T, T, x / z)                                                                   \
-    BIN_FN(pow_##S, T, T, pow(x, z))                                                               \
-    BIN_FN(max_##S, T, T, (x != x || z != z) ? (T)NAN : (x > z ? x : z))                           \
-    BIN_FN(min_##S, T, T, (x != x || z != z) ? (T)NAN : (x < z ? x : z))                           \
-    BIN_FN(rem_##S, T, T,                                                                          \
-           fmod(x, z) + ((fmod(x, z) != 0 && ((fmod(x, z) < 0) != (z < 0))) ? z : 0))              \
-    BIN_FN(eq_##S, T, uint8_t, x == z)                                                             \
-    BIN_FN(ne_##S, T, uint8_t, x != z)                                                             \
-    BIN_FN(lt_##S, T, uint8_t, x < z)                                                              \
-    BIN_FN(le_##S, T, uint8_t, x <= z)                                                             \
-    BIN_FN(gt_##S, T, uint8_t, x > z)                                                              \
-    BIN_FN(ge_##S, T, uint8_t, x >= z)                                                             \
-    BIN_FN(relub_##S, T, T, z > 0 ? x : (T)0)                                                      \
-    BIN_FN(land_##S, T, uint8_t, x != 0 && z != 0)                                                 \
-    BIN_FN(lor_##S, T, uint8_t, x != 0 || z != 0)                                                  \
-    BIN_FN(lxor_##S, T, uint8_t, (x != 0) != (z != 0))                                             \
-    UN_FNO(lnot_##S, T, uint8_t, x == 0)                                                           \
-    UN_FN(neg_##S, T, -x)                                                                          \
-    UN_FN(abs_##S, T, fabs(x))                                                                     \
-    UN_FN(sign_##S, T, x > 0 ? (T)1 : x < 0 ? (T)-1 : x * (T)0)                                    \
-    UN_FN(exp_##S, T, exp(x))                                                                      \
-    UN_FN(log_##S, T, log(x))                                                                      \
-    UN_FN(log1p_##S, T, log1p(x))                                                                  \
-    UN_FN(expm1_##S, T, expm1(x))                                                                  \
-    UN_FN(sqrt_##S, T, sqrt(x))                                                                    \
-    UN_FN(rsqrt_##S, T, (T)1 / sqrt(x))                                                            \
-    UN_FN(sin_##S, T, sin(x))                                                                      \
-    UN_FN(cos_##S, T, cos(x))                                                                      \
-    UN_FN(tanh_##S, T, tanh(x))                                                                    \
-    UN_FN(sigmoid_##S, T, (T)1 / ((T)1 + exp(-x)))                                                 \
-    UN_FN(relu_##S, T, x < 0 ? (T)0 : x)                                                           \
-    UN_FN(lrelu_##S, T, x > 0 ? x : x * p0)                                                        \
-    UN_FN(gelu_##S, T, (T)0.5 * x * ((T)1 + erf(x * (T)0.7071067811865476)))                       \
-    UN_FN(gelut_##S, T,                                                                            \
-          (T)0.5 * x * ((T)1 + tanh((T)0.7978845608028654 * (x + (T)0.044715 * x * x * x))))       \
-    UN_FN(silu_##S, T, x / ((T)1 + exp(-x)))                                                       \
-    UN_FN(softplus_##S, T, x *p0 > p1 ? x : log1p(exp(x * p0)) / p0)                               \
-    UN_FN(clamp_##S, T, CLAMP_F(CLAMP_F(x, p0, <), p1, >))                                         \
-    UN_FN(floor_##S, T, floor(x))                                                                  \
-    UN_FN(ceil_##S, T, ceil(x))                                                                    \
-    UN_FN(round_##S, T, nearbyint(x))                                                              \
-    UN_FN(recip_##S, T, (T)1 / x)                                                                  \
-    UN_FN(square_##S, T, x *x)                                                                     \
-    static tdd_iter_fn elem_fn_##S(const tdd_opcall *c)                                            \
-    {                                                                                              \
-        switch (c->op) {                                                                           \
-        case TDD_OP_ADD:                                                                           \
-            return add_##S;                                                                        \
-        case TDD_OP_SUB:                                                                           \
-            return sub_##S;                                                                        \
-        case TDD_OP_MUL:                                                                           \
-            return mul_##S;                                                                        \
-        case TDD_OP_DIV:                                                                           \
-            return div_##S;                                                                        \
-        case TDD_OP_POW:                                                                           \
-            return pow_##S;                                                                        \
-        case TDD_OP_MAXIMUM:                                                                       \
-            return max_##S;                                                                        \
-        case TDD_OP_MINIMUM:                                                                       \
-            return min_##S;                                                                        \
-        case TDD_OP_REMAINDER:                                                                     \
-            return rem_##S;                                                                        \
-        case TDD_OP_EQ:                                                                            \
-            return eq_##S;                                                                         \
-        case TDD_OP_NE:                                                                            \
-            return ne_##S;                                                                         \
-        case TDD_OP_LT:                                                                            \
-            return lt_##S;                                                                         \
-        case TDD_OP_LE:                                                                            \
-            return le_##S;                                                                         \
-        case TDD_OP_GT:                                                                            \
-            return gt_##S;                                                                         \
-        case TDD_OP_GE:                                                                            \
-            return ge_##S;                                                                         \
-        case TDD_OP_RELU_BACKWARD:                                                                 \
-            return relub_##S;                                                                      \
-        case TDD_OP_LOGICAL_AND:                                                                   \
-            return land_##S;                                                                       \
-        case TDD_OP_LOGICAL_OR:                                                                    \
-            return lor_##S;                                                                        \
-        case TDD_OP_LOGICAL_XOR:                                                                   \
-            return lxor_##S;                                                                       \
-        case TDD_OP_LOGICAL_NOT:                                                                   \
-            return lnot_##S;                                                                       \
-        case TDD_OP_NEG:                                                                           \
-            return neg_##S;                                                                        \
-        case TDD_OP_ABS:                                                                           \
-            return abs_##S;                                                                        \
-        case TDD_OP_SIGN:                                                                          \
-            return sign_##S;                                                                       \
-        case TDD_OP_EXP:                                                                           \
-            return exp_##S;                                                                        \
-        case TDD_OP_LOG:                                                                           \
-            return log_##S;                                                                        \
-        case TDD_OP_LOG1P:                                                                         \
-            return log1p_##S;                                                                      \
-        case TDD_OP_EXPM1:                                                                         \
-            return expm1_##S;                                                                      \
-        case TDD_OP_SQRT:                                                                          \
-            return sqrt_##S;                                                                       \
-        case TDD_OP_RSQRT:                                                                         \
-            return rsqrt_##S;                                                                      \
-        case TDD_OP_SIN:                                                                           \
-            return sin_##S;                                                                        \
-        case TDD_OP_COS:                                                                           \
-            return cos_##S;                                                                        \
-        case TDD_OP_TANH:                                                                          \
-            return tanh_##S;                                                                       \
-        case TDD_OP_SIGMOID:                                                                       \
-            return sigmoid_##S;                                                                    \
-        case TDD_OP_RELU:                                                                          \
-            return relu_##S;                                                                       \
-        case TDD_OP_LEAKY_RELU:                                                                    \
-            return lrelu_##S;                                                                      \
-        case TDD_OP_GELU:                                                                          \
-            return c->args->i[0] ? gelut_##S : gelu_##S;                                           \
-        case TDD_OP_SILU:                                                                          \
-            return silu_##S;                                                                       \
-        case TDD_OP_SOFTPLUS:                                                                      \
-            return softplus_##S;                                                                   \
-        case TDD_OP_CLAMP:                                                                         \
-            return clamp_##S;                                                                      \
-        case TDD_OP_FLOOR:                                                                         \
-            return floor_##S;                                                                      \
-        case TDD_OP_CEIL:                                                                          \
-            return ceil_##S;                                                                       \
-        case TDD_OP_ROUND:                                                                         \
-            return round_##S;                                                                      \
-        case TDD_OP_RECIPROCAL:                                                                    \
-            return recip_##S;                                                                      \
-        case TDD_OP_SQUARE:                                                                        \
-            return square_##S;                                                                     \
-        default:                                                                                   \
-            return NULL; /* tdd_cpu_native keeps other ops away */                                 \
-        }                                                                                          \
-    }
+/* Float kernels, one per row and compute type (R is the type the expressions name);
+ * tables by op, [variant][op] for the unary ones. */
+#define R float
+#define BIN_f32(e, rule, fexpr, im, iexpr) BIN_FN(bin_##e##_f32, float, OT_##rule(float), fexpr)
+#define UN_f32(e, rule, fexpr, im, iexpr)                                                          \
+    UN_FN(un0_##e##_f32, float, OT_##rule(float), 0, fexpr)                                        \
+    UN_FN(un1_##e##_f32, float, OT_##rule(float), 1, fexpr)
+TDD_BINARY_OPS(TDD_EW_SKIP, BIN_f32)
+TDD_UNARY_OPS(TDD_EW_SKIP, UN_f32)
+#undef R
+#define R double
+#define BIN_f64(e, rule, fexpr, im, iexpr) BIN_FN(bin_##e##_f64, double, OT_##rule(double), fexpr)
+#define UN_f64(e, rule, fexpr, im, iexpr)                                                          \
+    UN_FN(un0_##e##_f64, double, OT_##rule(double), 0, fexpr)                                      \
+    UN_FN(un1_##e##_f64, double, OT_##rule(double), 1, fexpr)
+TDD_BINARY_OPS(TDD_EW_SKIP, BIN_f64)
+TDD_UNARY_OPS(TDD_EW_SKIP, UN_f64)
+#undef R
 
-ELEM_FNS(float, f32)
-ELEM_FNS(double, f64)
+#define BIN_AT_f32(e, rule, fexpr, im, iexpr) [TDD_OP_##e] = bin_##e##_f32,
+#define BIN_AT_f64(e, rule, fexpr, im, iexpr) [TDD_OP_##e] = bin_##e##_f64,
+#define UN0_AT_f32(e, rule, fexpr, im, iexpr) [TDD_OP_##e] = un0_##e##_f32,
+#define UN1_AT_f32(e, rule, fexpr, im, iexpr) [TDD_OP_##e] = un1_##e##_f32,
+#define UN0_AT_f64(e, rule, fexpr, im, iexpr) [TDD_OP_##e] = un0_##e##_f64,
+#define UN1_AT_f64(e, rule, fexpr, im, iexpr) [TDD_OP_##e] = un1_##e##_f64,
+static const tdd_iter_fn fns_f32[2][TDD_OP_COUNT] = {
+    {TDD_BINARY_OPS(TDD_EW_SKIP, BIN_AT_f32) TDD_UNARY_OPS(TDD_EW_SKIP, UN0_AT_f32)},
+    {TDD_BINARY_OPS(TDD_EW_SKIP, BIN_AT_f32) TDD_UNARY_OPS(TDD_EW_SKIP, UN1_AT_f32)}};
+static const tdd_iter_fn fns_f64[2][TDD_OP_COUNT] = {
+    {TDD_BINARY_OPS(TDD_EW_SKIP, BIN_AT_f64) TDD_UNARY_OPS(TDD_EW_SKIP, UN0_AT_f64)},
+    {TDD_BINARY_OPS(TDD_EW_SKIP, BIN_AT_f64) TDD_UNARY_OPS(TDD_EW_SKIP, UN1_AT_f64)}};
 
-/* Integer and bool kernels: arithmetic in the unsigned type U wraps like the
- * hardware (and the reference's int64 math truncated to the dtype) without C's
- * signed-overflow UB; comparisons stay signed. CVT narrows a U result to T
- * (bool: nonzero is true). */
-#define IBIN_FN(NAME, T, U, OT, EXPR)                                                              \
+/* Integer and bool kernels of the rows whose integer form is exact (IMODE INT): arithmetic
+ * in the unsigned type U wraps like the hardware (and the reference's int64 math truncated
+ * to the dtype) without C's signed-overflow UB; comparisons stay signed. CVT narrows a
+ * result to T (bool: nonzero is true); a bool-output rule stores 0/1. */
+#define IBIN_FN(NAME, T, UT, OT, EXPR)                                                             \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
-        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        OT *restrict out = (OT *)(void *)c->y + off[0];                                            \
         const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
         const T *restrict b = (const T *)(const void *)c->b + off[2];                              \
-        const U alpha = (U)(uint64_t)c->n[0];                                                      \
+        const UT alpha = (UT)(uint64_t)c->alpha;                                                   \
         (void)alpha;                                                                               \
         if (st[0] == 1 && st[1] == 1 && st[2] == 1) {                                              \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
-                const T x = a[i], z = b[i];                                                        \
-                y[i] = EXPR;                                                                       \
+                const T x = a[i], y = b[i];                                                        \
+                out[i] = EXPR;                                                                     \
             }                                                                                      \
         } else if (st[0] == 1 && st[1] == 1 && st[2] == 0) {                                       \
-            const T z = b[0];                                                                      \
+            const T y = b[0];                                                                      \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
                 const T x = a[i];                                                                  \
-                y[i] = EXPR;                                                                       \
+                out[i] = EXPR;                                                                     \
             }                                                                                      \
         } else {                                                                                   \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                const T x = a[i * st[1]], z = b[i * st[2]];                                        \
-                y[i * st[0]] = EXPR;                                                               \
+                const T x = a[i * st[1]], y = b[i * st[2]];                                        \
+                out[i * st[0]] = EXPR;                                                             \
             }                                                                                      \
         }                                                                                          \
     }
 
-#define IUN_FN(NAME, T, U, OT, EXPR)                                                               \
+#define IUN_FN(NAME, T, OT, EXPR)                                                                  \
     static void NAME(void *vc, int64_t n, const int64_t *off, const int64_t *st)                   \
     {                                                                                              \
         const ew_ctx *c = vc;                                                                      \
-        OT *restrict y = (OT *)(void *)c->y + off[0];                                              \
+        OT *restrict out = (OT *)(void *)c->y + off[0];                                            \
         const T *restrict a = (const T *)(const void *)c->a + off[1];                              \
-        const int64_t lo = c->n[0], hi = c->n[1];                                                  \
+        const int64_t lo = c->lo, hi = c->hi;                                                      \
         (void)lo;                                                                                  \
         (void)hi;                                                                                  \
         if (st[0] == 1 && st[1] == 1) {                                                            \
             _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                                    \
             {                                                                                      \
                 const T x = a[i];                                                                  \
-                y[i] = EXPR;                                                                       \
+                out[i] = EXPR;                                                                     \
             }                                                                                      \
         } else {                                                                                   \
             for (int64_t i = 0; i < n; i++) {                                                      \
                 const T x = a[i * st[1]];                                                          \
-                y[i * st[0]] = EXPR;                                                               \
+                out[i * st[0]] = EXPR;                                                             \
             }                                                                                      \
         }                                                                                          \
     }
 
-#define INT_FNS(T, U, S, CVT)                                                                      \
-    IBIN_FN(add_##S, T, U, T, CVT((U)x + alpha * (U)z))                                            \
-    IBIN_FN(sub_##S, T, U, T, CVT((U)x - alpha * (U)z))                                            \
-    IBIN_FN(mul_##S, T, U, T, CVT((U)x *(U)z))                                                     \
-    IBIN_FN(max_##S, T, U, T, x > z ? x : z)                                                       \
-    IBIN_FN(min_##S, T, U, T, x < z ? x : z)                                                       \
-    IBIN_FN(eq_##S, T, U, uint8_t, (uint8_t)(x == z))                                              \
-    IBIN_FN(ne_##S, T, U, uint8_t, (uint8_t)(x != z))                                              \
-    IBIN_FN(lt_##S, T, U, uint8_t, (uint8_t)(x < z))                                               \
-    IBIN_FN(le_##S, T, U, uint8_t, (uint8_t)(x <= z))                                              \
-    IBIN_FN(gt_##S, T, U, uint8_t, (uint8_t)(x > z))                                               \
-    IBIN_FN(ge_##S, T, U, uint8_t, (uint8_t)(x >= z))                                              \
-    IBIN_FN(land_##S, T, U, uint8_t, (uint8_t)(x != 0 && z != 0))                                  \
-    IBIN_FN(lor_##S, T, U, uint8_t, (uint8_t)(x != 0 || z != 0))                                   \
-    IBIN_FN(lxor_##S, T, U, uint8_t, (uint8_t)((x != 0) != (z != 0)))                              \
-    IBIN_FN(relub_##S, T, U, T, z > 0 ? x : (T)0)                                                  \
-    IUN_FN(lnot_##S, T, U, uint8_t, (uint8_t)(x == 0))                                             \
-    static tdd_iter_fn int_fn_##S(tdd_op op)                                                       \
-    {                                                                                              \
-        switch (op) {                                                                              \
-        case TDD_OP_ADD:                                                                           \
-            return add_##S;                                                                        \
-        case TDD_OP_SUB:                                                                           \
-            return sub_##S;                                                                        \
-        case TDD_OP_MUL:                                                                           \
-            return mul_##S;                                                                        \
-        case TDD_OP_MAXIMUM:                                                                       \
-            return max_##S;                                                                        \
-        case TDD_OP_MINIMUM:                                                                       \
-            return min_##S;                                                                        \
-        case TDD_OP_EQ:                                                                            \
-            return eq_##S;                                                                         \
-        case TDD_OP_NE:                                                                            \
-            return ne_##S;                                                                         \
-        case TDD_OP_LT:                                                                            \
-            return lt_##S;                                                                         \
-        case TDD_OP_LE:                                                                            \
-            return le_##S;                                                                         \
-        case TDD_OP_GT:                                                                            \
-            return gt_##S;                                                                         \
-        case TDD_OP_GE:                                                                            \
-            return ge_##S;                                                                         \
-        case TDD_OP_LOGICAL_AND:                                                                   \
-            return land_##S;                                                                       \
-        case TDD_OP_LOGICAL_OR:                                                                    \
-            return lor_##S;                                                                        \
-        case TDD_OP_LOGICAL_XOR:                                                                   \
-            return lxor_##S;                                                                       \
-        case TDD_OP_RELU_BACKWARD:                                                                 \
-            return relub_##S;                                                                      \
-        case TDD_OP_LOGICAL_NOT:                                                                   \
-            return lnot_##S;                                                                       \
-        default:                                                                                   \
-            return NULL;                                                                           \
-        }                                                                                          \
-    }
+#define CVT_i32(v) ((int32_t)(v))
+#define CVT_i64(v) ((int64_t)(v))
+#define CVT_b8(v) ((uint8_t)((v) != 0))
+/* The stored value by rule: bool outputs are 0/1 already. */
+#define ICVT_SAME(S, e) CVT_##S(e)
+#define ICVT_SAMEB(S, e) CVT_##S(e)
+#define ICVT_FLOAT(S, e) CVT_##S(e)
+#define ICVT_FONLY(S, e) CVT_##S(e)
+#define ICVT_BOOL(S, e) ((uint8_t)(e))
+/* Only the exact rows (IMODE INT) get integer kernels. */
+#define IBIN_INT(e, rule, iexpr, S, T, UT)                                                         \
+    IBIN_FN(ibin_##e##_##S, T, UT, OT_##rule(T), ICVT_##rule(S, iexpr))
+#define IBIN_ICHK(e, rule, iexpr, S, T, UT)
+#define IBIN_NONE(e, rule, iexpr, S, T, UT)
+#define IUN_INT(e, rule, iexpr, S, T) IUN_FN(iun_##e##_##S, T, OT_##rule(T), ICVT_##rule(S, iexpr))
+#define IUN_ICHK(e, rule, iexpr, S, T)
+#define IUN_NONE(e, rule, iexpr, S, T)
+#define IAT_INT(e, x) [TDD_OP_##e] = x,
+#define IAT_ICHK(e, x)
+#define IAT_NONE(e, x)
 
-/* Unary ops of signed integers (bool rejects them). */
-#define SINT_FNS(T, U, S, CVT)                                                                     \
-    IUN_FN(neg_##S, T, U, T, CVT((U)0 - (U)x))                                                     \
-    IUN_FN(abs_##S, T, U, T, x < 0 ? CVT((U)0 - (U)x) : x)                                         \
-    IUN_FN(sign_##S, T, U, T, (T)((x > 0) - (x < 0)))                                              \
-    IUN_FN(relu_##S, T, U, T, x < 0 ? (T)0 : x)                                                    \
-    IUN_FN(square_##S, T, U, T, CVT((U)x *(U)x))                                                   \
-    IUN_FN(clamp_##S, T, U, T,                                                                     \
-           CVT((U)(uint64_t)((int64_t)x < lo   ? (lo > hi ? hi : lo)                               \
-                             : (int64_t)x > hi ? hi                                                \
-                                               : x)))                                              \
-    IUN_FN(ident_##S, T, U, T, x)                                                                  \
-    static tdd_iter_fn sint_fn_##S(tdd_op op)                                                      \
-    {                                                                                              \
-        switch (op) {                                                                              \
-        case TDD_OP_NEG:                                                                           \
-            return neg_##S;                                                                        \
-        case TDD_OP_ABS:                                                                           \
-            return abs_##S;                                                                        \
-        case TDD_OP_SIGN:                                                                          \
-            return sign_##S;                                                                       \
-        case TDD_OP_RELU:                                                                          \
-            return relu_##S;                                                                       \
-        case TDD_OP_SQUARE:                                                                        \
-            return square_##S;                                                                     \
-        case TDD_OP_CLAMP:                                                                         \
-            return clamp_##S;                                                                      \
-        case TDD_OP_FLOOR:                                                                         \
-        case TDD_OP_CEIL:                                                                          \
-        case TDD_OP_ROUND:                                                                         \
-            return ident_##S;                                                                      \
-        default:                                                                                   \
-            return int_fn_##S(op);                                                                 \
-        }                                                                                          \
-    }
+#define U uint32_t
+#define IBIN_i32(e, rule, fexpr, im, iexpr) IBIN_##im(e, rule, iexpr, i32, int32_t, uint32_t)
+#define IUN_i32(e, rule, fexpr, im, iexpr) IUN_##im(e, rule, iexpr, i32, int32_t)
+TDD_BINARY_OPS(TDD_EW_SKIP, IBIN_i32)
+TDD_UNARY_OPS(TDD_EW_SKIP, IUN_i32)
+#undef U
+#define U uint64_t
+#define IBIN_i64(e, rule, fexpr, im, iexpr) IBIN_##im(e, rule, iexpr, i64, int64_t, uint64_t)
+#define IUN_i64(e, rule, fexpr, im, iexpr) IUN_##im(e, rule, iexpr, i64, int64_t)
+#define IBIN_b8(e, rule, fexpr, im, iexpr) IBIN_##im(e, rule, iexpr, b8, uint8_t, uint64_t)
+/* bool takes only the unary rows with a bool output (prepare refuses the others) */
+#define IUN_b8_SAME(e, im, iexpr)
+#define IUN_b8_SAMEB(e, im, iexpr) IUN_##im(e, SAMEB, iexpr, b8, uint8_t)
+#define IUN_b8_FLOAT(e, im, iexpr)
+#define IUN_b8_FONLY(e, im, iexpr)
+#define IUN_b8_BOOL(e, im, iexpr) IUN_##im(e, BOOL, iexpr, b8, uint8_t)
+#define IUN_b8(e, rule, fexpr, im, iexpr) IUN_b8_##rule(e, im, iexpr)
+TDD_BINARY_OPS(TDD_EW_SKIP, IBIN_i64)
+TDD_UNARY_OPS(TDD_EW_SKIP, IUN_i64)
+TDD_BINARY_OPS(TDD_EW_SKIP, IBIN_b8)
+TDD_UNARY_OPS(TDD_EW_SKIP, IUN_b8)
+#undef U
 
-#define CVT_I32(v) ((int32_t)(v))
-#define CVT_I64(v) ((int64_t)(v))
-#define CVT_BOOL(v) ((uint8_t)((v) != 0))
-INT_FNS(int32_t, uint32_t, i32, CVT_I32)
-INT_FNS(int64_t, uint64_t, i64, CVT_I64)
-INT_FNS(uint8_t, uint64_t, b8, CVT_BOOL)
-SINT_FNS(int32_t, uint32_t, i32, CVT_I32)
-SINT_FNS(int64_t, uint64_t, i64, CVT_I64)
+#define IBIN_AT_i32(e, rule, fexpr, im, iexpr) IAT_##im(e, ibin_##e##_i32)
+#define IBIN_AT_i64(e, rule, fexpr, im, iexpr) IAT_##im(e, ibin_##e##_i64)
+#define IBIN_AT_b8(e, rule, fexpr, im, iexpr) IAT_##im(e, ibin_##e##_b8)
+#define IUN_AT_i32(e, rule, fexpr, im, iexpr) IAT_##im(e, iun_##e##_i32)
+#define IUN_AT_i64(e, rule, fexpr, im, iexpr) IAT_##im(e, iun_##e##_i64)
+#define IUN_AT_b8_SAME(e, im)
+#define IUN_AT_b8_SAMEB(e, im) IAT_##im(e, iun_##e##_b8)
+#define IUN_AT_b8_FLOAT(e, im)
+#define IUN_AT_b8_FONLY(e, im)
+#define IUN_AT_b8_BOOL(e, im) IAT_##im(e, iun_##e##_b8)
+#define IUN_AT_b8(e, rule, fexpr, im, iexpr) IUN_AT_b8_##rule(e, im)
+static const tdd_iter_fn fns_i32[TDD_OP_COUNT] = {TDD_BINARY_OPS(TDD_EW_SKIP, IBIN_AT_i32)
+                                                      TDD_UNARY_OPS(TDD_EW_SKIP, IUN_AT_i32)};
+static const tdd_iter_fn fns_i64[TDD_OP_COUNT] = {TDD_BINARY_OPS(TDD_EW_SKIP, IBIN_AT_i64)
+                                                      TDD_UNARY_OPS(TDD_EW_SKIP, IUN_AT_i64)};
+static const tdd_iter_fn fns_b8[TDD_OP_COUNT] = {TDD_BINARY_OPS(TDD_EW_SKIP, IBIN_AT_b8)
+                                                     TDD_UNARY_OPS(TDD_EW_SKIP, IUN_AT_b8)};
 
 /* where and masked_fill select elements without arithmetic, so one kernel per
  * element size serves every dtype. */
@@ -442,17 +295,18 @@ static tdd_iter_fn elem_fn(const tdd_opcall *c, td_dtype ct)
         return esz == 1 ? where_u8 : esz == 2 ? where_u16 : esz == 4 ? where_u32 : where_u64;
     if (c->op == TDD_OP_MASKED_FILL)
         return esz == 1 ? mfill_u8 : esz == 2 ? mfill_u16 : esz == 4 ? mfill_u32 : mfill_u64;
+    int v = c->args->i[0] != 0 && tdd_ew_arity(c->op) == 1; /* gelu's tanh form */
     switch (ct) {
     case TD_F32:
-        return elem_fn_f32(c);
+        return fns_f32[v][c->op];
     case TD_F64:
-        return elem_fn_f64(c);
+        return fns_f64[v][c->op];
     case TD_I32:
-        return sint_fn_i32(c->op);
+        return fns_i32[c->op];
     case TD_I64:
-        return sint_fn_i64(c->op);
+        return fns_i64[c->op];
     case TD_BOOL:
-        return int_fn_b8(c->op);
+        return fns_b8[c->op];
     default:
         return NULL;
     }
@@ -536,21 +390,17 @@ int cpu_elementwise(const tdd_opcall *c, int nt)
         for (int k = 0; k < nops; k++)
             half = half || cpu_is_half(ops[k]->dtype);
     tdd_iter_fn fn = elem_fn(c, half ? TD_F32 : ct);
-    x.n[0] = g->n[1]; /* alpha */
+    x.alpha = g->n[1];
     if (c->op == TDD_OP_MASKED_FILL) {
         if (tdd_dtype_is_float(y->dtype))
             tdd_store_f(&x.pat, y->dtype, 0, g->f[0]);
         else
             tdd_store_i(&x.pat, y->dtype, 0, g->n[0]);
-    } else if (tdd_opdefs[c->op].kind == TDD_KIND_UNARY) {
+    } else if (tdd_ew_arity(c->op) == 1) {
         x.s[0] = g->f[0];
         x.s[1] = g->f[1];
-        if (c->op == TDD_OP_CLAMP) {
-            x.s[0] = (g->flags & 1u) ? g->f[0] : -INFINITY;
-            x.s[1] = (g->flags & 2u) ? g->f[1] : INFINITY;
-            x.n[0] = (g->flags & 1u) ? g->n[0] : INT64_MIN;
-            x.n[1] = (g->flags & 2u) ? g->n[1] : INT64_MAX;
-        }
+        x.lo = g->n[0];
+        x.hi = g->n[1];
     } else if (g->scalar_form) {
         if (fl)
             tdd_store_f(&spat, ct, 0, g->f[0]);

@@ -68,122 +68,34 @@ int64_t ref_line(const tdd_tensor *t, int d, int64_t j, int64_t *step)
 
 int tdd_ref_run(const tdd_opcall *c)
 {
-    switch (c->op) {
-    case TDD_OP_ADD:
-    case TDD_OP_SUB:
-    case TDD_OP_MUL:
-    case TDD_OP_DIV:
-    case TDD_OP_POW:
-    case TDD_OP_MAXIMUM:
-    case TDD_OP_MINIMUM:
-    case TDD_OP_REMAINDER:
-    case TDD_OP_EQ:
-    case TDD_OP_NE:
-    case TDD_OP_LT:
-    case TDD_OP_LE:
-    case TDD_OP_GT:
-    case TDD_OP_GE:
-    case TDD_OP_LOGICAL_AND:
-    case TDD_OP_LOGICAL_OR:
-    case TDD_OP_LOGICAL_XOR:
-    case TDD_OP_WHERE:
-    case TDD_OP_MASKED_FILL:
-    case TDD_OP_RELU_BACKWARD:
-    case TDD_OP_NEG:
-    case TDD_OP_ABS:
-    case TDD_OP_SIGN:
-    case TDD_OP_EXP:
-    case TDD_OP_LOG:
-    case TDD_OP_LOG1P:
-    case TDD_OP_EXPM1:
-    case TDD_OP_SQRT:
-    case TDD_OP_RSQRT:
-    case TDD_OP_SIN:
-    case TDD_OP_COS:
-    case TDD_OP_TANH:
-    case TDD_OP_SIGMOID:
-    case TDD_OP_RELU:
-    case TDD_OP_LEAKY_RELU:
-    case TDD_OP_GELU:
-    case TDD_OP_SILU:
-    case TDD_OP_SOFTPLUS:
-    case TDD_OP_CLAMP:
-    case TDD_OP_FLOOR:
-    case TDD_OP_CEIL:
-    case TDD_OP_ROUND:
-    case TDD_OP_RECIPROCAL:
-    case TDD_OP_SQUARE:
-    case TDD_OP_LOGICAL_NOT:
+    if ((unsigned)c->op >= TDD_OP_COUNT)
+        return TD_EUNSUPPORTED_OP;
+    switch (tdd_opdefs[c->op].kind) {
+    case TDD_KIND_BINARY:
+    case TDD_KIND_UNARY:
+    case TDD_KIND_ELEMENT:
         return ref_elementwise(c);
-    case TDD_OP_SUM:
-    case TDD_OP_MEAN:
-    case TDD_OP_AMAX:
-    case TDD_OP_AMIN:
-    case TDD_OP_ARGMAX:
-    case TDD_OP_ARGMIN:
-    case TDD_OP_VAR:
-    case TDD_OP_STD:
-    case TDD_OP_LOGSUMEXP:
-    case TDD_OP_PROD:
-    case TDD_OP_SUM_TO:
-    case TDD_OP_CUMSUM:
-    case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX:
+    case TDD_KIND_REDUCE:
         return ref_reduce(c);
-    case TDD_OP_MATMUL:
-    case TDD_OP_BMM:
-    case TDD_OP_LINEAR:
+    case TDD_KIND_LINALG:
         return ref_matmul(c);
-    case TDD_OP_TRANSPOSE:
-    case TDD_OP_PERMUTE:
-    case TDD_OP_RESHAPE:
-    case TDD_OP_VIEW:
-    case TDD_OP_FLATTEN:
-    case TDD_OP_SQUEEZE:
-    case TDD_OP_UNSQUEEZE:
-    case TDD_OP_EXPAND:
-    case TDD_OP_SLICE:
-    case TDD_OP_CONTIGUOUS:
-    case TDD_OP_DETACH:
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
-    case TDD_OP_CLONE:
-    case TDD_OP_CAST:
+    case TDD_KIND_VIEW:
         return ref_copy(c);
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
-    case TDD_OP_GATHER:
-    case TDD_OP_SCATTER_ADD:
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_ONE_HOT:
-    case TDD_OP_EMBEDDING:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_PAD:
-        return ref_index_op(c);
-    case TDD_OP_CROSS_ENTROPY:
-    case TDD_OP_NLL_LOSS:
-    case TDD_OP_MSE_LOSS:
-    case TDD_OP_BCE_WITH_LOGITS:
-        return ref_loss(c);
-    case TDD_OP_LAYER_NORM:
-    case TDD_OP_DROPOUT:
-    case TDD_OP_CONV2D:
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return ref_nn(c);
-    case TDD_OP_FULL:
-    case TDD_OP_ZEROS:
-    case TDD_OP_ONES:
-    case TDD_OP_ARANGE:
-    case TDD_OP_LINSPACE:
-    case TDD_OP_EYE:
-    case TDD_OP_RAND:
-    case TDD_OP_RANDN:
-    case TDD_OP_RANDINT:
+    case TDD_KIND_CREATE:
         return ref_create(c);
-    case TDD_OP_COUNT:
-        break;
+    case TDD_KIND_INDEX:
+        /* copies of any dtype; the other index ops are ref_index_op's */
+        return c->op == TDD_OP_CLONE || c->op == TDD_OP_CAST ? ref_copy(c) : ref_index_op(c);
+    case TDD_KIND_NN:
+        switch (c->op) {
+        case TDD_OP_CROSS_ENTROPY:
+        case TDD_OP_NLL_LOSS:
+        case TDD_OP_MSE_LOSS:
+        case TDD_OP_BCE_WITH_LOGITS:
+            return ref_loss(c);
+        default:
+            return ref_nn(c);
+        }
     }
     return TD_EUNSUPPORTED_OP;
 }

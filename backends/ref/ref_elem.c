@@ -5,230 +5,79 @@
 
 #include "ref.h"
 
-/* Integer arithmetic wraps like the hardware (and PyTorch); unsigned math
- * keeps C from calling it undefined. */
-static int64_t wrap_add(int64_t a, int64_t b)
+/* The expressions of elementwise.h: integers in int64 with wrapping unsigned arithmetic
+ * (as the hardware and PyTorch wrap; the store narrows to the dtype), floats in double on
+ * operands rounded to the compute dtype. */
+#define REF_I_INT(e) (int64_t)(e)
+#define REF_I_ICHK(e) (int64_t)(e)
+#define REF_I_NONE(e) (err = -1, (int64_t)0) /* prepare sends integers to a float dtype */
+
+static int ew_rc(int err)
 {
-    return (int64_t)((uint64_t)a + (uint64_t)b);
+    return err < 0 ? TD_EINTERNAL : err ? TD_EINVALID_ARGUMENT : 0;
 }
 
-static int64_t wrap_mul(int64_t a, int64_t b)
+static int binary_i(tdd_op op, int64_t x, int64_t y, int64_t alpha_i, int64_t *r)
 {
-    return (int64_t)((uint64_t)a * (uint64_t)b);
-}
-
-static int binary_i(tdd_op op, int64_t x, int64_t y, int64_t alpha, int64_t *r)
-{
+    typedef uint64_t U;
+    const U alpha = (U)alpha_i;
+    int err = 0;
     switch (op) {
-    case TDD_OP_ADD:
-        *r = wrap_add(x, wrap_mul(alpha, y));
-        return 0;
-    case TDD_OP_SUB:
-        *r = (int64_t)((uint64_t)x - (uint64_t)wrap_mul(alpha, y)); /* no -INT64_MIN */
-        return 0;
-    case TDD_OP_MUL:
-        *r = wrap_mul(x, y);
-        return 0;
-    case TDD_OP_POW: {
-        if (y < 0) {
-            if (x == 1 || x == -1)
-                *r = (y % 2 == 0) ? 1 : x;
-            else
-                return TD_EINVALID_ARGUMENT; /* integers to negative powers */
-            return 0;
-        }
-        int64_t acc = 1, base = x;
-        for (uint64_t e = (uint64_t)y; e; e >>= 1) {
-            if (e & 1)
-                acc = wrap_mul(acc, base);
-            base = wrap_mul(base, base);
-        }
-        *r = acc;
-        return 0;
-    }
-    case TDD_OP_MAXIMUM:
-        *r = x > y ? x : y;
-        return 0;
-    case TDD_OP_MINIMUM:
-        *r = x < y ? x : y;
-        return 0;
-    case TDD_OP_REMAINDER:
-        if (y == 0)
-            return TD_EINVALID_ARGUMENT; /* integer division by zero */
-        if (y == -1) {
-            *r = 0;
-            return 0;
-        }
-        *r = x % y;
-        if (*r != 0 && ((*r < 0) != (y < 0)))
-            *r += y;
-        return 0;
-    case TDD_OP_EQ:
-        *r = x == y;
-        return 0;
-    case TDD_OP_NE:
-        *r = x != y;
-        return 0;
-    case TDD_OP_LT:
-        *r = x < y;
-        return 0;
-    case TDD_OP_LE:
-        *r = x <= y;
-        return 0;
-    case TDD_OP_GT:
-        *r = x > y;
-        return 0;
-    case TDD_OP_GE:
-        *r = x >= y;
-        return 0;
-    case TDD_OP_LOGICAL_AND:
-        *r = x && y;
-        return 0;
-    case TDD_OP_LOGICAL_OR:
-        *r = x || y;
-        return 0;
-    case TDD_OP_LOGICAL_XOR:
-        *r = (x != 0) != (y != 0);
-        return 0;
+#define REF_BIN_I(e, rule, fexpr, im, iexpr)                                                       \
+    case TDD_OP_##e:                                                                               \
+        *r = REF_I_##im(iexpr);                                                                    \
+        break;
+        TDD_BINARY_OPS(TDD_EW_SKIP, REF_BIN_I)
+#undef REF_BIN_I
     default:
         return TD_EINTERNAL;
     }
+    return ew_rc(err);
 }
 
 static double binary_f(tdd_op op, double x, double y, double alpha)
 {
+    typedef double R;
     switch (op) {
-    case TDD_OP_ADD:
-        return x + alpha * y;
-    case TDD_OP_SUB:
-        return x - alpha * y;
-    case TDD_OP_MUL:
-        return x * y;
-    case TDD_OP_DIV:
-        return x / y;
-    case TDD_OP_POW:
-        return pow(x, y);
-    case TDD_OP_MAXIMUM: /* NaN propagates, as torch.maximum */
-        return (x != x || y != y) ? NAN : (x > y ? x : y);
-    case TDD_OP_MINIMUM:
-        return (x != x || y != y) ? NAN : (x < y ? x : y);
-    case TDD_OP_REMAINDER: { /* sign of the divisor, as Python and PyTorch */
-        double m = fmod(x, y);
-        if (m != 0 && ((m < 0) != (y < 0)))
-            m += y;
-        return m;
-    }
-    case TDD_OP_EQ:
-        return x == y;
-    case TDD_OP_NE:
-        return x != y;
-    case TDD_OP_LT:
-        return x < y;
-    case TDD_OP_LE:
-        return x <= y;
-    case TDD_OP_GT:
-        return x > y;
-    case TDD_OP_GE:
-        return x >= y;
-    case TDD_OP_LOGICAL_AND:
-        return x != 0 && y != 0;
-    case TDD_OP_LOGICAL_OR:
-        return x != 0 || y != 0;
-    case TDD_OP_LOGICAL_XOR:
-        return (x != 0) != (y != 0);
+#define REF_BIN_F(e, rule, fexpr, im, iexpr)                                                       \
+    case TDD_OP_##e:                                                                               \
+        return (R)(fexpr);
+        TDD_BINARY_OPS(TDD_EW_SKIP, REF_BIN_F)
+#undef REF_BIN_F
     default:
         return NAN;
     }
 }
 
-static double unary_f(tdd_op op, double x, const tdd_opargs *g)
+static double unary_f(tdd_op op, double x, double p0, double p1, int v)
 {
+    typedef double R;
     switch (op) {
-    case TDD_OP_NEG:
-        return -x;
-    case TDD_OP_ABS:
-        return fabs(x);
-    case TDD_OP_SIGN:
-        return x > 0 ? 1.0 : x < 0 ? -1.0 : x * 0.0;
-    case TDD_OP_EXP:
-        return exp(x);
-    case TDD_OP_LOG:
-        return log(x);
-    case TDD_OP_LOG1P:
-        return log1p(x);
-    case TDD_OP_EXPM1:
-        return expm1(x);
-    case TDD_OP_SQRT:
-        return sqrt(x);
-    case TDD_OP_RSQRT:
-        return 1.0 / sqrt(x);
-    case TDD_OP_SIN:
-        return sin(x);
-    case TDD_OP_COS:
-        return cos(x);
-    case TDD_OP_TANH:
-        return tanh(x);
-    case TDD_OP_SIGMOID:
-        return 1.0 / (1.0 + exp(-x));
-    case TDD_OP_RELU:
-        return x < 0 ? 0.0 : x;
-    case TDD_OP_LEAKY_RELU:
-        return x > 0 ? x : x * g->f[0];
-    case TDD_OP_GELU:
-        if (g->i[0])
-            return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-        return 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
-    case TDD_OP_SILU:
-        return x / (1.0 + exp(-x));
-    case TDD_OP_SOFTPLUS:
-        return x * g->f[0] > g->f[1] ? x : log1p(exp(x * g->f[0])) / g->f[0];
-    case TDD_OP_CLAMP: /* min(max(x, min), max): min > max gives max; NaN anywhere gives NaN */
-        if ((g->flags & 1u) && (x < g->f[0] || isnan(g->f[0])))
-            x = g->f[0];
-        if ((g->flags & 2u) && (x > g->f[1] || isnan(g->f[1])))
-            x = g->f[1];
-        return x;
-    case TDD_OP_FLOOR:
-        return floor(x);
-    case TDD_OP_CEIL:
-        return ceil(x);
-    case TDD_OP_ROUND:
-        return nearbyint(x); /* half to even */
-    case TDD_OP_RECIPROCAL:
-        return 1.0 / x;
-    case TDD_OP_SQUARE:
-        return x * x;
-    case TDD_OP_LOGICAL_NOT:
-        return x == 0;
+#define REF_UN_F(e, rule, fexpr, im, iexpr)                                                        \
+    case TDD_OP_##e:                                                                               \
+        return (R)(fexpr);
+        TDD_UNARY_OPS(TDD_EW_SKIP, REF_UN_F)
+#undef REF_UN_F
     default:
         return NAN;
     }
 }
 
-static int64_t unary_i(tdd_op op, int64_t x, const tdd_opargs *g)
+static int unary_i(tdd_op op, int64_t x, int64_t lo, int64_t hi, int64_t *r)
 {
+    typedef uint64_t U;
+    int err = 0;
     switch (op) {
-    case TDD_OP_NEG:
-        return (int64_t)(0 - (uint64_t)x);
-    case TDD_OP_ABS:
-        return x < 0 ? (int64_t)(0 - (uint64_t)x) : x;
-    case TDD_OP_SIGN:
-        return (x > 0) - (x < 0);
-    case TDD_OP_RELU:
-        return x < 0 ? 0 : x;
-    case TDD_OP_SQUARE:
-        return wrap_mul(x, x);
-    case TDD_OP_CLAMP:
-        if ((g->flags & 1u) && x < g->n[0])
-            x = g->n[0];
-        if ((g->flags & 2u) && x > g->n[1])
-            x = g->n[1];
-        return x;
-    case TDD_OP_LOGICAL_NOT:
-        return x == 0;
-    default: /* floor, ceil, round of an integer */
-        return x;
+#define REF_UN_I(e, rule, fexpr, im, iexpr)                                                        \
+    case TDD_OP_##e:                                                                               \
+        *r = REF_I_##im(iexpr);                                                                    \
+        break;
+        TDD_UNARY_OPS(TDD_EW_SKIP, REF_UN_I)
+#undef REF_UN_I
+    default:
+        return TD_EINTERNAL;
     }
+    return ew_rc(err);
 }
 
 int ref_elementwise(const tdd_opcall *c)
@@ -238,13 +87,13 @@ int ref_elementwise(const tdd_opcall *c)
     int64_t n = tdd_numel(y), idx[TD_MAX_NDIM];
     td_dtype ct = g->cdtype;
     bool ints = !tdd_dtype_is_float(ct);
-    tdd_opkind kind = tdd_opdefs[c->op].kind;
+    int arity = tdd_ew_arity(c->op);
     for (int64_t i = 0; i < n; i++) {
         ref_unravel(i, y->shape, y->ndim, idx);
         int64_t yo = ref_index(y, i);
         const tdd_tensor *a = c->in[0];
         int64_t ao = ref_at(a, idx, y->ndim);
-        if (kind == TDD_KIND_BINARY) {
+        if (arity == 2) {
             const tdd_tensor *b = c->n_in > 1 ? c->in[1] : NULL;
             int64_t bo = b ? ref_at(b, idx, y->ndim) : 0;
             if (ints) {
@@ -257,6 +106,18 @@ int ref_elementwise(const tdd_opcall *c)
                 double xv = ref_round(ct, ref_getf(a, ao));
                 double yv = ref_round(ct, b ? ref_getf(b, bo) : g->f[0]);
                 ref_setf(y, yo, binary_f(c->op, xv, yv, ref_round(ct, g->f[1])));
+            }
+            continue;
+        }
+        if (arity == 1) { /* integer ops stay exact */
+            int64_t r;
+            if (!tdd_dtype_is_float(g->dtype) && !tdd_dtype_is_float(a->dtype)) {
+                int rc = unary_i(c->op, ref_geti(a, ao), g->n[0], g->n[1], &r);
+                if (rc)
+                    return rc;
+                ref_seti(y, yo, r);
+            } else {
+                ref_setf(y, yo, unary_f(c->op, ref_getf(a, ao), g->f[0], g->f[1], (int)g->i[0]));
             }
             continue;
         }
@@ -278,21 +139,8 @@ int ref_elementwise(const tdd_opcall *c)
                 ref_setf(y, yo, m ? g->f[0] : ref_getf(a, ao));
             break;
         }
-        case TDD_OP_RELU_BACKWARD: {
-            const tdd_tensor *x = c->in[1];
-            int64_t xo = ref_at(x, idx, y->ndim);
-            if (ints)
-                ref_seti(y, yo, ref_geti(x, xo) > 0 ? ref_geti(a, ao) : 0);
-            else
-                ref_setf(y, yo, ref_getf(x, xo) > 0 ? ref_getf(a, ao) : 0.0);
-            break;
-        }
-        default: /* unary: integer ops stay exact */
-            if (!tdd_dtype_is_float(g->dtype) && !tdd_dtype_is_float(a->dtype))
-                ref_seti(y, yo, unary_i(c->op, ref_geti(a, ao), g));
-            else
-                ref_setf(y, yo, unary_f(c->op, ref_getf(a, ao), g));
-            break;
+        default:
+            return TD_EINTERNAL;
         }
     }
     return 0;

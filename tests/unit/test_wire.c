@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../client/lib/internal.h" /* the client library's private header */
 #include "conn.h"
-#include "lib/internal.h"
 #include "wire.h"
 
 Suite *wire_suite(void);

@@ -1,0 +1,161 @@
+/* opcodes.h -- the op table's enumeration and per-op columns, plain C that nvcc compiles too
+ * (cuda/kernels.h includes it; ops.h adds the C11 side: tensors, attributes, prepare).
+ *
+ * The elementwise rows live in elementwise.h (TDD_BINARY_OPS, TDD_UNARY_OPS) with their
+ * scalar expressions; TDD_OPS splices them in. */
+#ifndef TDD_OPCODES_H
+#define TDD_OPCODES_H
+
+#include "elementwise.h"
+
+#define TDD_MAX_OP_INPUTS 16
+#define TDD_MAX_OP_OUTPUTS 16
+
+/* What an op is, for grouping (docs, tests) and for the kernels' dispatch. */
+typedef enum {
+    TDD_KIND_BINARY,  /* broadcasting elementwise, 2 inputs or 1 + "other" */
+    TDD_KIND_UNARY,   /* elementwise, one input */
+    TDD_KIND_ELEMENT, /* other elementwise (where, masked_fill, relu_backward) */
+    TDD_KIND_REDUCE,  /* reductions, scans, softmax */
+    TDD_KIND_LINALG,
+    TDD_KIND_VIEW,  /* strided views (a copy only when no view is possible) */
+    TDD_KIND_INDEX, /* copies, joins, indexing */
+    TDD_KIND_NN,
+    TDD_KIND_CREATE,
+} tdd_opkind;
+
+/* X(ENUM, "name", min_inputs, max_inputs, kind) -- names are PyTorch's. */
+#define TDD_OPS(X)                                                                                 \
+    TDD_BINARY_OPS(X, TDD_EW_SKIP)                                                                 \
+    X(WHERE, "where", 3, 3, ELEMENT)                                                               \
+    X(MASKED_FILL, "masked_fill", 2, 2, ELEMENT)                                                   \
+    TDD_UNARY_OPS(X, TDD_EW_SKIP)                                                                  \
+    X(SUM, "sum", 1, 1, REDUCE)                                                                    \
+    X(MEAN, "mean", 1, 1, REDUCE)                                                                  \
+    X(AMAX, "amax", 1, 1, REDUCE)                                                                  \
+    X(AMIN, "amin", 1, 1, REDUCE)                                                                  \
+    X(ARGMAX, "argmax", 1, 1, REDUCE)                                                              \
+    X(ARGMIN, "argmin", 1, 1, REDUCE)                                                              \
+    X(VAR, "var", 1, 1, REDUCE)                                                                    \
+    X(STD, "std", 1, 1, REDUCE)                                                                    \
+    X(LOGSUMEXP, "logsumexp", 1, 1, REDUCE)                                                        \
+    X(PROD, "prod", 1, 1, REDUCE)                                                                  \
+    X(SUM_TO, "sum_to", 1, 1, REDUCE)                                                              \
+    X(CUMSUM, "cumsum", 1, 1, REDUCE)                                                              \
+    X(SOFTMAX, "softmax", 1, 1, REDUCE)                                                            \
+    X(LOG_SOFTMAX, "log_softmax", 1, 1, REDUCE)                                                    \
+    X(MATMUL, "matmul", 2, 2, LINALG)                                                              \
+    X(BMM, "bmm", 2, 2, LINALG)                                                                    \
+    X(LINEAR, "linear", 2, 3, LINALG)                                                              \
+    X(TRANSPOSE, "transpose", 1, 1, VIEW)                                                          \
+    X(PERMUTE, "permute", 1, 1, VIEW)                                                              \
+    X(RESHAPE, "reshape", 1, 1, VIEW)                                                              \
+    X(VIEW, "view", 1, 1, VIEW)                                                                    \
+    X(FLATTEN, "flatten", 1, 1, VIEW)                                                              \
+    X(SQUEEZE, "squeeze", 1, 1, VIEW)                                                              \
+    X(UNSQUEEZE, "unsqueeze", 1, 1, VIEW)                                                          \
+    X(EXPAND, "expand", 1, 1, VIEW)                                                                \
+    X(SLICE, "slice", 1, 1, VIEW)                                                                  \
+    X(CONTIGUOUS, "contiguous", 1, 1, VIEW)                                                        \
+    X(DETACH, "detach", 1, 1, VIEW)                                                                \
+    X(SPLIT, "split", 1, 1, VIEW)                                                                  \
+    X(CHUNK, "chunk", 1, 1, VIEW)                                                                  \
+    X(CLONE, "clone", 1, 1, INDEX)                                                                 \
+    X(CAST, "cast", 1, 1, INDEX)                                                                   \
+    X(CAT, "cat", 1, TDD_MAX_OP_INPUTS, INDEX)                                                     \
+    X(STACK, "stack", 1, TDD_MAX_OP_INPUTS, INDEX)                                                 \
+    X(GATHER, "gather", 2, 2, INDEX)                                                               \
+    X(SCATTER_ADD, "scatter_add", 3, 3, INDEX)                                                     \
+    X(INDEX_SELECT, "index_select", 2, 2, INDEX)                                                   \
+    X(ONE_HOT, "one_hot", 1, 1, INDEX)                                                             \
+    X(EMBEDDING, "embedding", 2, 2, INDEX)                                                         \
+    X(TRIL, "tril", 1, 1, INDEX)                                                                   \
+    X(TRIU, "triu", 1, 1, INDEX)                                                                   \
+    X(PAD, "pad", 1, 1, INDEX)                                                                     \
+    X(CROSS_ENTROPY, "cross_entropy", 2, 2, NN)                                                    \
+    X(NLL_LOSS, "nll_loss", 2, 2, NN)                                                              \
+    X(MSE_LOSS, "mse_loss", 2, 2, NN)                                                              \
+    X(BCE_WITH_LOGITS, "binary_cross_entropy_with_logits", 2, 2, NN)                               \
+    X(LAYER_NORM, "layer_norm", 1, 3, NN)                                                          \
+    X(DROPOUT, "dropout", 1, 1, NN)                                                                \
+    X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
+    X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
+    X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \
+    X(FULL, "full", 0, 0, CREATE)                                                                  \
+    X(ZEROS, "zeros", 0, 0, CREATE)                                                                \
+    X(ONES, "ones", 0, 0, CREATE)                                                                  \
+    X(ARANGE, "arange", 0, 0, CREATE)                                                              \
+    X(LINSPACE, "linspace", 0, 0, CREATE)                                                          \
+    X(EYE, "eye", 0, 0, CREATE)                                                                    \
+    X(RAND, "rand", 0, 0, CREATE)                                                                  \
+    X(RANDN, "randn", 0, 0, CREATE)                                                                \
+    X(RANDINT, "randint", 0, 0, CREATE)
+
+typedef enum {
+#define TDD__OP_ENUM(e, name, lo, hi, kind) TDD_OP_##e,
+    TDD_OPS(TDD__OP_ENUM)
+#undef TDD__OP_ENUM
+        TDD_OP_COUNT
+} tdd_op;
+
+/* The RULE column of elementwise.h (TDD_EW_NONE: not an elementwise expression op). */
+typedef enum {
+    TDD_EW_NONE,
+    TDD_EW_SAME,
+    TDD_EW_SAMEB,
+    TDD_EW_FLOAT,
+    TDD_EW_FONLY,
+    TDD_EW_BOOL,
+} tdd_ewrule;
+
+/* The IMODE column. */
+typedef enum { TDD_EWI_NONE, TDD_EWI_INT, TDD_EWI_ICHK } tdd_ewimode;
+
+/* Operands of op's expression: 2 (TDD_BINARY_OPS), 1 (TDD_UNARY_OPS), 0 (no expression). */
+TDD_HD int tdd_ew_arity(int op)
+{
+    switch (op) {
+#define TDD__EW_A2(e, rule, f, im, i)                                                              \
+    case TDD_OP_##e:                                                                               \
+        return 2;
+#define TDD__EW_A1(e, rule, f, im, i)                                                              \
+    case TDD_OP_##e:                                                                               \
+        return 1;
+        TDD_BINARY_OPS(TDD_EW_SKIP, TDD__EW_A2)
+        TDD_UNARY_OPS(TDD_EW_SKIP, TDD__EW_A1)
+#undef TDD__EW_A2
+#undef TDD__EW_A1
+    default:
+        return 0;
+    }
+}
+
+TDD_HD tdd_ewrule tdd_ew_rule(int op)
+{
+    switch (op) {
+#define TDD__EW_RULE(e, rule, f, im, i)                                                            \
+    case TDD_OP_##e:                                                                               \
+        return TDD_EW_##rule;
+        TDD_BINARY_OPS(TDD_EW_SKIP, TDD__EW_RULE)
+        TDD_UNARY_OPS(TDD_EW_SKIP, TDD__EW_RULE)
+#undef TDD__EW_RULE
+    default:
+        return TDD_EW_NONE;
+    }
+}
+
+TDD_HD tdd_ewimode tdd_ew_imode(int op)
+{
+    switch (op) {
+#define TDD__EW_IMODE(e, rule, f, im, i)                                                           \
+    case TDD_OP_##e:                                                                               \
+        return TDD_EWI_##im;
+        TDD_BINARY_OPS(TDD_EW_SKIP, TDD__EW_IMODE)
+        TDD_UNARY_OPS(TDD_EW_SKIP, TDD__EW_IMODE)
+#undef TDD__EW_IMODE
+    default:
+        return TDD_EWI_NONE;
+    }
+}
+
+#endif
