@@ -329,57 +329,6 @@ static int cuda_synchronize(void *ctx, int ordinal)
 
 /* ------------------------------------------------------------------ op tables */
 
-/* Kernel op code + 1 for each tdd op (0: not of that family). */
-#define BIN(op, k) [TDD_OP_##op] = (signed char)((k) + 1)
-static const signed char bin_of[TDD_OP_COUNT] = {
-    BIN(ADD, TDC_ADD),
-    BIN(SUB, TDC_SUB),
-    BIN(MUL, TDC_MUL),
-    BIN(DIV, TDC_DIV),
-    BIN(POW, TDC_POW),
-    BIN(MAXIMUM, TDC_MAXIMUM),
-    BIN(MINIMUM, TDC_MINIMUM),
-    BIN(REMAINDER, TDC_REMAINDER),
-    BIN(EQ, TDC_EQ),
-    BIN(NE, TDC_NE),
-    BIN(LT, TDC_LT),
-    BIN(LE, TDC_LE),
-    BIN(GT, TDC_GT),
-    BIN(GE, TDC_GE),
-    BIN(LOGICAL_AND, TDC_LAND),
-    BIN(LOGICAL_OR, TDC_LOR),
-    BIN(LOGICAL_XOR, TDC_LXOR),
-    BIN(RELU_BACKWARD, TDC_RELU_BWD),
-};
-static const signed char un_of[TDD_OP_COUNT] = {
-    BIN(NEG, TDC_NEG),
-    BIN(ABS, TDC_ABS),
-    BIN(SIGN, TDC_SIGN),
-    BIN(EXP, TDC_EXP),
-    BIN(LOG, TDC_LOG),
-    BIN(LOG1P, TDC_LOG1P),
-    BIN(EXPM1, TDC_EXPM1),
-    BIN(SQRT, TDC_SQRT),
-    BIN(RSQRT, TDC_RSQRT),
-    BIN(SIN, TDC_SIN),
-    BIN(COS, TDC_COS),
-    BIN(TANH, TDC_TANH),
-    BIN(SIGMOID, TDC_SIGMOID),
-    BIN(RELU, TDC_RELU),
-    BIN(LEAKY_RELU, TDC_LEAKY_RELU),
-    BIN(GELU, TDC_GELU),
-    BIN(SILU, TDC_SILU),
-    BIN(SOFTPLUS, TDC_SOFTPLUS),
-    BIN(CLAMP, TDC_CLAMP),
-    BIN(FLOOR, TDC_FLOOR),
-    BIN(CEIL, TDC_CEIL),
-    BIN(ROUND, TDC_ROUND),
-    BIN(RECIPROCAL, TDC_RECIPROCAL),
-    BIN(SQUARE, TDC_SQUARE),
-    BIN(LOGICAL_NOT, TDC_LOGICAL_NOT),
-};
-#undef BIN
-
 static bool inputs_are(const tdd_opcall *c, int from, td_dtype dt)
 {
     for (int i = from; i < c->n_in; i++)
@@ -396,9 +345,9 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     const int dtype = TD_EUNSUPPORTED_DTYPE;
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
-    if (bin_of[c->op])
+    if (tdd_ew_arity(c->op) == 2) /* elementwise.h's expressions, in f32 */
         return inputs_are(c, 0, TD_F32) && g->cdtype == TD_F32 ? 0 : dtype;
-    if (un_of[c->op])
+    if (tdd_ew_arity(c->op) == 1)
         return inputs_are(c, 0, TD_F32) ? 0 : dtype;
     if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return 0; /* a view, or a C-order copy of any dtype */
@@ -517,7 +466,7 @@ static void reduce_layout_of(tdc_reduce_layout *r, const tdd_tensor *x, uint32_t
 
 /* ------------------------------------------------------------------ ops */
 
-static int exec_binary(cuda_dev *dv, const tdd_opcall *c, tdc_binop op)
+static int exec_binary(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_tensor *y = c->out[0];
     const tdd_tensor *ts[3] = {y, c->in[0], c->n_in > 1 ? c->in[1] : NULL};
@@ -525,24 +474,22 @@ static int exec_binary(cuda_dev *dv, const tdd_opcall *c, tdc_binop op)
     layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
     const float *b = c->n_in > 1 ? tdd_data(c->in[1]) : NULL;
     return cuda_rc(dv,
-                   tdc_binary(&dv->kd, op, &l, tdd_data(y), tdd_data(c->in[0]), b,
+                   tdc_binary(&dv->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]), b,
                               (float)c->args->f[0], (float)c->args->f[1]),
                    tdd_opdefs[c->op].name);
 }
 
-static int exec_unary(cuda_dev *dv, const tdd_opcall *c, tdc_unop op)
+static int exec_unary(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
     const tdd_tensor *y = c->out[0];
     const tdd_tensor *ts[2] = {y, c->in[0]};
     tdc_layout l;
     layout_of(&l, y->shape, y->ndim, 2, ts);
-    float p0 = (float)g->f[0], p1 = (float)g->f[1];
-    if (op == TDC_GELU)
-        p0 = g->i[0] ? 1.0f : 0.0f;
-    return cuda_rc(
-        dv, tdc_unary(&dv->kd, op, &l, tdd_data(y), tdd_data(c->in[0]), p0, p1, (int)g->flags),
-        tdd_opdefs[c->op].name);
+    return cuda_rc(dv,
+                   tdc_unary(&dv->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]), (float)g->f[0],
+                             (float)g->f[1], g->i[0] != 0),
+                   tdd_opdefs[c->op].name);
 }
 
 static int exec_reduce(cuda_dev *dv, const tdd_opcall *c)
@@ -908,10 +855,10 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
         return rc;
-    if (bin_of[c->op])
-        return exec_binary(dv, c, (tdc_binop)(bin_of[c->op] - 1));
-    if (un_of[c->op])
-        return exec_unary(dv, c, (tdc_unop)(un_of[c->op] - 1));
+    if (tdd_ew_arity(c->op) == 2)
+        return exec_binary(dv, c);
+    if (tdd_ew_arity(c->op) == 1)
+        return exec_unary(dv, c);
     const tdd_tensor *y = c->out[0];
     if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return c->args->out_view ? 0 : copy_dense(dv, tdd_data(y), c->in[0]);

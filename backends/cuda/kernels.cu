@@ -69,115 +69,30 @@ __device__ __forceinline__ int64_t flat_offset(const int64_t *shape, const int64
 
 // ------------------------------------------------------------------ elementwise
 
-__device__ __forceinline__ float bin_f(int op, float a, float b, float alpha)
+// The expressions of elementwise.h, in float (R); comparisons give 0/1.
+__device__ __forceinline__ float bin_f(int op, float x, float y, float alpha)
 {
+    typedef float R;
     switch (op) {
-    case TDC_ADD:
-        return a + alpha * b;
-    case TDC_SUB:
-        return a - alpha * b;
-    case TDC_MUL:
-        return a * b;
-    case TDC_DIV:
-        return a / b;
-    case TDC_POW:
-        return powf(a, b);
-    case TDC_MAXIMUM: // NaN propagates (a + b is NaN), as PyTorch
-        return (a != a || b != b) ? a + b : fmaxf(a, b);
-    case TDC_MINIMUM:
-        return (a != a || b != b) ? a + b : fminf(a, b);
-    case TDC_REMAINDER: { // Python's sign convention: the result takes b's sign
-        float r = fmodf(a, b);
-        if (r != 0.0f && ((r < 0.0f) != (b < 0.0f)))
-            r += b;
-        return r;
-    }
-    case TDC_RELU_BWD:
-        return b > 0.0f ? a : 0.0f;
-    case TDC_EQ:
-        return a == b;
-    case TDC_NE:
-        return a != b;
-    case TDC_LT:
-        return a < b;
-    case TDC_LE:
-        return a <= b;
-    case TDC_GT:
-        return a > b;
-    case TDC_GE:
-        return a >= b;
-    case TDC_LAND:
-        return (a != 0.0f) && (b != 0.0f);
-    case TDC_LOR:
-        return (a != 0.0f) || (b != 0.0f);
-    case TDC_LXOR:
-        return (a != 0.0f) != (b != 0.0f);
+#define TDC_BIN_F(e, rule, fexpr, im, iexpr)                                                       \
+    case TDD_OP_##e:                                                                               \
+        return (R)(fexpr);
+        TDD_BINARY_OPS(TDD_EW_SKIP, TDC_BIN_F)
+#undef TDC_BIN_F
     default:
         return 0.0f;
     }
 }
 
-__device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int flags)
+__device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int v)
 {
+    typedef float R;
     switch (op) {
-    case TDC_NEG:
-        return -x;
-    case TDC_ABS:
-        return fabsf(x);
-    case TDC_SIGN:
-        return (float)((x > 0.0f) - (x < 0.0f));
-    case TDC_EXP:
-        return expf(x);
-    case TDC_LOG:
-        return logf(x);
-    case TDC_LOG1P:
-        return log1pf(x);
-    case TDC_EXPM1:
-        return expm1f(x);
-    case TDC_SQRT:
-        return sqrtf(x);
-    case TDC_RSQRT:
-        return 1.0f / sqrtf(x); // rsqrtf is approximate; keep the rounding of the oracle
-    case TDC_SIN:
-        return sinf(x);
-    case TDC_COS:
-        return cosf(x);
-    case TDC_TANH:
-        return tanhf(x);
-    case TDC_SIGMOID:
-        return 1.0f / (1.0f + expf(-x));
-    case TDC_RELU:
-        return x > 0.0f ? x : 0.0f;
-    case TDC_LEAKY_RELU:
-        return x > 0.0f ? x : x * p0;
-    case TDC_GELU:
-        if (p0 != 0.0f) {
-            float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-            return 0.5f * x * (1.0f + tanhf(u));
-        }
-        return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
-    case TDC_SILU:
-        return x / (1.0f + expf(-x));
-    case TDC_SOFTPLUS: // p0 beta, p1 threshold: linear above it, as PyTorch
-        return x * p0 > p1 ? x : log1pf(expf(x * p0)) / p0;
-    case TDC_CLAMP: // min(max(x, p0), p1) as PyTorch: p0 > p1 gives p1, a NaN bound NaN
-        if ((flags & 1) && (x < p0 || p0 != p0))
-            x = p0;
-        if ((flags & 2) && (x > p1 || p1 != p1))
-            x = p1;
-        return x;
-    case TDC_FLOOR:
-        return floorf(x);
-    case TDC_CEIL:
-        return ceilf(x);
-    case TDC_ROUND:
-        return rintf(x); // half to even, as PyTorch
-    case TDC_RECIPROCAL:
-        return 1.0f / x;
-    case TDC_SQUARE:
-        return x * x;
-    case TDC_LOGICAL_NOT:
-        return x == 0.0f;
+#define TDC_UN_F(e, rule, fexpr, im, iexpr)                                                        \
+    case TDD_OP_##e:                                                                               \
+        return (R)(fexpr);
+        TDD_UNARY_OPS(TDD_EW_SKIP, TDC_UN_F)
+#undef TDC_UN_F
     default:
         return 0.0f;
     }
@@ -240,13 +155,13 @@ __global__ void bin_strided(int op, __grid_constant__ const tdc_layout l, Y *y, 
 
 template <typename Y>
 __global__ void un_kernel(int op, __grid_constant__ const tdc_layout l, Y *y, const float *x,
-                          float p0, float p1, int flags)
+                          float p0, float p1, int v)
 {
     for (int64_t i = gtid(); i < l.numel; i += gstride()) {
         int64_t off[2] = {i, i};
         if (!l.contig)
             offsets<2>(l, i, off);
-        y[off[0]] = conv<Y>(un_f(op, x[off[1]], p0, p1, flags));
+        y[off[0]] = conv<Y>(un_f(op, x[off[1]], p0, p1, v));
     }
 }
 
@@ -722,31 +637,31 @@ cudaError_t launched()
 
 // ------------------------------------------------------------------ entry points
 
-extern "C" cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layout *l, void *y,
+extern "C" cudaError_t tdc_binary(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y,
                                   const float *a, const float *b, float scalar, float alpha)
 {
     if (l->numel == 0)
         return cudaSuccess;
     int g = grid_for(d, l->contig ? (l->numel + 3) / 4 : l->numel);
     cudaStream_t s = d->stream;
-    bool boolean = op >= TDC_EQ;
+    bool boolean = tdd_ew_rule(op) == TDD_EW_BOOL;
     if (l->contig) {
         int vec = aligned16(y) && aligned16(a) && (!b || aligned16(b)) &&
                   (!boolean || ((uintptr_t)y & 3u) == 0);
         if (boolean)
             bin_contig<-1, uint8_t>
                 <<<g, kThreads, 0, s>>>(op, l->numel, (uint8_t *)y, a, b, scalar, alpha, vec);
-        else if (op == TDC_ADD)
-            bin_contig<TDC_ADD, float>
+        else if (op == TDD_OP_ADD)
+            bin_contig<TDD_OP_ADD, float>
                 <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
-        else if (op == TDC_SUB)
-            bin_contig<TDC_SUB, float>
+        else if (op == TDD_OP_SUB)
+            bin_contig<TDD_OP_SUB, float>
                 <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
-        else if (op == TDC_MUL)
-            bin_contig<TDC_MUL, float>
+        else if (op == TDD_OP_MUL)
+            bin_contig<TDD_OP_MUL, float>
                 <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
-        else if (op == TDC_DIV)
-            bin_contig<TDC_DIV, float>
+        else if (op == TDD_OP_DIV)
+            bin_contig<TDD_OP_DIV, float>
                 <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
         else
             bin_contig<-1, float>
@@ -759,16 +674,16 @@ extern "C" cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layo
     return launched();
 }
 
-extern "C" cudaError_t tdc_unary(const tdc_dev *d, tdc_unop op, const tdc_layout *l, void *y,
-                                 const float *x, float p0, float p1, int flags)
+extern "C" cudaError_t tdc_unary(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y,
+                                 const float *x, float p0, float p1, int variant)
 {
     if (l->numel == 0)
         return cudaSuccess;
     int g = grid_for(d, l->numel);
-    if (op == TDC_LOGICAL_NOT)
-        un_kernel<uint8_t><<<g, kThreads, 0, d->stream>>>(op, *l, (uint8_t *)y, x, p0, p1, flags);
+    if (tdd_ew_rule(op) == TDD_EW_BOOL)
+        un_kernel<uint8_t><<<g, kThreads, 0, d->stream>>>(op, *l, (uint8_t *)y, x, p0, p1, variant);
     else
-        un_kernel<float><<<g, kThreads, 0, d->stream>>>(op, *l, (float *)y, x, p0, p1, flags);
+        un_kernel<float><<<g, kThreads, 0, d->stream>>>(op, *l, (float *)y, x, p0, p1, variant);
     return launched();
 }
 

@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "opcodes.h"
+
 /* The toolkit's headers test macros that C leaves undefined (-Wundef). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wundef"
@@ -39,64 +41,14 @@ typedef struct {
     int64_t strides[TDC_MAX_OPS][TDC_MAX_DIMS];
 } tdc_layout;
 
-/* Binary ops on f32 (comparisons and logical ops write bool bytes). */
-typedef enum {
-    TDC_ADD,
-    TDC_SUB,
-    TDC_MUL,
-    TDC_DIV,
-    TDC_POW,
-    TDC_MAXIMUM,
-    TDC_MINIMUM,
-    TDC_REMAINDER,
-    TDC_RELU_BWD, /* (grad, x) -> x > 0 ? grad : 0 */
-    TDC_EQ,       /* first op with a bool output */
-    TDC_NE,
-    TDC_LT,
-    TDC_LE,
-    TDC_GT,
-    TDC_GE,
-    TDC_LAND,
-    TDC_LOR,
-    TDC_LXOR,
-    TDC_BIN_COUNT
-} tdc_binop;
-
-/* Unary ops on f32 (logical_not writes bool bytes). */
-typedef enum {
-    TDC_NEG,
-    TDC_ABS,
-    TDC_SIGN,
-    TDC_EXP,
-    TDC_LOG,
-    TDC_LOG1P,
-    TDC_EXPM1,
-    TDC_SQRT,
-    TDC_RSQRT,
-    TDC_SIN,
-    TDC_COS,
-    TDC_TANH,
-    TDC_SIGMOID,
-    TDC_RELU,
-    TDC_LEAKY_RELU, /* p0 negative slope */
-    TDC_GELU,       /* p0 != 0: tanh approximation */
-    TDC_SILU,
-    TDC_SOFTPLUS, /* p0 beta, p1 threshold */
-    TDC_CLAMP,    /* p0 min, p1 max; flags bit 0/1 = has min/max */
-    TDC_FLOOR,
-    TDC_CEIL,
-    TDC_ROUND,
-    TDC_RECIPROCAL,
-    TDC_SQUARE,
-    TDC_LOGICAL_NOT,
-    TDC_UN_COUNT
-} tdc_unop;
-
+/* Elementwise ops are the op table's (opcodes.h, plain C): tdc_binary takes the ops of
+ * TDD_BINARY_OPS, tdc_unary those of TDD_UNARY_OPS, on f32; a BOOL rule writes bool bytes. */
 /* y = a op b (b == NULL: the scalar form, b = scalar); alpha scales b in add/sub. */
-cudaError_t tdc_binary(const tdc_dev *d, tdc_binop op, const tdc_layout *l, void *y, const float *a,
+cudaError_t tdc_binary(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y, const float *a,
                        const float *b, float scalar, float alpha);
-cudaError_t tdc_unary(const tdc_dev *d, tdc_unop op, const tdc_layout *l, void *y, const float *x,
-                      float p0, float p1, int flags);
+/* p0, p1 and variant as elementwise.h's expressions name them (tdd_opargs f[0], f[1], i[0]). */
+cudaError_t tdc_unary(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y, const float *x,
+                      float p0, float p1, int variant);
 /* where(cond, a, b): operands y, cond (bool bytes), a, b. */
 cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y, const uint8_t *cond,
                       const float *a, const float *b);
