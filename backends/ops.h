@@ -1,7 +1,12 @@
 /* ops.h -- the op table: names, arities, kinds, and the shape/attribute rules
  * every backend relies on.
  *
- * Adding an op (the recipe): a TDD_OPS line here, its entry in the attribute schema
+ * Adding an elementwise op: a row in backends/elementwise.h (its name, arity, dtype rule
+ * and scalar expression, which ref, cpu and the CUDA kernels all expand), its schema entry
+ * (below), its backward formula (daemon/autograd_fn.c); the conformance suite generates its
+ * cases on every dtype and backend from the table (generated_elementwise).
+ *
+ * Adding any other op (the recipe): a TDD_OPS line here, its entry in the attribute schema
  * (tdd_op_schema in ops.c: inputs and every attribute; an op without one fails
  * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
  * kernel (ref/), a cpu kernel (cpu/, or the documented fallback to the ref

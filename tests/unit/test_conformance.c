@@ -650,6 +650,94 @@ START_TEST(half_conversions_round_to_nearest_even)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ generated from the table */
+
+/* Every elementwise op of the op table (kinds UNARY and BINARY, whose expressions live in
+ * backends/elementwise.h) on every dtype, from shapes the generator writes itself: plain,
+ * broadcast, 0-size, 0-dim, strided and expanded inputs, the scalar form of binary ops, and
+ * each again with transposed inputs (variant 1). A new row of the table is tested on every
+ * backend without a hand-written case. Attributes: none, or for an op that needs some (clamp)
+ * those of its first hand-written row; an op the generator cannot run on any dtype fails. */
+static const char *const gen_unary[][1] = {{"x:3,5"}, {"x:0,3"}, {"x:"}, {"x:7S"}, {"x:4,6T"}};
+static const char *const gen_binary[][2] = {
+    {"x:3,4", "x:3,4"}, {"x:2,1,4", "x:3,1"}, {"x:0,3", "x:3"}, {"x:", "x:5"}, {"x:4,5S", "x:5E"},
+};
+
+static const conf_case *first_row(const char *op)
+{
+    for (int i = 0; i < conf_ncases; i++)
+        if (strcmp(conf_cases[i].op, op) == 0)
+            return &conf_cases[i];
+    return NULL;
+}
+
+/* Runs c on every dtype and both variants against each other backend; returns the runs
+ * that prepared (an op/dtype prepare refuses with a typed error is not applicable). */
+static int gen_table_case(const conf_case *c, int *failures)
+{
+    static const char dts[] = "sdhbilo";
+    int ran = 0;
+    for (const char *l = dts; *l; l++) {
+        td_dtype dt = conf_dtype_of(*l);
+        for (int o = 0; o < nothers; o++) {
+            for (int variant = 0; variant < 2; variant++) {
+                conf_result r;
+                conf_run(c, dt, variant, &ref_be, others[o], true, &r);
+                if (r.prep_rc != 0)
+                    continue;
+                ran++;
+                bool declined = !r.supported[1] && others[o] != &cpu_be;
+                /* both refusing the same way when they run (integer pow to a negative
+                 * power) is agreement too */
+                bool ok = declined || (r.rc[0] == r.rc[1] && (r.rc[0] != 0 || r.bad == 0));
+                if (!ok) {
+                    (*failures)++;
+                    fprintf(stderr,
+                            "generated: %s (%s%s%s) [%s] %s variant %d: ref %s, %s %s: %s\n", c->op,
+                            c->inputs[0], c->inputs[1] ? ", " : "",
+                            c->inputs[1] ? c->inputs[1] : "", c->attrs, td_dtype_name(dt), variant,
+                            td_err_name(r.rc[0]), others[o]->be->name, td_err_name(r.rc[1]), r.msg);
+                }
+            }
+        }
+    }
+    return ran;
+}
+
+START_TEST(elementwise_ops_from_the_table_match_ref)
+{
+    tdd_op op = (tdd_op)_i;
+    const tdd_opdef *d = &tdd_opdefs[op];
+    if (d->kind != TDD_KIND_UNARY && d->kind != TDD_KIND_BINARY)
+        return;
+    const conf_case *row = first_row(d->name);
+    int failures = 0, ran = 0;
+    size_t nshapes = d->kind == TDD_KIND_UNARY ? sizeof gen_unary / sizeof gen_unary[0]
+                                               : sizeof gen_binary / sizeof gen_binary[0] + 1;
+    for (size_t k = 0; k < nshapes; k++) {
+        conf_case c = {.op = d->name, .attrs = "", .dtypes = "sdhbilo", .tol = 1};
+        if (d->kind == TDD_KIND_UNARY)
+            c.inputs[0] = gen_unary[k][0];
+        else if (k < nshapes - 1) {
+            c.inputs[0] = gen_binary[k][0];
+            c.inputs[1] = gen_binary[k][1];
+        } else { /* the scalar form: one input and "other" */
+            c.inputs[0] = "x:3,4";
+            c.attrs = "other=1.5";
+        }
+        int n = gen_table_case(&c, &failures);
+        if (n == 0 && row && row->attrs[0] && k < nshapes - 1) {
+            c.attrs = row->attrs; /* an op that needs attributes: its own row's */
+            n = gen_table_case(&c, &failures);
+        }
+        ran += n;
+    }
+    ck_assert_msg(ran > 0, "%s: the generator could not run it on any dtype or shape", d->name);
+    ck_assert_msg(failures == 0, "%s: %d generated cases differ from ref (see stderr)", d->name,
+                  failures);
+}
+END_TEST
+
 Suite *conformance_suite(void)
 {
     Suite *s = suite_create("conformance");
@@ -663,6 +751,11 @@ Suite *conformance_suite(void)
     tcase_set_timeout(gen, 120);
     tcase_add_loop_test(gen, attribute_extremes_match_ref, 0, conf_ncases);
     suite_add_tcase(s, gen);
+    TCase *tab = tcase_create("generated_elementwise");
+    tcase_add_checked_fixture(tab, setup, teardown);
+    tcase_set_timeout(tab, 120);
+    tcase_add_loop_test(tab, elementwise_ops_from_the_table_match_ref, 0, TDD_OP_COUNT);
+    suite_add_tcase(s, tab);
     TCase *pe = tcase_create("prepare");
     tcase_add_test(pe, shape_mismatch_names_both_shapes);
     tcase_add_test(pe, bad_attributes_name_the_attribute);
