@@ -357,20 +357,12 @@ const td_attr *tdd_p_get(const tdd_prep *p, const char *name)
 
 /* ------------------------------------------------------------------ errors */
 
-__attribute__((format(printf, 3, 0))) static void err_start(td_error *err, int code,
-                                                            const char *fmt, va_list ap)
-{
-    memset(err, 0, sizeof *err);
-    err->code = code;
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-}
-
 int tdd_err_set(td_error *err, int code, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        err_start(err, code, fmt, ap);
+        td_error_vset(err, code, fmt, ap);
         va_end(ap);
     }
     return code;
@@ -382,7 +374,7 @@ int tdd_err_shape(td_error *err, const int64_t *expected, int en, const int64_t 
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        err_start(err, TD_ESHAPE_MISMATCH, fmt, ap);
+        td_error_vset(err, TD_ESHAPE_MISMATCH, fmt, ap);
         va_end(ap);
         err->detail_kind = TD_DETAIL_SHAPES;
         err->detail.shapes.expected_ndim = en;
@@ -400,7 +392,7 @@ int tdd_err_arg(td_error *err, const char *argument, const char *fmt, ...)
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        err_start(err, TD_EINVALID_ARGUMENT, fmt, ap);
+        td_error_vset(err, TD_EINVALID_ARGUMENT, fmt, ap);
         va_end(ap);
         err->detail_kind = TD_DETAIL_ARGUMENT;
         snprintf(err->detail.argument.argument, sizeof err->detail.argument.argument, "%s",
@@ -415,7 +407,7 @@ int tdd_err_resource(td_error *err, const char *resource, uint64_t requested, ui
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        err_start(err, TD_ERESOURCE_EXHAUSTED, fmt, ap);
+        td_error_vset(err, TD_ERESOURCE_EXHAUSTED, fmt, ap);
         va_end(ap);
         err->detail_kind = TD_DETAIL_RESOURCE;
         snprintf(err->detail.resource.resource, sizeof err->detail.resource.resource, "%s",
@@ -431,7 +423,7 @@ int tdd_err_dtypes(td_error *err, td_dtype expected, td_dtype got, const char *f
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        err_start(err, TD_EDTYPE_MISMATCH, fmt, ap);
+        td_error_vset(err, TD_EDTYPE_MISMATCH, fmt, ap);
         va_end(ap);
         err->detail_kind = TD_DETAIL_DTYPES;
         err->detail.dtypes.target = expected;

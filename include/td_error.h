@@ -125,7 +125,11 @@ int td_error_set(td_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-int td_error_vset(td_error *err, int code, const char *fmt, va_list ap);
+int td_error_vset(td_error *err, int code, const char *fmt, va_list ap)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 0)))
+#endif
+    ;
 
 #ifdef __cplusplus
 }
