@@ -117,6 +117,10 @@ BACKEND_SRC := backends/tensor.c backends/ops.c $(wildcard backends/ops_*.c) \
 ifeq ($(HAVE_CUDA),1)
 BACKEND_SRC += $(filter-out backends/cuda/none.c,$(wildcard backends/cuda/*.c))
 CUDA_CU := $(wildcard backends/cuda/*.cu)
+else ifeq ($(TDD_EMU),1)
+# `make emu` (backends/cuda/emu/emu.mk): the cuda backend on the host compilers' emulator
+BACKEND_SRC += backends/cuda/cuda.c
+EMU_OBJ := $(BUILD)/obj/backends/cuda/kernels.emu.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
 else
 BACKEND_SRC += backends/cuda/none.c
 endif
@@ -127,7 +131,7 @@ TDCTL_SRC := $(wildcard client/tdctl/*.c)
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(BUILD)/obj/gen/tensordd.pb-c.o
 COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(GEN_OBJ)
-BACKEND_OBJ := $(call obj,$(BACKEND_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU))
+BACKEND_OBJ := $(call obj,$(BACKEND_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_CU)) $(EMU_OBJ)
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 
@@ -300,7 +304,7 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
-	    test-gpu-build test-python
+	    test-gpu-build test-python test-emu
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
 ifeq ($(SAN),thread)
@@ -326,6 +330,8 @@ test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python \
 	        $(PY) -m pytest -q -p no:cacheprovider tests/python; \
 	else echo "python: no tests yet"; fi
+
+include backends/cuda/emu/emu.mk
 
 # ---------------------------------------------------------------- run
 run: deps

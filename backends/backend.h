@@ -9,9 +9,11 @@
 #include "ops.h"
 
 typedef struct {
-    int cpu_devices; /* logical cpu devices to expose */
-    int threads;     /* worker threads for the cpu backend; 0 = cores */
-    int sim_devices; /* simulated discrete devices (tests); 0 = none */
+    int cpu_devices;         /* logical cpu devices to expose */
+    int threads;             /* worker threads for the cpu backend; 0 = cores */
+    int sim_devices;         /* simulated discrete devices (tests); 0 = none */
+    int emu_gpus;            /* emulated CUDA devices (`make emu` build only); 0 = none */
+    uint64_t emu_gpu_memory; /* bytes each (0: the emulator's default) */
 } tdd_backend_config;
 
 typedef struct tdd_backend {

@@ -55,6 +55,11 @@ static const option_row rows[] = {
     {"sim-devices", "N", OPT_COUNT, FIELD(sim_devices), 0, 0, 16, NULL,
      "simulated discrete devices sim:0..N-1 with device memory and reference kernels, for "
      "tests"},
+    {"emu-gpus", "N", OPT_COUNT, FIELD(emu_gpus), 0, 0, 64, "none",
+     "emulated CUDA devices cuda:0..N-1 running the cuda backend's kernels on the CPU (only "
+     "in the `make emu` build, build/emu/tensordd; elsewhere accepted and ignored)"},
+    {"emu-gpu-memory", "BYTES", OPT_BYTES, FIELD(emu_gpu_memory), 1 * G, 1 * M, 1024 * G, NULL,
+     "memory of each emulated CUDA device"},
     {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, NULL, "error, warn, info (default), debug"},
     {"token-file", "PATH", OPT_TOKEN, NOFIELD, 0, 0, 0, NULL,
      "clients must send this token in Hello (first line of the file); required to listen "

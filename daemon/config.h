@@ -15,6 +15,8 @@ typedef struct tdd_config {
     int cpu_devices;          /* logical cpu devices cpu:0..N-1 */
     int threads;              /* cpu backend threads; 0 = cores */
     int sim_devices;          /* simulated discrete devices sim:0..N-1 (tests) */
+    int emu_gpus;             /* emulated CUDA devices (`make emu` build; 0 = none) */
+    uint64_t emu_gpu_memory;  /* their memory each */
     uint32_t max_msg;         /* largest protobuf request */
     uint64_t max_payload;     /* largest raw payload */
     int64_t max_numel;        /* largest tensor, in elements */

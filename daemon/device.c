@@ -30,8 +30,11 @@ typedef struct {
 
 int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
 {
-    tdd_backend_config bc = {
-        .cpu_devices = cfg->cpu_devices, .threads = cfg->threads, .sim_devices = cfg->sim_devices};
+    tdd_backend_config bc = {.cpu_devices = cfg->cpu_devices,
+                             .threads = cfg->threads,
+                             .sim_devices = cfg->sim_devices,
+                             .emu_gpus = cfg->emu_gpus,
+                             .emu_gpu_memory = cfg->emu_gpu_memory};
     note[0] = 0;
     for (size_t b = 0; b < NBACKENDS; b++) {
         char why[256] = "";

@@ -20,6 +20,9 @@
 #include "dtype.h"
 #include "iter.h"
 #include "kernels.h"
+#ifdef TDC_EMU
+#include "emu/emu_cublas.h"
+#endif
 
 /* cuBLAS is opened when a GPU is found, not linked: its initialisers alone cost
  * about 150 MiB of RSS in a daemon that has no GPU to use it with. The pointer
@@ -45,6 +48,19 @@ static int blas_load(char *why, size_t why_len)
 {
     if (blas_api.lib)
         return 0;
+#ifdef TDC_EMU
+    /* `make emu`: the emulator's cuBLAS on OpenBLAS (backends/cuda/emu/runtime.cpp). */
+    (void)why;
+    (void)why_len;
+    blas_api.lib = &blas_api;
+    blas_api.create = tdc_emu_cublas_create;
+    blas_api.destroy = tdc_emu_cublas_destroy;
+    blas_api.set_stream = tdc_emu_cublas_set_stream;
+    blas_api.sgemm = tdc_emu_cublas_sgemm;
+    blas_api.sgemm_strided_batched = tdc_emu_cublas_sgemm_strided_batched;
+    blas_api.status_string = tdc_emu_cublas_status_string;
+    return 0;
+#endif
     static const char *const paths[] = {"libcublas.so.13", TDD_CUDA_LIBDIR "/libcublas.so.13",
                                         "libcublas.so", TDD_CUDA_LIBDIR "/libcublas.so"};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !blas_api.lib; i++)
@@ -198,7 +214,11 @@ static int dev_open(cuda_dev *dv, int id, char *why, size_t why_len)
 
 static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size_t why_len)
 {
+#ifdef TDC_EMU
+    tdc_emu_configure(cfg ? cfg->emu_gpus : 0, cfg ? cfg->emu_gpu_memory : 0);
+#else
     (void)cfg;
+#endif
     char scratch[256];
     if (!why) {
         why = scratch;
@@ -811,9 +831,11 @@ static int exec_pad(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
     const tdd_tensor *x = c->in[0], *y = c->out[0];
+    /* A bool pad value is its truth (0.5 pads true, as ref), not its integer part. */
+    int64_t n = y->dtype == TD_BOOL ? g->f[0] != 0.0 : tdd_sat_i64(g->f[0]);
     int rc = cuda_rc(dv,
                      tdc_fill(&dv->kd, tdd_data(y), tdd_numel(y), (int)td_dtype_size(y->dtype),
-                              element_bits(y->dtype, g->f[0], tdd_sat_i64(g->f[0]))),
+                              element_bits(y->dtype, g->f[0], n)),
                      "pad");
     tdd_tensor src = *x, dst = *y;
     for (int d = 0; d < x->ndim; d++) {

@@ -649,27 +649,28 @@ extern "C" cudaError_t tdc_binary(const tdc_dev *d, tdd_op op, const tdc_layout 
         int vec = aligned16(y) && aligned16(a) && (!b || aligned16(b)) &&
                   (!boolean || ((uintptr_t)y & 3u) == 0);
         if (boolean)
-            bin_contig<-1, uint8_t>
-                <<<g, kThreads, 0, s>>>(op, l->numel, (uint8_t *)y, a, b, scalar, alpha, vec);
+            tdc_launch(g, kThreads, 0, s, bin_contig<-1, uint8_t>)(op, l->numel, (uint8_t *)y, a, b,
+                                                                   scalar, alpha, vec);
         else if (op == TDD_OP_ADD)
-            bin_contig<TDD_OP_ADD, float>
-                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
+            tdc_launch(g, kThreads, 0, s, bin_contig<TDD_OP_ADD, float>)(op, l->numel, (float *)y,
+                                                                         a, b, scalar, alpha, vec);
         else if (op == TDD_OP_SUB)
-            bin_contig<TDD_OP_SUB, float>
-                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
+            tdc_launch(g, kThreads, 0, s, bin_contig<TDD_OP_SUB, float>)(op, l->numel, (float *)y,
+                                                                         a, b, scalar, alpha, vec);
         else if (op == TDD_OP_MUL)
-            bin_contig<TDD_OP_MUL, float>
-                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
+            tdc_launch(g, kThreads, 0, s, bin_contig<TDD_OP_MUL, float>)(op, l->numel, (float *)y,
+                                                                         a, b, scalar, alpha, vec);
         else if (op == TDD_OP_DIV)
-            bin_contig<TDD_OP_DIV, float>
-                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
+            tdc_launch(g, kThreads, 0, s, bin_contig<TDD_OP_DIV, float>)(op, l->numel, (float *)y,
+                                                                         a, b, scalar, alpha, vec);
         else
-            bin_contig<-1, float>
-                <<<g, kThreads, 0, s>>>(op, l->numel, (float *)y, a, b, scalar, alpha, vec);
+            tdc_launch(g, kThreads, 0, s, bin_contig<-1, float>)(op, l->numel, (float *)y, a, b,
+                                                                 scalar, alpha, vec);
     } else if (boolean) {
-        bin_strided<uint8_t><<<g, kThreads, 0, s>>>(op, *l, (uint8_t *)y, a, b, scalar, alpha);
+        tdc_launch(g, kThreads, 0, s, bin_strided<uint8_t>)(op, *l, (uint8_t *)y, a, b, scalar,
+                                                            alpha);
     } else {
-        bin_strided<float><<<g, kThreads, 0, s>>>(op, *l, (float *)y, a, b, scalar, alpha);
+        tdc_launch(g, kThreads, 0, s, bin_strided<float>)(op, *l, (float *)y, a, b, scalar, alpha);
     }
     return launched();
 }
@@ -681,9 +682,11 @@ extern "C" cudaError_t tdc_unary(const tdc_dev *d, tdd_op op, const tdc_layout *
         return cudaSuccess;
     int g = grid_for(d, l->numel);
     if (tdd_ew_rule(op) == TDD_EW_BOOL)
-        un_kernel<uint8_t><<<g, kThreads, 0, d->stream>>>(op, *l, (uint8_t *)y, x, p0, p1, variant);
+        tdc_launch(g, kThreads, 0, d->stream, un_kernel<uint8_t>)(op, *l, (uint8_t *)y, x, p0, p1,
+                                                                  variant);
     else
-        un_kernel<float><<<g, kThreads, 0, d->stream>>>(op, *l, (float *)y, x, p0, p1, variant);
+        tdc_launch(g, kThreads, 0, d->stream, un_kernel<float>)(op, *l, (float *)y, x, p0, p1,
+                                                                variant);
     return launched();
 }
 
@@ -692,7 +695,7 @@ extern "C" cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y
 {
     if (l->numel == 0)
         return cudaSuccess;
-    where_kernel<<<grid_for(d, l->numel), kThreads, 0, d->stream>>>(*l, y, cond, a, b);
+    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, where_kernel)(*l, y, cond, a, b);
     return launched();
 }
 
@@ -701,7 +704,8 @@ extern "C" cudaError_t tdc_masked_fill(const tdc_dev *d, const tdc_layout *l, fl
 {
     if (l->numel == 0)
         return cudaSuccess;
-    masked_fill_kernel<<<grid_for(d, l->numel), kThreads, 0, d->stream>>>(*l, y, x, mask, value);
+    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, masked_fill_kernel)(*l, y, x, mask,
+                                                                                  value);
     return launched();
 }
 
@@ -717,16 +721,19 @@ extern "C" cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, 
     cudaStream_t s = d->stream;
     switch (elsize) {
     case 1:
-        copy_kernel<uint8_t><<<g, kThreads, 0, s>>>(*l, (uint8_t *)y, (const uint8_t *)x);
+        tdc_launch(g, kThreads, 0, s, copy_kernel<uint8_t>)(*l, (uint8_t *)y, (const uint8_t *)x);
         break;
     case 2:
-        copy_kernel<uint16_t><<<g, kThreads, 0, s>>>(*l, (uint16_t *)y, (const uint16_t *)x);
+        tdc_launch(g, kThreads, 0, s, copy_kernel<uint16_t>)(*l, (uint16_t *)y,
+                                                             (const uint16_t *)x);
         break;
     case 4:
-        copy_kernel<uint32_t><<<g, kThreads, 0, s>>>(*l, (uint32_t *)y, (const uint32_t *)x);
+        tdc_launch(g, kThreads, 0, s, copy_kernel<uint32_t>)(*l, (uint32_t *)y,
+                                                             (const uint32_t *)x);
         break;
     case 8:
-        copy_kernel<uint64_t><<<g, kThreads, 0, s>>>(*l, (uint64_t *)y, (const uint64_t *)x);
+        tdc_launch(g, kThreads, 0, s, copy_kernel<uint64_t>)(*l, (uint64_t *)y,
+                                                             (const uint64_t *)x);
         break;
     default:
         return cudaErrorInvalidValue;
@@ -739,7 +746,7 @@ extern "C" cudaError_t tdc_cast(const tdc_dev *d, const tdc_layout *l, void *y, 
 {
     if (l->numel == 0)
         return cudaSuccess;
-    cast_kernel<<<grid_for(d, l->numel), kThreads, 0, d->stream>>>(*l, y, ydt, x, xdt);
+    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, cast_kernel)(*l, y, ydt, x, xdt);
     return launched();
 }
 
@@ -751,16 +758,16 @@ extern "C" cudaError_t tdc_fill(const tdc_dev *d, void *y, int64_t n, int elsize
     cudaStream_t s = d->stream;
     switch (elsize) {
     case 1:
-        fill_kernel<uint8_t><<<g, kThreads, 0, s>>>((uint8_t *)y, n, (uint8_t)bits);
+        tdc_launch(g, kThreads, 0, s, fill_kernel<uint8_t>)((uint8_t *)y, n, (uint8_t)bits);
         break;
     case 2:
-        fill_kernel<uint16_t><<<g, kThreads, 0, s>>>((uint16_t *)y, n, (uint16_t)bits);
+        tdc_launch(g, kThreads, 0, s, fill_kernel<uint16_t>)((uint16_t *)y, n, (uint16_t)bits);
         break;
     case 4:
-        fill_kernel<uint32_t><<<g, kThreads, 0, s>>>((uint32_t *)y, n, (uint32_t)bits);
+        tdc_launch(g, kThreads, 0, s, fill_kernel<uint32_t>)((uint32_t *)y, n, (uint32_t)bits);
         break;
     case 8:
-        fill_kernel<uint64_t><<<g, kThreads, 0, s>>>((uint64_t *)y, n, bits);
+        tdc_launch(g, kThreads, 0, s, fill_kernel<uint64_t>)((uint64_t *)y, n, bits);
         break;
     default:
         return cudaErrorInvalidValue;
@@ -773,7 +780,7 @@ extern "C" cudaError_t tdc_arange_f32(const tdc_dev *d, float *y, int64_t n, dou
 {
     if (n == 0)
         return cudaSuccess;
-    arange_f32_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(y, n, start, step);
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, arange_f32_kernel)(y, n, start, step);
     return launched();
 }
 
@@ -782,7 +789,7 @@ extern "C" cudaError_t tdc_linspace_f32(const tdc_dev *d, float *y, int64_t n, d
 {
     if (n == 0)
         return cudaSuccess;
-    linspace_f32_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(y, n, start, end);
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, linspace_f32_kernel)(y, n, start, end);
     return launched();
 }
 
@@ -791,7 +798,7 @@ extern "C" cudaError_t tdc_arange_i64(const tdc_dev *d, int64_t *y, int64_t n, i
 {
     if (n == 0)
         return cudaSuccess;
-    arange_i64_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(y, n, start, step);
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, arange_i64_kernel)(y, n, start, step);
     return launched();
 }
 
@@ -804,16 +811,18 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
     cudaStream_t s = d->stream;
     switch (elsize) {
     case 1:
-        eye_kernel<uint8_t><<<g, kThreads, 0, s>>>((uint8_t *)y, rows, cols, (uint8_t)one);
+        tdc_launch(g, kThreads, 0, s, eye_kernel<uint8_t>)((uint8_t *)y, rows, cols, (uint8_t)one);
         break;
     case 2:
-        eye_kernel<uint16_t><<<g, kThreads, 0, s>>>((uint16_t *)y, rows, cols, (uint16_t)one);
+        tdc_launch(g, kThreads, 0, s, eye_kernel<uint16_t>)((uint16_t *)y, rows, cols,
+                                                            (uint16_t)one);
         break;
     case 4:
-        eye_kernel<uint32_t><<<g, kThreads, 0, s>>>((uint32_t *)y, rows, cols, (uint32_t)one);
+        tdc_launch(g, kThreads, 0, s, eye_kernel<uint32_t>)((uint32_t *)y, rows, cols,
+                                                            (uint32_t)one);
         break;
     case 8:
-        eye_kernel<uint64_t><<<g, kThreads, 0, s>>>((uint64_t *)y, rows, cols, one);
+        tdc_launch(g, kThreads, 0, s, eye_kernel<uint64_t>)((uint64_t *)y, rows, cols, one);
         break;
     default:
         return cudaErrorInvalidValue;
@@ -830,20 +839,20 @@ extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, c
     cudaStream_t s = d->stream;
     switch (elsize) {
     case 1:
-        tri_kernel<uint8_t><<<g, kThreads, 0, s>>>(*l, (uint8_t *)y, (const uint8_t *)x, rows, cols,
-                                                   diagonal, upper);
+        tdc_launch(g, kThreads, 0, s, tri_kernel<uint8_t>)(*l, (uint8_t *)y, (const uint8_t *)x,
+                                                           rows, cols, diagonal, upper);
         break;
     case 2:
-        tri_kernel<uint16_t><<<g, kThreads, 0, s>>>(*l, (uint16_t *)y, (const uint16_t *)x, rows,
-                                                    cols, diagonal, upper);
+        tdc_launch(g, kThreads, 0, s, tri_kernel<uint16_t>)(*l, (uint16_t *)y, (const uint16_t *)x,
+                                                            rows, cols, diagonal, upper);
         break;
     case 4:
-        tri_kernel<uint32_t><<<g, kThreads, 0, s>>>(*l, (uint32_t *)y, (const uint32_t *)x, rows,
-                                                    cols, diagonal, upper);
+        tdc_launch(g, kThreads, 0, s, tri_kernel<uint32_t>)(*l, (uint32_t *)y, (const uint32_t *)x,
+                                                            rows, cols, diagonal, upper);
         break;
     case 8:
-        tri_kernel<uint64_t><<<g, kThreads, 0, s>>>(*l, (uint64_t *)y, (const uint64_t *)x, rows,
-                                                    cols, diagonal, upper);
+        tdc_launch(g, kThreads, 0, s, tri_kernel<uint64_t>)(*l, (uint64_t *)y, (const uint64_t *)x,
+                                                            rows, cols, diagonal, upper);
         break;
     default:
         return cudaErrorInvalidValue;
@@ -856,7 +865,7 @@ extern "C" cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *
 {
     if (n == 0)
         return cudaSuccess;
-    random_kernel<<<grid_for(d, n), kThreads, 0, d->stream>>>(kind, y, n, seed, lo, range);
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, random_kernel)(kind, y, n, seed, lo, range);
     return launched();
 }
 
@@ -877,8 +886,8 @@ extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, 
         return cudaSuccess;
     cudaStream_t s = d->stream;
     if (thread_per_output(l)) {
-        reduce_thread<<<grid_for(d, l->nout), kThreads, 0, s>>>(*l, x, y, comb, map, fin, aux,
-                                                                scale);
+        tdc_launch(grid_for(d, l->nout), kThreads, 0, s, reduce_thread)(*l, x, y, comb, map, fin,
+                                                                        aux, scale);
         return launched();
     }
     // Few outputs over many elements: split each reduction so every SM gets blocks.
@@ -898,19 +907,20 @@ extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, 
     int64_t items = l->nout * nsplit;
     int grid = (int)(items < 65535 * 8 ? items : 65535 * 8);
     if (nsplit == 1) {
-        reduce_block<<<grid, kThreads, 0, s>>>(*l, x, y, comb, map, fin, aux, scale, 1, chunk);
+        tdc_launch(grid, kThreads, 0, s, reduce_block)(*l, x, y, comb, map, fin, aux, scale, 1,
+                                                       chunk);
         return launched();
     }
     float *part = nullptr;
     cudaError_t e = cudaMallocAsync((void **)&part, (size_t)items * sizeof(float), s);
     if (e != cudaSuccess)
         return e;
-    reduce_block<<<grid, kThreads, 0, s>>>(*l, x, part, comb, map, fin, aux, scale, (int)nsplit,
-                                           chunk);
+    tdc_launch(grid, kThreads, 0, s, reduce_block)(*l, x, part, comb, map, fin, aux, scale,
+                                                   (int)nsplit, chunk);
     e = launched();
     if (e == cudaSuccess) {
-        reduce_partials<<<grid_for(d, l->nout * 32), kThreads, 0, s>>>(part, (int)nsplit, l->nout,
-                                                                       y, comb, fin, aux, scale);
+        tdc_launch(grid_for(d, l->nout * 32), kThreads, 0, s,
+                   reduce_partials)(part, (int)nsplit, l->nout, y, comb, fin, aux, scale);
         e = launched();
     }
     cudaError_t f = cudaFreeAsync(part, s);
@@ -923,10 +933,11 @@ extern "C" cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *
     if (l->nout == 0)
         return cudaSuccess;
     if (thread_per_output(l)) {
-        argreduce_thread<<<grid_for(d, l->nout), kThreads, 0, d->stream>>>(*l, x, y, is_max);
+        tdc_launch(grid_for(d, l->nout), kThreads, 0, d->stream, argreduce_thread)(*l, x, y,
+                                                                                   is_max);
     } else {
         int grid = (int)(l->nout < 65535 * 8 ? l->nout : 65535 * 8);
-        argreduce_block<<<grid, kThreads, 0, d->stream>>>(*l, x, y, is_max);
+        tdc_launch(grid, kThreads, 0, d->stream, argreduce_block)(*l, x, y, is_max);
     }
     return launched();
 }
@@ -938,12 +949,12 @@ extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_l
         return cudaSuccess;
     cudaStream_t s = d->stream;
     if (op == TDC_CUMSUM) {
-        cumsum_rows<<<grid_for(d, l->nrows * 32), kThreads, 0, s>>>(*l, y, x);
+        tdc_launch(grid_for(d, l->nrows * 32), kThreads, 0, s, cumsum_rows)(*l, y, x);
     } else {
         // Short rows get a small block rather than 256 mostly idle threads.
         int threads = l->n >= kThreads ? kThreads : (int)((l->n + 31) / 32 * 32);
         int grid = (int)(l->nrows < 65535 * 8 ? l->nrows : 65535 * 8);
-        softmax_rows<<<grid, threads, 0, s>>>(*l, y, x, op == TDC_LOG_SOFTMAX);
+        tdc_launch(grid, threads, 0, s, softmax_rows)(*l, y, x, op == TDC_LOG_SOFTMAX);
     }
     return launched();
 }

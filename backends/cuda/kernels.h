@@ -17,6 +17,14 @@
 #include <cuda_runtime_api.h>
 #pragma GCC diagnostic pop
 
+/* kernel<<<grid, block, shmem, stream>>>(args) is written tdc_launch(grid, block, shmem, stream,
+ * kernel)(args) in kernels.cu: the same launch under nvcc, and a call into the emulator's
+ * scheduler where the host compiler builds the device code (`make emu`, backends/cuda/emu/,
+ * whose cuda_runtime.h defines it first). */
+#if defined(__CUDACC__) && !defined(tdc_launch)
+#define tdc_launch(grid, block, shmem, stream, ...) __VA_ARGS__<<<grid, block, shmem, stream>>>
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif

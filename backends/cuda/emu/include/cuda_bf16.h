@@ -1,0 +1,2 @@
+/* The emulated build's cuda_bf16.h: __half and __nv_bfloat16 are in ../emu_device.h. */
+#include "../emu_device.h"

@@ -1,0 +1,1127 @@
+// runtime.cpp -- the emulated CUDA runtime, kernel execution and cuBLAS of `make emu`
+// (see emu.h and emu_device.h for what is emulated and how).
+//
+// Devices: --emu-gpus N devices of --emu-gpu-memory bytes each. Device memory is host
+// memory the daemon never sees directly: cuda.c copies it with cudaMemcpyAsync, whose kinds
+// are checked against the allocation table (a host pointer passed where device memory is
+// due, or the reverse, is cudaErrorInvalidValue, as it is on a GPU without managed memory).
+// Fresh allocations are filled with 0xff bytes (NaN as floats): a kernel that reads what
+// nobody wrote shows it. Work runs when it is enqueued, under the stream's lock, so stream
+// order holds and a free from another thread waits for the kernel using the memory.
+#include <cblas.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "emu.h"
+#include "emu_cublas.h"
+#include "emu_device.h"
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+struct tdc_emu_stream {
+    int device;
+    std::mutex m;
+};
+struct tdc_emu_event {
+    int device;
+    bool recorded;
+    struct timespec at;
+};
+struct tdc_emu_pool {
+    int device;
+};
+
+namespace
+{
+
+struct device {
+    uint64_t total = 0, in_use = 0;
+    std::atomic<int> sticky{cudaSuccess};
+    tdc_emu_stream legacy; // the NULL stream
+    tdc_emu_pool pool;
+};
+
+struct allocation {
+    size_t size;
+    int device;
+};
+
+struct state {
+    int ndev = 0;
+    device *devs = nullptr;
+    std::mutex mem; // the allocation table and every device's in_use
+    std::map<uintptr_t, allocation> allocs;
+    uint64_t seed = 1;
+    long fail_alloc = 0, sticky_launch = 0;
+    bool trace = false;
+    std::atomic<long> nalloc{0}, nlaunch{0};
+};
+
+int cfg_gpus = 0;
+uint64_t cfg_memory = 0;
+std::once_flag once;
+state *st;
+
+thread_local int cur_dev = 0;
+thread_local cudaError_t last_err = cudaSuccess;
+
+uint64_t env_u64(const char *name, uint64_t def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    unsigned long long n = strtoull(v, &end, 10);
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1ull << 10;
+    else if (*end == 'M')
+        mul = 1ull << 20;
+    else if (*end == 'G')
+        mul = 1ull << 30;
+    return (uint64_t)n * mul;
+}
+
+void init_once()
+{
+    std::call_once(once, [] {
+        st = new state;
+        int n = cfg_gpus > 0 ? cfg_gpus : (int)env_u64("TDD_EMU_GPUS", 0);
+        uint64_t mem = cfg_memory ? cfg_memory : env_u64("TDD_EMU_GPU_MEMORY", 1ull << 30);
+        st->ndev = n < 0 ? 0 : n > 64 ? 64 : n;
+        st->devs = new device[st->ndev > 0 ? st->ndev : 1];
+        for (int i = 0; i < st->ndev; i++) {
+            st->devs[i].total = mem;
+            st->devs[i].legacy.device = i;
+            st->devs[i].pool.device = i;
+        }
+        st->seed = env_u64("TDD_EMU_SEED", 1);
+        st->fail_alloc = (long)env_u64("TDD_EMU_FAIL_ALLOC", 0);
+        st->sticky_launch = (long)env_u64("TDD_EMU_STICKY_LAUNCH", 0);
+        st->trace = env_u64("TDD_EMU_TRACE", 0) != 0;
+    });
+}
+
+cudaError_t fail(cudaError_t e)
+{
+    last_err = e;
+    return e;
+}
+
+bool valid_dev(int d)
+{
+    init_once();
+    return d >= 0 && d < st->ndev;
+}
+
+// The device's sticky error, or success.
+cudaError_t sticky(int d)
+{
+    return valid_dev(d) ? (cudaError_t)st->devs[d].sticky.load() : cudaErrorInvalidDevice;
+}
+
+int dev_of(cudaStream_t s)
+{
+    return s ? s->device : cur_dev;
+}
+
+tdc_emu_stream *stream_of(cudaStream_t s)
+{
+    return s ? s : &st->devs[cur_dev].legacy;
+}
+
+// The allocation holding [p, p + n), or null.
+const allocation *find(const void *p, size_t n, uintptr_t *base = nullptr)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = st->allocs.upper_bound(a);
+    if (it == st->allocs.begin())
+        return nullptr;
+    --it;
+    if (a + n > it->first + it->second.size || a + n < a)
+        return nullptr;
+    if (base)
+        *base = it->first;
+    return &it->second;
+}
+
+bool is_device(const void *p, size_t n)
+{
+    std::lock_guard<std::mutex> g(st->mem);
+    return find(p, n) != nullptr;
+}
+
+cudaError_t alloc_on(int d, void **p, size_t n)
+{
+    if (!p)
+        return fail(cudaErrorInvalidValue);
+    *p = nullptr;
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(d))
+        return fail(e);
+    long k = ++st->nalloc;
+    if (k == st->fail_alloc) {
+        fprintf(stderr,
+                "cuda emulator: allocation %ld of %zu bytes on device %d fails "
+                "(TDD_EMU_FAIL_ALLOC)\n",
+                k, n, d);
+        return fail(cudaErrorMemoryAllocation);
+    }
+    size_t size = (n + 255) / 256 * 256;
+    if (size == 0)
+        size = 256;
+    std::lock_guard<std::mutex> g(st->mem);
+    device &dv = st->devs[d];
+    if (size > dv.total - dv.in_use)
+        return fail(cudaErrorMemoryAllocation);
+    void *m = aligned_alloc(256, size);
+    if (!m)
+        return fail(cudaErrorMemoryAllocation);
+    memset(m, 0xff, size); // NaN as floats: reading unwritten memory shows
+    dv.in_use += size;
+    st->allocs[(uintptr_t)m] = allocation{size, d};
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t free_on(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    std::lock_guard<std::mutex> g(st->mem);
+    auto it = st->allocs.find((uintptr_t)p);
+    if (it == st->allocs.end())
+        return fail(cudaErrorInvalidDevicePointer);
+    st->devs[it->second.device].in_use -= it->second.size;
+    st->allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+// ------------------------------------------------------------------ fibers
+
+enum fstate { RUNNABLE, WAIT_BAR, WAIT_WARP, DONE };
+
+// A fiber's saved machine context. x86-64: the stack pointer, with the callee-saved
+// registers pushed on the fiber's stack by tdc_emu_switch (a function call's worth of
+// state, no system call); elsewhere ucontext (glibc's swapcontext also saves the signal
+// mask, a system call per switch).
+#if defined(__x86_64__)
+extern "C" void tdc_emu_switch(void **save_sp, void *to_sp);
+extern "C" void tdc_emu_fiber_start();
+asm(".text\n"
+    ".globl tdc_emu_switch\n.hidden tdc_emu_switch\n.type tdc_emu_switch,@function\n"
+    "tdc_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size tdc_emu_switch,.-tdc_emu_switch\n"
+    ".globl tdc_emu_fiber_start\n.hidden tdc_emu_fiber_start\n"
+    ".type tdc_emu_fiber_start,@function\n"
+    "tdc_emu_fiber_start:\n" // entered by tdc_emu_switch's ret: r13 = fn, r12 = its argument
+    "  movq %r12, %rdi\n  callq *%r13\n  ud2\n"
+    ".size tdc_emu_fiber_start,.-tdc_emu_fiber_start\n");
+
+struct mctx {
+    void *sp;
+};
+
+// A context that starts fn(nullptr) on the stack [lo, lo + size).
+void ctx_make(mctx *c, void *lo, size_t size, void (*fn)(void *))
+{
+    uintptr_t top = ((uintptr_t)lo + size) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 72); // 6 registers, the return address; 16-aligned at the call
+    sp[0] = nullptr;                 // r15
+    sp[1] = nullptr;                 // r14
+    sp[2] = (void *)fn;              // r13
+    sp[3] = nullptr;                 // r12: fn's argument
+    sp[4] = nullptr;                 // rbx
+    sp[5] = nullptr;                 // rbp
+    sp[6] = (void *)tdc_emu_fiber_start;
+    c->sp = sp;
+}
+
+void ctx_switch(mctx *from, mctx *to)
+{
+    tdc_emu_switch(&from->sp, to->sp);
+}
+#else
+struct mctx {
+    ucontext_t uc;
+};
+
+void (*ctx_fn)(void *);
+void ctx_entry()
+{
+    ctx_fn(nullptr);
+}
+
+void ctx_make(mctx *c, void *lo, size_t size, void (*fn)(void *))
+{
+    ctx_fn = fn;
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = lo;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = nullptr;
+    makecontext(&c->uc, ctx_entry, 0);
+}
+
+void ctx_switch(mctx *from, mctx *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
+#endif
+
+struct fiber {
+    mctx ctx;
+    unsigned tid;
+    int state;
+    int kind, param, width; // the pending warp operation
+    unsigned mask;
+    uint64_t val, res;
+};
+
+constexpr size_t kStack = 64 * 1024;
+
+struct block_run {
+    int n = 0, live = 0, at_barrier = 0, cur = -1;
+    fiber *f = nullptr;
+    mctx main{};
+    tdc_emu::thread_body body = nullptr;
+    void *arg = nullptr;
+    char fault[256] = {};
+    uint64_t rng = 0;
+};
+
+thread_local block_run *run;
+thread_local std::vector<void *> stacks; // per host thread, reused by every block
+thread_local std::vector<fiber> fibers;
+
+uint64_t next_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void *stack_at(size_t i)
+{
+    while (stacks.size() <= i) {
+        // A guard page below each stack: an overflow faults instead of corrupting.
+        size_t page = 4096;
+        void *m = mmap(nullptr, kStack + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED)
+            return nullptr;
+        mprotect(m, page, PROT_NONE);
+        stacks.push_back((char *)m + page);
+    }
+    return stacks[i];
+}
+
+void fiber_main(void *)
+{
+    block_run *r = run;
+    r->body(r->arg);
+    r->f[r->cur].state = DONE;
+    ctx_switch(&r->f[r->cur].ctx, &r->main); // never resumed
+    abort();
+}
+
+// From a fiber: back to the scheduler.
+void yield()
+{
+    ctx_switch(&run->f[run->cur].ctx, &run->main);
+}
+
+void set_ids(const fiber &f)
+{
+    threadIdx.x = f.tid % blockDim.x;
+    threadIdx.y = f.tid / blockDim.x % blockDim.y;
+    threadIdx.z = f.tid / (blockDim.x * blockDim.y);
+}
+
+void check_barrier(block_run *r)
+{
+    if (r->at_barrier == 0 || r->at_barrier != r->live)
+        return;
+    for (int i = 0; i < r->n; i++)
+        if (r->f[i].state == WAIT_BAR)
+            r->f[i].state = RUNNABLE;
+    r->at_barrier = 0;
+}
+
+// Completes the warp operations of warp w whose every named lane has arrived.
+void check_warp(block_run *r, int w)
+{
+    int lo = w * 32, hi = std::min(r->n, lo + 32);
+    unsigned present = hi - lo == 32 ? 0xffffffffu : (1u << (hi - lo)) - 1u;
+    for (int l = lo; l < hi; l++) {
+        fiber &a = r->f[l];
+        if (a.state != WAIT_WARP)
+            continue;
+        unsigned group = a.mask & present;
+        if (!(a.mask >> (l - lo) & 1u)) {
+            snprintf(r->fault, sizeof r->fault,
+                     "thread %d: warp operation with mask 0x%08x that leaves out its own lane", l,
+                     a.mask);
+            return;
+        }
+        bool all = true;
+        for (int k = 0; k < 32 && all; k++) {
+            if (!(group >> k & 1u))
+                continue;
+            const fiber &b = r->f[lo + k];
+            if (b.state == DONE) {
+                snprintf(r->fault, sizeof r->fault,
+                         "thread %d: warp operation with mask 0x%08x names lane %d, which has "
+                         "exited",
+                         l, a.mask, k);
+                return;
+            }
+            all = b.state == WAIT_WARP;
+        }
+        if (!all)
+            continue;
+        unsigned votes = 0;
+        for (int k = 0; k < 32; k++) {
+            if (!(group >> k & 1u))
+                continue;
+            const fiber &b = r->f[lo + k];
+            if (b.kind != a.kind) {
+                snprintf(r->fault, sizeof r->fault,
+                         "warp %d: lanes %d and %d meet at different warp operations", w, l - lo,
+                         k);
+                return;
+            }
+            if (b.val)
+                votes |= 1u << k;
+        }
+        for (int k = 0; k < 32; k++) {
+            if (!(group >> k & 1u))
+                continue;
+            fiber &b = r->f[lo + k];
+            int width = b.width, src = k;
+            if (width < 1 || width > 32 || (width & (width - 1))) {
+                snprintf(r->fault, sizeof r->fault, "lane %d: shuffle width %d", k, width);
+                return;
+            }
+            int base = k & ~(width - 1);
+            switch (b.kind) {
+            case tdc_emu::W_IDX:
+                src = base + (b.param & (width - 1));
+                break;
+            case tdc_emu::W_UP:
+                src = k - b.param >= base ? k - b.param : k;
+                break;
+            case tdc_emu::W_DOWN:
+                src = k + b.param < base + width ? k + b.param : k;
+                break;
+            case tdc_emu::W_XOR:
+                src = k ^ b.param;
+                if (src < base || src >= base + width)
+                    src = k;
+                break;
+            default:
+                break;
+            }
+            if (b.kind <= tdc_emu::W_XOR && (src < 0 || src > 31 || !(group >> src & 1u))) {
+                snprintf(r->fault, sizeof r->fault,
+                         "lane %d of warp %d: shuffle reads lane %d, outside mask 0x%08x", k, w,
+                         src, b.mask);
+                return;
+            }
+            switch (b.kind) {
+            case tdc_emu::W_BALLOT:
+                b.res = votes;
+                break;
+            case tdc_emu::W_ANY:
+                b.res = votes != 0;
+                break;
+            case tdc_emu::W_ALL:
+                b.res = votes == group;
+                break;
+            case tdc_emu::W_SYNC:
+                b.res = 0;
+                break;
+            default:
+                b.res = r->f[lo + src].val;
+            }
+        }
+        for (int k = 0; k < 32; k++)
+            if (group >> k & 1u)
+                r->f[lo + k].state = RUNNABLE;
+    }
+}
+
+// Runs one block to completion; false with r->fault set on a kernel fault.
+bool run_block(block_run *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        fiber &f = r->f[i];
+        f.tid = (unsigned)i;
+        f.state = RUNNABLE;
+        void *sp = stack_at((size_t)i);
+        if (!sp) {
+            snprintf(r->fault, sizeof r->fault, "no memory for the fibers' stacks");
+            return false;
+        }
+        ctx_make(&f.ctx, sp, kStack, fiber_main);
+    }
+    r->live = r->n;
+    r->at_barrier = 0;
+    std::vector<int> order;
+    order.reserve((size_t)r->n);
+    while (r->live > 0) {
+        order.clear();
+        for (int i = 0; i < r->n; i++)
+            if (r->f[i].state == RUNNABLE)
+                order.push_back(i);
+        if (order.empty()) {
+            int bar = 0, warp = 0;
+            for (int i = 0; i < r->n; i++) {
+                bar += r->f[i].state == WAIT_BAR;
+                warp += r->f[i].state == WAIT_WARP;
+            }
+            snprintf(r->fault, sizeof r->fault,
+                     "deadlock: %d threads wait at __syncthreads and %d at warp operations "
+                     "that can never complete",
+                     bar, warp);
+            return false;
+        }
+        for (size_t i = order.size(); i > 1; i--) // Fisher-Yates, seeded
+            std::swap(order[i - 1], order[next_rand(&r->rng) % i]);
+        for (int i : order) {
+            fiber &f = r->f[i];
+            if (f.state != RUNNABLE)
+                continue;
+            r->cur = i;
+            set_ids(f);
+            ctx_switch(&r->main, &f.ctx);
+            if (f.state == DONE) {
+                r->live--;
+                check_barrier(r);
+                check_warp(r, i / 32);
+            } else if (f.state == WAIT_BAR) {
+                r->at_barrier++;
+                check_barrier(r);
+            } else if (f.state == WAIT_WARP) {
+                check_warp(r, i / 32);
+            }
+            if (r->fault[0])
+                return false;
+        }
+    }
+    return true;
+}
+
+} // namespace
+
+namespace tdc_emu
+{
+
+void syncthreads()
+{
+    if (!run) {
+        fprintf(stderr, "cuda emulator: __syncthreads outside a kernel\n");
+        abort();
+    }
+    run->f[run->cur].state = WAIT_BAR;
+    yield();
+}
+
+uint64_t warp_op(int kind, unsigned mask, uint64_t value, int param, int width)
+{
+    if (!run) {
+        fprintf(stderr, "cuda emulator: warp operation outside a kernel\n");
+        abort();
+    }
+    fiber &f = run->f[run->cur];
+    f.kind = kind;
+    f.mask = mask;
+    f.val = value;
+    f.param = param;
+    f.width = width;
+    f.state = WAIT_WARP;
+    yield();
+    return run->f[run->cur].res;
+}
+
+cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const char *name,
+                   thread_body body, void *arg)
+{
+    init_once();
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(d))
+        return fail(e);
+    uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+        grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
+        shmem > 48 * 1024)
+        return fail(cudaErrorInvalidConfiguration);
+    long k = ++st->nlaunch;
+    if (st->trace)
+        fprintf(stderr, "cuda emulator: launch %ld: %s <<<(%u,%u,%u), (%u,%u,%u)>>> on device %d\n",
+                k, name, grid.x, grid.y, grid.z, block.x, block.y, block.z, d);
+    if (k == st->sticky_launch) {
+        fprintf(stderr,
+                "cuda emulator: launch %ld (%s) on device %d raises a sticky "
+                "cudaErrorIllegalAddress (TDD_EMU_STICKY_LAUNCH)\n",
+                k, name, d);
+        st->devs[d].sticky = cudaErrorIllegalAddress;
+        return cudaSuccess; // as on a GPU: the fault shows at the next call
+    }
+    tdc_emu_stream *ts = stream_of(s);
+    std::lock_guard<std::mutex> g(ts->m);
+    block_run r;
+    r.n = (int)threads;
+    if (fibers.size() < threads)
+        fibers.resize(threads);
+    r.f = fibers.data();
+    r.body = body;
+    r.arg = arg;
+    r.fault[0] = 0;
+    r.rng = st->seed * 0x2545f4914f6cdd1dull + (uint64_t)k;
+    block_run *outer = run;
+    run = &r;
+    gridDim = grid;
+    blockDim = block;
+    bool ok = true;
+    for (unsigned z = 0; z < grid.z && ok; z++)
+        for (unsigned y = 0; y < grid.y && ok; y++)
+            for (unsigned x = 0; x < grid.x && ok; x++) {
+                blockIdx = uint3{x, y, z};
+                ok = run_block(&r);
+            }
+    run = outer;
+    if (!ok) {
+        fprintf(stderr,
+                "cuda emulator: kernel %s <<<(%u,%u,%u), (%u,%u,%u)>>> faulted in "
+                "block (%u,%u,%u): %s\n",
+                name, grid.x, grid.y, grid.z, block.x, block.y, block.z, blockIdx.x, blockIdx.y,
+                blockIdx.z, r.fault);
+        st->devs[d].sticky = cudaErrorLaunchFailure;
+    }
+    return cudaSuccess;
+}
+
+} // namespace tdc_emu
+
+// ------------------------------------------------------------------ runtime API
+
+extern "C" {
+
+void tdc_emu_configure(int gpus, uint64_t memory_per_gpu)
+{
+    if (gpus > 0)
+        cfg_gpus = gpus;
+    if (memory_per_gpu)
+        cfg_memory = memory_per_gpu;
+}
+
+uint64_t tdc_emu_bytes_in_use(int device)
+{
+    if (!valid_dev(device))
+        return 0;
+    std::lock_guard<std::mutex> g(st->mem);
+    return st->devs[device].in_use;
+}
+
+void tdc_emu_raise_sticky(int device, cudaError_t e)
+{
+    if (valid_dev(device))
+        st->devs[device].sticky = e;
+}
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    init_once();
+    *count = st->ndev;
+    return st->ndev ? cudaSuccess : fail(cudaErrorNoDevice);
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = cur_dev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    if (!valid_dev(device))
+        return fail(cudaErrorInvalidDevice);
+    cur_dev = device;
+    if (cudaError_t e = sticky(device))
+        return fail(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device)
+{
+    if (!valid_dev(device))
+        return fail(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "tensordd CUDA emulator, device %d", device);
+    p->totalGlobalMem = (size_t)st->devs[device].total;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 2; // small grids: the emulator runs blocks one by one
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->sharedMemPerBlock = 48 * 1024;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    if (!valid_dev(device))
+        return fail(cudaErrorInvalidDevice);
+    switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+        *value = 2;
+        return cudaSuccess;
+    case cudaDevAttrMemoryPoolsSupported:
+        *value = 1;
+        return cudaSuccess;
+    }
+    return fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    if (!valid_dev(cur_dev))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(cur_dev))
+        return fail(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device)
+{
+    if (!valid_dev(device))
+        return fail(cudaErrorInvalidDevice);
+    *pool = &st->devs[device].pool;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value)
+{
+    (void)value;
+    return pool && attr == cudaMemPoolAttrReleaseThreshold ? cudaSuccess
+                                                           : fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_err;
+    last_err = cudaSuccess;
+    if (e == cudaSuccess && valid_dev(cur_dev))
+        e = sticky(cur_dev);
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+    cudaError_t e = last_err;
+    if (e == cudaSuccess && valid_dev(cur_dev))
+        e = sticky(cur_dev);
+    return e;
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+#define N(x)                                                                                       \
+    case x:                                                                                        \
+        return #x;
+        N(cudaSuccess)
+        N(cudaErrorInvalidValue)
+        N(cudaErrorMemoryAllocation)
+        N(cudaErrorInitializationError)
+        N(cudaErrorInvalidConfiguration)
+        N(cudaErrorInvalidDevicePointer)
+        N(cudaErrorInvalidMemcpyDirection)
+        N(cudaErrorInsufficientDriver)
+        N(cudaErrorDevicesUnavailable)
+        N(cudaErrorNoDevice)
+        N(cudaErrorInvalidDevice)
+        N(cudaErrorECCUncorrectable)
+        N(cudaErrorInvalidResourceHandle)
+        N(cudaErrorNotReady)
+        N(cudaErrorIllegalAddress)
+        N(cudaErrorLaunchOutOfResources)
+        N(cudaErrorLaunchTimeout)
+        N(cudaErrorHardwareStackError)
+        N(cudaErrorIllegalInstruction)
+        N(cudaErrorMisalignedAddress)
+        N(cudaErrorInvalidPc)
+        N(cudaErrorLaunchFailure)
+        N(cudaErrorUnknown)
+#undef N
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+        return "invalid device pointer";
+    case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorIllegalAddress:
+        return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure:
+        return "unspecified launch failure";
+    default:
+        return cudaGetErrorName(e);
+    }
+}
+
+cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
+{
+    init_once();
+    return alloc_on(dev_of(s), p, n);
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    return cudaMallocAsync(p, n, nullptr);
+}
+
+cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
+{
+    init_once();
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    tdc_emu_stream *ts = stream_of(s);
+    std::lock_guard<std::mutex> g(ts->m); // after whatever runs on the stream now
+    if (cudaError_t e = sticky(d)) {
+        (void)free_on(p); // the context is gone with its memory
+        return fail(e);
+    }
+    return free_on(p);
+}
+
+cudaError_t cudaFree(void *p)
+{
+    return cudaFreeAsync(p, nullptr);
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    if (!valid_dev(cur_dev))
+        return fail(cudaErrorInvalidDevice);
+    std::lock_guard<std::mutex> g(st->mem);
+    *total_bytes = (size_t)st->devs[cur_dev].total;
+    *free_bytes = (size_t)(st->devs[cur_dev].total - st->devs[cur_dev].in_use);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    init_once();
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(d))
+        return fail(e);
+    if (n == 0)
+        return cudaSuccess;
+    bool dd = is_device(dst, n), sd = is_device(src, n);
+    bool ok = kind == cudaMemcpyHostToDevice     ? dd && !sd
+              : kind == cudaMemcpyDeviceToHost   ? sd && !dd
+              : kind == cudaMemcpyDeviceToDevice ? dd && sd
+              : kind == cudaMemcpyHostToHost     ? !dd && !sd
+                                                 : true;
+    if (!ok) {
+        fprintf(stderr,
+                "cuda emulator: cudaMemcpy kind %d with %s destination and %s source "
+                "(%zu bytes)\n",
+                (int)kind, dd ? "device" : "host", sd ? "device" : "host", n);
+        return fail(cudaErrorInvalidValue);
+    }
+    tdc_emu_stream *ts = stream_of(s);
+    std::lock_guard<std::mutex> g(ts->m);
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    return cudaMemcpyAsync(dst, src, n, kind, nullptr);
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s)
+{
+    init_once();
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(d))
+        return fail(e);
+    if (n && !is_device(p, n))
+        return fail(cudaErrorInvalidValue);
+    tdc_emu_stream *ts = stream_of(s);
+    std::lock_guard<std::mutex> g(ts->m);
+    memset(p, value, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t n)
+{
+    return cudaMemsetAsync(p, value, n, nullptr);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    (void)flags;
+    if (!valid_dev(cur_dev))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(cur_dev))
+        return fail(e);
+    *s = new tdc_emu_stream;
+    (*s)->device = cur_dev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    return cudaStreamCreateWithFlags(s, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    if (!s)
+        return fail(cudaErrorInvalidResourceHandle);
+    {
+        std::lock_guard<std::mutex> g(s->m);
+    }
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    init_once();
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    {
+        std::lock_guard<std::mutex> g(stream_of(s)->m); // work runs at enqueue: done
+    }
+    if (cudaError_t e = sticky(d))
+        return fail(e);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s)
+{
+    return cudaStreamSynchronize(s);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    (void)flags;
+    (void)s;
+    return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    (void)flags;
+    *e = new tdc_emu_event{cur_dev, false, {0, 0}};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    return cudaEventCreateWithFlags(e, cudaEventDefault);
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    if (!e)
+        return fail(cudaErrorInvalidResourceHandle);
+    int d = dev_of(s);
+    if (cudaError_t err = sticky(d))
+        return fail(err);
+    std::lock_guard<std::mutex> g(stream_of(s)->m); // after the stream's earlier work
+    e->device = d;
+    e->recorded = true;
+    clock_gettime(CLOCK_MONOTONIC, &e->at);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    return e ? sticky(e->device) : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    return cudaEventSynchronize(e);
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    if (!a || !b || !a->recorded || !b->recorded)
+        return fail(cudaErrorInvalidResourceHandle);
+    *ms = (float)((double)(b->at.tv_sec - a->at.tv_sec) * 1e3 +
+                  (double)(b->at.tv_nsec - a->at.tv_nsec) * 1e-6);
+    return cudaSuccess;
+}
+
+// ------------------------------------------------------------------ cuBLAS on OpenBLAS
+
+struct cublasContext {
+    int device;
+    cudaStream_t stream;
+};
+
+cublasStatus_t tdc_emu_cublas_create(cublasHandle_t *h)
+{
+    if (!valid_dev(cur_dev))
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    *h = new cublasContext{cur_dev, nullptr};
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t tdc_emu_cublas_destroy(cublasHandle_t h)
+{
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t tdc_emu_cublas_set_stream(cublasHandle_t h, cudaStream_t s)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char *tdc_emu_cublas_status_string(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+        return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default:
+        return "CUBLAS_STATUS_INTERNAL_ERROR";
+    }
+}
+
+} // extern "C"
+
+namespace
+{
+// Elements a column-major rows x cols operand at leading dimension ld spans.
+size_t span(int rows, int cols, int ld)
+{
+    return rows == 0 || cols == 0 ? 0 : (size_t)ld * (size_t)(cols - 1) + (size_t)rows;
+}
+
+// cuBLAS's argument checks, and every operand in device memory.
+cublasStatus_t gemm_check(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                          int n, int k, const float *a, int lda, long long sa, const float *b,
+                          int ldb, long long sb, float *c, int ldc, long long sc, int batch)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+    int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+    if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, ar) || ldb < std::max(1, br) ||
+        ldc < std::max(1, m))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (int i = 0; i < (batch > 0 ? 1 : 0) + (batch > 1 ? 1 : 0); i++) {
+        long long at = i ? (long long)(batch - 1) : 0; // the first and last matrices
+        if (!is_device(a + at * sa, span(ar, ac, lda) * sizeof(float)) ||
+            !is_device(b + at * sb, span(br, bc, ldb) * sizeof(float)) ||
+            !is_device(c + at * sc, span(m, n, ldc) * sizeof(float))) {
+            fprintf(stderr, "cuda emulator: cuBLAS GEMM operand outside device memory\n");
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        }
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+CBLAS_TRANSPOSE tr(cublasOperation_t o)
+{
+    return o == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+}
+} // namespace
+
+extern "C" cublasStatus_t
+tdc_emu_cublas_sgemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                     int m, int n, int k, const float *alpha, const float *a,
+                                     int lda, long long sa, const float *b, int ldb, long long sb,
+                                     const float *beta, float *c, int ldc, long long sc, int batch)
+{
+    init_once();
+    cublasStatus_t s = gemm_check(h, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return s;
+    if (sticky(h->device))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    tdc_emu_stream *ts = h->stream ? h->stream : &st->devs[h->device].legacy;
+    std::lock_guard<std::mutex> g(ts->m);
+    for (int i = 0; i < batch; i++)
+        cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, *alpha, a + i * sa, lda, b + i * sb,
+                    ldb, *beta, c + i * sc, ldc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t tdc_emu_cublas_sgemm(cublasHandle_t h, cublasOperation_t ta,
+                                               cublasOperation_t tb, int m, int n, int k,
+                                               const float *alpha, const float *a, int lda,
+                                               const float *b, int ldb, const float *beta, float *c,
+                                               int ldc)
+{
+    return tdc_emu_cublas_sgemm_strided_batched(h, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                                                beta, c, ldc, 0, 1);
+}

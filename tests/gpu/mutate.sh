@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# mutate.sh -- shows that the emulated suites catch kernel bugs (issue 10's mutation check).
+#
+# Breaks a copy of backends/cuda/kernels.cu in three ways, builds the emulated conformance
+# runner from each copy (build/emu-mutant; the tree is never touched), runs the reduction
+# and row-op cases on cuda:0 and expects failures:
+#   sync     block_reduce without the __syncthreads between writing the warps' partials
+#            and warp 0 reading them
+#   stride   reduce_block's block-strided loop steps blockDim.x + 1 (an off-by-one)
+#   shuffle  warp_reduce's butterfly exchanges with lane ^ (s >> 1) instead of lane ^ s
+#            (lane ^ (s + 1) would not do: 17, 9, 5, 3, 2 still span the 32 lanes, so that
+#            "mutant" sums correctly)
+# Exit 0 when every mutant fails the suite, 1 when one survives.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+tmp=build/emu-mutant/src # a fixed path: the build's dependency files name it
+mkdir -p "$tmp"
+rm -f build/emu-mutant/obj/backends/cuda/kernels.emu.[od]
+OPS="sum mean prod amax amin var std logsumexp argmax argmin softmax log_softmax cumsum"
+survivors=0
+
+mutate() { # name, old text, new text
+    /usr/bin/python3 - "$tmp/kernels.cu" "$2" "$3" <<'PY' || exit 1
+import sys
+path, old, new = sys.argv[1], sys.argv[2].replace("\\n", "\n"), sys.argv[3].replace("\\n", "\n")
+src = open("backends/cuda/kernels.cu").read()
+if src.count(old) != 1:
+    sys.exit(f"mutate.sh: the text to break occurs {src.count(old)} times in kernels.cu")
+open(path, "w").write(src.replace(old, new))
+PY
+    echo "== mutant '$1': $(diff <(cat backends/cuda/kernels.cu) "$tmp/kernels.cu" | grep '^[<>]' | tr -s ' ' | tr '\n' ' ')"
+    make --no-print-directory emu EMU_BUILD=build/emu-mutant EMU_KERNELS="$tmp/kernels.cu" \
+        >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
+    TDD_EMU_GPUS=1 build/emu-mutant/tests/gpu_conformance $OPS >"$tmp/out" 2>&1
+    local rc=$?
+    grep -m 4 'FAIL\|faulted' "$tmp/out"
+    tail -n 1 "$tmp/out"
+    if [ $rc -eq 0 ]; then
+        echo "== mutant '$1' SURVIVED"
+        survivors=$((survivors + 1))
+    else
+        echo "== mutant '$1' killed: $(grep -c '^FAIL' "$tmp/out") failing cases"
+    fi
+}
+
+mutate sync '        sh[warp] = v;\n    __syncthreads();\n' '        sh[warp] = v;\n'
+mutate stride 'for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)' \
+    'for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x + 1)'
+mutate shuffle 'v = r_comb(comb, v, __shfl_xor_sync(0xffffffffu, v, s));' \
+    'v = r_comb(comb, v, __shfl_xor_sync(0xffffffffu, v, s >> 1));'
+[ $survivors -eq 0 ]

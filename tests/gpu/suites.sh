@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# suites.sh -- the GPU suites on cuda:N of one build: the conformance table on cuda:0 held
+# to ref, the pytest op checks on cuda:0 against PyTorch, the grad_replace mismatch matrix
+# with GPU devices, and (emulated build) the fault injections.
+#
+#   BUILD=build/emu TDD_GPU_ARGS="--emu-gpus 2" bash tests/gpu/suites.sh   (make test-emu)
+#   BUILD=build TDD_GPU_ARGS="" bash tests/gpu/suites.sh                  (tests/gpu/run.sh)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build/emu}
+PY=${PY:-/usr/bin/python3}
+export TDD_GPU_ARGS=${TDD_GPU_ARGS-}
+
+# The conformance runner is in-process: the emulator takes its devices from the environment.
+if [[ "$TDD_GPU_ARGS" == *--emu-gpus* ]]; then
+    export TDD_EMU_GPUS=1
+fi
+echo "gpu: conformance table on cuda:0 ($BUILD/tests/gpu_conformance)"
+"$BUILD/tests/gpu_conformance"
+unset TDD_EMU_GPUS
+
+echo "gpu: pytest on cuda:0 and cuda:1 ($BUILD/tensordd $TDD_GPU_ARGS)"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python \
+    "$PY" -m pytest -q -p no:cacheprovider -rf tests/python/test_cuda_ops.py \
+    tests/python/test_cuda_devices.py >"$out" 2>&1; then
+    cat "$out"
+    exit 1
+fi
+echo "gpu: pytest on cuda: $(tail -n 1 "$out" | tr -d '=') (skipped: cases cuda declines)"

@@ -1,0 +1,77 @@
+"""The op checks of test_ops_torch.py on cuda:0 (issue 10).
+
+Runs only when TDD_GPU_ARGS is set: `make test-emu` sets it to start the emulated
+daemon (build/emu/tensordd --emu-gpus 2 ...), tests/gpu/run.sh to "" on a GPU machine.
+Every op x dtype case of test_ops_torch.py and its creation cases run on cuda:0 against
+PyTorch with the same tolerances; a case the cuda backend declines (UNSUPPORTED_OP or
+UNSUPPORTED_DTYPE, typed) is skipped, so the summary's passed count is what cuda runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tensordd
+from conftest import Daemon
+import test_ops_torch as T
+
+torch = pytest.importorskip("torch")
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+pytestmark = pytest.mark.skipif(GPU_ARGS is None,
+                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+DEV = "cuda:0"
+DECLINED = (tensordd.UnsupportedOpError, tensordd.UnsupportedDTypeError)
+
+
+@pytest.fixture(scope="module")
+def gpu_daemon():
+    d = Daemon("--cpu-devices", "2", *(GPU_ARGS or "").split())
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture
+def gs(gpu_daemon):
+    s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
+    if DEV not in [str(d) for d in s.devices()]:
+        pytest.fail(f"{DEV} is not served:\n{gpu_daemon.log()}")
+    yield s
+    s.close(raise_errors=False)
+
+
+def _run_or_skip(s, fn):
+    try:
+        got = fn()
+        s.sync()  # a declined op answers at the next synchronising call
+        return got
+    except DECLINED as e:
+        pytest.skip(f"cuda declines: {e.code}")
+    except tensordd.PoisonedError as e:  # a composite whose inner op was declined
+        if e.origin_code not in ("UNSUPPORTED_OP", "UNSUPPORTED_DTYPE"):
+            raise
+        pytest.skip(f"cuda declines an inner op: {e.origin_code}")
+
+
+@pytest.mark.parametrize("c,dtype", T._params())
+def test_op_on_cuda_matches_torch(gs, c, dtype):
+    rng = np.random.default_rng(T._seed(c.name, dtype))
+    arrays = [spec(rng, dtype) for spec in c.inputs]
+    ts = [gs.tensor(a, device=DEV) for a in arrays]
+    want = c.tfn(*[torch.from_numpy(np.array(a)) for a in arrays])
+    got = _run_or_skip(gs, lambda: c.fn(gs, *ts))
+    for g in T._as_list(got):
+        assert g.device == DEV
+    T.compare(got, want, exact=c.exact, k=c.k, what=f"{c.name} {dtype} on {DEV}")
+
+
+@pytest.mark.parametrize("fn,tfn,dtype", T._create_params())
+def test_creation_on_cuda_matches_torch(gs, fn, tfn, dtype):
+    got = _run_or_skip(gs, lambda: fn(gs, DEV, dtype))
+    want = tfn(getattr(torch, dtype))
+    assert got.device == DEV
+    T.compare(got, want, exact=False, k=1, what=f"creation {dtype} on {DEV}")
