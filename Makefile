@@ -145,7 +145,7 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
         install test-install test-gpu-build fuzz \
         bench clean format \
-        lint check-deps
+        lint check-deps check-layers
 .DEFAULT_GOAL := all
 
 all: $(TARGETS)
@@ -305,6 +305,7 @@ test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
 	    test-gpu-build test-python test-emu
+	@$(MAKE) --no-print-directory check-layers
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
 ifeq ($(SAN),thread)
@@ -391,10 +392,16 @@ test-install:
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
 
+# Calls only go down in daemon/: tools/layers.txt orders the files, and the built
+# objects' symbols (nm) must agree. A sub-make, so that the objects are built as usual.
+check-layers: $(DAEMON_OBJ) $(call obj,daemon/main.c)
+	@bash tools/check_layers.sh $(BUILD)/obj
+
 lint:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
 	cppcheck --quiet --enable=warning,performance --inline-suppr -Iinclude -Iproto -Ibackends \
 	    -Idaemon daemon backends client proto common
+	@$(MAKE) --no-print-directory check-layers
 
 clean:
 	rm -rf build $(PYGEN)

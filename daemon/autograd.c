@@ -1,5 +1,5 @@
-/* autograd.c -- autodiff in the daemon: graph recording, the backward pass,
- * Gradients objects (Grad, GradRemove, GradReplace) and grad mode.
+/* autograd.c -- the autodiff engine: graph recording, the backward pass and
+ * Gradients objects (the requests that use them are in autograd_req.c).
  *
  * Ownership (all on the loop thread): a value holds a reference on its
  * grad_fn; a node holds references on the input nodes it leads back to, on
@@ -80,7 +80,8 @@ void tdd_node_unref(tdd_node *n)
     freeing = false;
 }
 
-void tdd_autograd_value_free(tdd_value *v)
+/* A value with a grad_fn died (session hook). */
+static void value_free(tdd_value *v)
 {
     tdd_node *n = v->grad_fn;
     v->grad_fn = NULL;
@@ -244,7 +245,8 @@ tdd_ag_session *tdd_ag_state(tdd_session *s)
     return s->autograd;
 }
 
-void tdd_autograd_session_free(tdd_session *s)
+/* A session died (session hook). */
+static void session_free(tdd_session *s)
 {
     free(s->autograd);
     s->autograd = NULL;
@@ -269,7 +271,7 @@ static tdd_grads *grads_new(tdd_session *s)
     return g;
 }
 
-static void grads_drop(tdd_grads *g, tdd_grad_entry *e)
+void tdd_grads_drop(tdd_grads *g, tdd_grad_entry *e)
 {
     HASH_DEL(g->map, e);
     tdd_value_unref(e->leaf);
@@ -286,15 +288,13 @@ static void grads_free(void *obj)
     {
         /* HASH_ITER sets e; cppcheck does not see through the macro */
         /* cppcheck-suppress uninitvar */
-        grads_drop(g, e);
+        tdd_grads_drop(g, e);
     }
     tdd_account_unref(g->acct);
     free(g);
 }
 
-/* Sets leaf's gradient to grad (takes a new reference on both); a new entry is
- * charged to the session's memory (RESOURCE_EXHAUSTED in err when it is full). */
-static int grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad, td_error *err)
+int tdd_grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad, td_error *err)
 {
     tdd_grad_entry *e = tdd_grads_find(g, leaf);
     if (!e) {
@@ -513,10 +513,10 @@ static int accumulate_leaf(tdd_bw *b, tdd_grads *grads, tdd_value *leaf, tdd_val
         tdd_value_ref(cur);
         accumulate(b, &cur, g);
         if (!b->rc)
-            b->rc = grads_set(grads, leaf, cur, &b->err);
+            b->rc = tdd_grads_set(grads, leaf, cur, &b->err);
         tdd_value_unref(cur);
     } else if (!b->rc) {
-        b->rc = grads_set(grads, leaf, g, &b->err);
+        b->rc = tdd_grads_set(grads, leaf, g, &b->err);
     }
     return b->rc;
 }
@@ -613,73 +613,27 @@ static tdd_value *ones_like(tdd_bw *b, const tdd_value *v)
     return tdd_bw_op(b, TDD_OP_FULL, NULL, 0, a, 2, v->t.dtype, v->dev);
 }
 
-static int check_grad_output(const tdd_value *loss, const tdd_value *go, td_error *err)
+/* The backward pass from loss (seeded with go, or ones when NULL): the gradients of the
+ * tracked leaves it reaches, as queued ops. The request's checks are done (loss tracked,
+ * go fits it). On failure nothing is left behind but queued ops that already ran. */
+int tdd_autograd_backward(tdd_session *s, uint64_t req_id, tdd_value *loss, tdd_value *go,
+                          bool retain_graph, tdd_grads **out, td_error *err)
 {
-    if (tdd_value_poisoned(go))
-        return tdd_err_poisoned(err, go);
-    if (go->dev->be != loss->dev->be)
-        return tdd_err_devices(err, TD_EBACKEND_MISMATCH, loss->dev, go->dev, 0, 1,
-                               "grad_output is on %s but the loss is on %s", go->dev->label,
-                               loss->dev->label);
-    if (go->dev != loss->dev)
-        return tdd_err_devices(err, TD_EDEVICE_MISMATCH, loss->dev, go->dev, 0, 1,
-                               "grad_output is on %s but the loss is on %s", go->dev->label,
-                               loss->dev->label);
-    if (go->t.dtype != loss->t.dtype)
-        return tdd_err_dtypes(err, loss->t.dtype, go->t.dtype,
-                              "grad_output is %s but the loss is %s", td_dtype_name(go->t.dtype),
-                              td_dtype_name(loss->t.dtype));
-    if (!tdd_same_shape(&go->t, &loss->t))
-        return tdd_err_shape(err, loss->t.shape, loss->t.ndim, go->t.shape, go->t.ndim,
-                             "grad_output's shape differs from the loss's");
-    return 0;
-}
-
-static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
-{
-    tdd_session *s = c->s;
-    if (s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    if (tdd_report_pending(c, req->id))
-        return TDD_DISPATCH_DONE;
-    Tensordd__V1__Backward *bw = req->backward;
-    td_error err;
-    tdd_value *loss = NULL, *go = NULL;
-    int rc = tdd_handle_check_new(s, bw->grads, &err);
-    if (!rc)
-        rc = tdd_value_get(s, bw->loss, &loss, &err);
-    if (!rc && tdd_value_poisoned(loss))
-        rc = tdd_err_poisoned(&err, loss);
-    if (!rc && !loss->requires_grad)
-        rc = tdd_err_set(&err, TD_ENOT_TRACKED,
-                         "handle %llu does not require grad and has no grad_fn: nothing to "
-                         "differentiate",
-                         (unsigned long long)bw->loss);
-    if (!rc && bw->grad_output) {
-        rc = tdd_value_get(s, bw->grad_output, &go, &err);
-        if (!rc)
-            rc = check_grad_output(loss, go, &err);
-    } else if (!rc && tdd_numel(&loss->t) != 1) {
-        rc = tdd_err_arg(&err, "grad_output",
-                         "grad_output can be omitted only for a loss with one element (this "
-                         "one has %lld)",
-                         (long long)tdd_numel(&loss->t));
-    }
     node_list order = {0};
-    if (!rc && loss->grad_fn)
-        rc = collect(loss->grad_fn, &order, &err);
+    int rc = 0;
+    if (loss->grad_fn)
+        rc = collect(loss->grad_fn, &order, err);
     tdd_grads *grads = NULL;
     if (!rc && !(grads = grads_new(s)))
-        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         free(order.v);
-        tdd_handle_unreserve(s, bw->grads); /* the id's charge, if checked */
         /* grads is NULL here: it is allocated only while rc is 0 */
         /* cppcheck-suppress memleak */
-        return tdd_answer_error(c, req, &err);
+        return rc;
     }
 
-    tdd_bw b = {.s = s, .req_id = req->id};
+    tdd_bw b = {.s = s, .req_id = req_id};
     tdd_value *root = go ? go : ones_like(&b, loss);
     tdd_node *top = loss->grad_fn;
     if (!top) {
@@ -705,151 +659,25 @@ static int h_backward(tdd_conn *c, Tensordd__V1__Request *req)
     if (b.rc) {
         free(order.v);
         grads_free(grads);
-        tdd_handle_unreserve(s, bw->grads);
-        return tdd_answer_error(c, req, &b.err);
+        *err = b.err;
+        return b.rc;
     }
-    if (!bw->retain_graph)
+    if (!retain_graph)
         for (size_t i = 0; i < order.n; i++) {
             node_drop_saved(order.v[i]);
             order.v[i]->freed = true;
         }
     free(order.v);
-    tdd_handle_add(s, bw->grads, TD_HANDLE_GRADIENTS, grads);
-    /* Queued, not run: errors of the queued ops surface at the next
-     * synchronising request, as for any op. */
-    tdd_conn_send_ok(c, req->id);
-    return TDD_DISPATCH_DONE;
-}
-
-/* ---------------------------------------------------------------- Grad, GradRemove, GradReplace */
-
-static int tracked(tdd_value *t, uint64_t id, td_error *err)
-{
-    if (t->requires_grad)
-        return 0;
-    return tdd_err_set(err, TD_ENOT_TRACKED,
-                       "handle %llu is not tracked by autodiff (it does not require grad)",
-                       (unsigned long long)id);
-}
-
-static int h_grad(tdd_conn *c, Tensordd__V1__Request *req, bool remove)
-{
-    tdd_session *s = c->s;
-    if (s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    if (tdd_report_pending(c, req->id))
-        return TDD_DISPATCH_DONE;
-    Tensordd__V1__Grad *g = remove ? req->grad_remove : req->grad;
-    td_error err;
-    tdd_grads *grads = NULL;
-    tdd_value *t = NULL;
-    int rc = tdd_handle_get(s, g->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
-    if (!rc)
-        rc = tdd_value_get(s, g->tensor, &t, &err);
-    if (!rc)
-        rc = tracked(t, g->tensor, &err);
-    tdd_grad_entry *e = NULL;
-    if (!rc && !(e = tdd_grads_find(grads, t)))
-        rc = tdd_err_arg(&err, "tensor",
-                         "gradients %llu hold no gradient for handle %llu (not a leaf reached "
-                         "by the backward pass, or removed)",
-                         (unsigned long long)g->grads, (unsigned long long)g->tensor);
-    if (!rc)
-        rc = tdd_handle_check_new(s, g->output, &err);
-    tdd_value *out = NULL;
-    if (!rc && !(out = tdd_value_alias(e->grad)))
-        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-    if (rc) {
-        tdd_handle_unreserve(s, g->output); /* the id's charge, if checked */
-        return tdd_answer_error(c, req, &err);
-    }
-    tdd_handle_add(s, g->output, TD_HANDLE_TENSOR, out);
-    if (remove)
-        grads_drop(grads, e);
-    tdd_send_tensor(c, req->id, out, NULL, 0, NULL);
-    return TDD_DISPATCH_DONE;
-}
-
-static int h_grad_replace(tdd_conn *c, Tensordd__V1__Request *req)
-{
-    tdd_session *s = c->s;
-    if (s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    if (tdd_report_pending(c, req->id))
-        return TDD_DISPATCH_DONE;
-    Tensordd__V1__GradReplace *gr = req->grad_replace;
-    td_error err;
-    tdd_grads *grads = NULL;
-    tdd_value *t = NULL, *g = NULL;
-    /* The order is the contract (DESIGN §6): gradients, tracking, backend,
-     * device, dtype, shape. Nothing is installed unless every check passes. */
-    int rc = tdd_handle_get(s, gr->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
-    if (!rc)
-        rc = tdd_value_get(s, gr->tensor, &t, &err);
-    if (!rc)
-        rc = tracked(t, gr->tensor, &err);
-    if (!rc)
-        rc = tdd_value_get(s, gr->grad, &g, &err);
-    if (!rc && g->dev->be != t->dev->be)
-        rc = tdd_err_devices(&err, TD_EBACKEND_MISMATCH, t->dev, g->dev, 0, 0,
-                             "gradient is on backend %s (%s) but tensor %llu is on backend %s "
-                             "(%s)",
-                             g->dev->be->name, g->dev->label, (unsigned long long)gr->tensor,
-                             t->dev->be->name, t->dev->label);
-    if (!rc && g->dev != t->dev)
-        rc = tdd_err_devices(&err, TD_EDEVICE_MISMATCH, t->dev, g->dev, 0, 0,
-                             "gradient is on %s but tensor %llu is on %s", g->dev->label,
-                             (unsigned long long)gr->tensor, t->dev->label);
-    if (!rc && g->t.dtype != t->t.dtype)
-        rc = tdd_err_dtypes(&err, t->t.dtype, g->t.dtype, "gradient is %s but tensor %llu is %s",
-                            td_dtype_name(g->t.dtype), (unsigned long long)gr->tensor,
-                            td_dtype_name(t->t.dtype));
-    if (!rc && !tdd_same_shape(&g->t, &t->t))
-        rc = tdd_err_shape(&err, t->t.shape, t->t.ndim, g->t.shape, g->t.ndim,
-                           "gradient's shape differs from tensor %llu's",
-                           (unsigned long long)gr->tensor);
-    if (!rc && tdd_value_poisoned(g))
-        rc = tdd_err_poisoned(&err, g);
-    if (!rc)
-        rc = grads_set(grads, t, g, &err);
-    if (rc)
-        return tdd_answer_error(c, req, &err);
-    tdd_conn_send_ok(c, req->id);
-    return TDD_DISPATCH_DONE;
+    *out = grads;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- entry */
 
 void tdd_autograd_init(void)
 {
+    static const tdd_session_hooks hooks = {.value_free = value_free, .session_free = session_free};
+    tdd_session_set_hooks(&hooks);
     tdd_handle_set_free_fn(TD_HANDLE_GRADIENTS, grads_free);
     tdd_optim_init();
-}
-
-int tdd_autograd_dispatch(tdd_conn *c, Tensordd__V1__Request *req)
-{
-    switch (req->body_case) {
-    case TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE:
-        c->s->grad_enabled = req->set_grad_mode->enabled;
-        if (req->want_reply)
-            tdd_conn_send_ok(c, req->id);
-        return TDD_DISPATCH_DONE;
-    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
-        return h_backward(c, req);
-    case TENSORDD__V1__REQUEST__BODY_GRAD:
-        return h_grad(c, req, false);
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
-        return h_grad(c, req, true);
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REPLACE:
-        return h_grad_replace(c, req);
-    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
-        return tdd_optim_create(c, req);
-    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_STEP:
-        return tdd_optim_step(c, req);
-    default:
-        break;
-    }
-    td_error err;
-    tdd_err_set(&err, TD_EPROTOCOL_ERROR, "not an autodiff request");
-    return tdd_answer_error(c, req, &err);
 }

@@ -2,7 +2,7 @@
 #ifndef TDD_AUTOGRAD_H
 #define TDD_AUTOGRAD_H
 
-#include "conn.h"
+#include "session.h"
 
 struct tdd_node;
 
@@ -22,12 +22,7 @@ void tdd_autograd_record(struct tdd_node *n, tdd_op op, const tdd_opargs *args,
                          tdd_value *const *out, int n_out);
 /* Records a ToDevice in n (consumed): the gradient flows back to the source device. */
 void tdd_autograd_record_to_device(struct tdd_node *n, tdd_value *in, tdd_value *out);
-/* Drops a value's reference on its grad_fn (session.c calls it when a value dies). */
-void tdd_autograd_value_free(tdd_value *v);
-/* Backward, Grad, GradRemove, GradReplace, SetGradMode, OptimizerCreate,
- * OptimizerStep. Returns a TDD_DISPATCH_* code. */
-int tdd_autograd_dispatch(tdd_conn *c, Tensordd__V1__Request *req);
+/* Hands session.c its hooks, the Gradients and optimizer handles their free functions. */
 void tdd_autograd_init(void);
-void tdd_autograd_session_free(tdd_session *s);
 
 #endif

@@ -64,6 +64,16 @@ typedef struct {
 } tdd_grads;
 
 tdd_grad_entry *tdd_grads_find(tdd_grads *g, const tdd_value *leaf);
+/* Removes and frees one entry. */
+void tdd_grads_drop(tdd_grads *g, tdd_grad_entry *e);
+/* Sets leaf's gradient to grad (takes a new reference on both); a new entry is
+ * charged to the session's memory (RESOURCE_EXHAUSTED in err when it is full). */
+int tdd_grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad, td_error *err);
+/* The backward pass from loss, seeded with go (ones when NULL): a new Gradients object
+ * holding the tracked leaves' gradients, as queued ops (*out), or a TD_E* code with err
+ * set. The request's checks are the caller's (loss tracked, go fits it). */
+int tdd_autograd_backward(tdd_session *s, uint64_t req_id, tdd_value *loss, tdd_value *go,
+                          bool retain_graph, tdd_grads **out, td_error *err);
 
 /* A value sharing v's storage and readiness, with no autodiff history. */
 tdd_value *tdd_value_alias(const tdd_value *v);
@@ -108,8 +118,7 @@ void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *attrs);
 
 /* ---------------------------------------------------------------- optim.c */
 
-int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req);
-int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req);
+/* Gives optimizer handles their free function. */
 void tdd_optim_init(void);
 
 /* Per-session autodiff state (s->autograd). */

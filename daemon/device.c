@@ -81,6 +81,11 @@ int tdd_device_count(void)
     return ndevices;
 }
 
+tdd_device *tdd_default_device(void)
+{
+    return tdd_device_get(0);
+}
+
 tdd_device *tdd_device_get(int i)
 {
     return i >= 0 && i < ndevices ? &devices[i] : NULL;

@@ -31,6 +31,8 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len);
 void tdd_devices_shutdown(void);
 int tdd_device_count(void);
 tdd_device *tdd_device_get(int i);
+/* A session's default device (cpu:0). */
+tdd_device *tdd_default_device(void);
 /* The device, or NULL; *backend_known says whether the backend exists at all. */
 tdd_device *tdd_device_find(const char *backend, uint32_t ordinal, int *backend_known);
 

@@ -1,897 +1,168 @@
-/* dispatch.c -- the request table: generic checks once, then one handler per
- * request kind. Handlers return TDD_DISPATCH_*; errors become wire Errors in
- * exactly one place (answer_error). */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+/* dispatch.c -- the request table: one row per request type, and the checks every
+ * request shares done once around its handler (as redis's processCommand): Hello
+ * first, payloads only where the row allows one, synchronising requests wait for
+ * the session's queued work and report its pending error first, and a request that
+ * failed binds every new id it names to a poisoned placeholder of its kind. */
+#include "dispatch.h"
 
-#include "autograd.h"
-#include "conn.h"
-#include "exec_op.h"
-#include "log.h"
-#include "server.h"
-#include "utf8.h"
-#include "wire.h"
+#include "handlers.h"
+#include "stats.h"
 
 typedef Tensordd__V1__Request Request;
 
-static char server_note[256];
+enum {
+    /* Waits for the session's queued work, then answers its pending error, if any,
+     * instead of running (the request fails with it). */
+    REQ_SYNC = 1u << 0,
+    /* Always gets exactly one reply; the others only when they ask (want_reply). */
+    REQ_ANSWERED = 1u << 1,
+    /* May carry a raw payload after the message. */
+    REQ_PAYLOAD = 1u << 2,
+    /* Accepted before Hello. */
+    REQ_BEFORE_HELLO = 1u << 3,
+    /* The connection closes after it, whatever its answer. */
+    REQ_CLOSES = 1u << 4,
+};
 
-void tdd_dispatch_set_note(const char *note);
-void tdd_dispatch_set_note(const char *note)
+/* Fills ids with the handles a request names as new (at most TDD_MAX_OP_OUTPUTS). */
+typedef size_t (*new_ids_fn)(const Request *req, uint64_t *ids);
+
+typedef struct {
+    int (*handler)(tdd_req *r);
+    unsigned flags;
+    td_handle_kind creates; /* the kind of the handles new_ids names */
+    new_ids_fn new_ids;     /* NULL: the request names no new handle */
+} request_row;
+
+static size_t ids_upload(const Request *req, uint64_t *ids)
 {
-    snprintf(server_note, sizeof server_note, "%s", note);
-}
-
-/* Synchronising requests always get exactly one reply; the rest only when
- * they ask (want_reply). */
-static bool always_answered(const Request *req)
-{
-    switch (req->body_case) {
-    case TENSORDD__V1__REQUEST__BODY_UPLOAD:
-    case TENSORDD__V1__REQUEST__BODY_OP:
-    case TENSORDD__V1__REQUEST__BODY_RELEASE:
-    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
-    case TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE:
-    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
-        return false;
-    default:
-        return true;
-    }
-}
-
-/* The error of the request being dispatched, when it failed (loop thread only): the
- * generic path binds the new handles it named to placeholders once its handler is done. */
-static struct {
-    bool set;
-    td_error err;
-} failed_now;
-
-static void note_failure(const td_error *err)
-{
-    if (!failed_now.set) {
-        failed_now.err = *err;
-        failed_now.set = true;
-    }
-}
-
-/* The one place a failed request's error goes: to the client now, or into
- * the session's pending error for the next synchronising request. */
-int tdd_answer_error(tdd_conn *c, const Request *req, td_error *err)
-{
-    err->request_id = req->id;
-    tdd_count_error(err->code);
-    note_failure(err);
-    if (req->want_reply || always_answered(req))
-        tdd_conn_send_error(c, req->id, err);
-    else
-        tdd_session_fail(c->s, err);
-    return TDD_DISPATCH_DONE;
-}
-
-static void answer_ok(tdd_conn *c, const Request *req)
-{
-    if (req->want_reply || always_answered(req))
-        tdd_conn_send_ok(c, req->id);
-}
-
-/* Reports and clears the session's first pending error; 1 if there was one. */
-int tdd_report_pending(tdd_conn *c, uint64_t req_id)
-{
-    tdd_session *s = c->s;
-    if (!s->has_err)
-        return 0;
-    s->has_err = false;
-    note_failure(&s->err); /* the request it answers fails with it */
-    tdd_conn_send_error(c, req_id, &s->err);
+    ids[0] = req->upload->handle;
     return 1;
 }
 
-static tdd_device *resolve_device(const Tensordd__V1__Device *d, td_error *err)
-{
-    if (!d || !d->backend || !d->backend[0])
-        return tdd_default_device();
-    int known = 0;
-    tdd_device *dev = tdd_device_find(d->backend, d->ordinal, &known);
-    if (!dev) {
-        if (known)
-            tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here", d->backend,
-                        d->ordinal);
-        else
-            tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
-    }
-    return dev;
-}
-
-void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
-                     uint64_t plen, tdd_storage *hold)
-{
-    uint8_t msg[TDD_WIRE_SMALL_MAX];
-    tdd_conn_send_encoded(c, msg, tdd_wire_tensor(msg, req_id, v), payload, plen, hold);
-}
-
-/* ---------------------------------------------------------------- hello */
-
-/* Compares the offered token with the configured one in time that depends only
- * on the configured length, so the comparison leaks nothing about the token. */
-static bool token_matches(const char *offered)
-{
-    size_t n = offered ? strlen(offered) : 0;
-    unsigned diff = (unsigned)(n ^ tdd_cfg.token_len);
-    for (size_t i = 0; i < tdd_cfg.token_len; i++)
-        diff |= (unsigned)(uint8_t)(i < n ? offered[i] : 0) ^ (uint8_t)tdd_cfg.token[i];
-    return diff == 0;
-}
-
-static int h_hello(tdd_conn *c, Request *req)
-{
-    Tensordd__V1__Hello *h = req->hello;
-    td_error err;
-    if (c->hello_done) {
-        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "Hello sent twice");
-        tdd_answer_error(c, req, &err);
-        return TDD_DISPATCH_CLOSE;
-    }
-    if (h->min_version > TD_PROTOCOL_VERSION || h->max_version < TD_PROTOCOL_VERSION) {
-        tdd_err_set(&err, TD_EVERSION_MISMATCH,
-                    "client speaks protocol %u..%u, this daemon speaks %u..%u", h->min_version,
-                    h->max_version, TD_PROTOCOL_VERSION, TD_PROTOCOL_VERSION);
-        err.detail_kind = TD_DETAIL_VERSION;
-        err.detail.version.server_min = TD_PROTOCOL_VERSION;
-        err.detail.version.server_max = TD_PROTOCOL_VERSION;
-        tdd_answer_error(c, req, &err);
-        return TDD_DISPATCH_CLOSE;
-    }
-    if (tdd_cfg.token_len && !token_matches(h->token)) {
-        tdd_err_set(&err, TD_EUNAUTHENTICATED, "this daemon requires a valid token in Hello");
-        tdd_info("session %llu (%s): bad or missing token; closing the connection",
-                 (unsigned long long)c->s->id, c->s->peer);
-        tdd_answer_error(c, req, &err);
-        return TDD_DISPATCH_CLOSE;
-    }
-    if (tdd_conn_admit(c, &err)) {
-        tdd_answer_error(c, req, &err);
-        return TDD_DISPATCH_CLOSE;
-    }
-    /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
-    td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
-    Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
-    hr.version = TD_PROTOCOL_VERSION;
-    hr.server = (char *)"tensordd " TDD_VERSION;
-    hr.session_id = c->s->id;
-    hr.note = server_note;
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_HELLO;
-    r.hello = &hr;
-    tdd_conn_send(c, &r, NULL, 0, NULL);
-    return TDD_DISPATCH_DONE;
-}
-
-/* ---------------------------------------------------------------- devices, stats */
-
-static int h_list_devices(tdd_conn *c, Request *req)
-{
-    int n = tdd_device_count();
-    Tensordd__V1__DeviceInfo *infos = calloc((size_t)n + 1, sizeof *infos);
-    Tensordd__V1__DeviceInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
-    Tensordd__V1__Device *devs = calloc((size_t)n + 1, sizeof *devs);
-    char(*names)[16] = calloc((size_t)n + 1, sizeof *names);
-    if (!infos || !ptrs || !devs || !names) {
-        free(infos), free(ptrs), free(devs), free(names);
-        td_error err;
-        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return tdd_answer_error(c, req, &err);
-    }
-    for (int i = 0; i < n; i++) {
-        tdd_device *d = tdd_device_get(i);
-        tensordd__v1__device_info__init(&infos[i]);
-        tdd_wire_device(&devs[i], names[i], sizeof names[i], d);
-        infos[i].device = &devs[i];
-        infos[i].name = d->name;
-        infos[i].memory_total = d->be->memory_total ? d->be->memory_total(d->ctx, d->ordinal) : 0;
-        infos[i].memory_used = d->in_use;
-        ptrs[i] = &infos[i];
-    }
-    Tensordd__V1__ListDevicesReply lr = TENSORDD__V1__LIST_DEVICES_REPLY__INIT;
-    lr.n_devices = (size_t)n;
-    lr.devices = ptrs;
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_DEVICES;
-    r.devices = &lr;
-    tdd_conn_send(c, &r, NULL, 0, NULL);
-    free(infos), free(ptrs), free(devs), free(names);
-    return TDD_DISPATCH_DONE;
-}
-
-extern uint64_t tdd_values_alive(void);
-
-static int h_stats(tdd_conn *c, Request *req)
-{
-    Tensordd__V1__StatsReply sr = TENSORDD__V1__STATS_REPLY__INIT;
-    sr.sessions = tdd_nsessions;
-    uint64_t handles = 0;
-    size_t ns = 0;
-    for (tdd_session *s = tdd_sessions; s; s = s->next) {
-        handles += s->nhandles;
-        ns++;
-    }
-    sr.handles = handles;
-    sr.bytes_received = tdd_stats.bytes_received;
-    sr.bytes_sent = tdd_stats.bytes_sent;
-    sr.requests = tdd_stats.requests;
-    sr.uptime_ms = uv_now(uv_default_loop()) - tdd_stats.start_ms;
-    sr.tensors_alive = tdd_values_alive();
-
-    Tensordd__V1__ErrorCount ec[TD_ERRNO_COUNT], *ecp[TD_ERRNO_COUNT];
-    size_t nec = 0;
-    for (int i = 1; i < TD_ERRNO_COUNT; i++) {
-        if (!tdd_stats.errors[i])
-            continue;
-        tensordd__v1__error_count__init(&ec[nec]);
-        ec[nec].code = (Tensordd__V1__ErrorCode)i;
-        ec[nec].count = tdd_stats.errors[i];
-        ecp[nec] = &ec[nec];
-        nec++;
-    }
-    sr.n_errors = nec;
-    sr.errors = ecp;
-
-    int nd = tdd_device_count();
-    Tensordd__V1__DeviceMemory *dm = calloc((size_t)nd + 1, sizeof *dm);
-    Tensordd__V1__DeviceMemory **dmp = calloc((size_t)nd + 1, sizeof *dmp);
-    Tensordd__V1__Device *devs = calloc((size_t)nd + 1, sizeof *devs);
-    char(*names)[16] = calloc((size_t)nd + 1, sizeof *names);
-    Tensordd__V1__SessionInfo *si = calloc(ns + 1, sizeof *si);
-    Tensordd__V1__SessionInfo **sip = calloc(ns + 1, sizeof *sip);
-    if (dm && dmp && devs && names && si && sip) {
-        for (int i = 0; i < nd; i++) {
-            tdd_device *d = tdd_device_get(i);
-            tensordd__v1__device_memory__init(&dm[i]);
-            tdd_wire_device(&devs[i], names[i], sizeof names[i], d);
-            dm[i].device = &devs[i];
-            dm[i].bytes_in_use = d->in_use;
-            dm[i].peak_bytes = d->peak;
-            dmp[i] = &dm[i];
-        }
-        sr.n_memory = (size_t)nd;
-        sr.memory = dmp;
-        size_t k = 0;
-        for (tdd_session *s = tdd_sessions; s; s = s->next, k++) {
-            tensordd__v1__session_info__init(&si[k]);
-            si[k].session_id = s->id;
-            si[k].peer = s->peer;
-            si[k].client_name = s->client_name;
-            si[k].handles = s->nhandles;
-            si[k].bytes_in_use = s->acct->in_use;
-            si[k].requests = s->requests;
-            sip[k] = &si[k];
-        }
-        sr.n_session_list = k;
-        sr.session_list = sip;
-    }
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = req->id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_STATS;
-    r.stats = &sr;
-    tdd_conn_send(c, &r, NULL, 0, NULL);
-    free(dm), free(dmp), free(devs), free(names), free(si), free(sip);
-    return TDD_DISPATCH_DONE;
-}
-
-/* ---- staging: device memory the socket cannot read or write directly (cuda),
- * and strided host views, go through a host buffer filled on the device's worker
- * so that the loop thread never copies tensor data. */
-
-typedef struct {
-    tdd_session *s;
-    tdd_value *v;
-    tdd_storage *host; /* host staging buffer, accounted to the session */
-    uint64_t req_id;
-    bool want_reply;
-    int rc;
-} staged;
-
-static staged *staged_new(tdd_session *s, tdd_value *v, size_t nbytes, uint64_t req_id,
-                          td_error *err)
-{
-    staged *st = calloc(1, sizeof *st);
-    if (!st) {
-        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return NULL;
-    }
-    st->host = tdd_storage_alloc(tdd_default_device(), nbytes, s->acct, err);
-    if (!st->host) {
-        free(st);
-        return NULL;
-    }
-    st->s = s;
-    tdd_session_ref(s);
-    st->v = v;
-    tdd_value_ref(v);
-    st->req_id = req_id;
-    return st;
-}
-
-static void staged_free(staged *st)
-{
-    tdd_storage_unref(st->host);
-    tdd_value_unref(st->v);
-    tdd_session_unref(st->s);
-    free(st);
-}
-
-/* Worker: device (or strided host view) -> contiguous host bytes. */
-static int staged_to_host(void *arg)
-{
-    staged *st = arg;
-    tdd_value *v = st->v;
-    if (tdd_value_poisoned(v))
-        return st->rc = TD_EPOISONED;
-    if (v->dev->be->host_memory)
-        tdd_copy_contiguous(&v->t, st->host->data);
-    else
-        st->rc = v->dev->be->to_host(v->dev->ctx, v->dev->ordinal, st->host->data, tdd_data(&v->t),
-                                     st->host->nbytes);
-    return st->rc;
-}
-
-/* Loop: answer the Download from the staging buffer, then let frames flow again. */
-static void staged_download_done(void *arg, int rc)
-{
-    staged *st = arg;
-    tdd_session *s = st->s;
-    tdd_conn *c = s->closed ? NULL : s->conn;
-    if (c) {
-        td_error err;
-        if (rc == TD_EPOISONED) {
-            tdd_err_poisoned(&err, st->v);
-            err.request_id = st->req_id;
-            tdd_count_error(err.code);
-            tdd_conn_send_error(c, st->req_id, &err);
-        } else if (rc) {
-            tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label, td_strerror(rc));
-            err.request_id = st->req_id;
-            tdd_count_error(rc);
-            tdd_conn_send_error(c, st->req_id, &err);
-        } else {
-            tdd_send_tensor(c, st->req_id, st->v, st->host->data, st->host->nbytes, st->host);
-        }
-        tdd_conn_resume(c);
-    }
-    staged_free(st);
-}
-
-static int staged_download(tdd_conn *c, Request *req, tdd_value *v, uint64_t nbytes)
-{
-    td_error err;
-    tdd_session *s = c->s;
-    tdd_value *src = v, *dense = NULL;
-    if (!v->dev->be->host_memory && !tdd_is_contiguous(&v->t)) {
-        /* The device lays the view out densely first; the copy out follows in queue order. */
-        tdd_opreq oreq = {.dtype = TD_DTYPE_INVALID};
-        int n_out = 1;
-        if (tdd_submit_op(s, req->id, false, TDD_OP_CONTIGUOUS, &oreq, &v, 1, NULL, &dense, &n_out,
-                          NULL, &err))
-            return tdd_answer_error(c, req, &err);
-        src = dense;
-    }
-    staged *st = staged_new(s, src, (size_t)nbytes, req->id, &err);
-    if (dense)
-        tdd_value_unref(dense);
-    if (!st)
-        return tdd_answer_error(c, req, &err);
-    st->v->handle = v->handle;
-    tdd_conn_pause(c); /* later requests wait for this reply */
-    if (tdd_submit_work(s, src->dev, staged_to_host, staged_download_done, st)) {
-        tdd_conn_resume(c);
-        staged_free(st);
-        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return tdd_answer_error(c, req, &err);
-    }
-    return TDD_DISPATCH_DONE;
-}
-
-/* Worker: host bytes -> device memory. A failure poisons the tensor. */
-static int staged_from_host(void *arg)
-{
-    staged *st = arg;
-    tdd_value *v = st->v;
-    st->rc = v->dev->be->from_host(v->dev->ctx, v->dev->ordinal, tdd_data(&v->t), st->host->data,
-                                   st->host->nbytes);
-    if (st->rc)
-        tdd_value_poison(v, st->rc, st->req_id);
-    return st->rc;
-}
-
-static void staged_upload_done(void *arg, int rc)
-{
-    staged *st = arg;
-    tdd_session *s = st->s;
-    tdd_conn *c = s->closed ? NULL : s->conn;
-    if (rc) {
-        td_error err;
-        tdd_err_set(&err, rc, "upload to %s: %s", st->v->dev->label, td_strerror(rc));
-        err.request_id = st->req_id;
-        tdd_count_error(rc);
-        if (st->want_reply && c)
-            tdd_conn_send_error(c, st->req_id, &err);
-        else if (!s->closed)
-            tdd_session_fail(s, &err);
-    } else if (st->want_reply && c) {
-        tdd_conn_send_ok(c, st->req_id);
-    }
-    staged_free(st);
-}
-
-/* The payload has landed in the staging buffer: queue the copy to the device. */
-static void staged_upload_landed(tdd_conn *c, void *arg, int status)
-{
-    staged *st = arg;
-    (void)c;
-    tdd_value *v = st->v;
-    if (status || tdd_submit_work(st->s, v->dev, staged_from_host, staged_upload_done, st)) {
-        tdd_value_poison(v, status ? status : TD_ERESOURCE_EXHAUSTED, st->req_id);
-        staged_free(st);
-        return;
-    }
-    /* Readers on other queues wait for the copy; the device's own queue orders it. */
-    v->fq = v->dev->q;
-    v->fseq = tdd_queue_next_seq(v->dev->q) - 1;
-}
-
-/* ---------------------------------------------------------------- upload */
-
-typedef struct {
-    tdd_value *v;
-    uint64_t req_id;
-    bool want_reply;
-} upload_ctx;
-
-static void upload_landed(tdd_conn *c, void *arg, int status)
-{
-    upload_ctx *u = arg;
-    if (status == 0 && u->want_reply && c->s)
-        tdd_conn_send_ok(c, u->req_id);
-    tdd_value_unref(u->v);
-    free(u);
-}
-
-static int h_upload(tdd_conn *c, Request *req, uint64_t plen)
-{
-    Tensordd__V1__Upload *up = req->upload;
-    tdd_session *s = c->s;
-    td_error err;
-    int rc = tdd_handle_check_new(s, up->handle, &err);
-    tdd_device *dev = NULL;
-    int64_t numel = 0;
-    size_t isz = td_dtype_size((td_dtype)up->dtype);
-    if (!rc && (up->dtype <= 0 || up->dtype >= (int)TD_DTYPE_COUNT))
-        rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)up->dtype);
-    if (!rc && up->n_shape > TD_MAX_NDIM)
-        rc = tdd_err_arg(&err, "shape", "%zu dims, at most %d", up->n_shape, TD_MAX_NDIM);
-    if (!rc) {
-        numel = tdd_shape_numel(up->shape, (int)up->n_shape, tdd_cfg.max_numel);
-        if (numel < 0)
-            rc = tdd_err_arg(&err, "shape", "negative or too large (limit %lld elements)",
-                             (long long)tdd_cfg.max_numel);
-    }
-    if (!rc && (uint64_t)numel * isz != plen)
-        rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, shape and dtype need %llu",
-                         (unsigned long long)plen, (unsigned long long)((uint64_t)numel * isz));
-    td_dtype udt = (td_dtype)up->dtype;
-    if (!rc && up->requires_grad && udt != TD_F32 && udt != TD_F64 && udt != TD_F16 &&
-        udt != TD_BF16)
-        rc = tdd_err_arg(&err, "requires_grad", "only floating-point tensors can require grad");
-    if (!rc && !(dev = resolve_device(up->device, &err)))
-        rc = err.code;
-    tdd_value *v = NULL;
-    upload_ctx *u = NULL;
-    if (!rc) {
-        v = tdd_value_new(dev);
-        u = calloc(1, sizeof *u);
-        if (!v || !u)
-            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-    }
-    if (!rc) {
-        v->t.dtype = (td_dtype)up->dtype;
-        v->t.ndim = (int)up->n_shape;
-        if (up->n_shape) /* a scalar has no shape array at all */
-            memcpy(v->t.shape, up->shape, up->n_shape * sizeof(int64_t));
-        tdd_set_contiguous(&v->t);
-        v->requires_grad = up->requires_grad;
-        v->t.st = tdd_storage_alloc(dev, (size_t)plen, s->acct, &err);
-        if (!v->t.st)
-            rc = TD_ERESOURCE_EXHAUSTED;
-    }
-    staged *stg = NULL;
-    if (!rc && !dev->be->host_memory && !(stg = staged_new(s, v, (size_t)plen, req->id, &err)))
-        rc = err.code;
-    if (rc) {
-        tdd_value_unref(v);
-        free(u);
-        tdd_answer_error(c, req, &err); /* binds up->handle to a placeholder (failed_binds) */
-        c->pdst = NULL;                 /* the payload is read and dropped */
-        c->pdone = NULL;
-        return TDD_DISPATCH_PAYLOAD;
-    }
-    tdd_handle_add(s, up->handle, TD_HANDLE_TENSOR, v);
-    if (stg) {
-        /* Device memory: the payload lands in host staging, a worker copies it over. */
-        free(u);
-        stg->want_reply = req->want_reply;
-        c->pdst = stg->host->data;
-        c->pdone = staged_upload_landed;
-        c->parg = stg;
-        return TDD_DISPATCH_PAYLOAD;
-    }
-    tdd_value_ref(v);
-    u->v = v;
-    u->req_id = req->id;
-    u->want_reply = req->want_reply;
-    c->pdst = tdd_data(&v->t);
-    c->pdone = upload_landed;
-    c->parg = u;
-    return TDD_DISPATCH_PAYLOAD;
-}
-
-/* ---------------------------------------------------------------- download, describe */
-
-static int h_download(tdd_conn *c, Request *req)
-{
-    if (c->s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    td_error err;
-    tdd_value *v;
-    if (tdd_value_get(c->s, req->download->handle, &v, &err))
-        return tdd_answer_error(c, req, &err);
-    /* The session's first error comes first: when it is what poisoned v, the
-     * client gets the root cause with its typed detail, not just POISONED. */
-    if (tdd_report_pending(c, req->id))
-        return TDD_DISPATCH_DONE;
-    if (tdd_value_poisoned(v)) {
-        tdd_err_poisoned(&err, v);
-        return tdd_answer_error(c, req, &err);
-    }
-    uint64_t nbytes = (uint64_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
-    if (v->dev->be->host_memory && tdd_is_contiguous(&v->t)) {
-        /* Straight from the tensor's memory: no staging copy. */
-        tdd_send_tensor(c, req->id, v, tdd_data(&v->t), nbytes, v->t.st);
-        return TDD_DISPATCH_DONE;
-    }
-    return staged_download(c, req, v, nbytes);
-}
-
-static int h_describe(tdd_conn *c, Request *req)
-{
-    td_error err;
-    tdd_value *v;
-    if (tdd_value_get(c->s, req->describe->handle, &v, &err))
-        return tdd_answer_error(c, req, &err);
-    if (tdd_value_poisoned(v)) {
-        tdd_err_poisoned(&err, v);
-        return tdd_answer_error(c, req, &err);
-    }
-    tdd_send_tensor(c, req->id, v, NULL, 0, NULL);
-    return TDD_DISPATCH_DONE;
-}
-
-/* ---------------------------------------------------------------- ops */
-
-static int convert_attrs(const Tensordd__V1__Op *op, td_attr *out, td_error *err)
-{
-    for (size_t i = 0; i < op->n_attrs; i++) {
-        const Tensordd__V1__Attr *a = op->attrs[i];
-        td_attr *t = &out[i];
-        memset(t, 0, sizeof *t);
-        t->name = a->name;
-        switch (a->value_case) {
-        case TENSORDD__V1__ATTR__VALUE_I:
-            t->kind = TD_ATTR_INT;
-            t->i = a->i;
-            t->f = (double)a->i;
-            break;
-        case TENSORDD__V1__ATTR__VALUE_F:
-            t->kind = TD_ATTR_FLOAT;
-            t->f = a->f;
-            break;
-        case TENSORDD__V1__ATTR__VALUE_B:
-            t->kind = TD_ATTR_BOOL;
-            t->b = a->b;
-            t->i = a->b;
-            break;
-        case TENSORDD__V1__ATTR__VALUE_INTS:
-            t->kind = TD_ATTR_INTS;
-            t->ints = a->ints->v;
-            t->n = a->ints->n_v;
-            break;
-        case TENSORDD__V1__ATTR__VALUE_FLOATS:
-            t->kind = TD_ATTR_FLOATS;
-            t->floats = a->floats->v;
-            t->n = a->floats->n_v;
-            break;
-        case TENSORDD__V1__ATTR__VALUE_S:
-            t->kind = TD_ATTR_STR;
-            t->s = a->s;
-            break;
-        case TENSORDD__V1__ATTR__VALUE__NOT_SET:
-        default:
-            return tdd_err_arg(err, a->name && a->name[0] ? a->name : "attrs",
-                               "attribute '%.64s' has no value", a->name ? a->name : "");
-        }
-    }
-    return 0;
-}
-
-#define TDD_MAX_ATTRS 32
-
-static int h_op(tdd_conn *c, Request *req)
-{
-    Tensordd__V1__Op *op = req->op;
-    tdd_session *s = c->s;
-    td_error err;
-    int rc = 0;
-    tdd_value *in[TDD_MAX_OP_INPUTS];
-    tdd_value *out[TDD_MAX_OP_OUTPUTS];
-    td_attr attrs[TDD_MAX_ATTRS];
-    tdd_opargs args;
-    int n_out = (int)op->n_outputs;
-
-    if (op->n_outputs == 0 || op->n_outputs > TDD_MAX_OP_OUTPUTS)
-        rc = tdd_err_arg(&err, "outputs", "%zu output handles; 1..%d expected", op->n_outputs,
-                         TDD_MAX_OP_OUTPUTS);
-    for (size_t i = 0; !rc && i < op->n_outputs; i++) {
-        rc = tdd_handle_check_new(s, op->outputs[i], &err);
-        for (size_t j = 0; !rc && j < i; j++)
-            if (op->outputs[j] == op->outputs[i])
-                rc = tdd_err_arg(&err, "outputs", "output handle %llu named twice",
-                                 (unsigned long long)op->outputs[i]);
-    }
-    const tdd_opdef *def = NULL;
-    if (!rc && !(def = tdd_op_find(op->op)))
-        rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "unknown op '%.64s'", op->op);
-    if (!rc && op->n_inputs > TDD_MAX_OP_INPUTS)
-        rc = tdd_err_arg(&err, "inputs", "%zu inputs; at most %d", op->n_inputs, TDD_MAX_OP_INPUTS);
-    for (size_t i = 0; !rc && i < op->n_inputs; i++)
-        rc = tdd_value_get(s, op->inputs[i], &in[i], &err);
-    if (!rc && op->n_attrs > TDD_MAX_ATTRS)
-        rc = tdd_err_arg(&err, "attrs", "%zu attributes; at most %d", op->n_attrs, TDD_MAX_ATTRS);
-    if (!rc)
-        rc = convert_attrs(op, attrs, &err);
-    tdd_device *dev = NULL;
-    if (!rc && op->n_inputs == 0 && !(dev = resolve_device(op->device, &err)))
-        rc = err.code;
-    if (!rc && (op->dtype < 0 || op->dtype >= (int)TD_DTYPE_COUNT))
-        rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
-    tdd_opreq oreq = {
-        .attrs = {.a = attrs, .n = op->n_attrs}, .dtype = (td_dtype)op->dtype, .seed = s->rng};
-    if (!rc && op->requires_grad && op->n_inputs == 0) {
-        /* As Upload: only floating-point tensors can require grad. Told before anything
-         * is queued; the output dtypes come from prepare (cheap: there are no inputs). */
-        tdd_opargs pa;
-        tdd_outdesc pod[TDD_MAX_OP_OUTPUTS];
-        int pn = 0;
-        rc = tdd_op_prepare(def->op, NULL, 0, &oreq, tdd_cfg.max_numel, &pa, pod, &pn, &err);
-        for (int i = 0; !rc && i < pn; i++) {
-            td_dtype odt = pod[i].dtype;
-            if (odt != TD_F32 && odt != TD_F64 && odt != TD_F16 && odt != TD_BF16)
-                rc = tdd_err_arg(&err, "requires_grad",
-                                 "%s: only floating-point tensors can require grad, not %s",
-                                 def->name, td_dtype_name(odt));
-        }
-    }
-    struct tdd_node *node = NULL; /* the autodiff record, reserved before anything runs */
-    if (!rc && tdd_autograd_tracks(s, def->op, in, (int)op->n_inputs) &&
-        !(node = tdd_autograd_reserve(s, (int)op->n_inputs, n_out, &err)))
-        rc = err.code;
-    if (!rc) {
-        s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
-        rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
-                                 dev, op->outputs, out, &n_out, &args, &err);
-    }
-    if (rc) {
-        tdd_autograd_unreserve(node);
-        return tdd_answer_error(c, req, &err); /* binds the outputs to placeholders */
-    }
-    for (int i = 0; i < n_out; i++) {
-        if (op->requires_grad && op->n_inputs == 0)
-            out[i]->requires_grad = true;
-        tdd_handle_add(s, op->outputs[i], TD_HANDLE_TENSOR, out[i]);
-    }
-    if (node)
-        tdd_autograd_record(node, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out, n_out);
-    return TDD_DISPATCH_DONE;
-}
-
-static int h_to_device(tdd_conn *c, Request *req)
-{
-    Tensordd__V1__ToDevice *td = req->to_device;
-    tdd_session *s = c->s;
-    td_error err;
-    tdd_value *v = NULL, *out = NULL;
-    tdd_device *dev = NULL;
-    struct tdd_node *node = NULL;
-    int rc = tdd_handle_check_new(s, td->output, &err);
-    if (!rc)
-        rc = tdd_value_get(s, td->input, &v, &err);
-    if (!rc && !(dev = resolve_device(td->device, &err)))
-        rc = err.code;
-    if (!rc && s->grad_enabled && v->requires_grad && !(node = tdd_autograd_reserve(s, 1, 1, &err)))
-        rc = err.code;
-    if (!rc)
-        rc = tdd_submit_copy(s, req->id, v, dev, &out, &err);
-    if (rc) {
-        tdd_autograd_unreserve(node);
-        return tdd_answer_error(c, req, &err); /* binds the output to a placeholder */
-    }
-    tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
-    if (node)
-        tdd_autograd_record_to_device(node, v, out);
-    if (req->want_reply)
-        tdd_conn_send_ok(c, req->id); /* queued; errors of the copy surface at the next sync */
-    return TDD_DISPATCH_DONE;
-}
-
-static int h_release(tdd_conn *c, Request *req)
-{
-    Tensordd__V1__Release *rl = req->release;
-    td_error err, first;
-    bool failed = false;
-    for (size_t i = 0; i < rl->n_handles; i++) {
-        if (tdd_handle_release(c->s, rl->handles[i], &err) && !failed) {
-            first = err;
-            failed = true;
-        }
-    }
-    if (failed)
-        return tdd_answer_error(c, req, &first);
-    answer_ok(c, req);
-    return TDD_DISPATCH_DONE;
-}
-
-static int h_sync(tdd_conn *c, Request *req)
-{
-    if (c->s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    if (!tdd_report_pending(c, req->id))
-        tdd_conn_send_ok(c, req->id);
-    return TDD_DISPATCH_DONE;
-}
-
-static int h_goodbye(tdd_conn *c, Request *req)
-{
-    if (c->s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    /* A last pending error is still told: the client may be leaving on a failure it
-     * has not seen yet. */
-    if (!tdd_report_pending(c, req->id))
-        tdd_conn_send_ok(c, req->id);
-    return TDD_DISPATCH_CLOSE;
-}
-
-/* ---------------------------------------------------------------- entry */
-
-/* The handles a request names as new, with their kinds: a failed request binds each
- * to a poisoned placeholder (tdd_handle_bind_failed), so the client's Release of it
- * succeeds and a use says POISONED naming the origin. */
-static size_t new_handles(const Request *req, uint64_t *ids, td_handle_kind *kind)
+static size_t ids_op(const Request *req, uint64_t *ids)
 {
     size_t n = 0;
-    switch (req->body_case) {
-    case TENSORDD__V1__REQUEST__BODY_UPLOAD:
-        ids[n++] = req->upload->handle;
-        break;
-    case TENSORDD__V1__REQUEST__BODY_OP:
-        for (size_t i = 0; i < req->op->n_outputs && i < TDD_MAX_OP_OUTPUTS; i++)
-            ids[n++] = req->op->outputs[i];
-        break;
-    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
-        ids[n++] = req->to_device->output;
-        break;
-    case TENSORDD__V1__REQUEST__BODY_GRAD:
-        ids[n++] = req->grad->output;
-        break;
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
-        ids[n++] = req->grad_remove->output;
-        break;
-    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
-        *kind = TD_HANDLE_GRADIENTS;
-        ids[n++] = req->backward->grads;
-        return n;
-    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
-        *kind = TD_HANDLE_OPTIMIZER;
-        ids[n++] = req->optimizer_create->handle;
-        return n;
-    default:
-        break;
-    }
-    *kind = TD_HANDLE_TENSOR;
+    for (size_t i = 0; i < req->op->n_outputs && i < TDD_MAX_OP_OUTPUTS; i++)
+        ids[n++] = req->op->outputs[i];
     return n;
 }
 
-/* After a failed request's handler: placeholders for the new ids it left unbound. */
-static void bind_failed(tdd_conn *c, const Request *req)
+static size_t ids_to_device(const Request *req, uint64_t *ids)
 {
-    uint64_t ids[TDD_MAX_OP_OUTPUTS];
-    td_handle_kind kind = TD_HANDLE_NONE;
-    size_t n = new_handles(req, ids, &kind);
-    for (size_t i = 0; i < n && c->s && !c->s->closed; i++)
-        tdd_handle_bind_failed(c->s, ids[i], kind, &failed_now.err);
+    ids[0] = req->to_device->output;
+    return 1;
 }
 
-static int route(tdd_conn *c, Request *req, uint64_t payload_len);
+static size_t ids_backward(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->backward->grads;
+    return 1;
+}
+
+static size_t ids_grad(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->grad->output;
+    return 1;
+}
+
+static size_t ids_grad_remove(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->grad_remove->output;
+    return 1;
+}
+
+static size_t ids_optimizer_create(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->optimizer_create->handle;
+    return 1;
+}
+
+#define ROW(body) [TENSORDD__V1__REQUEST__BODY_##body]
+#define SYNC (REQ_SYNC | REQ_ANSWERED)
+
+static const request_row rows[] = {
+    ROW(HELLO) = {tdd_h_hello, REQ_ANSWERED | REQ_BEFORE_HELLO, TD_HANDLE_NONE, NULL},
+    ROW(LIST_DEVICES) = {tdd_h_list_devices, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
+    ROW(UPLOAD) = {tdd_h_upload, REQ_PAYLOAD, TD_HANDLE_TENSOR, ids_upload},
+    ROW(DOWNLOAD) = {tdd_h_download, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(OP) = {tdd_h_op, 0, TD_HANDLE_TENSOR, ids_op},
+    ROW(RELEASE) = {tdd_h_release, 0, TD_HANDLE_NONE, NULL},
+    ROW(TO_DEVICE) = {tdd_h_to_device, 0, TD_HANDLE_TENSOR, ids_to_device},
+    ROW(SYNC) = {tdd_h_sync, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(STATS) = {tdd_h_stats, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
+    ROW(DESCRIBE) = {tdd_h_describe, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
+    ROW(BACKWARD) = {tdd_h_backward, SYNC, TD_HANDLE_GRADIENTS, ids_backward},
+    ROW(GRAD) = {tdd_h_grad, SYNC, TD_HANDLE_TENSOR, ids_grad},
+    ROW(GRAD_REMOVE) = {tdd_h_grad_remove, SYNC, TD_HANDLE_TENSOR, ids_grad_remove},
+    ROW(GRAD_REPLACE) = {tdd_h_grad_replace, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(SET_GRAD_MODE) = {tdd_h_set_grad_mode, 0, TD_HANDLE_NONE, NULL},
+    ROW(OPTIMIZER_CREATE) = {tdd_h_optimizer_create, 0, TD_HANDLE_OPTIMIZER, ids_optimizer_create},
+    ROW(OPTIMIZER_STEP) = {tdd_h_optimizer_step, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(GOODBYE) = {tdd_h_goodbye, SYNC | REQ_CLOSES, TD_HANDLE_NONE, NULL},
+};
+
+static const request_row *row_of(const Request *req)
+{
+    size_t b = (size_t)req->body_case;
+    return b < sizeof rows / sizeof rows[0] && rows[b].handler ? &rows[b] : NULL;
+}
+
+/* The connection closes: the error is told now, whether or not the request wanted a
+ * reply (a pending error would never be read). */
+static int refuse(tdd_conn *c, const Request *req, const char *why)
+{
+    td_error err;
+    tdd_err_set(&err, TD_EPROTOCOL_ERROR, "%s", why);
+    tdd_count_error(err.code);
+    tdd_conn_send_error(c, req->id, &err);
+    return TDD_DISPATCH_CLOSE;
+}
+
+/* After a failed request: placeholders for the new ids it left unbound, so the client's
+ * Release of each succeeds and a use says POISONED naming the origin. */
+static void bind_failed(tdd_conn *c, const request_row *row, const Request *req,
+                        const td_error *err)
+{
+    uint64_t ids[TDD_MAX_OP_OUTPUTS];
+    size_t n = row->new_ids ? row->new_ids(req, ids) : 0;
+    for (size_t i = 0; i < n && c->s && !c->s->closed; i++)
+        tdd_handle_bind_failed(c->s, ids[i], row->creates, err);
+}
 
 int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
 {
-    /* A handler may resume its connection, which dispatches a blocked request inside it:
-     * the outer request's failure is kept aside meanwhile. */
-    bool outer_set = failed_now.set;
-    td_error outer;
-    if (outer_set)
-        outer = failed_now.err;
-    failed_now.set = false;
-    int rc = route(c, req, payload_len);
-    if (failed_now.set && rc != TDD_DISPATCH_BLOCK)
-        bind_failed(c, req);
-    failed_now.set = outer_set;
-    if (outer_set)
-        failed_now.err = outer;
+    const request_row *row = row_of(req);
+    if (payload_len && !(row && (row->flags & REQ_PAYLOAD)))
+        return refuse(c, req, "only Upload carries a payload");
+    if (!c->hello_done && !(row && (row->flags & REQ_BEFORE_HELLO)))
+        return refuse(c, req, "the first request must be Hello");
+    tdd_req r = {.c = c, .req = req, .payload_len = payload_len, .answered = true};
+    if (!row) {
+        td_error err;
+        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "request without a known body");
+        return tdd_answer_error(&r, &err);
+    }
+    r.answered = (row->flags & REQ_ANSWERED) != 0;
+    int rc;
+    if ((row->flags & REQ_SYNC) && !c->blocked_ran) {
+        if (c->s->inflight)
+            return TDD_DISPATCH_BLOCK;
+        if (tdd_report_pending(&r)) {
+            rc = (row->flags & REQ_CLOSES) ? TDD_DISPATCH_CLOSE : TDD_DISPATCH_DONE;
+            goto done;
+        }
+    }
+    /* A handler that queued work and returned BLOCK is called again, once that work is
+     * done, to answer (an OptimizerStep): the checks above are not repeated. */
+    c->blocked_ran = false;
+    rc = row->handler(&r);
+    if (rc == TDD_DISPATCH_BLOCK) {
+        c->blocked_ran = true;
+        return rc;
+    }
+done:
+    if (r.failed)
+        bind_failed(c, row, req, &r.err);
     return rc;
-}
-
-static int route(tdd_conn *c, Request *req, uint64_t payload_len)
-{
-    td_error err;
-    if (payload_len && req->body_case != TENSORDD__V1__REQUEST__BODY_UPLOAD) {
-        /* The connection closes: the error is told now, whether or not the request
-         * wanted a reply (a pending error would never be read). */
-        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "only Upload carries a payload");
-        tdd_count_error(err.code);
-        tdd_conn_send_error(c, req->id, &err);
-        return TDD_DISPATCH_CLOSE;
-    }
-    if (!c->hello_done && req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO) {
-        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "the first request must be Hello");
-        tdd_count_error(err.code);
-        tdd_conn_send_error(c, req->id, &err);
-        return TDD_DISPATCH_CLOSE;
-    }
-    switch (req->body_case) {
-    case TENSORDD__V1__REQUEST__BODY_HELLO:
-        return h_hello(c, req);
-    case TENSORDD__V1__REQUEST__BODY_LIST_DEVICES:
-        return h_list_devices(c, req);
-    case TENSORDD__V1__REQUEST__BODY_UPLOAD:
-        return h_upload(c, req, payload_len);
-    case TENSORDD__V1__REQUEST__BODY_DOWNLOAD:
-        return h_download(c, req);
-    case TENSORDD__V1__REQUEST__BODY_OP:
-        return h_op(c, req);
-    case TENSORDD__V1__REQUEST__BODY_RELEASE:
-        return h_release(c, req);
-    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
-        return h_to_device(c, req);
-    case TENSORDD__V1__REQUEST__BODY_SYNC:
-        return h_sync(c, req);
-    case TENSORDD__V1__REQUEST__BODY_STATS:
-        return h_stats(c, req);
-    case TENSORDD__V1__REQUEST__BODY_DESCRIBE:
-        return h_describe(c, req);
-    case TENSORDD__V1__REQUEST__BODY_GOODBYE:
-        return h_goodbye(c, req);
-    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
-    case TENSORDD__V1__REQUEST__BODY_GRAD:
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REPLACE:
-    case TENSORDD__V1__REQUEST__BODY_SET_GRAD_MODE:
-    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_CREATE:
-    case TENSORDD__V1__REQUEST__BODY_OPTIMIZER_STEP:
-        return tdd_autograd_dispatch(c, req);
-    case TENSORDD__V1__REQUEST__BODY__NOT_SET:
-    default:
-        break;
-    }
-    tdd_err_set(&err, TD_EPROTOCOL_ERROR, "request without a known body");
-    return tdd_answer_error(c, req, &err);
 }

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conn.h"
 #include "log.h"
 
 /* What every session task carries: the session, the request it answers, and
@@ -29,29 +28,21 @@ static void session_task_begin(session_task *t, tdd_session *s, uint64_t req_id,
     s->inflight++;
 }
 
-/* The loop side of every completion: report, release, wake the connection
- * (not when finishing inline: the connection is the caller, mid-request). */
+static tdd_task_done_fn task_done_hook;
+
+void tdd_exec_op_set_done(tdd_task_done_fn fn)
+{
+    task_done_hook = fn;
+}
+
+/* The loop side of every completion: the requester's hook reports it (and wakes the
+ * connection unless finishing inline: the connection is the caller, mid-request). */
 static void session_task_finish_ex(session_task *t, tdd_value *reply_value, bool kick)
 {
     tdd_session *s = t->s;
     s->inflight--;
-    tdd_conn *c = s->closed ? NULL : s->conn;
-    if (t->rc) {
-        t->err.request_id = t->req_id;
-        tdd_count_error(t->err.code);
-        if (t->want_reply && c)
-            tdd_conn_send_error(c, t->req_id, &t->err);
-        else if (!s->closed)
-            tdd_session_fail(s, &t->err);
-    } else if (t->want_reply && c) {
-        if (reply_value) {
-            tdd_send_tensor(c, t->req_id, reply_value, NULL, 0, NULL);
-        } else {
-            tdd_conn_send_ok(c, t->req_id);
-        }
-    }
-    if (c && kick)
-        tdd_conn_kick(c);
+    if (task_done_hook)
+        task_done_hook(s, t->req_id, t->want_reply, t->rc, &t->err, reply_value, kick);
     tdd_session_unref(s);
 }
 
@@ -195,11 +186,6 @@ int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err)
                                in[i]->dev->label);
     }
     return 0;
-}
-
-tdd_device *tdd_default_device(void)
-{
-    return tdd_device_get(0);
 }
 
 int tdd_submit_op(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op op, const tdd_opreq *req,

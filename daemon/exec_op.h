@@ -45,7 +45,13 @@ typedef void (*tdd_work_done_fn)(void *arg, int rc);
 int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_done_fn done,
                     void *arg);
 
-/* A session's default device (cpu:0). */
-tdd_device *tdd_default_device(void);
+/* How the end of a session's task is told, on the loop: rc and err its verdict
+ * (err's request_id not yet set), reply the value a reply describes (NULL: Ok), kick
+ * whether the session's connection may go on now (not when the task ran inline,
+ * inside the request that queued it). Set once by the layer that answers requests:
+ * work never names the wire. */
+typedef void (*tdd_task_done_fn)(tdd_session *s, uint64_t req_id, bool want_reply, int rc,
+                                 td_error *err, const tdd_value *reply, bool kick);
+void tdd_exec_op_set_done(tdd_task_done_fn fn);
 
 #endif

@@ -9,12 +9,12 @@
 
 #include "autograd.h"
 #include "config.h"
-#include "conn.h"
 #include "device.h"
+#include "dispatch.h"
 #include "exec.h"
+#include "handlers.h"
 #include "log.h"
-
-void tdd_dispatch_set_note(const char *note);
+#include "stats.h"
 
 static uv_signal_t sigterm, sigint, sigusr1;
 static uv_timer_t grace;
@@ -84,9 +84,9 @@ int main(int argc, char **argv)
         tdd_error("cannot start the device workers");
         return 1;
     }
-    tdd_dispatch_set_note(note);
+    tdd_hello_set_note(note);
     tdd_autograd_init();
-    if (tdd_server_start(loop, &tdd_cfg))
+    if (tdd_server_start(loop, &tdd_cfg, tdd_dispatch))
         return 1;
 
     uv_signal_init(loop, &sigterm);

@@ -4,12 +4,8 @@
  *
  * On host-memory backends (ref, cpu) the update is one loop per parameter
  * on its device's worker; elsewhere (or with the "foreach" attribute) it is
- * the same arithmetic as queued ops (see step_ops).
- *
- * OptimizerStep is synchronising and answers after the updates have run:
- * it waits for the session's queued work, queues one update per parameter
- * that has a gradient, and stays blocked (the connection processes nothing
- * else) until they are done, so its reply carries their verdict. */
+ * the same arithmetic as queued ops (see step_ops). The requests that create
+ * and step optimizers are in optim_req.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +14,7 @@
 #include <immintrin.h>
 #endif
 
-#include "autograd_impl.h"
-
-typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
+#include "optim.h"
 
 /* Steps whose parameters hold at most this many elements in all run on the
  * loop thread when the device is idle: ~5 us on the SSE path, tens of us on
@@ -28,32 +22,8 @@ typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
  * other sessions' round trips. */
 #define OPTIM_INLINE_MAX_ELEMS 16384
 
-typedef struct {
-    opt_kind kind;
-    double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
-    bool nesterov, maximize;
-    bool amsgrad; /* Adam(W): normalise by the largest exp_avg_sq so far */
-    bool foreach; /* update with queued ops (any backend) rather than a host loop */
-} opt_hyper;
-
-typedef struct {
-    tdd_value *p;      /* ref */
-    tdd_value *buf[3]; /* SGD: momentum; Adam: exp_avg, exp_avg_sq (, max_exp_avg_sq with
-                        * amsgrad). NULL before the first step */
-    int64_t step;
-} opt_param;
-
-typedef struct {
-    opt_hyper h;
-    size_t n;
-    opt_param *ps;
-    tdd_account *acct; /* charged with bytes: the parameter list is memory the client caused */
-    uint64_t bytes;
-} tdd_optim;
-
-static void optim_free(void *obj)
+void tdd_optim_free(tdd_optim *o)
 {
-    tdd_optim *o = obj;
     for (size_t i = 0; i < o->n; i++) {
         tdd_value_unref(o->ps[i].p);
         tdd_value_unref(o->ps[i].buf[0]);
@@ -68,216 +38,40 @@ static void optim_free(void *obj)
     free(o);
 }
 
+static void optim_free(void *obj)
+{
+    tdd_optim_free(obj);
+}
+
 void tdd_optim_init(void)
 {
     tdd_handle_set_free_fn(TD_HANDLE_OPTIMIZER, optim_free);
 }
 
-/* ---------------------------------------------------------------- create */
-
-static int attr_num(const Tensordd__V1__Attr *a, double *v, td_error *err)
+tdd_optim *tdd_optim_new(tdd_session *s, size_t n_params, td_error *err)
 {
-    switch (a->value_case) {
-    case TENSORDD__V1__ATTR__VALUE_F:
-        *v = a->f;
-        return 0;
-    case TENSORDD__V1__ATTR__VALUE_I:
-        *v = (double)a->i;
-        return 0;
-    case TENSORDD__V1__ATTR__VALUE_B:
-        *v = a->b ? 1.0 : 0.0;
-        return 0;
-    default:
-        return tdd_err_arg(err, a->name ? a->name : "attrs", "attribute %.32s must be a number",
-                           a->name ? a->name : "");
+    tdd_optim *o = calloc(1, sizeof *o);
+    uint64_t bytes = sizeof *o + n_params * sizeof *o->ps;
+    if (!o || !(o->ps = calloc(n_params, sizeof *o->ps))) {
+        free(o);
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
     }
+    if (tdd_account_charge(s->acct, bytes, err)) {
+        free(o->ps);
+        free(o);
+        return NULL;
+    }
+    o->acct = s->acct;
+    o->acct->refs++;
+    o->bytes = bytes;
+    return o;
 }
 
-/* The attributes each optimizer takes, as torch.optim names them. */
-static const char *const sgd_attrs[] = {"lr",           "momentum", "dampening", "nesterov",
-                                        "weight_decay", "maximize", "foreach",   NULL};
-static const char *const adam_attrs[] = {"lr",      "betas",    "beta1",   "beta2",        "eps",
-                                         "amsgrad", "maximize", "foreach", "weight_decay", NULL};
-
-/* Every attribute is one the optimizer takes, given once: checked before any value
- * is read, with a bit per known name (a request may carry many attributes). */
-static int check_attr_names(const Tensordd__V1__OptimizerCreate *oc, const char *kind,
-                            const char *const *names, td_error *err)
+void tdd_optim_add_param(tdd_optim *o, tdd_value *p)
 {
-    unsigned seen = 0;
-    for (size_t i = 0; i < oc->n_attrs; i++) {
-        const char *nm = oc->attrs[i]->name ? oc->attrs[i]->name : "";
-        int k = 0;
-        while (names[k] && strcmp(names[k], nm) != 0)
-            k++;
-        if (!names[k]) {
-            char list[160];
-            size_t o = 0;
-            for (int j = 0; names[j] && o < sizeof list; j++)
-                o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", j ? ", " : "", names[j]);
-            return tdd_err_arg(err, nm, "%s takes no attribute '%.32s' (accepts: %s)", kind, nm,
-                               list);
-        }
-        if (seen & (1u << k))
-            return tdd_err_arg(err, nm, "%s: attribute '%s' given twice", kind, nm);
-        seen |= 1u << k;
-    }
-    return 0;
-}
-
-static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td_error *err)
-{
-    memset(h, 0, sizeof *h);
-    const char *k = oc->kind ? oc->kind : "";
-    if (strcmp(k, "sgd") == 0)
-        h->kind = OPT_SGD;
-    else if (strcmp(k, "adam") == 0)
-        h->kind = OPT_ADAM;
-    else if (strcmp(k, "adamw") == 0)
-        h->kind = OPT_ADAMW;
-    else
-        return tdd_err_arg(err, "kind", "unknown optimizer '%.32s' (sgd, adam, adamw)", k);
-    bool adam = h->kind != OPT_SGD, have_lr = false;
-    int crc = check_attr_names(oc, k, adam ? adam_attrs : sgd_attrs, err);
-    if (crc)
-        return crc;
-    h->lr = 1e-3; /* Adam's and AdamW's default; SGD has none */
-    h->beta1 = 0.9;
-    h->beta2 = 0.999;
-    h->eps = 1e-8;
-    h->weight_decay = h->kind == OPT_ADAMW ? 1e-2 : 0.0;
-    for (size_t i = 0; i < oc->n_attrs; i++) {
-        const Tensordd__V1__Attr *a = oc->attrs[i];
-        const char *nm = a->name ? a->name : "";
-        double v = 0.0;
-        if (strcmp(nm, "betas") == 0 && adam) {
-            if (a->value_case != TENSORDD__V1__ATTR__VALUE_FLOATS || a->floats->n_v != 2)
-                return tdd_err_arg(err, "betas", "betas must be two floats");
-            h->beta1 = a->floats->v[0];
-            h->beta2 = a->floats->v[1];
-            continue;
-        }
-        int rc = attr_num(a, &v, err);
-        if (rc)
-            return rc;
-        if (strcmp(nm, "lr") == 0) {
-            h->lr = v;
-            have_lr = true;
-        } else if (strcmp(nm, "weight_decay") == 0) {
-            h->weight_decay = v;
-        } else if (strcmp(nm, "maximize") == 0) {
-            h->maximize = v != 0.0;
-        } else if (strcmp(nm, "foreach") == 0) {
-            h->foreach = v != 0.0;
-        } else if (!adam && strcmp(nm, "momentum") == 0) {
-            h->momentum = v;
-        } else if (!adam && strcmp(nm, "dampening") == 0) {
-            h->dampening = v;
-        } else if (!adam && strcmp(nm, "nesterov") == 0) {
-            h->nesterov = v != 0.0;
-        } else if (adam && strcmp(nm, "beta1") == 0) {
-            h->beta1 = v;
-        } else if (adam && strcmp(nm, "beta2") == 0) {
-            h->beta2 = v;
-        } else if (adam && strcmp(nm, "eps") == 0) {
-            h->eps = v;
-        } else if (adam && strcmp(nm, "amsgrad") == 0) {
-            h->amsgrad = v != 0.0;
-        } else {
-            return tdd_err_arg(err, nm, "%s takes no attribute '%.32s'", k, nm);
-        }
-    }
-    /* PyTorch's constructor checks. */
-    if (h->kind == OPT_SGD && !have_lr)
-        return tdd_err_arg(err, "lr", "sgd needs lr");
-    if (!(h->lr >= 0.0))
-        return tdd_err_arg(err, "lr", "invalid learning rate %g", h->lr);
-    if (!(h->weight_decay >= 0.0))
-        return tdd_err_arg(err, "weight_decay", "invalid weight_decay %g", h->weight_decay);
-    if (!(h->momentum >= 0.0))
-        return tdd_err_arg(err, "momentum", "invalid momentum %g", h->momentum);
-    if (h->nesterov && (h->momentum <= 0.0 || h->dampening != 0.0))
-        return tdd_err_arg(err, "nesterov",
-                           "nesterov momentum requires a momentum and zero "
-                           "dampening");
-    if (!(h->eps >= 0.0))
-        return tdd_err_arg(err, "eps", "invalid epsilon %g", h->eps);
-    if (!(h->beta1 >= 0.0 && h->beta1 < 1.0))
-        return tdd_err_arg(err, "beta1", "invalid beta1 %g (0 <= beta1 < 1)", h->beta1);
-    if (!(h->beta2 >= 0.0 && h->beta2 < 1.0))
-        return tdd_err_arg(err, "beta2", "invalid beta2 %g (0 <= beta2 < 1)", h->beta2);
-    return 0;
-}
-
-static int check_param(tdd_session *s, uint64_t id, tdd_value **out, td_error *err)
-{
-    tdd_value *p;
-    int rc = tdd_value_get(s, id, &p, err);
-    if (rc)
-        return rc;
-    if (!p->requires_grad)
-        return tdd_err_set(err, TD_ENOT_TRACKED,
-                           "parameter %llu does not require grad: nothing to optimize",
-                           (unsigned long long)id);
-    if (p->grad_fn)
-        return tdd_err_arg(err, "params", "can't optimize a non-leaf tensor (handle %llu)",
-                           (unsigned long long)id);
-    if (p->t.dtype != TD_F32 && p->t.dtype != TD_F64)
-        return tdd_err_set(err, TD_EUNSUPPORTED_DTYPE,
-                           "optimizers update float32 and float64 parameters, %llu is %s",
-                           (unsigned long long)id, td_dtype_name(p->t.dtype));
-    *out = p;
-    return 0;
-}
-
-int tdd_optim_create(tdd_conn *c, Tensordd__V1__Request *req)
-{
-    tdd_session *s = c->s;
-    Tensordd__V1__OptimizerCreate *oc = req->optimizer_create;
-    td_error err;
-    opt_hyper h;
-    int rc = tdd_handle_check_new(s, oc->handle, &err);
-    if (!rc)
-        rc = parse_hyper(oc, &h, &err);
-    if (!rc && oc->n_params == 0)
-        rc = tdd_err_arg(&err, "params", "optimizer got an empty parameter list");
-    tdd_optim *o = NULL;
-    uint64_t bytes = sizeof *o + oc->n_params * sizeof *o->ps;
-    if (!rc && (!(o = calloc(1, sizeof *o)) || !(o->ps = calloc(oc->n_params, sizeof *o->ps))))
-        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-    if (!rc && !(rc = tdd_account_charge(s->acct, bytes, &err))) {
-        o->acct = s->acct;
-        o->acct->refs++;
-        o->bytes = bytes;
-    }
-    /* Duplicates are found by a stamp on the value, O(1) each: this runs on the loop
-     * thread, and comparing with every earlier parameter (O(N^2)) stalled every session
-     * for 13.8 s at 200k parameters (--max-handles allows 1M). */
-    static uint64_t create_stamp;
-    uint64_t stamp = ++create_stamp;
-    for (size_t i = 0; !rc && i < oc->n_params; i++) {
-        tdd_value *p = NULL;
-        rc = check_param(s, oc->params[i], &p, &err);
-        if (!rc && p->mark == stamp)
-            rc = tdd_err_arg(&err, "params", "parameter %llu appears twice",
-                             (unsigned long long)oc->params[i]);
-        if (!rc) {
-            p->mark = stamp;
-            tdd_value_ref(p);
-            o->ps[o->n++].p = p;
-        }
-    }
-    if (rc) {
-        if (o)
-            optim_free(o);
-        tdd_handle_unreserve(s, oc->handle); /* the id's charge, if checked */
-        return tdd_answer_error(c, req, &err);
-    }
-    o->h = h;
-    tdd_handle_add(s, oc->handle, TD_HANDLE_OPTIMIZER, o);
-    if (req->want_reply)
-        tdd_conn_send_ok(c, req->id);
-    return TDD_DISPATCH_DONE;
+    tdd_value_ref(p);
+    o->ps[o->n++].p = p;
 }
 
 /* ---------------------------------------------------------------- the update (worker side) */
@@ -698,76 +492,43 @@ static tdd_value *state_buffer(tdd_session *s, const tdd_value *p, td_error *err
     return v;
 }
 
-int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
+int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_optim *o,
+                       tdd_grads *grads, td_error *err)
 {
-    tdd_session *s = c->s;
-    tdd_ag_session *ag = tdd_ag_state(s);
-    td_error err;
-    if (ag && ag->step_active && ag->step_req == req->id) {
-        /* The retry after the updates ran: answer with their verdict. */
-        ag->step_active = false;
-        if (ag->step_failed) {
-            ag->step_failed = false;
-            return tdd_answer_error(c, req, &ag->step_err);
-        }
-        if (s->has_err) { /* a queued update op failed */
-            s->has_err = false;
-            tdd_conn_send_error(c, req->id, &s->err);
-            return TDD_DISPATCH_DONE;
-        }
-        tdd_conn_send_ok(c, req->id);
-        return TDD_DISPATCH_DONE;
-    }
-    if (s->inflight)
-        return TDD_DISPATCH_BLOCK;
-    if (s->has_err) {
-        s->has_err = false;
-        tdd_conn_send_error(c, req->id, &s->err);
-        return TDD_DISPATCH_DONE;
-    }
-    if (!ag) {
-        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return tdd_answer_error(c, req, &err);
-    }
-    Tensordd__V1__OptimizerStep *st = req->optimizer_step;
-    tdd_optim *o = NULL;
-    tdd_grads *grads = NULL;
-    int rc = tdd_handle_get(s, st->optimizer, TD_HANDLE_OPTIMIZER, (void **)&o, &err);
-    if (!rc)
-        rc = tdd_handle_get(s, st->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
+    int rc = 0;
     /* Everything is checked, and every state buffer allocated, before any
      * update is queued: a failed step changes no parameter. */
-    bool sgd = o && o->h.kind == OPT_SGD;
-    int nbuf = !o ? 0 : sgd ? (o->h.momentum != 0.0 ? 1 : 0) : o->h.amsgrad ? 3 : 2;
+    bool sgd = o->h.kind == OPT_SGD;
+    int nbuf = sgd ? (o->h.momentum != 0.0 ? 1 : 0) : o->h.amsgrad ? 3 : 2;
     /* Every parameter steps the same way: as ops when asked, or when one
      * lives where the loop cannot loop over it. */
-    bool via_ops = o && o->h.foreach;
-    for (size_t i = 0; o && i < o->n; i++)
+    bool via_ops = o->h.foreach;
+    for (size_t i = 0; i < o->n; i++)
         via_ops |= !o->ps[i].p->dev->be->host_memory;
     if (via_ops)
         nbuf = 0; /* the ops make their state as results */
     /* Each parameter's gradient is looked up once (a hash lookup is a cache miss or two
      * with 10^5 entries; the passes below used to repeat it). */
     tdd_grad_entry **ge = NULL;
-    if (!rc && !(ge = calloc(o->n ? o->n : 1, sizeof *ge)))
-        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    if (!(ge = calloc(o->n ? o->n : 1, sizeof *ge)))
+        rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     for (size_t i = 0; !rc && i < o->n; i++) {
         opt_param *op = &o->ps[i];
         tdd_grad_entry *e = ge[i] = tdd_grads_find(grads, op->p);
         if (!e)
             continue;
-        rc = check_grad(op->p, e->grad, &err);
+        rc = check_grad(op->p, e->grad, err);
         for (int k = 0; !rc && k < nbuf; k++)
-            if (!op->buf[k] && !(op->buf[k] = state_buffer(s, op->p, &err)))
-                rc = err.code;
+            if (!op->buf[k] && !(op->buf[k] = state_buffer(s, op->p, err)))
+                rc = err->code;
     }
     if (rc) {
         free(ge);
-        return tdd_answer_error(c, req, &err);
+        return rc;
     }
     size_t queued = 0;
     if (via_ops) {
-        tdd_bw b = {.s = s, .req_id = req->id};
+        tdd_bw b = {.s = s, .req_id = req_id};
         for (size_t i = 0; i < o->n && !b.rc; i++) {
             opt_param *op = &o->ps[i];
             if (!ge[i] || step_ops(&b, &o->h, op, ge[i]->grad))
@@ -782,21 +543,13 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         if (b.rc) {
             /* Parameters before the failing one have stepped (queued ops
              * cannot be taken back); the error says so. */
-            return tdd_answer_error(c, req, &b.err);
+            *err = b.err;
+            return b.rc;
         }
-        if (s->inflight == 0) {
-            if (s->has_err) { /* an update that ran inline failed */
-                s->has_err = false;
-                tdd_conn_send_error(c, req->id, &s->err);
-            } else {
-                tdd_conn_send_ok(c, req->id);
-            }
-            return TDD_DISPATCH_DONE;
-        }
-        ag->step_active = true;
-        ag->step_req = req->id;
+        if (s->inflight == 0)
+            return 0; /* an update that ran inline and failed is the session's pending error */
         ag->step_failed = false;
-        return TDD_DISPATCH_BLOCK;
+        return 1;
     }
     /* The host loop: one batch of updates per device, made before anything runs (so
      * running out of memory here steps nothing). */
@@ -826,8 +579,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
         free(bat);
         free(cnt);
         free(ge);
-        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return tdd_answer_error(c, req, &err);
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     }
     for (size_t i = 0; i < o->n; i++) {
         if (!ge[i])
@@ -866,7 +618,7 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
             seq = tdd_queue_next_seq(dev->q);
             if (tdd_submit_work(s, dev, batch_run, batch_done, b)) {
                 batch_done(b, 0);
-                rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+                rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
                 continue;
             }
             queued++;
@@ -887,21 +639,19 @@ int tdd_optim_step(tdd_conn *c, Tensordd__V1__Request *req)
     free(bat);
     if (rc && !queued) {
         ag->step_failed = false;
-        return tdd_answer_error(c, req, &err);
+        return rc;
     }
     if (rc) {
         ag->step_failed = true;
-        ag->step_err = err;
+        ag->step_err = *err;
     }
     if (!queued) {
         if (ag->step_failed) { /* an update that ran here failed */
             ag->step_failed = false;
-            return tdd_answer_error(c, req, &ag->step_err);
+            *err = ag->step_err;
+            return err->code;
         }
-        tdd_conn_send_ok(c, req->id);
-        return TDD_DISPATCH_DONE;
+        return 0;
     }
-    ag->step_active = true;
-    ag->step_req = req->id;
-    return TDD_DISPATCH_BLOCK;
+    return 1;
 }

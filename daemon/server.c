@@ -9,7 +9,8 @@
 #include <sys/stat.h>
 
 #include "log.h"
-#include "server.h"
+#include "reply.h"
+#include "stats.h"
 #include "wire.h"
 
 #define RBUF_SIZE (64 * 1024)
@@ -25,14 +26,6 @@
  * it may make the daemon allocate up to --max-frame. */
 #define PREAUTH_MAX_MSG (16u << 10)
 
-tdd_counters tdd_stats;
-
-void tdd_count_error(int code)
-{
-    if (code < 0 && -code < TD_ERRNO_COUNT)
-        tdd_stats.errors[-code]++;
-}
-
 typedef struct {
     union {
         uv_handle_t handle;
@@ -45,6 +38,7 @@ typedef struct {
 } listener;
 
 static uv_loop_t *loop;
+static tdd_request_fn on_request; /* from main: the request table */
 static listener listeners[TDD_MAX_LISTEN];
 static int nlisteners;
 static tdd_conn *conns;
@@ -56,6 +50,8 @@ static void conn_process(tdd_conn *c);
 static void conn_close(tdd_conn *c);
 static void conn_shutdown(tdd_conn *c);
 static void watch_arm(tdd_conn *c);
+static void conn_resume(tdd_conn *c);
+static void conn_kick(tdd_conn *c);
 
 /* ---------------------------------------------------------------- writes */
 
@@ -85,9 +81,9 @@ static void after_write(uv_write_t *w, int status)
     bool resume = wr->resume;
     free(wr);
     if (resume)
-        tdd_conn_resume(c);
+        conn_resume(c);
     else if (!c->closing)
-        tdd_conn_kick(c);
+        conn_kick(c);
 }
 
 static void out_of_memory(tdd_conn *c, bool resume)
@@ -204,8 +200,8 @@ static void send_packed(tdd_conn *c, Tensordd__V1__Response *r, const void *payl
 
 /* A payload pointing into tensor memory must not change while it is written:
  * frame processing pauses until the write completes. */
-void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
-                   tdd_storage *hold)
+static void conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
+                      tdd_storage *hold)
 {
     bool pause = plen > 0;
     if (pause)
@@ -213,8 +209,8 @@ void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, 
     send_packed(c, r, payload, plen, hold, pause);
 }
 
-void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const void *payload,
-                           uint64_t plen, tdd_storage *hold)
+static void conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const void *payload,
+                              uint64_t plen, tdd_storage *hold)
 {
     bool pause = plen > 0;
     if (pause)
@@ -226,23 +222,6 @@ void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const v
         return;
     memcpy(frame + TD_FRAME_HEADER_SIZE, msg, mlen);
     send_frame(c, frame, TD_FRAME_HEADER_SIZE + mlen, wr, payload, plen, hold, pause);
-}
-
-void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
-{
-    tdd_wire_error w;
-    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-    r.id = id;
-    r.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
-    r.error = tdd_wire_error_fill(&w, err, id);
-    send_packed(c, &r, NULL, 0, NULL, false);
-}
-
-void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
-{
-    uint8_t msg[16];
-    size_t mlen = tdd_wire_ok(msg, id);
-    tdd_conn_send_encoded(c, msg, mlen, NULL, 0, NULL);
 }
 
 /* ---------------------------------------------------------------- reads */
@@ -473,7 +452,7 @@ static void handle_frame(tdd_conn *c)
     tdd_stats.requests++;
     if (c->s)
         c->s->requests++;
-    int rc = tdd_dispatch(c, req, hdr.payload_len);
+    int rc = on_request(c, req, hdr.payload_len);
     switch (rc) {
     case TDD_DISPATCH_DONE:
         request_free(c, req);
@@ -552,26 +531,26 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     conn_process(c);
 }
 
-void tdd_conn_pause(tdd_conn *c)
+static void conn_pause(tdd_conn *c)
 {
     c->paused++;
 }
 
-void tdd_conn_resume(tdd_conn *c)
+static void conn_resume(tdd_conn *c)
 {
     if (c->paused > 0)
         c->paused--;
-    tdd_conn_kick(c);
+    conn_kick(c);
 }
 
-void tdd_conn_kick(tdd_conn *c)
+static void conn_kick(tdd_conn *c)
 {
     if (!c || c->closing)
         return;
     if (c->blocked && c->paused == 0 && c->s && c->s->inflight == 0) {
         Tensordd__V1__Request *req = c->blocked;
         c->blocked = NULL;
-        int rc = tdd_dispatch(c, req, 0);
+        int rc = on_request(c, req, 0);
         if (rc == TDD_DISPATCH_BLOCK) {
             c->blocked = req;
             return;
@@ -772,7 +751,7 @@ static void on_watch(uv_timer_t *t)
     watch_arm(c);
 }
 
-int tdd_conn_admit(tdd_conn *c, td_error *err)
+static int conn_admit(tdd_conn *c, td_error *err)
 {
     if (n_admitted >= tdd_cfg.max_sessions) {
         tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
@@ -864,7 +843,7 @@ static void on_connection(uv_stream_t *server, int status)
     }
     if (is_tcp)
         uv_tcp_nodelay(&c->h.tcp, 1);
-    /* Before Hello: small messages and no payload (tdd_conn_admit lifts both). */
+    /* Before Hello: small messages and no payload (conn_admit lifts both). */
     td_frame_limits lim = {.max_msg = tdd_cfg.max_msg < PREAUTH_MAX_MSG ? tdd_cfg.max_msg
                                                                         : PREAUTH_MAX_MSG,
                            .max_payload = 0};
@@ -966,9 +945,17 @@ static int listen_unix(listener *l, const char *path)
     return 0;
 }
 
-int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg)
+int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req)
 {
+    static const tdd_transport transport = {.send = conn_send,
+                                            .send_encoded = conn_send_encoded,
+                                            .pause = conn_pause,
+                                            .resume = conn_resume,
+                                            .kick = conn_kick,
+                                            .admit = conn_admit};
     loop = lp;
+    on_request = on_req;
+    tdd_reply_init(&transport);
     for (int i = 0; i < cfg->nlisten; i++) {
         listener *l = &listeners[nlisteners];
         const char *ep = cfg->listen[i];
@@ -1025,7 +1012,7 @@ void tdd_server_shutdown(void)
                 uv_read_stop(&c->h.stream);
             c->reading = false;
         }
-        tdd_conn_kick(c);
+        conn_kick(c);
         c = next;
     }
 }

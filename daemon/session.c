@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "exec_op.h" /* tdd_default_device */
 #include "log.h"
 
 tdd_session *tdd_sessions;
@@ -15,7 +14,6 @@ static uint64_t next_session_id = 1;
 static tdd_obj_free_fn free_fns[4];
 static uint64_t values_alive;
 
-uint64_t tdd_values_alive(void);
 uint64_t tdd_values_alive(void)
 {
     return values_alive;
@@ -38,14 +36,19 @@ void tdd_value_ref(tdd_value *v)
     v->refs++;
 }
 
-extern void tdd_autograd_value_free(tdd_value *v);
+static tdd_session_hooks hooks;
+
+void tdd_session_set_hooks(const tdd_session_hooks *h)
+{
+    hooks = *h;
+}
 
 void tdd_value_unref(tdd_value *v)
 {
     if (!v || --v->refs > 0)
         return;
-    if (v->grad_fn)
-        tdd_autograd_value_free(v); /* drops its reference on the graph */
+    if (v->grad_fn && hooks.value_free)
+        hooks.value_free(v); /* drops its reference on the graph */
     tdd_storage_unref(v->t.st);
     values_alive--;
     free(v);
@@ -227,13 +230,12 @@ void tdd_session_ref(tdd_session *s)
     s->refs++;
 }
 
-extern void tdd_autograd_session_free(tdd_session *s);
-
 void tdd_session_unref(tdd_session *s)
 {
     if (--s->refs > 0)
         return;
-    tdd_autograd_session_free(s);
+    if (hooks.session_free)
+        hooks.session_free(s);
     tdd_account_unref(s->acct);
     free(s);
 }

@@ -91,6 +91,15 @@ typedef struct tdd_session {
     void *autograd; /* per-session autodiff state (autograd.c) */
 } tdd_session;
 
+/* What the layers above keep per value and per session (autodiff: a value's grad_fn,
+ * a session's graph state), freed through hooks they hand down (tdd_session_set_hooks):
+ * value_free when a value with a grad_fn dies, session_free when a session does. */
+typedef struct {
+    void (*value_free)(tdd_value *v);
+    void (*session_free)(tdd_session *s);
+} tdd_session_hooks;
+void tdd_session_set_hooks(const tdd_session_hooks *h);
+
 extern tdd_session *tdd_sessions; /* every live session */
 extern uint64_t tdd_nsessions;
 
@@ -102,6 +111,8 @@ void tdd_session_unref(tdd_session *s);
 
 /* Records err as the session's first pending error (if none yet). */
 void tdd_session_fail(tdd_session *s, const td_error *err);
+/* Values alive in the daemon (every session), for Stats. */
+uint64_t tdd_values_alive(void);
 
 /* The entry for id, or NULL. Valid until the table next changes. */
 tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id);

@@ -32,4 +32,26 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v);
 Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len,
                                              ProtobufCAllocator *al);
 
+/* wire.c: td_error -> protobuf Error, in one place. The buffer owns every
+ * sub-message the Error points to. */
+typedef struct {
+    Tensordd__V1__Error e;
+    Tensordd__V1__DeviceMismatch dm;
+    Tensordd__V1__Device d[2];
+    Tensordd__V1__DTypeMismatch dtm;
+    Tensordd__V1__ShapeMismatch sm;
+    Tensordd__V1__UnknownHandle uh;
+    Tensordd__V1__WrongHandleKind whk;
+    Tensordd__V1__Poisoned po;
+    Tensordd__V1__ResourceExhausted re;
+    Tensordd__V1__VersionMismatch vm;
+    Tensordd__V1__InvalidArgument ia;
+    char msg[256], arg[32], res[32], b0[16], b1[16];
+    int64_t shapes[2][TD_MAX_NDIM];
+} tdd_wire_error;
+
+Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
+                                         uint64_t request_id);
+void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d);
+
 #endif

@@ -17,8 +17,8 @@
 
 #include "autograd.h"
 #include "config.h"
-#include "conn.h"
 #include "device.h"
+#include "dispatch.h"
 #include "exec.h"
 #include "log.h"
 
@@ -42,7 +42,7 @@ static void start_daemon(void)
     char note[256];
     tdd_autograd_init(); /* as main() does: Gradients/optimizer handles know how to free */
     if (tdd_exec_init(loop) || tdd_devices_init(&tdd_cfg, note, sizeof note) ||
-        tdd_server_start(loop, &tdd_cfg)) {
+        tdd_server_start(loop, &tdd_cfg, tdd_dispatch)) {
         fprintf(stderr, "fuzz: cannot start the in-process daemon\n");
         exit(1);
     }

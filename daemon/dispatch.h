@@ -1,0 +1,11 @@
+/* dispatch.h -- the request table: what the server hands every request to. */
+#ifndef TDD_DISPATCH_H
+#define TDD_DISPATCH_H
+
+#include "conn.h"
+
+/* Runs one request through the generic checks and its row's handler (a tdd_request_fn,
+ * handed to the server by main). Returns a TDD_DISPATCH_* code. */
+int tdd_dispatch(tdd_conn *c, Tensordd__V1__Request *req, uint64_t payload_len);
+
+#endif

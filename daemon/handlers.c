@@ -1,0 +1,708 @@
+/* handlers.c -- the core requests' handlers: Hello, devices, Stats, Upload, Download,
+ * Describe, Op, ToDevice, Release, Sync, Goodbye (rows of dispatch.c's table). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd.h"
+#include "exec_op.h"
+#include "handlers.h"
+#include "log.h"
+#include "stats.h"
+#include "utf8.h"
+#include "wire.h"
+
+typedef Tensordd__V1__Request Request;
+
+static char server_note[256];
+
+void tdd_hello_set_note(const char *note)
+{
+    snprintf(server_note, sizeof server_note, "%s", note);
+}
+
+static tdd_device *resolve_device(const Tensordd__V1__Device *d, td_error *err)
+{
+    if (!d || !d->backend || !d->backend[0])
+        return tdd_default_device();
+    int known = 0;
+    tdd_device *dev = tdd_device_find(d->backend, d->ordinal, &known);
+    if (!dev) {
+        if (known)
+            tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here", d->backend,
+                        d->ordinal);
+        else
+            tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
+    }
+    return dev;
+}
+
+/* ---------------------------------------------------------------- hello */
+
+/* Compares the offered token with the configured one in time that depends only
+ * on the configured length, so the comparison leaks nothing about the token. */
+static bool token_matches(const char *offered)
+{
+    size_t n = offered ? strlen(offered) : 0;
+    unsigned diff = (unsigned)(n ^ tdd_cfg.token_len);
+    for (size_t i = 0; i < tdd_cfg.token_len; i++)
+        diff |= (unsigned)(uint8_t)(i < n ? offered[i] : 0) ^ (uint8_t)tdd_cfg.token[i];
+    return diff == 0;
+}
+
+int tdd_h_hello(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    Tensordd__V1__Hello *h = req->hello;
+    td_error err;
+    if (c->hello_done) {
+        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "Hello sent twice");
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (h->min_version > TD_PROTOCOL_VERSION || h->max_version < TD_PROTOCOL_VERSION) {
+        tdd_err_set(&err, TD_EVERSION_MISMATCH,
+                    "client speaks protocol %u..%u, this daemon speaks %u..%u", h->min_version,
+                    h->max_version, TD_PROTOCOL_VERSION, TD_PROTOCOL_VERSION);
+        err.detail_kind = TD_DETAIL_VERSION;
+        err.detail.version.server_min = TD_PROTOCOL_VERSION;
+        err.detail.version.server_max = TD_PROTOCOL_VERSION;
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (tdd_cfg.token_len && !token_matches(h->token)) {
+        tdd_err_set(&err, TD_EUNAUTHENTICATED, "this daemon requires a valid token in Hello");
+        tdd_info("session %llu (%s): bad or missing token; closing the connection",
+                 (unsigned long long)c->s->id, c->s->peer);
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (tdd_conn_admit(c, &err)) {
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
+    td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
+    Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
+    hr.version = TD_PROTOCOL_VERSION;
+    hr.server = (char *)"tensordd " TDD_VERSION;
+    hr.session_id = c->s->id;
+    hr.note = server_note;
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_HELLO;
+    resp.hello = &hr;
+    tdd_conn_send(c, &resp, NULL, 0, NULL);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- devices, stats */
+
+int tdd_h_list_devices(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    int n = tdd_device_count();
+    Tensordd__V1__DeviceInfo *infos = calloc((size_t)n + 1, sizeof *infos);
+    Tensordd__V1__DeviceInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
+    Tensordd__V1__Device *devs = calloc((size_t)n + 1, sizeof *devs);
+    char(*names)[16] = calloc((size_t)n + 1, sizeof *names);
+    if (!infos || !ptrs || !devs || !names) {
+        free(infos), free(ptrs), free(devs), free(names);
+        td_error err;
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    for (int i = 0; i < n; i++) {
+        tdd_device *d = tdd_device_get(i);
+        tensordd__v1__device_info__init(&infos[i]);
+        tdd_wire_device(&devs[i], names[i], sizeof names[i], d);
+        infos[i].device = &devs[i];
+        infos[i].name = d->name;
+        infos[i].memory_total = d->be->memory_total ? d->be->memory_total(d->ctx, d->ordinal) : 0;
+        infos[i].memory_used = d->in_use;
+        ptrs[i] = &infos[i];
+    }
+    Tensordd__V1__ListDevicesReply lr = TENSORDD__V1__LIST_DEVICES_REPLY__INIT;
+    lr.n_devices = (size_t)n;
+    lr.devices = ptrs;
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_DEVICES;
+    resp.devices = &lr;
+    tdd_conn_send(c, &resp, NULL, 0, NULL);
+    free(infos), free(ptrs), free(devs), free(names);
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_stats(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    Tensordd__V1__StatsReply sr = TENSORDD__V1__STATS_REPLY__INIT;
+    sr.sessions = tdd_nsessions;
+    uint64_t handles = 0;
+    size_t ns = 0;
+    for (tdd_session *s = tdd_sessions; s; s = s->next) {
+        handles += s->nhandles;
+        ns++;
+    }
+    sr.handles = handles;
+    sr.bytes_received = tdd_stats.bytes_received;
+    sr.bytes_sent = tdd_stats.bytes_sent;
+    sr.requests = tdd_stats.requests;
+    sr.uptime_ms = uv_now(uv_default_loop()) - tdd_stats.start_ms;
+    sr.tensors_alive = tdd_values_alive();
+
+    Tensordd__V1__ErrorCount ec[TD_ERRNO_COUNT], *ecp[TD_ERRNO_COUNT];
+    size_t nec = 0;
+    for (int i = 1; i < TD_ERRNO_COUNT; i++) {
+        if (!tdd_stats.errors[i])
+            continue;
+        tensordd__v1__error_count__init(&ec[nec]);
+        ec[nec].code = (Tensordd__V1__ErrorCode)i;
+        ec[nec].count = tdd_stats.errors[i];
+        ecp[nec] = &ec[nec];
+        nec++;
+    }
+    sr.n_errors = nec;
+    sr.errors = ecp;
+
+    int nd = tdd_device_count();
+    Tensordd__V1__DeviceMemory *dm = calloc((size_t)nd + 1, sizeof *dm);
+    Tensordd__V1__DeviceMemory **dmp = calloc((size_t)nd + 1, sizeof *dmp);
+    Tensordd__V1__Device *devs = calloc((size_t)nd + 1, sizeof *devs);
+    char(*names)[16] = calloc((size_t)nd + 1, sizeof *names);
+    Tensordd__V1__SessionInfo *si = calloc(ns + 1, sizeof *si);
+    Tensordd__V1__SessionInfo **sip = calloc(ns + 1, sizeof *sip);
+    if (dm && dmp && devs && names && si && sip) {
+        for (int i = 0; i < nd; i++) {
+            tdd_device *d = tdd_device_get(i);
+            tensordd__v1__device_memory__init(&dm[i]);
+            tdd_wire_device(&devs[i], names[i], sizeof names[i], d);
+            dm[i].device = &devs[i];
+            dm[i].bytes_in_use = d->in_use;
+            dm[i].peak_bytes = d->peak;
+            dmp[i] = &dm[i];
+        }
+        sr.n_memory = (size_t)nd;
+        sr.memory = dmp;
+        size_t k = 0;
+        for (tdd_session *s = tdd_sessions; s; s = s->next, k++) {
+            tensordd__v1__session_info__init(&si[k]);
+            si[k].session_id = s->id;
+            si[k].peer = s->peer;
+            si[k].client_name = s->client_name;
+            si[k].handles = s->nhandles;
+            si[k].bytes_in_use = s->acct->in_use;
+            si[k].requests = s->requests;
+            sip[k] = &si[k];
+        }
+        sr.n_session_list = k;
+        sr.session_list = sip;
+    }
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_STATS;
+    resp.stats = &sr;
+    tdd_conn_send(c, &resp, NULL, 0, NULL);
+    free(dm), free(dmp), free(devs), free(names), free(si), free(sip);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---- staging: device memory the socket cannot read or write directly (cuda),
+ * and strided host views, go through a host buffer filled on the device's worker
+ * so that the loop thread never copies tensor data. */
+
+typedef struct {
+    tdd_session *s;
+    tdd_value *v;
+    tdd_storage *host; /* host staging buffer, accounted to the session */
+    uint64_t req_id;
+    bool want_reply;
+    int rc;
+} staged;
+
+static staged *staged_new(tdd_session *s, tdd_value *v, size_t nbytes, uint64_t req_id,
+                          td_error *err)
+{
+    staged *st = calloc(1, sizeof *st);
+    if (!st) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    st->host = tdd_storage_alloc(tdd_default_device(), nbytes, s->acct, err);
+    if (!st->host) {
+        free(st);
+        return NULL;
+    }
+    st->s = s;
+    tdd_session_ref(s);
+    st->v = v;
+    tdd_value_ref(v);
+    st->req_id = req_id;
+    return st;
+}
+
+static void staged_free(staged *st)
+{
+    tdd_storage_unref(st->host);
+    tdd_value_unref(st->v);
+    tdd_session_unref(st->s);
+    free(st);
+}
+
+/* Worker: device (or strided host view) -> contiguous host bytes. */
+static int staged_to_host(void *arg)
+{
+    staged *st = arg;
+    tdd_value *v = st->v;
+    if (tdd_value_poisoned(v))
+        return st->rc = TD_EPOISONED;
+    if (v->dev->be->host_memory)
+        tdd_copy_contiguous(&v->t, st->host->data);
+    else
+        st->rc = v->dev->be->to_host(v->dev->ctx, v->dev->ordinal, st->host->data, tdd_data(&v->t),
+                                     st->host->nbytes);
+    return st->rc;
+}
+
+/* Loop: answer the Download from the staging buffer, then let frames flow again. */
+static void staged_download_done(void *arg, int rc)
+{
+    staged *st = arg;
+    tdd_session *s = st->s;
+    tdd_conn *c = s->closed ? NULL : s->conn;
+    if (c) {
+        td_error err;
+        if (rc == TD_EPOISONED) {
+            tdd_err_poisoned(&err, st->v);
+            err.request_id = st->req_id;
+            tdd_count_error(err.code);
+            tdd_conn_send_error(c, st->req_id, &err);
+        } else if (rc) {
+            tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label, td_strerror(rc));
+            err.request_id = st->req_id;
+            tdd_count_error(rc);
+            tdd_conn_send_error(c, st->req_id, &err);
+        } else {
+            tdd_send_tensor(c, st->req_id, st->v, st->host->data, st->host->nbytes, st->host);
+        }
+        tdd_conn_resume(c);
+    }
+    staged_free(st);
+}
+
+static int staged_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    td_error err;
+    tdd_session *s = c->s;
+    tdd_value *src = v, *dense = NULL;
+    if (!v->dev->be->host_memory && !tdd_is_contiguous(&v->t)) {
+        /* The device lays the view out densely first; the copy out follows in queue order. */
+        tdd_opreq oreq = {.dtype = TD_DTYPE_INVALID};
+        int n_out = 1;
+        if (tdd_submit_op(s, req->id, false, TDD_OP_CONTIGUOUS, &oreq, &v, 1, NULL, &dense, &n_out,
+                          NULL, &err))
+            return tdd_answer_error(r, &err);
+        src = dense;
+    }
+    staged *st = staged_new(s, src, (size_t)nbytes, req->id, &err);
+    if (dense)
+        tdd_value_unref(dense);
+    if (!st)
+        return tdd_answer_error(r, &err);
+    st->v->handle = v->handle;
+    tdd_conn_pause(c); /* later requests wait for this reply */
+    if (tdd_submit_work(s, src->dev, staged_to_host, staged_download_done, st)) {
+        tdd_conn_resume(c);
+        staged_free(st);
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    return TDD_DISPATCH_DONE;
+}
+
+/* Worker: host bytes -> device memory. A failure poisons the tensor. */
+static int staged_from_host(void *arg)
+{
+    staged *st = arg;
+    tdd_value *v = st->v;
+    st->rc = v->dev->be->from_host(v->dev->ctx, v->dev->ordinal, tdd_data(&v->t), st->host->data,
+                                   st->host->nbytes);
+    if (st->rc)
+        tdd_value_poison(v, st->rc, st->req_id);
+    return st->rc;
+}
+
+static void staged_upload_done(void *arg, int rc)
+{
+    staged *st = arg;
+    tdd_session *s = st->s;
+    tdd_conn *c = s->closed ? NULL : s->conn;
+    if (rc) {
+        td_error err;
+        tdd_err_set(&err, rc, "upload to %s: %s", st->v->dev->label, td_strerror(rc));
+        err.request_id = st->req_id;
+        tdd_count_error(rc);
+        if (st->want_reply && c)
+            tdd_conn_send_error(c, st->req_id, &err);
+        else if (!s->closed)
+            tdd_session_fail(s, &err);
+    } else if (st->want_reply && c) {
+        tdd_conn_send_ok(c, st->req_id);
+    }
+    staged_free(st);
+}
+
+/* The payload has landed in the staging buffer: queue the copy to the device. */
+static void staged_upload_landed(tdd_conn *c, void *arg, int status)
+{
+    staged *st = arg;
+    (void)c;
+    tdd_value *v = st->v;
+    if (status || tdd_submit_work(st->s, v->dev, staged_from_host, staged_upload_done, st)) {
+        tdd_value_poison(v, status ? status : TD_ERESOURCE_EXHAUSTED, st->req_id);
+        staged_free(st);
+        return;
+    }
+    /* Readers on other queues wait for the copy; the device's own queue orders it. */
+    v->fq = v->dev->q;
+    v->fseq = tdd_queue_next_seq(v->dev->q) - 1;
+}
+
+/* ---------------------------------------------------------------- upload */
+
+typedef struct {
+    tdd_value *v;
+    uint64_t req_id;
+    bool want_reply;
+} upload_ctx;
+
+static void upload_landed(tdd_conn *c, void *arg, int status)
+{
+    upload_ctx *u = arg;
+    if (status == 0 && u->want_reply && c->s)
+        tdd_conn_send_ok(c, u->req_id);
+    tdd_value_unref(u->v);
+    free(u);
+}
+
+int tdd_h_upload(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    uint64_t plen = r->payload_len;
+    Tensordd__V1__Upload *up = req->upload;
+    tdd_session *s = c->s;
+    td_error err;
+    int rc = tdd_handle_check_new(s, up->handle, &err);
+    tdd_device *dev = NULL;
+    int64_t numel = 0;
+    size_t isz = td_dtype_size((td_dtype)up->dtype);
+    if (!rc && (up->dtype <= 0 || up->dtype >= (int)TD_DTYPE_COUNT))
+        rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)up->dtype);
+    if (!rc && up->n_shape > TD_MAX_NDIM)
+        rc = tdd_err_arg(&err, "shape", "%zu dims, at most %d", up->n_shape, TD_MAX_NDIM);
+    if (!rc) {
+        numel = tdd_shape_numel(up->shape, (int)up->n_shape, tdd_cfg.max_numel);
+        if (numel < 0)
+            rc = tdd_err_arg(&err, "shape", "negative or too large (limit %lld elements)",
+                             (long long)tdd_cfg.max_numel);
+    }
+    if (!rc && (uint64_t)numel * isz != plen)
+        rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, shape and dtype need %llu",
+                         (unsigned long long)plen, (unsigned long long)((uint64_t)numel * isz));
+    td_dtype udt = (td_dtype)up->dtype;
+    if (!rc && up->requires_grad && udt != TD_F32 && udt != TD_F64 && udt != TD_F16 &&
+        udt != TD_BF16)
+        rc = tdd_err_arg(&err, "requires_grad", "only floating-point tensors can require grad");
+    if (!rc && !(dev = resolve_device(up->device, &err)))
+        rc = err.code;
+    tdd_value *v = NULL;
+    upload_ctx *u = NULL;
+    if (!rc) {
+        v = tdd_value_new(dev);
+        u = calloc(1, sizeof *u);
+        if (!v || !u)
+            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    }
+    if (!rc) {
+        v->t.dtype = (td_dtype)up->dtype;
+        v->t.ndim = (int)up->n_shape;
+        if (up->n_shape) /* a scalar has no shape array at all */
+            memcpy(v->t.shape, up->shape, up->n_shape * sizeof(int64_t));
+        tdd_set_contiguous(&v->t);
+        v->requires_grad = up->requires_grad;
+        v->t.st = tdd_storage_alloc(dev, (size_t)plen, s->acct, &err);
+        if (!v->t.st)
+            rc = TD_ERESOURCE_EXHAUSTED;
+    }
+    staged *stg = NULL;
+    if (!rc && !dev->be->host_memory && !(stg = staged_new(s, v, (size_t)plen, req->id, &err)))
+        rc = err.code;
+    if (rc) {
+        tdd_value_unref(v);
+        free(u);
+        tdd_answer_error(r, &err); /* binds up->handle to a placeholder (failed_binds) */
+        c->pdst = NULL;            /* the payload is read and dropped */
+        c->pdone = NULL;
+        return TDD_DISPATCH_PAYLOAD;
+    }
+    tdd_handle_add(s, up->handle, TD_HANDLE_TENSOR, v);
+    if (stg) {
+        /* Device memory: the payload lands in host staging, a worker copies it over. */
+        free(u);
+        stg->want_reply = req->want_reply;
+        c->pdst = stg->host->data;
+        c->pdone = staged_upload_landed;
+        c->parg = stg;
+        return TDD_DISPATCH_PAYLOAD;
+    }
+    tdd_value_ref(v);
+    u->v = v;
+    u->req_id = req->id;
+    u->want_reply = req->want_reply;
+    c->pdst = tdd_data(&v->t);
+    c->pdone = upload_landed;
+    c->parg = u;
+    return TDD_DISPATCH_PAYLOAD;
+}
+
+/* ---------------------------------------------------------------- download, describe */
+
+/* (The session's first error came first, in the generic path: when it is what poisoned
+ * v, the client got the root cause with its typed detail, not just POISONED.) */
+int tdd_h_download(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    td_error err;
+    tdd_value *v;
+    if (tdd_value_get(c->s, req->download->handle, &v, &err))
+        return tdd_answer_error(r, &err);
+    if (tdd_value_poisoned(v)) {
+        tdd_err_poisoned(&err, v);
+        return tdd_answer_error(r, &err);
+    }
+    uint64_t nbytes = (uint64_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+    if (v->dev->be->host_memory && tdd_is_contiguous(&v->t)) {
+        /* Straight from the tensor's memory: no staging copy. */
+        tdd_send_tensor(c, req->id, v, tdd_data(&v->t), nbytes, v->t.st);
+        return TDD_DISPATCH_DONE;
+    }
+    return staged_download(r, v, nbytes);
+}
+
+int tdd_h_describe(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    td_error err;
+    tdd_value *v;
+    if (tdd_value_get(c->s, req->describe->handle, &v, &err))
+        return tdd_answer_error(r, &err);
+    if (tdd_value_poisoned(v)) {
+        tdd_err_poisoned(&err, v);
+        return tdd_answer_error(r, &err);
+    }
+    tdd_send_tensor(c, req->id, v, NULL, 0, NULL);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- ops */
+
+static int convert_attrs(const Tensordd__V1__Op *op, td_attr *out, td_error *err)
+{
+    for (size_t i = 0; i < op->n_attrs; i++) {
+        const Tensordd__V1__Attr *a = op->attrs[i];
+        td_attr *t = &out[i];
+        memset(t, 0, sizeof *t);
+        t->name = a->name;
+        switch (a->value_case) {
+        case TENSORDD__V1__ATTR__VALUE_I:
+            t->kind = TD_ATTR_INT;
+            t->i = a->i;
+            t->f = (double)a->i;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_F:
+            t->kind = TD_ATTR_FLOAT;
+            t->f = a->f;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_B:
+            t->kind = TD_ATTR_BOOL;
+            t->b = a->b;
+            t->i = a->b;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_INTS:
+            t->kind = TD_ATTR_INTS;
+            t->ints = a->ints->v;
+            t->n = a->ints->n_v;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_FLOATS:
+            t->kind = TD_ATTR_FLOATS;
+            t->floats = a->floats->v;
+            t->n = a->floats->n_v;
+            break;
+        case TENSORDD__V1__ATTR__VALUE_S:
+            t->kind = TD_ATTR_STR;
+            t->s = a->s;
+            break;
+        case TENSORDD__V1__ATTR__VALUE__NOT_SET:
+        default:
+            return tdd_err_arg(err, a->name && a->name[0] ? a->name : "attrs",
+                               "attribute '%.64s' has no value", a->name ? a->name : "");
+        }
+    }
+    return 0;
+}
+
+#define TDD_MAX_ATTRS 32
+
+int tdd_h_op(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    Tensordd__V1__Op *op = req->op;
+    tdd_session *s = c->s;
+    td_error err;
+    int rc = 0;
+    tdd_value *in[TDD_MAX_OP_INPUTS];
+    tdd_value *out[TDD_MAX_OP_OUTPUTS];
+    td_attr attrs[TDD_MAX_ATTRS];
+    tdd_opargs args;
+    int n_out = (int)op->n_outputs;
+
+    if (op->n_outputs == 0 || op->n_outputs > TDD_MAX_OP_OUTPUTS)
+        rc = tdd_err_arg(&err, "outputs", "%zu output handles; 1..%d expected", op->n_outputs,
+                         TDD_MAX_OP_OUTPUTS);
+    for (size_t i = 0; !rc && i < op->n_outputs; i++) {
+        rc = tdd_handle_check_new(s, op->outputs[i], &err);
+        for (size_t j = 0; !rc && j < i; j++)
+            if (op->outputs[j] == op->outputs[i])
+                rc = tdd_err_arg(&err, "outputs", "output handle %llu named twice",
+                                 (unsigned long long)op->outputs[i]);
+    }
+    const tdd_opdef *def = NULL;
+    if (!rc && !(def = tdd_op_find(op->op)))
+        rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP, "unknown op '%.64s'", op->op);
+    if (!rc && op->n_inputs > TDD_MAX_OP_INPUTS)
+        rc = tdd_err_arg(&err, "inputs", "%zu inputs; at most %d", op->n_inputs, TDD_MAX_OP_INPUTS);
+    for (size_t i = 0; !rc && i < op->n_inputs; i++)
+        rc = tdd_value_get(s, op->inputs[i], &in[i], &err);
+    if (!rc && op->n_attrs > TDD_MAX_ATTRS)
+        rc = tdd_err_arg(&err, "attrs", "%zu attributes; at most %d", op->n_attrs, TDD_MAX_ATTRS);
+    if (!rc)
+        rc = convert_attrs(op, attrs, &err);
+    tdd_device *dev = NULL;
+    if (!rc && op->n_inputs == 0 && !(dev = resolve_device(op->device, &err)))
+        rc = err.code;
+    if (!rc && (op->dtype < 0 || op->dtype >= (int)TD_DTYPE_COUNT))
+        rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
+    tdd_opreq oreq = {
+        .attrs = {.a = attrs, .n = op->n_attrs}, .dtype = (td_dtype)op->dtype, .seed = s->rng};
+    if (!rc && op->requires_grad && op->n_inputs == 0) {
+        /* As Upload: only floating-point tensors can require grad. Told before anything
+         * is queued; the output dtypes come from prepare (cheap: there are no inputs). */
+        tdd_opargs pa;
+        tdd_outdesc pod[TDD_MAX_OP_OUTPUTS];
+        int pn = 0;
+        rc = tdd_op_prepare(def->op, NULL, 0, &oreq, tdd_cfg.max_numel, &pa, pod, &pn, &err);
+        for (int i = 0; !rc && i < pn; i++) {
+            td_dtype odt = pod[i].dtype;
+            if (odt != TD_F32 && odt != TD_F64 && odt != TD_F16 && odt != TD_BF16)
+                rc = tdd_err_arg(&err, "requires_grad",
+                                 "%s: only floating-point tensors can require grad, not %s",
+                                 def->name, td_dtype_name(odt));
+        }
+    }
+    struct tdd_node *node = NULL; /* the autodiff record, reserved before anything runs */
+    if (!rc && tdd_autograd_tracks(s, def->op, in, (int)op->n_inputs) &&
+        !(node = tdd_autograd_reserve(s, (int)op->n_inputs, n_out, &err)))
+        rc = err.code;
+    if (!rc) {
+        s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
+        rc = tdd_submit_op_named(s, req->id, req->want_reply, def->op, &oreq, in, (int)op->n_inputs,
+                                 dev, op->outputs, out, &n_out, &args, &err);
+    }
+    if (rc) {
+        tdd_autograd_unreserve(node);
+        return tdd_answer_error(r, &err); /* binds the outputs to placeholders */
+    }
+    for (int i = 0; i < n_out; i++) {
+        if (op->requires_grad && op->n_inputs == 0)
+            out[i]->requires_grad = true;
+        tdd_handle_add(s, op->outputs[i], TD_HANDLE_TENSOR, out[i]);
+    }
+    if (node)
+        tdd_autograd_record(node, def->op, &args, &oreq.attrs, in, (int)op->n_inputs, out, n_out);
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_to_device(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    Tensordd__V1__ToDevice *td = req->to_device;
+    tdd_session *s = c->s;
+    td_error err;
+    tdd_value *v = NULL, *out = NULL;
+    tdd_device *dev = NULL;
+    struct tdd_node *node = NULL;
+    int rc = tdd_handle_check_new(s, td->output, &err);
+    if (!rc)
+        rc = tdd_value_get(s, td->input, &v, &err);
+    if (!rc && !(dev = resolve_device(td->device, &err)))
+        rc = err.code;
+    if (!rc && s->grad_enabled && v->requires_grad && !(node = tdd_autograd_reserve(s, 1, 1, &err)))
+        rc = err.code;
+    if (!rc)
+        rc = tdd_submit_copy(s, req->id, v, dev, &out, &err);
+    if (rc) {
+        tdd_autograd_unreserve(node);
+        return tdd_answer_error(r, &err); /* binds the output to a placeholder */
+    }
+    tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
+    if (node)
+        tdd_autograd_record_to_device(node, v, out);
+    if (req->want_reply)
+        tdd_conn_send_ok(c, req->id); /* queued; errors of the copy surface at the next sync */
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_release(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    Tensordd__V1__Release *rl = req->release;
+    td_error err, first;
+    bool failed = false;
+    for (size_t i = 0; i < rl->n_handles; i++) {
+        if (tdd_handle_release(c->s, rl->handles[i], &err) && !failed) {
+            first = err;
+            failed = true;
+        }
+    }
+    if (failed)
+        return tdd_answer_error(r, &first);
+    tdd_answer_ok(r);
+    return TDD_DISPATCH_DONE;
+}
+
+/* Sync and Goodbye: the generic path waited for the session's queued work and reported
+ * its pending error, if any; what is left is the Ok. A client may leave on a failure it
+ * has not seen yet: Goodbye tells it first. */
+int tdd_h_sync(tdd_req *r)
+{
+    tdd_conn_send_ok(r->c, r->req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_goodbye(tdd_req *r)
+{
+    tdd_conn_send_ok(r->c, r->req->id);
+    return TDD_DISPATCH_CLOSE;
+}

@@ -1,0 +1,37 @@
+/* handlers.h -- one handler per request type, each a row of dispatch.c's table. The
+ * generic path has done the checks every request shares (Hello first, payloads,
+ * waiting for queued work and reporting the pending error for synchronising requests)
+ * and binds placeholders for the new ids of a request that failed; a handler checks
+ * what is its own, then answers through r (reply.h). Each returns a TDD_DISPATCH_*. */
+#ifndef TDD_HANDLERS_H
+#define TDD_HANDLERS_H
+
+#include "reply.h"
+
+/* handlers.c */
+int tdd_h_hello(tdd_req *r);
+int tdd_h_list_devices(tdd_req *r);
+int tdd_h_upload(tdd_req *r);
+int tdd_h_download(tdd_req *r);
+int tdd_h_op(tdd_req *r);
+int tdd_h_release(tdd_req *r);
+int tdd_h_to_device(tdd_req *r);
+int tdd_h_sync(tdd_req *r);
+int tdd_h_stats(tdd_req *r);
+int tdd_h_describe(tdd_req *r);
+int tdd_h_goodbye(tdd_req *r);
+/* The line Hello's reply carries for every client (e.g. no GPU). */
+void tdd_hello_set_note(const char *note);
+
+/* autograd_req.c */
+int tdd_h_backward(tdd_req *r);
+int tdd_h_grad(tdd_req *r);
+int tdd_h_grad_remove(tdd_req *r);
+int tdd_h_grad_replace(tdd_req *r);
+int tdd_h_set_grad_mode(tdd_req *r);
+
+/* optim_req.c */
+int tdd_h_optimizer_create(tdd_req *r);
+int tdd_h_optimizer_step(tdd_req *r);
+
+#endif
