@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mutate.sh -- shows that the emulated suites catch kernel bugs (issue 10's mutation check).
 #
-# Breaks a copy of backends/cuda/kernels.cu in three ways, builds the emulated conformance
+# Breaks a copy of backends/cuda/kernels.cu in three ways (and a fourth), builds the emulated conformance
 # runner from each copy (build/emu-mutant; the tree is never touched), runs the reduction
 # and row-op cases on cuda:0 and expects failures:
 #   sync     block_reduce without the __syncthreads between writing the warps' partials
@@ -10,6 +10,9 @@
 #   shuffle  warp_reduce's butterfly exchanges with lane ^ (s >> 1) instead of lane ^ s
 #            (lane ^ (s + 1) would not do: 17, 9, 5, 3, 2 still span the 32 lanes, so that
 #            "mutant" sums correctly)
+#   oob      (a fourth) fill_kernel stores to y[i + 1]: the last thread writes past the
+#            buffer, which the guard page after every emulated allocation turns into
+#            cudaErrorIllegalAddress (and y[0] keeps the NaN poison of fresh memory)
 # Exit 0 when every mutant fails the suite, 1 when one survives.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +36,8 @@ PY
         >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
     TDD_EMU_GPUS=1 build/emu-mutant/tests/gpu_conformance $OPS >"$tmp/out" 2>&1
     local rc=$?
-    grep -m 4 'FAIL\|faulted' "$tmp/out"
+    grep -m 1 'faulted' "$tmp/out"
+    grep -m 3 'FAIL' "$tmp/out"
     tail -n 1 "$tmp/out"
     if [ $rc -eq 0 ]; then
         echo "== mutant '$1' SURVIVED"
@@ -48,4 +52,6 @@ mutate stride 'for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)' \
     'for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x + 1)'
 mutate shuffle 'v = r_comb(comb, v, __shfl_xor_sync(0xffffffffu, v, s));' \
     'v = r_comb(comb, v, __shfl_xor_sync(0xffffffffu, v, s >> 1));'
+OPS="zeros ones full eye pad"
+mutate oob '        y[i] = v;\n}' '        y[i + 1] = v;\n}'
 [ $survivors -eq 0 ]

@@ -55,9 +55,13 @@ struct device {
     tdc_emu_pool pool;
 };
 
+// Each allocation ends at a page that faults (PROT_NONE): a kernel reading or writing past
+// the end of a buffer (rounded up to 16 bytes) is an illegal address, as on a GPU.
 struct allocation {
     size_t size;
     int device;
+    void *map;
+    size_t map_len;
 };
 
 struct state {
@@ -96,6 +100,8 @@ uint64_t env_u64(const char *name, uint64_t def)
     return (uint64_t)n * mul;
 }
 
+void install_fault_handler();
+
 void init_once()
 {
     std::call_once(once, [] {
@@ -113,6 +119,7 @@ void init_once()
         st->fail_alloc = (long)env_u64("TDD_EMU_FAIL_ALLOC", 0);
         st->sticky_launch = (long)env_u64("TDD_EMU_STICKY_LAUNCH", 0);
         st->trace = env_u64("TDD_EMU_TRACE", 0) != 0;
+        install_fault_handler();
     });
 }
 
@@ -182,19 +189,21 @@ cudaError_t alloc_on(int d, void **p, size_t n)
                 k, n, d);
         return fail(cudaErrorMemoryAllocation);
     }
-    size_t size = (n + 255) / 256 * 256;
-    if (size == 0)
-        size = 256;
+    size_t size = n ? (n + 15) / 16 * 16 : 16;
     std::lock_guard<std::mutex> g(st->mem);
     device &dv = st->devs[d];
     if (size > dv.total - dv.in_use)
         return fail(cudaErrorMemoryAllocation);
-    void *m = aligned_alloc(256, size);
-    if (!m)
+    const size_t page = 4096, body = (size + page - 1) / page * page;
+    void *map =
+        mmap(nullptr, body + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED)
         return fail(cudaErrorMemoryAllocation);
-    memset(m, 0xff, size); // NaN as floats: reading unwritten memory shows
+    mprotect((char *)map + body, page, PROT_NONE);
+    char *m = (char *)map + body - size; // 16-byte aligned (cudaMalloc gives 256)
+    memset(m, 0xff, size);               // NaN as floats: reading unwritten memory shows
     dv.in_use += size;
-    st->allocs[(uintptr_t)m] = allocation{size, d};
+    st->allocs[(uintptr_t)m] = allocation{size, d, map, body + page};
     *p = m;
     return cudaSuccess;
 }
@@ -208,8 +217,8 @@ cudaError_t free_on(void *p)
     if (it == st->allocs.end())
         return fail(cudaErrorInvalidDevicePointer);
     st->devs[it->second.device].in_use -= it->second.size;
+    munmap(it->second.map, it->second.map_len);
     st->allocs.erase(it);
-    free(p);
     return cudaSuccess;
 }
 
@@ -306,6 +315,7 @@ struct block_run {
     tdc_emu::thread_body body = nullptr;
     void *arg = nullptr;
     char fault[256] = {};
+    cudaError_t code = cudaErrorLaunchFailure; // the sticky error a fault leaves
     uint64_t rng = 0;
 };
 
@@ -471,6 +481,41 @@ void check_warp(block_run *r, int w)
     }
 }
 
+struct sigaction old_segv, old_bus;
+
+// A memory fault inside a kernel thread (a guard page past an allocation, a null or wild
+// pointer) ends the launch with cudaErrorIllegalAddress, as on a GPU: the fiber is
+// abandoned and the scheduler takes over. SA_NODEFER: leaving the handler without
+// returning keeps the signal unblocked. Any other fault gets the previous action.
+void on_fault(int sig, siginfo_t *si, void *uc)
+{
+    block_run *r = run;
+    if (r && r->cur >= 0) {
+        snprintf(r->fault, sizeof r->fault, "thread %d: illegal address %p", r->cur, si->si_addr);
+        r->code = cudaErrorIllegalAddress;
+        r->f[r->cur].state = DONE;
+        ctx_switch(&r->f[r->cur].ctx, &r->main); // never resumed
+    }
+    const struct sigaction *old = sig == SIGSEGV ? &old_segv : &old_bus;
+    if (old->sa_flags & SA_SIGINFO)
+        old->sa_sigaction(sig, si, uc);
+    else if (old->sa_handler != SIG_IGN && old->sa_handler != SIG_DFL)
+        old->sa_handler(sig);
+    else
+        signal(sig, SIG_DFL); // returning re-runs the access: the default action
+}
+
+void install_fault_handler()
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old_segv);
+    sigaction(SIGBUS, &sa, &old_bus);
+}
+
 // Runs one block to completion; false with r->fault set on a kernel fault.
 bool run_block(block_run *r)
 {
@@ -515,6 +560,7 @@ bool run_block(block_run *r)
             r->cur = i;
             set_ids(f);
             ctx_switch(&r->main, &f.ctx);
+            r->cur = -1; // back in the scheduler (on_fault tells the two apart)
             if (f.state == DONE) {
                 r->live--;
                 check_barrier(r);
@@ -619,7 +665,7 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const ch
                 "block (%u,%u,%u): %s\n",
                 name, grid.x, grid.y, grid.z, block.x, block.y, block.z, blockIdx.x, blockIdx.y,
                 blockIdx.z, r.fault);
-        st->devs[d].sticky = cudaErrorLaunchFailure;
+        st->devs[d].sticky = r.code;
     }
     return cudaSuccess;
 }
