@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# suites.sh -- the GPU suites on cuda:N of one build: the conformance table on cuda:0 held
-# to ref, the pytest op checks on cuda:0 against PyTorch, the grad_replace mismatch matrix
-# with GPU devices, and (emulated build) the fault injections.
+# suites.sh -- the GPU suites on cuda:N of one build: (emulated build) the emulator's
+# self-test, the conformance table on cuda:0 held to ref, the pytest op checks on cuda:0
+# against PyTorch, the grad_replace mismatch matrix with GPU devices, and (emulated build)
+# the fault injections.
 #
 #   BUILD=build/emu TDD_GPU_ARGS="--emu-gpus 2" bash tests/gpu/suites.sh   (make test-emu)
 #   BUILD=build TDD_GPU_ARGS="" bash tests/gpu/suites.sh                  (tests/gpu/run.sh)
@@ -13,6 +14,8 @@ export TDD_GPU_ARGS=${TDD_GPU_ARGS-}
 
 # The conformance runner is in-process: the emulator takes its devices from the environment.
 if [[ "$TDD_GPU_ARGS" == *--emu-gpus* ]]; then
+    echo "gpu: the emulator's own semantics ($BUILD/tests/emu_selftest)"
+    "$BUILD/tests/emu_selftest" 2>/dev/null # its faults are expected; stderr names them
     export TDD_EMU_GPUS=1
 fi
 echo "gpu: conformance table on cuda:0 ($BUILD/tests/gpu_conformance)"

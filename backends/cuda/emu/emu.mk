@@ -8,7 +8,8 @@
 EMU_BUILD := build/emu
 # The device code compiled (tests/gpu/mutate.sh points it at a broken copy).
 EMU_KERNELS := backends/cuda/kernels.cu
-EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance $(PYGEN)
+EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
+               $(EMU_BUILD)/tests/emu_selftest $(PYGEN)
 
 .PHONY: emu test-emu
 emu:
@@ -41,3 +42,9 @@ $(BUILD)/tests/gpu_conformance: $(call obj,tests/gpu/conformance.c tests/unit/te
 	@mkdir -p $(dir $@)
 	@echo "  LINK     $@"
 	$(Q)$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -o $@
+
+# The emulator held to CUDA's semantics with kernels of its own (tests/gpu/emu_selftest.cpp).
+$(BUILD)/tests/emu_selftest: tests/gpu/emu_selftest.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $<"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -Ibackends/cuda/emu/include $^ $(OPENBLAS_LIBS) -pthread -o $@
