@@ -57,7 +57,7 @@ static const option_row rows[] = {
      "tests"},
     {"emu-gpus", "N", OPT_COUNT, FIELD(emu_gpus), 0, 0, 64, "none",
      "emulated CUDA devices cuda:0..N-1 running the cuda backend's kernels on the CPU (only "
-     "in the `make emu` build, build/emu/tensordd; elsewhere accepted and ignored)"},
+     "in the `make emu` build, build/emu/tensordd; other builds ignore it with a warning)"},
     {"emu-gpu-memory", "BYTES", OPT_BYTES, FIELD(emu_gpu_memory), 1 * G, 1 * M, 1024 * G, NULL,
      "memory of each emulated CUDA device"},
     {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, NULL, "error, warn, info (default), debug"},

@@ -217,7 +217,9 @@ static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size
 #ifdef TDC_EMU
     tdc_emu_configure(cfg ? cfg->emu_gpus : 0, cfg ? cfg->emu_gpu_memory : 0);
 #else
-    (void)cfg;
+    if (cfg && cfg->emu_gpus > 0)
+        fprintf(stderr, "tensordd: --emu-gpus: emulated GPUs are the `make emu` build's "
+                        "(build/emu/tensordd); ignored here\n");
 #endif
     char scratch[256];
     if (!why) {

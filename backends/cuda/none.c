@@ -5,8 +5,10 @@
 
 static int none_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t why_len)
 {
-    (void)cfg;
     *ctx = NULL;
+    if (cfg && cfg->emu_gpus > 0)
+        fprintf(stderr, "tensordd: --emu-gpus: emulated GPUs are the `make emu` build's "
+                        "(build/emu/tensordd); ignored here\n");
     if (why)
         snprintf(why, why_len, "built without CUDA (no usable CUDA toolkit at build time)");
     return 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # suites.sh -- the GPU suites on cuda:N of one build: (emulated build) the emulator's
-# self-test, the conformance table on cuda:0 held to ref, the pytest op checks on cuda:0
-# against PyTorch, the grad_replace mismatch matrix with GPU devices, and (emulated build)
+# self-test, the conformance table on cuda:0 held to ref, the pytest op and gradient checks
+# on cuda:0 against PyTorch, the grad_replace mismatch matrix with GPU devices, and (emulated build)
 # the fault injections.
 #
 #   BUILD=build/emu TDD_GPU_ARGS="--emu-gpus 2" bash tests/gpu/suites.sh   (make test-emu)
@@ -26,9 +26,14 @@ echo "gpu: pytest on cuda:0 and cuda:1 ($BUILD/tensordd $TDD_GPU_ARGS)"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python \
-    "$PY" -m pytest -q -p no:cacheprovider -rf tests/python/test_cuda_ops.py \
-    tests/python/test_cuda_devices.py >"$out" 2>&1; then
-    cat "$out"
+    "$PY" -m pytest -q -p no:cacheprovider -rA tests/python/test_cuda_ops.py \
+    tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py >"$out" 2>&1; then
+    grep -v '^PASSED\|^SKIPPED' "$out"
     exit 1
 fi
-echo "gpu: pytest on cuda: $(tail -n 1 "$out" | tr -d '=') (skipped: cases cuda declines)"
+# Per file: passed, and skipped (an op or dtype the cuda backend declines, typed).
+awk '/^(PASSED|XFAIL) / { split($2, p, "::"); n[p[1] " " $1]++; f[p[1]] = 1 }
+     /^SKIPPED \[/ { split($3, p, ":"); n[p[1] " SKIPPED"] += substr($2, 2) + 0; f[p[1]] = 1 }
+     END { for (k in f) printf "gpu: %s: %d passed, %d skipped (declined), %d xfail\n", k,
+           n[k " PASSED"], n[k " SKIPPED"], n[k " XFAIL"] }' "$out" | sort
+tail -n 1 "$out"
