@@ -11,22 +11,142 @@
 Ops are asynchronous: they return a Tensor at once and errors surface at the
 next synchronising call (numpy(), sync(), backward(), ...) as a typed
 :class:`tensordd.Error` naming the call that failed.
+
+The session last opened by :func:`connect` (or entered with ``with``) is the
+*default session*: the module-level calls (``tensordd.tensor``,
+``tensordd.zeros``, ``tensordd.no_grad``, ... and :mod:`tensordd.nn`'s layers)
+run on it, so torch code ports by changing its imports.
 """
 
 from . import errors as _errors
-from . import optim
 from .autograd import Gradients
-from .device import Device
+from .device import Device, DeviceSpecError
+from .dtypes import DTYPES as _DTYPES
+from .dtypes import DType
 from .errors import Error, error_class  # noqa: F401 (re-exported)
-from .session import PROTOCOL_VERSION, Session, connect
+from .session import (DEFAULT_ENDPOINT, PROTOCOL_VERSION, Session, connect, default_session,
+                      set_default_session)
 from .tensor import Tensor
+from . import optim  # noqa: E402 (after Tensor: optim imports it)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # One exception class per wire ErrorCode (generated from the .proto enum).
 for _name in _errors.__all__:
     globals()[_name] = getattr(_errors, _name)
 
-__all__ = ["connect", "Session", "Tensor", "Device", "Gradients", "optim", "error_class",
-           "PROTOCOL_VERSION", *_errors.__all__]
+# The dtypes as module attributes: tensordd.float32 == "float32".
+float32 = _DTYPES["float32"]
+float64 = _DTYPES["float64"]
+float16 = _DTYPES["float16"]
+bfloat16 = _DTYPES["bfloat16"]
+int32 = _DTYPES["int32"]
+int64 = _DTYPES["int64"]
+bool = _DTYPES["bool"]  # noqa: A001 (torch's name)
+float = float32  # noqa: A001 (torch's aliases)
+double = float64
+half = float16
+long = int64
+int = int32  # noqa: A001
+
+
+# ---- module-level calls on the default session (torch's spelling)
+
+def tensor(data, dtype=None, device="cpu:0", requires_grad=None) -> Tensor:
+    """:meth:`Session.tensor` on the default session (``torch.tensor``); a
+    tensor that requires grad switches the session to the torch idiom
+    (``retain_grads``: backward() fills ``.grad``)."""
+    s = default_session()
+    t = s.tensor(data, device=device, requires_grad=requires_grad, dtype=dtype)
+    if t._requires_grad:
+        s.retain_grads = True
+    return t
+
+
+def as_tensor(data, dtype=None, device="cpu:0") -> Tensor:
+    """data itself if it is already a Tensor of that dtype/device, else an upload."""
+    if isinstance(data, Tensor):
+        return data.to(device=device if device != "cpu:0" else None, dtype=dtype)
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(array) -> Tensor:
+    return default_session().tensor(array)
+
+
+def zeros(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return default_session().zeros(*shape, dtype=dtype, device=device,
+                                   requires_grad=requires_grad)
+
+
+def ones(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return default_session().ones(*shape, dtype=dtype, device=device,
+                                  requires_grad=requires_grad)
+
+
+def full(shape, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return default_session().full(shape, fill_value, dtype=dtype, device=device,
+                                  requires_grad=requires_grad)
+
+
+def randn(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return default_session().randn(*shape, dtype=dtype, device=device,
+                                   requires_grad=requires_grad)
+
+
+def rand(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return default_session().rand(*shape, dtype=dtype, device=device,
+                                  requires_grad=requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return default_session().arange(start, end, step, dtype=dtype, device=device,
+                                    requires_grad=requires_grad)
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    return tensors[0].session.cat(tensors, dim)
+
+
+def stack(tensors, dim: int = 0) -> Tensor:
+    tensors = list(tensors)
+    return tensors[0].session.stack(tensors, dim)
+
+
+def where(condition: Tensor, input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
+    return input.where(condition, other)
+
+
+def no_grad():
+    """``with tensordd.no_grad():`` -- :meth:`Session.no_grad` of the default session."""
+    return default_session().no_grad()
+
+
+def set_grad_enabled(enabled) -> None:
+    default_session().set_grad_enabled(enabled)
+
+
+def is_grad_enabled():
+    return default_session().grad_enabled
+
+
+def device(spec) -> Device:
+    """A :class:`Device` from ``"cpu:1"`` (torch's ``torch.device``)."""
+    return Device.parse(spec)
+
+
+def is_tensor(x) -> "bool":
+    return isinstance(x, Tensor)
+
+
+from . import nn  # noqa: E402 (uses the calls above)
+
+__all__ = ["connect", "Session", "Tensor", "Device", "DeviceSpecError", "DType", "Gradients",
+           "optim", "nn", "error_class", "PROTOCOL_VERSION", "DEFAULT_ENDPOINT",
+           "default_session", "set_default_session", "tensor", "as_tensor", "from_numpy",
+           "zeros", "ones", "full", "randn", "rand", "arange", "cat", "stack", "where",
+           "no_grad", "set_grad_enabled", "is_grad_enabled", "device", "is_tensor",
+           "float32", "float64", "float16", "bfloat16", "int32", "int64", "bool",
+           *_errors.__all__]
 del _name

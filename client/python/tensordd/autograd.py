@@ -22,7 +22,8 @@ def _check_tensor(session, t, what: str) -> None:
         raise ValueError(f"{what}: tensor #{t._handle} belongs to another session")
 
 
-def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = False) -> "Gradients":
+def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = False,
+             _register: bool = True) -> "Gradients":
     """Runs the backward pass of loss in the daemon and returns its Gradients.
 
     grad: the gradient of loss (None: loss must have one element; its
@@ -43,6 +44,13 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = Fals
     # is released even if the daemon answers with an error.
     grads = Gradients(session, b.grads)
     session._roundtrip(req, _Call("backward", (loss._handle,), f"-> grads #{b.grads}"))
+    # The torch idiom: param.grad reads these (summed with earlier ones until
+    # zero_grad), opt.step() without an argument steps with them.
+    if _register and session.retain_grads:
+        session._grad_sets.append(grads)
+        session._grad_epoch += 1
+    elif _register:
+        session._unkept_backward = True
     return grads
 
 
@@ -81,6 +89,10 @@ class Gradients:
         if not self._released:
             self._released = True
             self._session._release_later(self._handle)
+            sets = self._session._grad_sets
+            if self in sets:
+                sets.remove(self)
+                self._session._grad_epoch += 1
 
     def _grad_call(self, field: str, t: Tensor) -> Tensor:
         session = self._session
@@ -96,6 +108,19 @@ class Gradients:
         if resp.WhichOneof("body") == "tensor":
             out._set_info(resp.tensor)
         return out
+
+    def _get_or_none(self, t: Tensor):
+        """t's gradient, or None if this backward pass gave it none (or released)."""
+        from .errors import Error
+
+        if self._released:
+            return None
+        try:
+            return self._grad_call("grad", t)
+        except Error as e:
+            if e.code in ("INVALID_ARGUMENT", "NOT_TRACKED", "UNKNOWN_HANDLE"):
+                return None
+            raise
 
     def get(self, t: Tensor) -> Tensor:
         """t's gradient, as a new Tensor (NotTrackedError if t is not tracked)."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import socket
+import sys
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -28,17 +30,56 @@ from google.protobuf.message import DecodeError
 from . import tensordd_pb2 as pb
 from ._wire import ZERO_COPY_THRESHOLD, Connection, FrameError
 from .device import Device
-from .dtypes import dtype_name, to_numpy, to_wire
+from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
 from .errors import Error, error_from_proto, local_error
 from .tensor import Tensor
 
-__all__ = ["connect", "Session", "PROTOCOL_VERSION"]
+__all__ = ["connect", "Session", "PROTOCOL_VERSION", "default_session", "set_default_session",
+           "DEFAULT_ENDPOINT"]
 
 PROTOCOL_VERSION = 1
 MIN_VERSION = PROTOCOL_VERSION
 MAX_VERSION = PROTOCOL_VERSION
 CLIENT_NAME = "tensordd-python"
 DEFAULT_DEVICE = "cpu:0"
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:7070"
+
+# The session module-level calls (tensordd.tensor, tensordd.nn.Linear, ...) use.
+_default = None
+
+
+def default_session() -> "Session":
+    """The default session: the one last opened by :func:`connect` (or entered with
+    ``with``, or set by :func:`set_default_session`), if it is still open.
+
+    Module-level calls (``tensordd.zeros``, ``tensordd.no_grad``, ``tensordd.nn``
+    layers) run on it. Raises ConnectionClosedError when there is none.
+    """
+    if _default is None or not _default._open:
+        raise local_error("CLOSED", "no open default session: call tensordd.connect() first "
+                                    "(or tensordd.set_default_session(s))")
+    return _default
+
+
+def set_default_session(session: "Session | None") -> None:
+    """Makes session the default one (None: no default)."""
+    global _default
+    if session is not None and not isinstance(session, Session):
+        raise TypeError(f"expected a Session, got {type(session).__name__}")
+    _default = session
+
+
+def _read_token_file(path: str) -> str:
+    """The token on the first line of path (as tensordd --token-file reads it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline()
+    except OSError as e:
+        raise local_error("UNAUTHENTICATED", f"cannot read token file {path}: {e}") from e
+    token = line.rstrip("\r\n")
+    if not token:
+        raise local_error("UNAUTHENTICATED", f"token file {path}: no token on its first line")
+    return token
 
 # Released handles wait for a synchronising request, a large upload or this
 # many of them, then go out as one Release.
@@ -49,12 +90,17 @@ _CALL_MEMORY = 1 << 16
 _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICATED"}
 
 
-def connect(endpoint: str, token: str | None = None, timeout: float | None = None) -> "Session":
-    """Opens a session with the daemon at endpoint.
+def connect(endpoint: str | None = None, token: str | None = None, timeout: float | None = None,
+            *, token_file: str | None = None) -> "Session":
+    """Opens a session with the daemon at endpoint; it becomes the default session.
 
     Args:
-        endpoint: ``"tcp://host:port"`` or ``"unix:///path/to/socket"``.
-        token: the daemon's auth token, if it requires one.
+        endpoint: ``"tcp://host:port"`` or ``"unix:///path/to/socket"``;
+            None: ``$TENSORDD_ENDPOINT``, else ``tcp://127.0.0.1:7070`` (as tdctl).
+        token: the daemon's auth token, if it requires one. None: read from
+            token_file, else from the file ``$TENSORDD_TOKEN_FILE`` names (its
+            first line), else no token.
+        token_file: a file holding the token on its first line.
         timeout: seconds for connecting and for each blocking call
             (None: wait forever). A call that times out raises
             :class:`tensordd.TimedOutError` and leaves the session unusable.
@@ -63,13 +109,22 @@ def connect(endpoint: str, token: str | None = None, timeout: float | None = Non
         VersionMismatchError, UnauthenticatedError: the daemon refused the Hello.
         ConnectionClosedError / IOFailureError: the daemon could not be reached.
     """
+    global _default
+    if endpoint is None:
+        endpoint = os.environ.get("TENSORDD_ENDPOINT") or DEFAULT_ENDPOINT
+    if token is None:
+        token_file = token_file or os.environ.get("TENSORDD_TOKEN_FILE") or None
+        if token_file:
+            token = _read_token_file(token_file)
     try:
         conn = Connection(endpoint, timeout)
     except socket.timeout:
         raise local_error("TIMEOUT", f"connecting to {endpoint} timed out") from None
     except OSError as e:
         raise local_error("IO", f"cannot connect to {endpoint}: {e}") from e
-    return Session(conn, endpoint, token)
+    session = Session(conn, endpoint, token)
+    _default = session
+    return session
 
 
 class _Call:
@@ -113,6 +168,17 @@ class Session:
         self._pending_release: list[int] = []
         self._open = True
         self._grad_enabled = True
+        self._closed_why = "the session is closed"
+        # Gradients of the backward() calls since the last zero_grad (the torch idiom).
+        self._grad_sets: list = []
+        self._grad_epoch = 0  # bumped by backward() and zero_grad(): p.grad caches expire
+        self._grad_overrides: dict = {}  # handle -> Tensor whose .grad was assigned
+        # Whether backward() keeps its Gradients for .grad/step() (the torch
+        # idiom). Off until the session is used that way (an Optimizer,
+        # tensordd.nn, zero_grad, .grad, requires_grad_, tensordd.tensor(...,
+        # requires_grad=True)), so the Gradients API releases as it always did.
+        self.retain_grads = False
+        self._unkept_backward = False  # a backward ran while retain_grads was off
         hello = self._new_request()
         h = hello.hello
         h.min_version = MIN_VERSION
@@ -135,6 +201,7 @@ class Session:
     # ================================================================ lifecycle
 
     def __enter__(self) -> "Session":
+        set_default_session(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -170,7 +237,9 @@ class Session:
         finally:
             self._shutdown()
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, why: str | None = None) -> None:
+        if why and self._open:
+            self._closed_why = why
         self._open = False
         self._pending_release.clear()
         self._conn.close()
@@ -205,7 +274,7 @@ class Session:
 
     def _check_open(self) -> None:
         if not self._open:
-            raise local_error("CLOSED", "the session is closed")
+            raise local_error("CLOSED", self._closed_why)
 
     def _describe(self, request_id: int) -> str | None:
         call = self._calls.get(request_id)
@@ -227,6 +296,9 @@ class Session:
             self._conn.write(req.SerializeToString(), payload)
         except (OSError, FrameError) as e:
             self._fail_io(e, call)
+        except BaseException:  # interrupted mid-frame: the stream is unusable
+            self._shutdown(f"the session was interrupted while sending {call}")
+            raise
 
     def _roundtrip(self, req: "pb.Request", call: _Call) -> tuple["pb.Response", int]:
         """Sends a synchronising request and reads its Response.
@@ -240,14 +312,22 @@ class Session:
         req.id = next(self._ids)
         self._calls[req.id] = call
         try:
-            self._conn.write(req.SerializeToString())
-            self._conn.flush()
-        except (OSError, FrameError) as e:
-            self._fail_io(e, call)
-        try:
-            raw, payload_len = self._conn.read_frame_head()
-        except (OSError, FrameError) as e:
-            self._fail_io(e, call)
+            try:
+                self._conn.write(req.SerializeToString())
+                self._conn.flush()
+            except (OSError, FrameError) as e:
+                self._fail_io(e, call)
+            try:
+                raw, payload_len = self._conn.read_frame_head()
+            except (OSError, FrameError) as e:
+                self._fail_io(e, call)
+        except Error:
+            raise
+        except BaseException:
+            # KeyboardInterrupt & co. between request and reply: the reply
+            # would answer the next call; refuse further calls instead.
+            self._shutdown(f"the session was interrupted during {call}")
+            raise
         try:
             resp = pb.Response.FromString(raw)
         except DecodeError as e:
@@ -255,6 +335,11 @@ class Session:
             raise local_error("PROTOCOL_ERROR", f"undecodable response: {e}", str(call)) from e
         # An error may come with another id (0: the daemon's last word before
         # closing); anything else must answer this request.
+        if resp.id == 0 and resp.WhichOneof("body") != "error":
+            # The daemon's goodbye when it shuts down (SIGTERM): Response{id 0, ok}.
+            self._shutdown("the daemon closed the session (it is shutting down)")
+            raise local_error("CLOSED", "the daemon closed the session (it is shutting down)",
+                              str(call))
         if resp.id != req.id and resp.WhichOneof("body") != "error":
             self._shutdown()
             raise local_error("PROTOCOL_ERROR",
@@ -262,7 +347,10 @@ class Session:
                               str(call))
         if resp.WhichOneof("body") == "error":
             if payload_len:
-                self._conn.skip(payload_len)
+                try:
+                    self._conn.skip(payload_len)
+                except (OSError, FrameError) as e:
+                    self._fail_io(e, call)
             self._raise_error(resp.error)
         self._forget_calls()
         return resp, payload_len
@@ -286,7 +374,9 @@ class Session:
             self._shutdown()
             raise local_error("TIMEOUT", "the daemon did not answer in time", str(call)) from exc
         final = self._salvage_final_error() if isinstance(exc, OSError) and self._open else None
-        self._shutdown()
+        self._shutdown(f"connection lost: {exc}")
+        if final is not None and final.code == pb.OK:
+            final = None
         if final is not None:
             raise error_from_proto(final, self._describe(final.request_id)) from exc
         if isinstance(exc, FrameError):
@@ -297,52 +387,76 @@ class Session:
         """After a failed write: the Error the daemon sent before closing, if any."""
         try:
             self._conn.sock.settimeout(0.5)
-            raw, _ = self._conn.read_frame_head()
-            resp = pb.Response.FromString(raw)
+            for _ in range(64):  # replies still in the stream come first
+                raw, n = self._conn.read_frame_head()
+                if n:
+                    self._conn.skip(n)
+                resp = pb.Response.FromString(raw)
+                if resp.WhichOneof("body") == "error":
+                    return resp.error
+                if resp.id == 0:  # the daemon's goodbye (shutting down)
+                    return None
         except Exception:
             return None
-        return resp.error if resp.WhichOneof("body") == "error" else None
+        return None
 
     # ================================================================ tensors
 
-    def tensor(self, data, device=DEFAULT_DEVICE, requires_grad: bool = False,
+    def tensor(self, data, device=DEFAULT_DEVICE, requires_grad: bool | None = None,
                dtype=None) -> "Tensor":
         """Uploads data to a new tensor on device.
 
-        data is a numpy array (its dtype is kept, like ``torch.from_numpy``) or
-        anything numpy.asarray accepts (Python floats then become float32 and
-        ints int64, like ``torch.tensor``). The bytes are sent from the
-        array's own buffer; the upload is asynchronous but has left the
-        process (or been copied) when this returns, so the array may be
-        modified afterwards.
+        data is a numpy array (its dtype is kept, like ``torch.from_numpy``), a
+        torch tensor (dtype kept, bfloat16 included; detached and moved to the
+        host first; its ``requires_grad`` is kept unless requires_grad says
+        otherwise) or anything numpy.asarray accepts (Python floats then become
+        float32 and ints int64, like ``torch.tensor``). dtype is any dtype
+        spelling (``"bfloat16"``, ``tensordd.float16``, ``np.int32``,
+        ``torch.float64``). The bytes are sent from the array's own buffer;
+        the upload is asynchronous but has left the process (or been copied)
+        when this returns, so the array may be modified afterwards.
         """
         if isinstance(data, Tensor):
             raise TypeError("data is already a Tensor; use .to(device) or .detach()")
-        if dtype is not None:
-            arr = np.asarray(data, dtype=np.dtype(dtype))
+        want = to_wire(dtype) if dtype is not None else None
+        dev = Device.parse(device)
+        wire = None
+        if _is_torch_tensor(data):
+            if requires_grad is None:
+                requires_grad = bool(data.requires_grad)
+            arr, wire = _torch_to_numpy(data)
         elif isinstance(data, (np.ndarray, np.generic)):
             arr = np.asarray(data)
         else:
             arr = np.asarray(data)
-            if arr.dtype == np.float64:
+            if arr.dtype == np.float64 and want is None:
                 arr = arr.astype(np.float32)
-        wire = to_wire(arr.dtype)
+        if wire is None:
+            wire = to_wire(arr.dtype)
+        if want is not None and want != wire:
+            if wire == pb.DTYPE_BF16:
+                arr = bf16_bits_to_f32(arr)
+            if want == pb.DTYPE_BF16:
+                arr = f32_to_bf16_bits(arr.astype(np.float32))
+            else:
+                arr = arr.astype(to_numpy(want))
+            wire = want
         if not arr.dtype.isnative:
             arr = arr.astype(arr.dtype.newbyteorder("="))
         if not arr.flags.c_contiguous:
             arr = np.array(arr, order="C")  # (ascontiguousarray would make 0-d 1-d)
-        dev = Device.parse(device)
+        requires_grad = bool(requires_grad)
         req = self._new_request()
         up = req.upload
         up.handle = self._new_handle()
         up.dtype = wire
         up.shape.extend(arr.shape)
         dev._to_proto(up.device)
-        up.requires_grad = bool(requires_grad)
+        up.requires_grad = requires_grad
         self._send(req, _Call(f"upload #{up.handle}",
-                              suffix=f"{arr.dtype.name}{tuple(arr.shape)} on {dev}"), arr)
-        return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=arr.dtype.name,
-                      device=dev, requires_grad=bool(requires_grad))
+                              suffix=f"{dtype_name(wire)}{tuple(arr.shape)} on {dev}"), arr)
+        return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=dtype_name(wire),
+                      device=dev, requires_grad=requires_grad)
 
     def op(self, name: str, *tensors: "Tensor", num_outputs: int = 1, dtype=None,
            device=None, requires_grad: bool = False, **attrs):
@@ -530,22 +644,42 @@ class Session:
             if self._open:
                 self.set_grad_enabled(previous)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forgets the gradients of every backward() so far: every ``.grad`` of
+        this session reads None again (the Gradients handles are released).
+        What ``optimizer.zero_grad()`` calls; set_to_none is accepted for
+        torch's signature (the gradients are always dropped, never zero-filled)."""
+        self.retain_grads = True
+        self._unkept_backward = False
+        for g in self._grad_sets:
+            g.release()
+        self._grad_sets = []
+        self._grad_overrides = {}
+        self._grad_epoch += 1
+
     # ---- used by Tensor and friends
 
-    def _download(self, t: "Tensor") -> np.ndarray:
+    def _download(self, t: "Tensor", raw: bool = False) -> np.ndarray:
+        """t's values; bfloat16 widened to float32 unless raw (then uint16 bits)."""
         req = self._new_request()
         req.download.handle = t._handle
         call = _Call("download", (t._handle,))
         resp, payload_len = self._roundtrip(req, call)
         if resp.WhichOneof("body") != "tensor":
-            self._conn.skip(payload_len)
+            self._skip_payload(payload_len, call)
             raise local_error("PROTOCOL_ERROR", f"download answered with {resp.WhichOneof('body')}",
                               str(call))
         info = resp.tensor
-        t._set_info(info)
-        arr = np.empty(tuple(info.shape), dtype=to_numpy(info.dtype))
-        if arr.nbytes != payload_len:
-            self._conn.skip(payload_len)
+        try:
+            t._set_info(info)
+            arr = np.empty(tuple(info.shape), dtype=to_numpy(info.dtype))
+            bad = arr.nbytes != payload_len
+        except Exception as e:  # never leave the payload in the stream
+            self._skip_payload(payload_len, call)
+            self._shutdown(f"undecodable download: {e}")
+            raise local_error("PROTOCOL_ERROR", f"undecodable download: {e}", str(call)) from e
+        if bad:
+            self._skip_payload(payload_len, call)
             raise local_error("PROTOCOL_ERROR",
                               f"payload of {payload_len} bytes for a {dtype_name(info.dtype)}"
                               f"{tuple(info.shape)} tensor ({arr.nbytes} bytes)", str(call))
@@ -553,9 +687,18 @@ class Session:
             self._conn.read_into(arr)
         except (OSError, FrameError) as e:
             self._fail_io(e, call)
-        if info.dtype == pb.DTYPE_BF16:  # widen the bit patterns to float32
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        except BaseException:
+            self._shutdown(f"the session was interrupted during {call}")
+            raise
+        if info.dtype == pb.DTYPE_BF16 and not raw:  # widen the bit patterns to float32
+            arr = bf16_bits_to_f32(arr)
         return arr
+
+    def _skip_payload(self, n: int, call) -> None:
+        try:
+            self._conn.skip(n)
+        except (OSError, FrameError) as e:
+            self._fail_io(e, call)
 
     def _describe_tensor(self, t: "Tensor") -> None:
         req = self._new_request()
@@ -572,6 +715,26 @@ class Session:
         device._to_proto(td.device)
         self._send(req, _Call("to_device", (t._handle,), f"-> {device} as #{td.output}"))
         return Tensor(self, td.output, shape=t._shape, dtype=t._dtype, device=device)
+
+
+def _is_torch_tensor(x) -> bool:
+    """Whether x is a torch.Tensor (torch is never imported for the check)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch_to_numpy(t):
+    """(host numpy array, wire dtype) of a torch tensor: detached, on the host;
+    bfloat16 as its uint16 bit patterns."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    torch = sys.modules["torch"]
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), pb.DTYPE_BF16
+    arr = t.numpy()
+    return arr, to_wire(arr.dtype)
 
 
 def _code_name(code: int) -> str:

@@ -9,14 +9,25 @@ and goes out in one batched Release with the session's next request.
 
 from __future__ import annotations
 
+import collections
 import numbers
+import sys
 
 import numpy as np
 
-from .device import Device
-from .dtypes import dtype_name
+from .device import HINT, Device, DeviceSpecError
+from .dtypes import DTYPES, bf16_bits_to_f32, canonical_name, dtype_name
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "REPR_MAX_ELEMENTS"]
+
+# repr/str download tensors of at most this many elements (and print them
+# summarised as numpy/torch do past 1000); larger ones show their shape only.
+REPR_MAX_ELEMENTS = 1 << 20
+
+# What max(dim)/min(dim) return, as torch.return_types.max: (values, indices).
+MaxMin = collections.namedtuple("MaxMin", ["values", "indices"])
+
+_UNSET = object()
 
 
 def _dims(args) -> list:
@@ -24,6 +35,10 @@ def _dims(args) -> list:
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         args = args[0]
     return [int(a) for a in args]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _is_scalar(x) -> bool:
@@ -42,16 +57,20 @@ class Tensor:
     __array_ufunc__ = None
 
     __slots__ = ("_session", "_handle", "_shape", "_dtype", "_device", "_requires_grad",
-                 "__weakref__")
+                 "_leaf", "_grad", "__weakref__")
 
     def __init__(self, session, handle: int, shape=None, dtype=None, device=None,
-                 requires_grad=None):
+                 requires_grad=None, leaf=None):
         self._session = session
         self._handle = handle
         self._shape = shape
         self._dtype = dtype
         self._device = device
         self._requires_grad = requires_grad
+        # A leaf that requires grad (an upload or creation op with
+        # requires_grad): a parameter. None where unknown.
+        self._leaf = leaf if leaf is not None else (True if requires_grad else None)
+        self._grad = _UNSET  # (grad epoch, Tensor or None) once read or set
 
     def __del__(self):
         session = getattr(self, "_session", None)
@@ -90,10 +109,27 @@ class Tensor:
 
     @property
     def dtype(self) -> str:
-        """The numpy name of the dtype ("float32")."""
+        """The dtype: a :class:`tensordd.DType` (``tensordd.float32``), which is the
+        str ``"float32"`` and compares equal to numpy's and torch's."""
         if self._dtype is None:
             self._session._describe_tensor(self)
-        return self._dtype
+        return DTYPES.get(self._dtype, self._dtype)
+
+    @property
+    def is_floating_point_dtype(self) -> bool:
+        return self.dtype in ("float32", "float64", "float16", "bfloat16")
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a floating point one (as torch)."""
+        return self.is_floating_point_dtype
+
+    @property
+    def is_leaf(self) -> bool:
+        """True for tensors created by the user (uploads, creation ops), as in torch;
+        False for op outputs that require grad."""
+        if not self.requires_grad:
+            return True
+        return bool(self._leaf)
 
     @property
     def device(self) -> Device:
@@ -123,12 +159,20 @@ class Tensor:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __len__(self) -> int:
+        """The size of dim 0 (the shape is asked from the daemon once if unknown)."""
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
-    def __repr__(self) -> str:
-        # Only what is known: a repr never waits for the daemon.
+    def __iter__(self):
+        """The sub-tensors along dim 0, ``len(self)`` of them (as torch)."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    def _brief(self) -> str:
+        """The handle and what is known without asking the daemon."""
         parts = [f"#{self._handle}"]
         if self._shape is not None:
             parts.append(f"shape={self._shape}")
@@ -140,14 +184,73 @@ class Tensor:
             parts.append("requires_grad=True")
         return f"tensordd.Tensor({', '.join(parts)})"
 
+    def __repr__(self) -> str:
+        """The handle and the metadata known so far: ``tensordd.Tensor(#3, shape=...)``.
+
+        repr never waits for the daemon (debuggers, loggers and assertion
+        messages call it; a download there would also consume a pending
+        asynchronous error). ``str(t)``/``print(t)`` show the values as torch.
+        """
+        return self._brief()
+
+    def __str__(self) -> str:
+        """torch's form: ``tensor([1., 2.], device='cpu:0', dtype=tensordd.float32)``.
+
+        The values are downloaded (synchronising) for tensors of at most
+        REPR_MAX_ELEMENTS elements and printed summarised past 1000 elements
+        as torch does; a closed session or a failed tensor is shown, not raised.
+        """
+        from .errors import Error
+
+        session = self._session
+        if session is None or session.closed:
+            return f"{self._brief()[:-1]}, session closed)"
+        try:
+            shape, dtype, device = self.shape, self.dtype, self.device
+            rg = self.requires_grad
+            n = int(np.prod(shape, dtype=np.int64))
+            if n <= REPR_MAX_ELEMENTS:
+                arr = self.numpy()
+                body = np.array2string(arr, separator=", ", prefix="tensor(", threshold=1000,
+                                       edgeitems=3)
+            else:
+                body = f"<{n} elements not downloaded, shape={tuple(shape)}>"
+        except Error as e:
+            return f"{self._brief()[:-1]}, error={e})"
+        extra = f", device='{device}', dtype={dtype!r}"
+        if rg:
+            extra += ", requires_grad=True"
+        return f"tensor({body}{extra})"
+
+    def __format__(self, spec: str) -> str:
+        if spec:  # f"{t:.3f}": a one-element tensor's value, as torch
+            return format(self.item(), spec)
+        return str(self)
+
     # Tensors define ==, so identity hashing must be asked for (as torch does).
     __hash__ = object.__hash__
 
     # ------------------------------------------------------------ values
 
     def numpy(self) -> np.ndarray:
-        """Downloads the tensor into a new numpy array (synchronising)."""
+        """Downloads the tensor into a new numpy array (synchronising).
+
+        bfloat16 is widened to float32 (numpy has no bfloat16)."""
         return self._session._download(self)
+
+    def torch(self):
+        """The values as a new torch tensor of the same dtype (bfloat16 included),
+        on torch's CPU, outside torch's autograd. Needs torch installed."""
+        import torch
+
+        if self.dtype == "bfloat16":
+            bits = self._session._download(self, raw=True)
+            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(self.numpy())
+
+    def cpu(self):
+        """This tensor on cpu:0 (self if already there), as torch's ``.cpu()``."""
+        return self.to("cpu:0")
 
     def tolist(self):
         return self.numpy().tolist()
@@ -159,16 +262,31 @@ class Tensor:
             raise ValueError(f"item() needs a tensor with one element, got shape {arr.shape}")
         return arr.reshape(()).item()
 
+    def _one(self, what: str):
+        arr = self.numpy()
+        if arr.size != 1:
+            raise RuntimeError(f"{what} of a Tensor with {arr.size} elements (shape "
+                               f"{arr.shape}) is ambiguous: it needs exactly one")
+        return arr.reshape(()).item()
+
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._one("float()"))
 
     def __int__(self) -> int:
-        return int(self.item())
+        return int(self._one("int()"))
 
     def __bool__(self) -> bool:
-        return bool(self.item())
+        return bool(self._one("Boolean value"))
 
-    def __array__(self, dtype=None):
+    def __index__(self) -> int:
+        """A one-element integer tensor as an index (``range(t)``, ``[...][t]``)."""
+        if self.dtype not in ("int32", "int64", "bool"):
+            raise TypeError(f"only integer tensors of a single element can be converted "
+                            f"to an index (dtype {self.dtype})")
+        return int(self._one("__index__()"))
+
+    def __array__(self, dtype=None, copy=None):
+        """numpy's array protocol: ``np.asarray(t)`` downloads the values."""
         arr = self.numpy()
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
@@ -222,6 +340,187 @@ class Tensor:
 
     def __pow__(self, exponent):
         return self.pow(exponent)
+
+    def __rpow__(self, base):
+        """``2 ** t``: a 0-d tensor of base (t's float dtype, or t's int dtype for an
+        int base and int t; float32 for a float base and int t) raised to t."""
+        if not _is_scalar(base):
+            return NotImplemented
+        dt = self.dtype
+        if not self.is_floating_point_dtype and not isinstance(base, (int, np.integer)):
+            dt = "float32"
+        b = self._session.tensor(np.array(base), device=self.device, dtype=dt)
+        return self._session.op("pow", b, self)
+
+    def __floordiv__(self, other):
+        return self.floor_divide(other)
+
+    def __rfloordiv__(self, other):
+        if not _is_scalar(other):
+            return NotImplemented
+        return self._full_like_scalar(other).floor_divide(self)
+
+    def __mod__(self, other):
+        return self.remainder(other)
+
+    def __rmod__(self, other):
+        if not _is_scalar(other):
+            return NotImplemented
+        return self._full_like_scalar(other).remainder(self)
+
+    def __and__(self, other):
+        return self._logical("logical_and", "&", other)
+
+    __rand__ = __and__
+
+    def __or__(self, other):
+        return self._logical("logical_or", "|", other)
+
+    __ror__ = __or__
+
+    def __xor__(self, other):
+        return self._logical("logical_xor", "^", other)
+
+    __rxor__ = __xor__
+
+    def __invert__(self):
+        if self.dtype != "bool":
+            raise TypeError(f"~ is supported on bool tensors only (the daemon has no bitwise "
+                            f"ops for {self.dtype}); use logical_not() or arithmetic")
+        return self._op("logical_not")
+
+    def _logical(self, op: str, sym: str, other):
+        if isinstance(other, (bool, np.bool_)):
+            other = self._session.tensor(np.array(bool(other)), device=self.device)
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        if self.dtype != "bool" or other.dtype != "bool":
+            raise TypeError(f"{sym} is supported on bool tensors only (got {self.dtype} and "
+                            f"{other.dtype}: the daemon has no bitwise integer ops)")
+        return self._session.op(op, self, other)
+
+    def _full_like_scalar(self, value) -> "Tensor":
+        """A 0-d tensor holding value, of self's dtype (float32 for a float value and
+        an integer self), on self's device."""
+        dt = self.dtype
+        if not self.is_floating_point_dtype and isinstance(value, (float, np.floating)):
+            dt = "float32"
+        return self._session.tensor(np.array(value), device=self.device, dtype=dt)
+
+    def floor_divide(self, other):
+        """``self // other``: floor(self / other); integer inputs give an integer
+        result of the promoted dtype, as torch (computed through float division,
+        so exact only while the quotient fits a float's mantissa)."""
+        q = self._binary("div", other)
+        if q is NotImplemented:
+            return q
+        q = q.floor()
+        other_int = (isinstance(other, Tensor) and not other.is_floating_point_dtype) or \
+            isinstance(other, (int, np.integer))
+        if not self.is_floating_point_dtype and other_int:
+            dt = self.dtype
+            if isinstance(other, Tensor) and other.dtype == "int64":
+                dt = "int64"
+            q = q._op("cast", dtype=dt)
+        return q
+
+    def remainder(self, other):
+        """Python's/torch's modulus (the sign of the divisor)."""
+        return self._binary("remainder", other)
+
+    # ---- in-place forms: the daemon has no in-place ops, so these compute the
+    # result and rebind this Tensor object to it (other Tensor objects viewing
+    # the same data do not change). A leaf that requires grad (a parameter)
+    # is refused: update parameters with an optimizer.
+
+    def _assign(self, out: "Tensor", what: str) -> "Tensor":
+        if out is NotImplemented:
+            raise TypeError(f"unsupported operand for {what}")
+        if self._leaf and self._requires_grad:
+            raise RuntimeError(
+                f"{what}: a leaf Tensor that requires grad (#{self._handle}) cannot be "
+                f"modified in place (the daemon has no in-place ops and rebinding it would "
+                f"detach it from its optimizer); use tensordd.optim, or t = t.detach() first")
+        session = self._session
+        session._release_later(self._handle)
+        self._handle = out._handle
+        self._shape, self._dtype, self._device = out._shape, out._dtype, out._device
+        self._requires_grad, self._leaf = out._requires_grad, out._leaf
+        self._grad = _UNSET
+        out._session = None  # its handle now belongs to self
+        return self
+
+    def __iadd__(self, other):
+        return self._assign(self._binary("add", other), "+=")
+
+    def __isub__(self, other):
+        return self._assign(self._binary("sub", other), "-=")
+
+    def __imul__(self, other):
+        return self._assign(self._binary("mul", other), "*=")
+
+    def __itruediv__(self, other):
+        return self._assign(self._binary("div", other), "/=")
+
+    def add_(self, other, alpha=1):
+        """In place (rebinding, see above): self += alpha * other."""
+        if alpha != 1:
+            other = other * alpha
+        return self._assign(self._binary("add", other), "add_")
+
+    def sub_(self, other, alpha=1):
+        if alpha != 1:
+            other = other * alpha
+        return self._assign(self._binary("sub", other), "sub_")
+
+    def mul_(self, other):
+        return self._assign(self._binary("mul", other), "mul_")
+
+    def div_(self, other):
+        return self._assign(self._binary("div", other), "div_")
+
+    def clamp_(self, min=None, max=None):  # noqa: A002
+        return self._assign(self.clamp(min, max), "clamp_")
+
+    def relu_(self):
+        return self._assign(self.relu(), "relu_")
+
+    def zero_(self):
+        return self._assign(self.mul(0), "zero_")
+
+    def fill_(self, value):
+        return self._assign(self.mul(0).add(value), "fill_")
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Makes this tensor a leaf that requires grad (or stops tracking it).
+
+        The daemon cannot flip the flag of a live tensor: the values are
+        downloaded and uploaded again with the flag (a round trip and the
+        bytes both ways) and this object is rebound to the new handle.
+        """
+        requires_grad = bool(requires_grad)
+        self._session.retain_grads = True
+        if self.requires_grad == requires_grad and (self._leaf or not requires_grad):
+            return self
+        if not requires_grad:
+            if self._leaf is not True:
+                raise RuntimeError("requires_grad_(False) on a non-leaf tensor: use detach()")
+        if requires_grad and not self.is_floating_point_dtype:
+            raise RuntimeError(f"only floating point tensors can require gradients "
+                               f"(dtype {self.dtype})")
+        session = self._session
+        if self.dtype == "bfloat16":
+            data = bf16_bits_to_f32(session._download(self, raw=True))
+        else:
+            data = self.numpy()
+        new = session.tensor(data, device=self.device, dtype=self.dtype,
+                             requires_grad=requires_grad)
+        session._release_later(self._handle)
+        self._handle = new._handle
+        self._requires_grad, self._leaf = requires_grad, True
+        self._grad = _UNSET
+        new._session = None
+        return self
 
     def __neg__(self):
         return self._op("neg")
@@ -406,6 +705,24 @@ class Tensor:
     def amin(self, dim=None, keepdim: bool = False):
         return self._op("amin", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
+    def max(self, dim=None, keepdim: bool = False):
+        """As torch: the largest element (0-d); with dim, ``(values, indices)``
+        along it; with a Tensor, the elementwise maximum."""
+        if isinstance(dim, Tensor):
+            return self.maximum(dim)
+        if dim is None:
+            return self.amax()
+        return MaxMin(self.amax(int(dim), keepdim), self.argmax(int(dim), keepdim))
+
+    def min(self, dim=None, keepdim: bool = False):
+        """As torch: the smallest element; with dim, ``(values, indices)``; with a
+        Tensor, the elementwise minimum."""
+        if isinstance(dim, Tensor):
+            return self.minimum(dim)
+        if dim is None:
+            return self.amin()
+        return MaxMin(self.amin(int(dim), keepdim), self.argmin(int(dim), keepdim))
+
     def argmax(self, dim=None, keepdim: bool = False):
         return self._op("argmax", dim=dim, keepdim=keepdim if dim is not None else None)
 
@@ -513,44 +830,152 @@ class Tensor:
         return self._session.op("index_select", self, index, dim=int(dim))
 
     def __getitem__(self, key):
-        """Basic indexing as in PyTorch: ints, slices with a positive step, None,
-        Ellipsis, and a 1-D integer Tensor (index_select on that dim).
-        Each index becomes a view op (slice, squeeze, unsqueeze)."""
+        """Indexing as in PyTorch (and numpy): ints, slices (negative steps too),
+        None, Ellipsis, and one advanced index: a list or array of ints, an
+        integer Tensor (index_select), or a bool mask (list, array or Tensor;
+        selects like ``t[mask]``, the mask's values are downloaded).
+
+        Int indices are checked against the real shape (asked from the daemon
+        once when not yet known): out of range is an IndexError, as in torch.
+        """
         key = key if isinstance(key, tuple) else (key,)
+        simple = all(k is None or isinstance(k, slice) for k in key)
+        shape = self._shape
+        if shape is None and not simple:
+            shape = self.shape  # one Describe; the outputs' shapes are derived locally
+        shape = None if shape is None else list(shape)
         if any(k is Ellipsis for k in key):
             at = key.index(Ellipsis)
             if Ellipsis in key[at + 1:]:
                 raise IndexError("an index can only have a single ellipsis")
             used = sum(k is not None for k in key) - 1
-            key = key[:at] + (slice(None),) * (self.ndim - used) + key[at + 1:]
+            key = key[:at] + (slice(None),) * (len(shape) - used) + key[at + 1:]
+        if shape is not None and sum(k is not None for k in key) > len(shape):
+            raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+        advanced = [k for k in key if isinstance(k, (Tensor, list, np.ndarray))]
+        if len(advanced) > 1:
+            raise IndexError("only one advanced index (list, array, index or mask tensor) "
+                             "per indexing expression is supported")
         out, d = self, 0
         for k in key:
             if k is None:
                 out, d = out.unsqueeze(d), d + 1
-            elif isinstance(k, Tensor):
-                out, d = out.index_select(d, k), d + 1
+                if shape is not None:
+                    shape.insert(d - 1, 1)
+                    out._meta_from(self, shape)
             elif isinstance(k, slice):
                 if k != slice(None):
-                    start, stop, step = k.start, k.stop, k.step
-                    if step is not None and int(step) <= 0:
-                        raise ValueError("slice steps must be positive")
-                    out = out._op("slice", dim=d, start=None if start is None else int(start),
-                                  stop=None if stop is None else int(stop),
-                                  step=None if step is None else int(step))
+                    out = out._slice(d, k, shape)
                 d += 1
-            elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+            elif _is_int(k):
+                n = shape[d]
                 i = int(k)
-                if out._shape is not None:
-                    if d >= len(out._shape):
-                        raise IndexError(f"too many indices for a {len(out._shape)}-D tensor")
-                    if not -out._shape[d] <= i < out._shape[d]:
-                        raise IndexError(f"index {i} is out of bounds for dim {d} of size "
-                                         f"{out._shape[d]}")
-                out = out._op("slice", dim=d, start=i, stop=None if i == -1 else i + 1)
+                if not -n <= i < n:
+                    raise IndexError(f"index {i} is out of bounds for dimension {d} with size {n}")
+                i %= n
+                out = out._op("slice", dim=d, start=i, stop=i + 1)
                 out = out._op("squeeze", dim=d)
+                del shape[d]
+                out._meta_from(self, shape)
+            elif isinstance(k, (Tensor, list, np.ndarray)):
+                out, d = out._advanced(d, k, shape)
+            elif isinstance(k, (bool, np.bool_)):
+                raise TypeError("indexing with a Python bool is not supported")
             else:
-                raise TypeError(f"unsupported index {k!r}")
+                raise TypeError(f"unsupported index {k!r} (ints, slices, None, Ellipsis, "
+                                f"int lists/arrays/Tensors, bool masks)")
         return out
+
+    def flip(self, *dims) -> "Tensor":
+        """The elements in reverse order along dims (``torch.flip``; what a
+        negative-step slice means in numpy): an index_select per dim."""
+        dims = _dims(dims)
+        shape = list(self.shape)
+        out = self
+        for d in dims:
+            d = d % len(shape) if shape else d
+            idx = self._session.tensor(np.arange(shape[d] - 1, -1, -1, dtype=np.int64),
+                                       device=self.device)
+            out = self._session.op("index_select", out, idx, dim=d)
+            out._meta_from(self, shape)
+        return out
+
+    def _meta_from(self, src: "Tensor", shape) -> None:
+        """Sets the metadata an indexing step derived (shape None: unknown)."""
+        self._shape = None if shape is None else tuple(shape)
+        self._dtype = src._dtype
+        self._device = src._device
+
+    def _slice(self, d: int, k: slice, shape) -> "Tensor":
+        start, stop, step = k.start, k.stop, k.step
+        for v in (start, stop, step):
+            if v is not None and not _is_int(v):
+                raise TypeError(f"slice indices must be integers or None, got {v!r}")
+        if step is not None and int(step) == 0:
+            raise ValueError("slice step cannot be zero")
+        if step is not None and int(step) < 0:
+            raise ValueError("step must be greater than zero (as in torch); reverse a dim "
+                             "with t.flip(dim)")
+        out = self._op("slice", dim=d, start=None if start is None else int(start),
+                       stop=None if stop is None else int(stop),
+                       step=None if step is None else int(step))
+        if shape is not None:
+            shape[d] = len(range(*k.indices(shape[d])))
+        out._meta_from(self, shape)
+        return out
+
+    def _advanced(self, d: int, k, shape):
+        """One advanced index at dim d: (output, next dim)."""
+        session = self._session
+        if isinstance(k, Tensor):
+            if k.dtype == "bool":
+                mask = k.numpy()
+            else:
+                ishape = list(k.shape)
+                if len(ishape) == 1:
+                    out = session.op("index_select", self, k, dim=d)
+                else:
+                    flat = k.reshape(-1)
+                    out = session.op("index_select", self, flat, dim=d)
+                    out = out.reshape(*shape[:d], *ishape, *shape[d + 1:])
+                shape[d:d + 1] = ishape
+                out._meta_from(self, shape)
+                return out, d + len(ishape)
+        else:
+            mask = np.asarray(k)
+            if mask.dtype != np.bool_:
+                if mask.size == 0:
+                    mask = mask.astype(np.int64)
+                if not np.issubdtype(mask.dtype, np.integer):
+                    raise IndexError(f"index lists must hold ints or bools, got {mask.dtype}")
+                n = shape[d]
+                if mask.size and (mask.max() >= n or mask.min() < -n):
+                    bad = mask[(mask >= n) | (mask < -n)].flat[0]
+                    raise IndexError(f"index {bad} is out of bounds for dimension {d} "
+                                     f"with size {n}")
+                idx = (mask.astype(np.int64) % n) if n else mask.astype(np.int64)
+                it = session.tensor(idx.reshape(-1), device=self.device)
+                out = session.op("index_select", self, it, dim=d)
+                if idx.ndim != 1:
+                    out = out.reshape(*shape[:d], *idx.shape, *shape[d + 1:])
+                shape[d:d + 1] = list(idx.shape)
+                out._meta_from(self, shape)
+                return out, d + idx.ndim
+        # a bool mask over dims d .. d + mask.ndim
+        m = mask.ndim
+        if tuple(shape[d:d + m]) != mask.shape:
+            raise IndexError(f"the shape of the mask {mask.shape} does not match the shape "
+                             f"of the indexed tensor {tuple(shape)} at dim {d}")
+        flat = np.flatnonzero(mask).astype(np.int64)
+        merged = int(np.prod(mask.shape, dtype=np.int64))
+        src = self
+        if m != 1:
+            src = self.reshape(*shape[:d], merged, *shape[d + m:])
+        it = session.tensor(flat, device=self.device)
+        out = session.op("index_select", src, it, dim=d)
+        shape[d:d + m] = [len(flat)]
+        out._meta_from(self, shape)
+        return out, d + 1
 
     # ------------------------------------------------------------ devices, dtypes, autodiff
 
@@ -562,14 +987,21 @@ class Tensor:
         when nothing would change.
         """
         if target is not None:
-            if _is_dtype(target):
+            if isinstance(target, Tensor):  # t.to(other): other's dtype and device
+                dtype, device = target.dtype, target.device
+            elif _is_dtype(target):
                 dtype = target
             else:
-                device = target
+                try:
+                    device = Device.parse(target)
+                except (TypeError, ValueError):
+                    raise DeviceSpecError(f"to({target!r}): neither a device nor a dtype: "
+                                          f"{HINT}") from None
         out = self
         if dtype is not None:
-            if self._dtype != _dtype_name(dtype):
-                out = out._op("cast", dtype=dtype)
+            name = canonical_name(dtype)  # TypeError at once for a non-dtype
+            if self._dtype != name:
+                out = out._op("cast", dtype=name)
         if device is not None:
             dev = Device.parse(device)
             if out._device != dev:
@@ -581,6 +1013,55 @@ class Tensor:
 
     def double(self):
         return self.to(dtype="float64")
+
+    def half(self):
+        return self.to(dtype="float16")
+
+    def bfloat16(self):
+        return self.to(dtype="bfloat16")
+
+    def long(self):
+        return self.to(dtype="int64")
+
+    def int(self):
+        return self.to(dtype="int32")
+
+    def bool(self):
+        return self.to(dtype="bool")
+
+    def type_as(self, other: "Tensor"):
+        return self.to(dtype=other.dtype)
+
+    @property
+    def grad(self):
+        """The gradient of this tensor from the ``backward()`` calls since the
+        last ``zero_grad`` (summed over them, as torch accumulates), or None.
+
+        A handle, asked from the daemon's Gradients the first time it is read
+        (one round trip per backward); its values are downloaded only when
+        read (``.numpy()``). Assigning sets it for the next ``opt.step()``.
+        """
+        session = self._session
+        session.retain_grads = True
+        epoch = session._grad_epoch
+        if self._grad is not _UNSET and self._grad[0] == epoch:
+            return self._grad[1]
+        g = None
+        for grads in session._grad_sets:
+            part = grads._get_or_none(self)
+            if part is not None:
+                g = part if g is None else g + part
+        self._grad = (epoch, g)
+        return g
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"grad must be a Tensor or None, got {type(value).__name__}")
+        session = self._session
+        session.retain_grads = True
+        self._grad = (session._grad_epoch, value)
+        session._grad_overrides[self._handle] = self
 
     def detach(self):
         """A tensor sharing the data, outside the autodiff graph."""
@@ -613,16 +1094,4 @@ def _dim_attr(dim):
 def _is_dtype(x) -> bool:
     if isinstance(x, Device):
         return False
-    if isinstance(x, str):
-        return x == "bfloat16" or _dtype_name(x) is not None
-    return True
-
-
-def _dtype_name(x):
-    """numpy's name for x ("float32"), "bfloat16", or None if x is no dtype."""
-    if isinstance(x, str) and x == "bfloat16":
-        return x
-    try:
-        return np.dtype(x).name
-    except TypeError:
-        return None
+    return canonical_name(x, strict=False) is not None

@@ -1,0 +1,474 @@
+"""tensordd.nn -- a small torch.nn: Module, Parameter and the common layers.
+
+A model written against ``torch.nn`` ports by changing its imports::
+
+    import tensordd as torch            # or: from tensordd import nn, optim
+    from tensordd import nn
+
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+
+Parameters are created on the default session (the one :func:`tensordd.connect`
+opened last) on ``cpu:0``; ``model.to(device)`` moves them. Initialisation
+follows torch's distributions (kaiming-uniform weights, uniform biases) drawn
+with numpy, so it is not bit-identical to torch's: load torch's weights with
+``load_state_dict`` (torch tensors and numpy arrays are accepted) to compare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import numpy as np
+
+from ..session import default_session
+from ..tensor import Tensor
+from . import functional  # noqa: F401
+from . import functional as F
+
+__all__ = ["Module", "Parameter", "Sequential", "ModuleList", "Linear", "Embedding",
+           "LayerNorm", "Conv2d", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU",
+           "Identity", "Flatten", "Dropout", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d",
+           "MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss", "functional", "init_seed"]
+
+_rng = np.random.default_rng(0)
+
+
+def init_seed(seed: int) -> None:
+    """Seeds the numpy generator the layers' initial values are drawn from."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+class Parameter(Tensor):
+    """A leaf Tensor that requires grad and that Modules register as a parameter.
+
+    ``Parameter(data)``: data is a tensordd Tensor (adopted if it is already a
+    leaf that requires grad, else downloaded and uploaded again as one), a
+    numpy array or a torch tensor (uploaded to the default session).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data=None, requires_grad: bool = True, device=None):
+        if isinstance(data, Tensor):
+            # The daemon cannot turn a live tensor into a leaf: its values are
+            # uploaded again (as torch's Parameter(t) would share them).
+            session = data.session
+            dt = data.dtype
+            vals = data.float().numpy() if dt == "bfloat16" else data.numpy()
+            src = session.tensor(vals, device=device or data.device, dtype=dt,
+                                 requires_grad=requires_grad)
+        else:
+            session = default_session()
+            src = session.tensor(data, device=device or "cpu:0", requires_grad=requires_grad)
+        super().__init__(session, src._handle, src._shape, src._dtype, src._device,
+                         bool(requires_grad), leaf=True)
+        session.retain_grads = True
+        src._session = None  # the handle is ours now
+
+    def __str__(self) -> str:
+        return "Parameter containing:\n" + super().__str__()
+
+
+def _uniform(shape, bound):
+    return _rng.uniform(-bound, bound, size=shape).astype(np.float32)
+
+
+class Module:
+    """Base class of the layers, as torch.nn.Module: assign Parameters and
+    Modules as attributes and they are registered; override ``forward``."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name, value):
+        params = self.__dict__.get("_parameters")
+        if params is None:
+            raise AttributeError("call Module.__init__() before assigning attributes")
+        if isinstance(value, Parameter):
+            params[name] = value
+            self._modules.pop(name, None)
+        elif isinstance(value, Module):
+            self._modules[name] = value
+            params.pop(name, None)
+        elif name in params and value is None:
+            params[name] = None
+        else:
+            params.pop(name, None)
+            self._modules.pop(name, None)
+            object.__setattr__(self, name, value)
+            return
+        self.__dict__.pop(name, None)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        if name in d.get("_parameters", {}):
+            return d["_parameters"][name]
+        if name in d.get("_modules", {}):
+            return d["_modules"][name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def register_parameter(self, name: str, param) -> None:
+        self._parameters[name] = param
+
+    def add_module(self, name: str, module) -> None:
+        self._modules[name] = module
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def named_parameters(self, prefix: str = ""):
+        seen = set()
+        for name, p in self._named_members(prefix):
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def _named_members(self, prefix):
+        for name, p in self._parameters.items():
+            yield prefix + name, p
+        for mname, m in self._modules.items():
+            if m is not None:
+                yield from m._named_members(prefix + mname + ".")
+
+    def parameters(self, recurse: bool = True):
+        for _, p in self.named_parameters():
+            yield p
+
+    def children(self):
+        return iter(m for m in self._modules.values() if m is not None)
+
+    def modules(self):
+        yield self
+        for m in self.children():
+            yield from m.modules()
+
+    def train(self, mode: bool = True):
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forgets the session's gradients (see :meth:`Session.zero_grad`)."""
+        for p in self.parameters():
+            p.session.zero_grad(set_to_none)
+            return
+
+    def state_dict(self) -> "OrderedDict":
+        """{name: Tensor} of the parameters (handles; ``.numpy()`` downloads)."""
+        return OrderedDict(self._named_members(""))
+
+    def load_state_dict(self, state, strict: bool = True):
+        """Sets the parameters from {name: values}: tensordd Tensors, numpy arrays
+        or torch tensors (a torch state_dict loads as is). Each parameter is
+        uploaded again as a new leaf (optimizers made before hold the old ones)."""
+        own = dict(self._named_members(""))
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+        for name, value in state.items():
+            if name not in own:
+                continue
+            old = own[name]
+            mod = self
+            *path, leaf = name.split(".")
+            for part in path:
+                mod = mod._modules[part]
+            if isinstance(value, Tensor):
+                value = value.numpy()
+            new = Parameter(_host(value), requires_grad=old.requires_grad if old is not None
+                            else True, device=old.device if old is not None else None)
+            if old is not None and tuple(new.shape) != tuple(old.shape):
+                raise ValueError(f"load_state_dict: {name} has shape {tuple(new.shape)}, "
+                                 f"the parameter {tuple(old.shape)}")
+            mod._parameters[leaf] = new
+        return missing, unexpected
+
+    def to(self, device=None, dtype=None):
+        """Moves (and/or casts) every parameter; they become new leaves."""
+        for m in self.modules():
+            for name, p in list(m._parameters.items()):
+                if p is None:
+                    continue
+                moved = p.detach().to(device=device, dtype=dtype)
+                m._parameters[name] = Parameter(moved, requires_grad=p.requires_grad)
+        return self
+
+    def cpu(self):
+        return self.to("cpu:0")
+
+    def float(self):
+        return self.to(dtype="float32")
+
+    def double(self):
+        return self.to(dtype="float64")
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"({k}): {m!r}".replace("\n", "\n  ") for k, m in self._modules.items()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _host(value):
+    """numpy values of a numpy array, list or torch tensor (torch dtype kept via Session.tensor)."""
+    return value
+
+
+class Sequential(Module):
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], (dict, OrderedDict)):
+            for k, m in modules[0].items():
+                self.add_module(k, m)
+        else:
+            for i, m in enumerate(modules):
+                self.add_module(str(i), m)
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class ModuleList(Module):
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, m):
+        self.add_module(str(len(self._modules)), m)
+        return self
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class Linear(Module):
+    """y = x W^T + b; W (out, in) and b (out,) drawn from U(-1/sqrt(in), 1/sqrt(in))."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        bound = 1 / math.sqrt(in_features) if in_features else 0
+        self.weight = Parameter(_uniform((out_features, in_features), bound), device=device)
+        self.bias = Parameter(_uniform((out_features,), bound), device=device) if bias else None
+        if dtype is not None:
+            self.to(dtype=dtype)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"bias={self.bias is not None}"
+
+
+class Embedding(Module):
+    """A lookup table (num_embeddings, embedding_dim) drawn from N(0, 1)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, device=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.weight = Parameter(_rng.standard_normal((num_embeddings, embedding_dim))
+                                .astype(np.float32), device=device)
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 device=None):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) \
+            else tuple(normalized_shape)
+        self.normalized_shape, self.eps = shape, eps
+        if elementwise_affine:
+            self.weight = Parameter(np.ones(shape, np.float32), device=device)
+            self.bias = Parameter(np.zeros(shape, np.float32), device=device)
+        else:
+            self.weight = self.bias = None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class Conv2d(Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, device=None):
+        super().__init__()
+        kh, kw = F._pair(kernel_size)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride, self.padding = (kh, kw), stride, padding
+        self.dilation, self.groups = dilation, groups
+        fan_in = in_channels // groups * kh * kw
+        bound = 1 / math.sqrt(fan_in) if fan_in else 0
+        self.weight = Parameter(_uniform((out_channels, in_channels // groups, kh, kw), bound),
+                                device=device)
+        self.bias = Parameter(_uniform((out_channels,), bound), device=device) if bias else None
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                        self.groups)
+
+    def extra_repr(self):
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, " \
+               f"stride={self.stride}, padding={self.padding}"
+
+
+class _Act(Module):
+    fn = None
+
+    def forward(self, x):
+        return type(self).fn(x)
+
+
+class ReLU(_Act):
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+
+    fn = staticmethod(F.relu)
+
+
+class GELU(_Act):
+    fn = staticmethod(F.gelu)
+
+
+class SiLU(_Act):
+    fn = staticmethod(F.silu)
+
+
+class Tanh(_Act):
+    fn = staticmethod(F.tanh)
+
+
+class Sigmoid(_Act):
+    fn = staticmethod(F.sigmoid)
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return x.softmax(self.dim)
+
+
+class LogSoftmax(Softmax):
+    def forward(self, x):
+        return x.log_softmax(self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class Dropout(Module):
+    """Dropout in train() mode, the identity in eval() mode."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        super().__init__()
+        self.args = (kernel_size, stride, padding, dilation, ceil_mode)
+
+    def forward(self, x):
+        return F.max_pool2d(x, *self.args)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.args = (kernel_size, stride, padding)
+
+    def forward(self, x):
+        return F.avg_pool2d(x, *self.args)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input, target):  # noqa: A002
+        return F.mse_loss(input, target, self.reduction)
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, reduction: str = "mean", ignore_index: int = -100,
+                 label_smoothing: float = 0.0):
+        super().__init__()
+        self.reduction, self.ignore_index = reduction, ignore_index
+        self.label_smoothing = label_smoothing
+
+    def forward(self, input, target):  # noqa: A002
+        return F.cross_entropy(input, target, self.reduction, self.ignore_index,
+                               self.label_smoothing)
+
+
+class BCEWithLogitsLoss(MSELoss):
+    def forward(self, input, target):  # noqa: A002
+        return F.binary_cross_entropy_with_logits(input, target, self.reduction)

@@ -1,0 +1,110 @@
+"""tensordd.nn.functional -- torch.nn.functional's names over the daemon's ops."""
+
+from __future__ import annotations
+
+from ..tensor import Tensor
+
+__all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "softmax",
+           "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
+           "binary_cross_entropy_with_logits", "layer_norm", "embedding", "dropout", "conv2d",
+           "max_pool2d", "avg_pool2d", "one_hot"]
+
+
+def _op(name, *inputs, **attrs):
+    return inputs[0].session.op(name, *[t for t in inputs if t is not None], **attrs)
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+    return _op("linear", input, weight, bias)
+
+
+def relu(input, inplace=False):  # noqa: A002
+    return input.relu()
+
+
+def gelu(input):  # noqa: A002
+    return input.gelu()
+
+
+def silu(input, inplace=False):  # noqa: A002
+    return input.silu()
+
+
+def sigmoid(input):  # noqa: A002
+    return input.sigmoid()
+
+
+def tanh(input):  # noqa: A002
+    return input.tanh()
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):  # noqa: A002
+    return input.leaky_relu(negative_slope)
+
+
+def softmax(input, dim):  # noqa: A002
+    return input.softmax(dim)
+
+
+def log_softmax(input, dim):  # noqa: A002
+    return input.log_softmax(dim)
+
+
+def cross_entropy(input, target, reduction="mean", ignore_index=-100,  # noqa: A002
+                  label_smoothing=0.0):
+    return _op("cross_entropy", input, target, reduction=reduction,
+               ignore_index=int(ignore_index), label_smoothing=float(label_smoothing))
+
+
+def nll_loss(input, target, reduction="mean", ignore_index=-100):  # noqa: A002
+    return _op("nll_loss", input, target, reduction=reduction, ignore_index=int(ignore_index))
+
+
+def mse_loss(input, target, reduction="mean"):  # noqa: A002
+    return _op("mse_loss", input, target, reduction=reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, reduction="mean"):  # noqa: A002
+    return _op("binary_cross_entropy_with_logits", input, target, reduction=reduction)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+    if weight is None and bias is not None:
+        raise ValueError("layer_norm: a bias without a weight is not supported")
+    return _op("layer_norm", input, weight, bias, normalized_shape=shape, eps=float(eps))
+
+
+def embedding(input, weight):  # noqa: A002
+    return _op("embedding", input, weight)
+
+
+def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    if not training or p == 0:
+        return input
+    return _op("dropout", input, p=float(p), train=bool(training))
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
+    return _op("conv2d", input, weight, bias, stride=_pair(stride), padding=_pair(padding),
+               dilation=_pair(dilation), groups=int(groups))
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
+               ceil_mode=False):
+    return _op("max_pool2d", input, kernel_size=_pair(kernel_size),
+               stride=None if stride is None else _pair(stride), padding=_pair(padding),
+               dilation=_pair(dilation), ceil_mode=bool(ceil_mode))
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
+    return _op("avg_pool2d", input, kernel_size=_pair(kernel_size),
+               stride=None if stride is None else _pair(stride), padding=_pair(padding))
+
+
+def one_hot(tensor, num_classes=-1):
+    return _op("one_hot", tensor, num_classes=int(num_classes))
+
+
+def _pair(v):
+    return [int(v), int(v)] if isinstance(v, int) else [int(x) for x in v]
