@@ -29,7 +29,7 @@ from .session import (DEFAULT_ENDPOINT, PROTOCOL_VERSION, Session, connect, defa
 from .tensor import Tensor
 from . import optim  # noqa: E402 (after Tensor: optim imports it)
 
-__version__ = "0.2.0"
+from ._version import __version__  # noqa: E402,F401
 
 # One exception class per wire ErrorCode (generated from the .proto enum).
 for _name in _errors.__all__:
