@@ -349,7 +349,7 @@ PYDIR ?= $(shell $(PY) -c 'import sys; print("$(PREFIX)/lib/python%d.%d/dist-pac
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include \
-	    $(DESTDIR)$(PYDIR)/tensordd
+	    $(DESTDIR)$(PYDIR)
 	install -m 755 $(BUILD)/tensordd $(BUILD)/tdctl $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(BUILD)/libtensordd.a $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(BUILD)/libtensordd.so $(DESTDIR)$(LIBDIR)/libtensordd.so.0
@@ -357,7 +357,11 @@ install: all
 	install -m 644 include/tensordd.h include/td_attr.h include/td_dtype.h include/td_error.h \
 	    $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
-	install -m 644 client/python/tensordd/*.py $(DESTDIR)$(PYDIR)/tensordd/
+	@# the Python package is built as a wheel (pyproject.toml: setuptools, offline; tensordd_pb2
+	@# generated into the build directory) and installed with its metadata
+	$(PY) -m pip install -q --no-input --no-deps --no-index --no-compile --upgrade \
+	    --target $(DESTDIR)$(PYDIR) ./client/python
+	rm -rf client/python/build client/python/tensordd.egg-info
 	@echo "installed under $(DESTDIR)$(PREFIX) (python package in $(PYDIR)); systemd unit: deploy/tensordd.service"
 
 # The GPU check can only run on a GPU machine, but it must always build: a link
@@ -387,6 +391,7 @@ test-install:
 	@cd /tmp && PYTHONPATH=$(abspath $(BUILD)/stage)$(PYDIR) $(PY) -c \
 	    'import tensordd, sys; assert tensordd.__file__.startswith(sys.argv[1]), tensordd.__file__' \
 	    $(abspath $(BUILD)/stage)
+	@cd /tmp && PYTHONPATH=$(abspath $(BUILD)/stage)$(PYDIR) $(PY) -m tensordd --version
 	@echo "install: staged install links a client through pkg-config and imports the Python package"
 
 format:
