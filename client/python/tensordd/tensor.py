@@ -211,8 +211,13 @@ class Tensor:
             n = int(np.prod(shape, dtype=np.int64))
             if n <= REPR_MAX_ELEMENTS:
                 arr = self.numpy()
+                opts = {}
+                if arr.dtype.kind == "f":  # torch's look: 4 decimals unless all integral
+                    finite = arr[np.isfinite(arr)]
+                    integral = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+                    opts = {"precision": 4, "floatmode": "maxprec" if integral else "fixed"}
                 body = np.array2string(arr, separator=", ", prefix="tensor(", threshold=1000,
-                                       edgeitems=3)
+                                       edgeitems=3, **opts)
             else:
                 body = f"<{n} elements not downloaded, shape={tuple(shape)}>"
         except Error as e:
