@@ -129,3 +129,13 @@ def test_torch_is_not_imported_by_the_client():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.dirname(tensordd.__path__[0])
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_dlpack_export(session):
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    t = session.tensor(x) * 2
+    assert torch.equal(torch.from_dlpack(t), torch.from_numpy(x * 2))
+    np.testing.assert_array_equal(np.from_dlpack(t), x * 2)
+    b = session.tensor(torch.tensor([1.5, -2.0], dtype=torch.bfloat16))
+    got = torch.from_dlpack(b)
+    assert got.dtype == torch.bfloat16 and got.tolist() == [1.5, -2.0]

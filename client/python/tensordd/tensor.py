@@ -253,6 +253,16 @@ class Tensor:
             return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(self.numpy())
 
+    def __dlpack__(self, stream=None):
+        """DLPack export of the downloaded values (``torch.from_dlpack(t)``,
+        ``np.from_dlpack(t)``): a host copy, made when called."""
+        if self.dtype == "bfloat16":  # numpy has no bfloat16: torch's own export
+            return self.torch().__dlpack__()
+        return self.numpy().__dlpack__()
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU: the values are exported from the host
+
     def cpu(self):
         """This tensor on cpu:0 (self if already there), as torch's ``.cpu()``."""
         return self.to("cpu:0")
