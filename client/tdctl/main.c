@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,6 +167,14 @@ static int read_token(global_opts *g)
 
 static int open_client(global_opts *g, td_client **c)
 {
+    /* A malformed endpoint is the user's mistake (2), not a failed connect (3). */
+    if (strncmp(g->endpoint, "tcp://", 6) != 0 && strncmp(g->endpoint, "unix://", 7) != 0) {
+        fprintf(stderr,
+                "tdctl: bad endpoint '%s': expected tcp://HOST:PORT or unix:///PATH (see "
+                "--help)\n",
+                g->endpoint);
+        return EXIT_USAGE;
+    }
     int rc = read_token(g);
     if (rc)
         return rc;
@@ -591,8 +600,38 @@ static void attrs_free(attr_set *as)
         free(as->owned[i]);
 }
 
-/* Downloads h into a fresh .npy at path: header written first, then the
- * daemon's bytes land straight in the mapped file. */
+/* A write that could not complete: ENOSPC and EDQUOT are the machine's state, not the
+ * user's input (exit 1, said plainly); anything else about the output path is exit 2. */
+static int output_failed(const char *path, const char *what, int err)
+{
+    if (err == ENOSPC || err == EDQUOT) {
+        fprintf(stderr, "tdctl: no space left to write %s (%s); nothing was written\n", path, what);
+        return EXIT_DAEMON;
+    }
+    fprintf(stderr, "tdctl: cannot %s %s: %s\n", what, path, strerror(err));
+    return EXIT_USAGE;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 ? errno : EIO;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Downloads h into path as a .npy. The bytes go to a temporary file beside path, renamed
+ * over it only once everything is written, so a failure never leaves a partial output.
+ * When the filesystem reserves the space up front (posix_fallocate), the daemon's bytes
+ * land straight in the mapped file; otherwise, or if reserving fails for want of space,
+ * nothing is mapped (a write to a mapping past the disk's end is a SIGBUS): the tensor is
+ * downloaded to memory and written with write(2), whose ENOSPC is an error like any other. */
 static int write_output(td_client *c, td_handle h, const char *path, progress_bar *pb)
 {
     td_error e;
@@ -610,44 +649,60 @@ static int write_output(td_client *c, td_handle h, const char *path, progress_ba
     uint64_t bytes = td_dtype_size(info.dtype);
     for (int i = 0; i < info.ndim; i++)
         bytes *= (uint64_t)info.shape[i];
-    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        fprintf(stderr, "tdctl: cannot create %s: %s\n", path, strerror(errno));
+    char tmp[4096];
+    const char *slash = strrchr(path, '/');
+    int dl = slash ? (int)(slash - path + 1) : 0;
+    if (snprintf(tmp, sizeof tmp, "%.*s.%s.tdctl-XXXXXX", dl, path, slash ? slash + 1 : path) >=
+        (int)sizeof tmp) {
+        fprintf(stderr, "tdctl: output path too long: %s\n", path);
         return EXIT_USAGE;
     }
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return output_failed(path, "create", errno);
+    fchmod(fd, 0644);
     size_t total = hl + (size_t)bytes;
-    /* Blocks allocated up front: page faults during the download then only
-     * map pages instead of growing a sparse file one page at a time. */
     int fa = total ? posix_fallocate(fd, 0, (off_t)total) : 0;
-    if (fa != 0 && ftruncate(fd, (off_t)total) != 0) {
-        fprintf(stderr, "tdctl: cannot size %s: %s\n", path, strerror(errno));
+    uint8_t *m = MAP_FAILED, *buf = NULL;
+    int werr = 0, frc = 0;
+    if (fa == ENOSPC || fa == EDQUOT) {
+        werr = fa;
+    } else if (fa == 0 && total) {
+        m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (!werr && m == MAP_FAILED && !(buf = malloc(total ? total : 1)))
+        werr = ENOMEM;
+    if (werr) {
         close(fd);
-        unlink(path);
-        return EXIT_USAGE;
+        unlink(tmp);
+        return output_failed(path, "reserve space for", werr);
     }
-    uint8_t *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        fprintf(stderr, "tdctl: cannot map %s: %s\n", path, strerror(errno));
-        unlink(path);
-        return EXIT_USAGE;
-    }
-    memcpy(m, hdr, hl);
+    uint8_t *dst = m != MAP_FAILED ? m : buf;
+    memcpy(dst, hdr, hl);
     progress_begin(pb, "download");
-    rc = td_download(c, h, m + hl, (size_t)bytes, NULL, &e);
+    rc = td_download(c, h, dst + hl, (size_t)bytes, NULL, &e);
     progress_end(pb);
-    int frc = 0;
-    if (rc == 0 && msync(m, total, MS_SYNC) != 0) {
-        fprintf(stderr, "tdctl: cannot write %s: %s\n", path, strerror(errno));
-        frc = EXIT_USAGE;
+    if (rc == 0) {
+        if (m != MAP_FAILED)
+            werr = msync(m, total, MS_SYNC) ? errno : 0;
+        else
+            werr = write_all(fd, buf, total);
+        if (!werr && fsync(fd) != 0)
+            werr = errno;
     }
-    munmap(m, total);
-    if (rc) {
-        unlink(path);
+    if (m != MAP_FAILED)
+        munmap(m, total);
+    free(buf);
+    if (close(fd) != 0 && !werr && rc == 0)
+        werr = errno;
+    if (rc == 0 && werr)
+        frc = output_failed(path, "write", werr);
+    if (rc == 0 && !frc && rename(tmp, path) != 0)
+        frc = output_failed(path, "rename the output to", errno);
+    if (rc || frc)
+        unlink(tmp);
+    if (rc)
         return report("apply", rc, &e);
-    }
-    if (frc)
-        unlink(path);
     return frc;
 }
 
