@@ -66,7 +66,7 @@ if [[ -x "$SESSION" ]]; then
     fi
 fi
 export PYTHONPATH="$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}"
-for script in quickstart.py grad_replace.py train_digits.py; do
+for script in quickstart.py grad_replace.py train_digits.py train_torchstyle.py; do
     [[ $status -eq 0 ]] || break
     [[ -f "$ROOT/examples/$script" ]] || continue
     echo "run: examples/$script"
