@@ -6,6 +6,7 @@
 #include "dispatch.h"
 
 #include "handlers.h"
+#include "log.h"
 #include "stats.h"
 
 typedef Tensordd__V1__Request Request;
@@ -106,6 +107,22 @@ static const request_row *row_of(const Request *req)
 {
     size_t b = (size_t)req->body_case;
     return b < sizeof rows / sizeof rows[0] && rows[b].handler ? &rows[b] : NULL;
+}
+
+int tdd_dispatch_check_table(void)
+{
+    const ProtobufCMessageDescriptor *d = &tensordd__v1__request__descriptor;
+    int missing = 0;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (!(f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+            continue;
+        if (f->id >= sizeof rows / sizeof rows[0] || !rows[f->id].handler) {
+            tdd_error("request table: no row for Request.%s (field %u)", f->name, f->id);
+            missing++;
+        }
+    }
+    return missing ? -1 : 0;
 }
 
 /* The connection closes: the error is told now, whether or not the request wanted a

@@ -8,4 +8,8 @@
  * handed to the server by main). Returns a TDD_DISPATCH_* code. */
 int tdd_dispatch(tdd_conn *c, Tensordd__V1__Request *req, uint64_t payload_len);
 
+/* Every body case of Request has a row: 0, or -1 with each missing one logged (main
+ * refuses to start: a request type the proto gained would be answered as unknown). */
+int tdd_dispatch_check_table(void);
+
 #endif

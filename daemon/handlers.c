@@ -276,19 +276,14 @@ static void staged_download_done(void *arg, int rc)
     tdd_conn *c = s->closed ? NULL : s->conn;
     if (c) {
         td_error err;
-        if (rc == TD_EPOISONED) {
+        if (rc == TD_EPOISONED)
             tdd_err_poisoned(&err, st->v);
-            err.request_id = st->req_id;
-            tdd_count_error(err.code);
-            tdd_conn_send_error(c, st->req_id, &err);
-        } else if (rc) {
+        else if (rc)
             tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label, td_strerror(rc));
-            err.request_id = st->req_id;
-            tdd_count_error(rc);
-            tdd_conn_send_error(c, st->req_id, &err);
-        } else {
+        if (rc)
+            tdd_reply_done(s, st->req_id, true, rc, &err, NULL, false);
+        else
             tdd_send_tensor(c, st->req_id, st->v, st->host->data, st->host->nbytes, st->host);
-        }
         tdd_conn_resume(c);
     }
     staged_free(st);
@@ -341,20 +336,10 @@ static int staged_from_host(void *arg)
 static void staged_upload_done(void *arg, int rc)
 {
     staged *st = arg;
-    tdd_session *s = st->s;
-    tdd_conn *c = s->closed ? NULL : s->conn;
-    if (rc) {
-        td_error err;
+    td_error err;
+    if (rc)
         tdd_err_set(&err, rc, "upload to %s: %s", st->v->dev->label, td_strerror(rc));
-        err.request_id = st->req_id;
-        tdd_count_error(rc);
-        if (st->want_reply && c)
-            tdd_conn_send_error(c, st->req_id, &err);
-        else if (!s->closed)
-            tdd_session_fail(s, &err);
-    } else if (st->want_reply && c) {
-        tdd_conn_send_ok(c, st->req_id);
-    }
+    tdd_reply_done(st->s, st->req_id, st->want_reply, rc, &err, NULL, false);
     staged_free(st);
 }
 

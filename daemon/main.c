@@ -73,6 +73,9 @@ int main(int argc, char **argv)
     /* A client that vanishes mid-write must cost a write error, not the daemon. */
     signal(SIGPIPE, SIG_IGN);
 
+    if (tdd_dispatch_check_table())
+        return 1;
+
     uv_loop_t *loop = uv_default_loop();
     tdd_stats.start_ms = uv_now(loop);
     if (tdd_exec_init(loop)) {

@@ -8,10 +8,8 @@
 
 static tdd_transport transport;
 
-/* The loop side of every session task's end: report, then wake the connection (not
- * when the task finished inline: the connection is the caller, mid-request). */
-static void task_done(tdd_session *s, uint64_t req_id, bool want_reply, int rc, td_error *err,
-                      const tdd_value *reply_value, bool kick)
+void tdd_reply_done(tdd_session *s, uint64_t req_id, bool want_reply, int rc, td_error *err,
+                    const tdd_value *reply_value, bool kick)
 {
     tdd_conn *c = s->closed ? NULL : s->conn;
     if (rc) {
@@ -34,7 +32,7 @@ static void task_done(tdd_session *s, uint64_t req_id, bool want_reply, int rc, 
 void tdd_reply_init(const tdd_transport *t)
 {
     transport = *t;
-    tdd_exec_op_set_done(task_done);
+    tdd_exec_op_set_done(tdd_reply_done);
 }
 
 static void note_failure(tdd_req *r, const td_error *err)

@@ -41,6 +41,14 @@ void tdd_answer_ok(tdd_req *r);
 /* Reports and clears the session's first pending error as r's answer; 1 if there was one. */
 int tdd_report_pending(tdd_req *r);
 
+/* The end of queued work for request req_id of session s (the completion every session
+ * task reports through, tdd_exec_op_set_done): a failure (rc, err) is counted and told
+ * now when the request wants a reply, else kept as the session's pending error; success
+ * is answered (reply's TensorInfo, or Ok) when wanted. kick: the connection may go on
+ * (not when the work ran inline, inside the request that queued it). */
+void tdd_reply_done(tdd_session *s, uint64_t req_id, bool want_reply, int rc, td_error *err,
+                    const tdd_value *reply, bool kick);
+
 /* Frames to the client, through the transport. */
 void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
                    tdd_storage *hold);

@@ -7,8 +7,6 @@
 #include "pbwire.h"
 #include "utf8.h"
 
-#include "conn.h"
-
 void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d)
 {
     tensordd__v1__device__init(out);
