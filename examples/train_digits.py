@@ -4,9 +4,12 @@ over the wire: the forward pass, the backward pass and the Adam step all run
 in the daemon; only each batch goes up and only the loss comes back.
 
     PYTHONPATH=client/python /usr/bin/python3 examples/train_digits.py [ENDPOINT]
+        [--device DEV] [--epochs N]
 
-ENDPOINT defaults to $TENSORDD_ENDPOINT or tcp://127.0.0.1:7070.
+ENDPOINT defaults to $TENSORDD_ENDPOINT or tcp://127.0.0.1:7070; DEV (where the
+model and batches live) to cpu:0, e.g. cuda:0.
 """
+import argparse
 import os
 import sys
 import time
@@ -32,8 +35,13 @@ def init_layer(rng, fan_in, fan_out):
 
 
 def main():
-    endpoint = sys.argv[1] if len(sys.argv) > 1 else os.environ.get(
-        "TENSORDD_ENDPOINT", "tcp://127.0.0.1:7070")
+    ap = argparse.ArgumentParser(description="train a digits MLP in the daemon")
+    ap.add_argument("endpoint", nargs="?", default=os.environ.get(
+        "TENSORDD_ENDPOINT", "tcp://127.0.0.1:7070"))
+    ap.add_argument("--device", default="cpu:0")
+    ap.add_argument("--epochs", type=int, default=EPOCHS)
+    args = ap.parse_args()
+    endpoint, dev, epochs = args.endpoint, args.device, args.epochs
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)
@@ -45,7 +53,7 @@ def main():
 
     start = time.monotonic()
     with tensordd.connect(endpoint) as s:
-        params = [s.tensor(a, requires_grad=True) for a in (w1, b1, w2, b2)]
+        params = [s.tensor(a, device=dev, requires_grad=True) for a in (w1, b1, w2, b2)]
         W1, B1, W2, B2 = params
         opt = tensordd.optim.Adam(params, lr=LR)
 
@@ -53,15 +61,15 @@ def main():
             return (xb @ W1 + B1).relu() @ W2 + B2
 
         n = len(x_train)
-        print(f"training a 64-{HIDDEN}-10 MLP on {n} digits over {endpoint}, "
-              f"{EPOCHS} epochs of batch {BATCH}, Adam lr={LR}")
-        for epoch in range(1, EPOCHS + 1):
+        print(f"training a 64-{HIDDEN}-10 MLP on {n} digits over {endpoint} on {dev}, "
+              f"{epochs} epochs of batch {BATCH}, Adam lr={LR}")
+        for epoch in range(1, epochs + 1):
             order = rng.permutation(n)
             losses = []
             for i in range(0, n, BATCH):
                 idx = order[i:i + BATCH]
-                xb = s.tensor(x_train[idx])
-                yb = s.tensor(y_train[idx])
+                xb = s.tensor(x_train[idx], device=dev)
+                yb = s.tensor(y_train[idx], device=dev)
                 loss = s.op("cross_entropy", forward(xb), yb)
                 grads = loss.backward()
                 opt.step(grads)
@@ -69,12 +77,12 @@ def main():
             # Only the losses come back, once per epoch.
             mean_loss = float(np.mean([l.item() for l in losses]))
             width = 30
-            done = int(width * epoch / EPOCHS)
-            print(f"  epoch {epoch:2d}/{EPOCHS} [{'#' * done}{'.' * (width - done)}] "
+            done = int(width * epoch / epochs)
+            print(f"  epoch {epoch:2d}/{epochs} [{'#' * done}{'.' * (width - done)}] "
                   f"loss {mean_loss:.4f}", flush=True)
 
         with s.no_grad():
-            logits = forward(s.tensor(x_test)).numpy()
+            logits = forward(s.tensor(x_test, device=dev)).numpy()
         accuracy = float((logits.argmax(axis=1) == y_test).mean())
     elapsed = time.monotonic() - start
     print(f"test accuracy {accuracy * 100:.2f}% on {len(y_test)} held-out digits "

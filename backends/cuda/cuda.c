@@ -359,6 +359,17 @@ static bool inputs_are(const tdd_opcall *c, int from, td_dtype dt)
     return true;
 }
 
+static bool is_half(td_dtype dt)
+{
+    return dt == TD_F16 || dt == TD_BF16;
+}
+
+/* Every input one 16-bit float dtype (the f32 kernels run on widened copies). */
+static bool inputs_half(const tdd_opcall *c)
+{
+    return c->n_in > 0 && is_half(c->in[0]->dtype) && inputs_are(c, 1, c->in[0]->dtype);
+}
+
 /* Exactly what execute runs; the daemon asks before every call. */
 static int cuda_supports(void *ctx, const tdd_opcall *c)
 {
@@ -367,19 +378,27 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     const int dtype = TD_EUNSUPPORTED_DTYPE;
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
-    if (tdd_ew_arity(c->op) == 2) /* elementwise.h's expressions, in f32 */
-        return inputs_are(c, 0, TD_F32) && g->cdtype == TD_F32 ? 0 : dtype;
-    if (tdd_ew_arity(c->op) == 1)
-        return inputs_are(c, 0, TD_F32) ? 0 : dtype;
+    if (tdd_ew_arity(c->op)) /* elementwise.h's expressions: float, double or int64 */
+        return tdd_dtype_is_float(g->cdtype) || tdd_ew_imode(c->op) != TDD_EWI_NONE ? 0 : dtype;
     if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return 0; /* a view, or a C-order copy of any dtype */
     /* A default, not a full list: the op table grows faster than this backend, and an op
      * it lacks must be refused (UNSUPPORTED_OP), not break the build. */
     switch (c->op) {
-    case TDD_OP_WHERE:
-        return c->in[0]->dtype == TD_BOOL && inputs_are(c, 1, TD_F32) ? 0 : dtype;
+    case TDD_OP_WHERE: /* a select of one dtype */
+        return c->in[0]->dtype == TD_BOOL && inputs_are(c, 1, g->dtype) ? 0 : dtype;
     case TDD_OP_MASKED_FILL:
-        return c->in[0]->dtype == TD_F32 ? 0 : dtype;
+        return c->in[0]->dtype == g->dtype ? 0 : dtype;
+    case TDD_OP_GATHER:
+    case TDD_OP_INDEX_SELECT:
+    case TDD_OP_EMBEDDING:
+    case TDD_OP_ONE_HOT: /* element moves of any dtype; integer indices */
+        return 0;
+    case TDD_OP_SCATTER_ADD: /* f16/bf16 accumulate in f32 copies */
+        return 0;
+    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_NLL_LOSS:
+        return c->in[0]->dtype == TD_F32 || is_half(c->in[0]->dtype) ? 0 : dtype;
     case TDD_OP_SUM:
     case TDD_OP_MEAN:
     case TDD_OP_AMAX:
@@ -394,10 +413,11 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_CUMSUM:
     case TDD_OP_SOFTMAX:
     case TDD_OP_LOG_SOFTMAX:
+        return inputs_are(c, 0, TD_F32) || inputs_half(c) ? 0 : dtype;
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
-    case TDD_OP_LINEAR:
-        return inputs_are(c, 0, TD_F32) ? 0 : dtype;
+    case TDD_OP_LINEAR: /* f16/bf16 through f32 copies (via_f32) */
+        return inputs_are(c, 0, TD_F32) || inputs_half(c) ? 0 : dtype;
     case TDD_OP_CLONE:
     case TDD_OP_CAST:
     case TDD_OP_FULL:
@@ -600,6 +620,98 @@ static int exec_rows(cuda_dev *dv, const tdd_opcall *c, tdc_rowop op)
         l.ostride[d] = it.strides[1][d];
     }
     return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, tdd_data(y), tdd_data(x)), tdd_opdefs[c->op].name);
+}
+
+static int exec_ew(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *y = c->out[0];
+    int arity = tdd_ew_arity(c->op);
+    const tdd_tensor *ts[3] = {y, c->in[0], c->n_in > 1 ? c->in[1] : NULL};
+    tdc_layout l;
+    layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
+    tdc_ewargs a = {.ydt = (int)y->dtype,
+                    .adt = (int)c->in[0]->dtype,
+                    .bdt = c->n_in > 1 ? (int)c->in[1]->dtype : 0,
+                    .cdt = (int)g->cdtype,
+                    .variant = arity == 1 && g->i[0] != 0,
+                    .f = {g->f[0], g->f[1]},
+                    .n = {g->n[0], g->n[1]}};
+    int bad = 0;
+    cudaError_t e = tdc_ew(&dv->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]),
+                           c->n_in > 1 ? tdd_data(c->in[1]) : NULL, &a, &bad);
+    int rc = cuda_rc(dv, e, tdd_opdefs[c->op].name);
+    return rc ? rc : bad ? TD_EINVALID_ARGUMENT : 0;
+}
+
+static tdc_view view_of(const tdd_tensor *t)
+{
+    tdc_view v;
+    memset(&v, 0, sizeof v);
+    v.ndim = t->ndim;
+    v.dt = (int)t->dtype;
+    for (int d = 0; d < t->ndim; d++) {
+        v.shape[d] = t->shape[d];
+        v.strides[d] = t->strides[d];
+    }
+    return v;
+}
+
+static int checked(cuda_dev *dv, cudaError_t e, int bad, const tdd_opcall *c)
+{
+    int rc = cuda_rc(dv, e, tdd_opdefs[c->op].name);
+    return rc ? rc : bad ? TD_EINVALID_ARGUMENT : 0; /* an index or class out of range */
+}
+
+static int copy_view(cuda_dev *dv, const tdd_tensor *dst, const tdd_tensor *src);
+
+static int exec_index(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *y = c->out[0];
+    tdc_view yv = view_of(y), a = view_of(c->in[0]), b = view_of(c->in[c->n_in > 1]);
+    int bad = 0, dim = (int)g->i[0];
+    cudaError_t e;
+    switch (c->op) {
+    case TDD_OP_GATHER:
+    case TDD_OP_INDEX_SELECT:
+        e = tdc_index(&dv->kd, c->op == TDD_OP_GATHER ? TDC_GATHER : TDC_INDEX_SELECT, dim, &yv,
+                      tdd_data(y), &a, tdd_data(c->in[0]), &b, tdd_data(c->in[1]),
+                      (int)td_dtype_size(y->dtype), &bad);
+        break;
+    case TDD_OP_EMBEDDING: /* embedding(indices, weight) */
+        e = tdc_index(&dv->kd, TDC_EMBEDDING, 0, &yv, tdd_data(y), &b, tdd_data(c->in[1]), &a,
+                      tdd_data(c->in[0]), (int)td_dtype_size(y->dtype), &bad);
+        break;
+    case TDD_OP_ONE_HOT:
+        if (y->dtype != TD_I64 || !tdd_is_contiguous(y))
+            return TD_EINTERNAL;
+        e = tdc_one_hot(&dv->kd, &a, tdd_data(c->in[0]), tdd_data(y), g->i[0], &bad);
+        break;
+    case TDD_OP_SCATTER_ADD: {
+        int rc = copy_view(dv, y, c->in[0]);
+        if (rc)
+            return rc;
+        tdc_view src = view_of(c->in[2]);
+        e = tdc_scatter_add(&dv->kd, dim, &yv, tdd_data(y), &b, tdd_data(c->in[1]), &src,
+                            tdd_data(c->in[2]), &bad);
+        break;
+    }
+    default:
+        return TD_EUNSUPPORTED_OP;
+    }
+    return checked(dv, e, bad, c);
+}
+
+static int exec_loss(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    tdc_view x = view_of(c->in[0]), t = view_of(c->in[1]);
+    int bad = 0;
+    cudaError_t e = tdc_class_loss(&dv->kd, c->op == TDD_OP_CROSS_ENTROPY, &x, tdd_data(c->in[0]),
+                                   &t, tdd_data(c->in[1]), tdd_data(c->out[0]), (int)g->i[0],
+                                   g->i[1], c->op == TDD_OP_CROSS_ENTROPY ? g->f[0] : 0.0, &bad);
+    return checked(dv, e, bad, c);
 }
 
 /* How cuBLAS sees one operand of C = A B (row-major R x C view at strides sr, sc), given
@@ -869,6 +981,103 @@ static int exec_tri(cuda_dev *dv, const tdd_opcall *c)
                    tdd_opdefs[c->op].name);
 }
 
+/* f32 kernels run on f16/bf16 operands: these ops' 16-bit float inputs are widened into f32
+ * scratch copies and their outputs computed there and rounded back once (cpu_via_f32's way). */
+static bool runs_via_f32(const tdd_opcall *c)
+{
+    if (tdd_ew_arity(c->op) || tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
+        return false;
+    switch (c->op) {
+    case TDD_OP_WHERE:
+    case TDD_OP_MASKED_FILL:
+    case TDD_OP_GATHER:
+    case TDD_OP_INDEX_SELECT:
+    case TDD_OP_EMBEDDING:
+    case TDD_OP_ONE_HOT:
+    case TDD_OP_CLONE:
+    case TDD_OP_CAST:
+    case TDD_OP_CAT:
+    case TDD_OP_STACK:
+    case TDD_OP_PAD:
+    case TDD_OP_TRIL:
+    case TDD_OP_TRIU:
+        return false; /* element moves: any dtype as it is */
+    default:
+        break;
+    }
+    for (int k = 0; k < c->n_in; k++)
+        if (is_half(c->in[k]->dtype))
+            return true;
+    for (int k = 0; k < c->n_out; k++)
+        if (is_half(c->out[k]->dtype))
+            return true;
+    return false;
+}
+
+static int execute_op(cuda_dev *dv, const tdd_opcall *c);
+
+static int via_f32(cuda_dev *dv, const tdd_opcall *c)
+{
+    tdd_opcall fc = *c;
+    tdd_opargs fa = *c->args;
+    tdd_tensor tin[TDD_MAX_OP_INPUTS], tout[TDD_MAX_OP_OUTPUTS];
+    tdd_storage sin[TDD_MAX_OP_INPUTS], sout[TDD_MAX_OP_OUTPUTS];
+    void *bufs[TDD_MAX_OP_INPUTS + TDD_MAX_OP_OUTPUTS];
+    int nb = 0, rc = 0;
+    fc.args = &fa;
+    if (is_half(fa.dtype))
+        fa.dtype = TD_F32;
+    if (is_half(fa.cdtype))
+        fa.cdtype = TD_F32;
+    for (int k = 0; k < c->n_in + c->n_out && !rc; k++) {
+        bool out = k >= c->n_in;
+        const tdd_tensor *t = out ? c->out[k - c->n_in] : c->in[k];
+        if (!is_half(t->dtype))
+            continue;
+        tdd_tensor *f = out ? &tout[k - c->n_in] : &tin[k];
+        tdd_storage *st = out ? &sout[k - c->n_in] : &sin[k];
+        *f = *t;
+        f->dtype = TD_F32;
+        f->offset = 0;
+        tdd_set_contiguous(f);
+        int64_t n = tdd_numel(t);
+        memset(st, 0, sizeof *st);
+        st->nbytes = (size_t)n * sizeof(float);
+        rc = cuda_rc(dv, cudaMallocAsync(&st->data, st->nbytes ? st->nbytes : 1, dv->stream),
+                     "f32 scratch");
+        if (rc)
+            break;
+        bufs[nb++] = st->data;
+        f->st = st;
+        if (out) {
+            fc.out[k - c->n_in] = f;
+            continue;
+        }
+        const tdd_tensor *ts[2] = {f, t};
+        tdc_layout l;
+        layout_of(&l, t->shape, t->ndim, 2, ts);
+        rc = cuda_rc(dv, tdc_cast(&dv->kd, &l, st->data, TD_F32, tdd_data(t), (int)t->dtype),
+                     "cast");
+        fc.in[k] = f;
+    }
+    if (!rc)
+        rc = execute_op(dv, &fc);
+    for (int k = 0; k < c->n_out && !rc; k++) {
+        const tdd_tensor *t = c->out[k];
+        if (!is_half(t->dtype))
+            continue;
+        const tdd_tensor *ts[2] = {t, &tout[k]};
+        tdc_layout l;
+        layout_of(&l, t->shape, t->ndim, 2, ts);
+        rc =
+            cuda_rc(dv, tdc_cast(&dv->kd, &l, tdd_data(t), (int)t->dtype, tout[k].st->data, TD_F32),
+                    "cast");
+    }
+    for (int k = 0; k < nb; k++)
+        (void)cudaFreeAsync(bufs[k], dv->stream);
+    return rc;
+}
+
 static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
 {
     cuda_dev *dv = dev_of(ctx, ordinal);
@@ -879,26 +1088,47 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
         return rc;
+    return runs_via_f32(c) ? via_f32(dv, c) : execute_op(dv, c);
+}
+
+/* The f32 path of every op (f16/bf16 reach here widened, through via_f32). */
+static bool fast_f32(const tdd_opcall *c)
+{
+    return c->args->cdtype == TD_F32 && inputs_are(c, 0, TD_F32);
+}
+
+static int execute_op(cuda_dev *dv, const tdd_opcall *c)
+{
     if (tdd_ew_arity(c->op) == 2)
-        return exec_binary(dv, c);
+        return fast_f32(c) ? exec_binary(dv, c) : exec_ew(dv, c);
     if (tdd_ew_arity(c->op) == 1)
-        return exec_unary(dv, c);
+        return fast_f32(c) ? exec_unary(dv, c) : exec_ew(dv, c);
     const tdd_tensor *y = c->out[0];
     if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return c->args->out_view ? 0 : copy_dense(dv, tdd_data(y), c->in[0]);
     switch (c->op) {
     case TDD_OP_WHERE:
     case TDD_OP_MASKED_FILL: {
-        const tdd_tensor *ts[4] = {y, c->in[0], c->in[1], c->n_in > 2 ? c->in[2] : NULL};
+        /* operands y, cond, a[, b]: masked_fill's mask goes first */
+        bool w = c->op == TDD_OP_WHERE;
+        const tdd_tensor *ts[4] = {y, w ? c->in[0] : c->in[1], w ? c->in[1] : c->in[0],
+                                   w ? c->in[2] : NULL};
         tdc_layout l;
-        layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
-        cudaError_t e = c->op == TDD_OP_WHERE
-                            ? tdc_where(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]),
-                                        tdd_data(c->in[1]), tdd_data(c->in[2]))
-                            : tdc_masked_fill(&dv->kd, &l, tdd_data(y), tdd_data(c->in[0]),
-                                              tdd_data(c->in[1]), (float)c->args->f[0]);
+        layout_of(&l, y->shape, y->ndim, w ? 4 : 3, ts);
+        cudaError_t e = tdc_select(&dv->kd, &l, tdd_data(y), tdd_data(ts[1]), tdd_data(ts[2]),
+                                   w ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
+                                   w ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
         return cuda_rc(dv, e, tdd_opdefs[c->op].name);
     }
+    case TDD_OP_GATHER:
+    case TDD_OP_INDEX_SELECT:
+    case TDD_OP_EMBEDDING:
+    case TDD_OP_ONE_HOT:
+    case TDD_OP_SCATTER_ADD:
+        return exec_index(dv, c);
+    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_NLL_LOSS:
+        return exec_loss(dv, c);
     case TDD_OP_SOFTMAX:
         return exec_rows(dv, c, TDC_SOFTMAX);
     case TDD_OP_LOG_SOFTMAX:

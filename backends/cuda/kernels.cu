@@ -29,6 +29,13 @@ int grid_for(const tdc_dev *d, int64_t n)
     return (int)(want < cap ? want : cap);
 }
 
+// Threads for a block that strides over n items: whole warps, at most kThreads (short rows
+// and reductions get a small block rather than 256 mostly idle threads).
+int block_for(int64_t n)
+{
+    return n >= kThreads ? kThreads : n < 32 ? 32 : (int)((n + 31) / 32 * 32);
+}
+
 __device__ __forceinline__ int64_t gtid()
 {
     return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -69,10 +76,9 @@ __device__ __forceinline__ int64_t flat_offset(const int64_t *shape, const int64
 
 // ------------------------------------------------------------------ elementwise
 
-// The expressions of elementwise.h, in float (R); comparisons give 0/1.
-__device__ __forceinline__ float bin_f(int op, float x, float y, float alpha)
+// The expressions of elementwise.h, in R (float, or double for f64); comparisons give 0/1.
+template <typename R> __device__ __forceinline__ R bin_t(int op, R x, R y, R alpha)
 {
-    typedef float R;
     switch (op) {
 #define TDC_BIN_F(e, rule, fexpr, im, iexpr)                                                       \
     case TDD_OP_##e:                                                                               \
@@ -80,13 +86,12 @@ __device__ __forceinline__ float bin_f(int op, float x, float y, float alpha)
         TDD_BINARY_OPS(TDD_EW_SKIP, TDC_BIN_F)
 #undef TDC_BIN_F
     default:
-        return 0.0f;
+        return (R)0;
     }
 }
 
-__device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int v)
+template <typename R> __device__ __forceinline__ R un_t(int op, R x, R p0, R p1, int v)
 {
-    typedef float R;
     switch (op) {
 #define TDC_UN_F(e, rule, fexpr, im, iexpr)                                                        \
     case TDD_OP_##e:                                                                               \
@@ -94,7 +99,46 @@ __device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int v
         TDD_UNARY_OPS(TDD_EW_SKIP, TDC_UN_F)
 #undef TDC_UN_F
     default:
-        return 0.0f;
+        return (R)0;
+    }
+}
+
+__device__ __forceinline__ float bin_f(int op, float x, float y, float alpha)
+{
+    return bin_t<float>(op, x, y, alpha);
+}
+
+__device__ __forceinline__ float un_f(int op, float x, float p0, float p1, int v)
+{
+    return un_t<float>(op, x, p0, p1, v);
+}
+
+// The integer expressions (IMODE INT/ICHK) in int64 with wrapping U; err: a refused value.
+__device__ __forceinline__ int64_t bin_i(int op, int64_t x, int64_t y, uint64_t alpha, int &err)
+{
+    typedef uint64_t U;
+    switch (op) {
+#define TDC_BIN_I(e, rule, fexpr, im, iexpr)                                                       \
+    case TDD_OP_##e:                                                                               \
+        return (int64_t)(iexpr);
+        TDD_BINARY_OPS(TDD_EW_SKIP, TDC_BIN_I)
+#undef TDC_BIN_I
+    default:
+        return 0;
+    }
+}
+
+__device__ __forceinline__ int64_t un_i(int op, int64_t x, int64_t lo, int64_t hi)
+{
+    typedef uint64_t U;
+    switch (op) {
+#define TDC_UN_I(e, rule, fexpr, im, iexpr)                                                        \
+    case TDD_OP_##e:                                                                               \
+        return (int64_t)(iexpr);
+        TDD_UNARY_OPS(TDD_EW_SKIP, TDC_UN_I)
+#undef TDC_UN_I
+    default:
+        return 0;
     }
 }
 
@@ -162,28 +206,6 @@ __global__ void un_kernel(int op, __grid_constant__ const tdc_layout l, Y *y, co
         if (!l.contig)
             offsets<2>(l, i, off);
         y[off[0]] = conv<Y>(un_f(op, x[off[1]], p0, p1, v));
-    }
-}
-
-__global__ void where_kernel(__grid_constant__ const tdc_layout l, float *y, const uint8_t *c,
-                             const float *a, const float *b)
-{
-    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
-        int64_t off[4] = {i, i, i, i};
-        if (!l.contig)
-            offsets<4>(l, i, off);
-        y[off[0]] = c[off[1]] ? a[off[2]] : b[off[3]];
-    }
-}
-
-__global__ void masked_fill_kernel(__grid_constant__ const tdc_layout l, float *y, const float *x,
-                                   const uint8_t *m, float value)
-{
-    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
-        int64_t off[3] = {i, i, i};
-        if (!l.contig)
-            offsets<3>(l, i, off);
-        y[off[0]] = m[off[2]] ? value : x[off[1]];
     }
 }
 
@@ -274,6 +296,213 @@ __global__ void cast_kernel(__grid_constant__ const tdc_layout l, void *y, int y
                 dt_is_float(xdt) ? load_f(x, xdt, xo) != 0.0 : load_i(x, xdt, xo) != 0;
             break;
         }
+    }
+}
+
+// A computed value stored as dt: floats rounded once, integers saturated (float) or wrapped
+// (int64 to int32), bool nonzero.
+__device__ __forceinline__ void store_f(void *y, int dt, int64_t i, double v)
+{
+    switch (dt) {
+    case 1:
+        ((float *)y)[i] = (float)v;
+        break;
+    case 2:
+        ((double *)y)[i] = v;
+        break;
+    case 3:
+        ((__half *)y)[i] = __float2half_rn((float)v);
+        break;
+    case 4:
+        ((__nv_bfloat16 *)y)[i] = __float2bfloat16_rn((float)v);
+        break;
+    case 5:
+    case 6: {
+        int64_t n = v != v                        ? 0
+                    : v >= 9223372036854775807.0  ? INT64_MAX
+                    : v <= -9223372036854775808.0 ? INT64_MIN
+                                                  : (int64_t)v;
+        if (dt == 5)
+            ((int32_t *)y)[i] = (int32_t)(uint32_t)(uint64_t)n;
+        else
+            ((int64_t *)y)[i] = n;
+        break;
+    }
+    default:
+        ((uint8_t *)y)[i] = v != 0.0;
+        break;
+    }
+}
+
+__device__ __forceinline__ void store_i(void *y, int dt, int64_t i, int64_t v)
+{
+    switch (dt) {
+    case 5:
+        ((int32_t *)y)[i] = (int32_t)(uint32_t)(uint64_t)v;
+        break;
+    case 6:
+        ((int64_t *)y)[i] = v;
+        break;
+    case 7:
+        ((uint8_t *)y)[i] = v != 0;
+        break;
+    default:
+        store_f(y, dt, i, (double)v);
+        break;
+    }
+}
+
+// Elementwise ops on any dtypes, computed in R (float or double): inputs converted, the
+// result rounded once into y's dtype.
+template <typename R>
+__global__ void ew_float(int op, int arity, __grid_constant__ const tdc_layout l, void *y,
+                         const void *a, const void *b, __grid_constant__ const tdc_ewargs g)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[3] = {i, i, i};
+        if (!l.contig)
+            offsets<3>(l, i, off);
+        R x = (R)load_f(a, g.adt, off[1]), r;
+        if (arity == 2)
+            r = bin_t<R>(op, x, b ? (R)load_f(b, g.bdt, off[2]) : (R)g.f[0], (R)g.f[1]);
+        else
+            r = un_t<R>(op, x, (R)g.f[0], (R)g.f[1], g.variant);
+        store_f(y, g.ydt, off[0], (double)r);
+    }
+}
+
+// The same in int64 for integer and bool compute dtypes.
+__global__ void ew_int(int op, int arity, __grid_constant__ const tdc_layout l, void *y,
+                       const void *a, const void *b, __grid_constant__ const tdc_ewargs g, int *bad)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[3] = {i, i, i};
+        if (!l.contig)
+            offsets<3>(l, i, off);
+        int64_t x = load_i(a, g.adt, off[1]), r;
+        int err = 0;
+        if (arity == 2)
+            r = bin_i(op, x, b ? load_i(b, g.bdt, off[2]) : g.n[0], (uint64_t)g.n[1], err);
+        else
+            r = un_i(op, x, g.n[0], g.n[1]);
+        if (err && bad)
+            *bad = 1;
+        store_i(y, g.ydt, off[0], r);
+    }
+}
+
+// where (operands y, cond, a, b) and masked_fill (operands y, mask, x; b NULL: the value v).
+template <typename T>
+__global__ void select_kernel(__grid_constant__ const tdc_layout l, T *y, const uint8_t *c,
+                              const T *a, const T *b, T v)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[4] = {i, i, i, i};
+        if (!l.contig)
+            offsets<4>(l, i, off);
+        y[off[0]] = b ? (c[off[1]] ? a[off[2]] : b[off[3]]) : (c[off[1]] ? v : a[off[2]]);
+    }
+}
+
+// ------------------------------------------------------------------ indexing
+
+__device__ __forceinline__ int64_t view_offset(const tdc_view &v, const int64_t *idx)
+{
+    int64_t off = 0;
+    for (int d = 0; d < v.ndim; d++)
+        off += idx[d] * v.strides[d];
+    return off;
+}
+
+// C-order index of flat i over shape (n dims).
+__device__ __forceinline__ void unravel(int64_t i, const int64_t *shape, int n, int64_t *idx)
+{
+    for (int d = n - 1; d >= 0; d--) {
+        int64_t q = i / shape[d];
+        idx[d] = i - q * shape[d];
+        i = q;
+    }
+}
+
+template <typename T>
+__global__ void index_kernel(int mode, int dim, __grid_constant__ const tdc_view y, T *yp,
+                             __grid_constant__ const tdc_view a, const T *ap,
+                             __grid_constant__ const tdc_view ix, const void *ixp, int64_t n,
+                             int *bad)
+{
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        int64_t idx[TDC_MAX_DIMS];
+        unravel(i, y.shape, y.ndim, idx);
+        int64_t k, size, ao = 0;
+        if (mode == TDC_EMBEDDING) {
+            int64_t row = i / a.shape[1];
+            k = load_i(ixp, ix.dt, flat_offset(ix.shape, ix.strides, ix.ndim, row));
+            size = a.shape[0];
+            ao = k * a.strides[0] + idx[y.ndim - 1] * a.strides[1];
+        } else {
+            int64_t io = mode == TDC_GATHER  ? view_offset(ix, idx)
+                         : ix.ndim && a.ndim ? idx[dim] * ix.strides[0]
+                                             : 0;
+            k = load_i(ixp, ix.dt, io);
+            size = a.ndim ? a.shape[dim] : 1;
+            for (int d = 0; d < a.ndim; d++)
+                ao += (d == dim ? k : idx[d]) * a.strides[d];
+        }
+        if (k < 0 || k >= size) {
+            *bad = 1;
+            continue;
+        }
+        yp[view_offset(y, idx)] = ap[ao];
+    }
+}
+
+__global__ void scatter_add_kernel(int dim, __grid_constant__ const tdc_view y, void *yp,
+                                   __grid_constant__ const tdc_view ix, const void *ixp,
+                                   __grid_constant__ const tdc_view src, const void *sp, int64_t n,
+                                   int *bad)
+{
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        int64_t idx[TDC_MAX_DIMS];
+        unravel(i, ix.shape, ix.ndim, idx);
+        int64_t k = load_i(ixp, ix.dt, view_offset(ix, idx));
+        int64_t size = y.ndim ? y.shape[dim] : 1;
+        if (k < 0 || k >= size) {
+            *bad = 1;
+            continue;
+        }
+        int64_t so = view_offset(src, idx), yo = 0;
+        for (int d = 0; d < y.ndim; d++)
+            yo += (d == dim ? k : idx[d]) * y.strides[d];
+        switch (y.dt) {
+        case 1:
+            atomicAdd((float *)yp + yo, ((const float *)sp)[so]);
+            break;
+        case 2:
+            atomicAdd((double *)yp + yo, ((const double *)sp)[so]);
+            break;
+        case 5:
+            atomicAdd((int *)yp + yo, ((const int *)sp)[so]);
+            break;
+        case 6:
+            atomicAdd((unsigned long long *)yp + yo, (unsigned long long)((const int64_t *)sp)[so]);
+            break;
+        default: // bool: a sum of truths is true when any is
+            if (((const uint8_t *)sp)[so])
+                ((uint8_t *)yp)[yo] = 1;
+            break;
+        }
+    }
+}
+
+__global__ void one_hot_kernel(__grid_constant__ const tdc_view x, const void *xp, int64_t *y,
+                               int64_t classes, int64_t n, int *bad)
+{
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        int64_t r = i / classes;
+        int64_t k = load_i(xp, x.dt, flat_offset(x.shape, x.strides, x.ndim, r));
+        if (k < 0 || k >= classes)
+            *bad = 1;
+        y[i] = k == i - r * classes;
     }
 }
 
@@ -598,6 +827,63 @@ __global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, float *y
     }
 }
 
+// cross_entropy / nll_loss: one block per row of x (N rows of C at strides rs, cs). Each row's
+// loss goes to v[row] and, for the reductions, whether it counted to cnt[row].
+__global__ void class_loss_rows(int is_ce, int64_t N, int64_t C, int64_t rs, int64_t cs,
+                                const float *x, const void *t, int tdt, int64_t ts, int64_t ignore,
+                                float eps, float *v, float *cnt, int *bad)
+{
+    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+        int64_t cls = load_i(t, tdt, row * ts);
+        const float *xr = x + row * rs;
+        float loss = 0.0f, counted = 0.0f;
+        if (cls != ignore && (cls < 0 || cls >= C)) { // the same for the whole block
+            if (threadIdx.x == 0)
+                *bad = 1;
+        } else if (cls != ignore) {
+            counted = 1.0f;
+            if (is_ce) {
+                float m = -INFINITY;
+                for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+                    m = r_comb(TDC_R_MAX, m, xr[j * cs]);
+                m = shift_of(block_reduce(TDC_R_MAX, m));
+                float s = 0.0f, sx = 0.0f;
+                for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+                    s += expf(xr[j * cs] - m);
+                    sx += xr[j * cs];
+                }
+                float lse = logf(block_reduce(TDC_R_SUM, s)) + m;
+                loss = lse - xr[cls * cs];
+                if (eps > 0.0f) {
+                    sx = block_reduce(TDC_R_SUM, sx);
+                    loss = (1.0f - eps) * loss + eps * (lse - sx / (float)C);
+                }
+            } else {
+                loss = -xr[cls * cs];
+            }
+        }
+        if (threadIdx.x == 0) {
+            v[row] = loss;
+            if (cnt)
+                cnt[row] = counted;
+        }
+    }
+}
+
+// The reductions of class_loss_rows' output: one block; mean divides by the rows counted.
+__global__ void class_loss_total(int64_t N, const float *v, const float *cnt, float *y, int mean)
+{
+    float s = 0.0f, c = 0.0f;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+        s += v[i];
+        c += cnt[i];
+    }
+    s = block_reduce(TDC_R_SUM, s);
+    c = block_reduce(TDC_R_SUM, c);
+    if (threadIdx.x == 0)
+        *y = mean ? s / c : s;
+}
+
 // One warp per row: 32-element tiles scanned with shuffles, carrying the running total.
 __global__ void cumsum_rows(__grid_constant__ const tdc_rows_layout l, float *y, const float *x)
 {
@@ -687,25 +973,6 @@ extern "C" cudaError_t tdc_unary(const tdc_dev *d, tdd_op op, const tdc_layout *
     else
         tdc_launch(g, kThreads, 0, d->stream, un_kernel<float>)(op, *l, (float *)y, x, p0, p1,
                                                                 variant);
-    return launched();
-}
-
-extern "C" cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y,
-                                 const uint8_t *cond, const float *a, const float *b)
-{
-    if (l->numel == 0)
-        return cudaSuccess;
-    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, where_kernel)(*l, y, cond, a, b);
-    return launched();
-}
-
-extern "C" cudaError_t tdc_masked_fill(const tdc_dev *d, const tdc_layout *l, float *y,
-                                       const float *x, const uint8_t *mask, float value)
-{
-    if (l->numel == 0)
-        return cudaSuccess;
-    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, masked_fill_kernel)(*l, y, x, mask,
-                                                                                  value);
     return launched();
 }
 
@@ -906,17 +1173,18 @@ extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, 
     int64_t chunk = (l->nred + nsplit - 1) / nsplit;
     int64_t items = l->nout * nsplit;
     int grid = (int)(items < 65535 * 8 ? items : 65535 * 8);
+    int threads = block_for(chunk);
     if (nsplit == 1) {
-        tdc_launch(grid, kThreads, 0, s, reduce_block)(*l, x, y, comb, map, fin, aux, scale, 1,
-                                                       chunk);
+        tdc_launch(grid, threads, 0, s, reduce_block)(*l, x, y, comb, map, fin, aux, scale, 1,
+                                                      chunk);
         return launched();
     }
     float *part = nullptr;
     cudaError_t e = cudaMallocAsync((void **)&part, (size_t)items * sizeof(float), s);
     if (e != cudaSuccess)
         return e;
-    tdc_launch(grid, kThreads, 0, s, reduce_block)(*l, x, part, comb, map, fin, aux, scale,
-                                                   (int)nsplit, chunk);
+    tdc_launch(grid, threads, 0, s, reduce_block)(*l, x, part, comb, map, fin, aux, scale,
+                                                  (int)nsplit, chunk);
     e = launched();
     if (e == cudaSuccess) {
         tdc_launch(grid_for(d, l->nout * 32), kThreads, 0, s,
@@ -937,7 +1205,7 @@ extern "C" cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *
                                                                                    is_max);
     } else {
         int grid = (int)(l->nout < 65535 * 8 ? l->nout : 65535 * 8);
-        tdc_launch(grid, kThreads, 0, d->stream, argreduce_block)(*l, x, y, is_max);
+        tdc_launch(grid, block_for(l->nred), 0, d->stream, argreduce_block)(*l, x, y, is_max);
     }
     return launched();
 }
@@ -952,9 +1220,202 @@ extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_l
         tdc_launch(grid_for(d, l->nrows * 32), kThreads, 0, s, cumsum_rows)(*l, y, x);
     } else {
         // Short rows get a small block rather than 256 mostly idle threads.
-        int threads = l->n >= kThreads ? kThreads : (int)((l->n + 31) / 32 * 32);
         int grid = (int)(l->nrows < 65535 * 8 ? l->nrows : 65535 * 8);
-        tdc_launch(grid, threads, 0, s, softmax_rows)(*l, y, x, op == TDC_LOG_SOFTMAX);
+        tdc_launch(grid, block_for(l->n), 0, s, softmax_rows)(*l, y, x, op == TDC_LOG_SOFTMAX);
     }
     return launched();
+}
+
+// An error flag in device memory for kernels that check values (indices, integer powers):
+// zeroed on the stream, read back after the kernel (this synchronises the stream, as a
+// PyTorch index check would if it were typed rather than a device assert).
+static cudaError_t flag_new(const tdc_dev *d, int **flag)
+{
+    cudaError_t e = cudaMallocAsync((void **)flag, sizeof(int), d->stream);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(*flag, 0, sizeof(int), d->stream);
+    return e;
+}
+
+static cudaError_t flag_read(const tdc_dev *d, int *flag, cudaError_t e, int *bad)
+{
+    int h = 0;
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(&h, flag, sizeof h, cudaMemcpyDeviceToHost, d->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(d->stream);
+    cudaError_t f = cudaFreeAsync(flag, d->stream);
+    *bad = h != 0;
+    return e != cudaSuccess ? e : f;
+}
+
+extern "C" cudaError_t tdc_ew(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y,
+                              const void *a, const void *b, const tdc_ewargs *g, int *bad)
+{
+    *bad = 0;
+    if (l->numel == 0)
+        return cudaSuccess;
+    int arity = tdd_ew_arity(op), grid = grid_for(d, l->numel);
+    cudaStream_t s = d->stream;
+    if (g->cdt >= 1 && g->cdt <= 4) {
+        if (g->cdt == 2)
+            tdc_launch(grid, kThreads, 0, s, ew_float<double>)(op, arity, *l, y, a, b, *g);
+        else
+            tdc_launch(grid, kThreads, 0, s, ew_float<float>)(op, arity, *l, y, a, b, *g);
+        return launched();
+    }
+    if (tdd_ew_imode(op) != TDD_EWI_ICHK) {
+        tdc_launch(grid, kThreads, 0, s, ew_int)(op, arity, *l, y, a, b, *g, nullptr);
+        return launched();
+    }
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    tdc_launch(grid, kThreads, 0, s, ew_int)(op, arity, *l, y, a, b, *g, flag);
+    return flag_read(d, flag, launched(), bad);
+}
+
+extern "C" cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y,
+                                  const uint8_t *cond, const void *a, const void *b, int elsize,
+                                  uint64_t bits)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    int g = grid_for(d, l->numel);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        tdc_launch(g, kThreads, 0, s, select_kernel<uint8_t>)(
+            *l, (uint8_t *)y, cond, (const uint8_t *)a, (const uint8_t *)b, (uint8_t)bits);
+        break;
+    case 2:
+        tdc_launch(g, kThreads, 0, s, select_kernel<uint16_t>)(
+            *l, (uint16_t *)y, cond, (const uint16_t *)a, (const uint16_t *)b, (uint16_t)bits);
+        break;
+    case 4:
+        tdc_launch(g, kThreads, 0, s, select_kernel<uint32_t>)(
+            *l, (uint32_t *)y, cond, (const uint32_t *)a, (const uint32_t *)b, (uint32_t)bits);
+        break;
+    case 8:
+        tdc_launch(g, kThreads, 0, s, select_kernel<uint64_t>)(
+            *l, (uint64_t *)y, cond, (const uint64_t *)a, (const uint64_t *)b, bits);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+static int64_t view_numel(const tdc_view *v)
+{
+    int64_t n = 1;
+    for (int k = 0; k < v->ndim; k++)
+        n *= v->shape[k];
+    return n;
+}
+
+extern "C" cudaError_t tdc_index(const tdc_dev *d, tdc_index_mode mode, int dim, const tdc_view *y,
+                                 void *yp, const tdc_view *a, const void *ap, const tdc_view *ix,
+                                 const void *ixp, int elsize, int *bad)
+{
+    *bad = 0;
+    int64_t n = view_numel(y);
+    if (n == 0)
+        return cudaSuccess;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    int g = grid_for(d, n);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        tdc_launch(g, kThreads, 0, s, index_kernel<uint8_t>)(
+            mode, dim, *y, (uint8_t *)yp, *a, (const uint8_t *)ap, *ix, ixp, n, flag);
+        break;
+    case 2:
+        tdc_launch(g, kThreads, 0, s, index_kernel<uint16_t>)(
+            mode, dim, *y, (uint16_t *)yp, *a, (const uint16_t *)ap, *ix, ixp, n, flag);
+        break;
+    case 4:
+        tdc_launch(g, kThreads, 0, s, index_kernel<uint32_t>)(
+            mode, dim, *y, (uint32_t *)yp, *a, (const uint32_t *)ap, *ix, ixp, n, flag);
+        break;
+    default:
+        tdc_launch(g, kThreads, 0, s, index_kernel<uint64_t>)(
+            mode, dim, *y, (uint64_t *)yp, *a, (const uint64_t *)ap, *ix, ixp, n, flag);
+        break;
+    }
+    return flag_read(d, flag, launched(), bad);
+}
+
+extern "C" cudaError_t tdc_scatter_add(const tdc_dev *d, int dim, const tdc_view *y, void *yp,
+                                       const tdc_view *ix, const void *ixp, const tdc_view *src,
+                                       const void *srcp, int *bad)
+{
+    *bad = 0;
+    int64_t n = view_numel(ix);
+    if (n == 0)
+        return cudaSuccess;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, scatter_add_kernel)(dim, *y, yp, *ix, ixp,
+                                                                           *src, srcp, n, flag);
+    return flag_read(d, flag, launched(), bad);
+}
+
+extern "C" cudaError_t tdc_one_hot(const tdc_dev *d, const tdc_view *x, const void *xp, int64_t *y,
+                                   int64_t classes, int *bad)
+{
+    *bad = 0;
+    int64_t n = view_numel(x) * classes;
+    if (n == 0)
+        return cudaSuccess;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, one_hot_kernel)(*x, xp, y, classes, n, flag);
+    return flag_read(d, flag, launched(), bad);
+}
+
+extern "C" cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x,
+                                      const void *xp, const tdc_view *t, const void *tp, void *y,
+                                      int reduction, int64_t ignore_index, double smoothing,
+                                      int *bad)
+{
+    *bad = 0;
+    int64_t C = x->shape[x->ndim - 1], N = x->ndim == 2 ? x->shape[0] : 1;
+    int64_t cs = x->strides[x->ndim - 1], rs = x->ndim == 2 ? x->strides[0] : 0;
+    int64_t ts = t->ndim ? t->strides[0] : 0;
+    cudaStream_t s = d->stream;
+    float *scratch = nullptr;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e == cudaSuccess && reduction != 0 && N > 0)
+        e = cudaMallocAsync((void **)&scratch, (size_t)N * 2 * sizeof(float), s);
+    if (e == cudaSuccess && N > 0) {
+        int grid = (int)(N < 65535 * 8 ? N : 65535 * 8);
+        float *v = reduction ? scratch : (float *)y, *cnt = reduction ? scratch + N : nullptr;
+        tdc_launch(grid, block_for(C), 0, s,
+                   class_loss_rows)(is_ce, N, C, rs, cs, (const float *)xp, tp, t->dt, ts,
+                                    ignore_index, (float)smoothing, v, cnt, flag);
+        e = launched();
+    }
+    if (e == cudaSuccess && reduction != 0) {
+        if (N > 0)
+            tdc_launch(1, kThreads, 0, s, class_loss_total)(N, scratch, scratch + N, (float *)y,
+                                                            reduction == 1);
+        else // no rows: the sum is 0, the mean 0/0
+            tdc_launch(1, 1, 0, s, fill_kernel<float>)((float *)y, 1, reduction == 1 ? NAN : 0.0f);
+        e = launched();
+    }
+    if (scratch)
+        cudaFreeAsync(scratch, s);
+    if (!flag)
+        return e;
+    return flag_read(d, flag, e, bad);
 }

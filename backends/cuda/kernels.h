@@ -57,12 +57,55 @@ cudaError_t tdc_binary(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y
 /* p0, p1 and variant as elementwise.h's expressions name them (tdd_opargs f[0], f[1], i[0]). */
 cudaError_t tdc_unary(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y, const float *x,
                       float p0, float p1, int variant);
-/* where(cond, a, b): operands y, cond (bool bytes), a, b. */
-cudaError_t tdc_where(const tdc_dev *d, const tdc_layout *l, float *y, const uint8_t *cond,
-                      const float *a, const float *b);
-/* masked_fill: operands y, x, mask. */
-cudaError_t tdc_masked_fill(const tdc_dev *d, const tdc_layout *l, float *y, const float *x,
-                            const uint8_t *mask, float value);
+/* Elementwise ops of the op table on any dtypes (operands y, a, b in the layout; b NULL: the
+ * scalar form or a unary op). Inputs are converted to the compute dtype cdt and the result to
+ * ydt: float compute (f32, and f16/bf16 widened) in float, f64 in double, integer and bool
+ * compute dtypes in int64 with the op's integer expression (wrapping, narrowed on store). */
+typedef struct {
+    int ydt, adt, bdt; /* td_dtype numbers (bdt unused without b) */
+    int cdt;
+    int variant;  /* gelu's approximate */
+    double f[2];  /* binary: other (scalar form), alpha; unary: p0, p1 */
+    int64_t n[2]; /* the same as exact integers (clamp's lo, hi) */
+} tdc_ewargs;
+/* *bad: set when an integer expression refused a value (negative power, division by zero);
+ * such ops synchronise the stream to read it back. */
+cudaError_t tdc_ew(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y, const void *a,
+                   const void *b, const tdc_ewargs *g, int *bad);
+/* where(cond, a, b) and masked_fill(x, mask) on elsize-byte elements of one dtype: operands
+ * y, cond/mask (bool), a/x[, b]; masked_fill writes the bit pattern bits. */
+cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y, const uint8_t *cond,
+                       const void *a, const void *b, int elsize, uint64_t bits);
+
+/* A strided view of one operand (element strides, pointer at element 0). */
+typedef struct {
+    int ndim, dt;
+    int64_t shape[TDC_MAX_DIMS], strides[TDC_MAX_DIMS];
+} tdc_view;
+
+/* Index moves of elements of any dtype (elsize bytes); *bad: an index out of range.
+ *   gather: y[i] = a[i with dim -> ix[i]] over ix's shape (y's)
+ *   index_select: y[i] = a[i with dim -> ix[i[dim]]]
+ *   embedding: y[r, j] = a[ix[r], j] (a the [V, D] weight, dim unused) */
+typedef enum { TDC_GATHER, TDC_INDEX_SELECT, TDC_EMBEDDING } tdc_index_mode;
+cudaError_t tdc_index(const tdc_dev *d, tdc_index_mode mode, int dim, const tdc_view *y, void *yp,
+                      const tdc_view *a, const void *ap, const tdc_view *ix, const void *ixp,
+                      int elsize, int *bad);
+/* scatter_add's second half: y[i with dim -> ix[i]] += src[i] over ix's shape (y already holds
+ * the input), atomically; bool ORs. */
+cudaError_t tdc_scatter_add(const tdc_dev *d, int dim, const tdc_view *y, void *yp,
+                            const tdc_view *ix, const void *ixp, const tdc_view *src,
+                            const void *srcp, int *bad);
+/* one_hot: y (dense int64, n*classes) from integer x. */
+cudaError_t tdc_one_hot(const tdc_dev *d, const tdc_view *x, const void *xp, int64_t *y,
+                        int64_t classes, int *bad);
+
+/* cross_entropy (logits) / nll_loss (log-probabilities) over the rows of x ([N, C] as a view;
+ * [C] is one row), integer targets t[N]: reduction 0 none (y[N]), 1 mean, 2 sum (y scalar).
+ * f32 or f64 (x's dt); *bad: a target out of range that is not ignore_index. */
+cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x, const void *xp,
+                           const tdc_view *t, const void *tp, void *y, int reduction,
+                           int64_t ignore_index, double smoothing, int *bad);
 
 /* Element copy between two layouts of elsize-byte elements (1, 2, 4 or 8): operands y, x. */
 cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, const void *x, int elsize);

@@ -383,9 +383,16 @@ void check_warp(block_run *r, int w)
 {
     int lo = w * 32, hi = std::min(r->n, lo + 32);
     unsigned present = hi - lo == 32 ? 0xffffffffu : (1u << (hi - lo)) - 1u;
+    // The lanes waiting at a warp operation and those that exited, as bit masks: each
+    // arrival then costs one pass over the warp, not one per lane per lane.
+    unsigned waiting = 0, done = 0;
+    for (int l = lo; l < hi; l++) {
+        waiting |= (unsigned)(r->f[l].state == WAIT_WARP) << (l - lo);
+        done |= (unsigned)(r->f[l].state == DONE) << (l - lo);
+    }
     for (int l = lo; l < hi; l++) {
         fiber &a = r->f[l];
-        if (a.state != WAIT_WARP)
+        if (!(waiting >> (l - lo) & 1u))
             continue;
         unsigned group = a.mask & present;
         if (!(a.mask >> (l - lo) & 1u)) {
@@ -394,22 +401,20 @@ void check_warp(block_run *r, int w)
                      a.mask);
             return;
         }
-        bool all = true;
-        for (int k = 0; k < 32 && all; k++) {
-            if (!(group >> k & 1u))
-                continue;
-            const fiber &b = r->f[lo + k];
-            if (b.state == DONE) {
+        // The first lane of the group not waiting decides: exited is a fault, else not yet.
+        unsigned missing = group & ~waiting;
+        if (missing) {
+            int k = __builtin_ctz(missing);
+            if (done >> k & 1u) {
                 snprintf(r->fault, sizeof r->fault,
                          "thread %d: warp operation with mask 0x%08x names lane %d, which has "
                          "exited",
                          l, a.mask, k);
                 return;
             }
-            all = b.state == WAIT_WARP;
-        }
-        if (!all)
             continue;
+        }
+        waiting &= ~group; // released below
         unsigned votes = 0;
         for (int k = 0; k < 32; k++) {
             if (!(group >> k & 1u))
