@@ -398,7 +398,15 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return 0;
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
+    case TDD_OP_MSE_LOSS:
+    case TDD_OP_BCE_WITH_LOGITS:
+    case TDD_OP_LAYER_NORM:
+    case TDD_OP_CONV2D:
         return c->in[0]->dtype == TD_F32 || is_half(c->in[0]->dtype) ? 0 : dtype;
+    case TDD_OP_DROPOUT:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D: /* f64 too */
+        return 0;
     case TDD_OP_SUM:
     case TDD_OP_MEAN:
     case TDD_OP_AMAX:
@@ -714,6 +722,166 @@ static int exec_loss(cuda_dev *dv, const tdd_opcall *c)
     return checked(dv, e, bad, c);
 }
 
+/* A dense f32 operand of shape [n] for layouts (only shape and strides are read). */
+static tdd_tensor dense_like(const tdd_tensor *t, td_dtype dt)
+{
+    tdd_tensor d = *t;
+    d.dtype = dt;
+    d.offset = 0;
+    tdd_set_contiguous(&d);
+    return d;
+}
+
+static int exec_pointwise_loss(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *t = c->in[1], *y = c->out[0];
+    int red = (int)c->args->i[0], bce = c->op == TDD_OP_BCE_WITH_LOGITS;
+    const char *name = tdd_opdefs[c->op].name;
+    tdc_layout l;
+    if (red == TDD_RED_NONE) {
+        const tdd_tensor *ts[3] = {y, x, t};
+        layout_of(&l, x->shape, x->ndim, 3, ts);
+        return cuda_rc(
+            dv, tdc_pointwise_loss(&dv->kd, bce, &l, tdd_data(y), tdd_data(x), tdd_data(t)), name);
+    }
+    int64_t n = tdd_numel(x);
+    float *v = NULL;
+    int rc = cuda_rc(
+        dv, cudaMallocAsync((void **)&v, (size_t)(n > 0 ? n : 1) * sizeof(float), dv->stream),
+        name);
+    if (rc)
+        return rc;
+    tdd_tensor d = dense_like(x, TD_F32);
+    const tdd_tensor *ts[3] = {&d, x, t};
+    layout_of(&l, x->shape, x->ndim, 3, ts);
+    cudaError_t e = tdc_pointwise_loss(&dv->kd, bce, &l, v, tdd_data(x), tdd_data(t));
+    if (!e) { /* the sum (or mean: 0/0 is NaN, as ref) of the n values */
+        tdc_reduce_layout r;
+        memset(&r, 0, sizeof r);
+        r.nk = r.nr = 1;
+        r.nout = r.kshape[0] = 1;
+        r.nred = r.rshape[0] = n;
+        r.rstride[0] = 1;
+        float scale = red == TDD_RED_MEAN ? (float)(1.0 / (double)n) : 1.0f;
+        e = tdc_reduce(&dv->kd, &r, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, scale);
+    }
+    (void)cudaFreeAsync(v, dv->stream);
+    return cuda_rc(dv, e, name);
+}
+
+/* The window geometry of a pool or conv2d: x [N, C, H, W] (or [C, H, W]), y [.., Ho, Wo]. */
+static void window_of(tdc_pool *p, const tdd_tensor *x, const tdd_tensor *y, const tdd_opargs *g,
+                      int64_t kh, int64_t kw)
+{
+    int b4 = x->ndim == 4;
+    memset(p, 0, sizeof *p);
+    p->N = b4 ? x->shape[0] : 1;
+    p->C = x->shape[b4];
+    p->H = x->shape[b4 + 1];
+    p->W = x->shape[b4 + 2];
+    p->Ho = y->shape[y->ndim - 2];
+    p->Wo = y->shape[y->ndim - 1];
+    p->k[0] = kh;
+    p->k[1] = kw;
+    for (int k = 0; k < 2; k++) {
+        p->stride[k] = g->ints[0][k];
+        p->pad[k] = g->ints[1][k];
+        p->dil[k] = g->ints[2][k];
+    }
+    p->include_pad = g->i[2] != 0;
+}
+
+/* dropout, layer_norm and the pools (dense operands: runs_via_copies sees to it). */
+static int exec_nn(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    cudaError_t e;
+    switch (c->op) {
+    case TDD_OP_DROPOUT: {
+        if (!g->i[0]) /* eval: the identity */
+            return copy_view(dv, y, x);
+        const tdd_tensor *ts[2] = {y, x};
+        tdc_layout l;
+        layout_of(&l, y->shape, y->ndim, 2, ts);
+        e = tdc_dropout(&dv->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), g->f[0], g->seed);
+        break;
+    }
+    case TDD_OP_LAYER_NORM: {
+        int64_t D = 1, n = tdd_numel(x);
+        for (int k = 0; k < g->i[0]; k++)
+            D *= x->shape[x->ndim - 1 - k];
+        e = tdc_layer_norm(&dv->kd, D ? n / D : 0, D, tdd_data(x), tdd_data(y),
+                           (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
+                           (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, (float)g->f[0]);
+        break;
+    }
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D: {
+        tdc_pool p;
+        window_of(&p, x, y, g, g->ints[3][0], g->ints[3][1]);
+        p.is_max = c->op == TDD_OP_MAX_POOL2D;
+        e = tdc_pool2d(&dv->kd, &p, tdd_data(x), tdd_data(y),
+                       p.is_max && c->n_out > 1 ? tdd_data(c->out[1]) : NULL, (int)x->dtype);
+        break;
+    }
+    default:
+        return TD_EUNSUPPORTED_OP;
+    }
+    return cuda_rc(dv, e, tdd_opdefs[c->op].name);
+}
+
+/* conv2d as im2col + one strided-batched GEMM per group over the batch: y[n, group] =
+ * W[group] (Og x K) col[n] (K x Ho*Wo), K = Cg*kh*kw; a bias is written first (beta = 1). */
+static int exec_conv2d(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0], *w = c->in[1], *y = c->out[0];
+    tdc_pool p;
+    window_of(&p, x, y, g, w->shape[2], w->shape[3]);
+    int64_t G = g->i[0], O = w->shape[0], Cg = w->shape[1], Og = O / G;
+    int64_t K = Cg * p.k[0] * p.k[1], P = p.Ho * p.Wo;
+    if (P > INT_MAX || Og > INT_MAX || K > INT_MAX || p.N > INT_MAX || O * P > INT64_MAX / 2)
+        return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
+    float *yp = tdd_data(y), beta = 0.0f;
+    int rc = 0;
+    if (g->flags & 4u) {
+        const tdd_tensor *bias = c->in[2];
+        tdd_tensor yv = *y, bv = *bias;
+        yv.ndim = bv.ndim = 3;
+        yv.shape[0] = bv.shape[0] = p.N;
+        yv.shape[1] = bv.shape[1] = O;
+        yv.shape[2] = bv.shape[2] = P;
+        tdd_set_contiguous(&yv);
+        bv.strides[0] = bv.strides[2] = 0;
+        bv.strides[1] = bias->strides[0];
+        const tdd_tensor *ts[2] = {&yv, &bv};
+        tdc_layout l;
+        layout_of(&l, yv.shape, 3, 2, ts);
+        rc = cuda_rc(dv, tdc_copy(&dv->kd, &l, yp, tdd_data(bias), 4), "conv2d bias");
+        beta = 1.0f;
+    }
+    if (rc || p.N * O * P == 0)
+        return rc;
+    float *col = NULL;
+    rc = cuda_rc(dv,
+                 cudaMallocAsync((void **)&col, (size_t)(p.N * K * P) * sizeof(float), dv->stream),
+                 "conv2d scratch");
+    const float one = 1.0f;
+    const float *wp = tdd_data(w);
+    for (int64_t grp = 0; grp < G && !rc; grp++) {
+        rc = cuda_rc(dv, tdc_im2col(&dv->kd, &p, tdd_data(x), col, Cg, grp), "conv2d");
+        if (!rc)
+            rc = blas_rc(blas_api.sgemm_strided_batched(
+                dv->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)P, (int)Og, (int)K, &one, col, (int)P,
+                K * P, wp + grp * Og * K, (int)K, 0, &beta, yp + grp * Og * P, (int)P, O * P,
+                (int)p.N));
+    }
+    if (col)
+        (void)cudaFreeAsync(col, dv->stream);
+    return rc;
+}
+
 /* How cuBLAS sees one operand of C = A B (row-major R x C view at strides sr, sc), given
  * that we compute C^T = B^T A^T in its column-major terms: a row-major matrix is the
  * transpose it wants (op N, ld = row stride); a column-major one needs op T. Size-1 dims
@@ -981,12 +1149,37 @@ static int exec_tri(cuda_dev *dv, const tdd_opcall *c)
                    tdd_opdefs[c->op].name);
 }
 
+/* Ops whose kernels take dense operands only (anything else goes through a dense copy). */
+static bool wants_dense(const tdd_opcall *c)
+{
+    switch (c->op) {
+    case TDD_OP_LAYER_NORM:
+    case TDD_OP_CONV2D:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* f32 kernels run on f16/bf16 operands: these ops' 16-bit float inputs are widened into f32
- * scratch copies and their outputs computed there and rounded back once (cpu_via_f32's way). */
-static bool runs_via_f32(const tdd_opcall *c)
+ * scratch copies and their outputs computed there and rounded back once (cpu_via_f32's way);
+ * the ops of wants_dense get dense copies of strided operands the same way. */
+static bool runs_via_copies(const tdd_opcall *c)
 {
     if (tdd_ew_arity(c->op) || tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return false;
+    if (wants_dense(c)) {
+        for (int k = 0; k < c->n_in; k++)
+            if (!tdd_is_contiguous(c->in[k]))
+                return true;
+        for (int k = 0; k < c->n_out; k++)
+            if (!tdd_is_contiguous(c->out[k]))
+                return true;
+    }
+    if (c->op == TDD_OP_DROPOUT)
+        return false; /* any float dtype as it is */
     switch (c->op) {
     case TDD_OP_WHERE:
     case TDD_OP_MASKED_FILL:
@@ -1016,8 +1209,9 @@ static bool runs_via_f32(const tdd_opcall *c)
 
 static int execute_op(cuda_dev *dv, const tdd_opcall *c);
 
-static int via_f32(cuda_dev *dv, const tdd_opcall *c)
+static int via_copies(cuda_dev *dv, const tdd_opcall *c)
 {
+    bool dense = wants_dense(c);
     tdd_opcall fc = *c;
     tdd_opargs fa = *c->args;
     tdd_tensor tin[TDD_MAX_OP_INPUTS], tout[TDD_MAX_OP_OUTPUTS];
@@ -1032,17 +1226,18 @@ static int via_f32(cuda_dev *dv, const tdd_opcall *c)
     for (int k = 0; k < c->n_in + c->n_out && !rc; k++) {
         bool out = k >= c->n_in;
         const tdd_tensor *t = out ? c->out[k - c->n_in] : c->in[k];
-        if (!is_half(t->dtype))
+        bool half = is_half(t->dtype);
+        if (!half && !(dense && !tdd_is_contiguous(t)))
             continue;
         tdd_tensor *f = out ? &tout[k - c->n_in] : &tin[k];
         tdd_storage *st = out ? &sout[k - c->n_in] : &sin[k];
         *f = *t;
-        f->dtype = TD_F32;
+        f->dtype = half ? TD_F32 : t->dtype;
         f->offset = 0;
         tdd_set_contiguous(f);
         int64_t n = tdd_numel(t);
         memset(st, 0, sizeof *st);
-        st->nbytes = (size_t)n * sizeof(float);
+        st->nbytes = (size_t)n * td_dtype_size(f->dtype);
         rc = cuda_rc(dv, cudaMallocAsync(&st->data, st->nbytes ? st->nbytes : 1, dv->stream),
                      "f32 scratch");
         if (rc)
@@ -1053,19 +1248,27 @@ static int via_f32(cuda_dev *dv, const tdd_opcall *c)
             fc.out[k - c->n_in] = f;
             continue;
         }
-        const tdd_tensor *ts[2] = {f, t};
-        tdc_layout l;
-        layout_of(&l, t->shape, t->ndim, 2, ts);
-        rc = cuda_rc(dv, tdc_cast(&dv->kd, &l, st->data, TD_F32, tdd_data(t), (int)t->dtype),
-                     "cast");
+        if (!half) {
+            rc = copy_dense(dv, st->data, t);
+        } else {
+            const tdd_tensor *ts[2] = {f, t};
+            tdc_layout l;
+            layout_of(&l, t->shape, t->ndim, 2, ts);
+            rc = cuda_rc(dv, tdc_cast(&dv->kd, &l, st->data, TD_F32, tdd_data(t), (int)t->dtype),
+                         "cast");
+        }
         fc.in[k] = f;
     }
     if (!rc)
         rc = execute_op(dv, &fc);
     for (int k = 0; k < c->n_out && !rc; k++) {
         const tdd_tensor *t = c->out[k];
-        if (!is_half(t->dtype))
+        if (fc.out[k] == t)
             continue;
+        if (!is_half(t->dtype)) {
+            rc = copy_view(dv, t, &tout[k]);
+            continue;
+        }
         const tdd_tensor *ts[2] = {t, &tout[k]};
         tdc_layout l;
         layout_of(&l, t->shape, t->ndim, 2, ts);
@@ -1088,7 +1291,7 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
         return rc;
-    return runs_via_f32(c) ? via_f32(dv, c) : execute_op(dv, c);
+    return runs_via_copies(c) ? via_copies(dv, c) : execute_op(dv, c);
 }
 
 /* The f32 path of every op (f16/bf16 reach here widened, through via_f32). */
@@ -1129,6 +1332,16 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
         return exec_loss(dv, c);
+    case TDD_OP_MSE_LOSS:
+    case TDD_OP_BCE_WITH_LOGITS:
+        return exec_pointwise_loss(dv, c);
+    case TDD_OP_DROPOUT:
+    case TDD_OP_LAYER_NORM:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+        return exec_nn(dv, c);
+    case TDD_OP_CONV2D:
+        return exec_conv2d(dv, c);
     case TDD_OP_SOFTMAX:
         return exec_rows(dv, c, TDC_SOFTMAX);
     case TDD_OP_LOG_SOFTMAX:

@@ -909,6 +909,125 @@ __global__ void cumsum_rows(__grid_constant__ const tdc_rows_layout l, float *y,
     }
 }
 
+// ------------------------------------------------------------------ nn
+
+// dropout (train): x kept with probability 1 - p and scaled by 1 / (1 - p), from draw i of
+// the session's stream (tdd_rng_uniform: 53 bits), as ref and cpu draw it; any float dtype.
+__global__ void dropout_kernel(__grid_constant__ const tdc_layout l, void *y, int ydt,
+                               const void *x, double p, uint64_t seed)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[2] = {i, i};
+        if (!l.contig)
+            offsets<2>(l, i, off);
+        double u = (double)(rng_u64(seed, (uint64_t)i) >> 11) * 0x1.0p-53;
+        double v = p < 1.0 && u >= p ? load_f(x, ydt, off[1]) / (1.0 - p) : 0.0;
+        store_f(y, ydt, off[0], v);
+    }
+}
+
+// layer_norm over dense rows of D: one block per row, mean then the squared deviations (two
+// passes, as var), then the write with the optional weight and bias.
+__global__ void layer_norm_rows(int64_t rows, int64_t D, const float *x, float *y, const float *w,
+                                const float *b, float eps)
+{
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const float *xr = x + row * D;
+        float s = 0.0f;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
+            s += xr[j];
+        float mean = block_reduce(TDC_R_SUM, s) / (float)D;
+        float ss = 0.0f;
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            float t = xr[j] - mean;
+            ss += t * t;
+        }
+        float rstd = 1.0f / sqrtf(block_reduce(TDC_R_SUM, ss) / (float)D + eps);
+        for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+            float v = (xr[j] - mean) * rstd;
+            if (w)
+                v *= w[j];
+            if (b)
+                v += b[j];
+            y[row * D + j] = v;
+        }
+    }
+}
+
+// max_pool2d / avg_pool2d on dense [N, C, H, W]: one thread per output element.
+template <typename T>
+__global__ void pool_kernel(__grid_constant__ const tdc_pool p, const T *x, T *y, int64_t *arg)
+{
+    int64_t n = p.N * p.C * p.Ho * p.Wo;
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t ow = e % p.Wo, oh = (e / p.Wo) % p.Ho, nc = e / (p.Wo * p.Ho);
+        const T *xp = x + nc * p.H * p.W;
+        int64_t h0 = oh * p.stride[0] - p.pad[0], w0 = ow * p.stride[1] - p.pad[1];
+        if (p.is_max) {
+            T best = (T)-INFINITY;
+            int64_t at = -1;
+            for (int64_t i = 0; i < p.k[0]; i++)
+                for (int64_t j = 0; j < p.k[1]; j++) {
+                    int64_t h = h0 + i * p.dil[0], w = w0 + j * p.dil[1];
+                    if (h < 0 || h >= p.H || w < 0 || w >= p.W)
+                        continue;
+                    T v = xp[h * p.W + w];
+                    if (at < 0 || v > best || (v != v && best == best)) {
+                        best = v;
+                        at = h * p.W + w;
+                    }
+                }
+            y[e] = best;
+            if (arg)
+                arg[e] = at;
+        } else {
+            // the window clipped to the padded input; the divisor counts the padding unless
+            // count_include_pad is off
+            int64_t hs = h0 + p.k[0] < p.H + p.pad[0] ? h0 + p.k[0] : p.H + p.pad[0];
+            int64_t ws = w0 + p.k[1] < p.W + p.pad[1] ? w0 + p.k[1] : p.W + p.pad[1];
+            int64_t pool = (hs - h0) * (ws - w0);
+            int64_t ha = h0 < 0 ? 0 : h0, wa = w0 < 0 ? 0 : w0;
+            int64_t hb = hs < p.H ? hs : p.H, wb = ws < p.W ? ws : p.W;
+            T s = 0;
+            for (int64_t h = ha; h < hb; h++)
+                for (int64_t w = wa; w < wb; w++)
+                    s += xp[h * p.W + w];
+            int64_t div = p.include_pad ? pool : (hb - ha) * (wb - wa);
+            y[e] = s / (T)div;
+        }
+    }
+}
+
+// conv2d's im2col for group g: col[n][(ic * kh + i) * kw + j][oh * Wo + ow] from dense x.
+__global__ void im2col_kernel(__grid_constant__ const tdc_pool p, const float *x, float *col,
+                              int64_t Cg, int64_t g)
+{
+    int64_t K = Cg * p.k[0] * p.k[1], P = p.Ho * p.Wo, n = p.N * K * P;
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t q = e % P, r = (e / P) % K, b = e / (P * K);
+        int64_t ow = q % p.Wo, oh = q / p.Wo;
+        int64_t j = r % p.k[1], i = (r / p.k[1]) % p.k[0], ic = r / (p.k[0] * p.k[1]);
+        int64_t h = oh * p.stride[0] - p.pad[0] + i * p.dil[0];
+        int64_t w = ow * p.stride[1] - p.pad[1] + j * p.dil[1];
+        bool in = h >= 0 && h < p.H && w >= 0 && w < p.W;
+        col[e] = in ? x[((b * p.C + g * Cg + ic) * p.H + h) * p.W + w] : 0.0f;
+    }
+}
+
+// mse_loss / binary_cross_entropy_with_logits elementwise: operands v, x, t.
+__global__ void pointwise_loss(int bce, __grid_constant__ const tdc_layout l, float *v,
+                               const float *x, const float *t)
+{
+    for (int64_t i = gtid(); i < l.numel; i += gstride()) {
+        int64_t off[3] = {i, i, i};
+        if (!l.contig)
+            offsets<3>(l, i, off);
+        float a = x[off[1]], b = t[off[2]];
+        v[off[0]] =
+            bce ? (a > 0.0f ? a : 0.0f) - a * b + log1pf(expf(-fabsf(a))) : (a - b) * (a - b);
+    }
+}
+
 bool aligned16(const void *p)
 {
     return ((uintptr_t)p & 15u) == 0;
@@ -1418,4 +1537,58 @@ extern "C" cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_vie
     if (!flag)
         return e;
     return flag_read(d, flag, e, bad);
+}
+
+extern "C" cudaError_t tdc_dropout(const tdc_dev *d, const tdc_layout *l, void *y, int dt,
+                                   const void *x, double p, uint64_t seed)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, dropout_kernel)(*l, y, dt, x, p,
+                                                                              seed);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_layer_norm(const tdc_dev *d, int64_t rows, int64_t D, const float *x,
+                                      float *y, const float *w, const float *b, float eps)
+{
+    if (rows == 0 || D == 0)
+        return cudaSuccess;
+    int grid = (int)(rows < 65535 * 8 ? rows : 65535 * 8);
+    tdc_launch(grid, block_for(D), 0, d->stream, layer_norm_rows)(rows, D, x, y, w, b, eps);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_pool2d(const tdc_dev *d, const tdc_pool *p, const void *x, void *y,
+                                  int64_t *arg, int dt)
+{
+    int64_t n = p->N * p->C * p->Ho * p->Wo;
+    if (n == 0)
+        return cudaSuccess;
+    if (dt == 2)
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream,
+                   pool_kernel<double>)(*p, (const double *)x, (double *)y, arg);
+    else
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, pool_kernel<float>)(*p, (const float *)x,
+                                                                               (float *)y, arg);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_im2col(const tdc_dev *d, const tdc_pool *p, const float *x, float *col,
+                                  int64_t Cg, int64_t g)
+{
+    int64_t n = p->N * Cg * p->k[0] * p->k[1] * p->Ho * p->Wo;
+    if (n == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, im2col_kernel)(*p, x, col, Cg, g);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_pointwise_loss(const tdc_dev *d, int bce, const tdc_layout *l, float *v,
+                                          const float *x, const float *t)
+{
+    if (l->numel == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, pointwise_loss)(bce, *l, v, x, t);
+    return launched();
 }

@@ -107,6 +107,31 @@ cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x, const
                            const tdc_view *t, const void *tp, void *y, int reduction,
                            int64_t ignore_index, double smoothing, int *bad);
 
+/* dropout in training: operands y, x of float dtype dt (td_dtype number), draw i of stream
+ * seed per C-order element i (backends/dtype.h's tdd_rng_uniform). */
+cudaError_t tdc_dropout(const tdc_dev *d, const tdc_layout *l, void *y, int dt, const void *x,
+                        double p, uint64_t seed);
+/* layer_norm over rows of D dense elements; w, b NULL when absent. */
+cudaError_t tdc_layer_norm(const tdc_dev *d, int64_t rows, int64_t D, const float *x, float *y,
+                           const float *w, const float *b, float eps);
+
+/* A 2-D window over dense [N, C, H, W] (pools, conv2d's im2col): output Ho x Wo. */
+typedef struct {
+    int64_t N, C, H, W, Ho, Wo;
+    int64_t k[2], stride[2], pad[2], dil[2];
+    int is_max, include_pad;
+} tdc_pool;
+/* max_pool2d (arg: the flat h * W + w of each max, or NULL) / avg_pool2d, f32 or f64 (dt);
+ * y dense [N, C, Ho, Wo]. */
+cudaError_t tdc_pool2d(const tdc_dev *d, const tdc_pool *p, const void *x, void *y, int64_t *arg,
+                       int dt);
+/* col[n][(ic * kh + i) * kw + j][oh * Wo + ow] for input channels g*Cg .. (g+1)*Cg - 1. */
+cudaError_t tdc_im2col(const tdc_dev *d, const tdc_pool *p, const float *x, float *col, int64_t Cg,
+                       int64_t g);
+/* mse_loss (bce 0) / binary_cross_entropy_with_logits (bce 1) per element: operands v, x, t. */
+cudaError_t tdc_pointwise_loss(const tdc_dev *d, int bce, const tdc_layout *l, float *v,
+                               const float *x, const float *t);
+
 /* Element copy between two layouts of elsize-byte elements (1, 2, 4 or 8): operands y, x. */
 cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, const void *x, int elsize);
 /* Conversion between dtypes (td_dtype numbers); float->int saturates, NaN -> 0. */

@@ -93,6 +93,8 @@ int main(int argc, char **argv)
             }
             cases += ran;
             declined += !ran;
+            if (!ran && verbose)
+                printf("declined cuda:0 %s [%s] %s\n", c->op, c->attrs, td_dtype_name(dt));
             row_ran |= ran;
         }
         rows += row_ran;
