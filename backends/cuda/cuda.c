@@ -420,8 +420,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ARGMIN:
     case TDD_OP_CUMSUM:
     case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX:
-        return inputs_are(c, 0, TD_F32) || inputs_half(c) ? 0 : dtype;
+    case TDD_OP_LOG_SOFTMAX: /* f32, f64, int64 kernels; the rest widened (kernel_dtype) */
+        return 0;
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
     case TDD_OP_LINEAR: /* f16/bf16 through f32 copies (via_f32) */
@@ -434,21 +434,21 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_EYE:
         return 0;
     case TDD_OP_CAT:
-    case TDD_OP_STACK: /* copies only: mixed dtypes would need a cast per input */
-        return inputs_are(c, 0, g->dtype) ? 0 : dtype;
+    case TDD_OP_STACK: /* copies, or casts of the inputs of another dtype */
+        return 0;
     case TDD_OP_PAD:
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
         return 0;
     case TDD_OP_RAND:
-    case TDD_OP_RANDN:
-        return g->dtype == TD_F32 ? 0 : dtype;
+    case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
+        return g->dtype == TD_F32 || is_half(g->dtype) ? 0 : dtype;
     case TDD_OP_RANDINT:
         return g->dtype == TD_I64 ? 0 : dtype;
     case TDD_OP_ARANGE:
         return g->dtype == TD_F32 || g->dtype == TD_I64 ? 0 : dtype;
     case TDD_OP_LINSPACE:
-        return g->dtype == TD_F32 ? 0 : dtype;
+        return g->dtype == TD_F32 || is_half(g->dtype) ? 0 : dtype;
     default:
         return TD_EUNSUPPORTED_OP;
     }
@@ -548,49 +548,51 @@ static int exec_reduce(cuda_dev *dv, const tdd_opcall *c)
     const tdd_tensor *x = c->in[0];
     tdc_reduce_layout r;
     reduce_layout_of(&r, x, g->dims_mask);
-    float *y = tdd_data(c->out[0]);
-    const float *xp = tdd_data(x);
+    void *y = tdd_data(c->out[0]);
+    const void *xp = tdd_data(x);
     const tdc_dev *kd = &dv->kd;
-    float inv_n = (float)(1.0 / (double)r.nred);
+    int dt = (int)x->dtype; /* f32, f64, or int64 (runs_via_copies widens the rest) */
+    double inv_n = 1.0 / (double)r.nred;
     cudaError_t e;
     switch (c->op) {
     case TDD_OP_SUM:
     case TDD_OP_SUM_TO:
-        e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
+        e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, 1.0);
         break;
     case TDD_OP_MEAN:
-        e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, inv_n);
+        e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, inv_n);
         break;
     case TDD_OP_PROD:
-        e = tdc_reduce(kd, &r, y, xp, TDC_R_PROD, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
+        e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_PROD, TDC_M_ID, TDC_F_SCALE, NULL, 1.0);
         break;
     case TDD_OP_AMAX:
     case TDD_OP_AMIN:
-        e = tdc_reduce(kd, &r, y, xp, c->op == TDD_OP_AMAX ? TDC_R_MAX : TDC_R_MIN, TDC_M_ID,
-                       TDC_F_SCALE, NULL, 1.0f);
+        e = tdc_reduce(kd, &r, dt, y, xp, c->op == TDD_OP_AMAX ? TDC_R_MAX : TDC_R_MIN, TDC_M_ID,
+                       TDC_F_SCALE, NULL, 1.0);
         break;
     case TDD_OP_LOGSUMEXP:
         /* The max goes into y first and serves as the second pass's per-output shift: each
          * output's shift is read before that same output is written. */
-        e = tdc_reduce(kd, &r, y, xp, TDC_R_MAX, TDC_M_ID, TDC_F_SCALE, NULL, 1.0f);
+        e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_MAX, TDC_M_ID, TDC_F_SCALE, NULL, 1.0);
         if (!e)
-            e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_EXP_SUB_AUX, TDC_F_LOG_ADD_AUX, y, 1.0f);
+            e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_SUM, TDC_M_EXP_SUB_AUX, TDC_F_LOG_ADD_AUX, y,
+                           1.0);
         break;
     case TDD_OP_VAR:
     case TDD_OP_STD: {
         /* Two passes (mean, then squared deviations) rather than one-pass sums of squares,
          * which cancel catastrophically in f32. Divisor max(0, n - correction), as PyTorch. */
         double div = (double)r.nred - g->f[0];
-        float scale = (float)(1.0 / (div > 0.0 ? div : 0.0));
-        e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, inv_n);
+        double scale = 1.0 / (div > 0.0 ? div : 0.0);
+        e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, inv_n);
         if (!e)
-            e = tdc_reduce(kd, &r, y, xp, TDC_R_SUM, TDC_M_SQDEV_AUX,
+            e = tdc_reduce(kd, &r, dt, y, xp, TDC_R_SUM, TDC_M_SQDEV_AUX,
                            c->op == TDD_OP_STD ? TDC_F_SQRT_SCALE : TDC_F_SCALE, y, scale);
         break;
     }
     case TDD_OP_ARGMAX:
     case TDD_OP_ARGMIN:
-        e = tdc_argreduce(kd, &r, tdd_data(c->out[0]), xp, c->op == TDD_OP_ARGMAX);
+        e = tdc_argreduce(kd, &r, dt, tdd_data(c->out[0]), xp, c->op == TDD_OP_ARGMAX);
         break;
     default:
         return TD_EUNSUPPORTED_OP;
@@ -627,7 +629,8 @@ static int exec_rows(cuda_dev *dv, const tdd_opcall *c, tdc_rowop op)
         l.kstride[d] = it.strides[0][d];
         l.ostride[d] = it.strides[1][d];
     }
-    return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, tdd_data(y), tdd_data(x)), tdd_opdefs[c->op].name);
+    return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, (int)x->dtype, tdd_data(y), tdd_data(x)),
+                   tdd_opdefs[c->op].name);
 }
 
 static int exec_ew(cuda_dev *dv, const tdd_opcall *c)
@@ -762,8 +765,9 @@ static int exec_pointwise_loss(cuda_dev *dv, const tdd_opcall *c)
         r.nout = r.kshape[0] = 1;
         r.nred = r.rshape[0] = n;
         r.rstride[0] = 1;
-        float scale = red == TDD_RED_MEAN ? (float)(1.0 / (double)n) : 1.0f;
-        e = tdc_reduce(&dv->kd, &r, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL, scale);
+        double scale = red == TDD_RED_MEAN ? 1.0 / (double)n : 1.0;
+        e = tdc_reduce(&dv->kd, &r, TD_F32, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL,
+                       scale);
     }
     (void)cudaFreeAsync(v, dv->stream);
     return cuda_rc(dv, e, name);
@@ -1103,7 +1107,17 @@ static int exec_join(cuda_dev *dv, const tdd_opcall *c)
             part.offset = y->offset + at * y->strides[dim];
             at += x->shape[dim];
         }
-        rc = copy_view(dv, &part, x);
+        if (x->dtype == y->dtype) {
+            rc = copy_view(dv, &part, x);
+        } else {
+            const tdd_tensor *ts[2] = {&part, x};
+            tdc_layout l;
+            layout_of(&l, x->shape, x->ndim, 2, ts);
+            rc = cuda_rc(
+                dv,
+                tdc_cast(&dv->kd, &l, tdd_data(&part), (int)y->dtype, tdd_data(x), (int)x->dtype),
+                "cast");
+        }
     }
     return rc;
 }
@@ -1149,37 +1163,14 @@ static int exec_tri(cuda_dev *dv, const tdd_opcall *c)
                    tdd_opdefs[c->op].name);
 }
 
-/* Ops whose kernels take dense operands only (anything else goes through a dense copy). */
-static bool wants_dense(const tdd_opcall *c)
-{
-    switch (c->op) {
-    case TDD_OP_LAYER_NORM:
-    case TDD_OP_CONV2D:
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return true;
-    default:
-        return false;
-    }
-}
-
-/* f32 kernels run on f16/bf16 operands: these ops' 16-bit float inputs are widened into f32
- * scratch copies and their outputs computed there and rounded back once (cpu_via_f32's way);
- * the ops of wants_dense get dense copies of strided operands the same way. */
-static bool runs_via_copies(const tdd_opcall *c)
+/* The dtype op c's kernel wants operand t in: f16/bf16 widened to f32 (the f32 kernels run on
+ * copies, computed there and rounded back once: cpu_via_f32's way); the reductions' integer
+ * and bool operands widened to int64 (or to the float dtype of a float output: logsumexp,
+ * mean). Element moves and the elementwise kernels take every dtype as it is. */
+static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
 {
     if (tdd_ew_arity(c->op) || tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
-        return false;
-    if (wants_dense(c)) {
-        for (int k = 0; k < c->n_in; k++)
-            if (!tdd_is_contiguous(c->in[k]))
-                return true;
-        for (int k = 0; k < c->n_out; k++)
-            if (!tdd_is_contiguous(c->out[k]))
-                return true;
-    }
-    if (c->op == TDD_OP_DROPOUT)
-        return false; /* any float dtype as it is */
+        return t->dtype;
     switch (c->op) {
     case TDD_OP_WHERE:
     case TDD_OP_MASKED_FILL:
@@ -1194,15 +1185,50 @@ static bool runs_via_copies(const tdd_opcall *c)
     case TDD_OP_PAD:
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
-        return false; /* element moves: any dtype as it is */
+    case TDD_OP_DROPOUT:
+        return t->dtype; /* any dtype as it is */
     default:
         break;
     }
+    if (is_half(t->dtype))
+        return TD_F32;
+    if (tdd_opdefs[c->op].kind == TDD_KIND_REDUCE && !tdd_dtype_is_float(t->dtype)) {
+        td_dtype o = c->out[0]->dtype;
+        if (out || !tdd_dtype_is_float(o))
+            return TD_I64;
+        return is_half(o) ? TD_F32 : o;
+    }
+    return t->dtype;
+}
+
+/* Ops whose kernels take dense operands only (anything else goes through a dense copy). */
+static bool wants_dense(const tdd_opcall *c)
+{
+    switch (c->op) {
+    case TDD_OP_LAYER_NORM:
+    case TDD_OP_CONV2D:
+    case TDD_OP_MAX_POOL2D:
+    case TDD_OP_AVG_POOL2D:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool needs_copy(const tdd_opcall *c, const tdd_tensor *t, bool out)
+{
+    return kernel_dtype(c, t, out) != t->dtype || (wants_dense(c) && !tdd_is_contiguous(t));
+}
+
+/* Operands in another dtype (kernel_dtype) or strided where the kernel wants them dense get
+ * scratch copies; the op runs on those; outputs are converted (or copied) back. */
+static bool runs_via_copies(const tdd_opcall *c)
+{
     for (int k = 0; k < c->n_in; k++)
-        if (is_half(c->in[k]->dtype))
+        if (needs_copy(c, c->in[k], false))
             return true;
     for (int k = 0; k < c->n_out; k++)
-        if (is_half(c->out[k]->dtype))
+        if (needs_copy(c, c->out[k], true))
             return true;
     return false;
 }
@@ -1211,7 +1237,6 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c);
 
 static int via_copies(cuda_dev *dv, const tdd_opcall *c)
 {
-    bool dense = wants_dense(c);
     tdd_opcall fc = *c;
     tdd_opargs fa = *c->args;
     tdd_tensor tin[TDD_MAX_OP_INPUTS], tout[TDD_MAX_OP_OUTPUTS];
@@ -1223,16 +1248,18 @@ static int via_copies(cuda_dev *dv, const tdd_opcall *c)
         fa.dtype = TD_F32;
     if (is_half(fa.cdtype))
         fa.cdtype = TD_F32;
+    if (c->n_out > 0 && needs_copy(c, c->out[0], true))
+        fa.dtype = kernel_dtype(c, c->out[0], true);
     for (int k = 0; k < c->n_in + c->n_out && !rc; k++) {
         bool out = k >= c->n_in;
         const tdd_tensor *t = out ? c->out[k - c->n_in] : c->in[k];
-        bool half = is_half(t->dtype);
-        if (!half && !(dense && !tdd_is_contiguous(t)))
+        if (!needs_copy(c, t, out))
             continue;
+        td_dtype kdt = kernel_dtype(c, t, out);
         tdd_tensor *f = out ? &tout[k - c->n_in] : &tin[k];
         tdd_storage *st = out ? &sout[k - c->n_in] : &sin[k];
         *f = *t;
-        f->dtype = half ? TD_F32 : t->dtype;
+        f->dtype = kdt;
         f->offset = 0;
         tdd_set_contiguous(f);
         int64_t n = tdd_numel(t);
@@ -1248,13 +1275,13 @@ static int via_copies(cuda_dev *dv, const tdd_opcall *c)
             fc.out[k - c->n_in] = f;
             continue;
         }
-        if (!half) {
+        if (kdt == t->dtype) {
             rc = copy_dense(dv, st->data, t);
         } else {
             const tdd_tensor *ts[2] = {f, t};
             tdc_layout l;
             layout_of(&l, t->shape, t->ndim, 2, ts);
-            rc = cuda_rc(dv, tdc_cast(&dv->kd, &l, st->data, TD_F32, tdd_data(t), (int)t->dtype),
+            rc = cuda_rc(dv, tdc_cast(&dv->kd, &l, st->data, (int)kdt, tdd_data(t), (int)t->dtype),
                          "cast");
         }
         fc.in[k] = f;
@@ -1265,16 +1292,17 @@ static int via_copies(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *t = c->out[k];
         if (fc.out[k] == t)
             continue;
-        if (!is_half(t->dtype)) {
+        if (tout[k].dtype == t->dtype) {
             rc = copy_view(dv, t, &tout[k]);
             continue;
         }
         const tdd_tensor *ts[2] = {t, &tout[k]};
         tdc_layout l;
         layout_of(&l, t->shape, t->ndim, 2, ts);
-        rc =
-            cuda_rc(dv, tdc_cast(&dv->kd, &l, tdd_data(t), (int)t->dtype, tout[k].st->data, TD_F32),
-                    "cast");
+        rc = cuda_rc(
+            dv,
+            tdc_cast(&dv->kd, &l, tdd_data(t), (int)t->dtype, tout[k].st->data, (int)tout[k].dtype),
+            "cast");
     }
     for (int k = 0; k < nb; k++)
         (void)cudaFreeAsync(bufs[k], dv->stream);

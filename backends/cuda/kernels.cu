@@ -585,67 +585,148 @@ __global__ void random_kernel(int kind, void *y, int64_t n, uint64_t seed, int64
 
 // ------------------------------------------------------------------ reductions
 
-__device__ __forceinline__ float r_init(int comb)
+// The reductions run in T: float (f32, f16/bf16 widened), double (f64), or int64 (integer
+// and bool inputs widened; sums and products wrap as the host backends' do).
+template <typename T> struct num;
+template <> struct num<float> {
+    static constexpr bool fp = true;
+    __device__ static float lowest()
+    {
+        return -INFINITY;
+    }
+    __device__ static float highest()
+    {
+        return INFINITY;
+    }
+};
+template <> struct num<double> {
+    static constexpr bool fp = true;
+    __device__ static double lowest()
+    {
+        return -INFINITY;
+    }
+    __device__ static double highest()
+    {
+        return INFINITY;
+    }
+};
+template <> struct num<int64_t> {
+    static constexpr bool fp = false;
+    __device__ static int64_t lowest()
+    {
+        return INT64_MIN;
+    }
+    __device__ static int64_t highest()
+    {
+        return INT64_MAX;
+    }
+};
+
+__device__ __forceinline__ float m_exp(float v)
+{
+    return expf(v);
+}
+__device__ __forceinline__ double m_exp(double v)
+{
+    return exp(v);
+}
+__device__ __forceinline__ float m_log(float v)
+{
+    return logf(v);
+}
+__device__ __forceinline__ double m_log(double v)
+{
+    return log(v);
+}
+__device__ __forceinline__ float m_sqrt(float v)
+{
+    return sqrtf(v);
+}
+__device__ __forceinline__ double m_sqrt(double v)
+{
+    return sqrt(v);
+}
+
+template <typename T> __device__ __forceinline__ T r_init(int comb)
 {
     switch (comb) {
     case TDC_R_PROD:
-        return 1.0f;
+        return (T)1;
     case TDC_R_MAX:
-        return -INFINITY;
+        return num<T>::lowest();
     case TDC_R_MIN:
-        return INFINITY;
+        return num<T>::highest();
     default:
-        return 0.0f;
+        return (T)0;
     }
 }
 
-__device__ __forceinline__ float r_comb(int comb, float a, float b)
+template <typename T> __device__ __forceinline__ T r_comb(int comb, T a, T b)
 {
     switch (comb) {
     case TDC_R_PROD:
-        return a * b;
+        if constexpr (num<T>::fp)
+            return a * b;
+        else // wrapping
+            return (T)((uint64_t)a * (uint64_t)b);
     case TDC_R_MAX: // NaN wins, as PyTorch's amax
-        return (a != a || b != b) ? a + b : fmaxf(a, b);
+        return (a != a || b != b) ? a + b : (a > b ? a : b);
     case TDC_R_MIN:
-        return (a != a || b != b) ? a + b : fminf(a, b);
+        return (a != a || b != b) ? a + b : (a < b ? a : b);
     default:
-        return a + b;
+        if constexpr (num<T>::fp)
+            return a + b;
+        else
+            return (T)((uint64_t)a + (uint64_t)b);
     }
 }
 
 // An infinite max would make x - max NaN; logsumexp then shifts by 0 instead.
-__device__ __forceinline__ float shift_of(float aux)
+template <typename T> __device__ __forceinline__ T shift_of(T aux)
 {
-    return isinf(aux) ? 0.0f : aux;
+    return isinf(aux) ? (T)0 : aux;
 }
 
-__device__ __forceinline__ float r_map(int map, float x, float aux)
+template <typename T> __device__ __forceinline__ T r_map(int map, T x, T aux)
 {
-    switch (map) {
-    case TDC_M_EXP_SUB_AUX:
-        return expf(x - shift_of(aux));
-    case TDC_M_SQDEV_AUX: {
-        float t = x - aux;
-        return t * t;
-    }
-    default:
+    if constexpr (num<T>::fp) {
+        switch (map) {
+        case TDC_M_EXP_SUB_AUX:
+            return m_exp(x - shift_of(aux));
+        case TDC_M_SQDEV_AUX: {
+            T t = x - aux;
+            return t * t;
+        }
+        default:
+            return x;
+        }
+    } else {
+        (void)map;
+        (void)aux;
         return x;
     }
 }
 
-__device__ __forceinline__ float r_finish(int fin, float v, float aux, float scale)
+template <typename T> __device__ __forceinline__ T r_finish(int fin, T v, T aux, double scale)
 {
-    switch (fin) {
-    case TDC_F_LOG_ADD_AUX:
-        return logf(v) + shift_of(aux);
-    case TDC_F_SQRT_SCALE:
-        return sqrtf(v * scale);
-    default:
-        return v * scale;
+    if constexpr (num<T>::fp) {
+        switch (fin) {
+        case TDC_F_LOG_ADD_AUX:
+            return m_log(v) + shift_of(aux);
+        case TDC_F_SQRT_SCALE:
+            return m_sqrt(v * (T)scale);
+        default:
+            return v * (T)scale;
+        }
+    } else { // integer reductions are sums, products and extrema: nothing to finish
+        (void)fin;
+        (void)aux;
+        (void)scale;
+        return v;
     }
 }
 
-__device__ __forceinline__ float warp_reduce(int comb, float v)
+template <typename T> __device__ __forceinline__ T warp_reduce(int comb, T v)
 {
     for (int s = 16; s > 0; s >>= 1)
         v = r_comb(comb, v, __shfl_xor_sync(0xffffffffu, v, s));
@@ -653,10 +734,10 @@ __device__ __forceinline__ float warp_reduce(int comb, float v)
 }
 
 // Every thread of the block gets the result.
-__device__ float block_reduce(int comb, float v)
+template <typename T> __device__ T block_reduce(int comb, T v)
 {
-    __shared__ float sh[32];
-    __shared__ float result;
+    __shared__ T sh[32];
+    __shared__ T result;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_reduce(comb, v);
     __syncthreads(); // sh and result may still be read from a previous call
@@ -664,7 +745,7 @@ __device__ float block_reduce(int comb, float v)
         sh[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        v = lane < nw ? sh[lane] : r_init(comb);
+        v = lane < nw ? sh[lane] : r_init<T>(comb);
         v = warp_reduce(comb, v);
         if (lane == 0)
             result = v;
@@ -676,16 +757,17 @@ __device__ float block_reduce(int comb, float v)
 // One block per (output, split) work item: threads stride the split's share of the reduced
 // elements (coalesced when the innermost reduced dim is dense). With nsplit > 1 it writes
 // partials for reduce_partials; otherwise the finished value.
-__global__ void reduce_block(__grid_constant__ const tdc_reduce_layout l, const float *x,
-                             float *out, int comb, int map, int fin, const float *aux, float scale,
-                             int nsplit, int64_t chunk)
+template <typename T>
+__global__ void reduce_block(__grid_constant__ const tdc_reduce_layout l, const T *x, T *out,
+                             int comb, int map, int fin, const T *aux, double scale, int nsplit,
+                             int64_t chunk)
 {
     int64_t items = l.nout * nsplit;
     for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
         int64_t o = w / nsplit, s = w - o * nsplit;
         int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
-        float a = aux ? aux[o] : 0.0f;
-        float acc = r_init(comb);
+        T a = aux ? aux[o] : (T)0;
+        T acc = r_init<T>(comb);
         int64_t lo = s * chunk, hi = lo + chunk < l.nred ? lo + chunk : l.nred;
         for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)
             acc = r_comb(comb, acc,
@@ -697,30 +779,32 @@ __global__ void reduce_block(__grid_constant__ const tdc_reduce_layout l, const 
 }
 
 // One warp per output combines its nsplit partials and finishes.
-__global__ void reduce_partials(const float *part, int nsplit, int64_t nout, float *y, int comb,
-                                int fin, const float *aux, float scale)
+template <typename T>
+__global__ void reduce_partials(const T *part, int nsplit, int64_t nout, T *y, int comb, int fin,
+                                const T *aux, double scale)
 {
     int64_t warps = gstride() / 32;
     int lane = threadIdx.x & 31;
     for (int64_t o = gtid() / 32; o < nout; o += warps) {
-        float acc = r_init(comb);
+        T acc = r_init<T>(comb);
         for (int s = lane; s < nsplit; s += 32)
             acc = r_comb(comb, acc, part[o * nsplit + s]);
         acc = warp_reduce(comb, acc);
         if (lane == 0)
-            y[o] = r_finish(fin, acc, aux ? aux[o] : 0.0f, scale);
+            y[o] = r_finish(fin, acc, aux ? aux[o] : (T)0, scale);
     }
 }
 
 // One thread per output: for short reductions, and for reductions over an outer dim where
 // neighbouring threads then read neighbouring elements.
-__global__ void reduce_thread(__grid_constant__ const tdc_reduce_layout l, const float *x, float *y,
-                              int comb, int map, int fin, const float *aux, float scale)
+template <typename T>
+__global__ void reduce_thread(__grid_constant__ const tdc_reduce_layout l, const T *x, T *y,
+                              int comb, int map, int fin, const T *aux, double scale)
 {
     for (int64_t o = gtid(); o < l.nout; o += gstride()) {
         int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
-        float a = aux ? aux[o] : 0.0f;
-        float acc = r_init(comb);
+        T a = aux ? aux[o] : (T)0;
+        T acc = r_init<T>(comb);
         for (int64_t r = 0; r < l.nred; r++)
             acc = r_comb(comb, acc,
                          r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
@@ -729,7 +813,8 @@ __global__ void reduce_thread(__grid_constant__ const tdc_reduce_layout l, const
 }
 
 // Is (v, i) preferred to (w, j)? NaN first, then the larger (or smaller), then the lower index.
-__device__ __forceinline__ bool arg_better(float v, int64_t i, float w, int64_t j, int is_max)
+template <typename T>
+__device__ __forceinline__ bool arg_better(T v, int64_t i, T w, int64_t j, int is_max)
 {
     bool vn = v != v, wn = w != w;
     if (vn || wn)
@@ -741,25 +826,26 @@ __device__ __forceinline__ bool arg_better(float v, int64_t i, float w, int64_t 
 
 // One block per output (argmax/argmin are not split yet: a full reduction of a huge tensor
 // runs on one multiprocessor).
-__global__ void argreduce_block(__grid_constant__ const tdc_reduce_layout l, const float *x,
-                                int64_t *y, int is_max)
+template <typename T>
+__global__ void argreduce_block(__grid_constant__ const tdc_reduce_layout l, const T *x, int64_t *y,
+                                int is_max)
 {
-    __shared__ float sv[32];
+    __shared__ T sv[32];
     __shared__ int64_t si[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     for (int64_t o = blockIdx.x; o < l.nout; o += gridDim.x) {
         int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
-        float bv = NAN;
+        T bv = (T)0;
         int64_t bi = -1; // -1: nothing seen yet
         for (int64_t r = threadIdx.x; r < l.nred; r += blockDim.x) {
-            float v = x[base + flat_offset(l.rshape, l.rstride, l.nr, r)];
+            T v = x[base + flat_offset(l.rshape, l.rstride, l.nr, r)];
             if (bi < 0 || arg_better(v, r, bv, bi, is_max)) {
                 bv = v;
                 bi = r;
             }
         }
         for (int s = 16; s > 0; s >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, s);
+            T ov = __shfl_xor_sync(0xffffffffu, bv, s);
             int64_t oi = __shfl_xor_sync(0xffffffffu, bi, s);
             if (oi >= 0 && (bi < 0 || arg_better(ov, oi, bv, bi, is_max))) {
                 bv = ov;
@@ -783,15 +869,16 @@ __global__ void argreduce_block(__grid_constant__ const tdc_reduce_layout l, con
     }
 }
 
-__global__ void argreduce_thread(__grid_constant__ const tdc_reduce_layout l, const float *x,
+template <typename T>
+__global__ void argreduce_thread(__grid_constant__ const tdc_reduce_layout l, const T *x,
                                  int64_t *y, int is_max)
 {
     for (int64_t o = gtid(); o < l.nout; o += gstride()) {
         int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
-        float bv = x[base];
+        T bv = x[base];
         int64_t bi = 0;
         for (int64_t r = 1; r < l.nred; r++) {
-            float v = x[base + flat_offset(l.rshape, l.rstride, l.nr, r)];
+            T v = x[base + flat_offset(l.rshape, l.rstride, l.nr, r)];
             if (arg_better(v, r, bv, bi, is_max)) {
                 bv = v;
                 bi = r;
@@ -805,24 +892,25 @@ __global__ void argreduce_thread(__grid_constant__ const tdc_reduce_layout l, co
 
 // One block per row: max, sum of exp, then the write (three passes over the row; the
 // second and third hit L2 for rows that fit).
-__global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, float *y, const float *x,
+template <typename T>
+__global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, T *y, const T *x,
                              int log_out)
 {
     for (int64_t row = blockIdx.x; row < l.nrows; row += gridDim.x) {
         int64_t xo = flat_offset(l.kshape, l.kstride, l.nk, row);
         int64_t yo = flat_offset(l.kshape, l.ostride, l.nk, row);
-        float m = -INFINITY;
+        T m = (T)-INFINITY;
         for (int64_t j = threadIdx.x; j < l.n; j += blockDim.x)
             m = r_comb(TDC_R_MAX, m, x[xo + j * l.xs]);
         m = block_reduce(TDC_R_MAX, m);
-        float s = 0.0f;
+        T s = (T)0;
         for (int64_t j = threadIdx.x; j < l.n; j += blockDim.x)
-            s += expf(x[xo + j * l.xs] - m);
+            s += m_exp(x[xo + j * l.xs] - m);
         s = block_reduce(TDC_R_SUM, s);
-        float ls = logf(s);
+        T ls = m_log(s);
         for (int64_t j = threadIdx.x; j < l.n; j += blockDim.x) {
-            float v = x[xo + j * l.xs] - m;
-            y[yo + j * l.ys] = log_out ? v - ls : expf(v) / s;
+            T v = x[xo + j * l.xs] - m;
+            y[yo + j * l.ys] = log_out ? v - ls : m_exp(v) / s;
         }
     }
 }
@@ -885,19 +973,20 @@ __global__ void class_loss_total(int64_t N, const float *v, const float *cnt, fl
 }
 
 // One warp per row: 32-element tiles scanned with shuffles, carrying the running total.
-__global__ void cumsum_rows(__grid_constant__ const tdc_rows_layout l, float *y, const float *x)
+template <typename T>
+__global__ void cumsum_rows(__grid_constant__ const tdc_rows_layout l, T *y, const T *x)
 {
     int64_t warps = gstride() / 32;
     int lane = threadIdx.x & 31;
     for (int64_t row = gtid() / 32; row < l.nrows; row += warps) {
         int64_t xo = flat_offset(l.kshape, l.kstride, l.nk, row);
         int64_t yo = flat_offset(l.kshape, l.ostride, l.nk, row);
-        float carry = 0.0f;
+        T carry = (T)0;
         for (int64_t j0 = 0; j0 < l.n; j0 += 32) {
             int64_t j = j0 + lane;
-            float v = j < l.n ? x[xo + j * l.xs] : 0.0f;
+            T v = j < l.n ? x[xo + j * l.xs] : (T)0;
             for (int s = 1; s < 32; s <<= 1) {
-                float t = __shfl_up_sync(0xffffffffu, v, s);
+                T t = __shfl_up_sync(0xffffffffu, v, s);
                 if (lane >= s)
                     v += t;
             }
@@ -1264,16 +1353,14 @@ static bool thread_per_output(const tdc_reduce_layout *l)
     return l->rstride[l->nr - 1] != 1 && l->kstride[l->nk - 1] == 1 && l->nout >= 1024;
 }
 
-extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, float *y,
-                                  const float *x, tdc_combine comb, tdc_map map, tdc_finish fin,
-                                  const float *aux, float scale)
+template <typename T>
+static cudaError_t reduce_t(const tdc_dev *d, const tdc_reduce_layout *l, T *y, const T *x,
+                            int comb, int map, int fin, const T *aux, double scale)
 {
-    if (l->nout == 0)
-        return cudaSuccess;
     cudaStream_t s = d->stream;
     if (thread_per_output(l)) {
-        tdc_launch(grid_for(d, l->nout), kThreads, 0, s, reduce_thread)(*l, x, y, comb, map, fin,
-                                                                        aux, scale);
+        tdc_launch(grid_for(d, l->nout), kThreads, 0, s, reduce_thread<T>)(*l, x, y, comb, map, fin,
+                                                                           aux, scale);
         return launched();
     }
     // Few outputs over many elements: split each reduction so every SM gets blocks.
@@ -1294,55 +1381,109 @@ extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, 
     int grid = (int)(items < 65535 * 8 ? items : 65535 * 8);
     int threads = block_for(chunk);
     if (nsplit == 1) {
-        tdc_launch(grid, threads, 0, s, reduce_block)(*l, x, y, comb, map, fin, aux, scale, 1,
-                                                      chunk);
+        tdc_launch(grid, threads, 0, s, reduce_block<T>)(*l, x, y, comb, map, fin, aux, scale, 1,
+                                                         chunk);
         return launched();
     }
-    float *part = nullptr;
-    cudaError_t e = cudaMallocAsync((void **)&part, (size_t)items * sizeof(float), s);
+    T *part = nullptr;
+    cudaError_t e = cudaMallocAsync((void **)&part, (size_t)items * sizeof(T), s);
     if (e != cudaSuccess)
         return e;
-    tdc_launch(grid, threads, 0, s, reduce_block)(*l, x, part, comb, map, fin, aux, scale,
-                                                  (int)nsplit, chunk);
+    tdc_launch(grid, threads, 0, s, reduce_block<T>)(*l, x, part, comb, map, fin, aux, scale,
+                                                     (int)nsplit, chunk);
     e = launched();
     if (e == cudaSuccess) {
         tdc_launch(grid_for(d, l->nout * 32), kThreads, 0, s,
-                   reduce_partials)(part, (int)nsplit, l->nout, y, comb, fin, aux, scale);
+                   reduce_partials<T>)(part, (int)nsplit, l->nout, y, comb, fin, aux, scale);
         e = launched();
     }
     cudaError_t f = cudaFreeAsync(part, s);
     return e != cudaSuccess ? e : f;
 }
 
-extern "C" cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y,
-                                     const float *x, int is_max)
+extern "C" cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, int dt, void *y,
+                                  const void *x, tdc_combine comb, tdc_map map, tdc_finish fin,
+                                  const void *aux, double scale)
 {
     if (l->nout == 0)
         return cudaSuccess;
+    switch (dt) {
+    case 1:
+        return reduce_t(d, l, (float *)y, (const float *)x, comb, map, fin, (const float *)aux,
+                        scale);
+    case 2:
+        return reduce_t(d, l, (double *)y, (const double *)x, comb, map, fin, (const double *)aux,
+                        scale);
+    case 6:
+        return reduce_t(d, l, (int64_t *)y, (const int64_t *)x, comb, map, fin,
+                        (const int64_t *)aux, scale);
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
+
+template <typename T>
+static cudaError_t argreduce_t(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y, const T *x,
+                               int is_max)
+{
     if (thread_per_output(l)) {
-        tdc_launch(grid_for(d, l->nout), kThreads, 0, d->stream, argreduce_thread)(*l, x, y,
-                                                                                   is_max);
+        tdc_launch(grid_for(d, l->nout), kThreads, 0, d->stream, argreduce_thread<T>)(*l, x, y,
+                                                                                      is_max);
     } else {
         int grid = (int)(l->nout < 65535 * 8 ? l->nout : 65535 * 8);
-        tdc_launch(grid, block_for(l->nred), 0, d->stream, argreduce_block)(*l, x, y, is_max);
+        tdc_launch(grid, block_for(l->nred), 0, d->stream, argreduce_block<T>)(*l, x, y, is_max);
     }
     return launched();
 }
 
-extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, float *y,
-                                const float *x)
+extern "C" cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int dt,
+                                     int64_t *y, const void *x, int is_max)
+{
+    if (l->nout == 0)
+        return cudaSuccess;
+    switch (dt) {
+    case 1:
+        return argreduce_t(d, l, y, (const float *)x, is_max);
+    case 2:
+        return argreduce_t(d, l, y, (const double *)x, is_max);
+    case 6:
+        return argreduce_t(d, l, y, (const int64_t *)x, is_max);
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
+
+template <typename T>
+static cudaError_t rows_t(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, T *y,
+                          const T *x)
+{
+    cudaStream_t s = d->stream;
+    if (op == TDC_CUMSUM) {
+        tdc_launch(grid_for(d, l->nrows * 32), kThreads, 0, s, cumsum_rows<T>)(*l, y, x);
+    } else if constexpr (num<T>::fp) {
+        int grid = (int)(l->nrows < 65535 * 8 ? l->nrows : 65535 * 8);
+        tdc_launch(grid, block_for(l->n), 0, s, softmax_rows<T>)(*l, y, x, op == TDC_LOG_SOFTMAX);
+    } else {
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, int dt,
+                                void *y, const void *x)
 {
     if (l->nrows == 0 || l->n == 0)
         return cudaSuccess;
-    cudaStream_t s = d->stream;
-    if (op == TDC_CUMSUM) {
-        tdc_launch(grid_for(d, l->nrows * 32), kThreads, 0, s, cumsum_rows)(*l, y, x);
-    } else {
-        // Short rows get a small block rather than 256 mostly idle threads.
-        int grid = (int)(l->nrows < 65535 * 8 ? l->nrows : 65535 * 8);
-        tdc_launch(grid, block_for(l->n), 0, s, softmax_rows)(*l, y, x, op == TDC_LOG_SOFTMAX);
+    switch (dt) {
+    case 1:
+        return rows_t(d, op, l, (float *)y, (const float *)x);
+    case 2:
+        return rows_t(d, op, l, (double *)y, (const double *)x);
+    case 6:
+        return rows_t(d, op, l, (int64_t *)y, (const int64_t *)x);
+    default:
+        return cudaErrorInvalidValue;
     }
-    return launched();
 }
 
 // An error flag in device memory for kernels that check values (indices, integer powers):

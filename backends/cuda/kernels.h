@@ -173,13 +173,15 @@ typedef enum { TDC_M_ID, TDC_M_EXP_SUB_AUX, TDC_M_SQDEV_AUX } tdc_map;
 /* What the combined value becomes: scale*v, log(v)+aux, sqrt(scale*v). */
 typedef enum { TDC_F_SCALE, TDC_F_LOG_ADD_AUX, TDC_F_SQRT_SCALE } tdc_finish;
 
-cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, float *y, const float *x,
-                       tdc_combine comb, tdc_map map, tdc_finish fin, const float *aux,
-                       float scale);
+/* dt (td_dtype number) of x, y and aux: 1 f32, 2 f64, 6 int64 (integer inputs widened by the
+ * caller; sums and products wrap, the float maps and finishes do not apply). */
+cudaError_t tdc_reduce(const tdc_dev *d, const tdc_reduce_layout *l, int dt, void *y, const void *x,
+                       tdc_combine comb, tdc_map map, tdc_finish fin, const void *aux,
+                       double scale);
 /* Index of the max (is_max) or min over the reduced dims (C-order flat index there);
- * NaN wins, ties go to the first index, as PyTorch. */
-cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int64_t *y, const float *x,
-                          int is_max);
+ * NaN wins, ties go to the first index, as PyTorch. x of dt as tdc_reduce's. */
+cudaError_t tdc_argreduce(const tdc_dev *d, const tdc_reduce_layout *l, int dt, int64_t *y,
+                          const void *x, int is_max);
 
 /* Row ops along one dim: rows are the kept dims' elements (kstride for x, ostride for y),
  * each row n elements at stride xs (x) and ys (y). */
@@ -190,8 +192,9 @@ typedef struct {
 } tdc_rows_layout;
 
 typedef enum { TDC_SOFTMAX, TDC_LOG_SOFTMAX, TDC_CUMSUM } tdc_rowop;
-cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, float *y,
-                     const float *x);
+/* dt as tdc_reduce's (softmax and log_softmax: f32, f64). */
+cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, int dt, void *y,
+                     const void *x);
 
 #ifdef __cplusplus
 }
