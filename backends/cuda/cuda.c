@@ -364,12 +364,6 @@ static bool is_half(td_dtype dt)
     return dt == TD_F16 || dt == TD_BF16;
 }
 
-/* Every input one 16-bit float dtype (the f32 kernels run on widened copies). */
-static bool inputs_half(const tdd_opcall *c)
-{
-    return c->n_in > 0 && is_half(c->in[0]->dtype) && inputs_are(c, 1, c->in[0]->dtype);
-}
-
 /* Exactly what execute runs; the daemon asks before every call. */
 static int cuda_supports(void *ctx, const tdd_opcall *c)
 {
@@ -385,8 +379,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     /* A default, not a full list: the op table grows faster than this backend, and an op
      * it lacks must be refused (UNSUPPORTED_OP), not break the build. */
     switch (c->op) {
-    case TDD_OP_WHERE: /* a select of one dtype */
-        return c->in[0]->dtype == TD_BOOL && inputs_are(c, 1, g->dtype) ? 0 : dtype;
+    case TDD_OP_WHERE: /* a select of one dtype (kernel_dtype converts the others) */
+        return c->in[0]->dtype == TD_BOOL ? 0 : dtype;
     case TDD_OP_MASKED_FILL:
         return c->in[0]->dtype == g->dtype ? 0 : dtype;
     case TDD_OP_GATHER:
@@ -396,13 +390,14 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return 0;
     case TDD_OP_SCATTER_ADD: /* f16/bf16 accumulate in f32 copies */
         return 0;
-    case TDD_OP_CROSS_ENTROPY:
+    case TDD_OP_CROSS_ENTROPY: /* f32 and f64 kernels; f16/bf16 through f32 */
     case TDD_OP_NLL_LOSS:
     case TDD_OP_MSE_LOSS:
     case TDD_OP_BCE_WITH_LOGITS:
     case TDD_OP_LAYER_NORM:
-    case TDD_OP_CONV2D:
-        return c->in[0]->dtype == TD_F32 || is_half(c->in[0]->dtype) ? 0 : dtype;
+        return 0;
+    case TDD_OP_CONV2D: /* f32 (f16/bf16 widened) through sgemm; f64 directly */
+        return 0;
     case TDD_OP_DROPOUT:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D: /* f64 too */
@@ -424,8 +419,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return 0;
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
-    case TDD_OP_LINEAR: /* f16/bf16 through f32 copies (via_f32) */
-        return inputs_are(c, 0, TD_F32) || inputs_half(c) ? 0 : dtype;
+    case TDD_OP_LINEAR: /* sgemm; f16/bf16 through f32 copies; f64 and integers: tdc_gemm */
+        return 0;
     case TDD_OP_CLONE:
     case TDD_OP_CAST:
     case TDD_OP_FULL:
@@ -442,13 +437,12 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
-        return g->dtype == TD_F32 || is_half(g->dtype) ? 0 : dtype;
-    case TDD_OP_RANDINT:
-        return g->dtype == TD_I64 ? 0 : dtype;
-    case TDD_OP_ARANGE:
-        return g->dtype == TD_F32 || g->dtype == TD_I64 ? 0 : dtype;
     case TDD_OP_LINSPACE:
-        return g->dtype == TD_F32 || is_half(g->dtype) ? 0 : dtype;
+        return tdd_dtype_is_float(g->dtype) ? 0 : dtype;
+    case TDD_OP_RANDINT:
+        return g->dtype == TD_I64 || g->dtype == TD_I32 ? 0 : dtype;
+    case TDD_OP_ARANGE:
+        return g->dtype == TD_F32 || g->dtype == TD_F64 || g->dtype == TD_I64 ? 0 : dtype;
     default:
         return TD_EUNSUPPORTED_OP;
     }
@@ -740,24 +734,26 @@ static int exec_pointwise_loss(cuda_dev *dv, const tdd_opcall *c)
     const tdd_tensor *x = c->in[0], *t = c->in[1], *y = c->out[0];
     int red = (int)c->args->i[0], bce = c->op == TDD_OP_BCE_WITH_LOGITS;
     const char *name = tdd_opdefs[c->op].name;
+    int dt = (int)x->dtype; /* f32 or f64 */
     tdc_layout l;
     if (red == TDD_RED_NONE) {
         const tdd_tensor *ts[3] = {y, x, t};
         layout_of(&l, x->shape, x->ndim, 3, ts);
         return cuda_rc(
-            dv, tdc_pointwise_loss(&dv->kd, bce, &l, tdd_data(y), tdd_data(x), tdd_data(t)), name);
+            dv, tdc_pointwise_loss(&dv->kd, bce, dt, &l, tdd_data(y), tdd_data(x), tdd_data(t)),
+            name);
     }
     int64_t n = tdd_numel(x);
-    float *v = NULL;
+    void *v = NULL;
     int rc = cuda_rc(
-        dv, cudaMallocAsync((void **)&v, (size_t)(n > 0 ? n : 1) * sizeof(float), dv->stream),
+        dv, cudaMallocAsync(&v, (size_t)(n > 0 ? n : 1) * td_dtype_size(x->dtype), dv->stream),
         name);
     if (rc)
         return rc;
-    tdd_tensor d = dense_like(x, TD_F32);
+    tdd_tensor d = dense_like(x, x->dtype);
     const tdd_tensor *ts[3] = {&d, x, t};
     layout_of(&l, x->shape, x->ndim, 3, ts);
-    cudaError_t e = tdc_pointwise_loss(&dv->kd, bce, &l, v, tdd_data(x), tdd_data(t));
+    cudaError_t e = tdc_pointwise_loss(&dv->kd, bce, dt, &l, v, tdd_data(x), tdd_data(t));
     if (!e) { /* the sum (or mean: 0/0 is NaN, as ref) of the n values */
         tdc_reduce_layout r;
         memset(&r, 0, sizeof r);
@@ -766,7 +762,7 @@ static int exec_pointwise_loss(cuda_dev *dv, const tdd_opcall *c)
         r.nred = r.rshape[0] = n;
         r.rstride[0] = 1;
         double scale = red == TDD_RED_MEAN ? 1.0 / (double)n : 1.0;
-        e = tdc_reduce(&dv->kd, &r, TD_F32, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL,
+        e = tdc_reduce(&dv->kd, &r, dt, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL,
                        scale);
     }
     (void)cudaFreeAsync(v, dv->stream);
@@ -815,9 +811,9 @@ static int exec_nn(cuda_dev *dv, const tdd_opcall *c)
         int64_t D = 1, n = tdd_numel(x);
         for (int k = 0; k < g->i[0]; k++)
             D *= x->shape[x->ndim - 1 - k];
-        e = tdc_layer_norm(&dv->kd, D ? n / D : 0, D, tdd_data(x), tdd_data(y),
+        e = tdc_layer_norm(&dv->kd, (int)x->dtype, D ? n / D : 0, D, tdd_data(x), tdd_data(y),
                            (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
-                           (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, (float)g->f[0]);
+                           (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, g->f[0]);
         break;
     }
     case TDD_OP_MAX_POOL2D:
@@ -847,6 +843,12 @@ static int exec_conv2d(cuda_dev *dv, const tdd_opcall *c)
     int64_t K = Cg * p.k[0] * p.k[1], P = p.Ho * p.Wo;
     if (P > INT_MAX || Og > INT_MAX || K > INT_MAX || p.N > INT_MAX || O * P > INT64_MAX / 2)
         return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
+    if (x->dtype == TD_F64)
+        return cuda_rc(dv,
+                       tdc_conv2d_f64(&dv->kd, &p, tdd_data(x), tdd_data(w),
+                                      (g->flags & 4u) ? tdd_data(c->in[2]) : NULL, tdd_data(y), O,
+                                      Cg, Og),
+                       "conv2d");
     float *yp = tdd_data(y), beta = 0.0f;
     int rc = 0;
     if (g->flags & 4u) {
@@ -962,6 +964,31 @@ static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch
     return 0;
 }
 
+/* matmul/bmm/linear in f64 and integers (tdc_gemm); a bias is written first. */
+static int exec_gemm_naive(cuda_dev *dv, const tdd_opcall *c, const tdd_tensor *a,
+                           const tdd_tensor *b, const tdd_tensor *y, int nb, int64_t M, int64_t N,
+                           int64_t K)
+{
+    int acc = 0, rc = 0;
+    if (c->op == TDD_OP_LINEAR && (c->args->flags & 4u)) {
+        const tdd_tensor *bias = c->in[2];
+        const tdd_tensor *ts[2] = {y, bias};
+        tdc_layout l;
+        layout_of(&l, y->shape, y->ndim, 2, ts);
+        rc = cuda_rc(
+            dv, tdc_copy(&dv->kd, &l, tdd_data(y), tdd_data(bias), (int)td_dtype_size(y->dtype)),
+            "linear bias");
+        acc = 1;
+    }
+    if (rc)
+        return rc;
+    tdc_view yv = view_of(y), av = view_of(a), bv = view_of(b);
+    return cuda_rc(
+        dv,
+        tdc_gemm(&dv->kd, &yv, tdd_data(y), &av, tdd_data(a), &bv, tdd_data(b), nb, M, N, K, acc),
+        tdd_opdefs[c->op].name);
+}
+
 static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
@@ -974,6 +1001,8 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
     float *yp = tdd_data(c->out[0]);
     if (batch == 0 || M == 0 || N == 0)
         return 0;
+    if (c->out[0]->dtype != TD_F32)
+        return exec_gemm_naive(dv, c, &a, &b, &y, nb, M, N, K);
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX)
         return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
     float beta = 0.0f;
@@ -1049,18 +1078,18 @@ static int exec_create(cuda_dev *dv, const tdd_opcall *c)
         break;
     case TDD_OP_ARANGE:
         e = y->dtype == TD_I64 ? tdc_arange_i64(&dv->kd, yp, n, g->n[0], g->n[2])
-                               : tdc_arange_f32(&dv->kd, yp, n, g->f[0], g->f[2]);
+                               : tdc_arange_f(&dv->kd, (int)y->dtype, yp, n, g->f[0], g->f[2]);
         break;
     case TDD_OP_LINSPACE:
-        e = tdc_linspace_f32(&dv->kd, yp, n, g->f[0], g->f[1]);
+        e = tdc_linspace_f(&dv->kd, (int)y->dtype, yp, n, g->f[0], g->f[1]);
         break;
     case TDD_OP_RAND:
     case TDD_OP_RANDN:
-        e = tdc_random_fill(&dv->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp, n, g->seed, 0,
-                            0);
+        e = tdc_random_fill(&dv->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp, (int)y->dtype,
+                            n, g->seed, 0, 0);
         break;
     case TDD_OP_RANDINT:
-        e = tdc_random_fill(&dv->kd, TDC_RANDINT, yp, n, g->seed, g->n[0],
+        e = tdc_random_fill(&dv->kd, TDC_RANDINT, yp, (int)y->dtype, n, g->seed, g->n[0],
                             (uint64_t)g->n[1] - (uint64_t)g->n[0]);
         break;
     default:
@@ -1171,8 +1200,9 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
 {
     if (tdd_ew_arity(c->op) || tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return t->dtype;
+    if (c->op == TDD_OP_WHERE) /* a select: both values in the promoted dtype */
+        return out || t == c->in[0] ? t->dtype : c->out[0]->dtype;
     switch (c->op) {
-    case TDD_OP_WHERE:
     case TDD_OP_MASKED_FILL:
     case TDD_OP_GATHER:
     case TDD_OP_INDEX_SELECT:

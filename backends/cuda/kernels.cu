@@ -512,19 +512,19 @@ template <typename T> __global__ void fill_kernel(T *y, int64_t n, T v)
         y[i] = v;
 }
 
-__global__ void arange_f32_kernel(float *y, int64_t n, double start, double step)
+template <typename T> __global__ void arange_f_kernel(T *y, int64_t n, double start, double step)
 {
     for (int64_t i = gtid(); i < n; i += gstride())
-        y[i] = (float)(start + (double)i * step);
+        y[i] = (T)(start + (double)i * step);
 }
 
-__global__ void linspace_f32_kernel(float *y, int64_t n, double start, double end)
+template <typename T> __global__ void linspace_f_kernel(T *y, int64_t n, double start, double end)
 {
     double step = n > 1 ? (end - start) / (double)(n - 1) : 0.0;
     // Counting from both ends keeps the last value exactly end, as PyTorch.
     for (int64_t i = gtid(); i < n; i += gstride())
-        y[i] = (float)(i < n / 2 || n == 1 ? start + step * (double)i
-                                           : end - step * (double)(n - 1 - i));
+        y[i] =
+            (T)(i < n / 2 || n == 1 ? start + step * (double)i : end - step * (double)(n - 1 - i));
 }
 
 __global__ void arange_i64_kernel(int64_t *y, int64_t n, int64_t start, int64_t step)
@@ -566,19 +566,30 @@ __device__ __forceinline__ uint64_t rng_u64(uint64_t seed, uint64_t i)
     return z ^ (z >> 31);
 }
 
-__global__ void random_kernel(int kind, void *y, int64_t n, uint64_t seed, int64_t lo,
+__global__ void random_kernel(int kind, void *y, int dt, int64_t n, uint64_t seed, int64_t lo,
                               uint64_t range)
 {
     for (int64_t i = gtid(); i < n; i += gstride()) {
         uint64_t k = (uint64_t)i;
-        if (kind == TDC_RAND) {
-            ((float *)y)[i] = (float)((double)(rng_u64(seed, k) >> 40) * 0x1.0p-24);
+        if (kind == TDC_RAND) { // 24 bits for f32 (a cast never rounds up to 1), 53 for f64
+            if (dt == 2)
+                ((double *)y)[i] = (double)(rng_u64(seed, k) >> 11) * 0x1.0p-53;
+            else
+                ((float *)y)[i] = (float)((double)(rng_u64(seed, k) >> 40) * 0x1.0p-24);
         } else if (kind == TDC_RANDN) {
             double u1 = (double)(rng_u64(seed, 2 * k) >> 11) * 0x1.0p-53;
             double u2 = (double)(rng_u64(seed, 2 * k + 1) >> 11) * 0x1.0p-53;
-            ((float *)y)[i] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
+            double v = sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+            if (dt == 2)
+                ((double *)y)[i] = v;
+            else
+                ((float *)y)[i] = (float)v;
         } else {
-            ((int64_t *)y)[i] = (int64_t)((uint64_t)lo + rng_u64(seed, k) % range);
+            int64_t v = (int64_t)((uint64_t)lo + rng_u64(seed, k) % range);
+            if (dt == 5)
+                ((int32_t *)y)[i] = (int32_t)v;
+            else
+                ((int64_t *)y)[i] = v;
         }
     }
 }
@@ -917,34 +928,35 @@ __global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, T *y, co
 
 // cross_entropy / nll_loss: one block per row of x (N rows of C at strides rs, cs). Each row's
 // loss goes to v[row] and, for the reductions, whether it counted to cnt[row].
-__global__ void class_loss_rows(int is_ce, int64_t N, int64_t C, int64_t rs, int64_t cs,
-                                const float *x, const void *t, int tdt, int64_t ts, int64_t ignore,
-                                float eps, float *v, float *cnt, int *bad)
+template <typename T>
+__global__ void class_loss_rows(int is_ce, int64_t N, int64_t C, int64_t rs, int64_t cs, const T *x,
+                                const void *t, int tdt, int64_t ts, int64_t ignore, T eps, T *v,
+                                T *cnt, int *bad)
 {
     for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
         int64_t cls = load_i(t, tdt, row * ts);
-        const float *xr = x + row * rs;
-        float loss = 0.0f, counted = 0.0f;
+        const T *xr = x + row * rs;
+        T loss = (T)0, counted = (T)0;
         if (cls != ignore && (cls < 0 || cls >= C)) { // the same for the whole block
             if (threadIdx.x == 0)
                 *bad = 1;
         } else if (cls != ignore) {
-            counted = 1.0f;
+            counted = (T)1;
             if (is_ce) {
-                float m = -INFINITY;
+                T m = -INFINITY;
                 for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
                     m = r_comb(TDC_R_MAX, m, xr[j * cs]);
                 m = shift_of(block_reduce(TDC_R_MAX, m));
-                float s = 0.0f, sx = 0.0f;
+                T s = (T)0, sx = (T)0;
                 for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-                    s += expf(xr[j * cs] - m);
+                    s += m_exp(xr[j * cs] - m);
                     sx += xr[j * cs];
                 }
-                float lse = logf(block_reduce(TDC_R_SUM, s)) + m;
+                T lse = m_log(block_reduce(TDC_R_SUM, s)) + m;
                 loss = lse - xr[cls * cs];
-                if (eps > 0.0f) {
+                if (eps > (T)0) {
                     sx = block_reduce(TDC_R_SUM, sx);
-                    loss = (1.0f - eps) * loss + eps * (lse - sx / (float)C);
+                    loss = ((T)1 - eps) * loss + eps * (lse - sx / (T)C);
                 }
             } else {
                 loss = -xr[cls * cs];
@@ -959,9 +971,10 @@ __global__ void class_loss_rows(int is_ce, int64_t N, int64_t C, int64_t rs, int
 }
 
 // The reductions of class_loss_rows' output: one block; mean divides by the rows counted.
-__global__ void class_loss_total(int64_t N, const float *v, const float *cnt, float *y, int mean)
+template <typename T>
+__global__ void class_loss_total(int64_t N, const T *v, const T *cnt, T *y, int mean)
 {
-    float s = 0.0f, c = 0.0f;
+    T s = (T)0, c = (T)0;
     for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
         s += v[i];
         c += cnt[i];
@@ -1017,23 +1030,24 @@ __global__ void dropout_kernel(__grid_constant__ const tdc_layout l, void *y, in
 
 // layer_norm over dense rows of D: one block per row, mean then the squared deviations (two
 // passes, as var), then the write with the optional weight and bias.
-__global__ void layer_norm_rows(int64_t rows, int64_t D, const float *x, float *y, const float *w,
-                                const float *b, float eps)
+template <typename T>
+__global__ void layer_norm_rows(int64_t rows, int64_t D, const T *x, T *y, const T *w, const T *b,
+                                T eps)
 {
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const float *xr = x + row * D;
-        float s = 0.0f;
+        const T *xr = x + row * D;
+        T s = (T)0;
         for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
             s += xr[j];
-        float mean = block_reduce(TDC_R_SUM, s) / (float)D;
-        float ss = 0.0f;
+        T mean = block_reduce(TDC_R_SUM, s) / (T)D;
+        T ss = (T)0;
         for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-            float t = xr[j] - mean;
+            T t = xr[j] - mean;
             ss += t * t;
         }
-        float rstd = 1.0f / sqrtf(block_reduce(TDC_R_SUM, ss) / (float)D + eps);
+        T rstd = (T)1 / m_sqrt(block_reduce(TDC_R_SUM, ss) / (T)D + eps);
         for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-            float v = (xr[j] - mean) * rstd;
+            T v = (xr[j] - mean) * rstd;
             if (w)
                 v *= w[j];
             if (b)
@@ -1104,16 +1118,79 @@ __global__ void im2col_kernel(__grid_constant__ const tdc_pool p, const float *x
 }
 
 // mse_loss / binary_cross_entropy_with_logits elementwise: operands v, x, t.
-__global__ void pointwise_loss(int bce, __grid_constant__ const tdc_layout l, float *v,
-                               const float *x, const float *t)
+template <typename T>
+__global__ void pointwise_loss(int bce, __grid_constant__ const tdc_layout l, T *v, const T *x,
+                               const T *t)
 {
     for (int64_t i = gtid(); i < l.numel; i += gstride()) {
         int64_t off[3] = {i, i, i};
         if (!l.contig)
             offsets<3>(l, i, off);
-        float a = x[off[1]], b = t[off[2]];
+        T a = x[off[1]], b = t[off[2]];
         v[off[0]] =
-            bce ? (a > 0.0f ? a : 0.0f) - a * b + log1pf(expf(-fabsf(a))) : (a - b) * (a - b);
+            bce ? (a > (T)0 ? a : (T)0) - a * b + log1p(m_exp(-fabs(a))) : (a - b) * (a - b);
+    }
+}
+
+// GEMMs cuBLAS has no S-gemm for (f64, integers): one thread per output element over the batch
+// (nb batch dims of y; a size-1 batch dim of a or b broadcasts), y = (acc ? y : 0) + a b.
+// Integers accumulate in wrapping int64 and narrow on store.
+template <typename T>
+__global__ void gemm_naive(__grid_constant__ const tdc_view y, void *yp,
+                           __grid_constant__ const tdc_view a, const void *ap,
+                           __grid_constant__ const tdc_view b, const void *bp, int nb, int64_t M,
+                           int64_t N, int64_t K, int acc, int64_t total)
+{
+    for (int64_t e = gtid(); e < total; e += gstride()) {
+        int64_t n = e % N, m = (e / N) % M, r = e / (M * N);
+        int64_t yo = 0, ao = 0, bo = 0;
+        for (int d = nb - 1; d >= 0; d--) {
+            int64_t i = r % y.shape[d];
+            r /= y.shape[d];
+            yo += i * y.strides[d];
+            ao += a.shape[d] == 1 ? 0 : i * a.strides[d];
+            bo += b.shape[d] == 1 ? 0 : i * b.strides[d];
+        }
+        ao += m * a.strides[nb];
+        bo += n * b.strides[nb + 1];
+        yo += m * y.strides[nb] + n * y.strides[nb + 1];
+        T s = (T)0;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t ak = ao + k * a.strides[nb + 1], bk = bo + k * b.strides[nb];
+            if constexpr (num<T>::fp)
+                s += (T)load_f(ap, a.dt, ak) * (T)load_f(bp, b.dt, bk);
+            else
+                s = (T)((uint64_t)s +
+                        (uint64_t)load_i(ap, a.dt, ak) * (uint64_t)load_i(bp, b.dt, bk));
+        }
+        if constexpr (num<T>::fp)
+            store_f(yp, y.dt, yo, (double)((acc ? (T)load_f(yp, y.dt, yo) : (T)0) + s));
+        else
+            store_i(yp, y.dt, yo,
+                    (int64_t)((uint64_t)(acc ? load_i(yp, y.dt, yo) : 0) + (uint64_t)s));
+    }
+}
+
+// conv2d directly (f64): one thread per output, as the reference sums it.
+__global__ void conv_direct(__grid_constant__ const tdc_pool p, const double *x, const double *w,
+                            const double *bias, double *y, int64_t O, int64_t Cg, int64_t Og)
+{
+    int64_t n = p.N * O * p.Ho * p.Wo;
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t ow = e % p.Wo, oh = (e / p.Wo) % p.Ho, oc = (e / (p.Wo * p.Ho)) % O;
+        int64_t b = e / (p.Wo * p.Ho * O), grp = oc / Og;
+        double s = bias ? bias[oc] : 0.0;
+        for (int64_t ic = 0; ic < Cg; ic++)
+            for (int64_t i = 0; i < p.k[0]; i++)
+                for (int64_t j = 0; j < p.k[1]; j++) {
+                    int64_t h = oh * p.stride[0] - p.pad[0] + i * p.dil[0];
+                    int64_t ww = ow * p.stride[1] - p.pad[1] + j * p.dil[1];
+                    if (h < 0 || h >= p.H || ww < 0 || ww >= p.W)
+                        continue;
+                    s += x[((b * p.C + grp * Cg + ic) * p.H + h) * p.W + ww] *
+                         w[((oc * Cg + ic) * p.k[0] + i) * p.k[1] + j];
+                }
+        y[e] = s;
     }
 }
 
@@ -1250,21 +1327,31 @@ extern "C" cudaError_t tdc_fill(const tdc_dev *d, void *y, int64_t n, int elsize
     return launched();
 }
 
-extern "C" cudaError_t tdc_arange_f32(const tdc_dev *d, float *y, int64_t n, double start,
-                                      double step)
+extern "C" cudaError_t tdc_arange_f(const tdc_dev *d, int dt, void *y, int64_t n, double start,
+                                    double step)
 {
     if (n == 0)
         return cudaSuccess;
-    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, arange_f32_kernel)(y, n, start, step);
+    if (dt == 2)
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, arange_f_kernel<double>)((double *)y, n,
+                                                                                    start, step);
+    else
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, arange_f_kernel<float>)((float *)y, n,
+                                                                                   start, step);
     return launched();
 }
 
-extern "C" cudaError_t tdc_linspace_f32(const tdc_dev *d, float *y, int64_t n, double start,
-                                        double end)
+extern "C" cudaError_t tdc_linspace_f(const tdc_dev *d, int dt, void *y, int64_t n, double start,
+                                      double end)
 {
     if (n == 0)
         return cudaSuccess;
-    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, linspace_f32_kernel)(y, n, start, end);
+    if (dt == 2)
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream,
+                   linspace_f_kernel<double>)((double *)y, n, start, end);
+    else
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, linspace_f_kernel<float>)((float *)y, n,
+                                                                                     start, end);
     return launched();
 }
 
@@ -1335,12 +1422,13 @@ extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, c
     return launched();
 }
 
-extern "C" cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int64_t n,
-                                       uint64_t seed, int64_t lo, uint64_t range)
+extern "C" cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int dt,
+                                       int64_t n, uint64_t seed, int64_t lo, uint64_t range)
 {
     if (n == 0)
         return cudaSuccess;
-    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, random_kernel)(kind, y, n, seed, lo, range);
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, random_kernel)(kind, y, dt, n, seed, lo,
+                                                                      range);
     return launched();
 }
 
@@ -1642,41 +1730,55 @@ extern "C" cudaError_t tdc_one_hot(const tdc_dev *d, const tdc_view *x, const vo
     return flag_read(d, flag, launched(), bad);
 }
 
+template <typename T>
+static cudaError_t class_loss_t(const tdc_dev *d, int is_ce, const tdc_view *x, const T *xp,
+                                const tdc_view *t, const void *tp, T *y, int reduction,
+                                int64_t ignore_index, double smoothing, int *flag)
+{
+    int64_t C = x->shape[x->ndim - 1], N = x->ndim == 2 ? x->shape[0] : 1;
+    int64_t cs = x->strides[x->ndim - 1], rs = x->ndim == 2 ? x->strides[0] : 0;
+    int64_t ts = t->ndim ? t->strides[0] : 0;
+    cudaStream_t s = d->stream;
+    T *scratch = nullptr;
+    cudaError_t e = cudaSuccess;
+    if (reduction != 0 && N > 0)
+        e = cudaMallocAsync((void **)&scratch, (size_t)N * 2 * sizeof(T), s);
+    if (e == cudaSuccess && N > 0) {
+        int grid = (int)(N < 65535 * 8 ? N : 65535 * 8);
+        T *v = reduction ? scratch : y, *cnt = reduction ? scratch + N : nullptr;
+        tdc_launch(grid, block_for(C), 0, s, class_loss_rows<T>)(
+            is_ce, N, C, rs, cs, xp, tp, t->dt, ts, ignore_index, (T)smoothing, v, cnt, flag);
+        e = launched();
+    }
+    if (e == cudaSuccess && reduction != 0) {
+        if (N > 0)
+            tdc_launch(1, kThreads, 0, s, class_loss_total<T>)(N, scratch, scratch + N, y,
+                                                               reduction == 1);
+        else // no rows: the sum is 0, the mean 0/0
+            tdc_launch(1, 1, 0, s, fill_kernel<T>)(y, 1, reduction == 1 ? (T)NAN : (T)0);
+        e = launched();
+    }
+    if (scratch)
+        cudaFreeAsync(scratch, s);
+    return e;
+}
+
 extern "C" cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x,
                                       const void *xp, const tdc_view *t, const void *tp, void *y,
                                       int reduction, int64_t ignore_index, double smoothing,
                                       int *bad)
 {
     *bad = 0;
-    int64_t C = x->shape[x->ndim - 1], N = x->ndim == 2 ? x->shape[0] : 1;
-    int64_t cs = x->strides[x->ndim - 1], rs = x->ndim == 2 ? x->strides[0] : 0;
-    int64_t ts = t->ndim ? t->strides[0] : 0;
-    cudaStream_t s = d->stream;
-    float *scratch = nullptr;
     int *flag = nullptr;
     cudaError_t e = flag_new(d, &flag);
-    if (e == cudaSuccess && reduction != 0 && N > 0)
-        e = cudaMallocAsync((void **)&scratch, (size_t)N * 2 * sizeof(float), s);
-    if (e == cudaSuccess && N > 0) {
-        int grid = (int)(N < 65535 * 8 ? N : 65535 * 8);
-        float *v = reduction ? scratch : (float *)y, *cnt = reduction ? scratch + N : nullptr;
-        tdc_launch(grid, block_for(C), 0, s,
-                   class_loss_rows)(is_ce, N, C, rs, cs, (const float *)xp, tp, t->dt, ts,
-                                    ignore_index, (float)smoothing, v, cnt, flag);
-        e = launched();
-    }
-    if (e == cudaSuccess && reduction != 0) {
-        if (N > 0)
-            tdc_launch(1, kThreads, 0, s, class_loss_total)(N, scratch, scratch + N, (float *)y,
-                                                            reduction == 1);
-        else // no rows: the sum is 0, the mean 0/0
-            tdc_launch(1, 1, 0, s, fill_kernel<float>)((float *)y, 1, reduction == 1 ? NAN : 0.0f);
-        e = launched();
-    }
-    if (scratch)
-        cudaFreeAsync(scratch, s);
-    if (!flag)
+    if (e != cudaSuccess)
         return e;
+    if (x->dt == 2)
+        e = class_loss_t(d, is_ce, x, (const double *)xp, t, tp, (double *)y, reduction,
+                         ignore_index, smoothing, flag);
+    else
+        e = class_loss_t(d, is_ce, x, (const float *)xp, t, tp, (float *)y, reduction, ignore_index,
+                         smoothing, flag);
     return flag_read(d, flag, e, bad);
 }
 
@@ -1690,13 +1792,19 @@ extern "C" cudaError_t tdc_dropout(const tdc_dev *d, const tdc_layout *l, void *
     return launched();
 }
 
-extern "C" cudaError_t tdc_layer_norm(const tdc_dev *d, int64_t rows, int64_t D, const float *x,
-                                      float *y, const float *w, const float *b, float eps)
+extern "C" cudaError_t tdc_layer_norm(const tdc_dev *d, int dt, int64_t rows, int64_t D,
+                                      const void *x, void *y, const void *w, const void *b,
+                                      double eps)
 {
     if (rows == 0 || D == 0)
         return cudaSuccess;
     int grid = (int)(rows < 65535 * 8 ? rows : 65535 * 8);
-    tdc_launch(grid, block_for(D), 0, d->stream, layer_norm_rows)(rows, D, x, y, w, b, eps);
+    if (dt == 2)
+        tdc_launch(grid, block_for(D), 0, d->stream, layer_norm_rows<double>)(
+            rows, D, (const double *)x, (double *)y, (const double *)w, (const double *)b, eps);
+    else
+        tdc_launch(grid, block_for(D), 0, d->stream, layer_norm_rows<float>)(
+            rows, D, (const float *)x, (float *)y, (const float *)w, (const float *)b, (float)eps);
     return launched();
 }
 
@@ -1725,11 +1833,47 @@ extern "C" cudaError_t tdc_im2col(const tdc_dev *d, const tdc_pool *p, const flo
     return launched();
 }
 
-extern "C" cudaError_t tdc_pointwise_loss(const tdc_dev *d, int bce, const tdc_layout *l, float *v,
-                                          const float *x, const float *t)
+extern "C" cudaError_t tdc_pointwise_loss(const tdc_dev *d, int bce, int dt, const tdc_layout *l,
+                                          void *v, const void *x, const void *t)
 {
     if (l->numel == 0)
         return cudaSuccess;
-    tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, pointwise_loss)(bce, *l, v, x, t);
+    int g = grid_for(d, l->numel);
+    if (dt == 2)
+        tdc_launch(g, kThreads, 0, d->stream, pointwise_loss<double>)(
+            bce, *l, (double *)v, (const double *)x, (const double *)t);
+    else
+        tdc_launch(g, kThreads, 0, d->stream,
+                   pointwise_loss<float>)(bce, *l, (float *)v, (const float *)x, (const float *)t);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_gemm(const tdc_dev *d, const tdc_view *y, void *yp, const tdc_view *a,
+                                const void *ap, const tdc_view *b, const void *bp, int nb,
+                                int64_t M, int64_t N, int64_t K, int accumulate)
+{
+    int64_t total = M * N;
+    for (int k = 0; k < nb; k++)
+        total *= y->shape[k];
+    if (total == 0)
+        return cudaSuccess;
+    int g = grid_for(d, total);
+    if (y->dt == 1 || y->dt == 2)
+        tdc_launch(g, kThreads, 0, d->stream, gemm_naive<double>)(*y, yp, *a, ap, *b, bp, nb, M, N,
+                                                                  K, accumulate, total);
+    else
+        tdc_launch(g, kThreads, 0, d->stream, gemm_naive<int64_t>)(*y, yp, *a, ap, *b, bp, nb, M, N,
+                                                                   K, accumulate, total);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_conv2d_f64(const tdc_dev *d, const tdc_pool *p, const double *x,
+                                      const double *w, const double *bias, double *y, int64_t O,
+                                      int64_t Cg, int64_t Og)
+{
+    int64_t n = p->N * O * p->Ho * p->Wo;
+    if (n == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, conv_direct)(*p, x, w, bias, y, O, Cg, Og);
     return launched();
 }

@@ -111,9 +111,9 @@ cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x, const
  * seed per C-order element i (backends/dtype.h's tdd_rng_uniform). */
 cudaError_t tdc_dropout(const tdc_dev *d, const tdc_layout *l, void *y, int dt, const void *x,
                         double p, uint64_t seed);
-/* layer_norm over rows of D dense elements; w, b NULL when absent. */
-cudaError_t tdc_layer_norm(const tdc_dev *d, int64_t rows, int64_t D, const float *x, float *y,
-                           const float *w, const float *b, float eps);
+/* layer_norm over rows of D dense elements of f32 or f64 (dt); w, b NULL when absent. */
+cudaError_t tdc_layer_norm(const tdc_dev *d, int dt, int64_t rows, int64_t D, const void *x,
+                           void *y, const void *w, const void *b, double eps);
 
 /* A 2-D window over dense [N, C, H, W] (pools, conv2d's im2col): output Ho x Wo. */
 typedef struct {
@@ -128,9 +128,20 @@ cudaError_t tdc_pool2d(const tdc_dev *d, const tdc_pool *p, const void *x, void 
 /* col[n][(ic * kh + i) * kw + j][oh * Wo + ow] for input channels g*Cg .. (g+1)*Cg - 1. */
 cudaError_t tdc_im2col(const tdc_dev *d, const tdc_pool *p, const float *x, float *col, int64_t Cg,
                        int64_t g);
-/* mse_loss (bce 0) / binary_cross_entropy_with_logits (bce 1) per element: operands v, x, t. */
-cudaError_t tdc_pointwise_loss(const tdc_dev *d, int bce, const tdc_layout *l, float *v,
-                               const float *x, const float *t);
+/* mse_loss (bce 0) / binary_cross_entropy_with_logits (bce 1) per element, f32 or f64 (dt):
+ * operands v, x, t. */
+cudaError_t tdc_pointwise_loss(const tdc_dev *d, int bce, int dt, const tdc_layout *l, void *v,
+                               const void *x, const void *t);
+
+/* y = (accumulate ? y : 0) + a b over nb batch dims (y's shape; a size-1 batch dim of a or b
+ * broadcasts), [M, K] x [K, N], for the dtypes cuBLAS's sgemm does not take: f64 in double,
+ * integers in wrapping int64 (a, b, y of any dtypes, converted). */
+cudaError_t tdc_gemm(const tdc_dev *d, const tdc_view *y, void *yp, const tdc_view *a,
+                     const void *ap, const tdc_view *b, const void *bp, int nb, int64_t M,
+                     int64_t N, int64_t K, int accumulate);
+/* conv2d of dense f64 [N, C, H, W] by [O, Cg, kh, kw] (groups O / Og), bias NULL or [O]. */
+cudaError_t tdc_conv2d_f64(const tdc_dev *d, const tdc_pool *p, const double *x, const double *w,
+                           const double *bias, double *y, int64_t O, int64_t Cg, int64_t Og);
 
 /* Element copy between two layouts of elsize-byte elements (1, 2, 4 or 8): operands y, x. */
 cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, const void *x, int elsize);
@@ -139,9 +150,10 @@ cudaError_t tdc_cast(const tdc_dev *d, const tdc_layout *l, void *y, int ydt, co
                      int xdt);
 /* Fills n contiguous elsize-byte elements with the bit pattern in the low bytes of bits. */
 cudaError_t tdc_fill(const tdc_dev *d, void *y, int64_t n, int elsize, uint64_t bits);
-/* y[i] = start + i*step (f32); linspace passes end and n so the second half counts down. */
-cudaError_t tdc_arange_f32(const tdc_dev *d, float *y, int64_t n, double start, double step);
-cudaError_t tdc_linspace_f32(const tdc_dev *d, float *y, int64_t n, double start, double end);
+/* y[i] = start + i*step (f32 or f64: dt); linspace passes end and n so the second half counts down.
+ */
+cudaError_t tdc_arange_f(const tdc_dev *d, int dt, void *y, int64_t n, double start, double step);
+cudaError_t tdc_linspace_f(const tdc_dev *d, int dt, void *y, int64_t n, double start, double end);
 cudaError_t tdc_arange_i64(const tdc_dev *d, int64_t *y, int64_t n, int64_t start, int64_t step);
 /* rows x cols identity (C order), any element size. */
 cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t cols, int elsize,
@@ -153,10 +165,11 @@ cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, const void *
                     int64_t rows, int64_t cols, int64_t diagonal, int upper);
 
 /* The counter-based draws of backends/dtype.h, value i of stream seed: uniform [0, 1) with
- * 24 bits (f32), standard normal (f32), or lo + u % range (i64). */
+ * 24 bits (f32) or 53 (f64), standard normal (f32, f64), or lo + u % range (i64, i32); dt the
+ * output's td_dtype number. */
 typedef enum { TDC_RAND, TDC_RANDN, TDC_RANDINT } tdc_random;
-cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int64_t n, uint64_t seed,
-                            int64_t lo, uint64_t range);
+cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int dt, int64_t n,
+                            uint64_t seed, int64_t lo, uint64_t range);
 
 /* A reduction: the input split into kept dims (one output each, outputs contiguous in C
  * order of the kept dims) and reduced dims. */
