@@ -7,8 +7,12 @@
  * except the host copies, which must wait for their bytes. execute() enqueues and returns;
  * a fault inside a kernel surfaces at the next copy or synchronize as DEVICE_UNAVAILABLE.
  *
- * Coverage lags the op table (f32 compute first): supports() names exactly what runs here
- * and everything else is TD_EUNSUPPORTED_OP / TD_EUNSUPPORTED_DTYPE. */
+ * Coverage is the op table's, every dtype the cpu backend runs: supports() lists every op
+ * (no default case) and names exactly what runs here. Elementwise ops compute in float, double
+ * or int64 from elementwise.h; the other kernels are f32, f64 and int64, and via_copies runs
+ * them on f16/bf16 (widened to f32, rounded back once), narrower integers and bool (widened),
+ * and strided operands of the kernels that want dense ones. Kernels that check values (index
+ * and class ranges, integer powers) read a device flag back: INVALID_ARGUMENT, synchronously. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -372,13 +376,29 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     const int dtype = TD_EUNSUPPORTED_DTYPE;
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
-    if (tdd_ew_arity(c->op)) /* elementwise.h's expressions: float, double or int64 */
-        return tdd_dtype_is_float(g->cdtype) || tdd_ew_imode(c->op) != TDD_EWI_NONE ? 0 : dtype;
-    if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
-        return 0; /* a view, or a C-order copy of any dtype */
-    /* A default, not a full list: the op table grows faster than this backend, and an op
-     * it lacks must be refused (UNSUPPORTED_OP), not break the build. */
+    /* Every op of the table, no default: an op added to the table fails this build until
+     * it is placed here (as in ref and cpu). */
     switch (c->op) {
+#define TDC_EW_CASE(e, name, lo, hi, kind) case TDD_OP_##e:
+        TDD_BINARY_OPS(TDC_EW_CASE, TDD_EW_SKIP)
+        TDD_UNARY_OPS(TDC_EW_CASE, TDD_EW_SKIP)
+#undef TDC_EW_CASE
+        /* elementwise.h's expressions: float, double or int64 */
+        return tdd_dtype_is_float(g->cdtype) || tdd_ew_imode(c->op) != TDD_EWI_NONE ? 0 : dtype;
+    case TDD_OP_TRANSPOSE:
+    case TDD_OP_PERMUTE:
+    case TDD_OP_RESHAPE:
+    case TDD_OP_VIEW:
+    case TDD_OP_FLATTEN:
+    case TDD_OP_SQUEEZE:
+    case TDD_OP_UNSQUEEZE:
+    case TDD_OP_EXPAND:
+    case TDD_OP_SLICE:
+    case TDD_OP_CONTIGUOUS:
+    case TDD_OP_DETACH:
+    case TDD_OP_SPLIT:
+    case TDD_OP_CHUNK:
+        return 0;      /* a view, or a C-order copy of any dtype */
     case TDD_OP_WHERE: /* a select of one dtype (kernel_dtype converts the others) */
         return c->in[0]->dtype == TD_BOOL ? 0 : dtype;
     case TDD_OP_MASKED_FILL:
@@ -443,9 +463,10 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return g->dtype == TD_I64 || g->dtype == TD_I32 ? 0 : dtype;
     case TDD_OP_ARANGE:
         return g->dtype == TD_F32 || g->dtype == TD_F64 || g->dtype == TD_I64 ? 0 : dtype;
-    default:
-        return TD_EUNSUPPORTED_OP;
+    case TDD_OP_COUNT:
+        break;
     }
+    return TD_EUNSUPPORTED_OP;
 }
 
 /* ------------------------------------------------------------------ layouts */

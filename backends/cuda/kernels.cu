@@ -1,5 +1,8 @@
-// kernels.cu -- device code of the cuda backend: strided elementwise ops, copies and casts,
-// reductions, row ops (softmax, cumsum), fills. f32 compute; C entry points in kernels.h.
+// kernels.cu -- device code of the cuda backend: strided elementwise ops (every dtype, from
+// elementwise.h), copies and casts, reductions and row ops (softmax, cumsum) in f32/f64/int64,
+// indexing (gather, scatter_add, index_select, embedding, one_hot), losses, layer_norm,
+// dropout, pools, im2col, the GEMMs sgemm lacks, fills and random draws. C entry points in
+// kernels.h.
 //
 // Kept small on purpose (nvcc time on a 2-core builder): the op is a runtime switch inside
 // one kernel per shape of work, and only the bandwidth-bound hot paths (contiguous

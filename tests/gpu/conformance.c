@@ -31,6 +31,24 @@ static const conf_case gpu_cases[] = {
     {"sum", {"x:100000"}, "", "s", 10},
     {"matmul", {"x:33,17", "x:17,65"}, "", "s", 5},
     /* f32 sums of 17 vs ref's */ {"bmm", {"x:3,5,7", "x:3,7,4"}, "", "s", 1},
+    /* rows longer than a block (several strides per thread), several rows per launch */
+    {"cross_entropy", {"x:6,700", "i700:6"}, "label_smoothing=0.2", "sd", 2},
+    {"cross_entropy", {"x:40,33", "i33:40"}, "reduction='sum';ignore_index=5", "s", 2},
+    {"nll_loss", {"x:300,7", "i7:300"}, "", "s", 2},
+    {"layer_norm", {"x:3,700", "x:700", "x:700"}, "normalized_shape=[700]", "sd", 2},
+    {"mse_loss", {"x:50,90", "x:50,90"}, "", "s", 5},
+    /* index moves: many colliding atomics, strided indices, any element size */
+    {"scatter_add", {"x:4,40", "i4:300,40", "x:300,40"}, "dim=0", "sdl", 5},
+    {"gather", {"x:50,30", "i30:50,60"}, "dim=1", "sho", 1},
+    {"index_select", {"x:20,300", "i20:70"}, "dim=0", "sb", 1},
+    {"embedding", {"i100:7,9", "x:100,33"}, "", "s", 1},
+    /* im2col + strided-batched GEMM with groups, several batches */
+    {"conv2d", {"x:3,6,11,9", "x:8,3,3,3", "x:8"}, "groups=2;padding=1;stride=[1,2]", "s", 30},
+    {"max_pool2d", {"x:2,3,17,13"}, "kernel_size=[3,2];stride=2;dilation=[1,2]", "sd", 1},
+    {"avg_pool2d", {"x:2,3,17,13"}, "kernel_size=3;padding=1;count_include_pad=false", "s", 1},
+    /* f64 and integer GEMMs (tdc_gemm) with broadcast batch dims */
+    {"matmul", {"x:2,1,9,13", "x:3,13,5"}, "", "dl", 1},
+    {"sum", {"x:3,5000"}, "dim=1", "dl", 1},
 };
 
 int main(int argc, char **argv)
