@@ -929,8 +929,16 @@ class Tensor:
         if step is not None and int(step) == 0:
             raise ValueError("slice step cannot be zero")
         if step is not None and int(step) < 0:
-            raise ValueError("step must be greater than zero (as in torch); reverse a dim "
-                             "with t.flip(dim)")
+            # numpy's meaning (torch refuses it): the selected indices, in that order,
+            # through one index_select
+            if shape is None:
+                shape = list(self.shape)
+            idx = np.arange(shape[d], dtype=np.int64)[k]
+            out = self._session.op("index_select", self,
+                                   self._session.tensor(idx, device=self.device), dim=d)
+            shape[d] = len(idx)
+            out._meta_from(self, shape)
+            return out
         out = self._op("slice", dim=d, start=None if start is None else int(start),
                        stop=None if stop is None else int(stop),
                        step=None if step is None else int(step))
