@@ -322,11 +322,9 @@ int tdd_bw_fail(tdd_bw *b, int code, const char *fmt, ...)
 {
     if (b->rc)
         return b->rc;
-    memset(&b->err, 0, sizeof b->err);
-    b->err.code = code;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(b->err.message, sizeof b->err.message, fmt, ap);
+    td_error_vset(&b->err, code, fmt, ap);
     va_end(ap);
     b->rc = code;
     return code;

@@ -576,11 +576,9 @@ int tdd_err_devices(td_error *err, int code, const tdd_device *target, const tdd
 {
     if (!err)
         return code;
-    memset(err, 0, sizeof *err);
-    err->code = code;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    td_error_vset(err, code, fmt, ap);
     va_end(ap);
     err->detail_kind = TD_DETAIL_DEVICES;
     fill_device(&err->detail.devices.target, target);
