@@ -50,11 +50,8 @@ int td__from_pb(const Tensordd__V1__Error *e, td_error *err)
     int code = code_from_pb((int)e->code);
     if (!err)
         return code;
-    memset(err, 0, sizeof *err);
-    err->code = code;
+    td_error_set(err, code, "%s", e->message && e->message[0] ? e->message : td_strerror(code));
     err->request_id = e->request_id;
-    copy_str(err->message, sizeof err->message,
-             e->message && e->message[0] ? e->message : td_strerror(code));
 
     switch (e->detail_case) {
     case TENSORDD__V1__ERROR__DETAIL_BACKEND_MISMATCH:
