@@ -111,7 +111,7 @@ GEN := $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h
 PYGEN := client/python/tensordd/tensordd_pb2.py
 
 COMMON_SRC := proto/frame.c proto/utf8.c $(wildcard common/*.c)
-BACKEND_SRC := backends/tensor.c backends/ops.c $(wildcard backends/ops_*.c) \
+BACKEND_SRC := backends/tensor.c backends/ops.c backends/pool.c $(wildcard backends/ops_*.c) \
                $(wildcard backends/ref/*.c) $(wildcard backends/cpu/*.c) \
                $(wildcard backends/sim/*.c)
 ifeq ($(HAVE_CUDA),1)

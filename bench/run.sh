@@ -14,6 +14,7 @@ echo
 for b in "$BUILD"/bench/*; do
     case "$(basename "$b")" in
     transfer) "$b" "$ep" "$pid" 64 --reps 5 ;;
+    alloc) "$b" "$ep" "$pid" ;;
     *) "$b" "$ep" ;;
     esac
     echo

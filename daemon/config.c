@@ -76,6 +76,11 @@ static const option_row rows[] = {
      "memory quota per session (tensors, graph and bookkeeping)"},
     {"memory-cap", "BYTES", OPT_BYTES, FIELD(memory_cap), 0, 0, UINT64_MAX, "physical memory",
      "memory for the whole daemon"},
+    {"pool-cap", "BYTES", OPT_BYTES, FIELD(pool_cap), 1 * G, 0, UINT64_MAX, "no caching",
+     "freed tensor memory each device keeps for reuse (not charged to sessions; released "
+     "first when the daemon nears --memory-cap)"},
+    {"pool-trim", "SECS", OPT_SECONDS, FIELD(pool_trim_s), 2, 0, 86400, "never",
+     "release the kept memory after this long without allocations"},
     {"max-inflight", "N", OPT_COUNT, FIELD(max_inflight), 4096, 1, 1u << 24, NULL,
      "queued requests per session before reading pauses"},
     {"max-sessions", "N", OPT_COUNT, FIELD(max_sessions), 1024, 1, 1u << 20, NULL,

@@ -24,6 +24,8 @@ typedef struct tdd_config {
     uint64_t max_id_runs;     /* runs of consecutive ids a session may have bound */
     uint64_t session_memory;  /* bytes per session; 0 = only the global cap */
     uint64_t memory_cap;      /* bytes for the whole daemon; 0 = physical memory */
+    uint64_t pool_cap;        /* free bytes each device's caching allocator keeps; 0 = none */
+    uint32_t pool_trim_s;     /* release them after this long unused; 0 = never */
     uint32_t max_inflight;    /* queued requests per session before reading pauses */
     uint32_t max_sessions;    /* concurrent sessions */
     uint32_t idle_timeout_s;  /* close a session silent this long; 0 = never */

@@ -8,6 +8,7 @@
 
 #include "exec.h"
 #include "log.h"
+#include "pool.h"
 
 #define TDD_MAX_DEVICES 64
 
@@ -35,6 +36,11 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
                              .sim_devices = cfg->sim_devices,
                              .emu_gpus = cfg->emu_gpus,
                              .emu_gpu_memory = cfg->emu_gpu_memory};
+    /* every device's caching allocator (pool.h) starts from these */
+    tdd_pool_defaults = (tdd_pool_config){.cap = cfg->pool_cap,
+                                          .limit = cfg->memory_cap,
+                                          .trim_after_ms = cfg->pool_trim_s * 1000u,
+                                          .trim_thread = true};
     note[0] = 0;
     for (size_t b = 0; b < NBACKENDS; b++) {
         char why[256] = "";

@@ -1,9 +1,10 @@
-/* cpu.c -- the fast CPU backend: OpenBLAS GEMM (matmul, conv2d), OpenMP-threaded
- * vectorisable loops for float, integer and bool dtypes, f16/bf16 through f32.
+/* cpu.c -- the fast CPU backend: OpenBLAS GEMM (matmul, conv2d), vectorisable loops for
+ * float, integer and bool dtypes threaded on the backend's own teams (cpu_threads.c),
+ * f16/bf16 through f32; storage from a caching allocator (pool.h).
  * Calls it has no fast kernel for run on the reference kernels, single-threaded;
  * tdd_cpu_native says which, and docs/ops.md shows it. */
 #include <cblas.h>
-#include <omp.h>
+#include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,12 +14,43 @@
 
 #include "cpu.h"
 #include "dtype.h"
+#include "pool.h"
 #include "ref/ref.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define CPU_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define CPU_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#define CPU_ASAN 1
+#else
+#define CPU_POISON(p, n) ((void)(p), (void)(n))
+#define CPU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* pthread OpenBLAS: stops its server threads (driver/others/blas_server.c). */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
 
 typedef struct {
     int ndev;
     int threads;
+    /* One caching allocator for every cpu:N: they share the host's memory, and a block
+     * freed on one serves the next request on any. */
+    tdd_pool *pool;
 } cpu_ctx;
+
+typedef struct {
+    const tdd_iter *it;
+    tdd_iter_fn fn;
+    void *ctx;
+} par_iter_job;
+
+static void par_iter_part(void *arg, int t, int nt)
+{
+    const par_iter_job *j = arg;
+    int64_t lo, hi;
+    cpu_split(j->it->numel, t, nt, &lo, &hi);
+    tdd_iter_range(j->it, lo, hi, j->fn, j->ctx);
+}
 
 void cpu_par_iter_n(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt, int64_t work)
 {
@@ -29,13 +61,8 @@ void cpu_par_iter_n(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt, int64
     }
     if (n < nt)
         nt = (int)n;
-    int64_t per = n / nt, extra = n % nt;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < nt; t++) {
-        int64_t lo = t * per + (t < extra ? t : extra);
-        int64_t hi = lo + per + (t < extra ? 1 : 0);
-        tdd_iter_range(it, lo, hi, fn, ctx);
-    }
+    par_iter_job j = {it, fn, ctx};
+    cpu_parallel(nt, par_iter_part, &j);
 }
 
 void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt)
@@ -557,33 +584,68 @@ bool tdd_cpu_native(const tdd_opcall *c)
     return false;
 }
 
-static int cpu_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t why_len)
+/* The pool's raw allocator. Blocks of 4 MiB and more are mappings of their own on 2 MiB
+ * pages (an upload into fresh memory otherwise spends as long taking 4 KiB page faults as
+ * it does copying: bench/transfer), unmapped when the pool releases them, so the memory
+ * goes back to the system at once; smaller ones come from malloc, 64-byte aligned for
+ * vector loads. The pool reuses both, so a steady loop maps nothing and faults nothing. */
+static void *cpu_raw_alloc(void *ctx, size_t n)
 {
-    (void)why;
-    (void)why_len;
-    cpu_ctx *c = calloc(1, sizeof *c);
-    if (!c)
-        return TD_ERESOURCE_EXHAUSTED;
-    c->ndev = cfg && cfg->cpu_devices > 0 ? cfg->cpu_devices : 1;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    c->threads = cfg && cfg->threads > 0 ? cfg->threads : (cores > 0 ? (int)cores : 1);
-    /* OpenBLAS single-threaded; cpu_gemm splits large GEMMs itself (see cpu_blas.c). */
-    openblas_set_num_threads(1);
-    tdd_cpu_gemm_threads = c->threads;
-    *ctx = c;
-    return c->ndev;
+    (void)ctx;
+    void *p = NULL;
+    if (n >= TDD_POOL_LARGE) { /* n is a multiple of 2 MiB (the pool's size classes) */
+        size_t map = n + TDD_POOL_HUGE;
+        char *m = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            return NULL;
+        uintptr_t a = ((uintptr_t)m + TDD_POOL_HUGE - 1) & ~(uintptr_t)(TDD_POOL_HUGE - 1);
+        size_t head = (size_t)(a - (uintptr_t)m), tail = map - head - n;
+        if (head)
+            munmap(m, head);
+        if (tail)
+            munmap((char *)a + n, tail);
+        (void)madvise((void *)a, n, MADV_HUGEPAGE); /* a hint: without THP it changes nothing */
+        return (void *)a;
+    }
+    if (posix_memalign(&p, 64, n))
+        return NULL;
+    return p;
 }
 
-static void cpu_shutdown(void *ctx)
+/* Unpoisons a block before it goes back to the system. A mapping's shadow is released
+ * rather than written (zero pages read as addressable): writing it would keep n/8
+ * bytes resident per block after the block itself is gone. */
+static void cpu_release_poison(void *p, size_t n)
 {
-    free(ctx);
+#ifdef CPU_ASAN
+    if (n >= TDD_POOL_LARGE) {
+        size_t scale, off;
+        __asan_get_shadow_mapping(&scale, &off);
+        uintptr_t sh = ((uintptr_t)p >> scale) + off;
+        size_t len = n >> scale, pg = (size_t)sysconf(_SC_PAGESIZE);
+        if (sh % pg == 0 && len % pg == 0 && madvise((void *)sh, len, MADV_DONTNEED) == 0)
+            return;
+    }
+#endif
+    CPU_UNPOISON(p, n);
 }
 
-static void cpu_device_name(void *ctx, int ordinal, char *buf, size_t len)
+static void cpu_raw_free(void *ctx, void *p, size_t n)
 {
-    cpu_ctx *c = ctx;
-    (void)ordinal;
-    snprintf(buf, len, "CPU (OpenBLAS, %d threads)", c->threads);
+    (void)ctx;
+    cpu_release_poison(p, n);
+    if (n >= TDD_POOL_LARGE)
+        munmap(p, n);
+    else
+        free(p);
+}
+
+static void cpu_raw_trimmed(void *ctx)
+{
+    (void)ctx;
+#ifdef __GLIBC__
+    malloc_trim(0); /* the small blocks' pages back to the system too */
+#endif
 }
 
 static uint64_t cpu_memory_total(void *ctx, int ordinal)
@@ -594,36 +656,76 @@ static uint64_t cpu_memory_total(void *ctx, int ordinal)
     return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
-#define CPU_HUGE ((size_t)2 << 20)
-#define CPU_HUGE_MIN ((size_t)4 << 20)
+static int cpu_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t why_len)
+{
+    (void)why;
+    (void)why_len;
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return TD_ERESOURCE_EXHAUSTED;
+    c->ndev = cfg && cfg->cpu_devices > 0 ? cfg->cpu_devices : 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    c->threads = cfg && cfg->threads > 0 ? cfg->threads : (cores > 0 ? (int)cores : 1);
+    /* OpenBLAS single-threaded; cpu_gemm splits large GEMMs itself (see cpu_blas.c). Its
+     * thread pool, started when the library loaded, is then never given work, but was seen
+     * spinning after kernels (3-4 ms of CPU per op in some runs): stopped, where the
+     * library exports the call (a pthread OpenBLAS; weak, so any OpenBLAS links). */
+    openblas_set_num_threads(1);
+    if (blas_thread_shutdown_)
+        blas_thread_shutdown_();
+    tdd_cpu_gemm_threads = c->threads;
+    tdd_pool_config pc = tdd_pool_defaults;
+    if (!pc.limit)
+        pc.limit = cpu_memory_total(c, 0);
+    tdd_pool_raw raw = {.alloc = cpu_raw_alloc, .free = cpu_raw_free, .trimmed = cpu_raw_trimmed};
+    c->pool = tdd_pool_new(&raw, &pc);
+    if (!c->pool) {
+        free(c);
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    *ctx = c;
+    return c->ndev;
+}
 
+static void cpu_shutdown(void *ctx)
+{
+    cpu_ctx *c = ctx;
+    tdd_pool_stats st;
+    tdd_pool_get_stats(c->pool, &st);
+    if (st.live) { /* tensors outlive the devices (freed on the way out): keep the pool */
+        tdd_pool_trim(c->pool, 0);
+        return;
+    }
+    tdd_pool_destroy(c->pool);
+    free(ctx);
+}
+
+static void cpu_device_name(void *ctx, int ordinal, char *buf, size_t len)
+{
+    cpu_ctx *c = ctx;
+    (void)ordinal;
+    snprintf(buf, len, "CPU (OpenBLAS, %d threads)", c->threads);
+}
+
+/* Under AddressSanitizer a block in the pool is poisoned, and a block handed out is
+ * poisoned past the bytes asked for: reuse does not hide a use after free or an overrun. */
 static void *cpu_alloc(void *ctx, int ordinal, size_t nbytes)
 {
-    (void)ctx;
     (void)ordinal;
-    void *p = NULL;
-    if (nbytes >= CPU_HUGE_MIN) {
-        /* Large tensors on 2 MiB pages: an upload of fresh memory otherwise spends as
-         * long taking 4 KiB page faults as it does copying (measured by bench/transfer). */
-        size_t n = (nbytes + CPU_HUGE - 1) & ~(CPU_HUGE - 1);
-        if (posix_memalign(&p, CPU_HUGE, n))
-            return NULL;
-        (void)madvise(p, n, MADV_HUGEPAGE); /* a hint: without THP it changes nothing */
-        return p;
+    void *p = tdd_pool_alloc(((cpu_ctx *)ctx)->pool, nbytes);
+    if (p) {
+        CPU_UNPOISON(p, tdd_pool_block_size(nbytes));
+        CPU_POISON((char *)p + nbytes, tdd_pool_block_size(nbytes) - nbytes);
     }
-    /* 64-byte alignment for vector loads. */
-    size_t n = (nbytes + 63) & ~(size_t)63;
-    if (posix_memalign(&p, 64, n ? n : 64))
-        return NULL;
     return p;
 }
 
 static void cpu_free(void *ctx, int ordinal, void *p, size_t nbytes)
 {
-    (void)ctx;
     (void)ordinal;
-    (void)nbytes;
-    free(p);
+    if (p)
+        CPU_POISON(p, tdd_pool_block_size(nbytes));
+    tdd_pool_free(((cpu_ctx *)ctx)->pool, p, nbytes);
 }
 
 static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)

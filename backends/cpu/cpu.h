@@ -13,6 +13,17 @@
  * execute and by the op-coverage table. */
 bool tdd_cpu_native(const tdd_opcall *c);
 
+/* Runs fn(ctx, t, n) for t = 0..n-1, each on its own thread (the caller runs t = 0) on
+ * the calling thread's team (cpu_threads.c), whose threads sleep between jobs. Nested
+ * calls, and n <= 1, run every t in turn on the caller. */
+typedef void (*cpu_par_fn)(void *ctx, int t, int n);
+void cpu_parallel(int n, cpu_par_fn fn, void *ctx);
+/* [lo, hi) of n items: part t of nt, sizes differing by at most one (the first n % nt
+ * parts get one more). */
+void cpu_split(int64_t n, int t, int nt, int64_t *lo, int64_t *hi);
+/* Kernels that keep a partial result per thread use at most this many threads. */
+#define CPU_MAX_PARTS 256
+
 /* Runs fn over every run of it, split across nt threads when large. */
 void cpu_par_iter(const tdd_iter *it, tdd_iter_fn fn, void *ctx, int nt);
 /* The same, when each element costs about work/numel units (lines, rows). */

@@ -59,6 +59,38 @@ static void gemm_call(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t 
                     (float *)C, (blasint)ldc);
 }
 
+typedef struct {
+    bool f64, ta, tb;
+    int64_t M, N, K;
+    double alpha;
+    const void *A;
+    int64_t lda;
+    const void *B;
+    int64_t ldb;
+    double beta;
+    void *C;
+    int64_t ldc;
+} gemm_job;
+
+static void gemm_part(void *arg, int p, int nt)
+{
+    const gemm_job *j = arg;
+    size_t esz = j->f64 ? 8 : 4;
+    bool by_rows = j->M >= j->N;
+    int64_t total = by_rows ? j->M : j->N;
+    int64_t lo = total * p / nt, hi = total * (p + 1) / nt;
+    if (hi <= lo)
+        return;
+    if (by_rows)
+        gemm_call(j->f64, j->ta, j->tb, hi - lo, j->N, j->K, j->alpha,
+                  (const char *)j->A + (size_t)(j->ta ? lo : lo * j->lda) * esz, j->lda, j->B,
+                  j->ldb, j->beta, (char *)j->C + (size_t)(lo * j->ldc) * esz, j->ldc);
+    else
+        gemm_call(j->f64, j->ta, j->tb, j->M, hi - lo, j->K, j->alpha, j->A, j->lda,
+                  (const char *)j->B + (size_t)(j->tb ? lo * j->ldb : lo) * esz, j->ldb, j->beta,
+                  (char *)j->C + (size_t)lo * esz, j->ldc);
+}
+
 void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
               const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C,
               int64_t ldc)
@@ -69,23 +101,8 @@ void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, doubl
         return;
     }
     /* Row blocks of C (and A), or column blocks of C (and B): whichever is longer. */
-    size_t esz = f64 ? 8 : 4;
-    bool by_rows = M >= N;
-    int64_t total = by_rows ? M : N;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int p = 0; p < nt; p++) {
-        int64_t lo = total * p / nt, hi = total * (p + 1) / nt;
-        if (hi <= lo)
-            continue;
-        if (by_rows)
-            gemm_call(f64, ta, tb, hi - lo, N, K, alpha,
-                      (const char *)A + (size_t)(ta ? lo : lo * lda) * esz, lda, B, ldb, beta,
-                      (char *)C + (size_t)(lo * ldc) * esz, ldc);
-        else
-            gemm_call(f64, ta, tb, M, hi - lo, K, alpha, A, lda,
-                      (const char *)B + (size_t)(tb ? lo * ldb : lo) * esz, ldb, beta,
-                      (char *)C + (size_t)lo * esz, ldc);
-    }
+    gemm_job j = {f64, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+    cpu_parallel(nt, gemm_part, &j);
 }
 
 typedef struct {

@@ -8,7 +8,7 @@
  * != 0.0 so NaN is true; f16/bf16 round from f32). One loop per dtype pair,
  * with the conversion written out, lets the compiler vectorise the contiguous
  * runs instead of switching on both dtypes for every element. */
-#include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -171,6 +171,25 @@ static void one_hot_run(void *vc, int64_t n, const int64_t *off, const int64_t *
     }
 }
 
+typedef struct {
+    const tdd_iter *it;
+    const oh_ctx *proto;
+    int64_t rows;
+    _Atomic int bad;
+} oh_job;
+
+static void one_hot_part(void *arg, int t, int nt)
+{
+    oh_job *j = arg;
+    oh_ctx x = *j->proto;
+    int64_t lo, hi;
+    cpu_split(j->rows, t, nt, &lo, &hi);
+    x.row = lo;
+    tdd_iter_range(j->it, lo, hi, one_hot_run, &x);
+    if (x.bad)
+        atomic_store(&j->bad, 1);
+}
+
 int cpu_one_hot(const tdd_opcall *c, int nt)
 {
     const tdd_tensor *a = c->in[0];
@@ -188,15 +207,7 @@ int cpu_one_hot(const tdd_opcall *c, int nt)
     }
     if (rows < nt)
         nt = (int)rows;
-    int64_t per = rows / nt, extra = rows % nt;
-    bool bad = false;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(|| : bad)
-    for (int t = 0; t < nt; t++) {
-        oh_ctx x = proto;
-        int64_t lo = t * per + (t < extra ? t : extra);
-        x.row = lo;
-        tdd_iter_range(&it, lo, lo + per + (t < extra ? 1 : 0), one_hot_run, &x);
-        bad = bad || x.bad;
-    }
-    return bad ? TD_EINVALID_ARGUMENT : 0;
+    oh_job jb = {&it, &proto, rows, 0};
+    cpu_parallel(nt, one_hot_part, &jb);
+    return atomic_load(&jb.bad) ? TD_EINVALID_ARGUMENT : 0;
 }

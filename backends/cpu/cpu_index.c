@@ -119,6 +119,32 @@ static void mv_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
  * strides (stack: without the new dim) and an offset to the slab. One iteration per
  * input over (slab, input); the inputs' elements, end to end, are split evenly
  * between the threads, so a thread copies whole runs of one or a few inputs. */
+typedef struct {
+    const tdd_opcall *c;
+    const tdd_iter *its;
+    const int64_t *start;
+    int64_t total;
+    mv_ctx m;
+} join_job;
+
+static void join_part(void *arg, int t, int use)
+{
+    const join_job *j = arg;
+    const tdd_opcall *c = j->c;
+    const int64_t *start = j->start;
+    mv_ctx m = j->m;
+    int64_t lo, hi;
+    cpu_split(j->total, t, use, &lo, &hi);
+    for (int k = 0; k < c->n_in && lo < hi; k++) {
+        int64_t a0 = lo > start[k] ? lo : start[k];
+        int64_t a1 = hi < start[k + 1] ? hi : start[k + 1];
+        if (a0 >= a1)
+            continue;
+        m.a = c->in[k]->st->data;
+        tdd_iter_range(&j->its[k], a0 - start[k], a1 - start[k], mv_run, &m);
+    }
+}
+
 static int cpu_join(const tdd_opcall *c, int nt)
 {
     tdd_tensor *y = c->out[0];
@@ -147,21 +173,8 @@ static int cpu_join(const tdd_opcall *c, int nt)
         start[k + 1] = start[k] + its[k].numel;
     }
     int64_t total = start[c->n_in];
-    int use = threads_for(nt, total, total);
-    mv_ctx m = {y->st->data, NULL, esz};
-#pragma omp parallel for num_threads(use) schedule(static) firstprivate(m)
-    for (int t = 0; t < use; t++) {
-        int64_t lo = total / use * t + (t < total % use ? t : total % use);
-        int64_t hi = lo + total / use + (t < total % use ? 1 : 0);
-        for (int k = 0; k < c->n_in && lo < hi; k++) {
-            int64_t a0 = lo > start[k] ? lo : start[k];
-            int64_t a1 = hi < start[k + 1] ? hi : start[k + 1];
-            if (a0 >= a1)
-                continue;
-            m.a = c->in[k]->st->data;
-            tdd_iter_range(&its[k], a0 - start[k], a1 - start[k], mv_run, &m);
-        }
-    }
+    join_job j = {c, its, start, total, {y->st->data, NULL, esz}};
+    cpu_parallel(threads_for(nt, total, total), join_part, &j);
     return 0;
 }
 
@@ -192,6 +205,50 @@ static void row_next(row_walk *w)
     }
 }
 
+typedef struct {
+    const tdd_tensor *a, *y;
+    int nd;
+    int64_t C, rows, diag;
+    bool lower;
+    size_t esz;
+    char *yd;
+    const char *ad;
+    int64_t as;
+} tri_job;
+
+static void tri_part(void *arg, int t, int use)
+{
+    const tri_job *j = arg;
+    const tdd_tensor *a = j->a;
+    int nd = j->nd;
+    int64_t C = j->C, diag = j->diag, as = j->as;
+    bool lower = j->lower;
+    size_t esz = j->esz;
+    char *yd = j->yd;
+    const char *ad = j->ad;
+    int64_t r0, r1;
+    cpu_split(j->rows, t, use, &r0, &r1);
+    row_walk w = {.nd = nd, .shape = j->y->shape};
+    row_seek(&w, r0);
+    for (int64_t r = r0; r < r1; r++, row_next(&w)) {
+        int64_t i = w.idx[nd - 2], ao = a->offset;
+        for (int k = 0; k < nd - 1; k++)
+            ao += w.idx[k] * a->strides[k];
+        /* kept columns: [0, e) for tril, [e, C) for triu, clamped to [0, C]; the
+         * client's diagonal may be anything, so the sum saturates (i, 1 and C are
+         * small: past either edge is all that matters) */
+        int64_t e;
+        if (__builtin_add_overflow(i + (lower ? 1 : 0), diag, &e))
+            e = diag < 0 ? 0 : C;
+        e = e < 0 ? 0 : e > C ? C : e;
+        int64_t k0 = lower ? 0 : e, k1 = lower ? e : C;
+        char *yr = yd + (size_t)(r * C) * esz;
+        memset(yr, 0, (size_t)k0 * esz);
+        move_n(yr + (size_t)k0 * esz, 1, ad + (size_t)(ao + k0 * as) * esz, as, k1 - k0, esz);
+        memset(yr + (size_t)k1 * esz, 0, (size_t)(C - k1) * esz);
+    }
+}
+
 /* tril/triu: row i of each matrix keeps columns j with j - i <= diag (tril) or
  * >= diag (triu); the rest are zero (all-zero bytes in every dtype). */
 static int cpu_tri(const tdd_opcall *c, int nt)
@@ -208,32 +265,55 @@ static int cpu_tri(const tdd_opcall *c, int nt)
     char *yd = (char *)y->st->data + (size_t)y->offset * esz;
     const char *ad = a->st->data;
     int64_t as = a->strides[nd - 1];
-    int use = threads_for(nt, n, rows);
-#pragma omp parallel for num_threads(use) schedule(static)
-    for (int t = 0; t < use; t++) {
-        int64_t r0 = rows / use * t + (t < rows % use ? t : rows % use);
-        int64_t r1 = r0 + rows / use + (t < rows % use ? 1 : 0);
-        row_walk w = {.nd = nd, .shape = y->shape};
-        row_seek(&w, r0);
-        for (int64_t r = r0; r < r1; r++, row_next(&w)) {
-            int64_t i = w.idx[nd - 2], ao = a->offset;
-            for (int k = 0; k < nd - 1; k++)
-                ao += w.idx[k] * a->strides[k];
-            /* kept columns: [0, e) for tril, [e, C) for triu, clamped to [0, C]; the
-             * client's diagonal may be anything, so the sum saturates (i, 1 and C are
-             * small: past either edge is all that matters) */
-            int64_t e;
-            if (__builtin_add_overflow(i + (lower ? 1 : 0), diag, &e))
-                e = diag < 0 ? 0 : C;
-            e = e < 0 ? 0 : e > C ? C : e;
-            int64_t k0 = lower ? 0 : e, k1 = lower ? e : C;
-            char *yr = yd + (size_t)(r * C) * esz;
-            memset(yr, 0, (size_t)k0 * esz);
-            move_n(yr + (size_t)k0 * esz, 1, ad + (size_t)(ao + k0 * as) * esz, as, k1 - k0, esz);
-            memset(yr + (size_t)k1 * esz, 0, (size_t)(C - k1) * esz);
-        }
-    }
+    tri_job j = {a, y, nd, C, rows, diag, lower, esz, yd, ad, as};
+    cpu_parallel(threads_for(nt, n, rows), tri_part, &j);
     return 0;
+}
+
+typedef struct {
+    const tdd_tensor *a, *y;
+    int nd;
+    const int64_t *before;
+    int64_t C, rows, as, lo, c0, c1;
+    size_t esz;
+    const unsigned char *pat;
+    char *yd;
+    const char *ad;
+} pad_job;
+
+static void pad_part(void *arg, int t, int use)
+{
+    const pad_job *jb = arg;
+    const tdd_tensor *a = jb->a;
+    int nd = jb->nd;
+    const int64_t *before = jb->before;
+    int64_t C = jb->C, as = jb->as, lo = jb->lo, c0 = jb->c0, c1 = jb->c1;
+    size_t esz = jb->esz;
+    const unsigned char *pat = jb->pat;
+    char *yd = jb->yd;
+    const char *ad = jb->ad;
+    int64_t r0, r1;
+    cpu_split(jb->rows, t, use, &r0, &r1);
+    row_walk w = {.nd = nd, .shape = jb->y->shape};
+    row_seek(&w, r0);
+    for (int64_t r = r0; r < r1; r++, row_next(&w)) {
+        char *yr = yd + (size_t)(r * C) * esz;
+        bool inside = c1 > c0;
+        int64_t ao = a->offset;
+        for (int k = 0; k < nd - 1 && inside; k++) {
+            int64_t j = w.idx[k] - before[k];
+            inside = j >= 0 && j < a->shape[k];
+            ao += j * a->strides[k];
+        }
+        if (!inside) {
+            fill_n(yr, C, pat, esz);
+            continue;
+        }
+        fill_n(yr, c0, pat, esz);
+        move_n(yr + (size_t)c0 * esz, 1, ad + (size_t)(ao + (c0 - lo) * as) * esz, as, c1 - c0,
+               esz);
+        fill_n(yr + (size_t)c1 * esz, C - c1, pat, esz);
+    }
 }
 
 /* pad (constant mode): output element idx reads input idx - before (per dim) when
@@ -265,32 +345,8 @@ static int cpu_pad(const tdd_opcall *c, int nt)
     int64_t c0 = lo > 0 ? lo : 0, c1 = lo + ain < C ? lo + ain : C;
     if (c1 < c0)
         c1 = c0;
-    int use = threads_for(nt, n, rows);
-#pragma omp parallel for num_threads(use) schedule(static)
-    for (int t = 0; t < use; t++) {
-        int64_t r0 = rows / use * t + (t < rows % use ? t : rows % use);
-        int64_t r1 = r0 + rows / use + (t < rows % use ? 1 : 0);
-        row_walk w = {.nd = nd, .shape = y->shape};
-        row_seek(&w, r0);
-        for (int64_t r = r0; r < r1; r++, row_next(&w)) {
-            char *yr = yd + (size_t)(r * C) * esz;
-            bool inside = c1 > c0;
-            int64_t ao = a->offset;
-            for (int k = 0; k < nd - 1 && inside; k++) {
-                int64_t j = w.idx[k] - before[k];
-                inside = j >= 0 && j < a->shape[k];
-                ao += j * a->strides[k];
-            }
-            if (!inside) {
-                fill_n(yr, C, pat, esz);
-                continue;
-            }
-            fill_n(yr, c0, pat, esz);
-            move_n(yr + (size_t)c0 * esz, 1, ad + (size_t)(ao + (c0 - lo) * as) * esz, as, c1 - c0,
-                   esz);
-            fill_n(yr + (size_t)c1 * esz, C - c1, pat, esz);
-        }
-    }
+    pad_job j = {a, y, nd, before, C, rows, as, lo, c0, c1, esz, pat, yd, ad};
+    cpu_parallel(threads_for(nt, n, rows), pad_part, &j);
     return 0;
 }
 

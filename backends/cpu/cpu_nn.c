@@ -253,6 +253,56 @@ static int cpu_pool2d(const tdd_opcall *c, int nt)
 
 /* ---------------------------------------------------------------- layer_norm */
 
+typedef struct {
+    const tdd_opcall *c;
+    const tdd_tensor *x;
+    tdd_tensor *y;
+    int64_t D, rows;
+    const double *wb;
+    _Atomic int rc;
+} ln_job;
+
+static void ln_part(void *arg, int t, int use)
+{
+    ln_job *jb = arg;
+    const tdd_opargs *g = jb->c->args;
+    const tdd_tensor *x = jb->x;
+    tdd_tensor *y = jb->y;
+    int64_t D = jb->D;
+    const double *wb = jb->wb;
+    int64_t r0, r1;
+    cpu_split(jb->rows, t, use, &r0, &r1);
+    if (r0 >= r1)
+        return;
+    double *row = malloc((size_t)D * sizeof *row);
+    if (!row) {
+        atomic_store(&jb->rc, TD_ERESOURCE_EXHAUSTED);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        cpu_load_tensor(x, r * D, (r + 1) * D, row);
+        double s = 0, ss = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < D; j++)
+            s += row[j];
+        const double mean = s / (double)D;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < D; j++)
+            ss += (row[j] - mean) * (row[j] - mean);
+        const double rstd = 1.0 / sqrt(ss / (double)D + g->f[0]);
+        for (int64_t j = 0; j < D; j++) {
+            double v = (row[j] - mean) * rstd;
+            if (g->flags & 1u)
+                v *= wb[j];
+            if (g->flags & 2u)
+                v += wb[D + j];
+            row[j] = v;
+        }
+        cpu_store_contig(y, r * D, D, row);
+    }
+    free(row);
+}
+
 /* Rows of D elements (the normalised trailing dims), one thread per block of rows;
  * each row is loaded into a per-thread double buffer, so any layout and float dtype
  * takes the same path. */
@@ -274,46 +324,84 @@ static int cpu_layer_norm(const tdd_opcall *c, int nt)
         cpu_load_tensor(c->in[1], 0, D, wb);
     if (g->flags & 2u)
         cpu_load_tensor(c->in[2], 0, D, wb + D);
-    int use = rows > 1 && n >= CPU_PAR_MIN ? nt : 1;
-    int rc = 0;
-#pragma omp parallel num_threads(use)
-    {
-        double *row = malloc((size_t)D * sizeof *row);
-        if (!row) {
-#pragma omp atomic write
-            rc = TD_ERESOURCE_EXHAUSTED;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (!row)
-                continue;
-            cpu_load_tensor(x, r * D, (r + 1) * D, row);
-            double s = 0, ss = 0;
-#pragma omp simd reduction(+ : s)
-            for (int64_t j = 0; j < D; j++)
-                s += row[j];
-            const double mean = s / (double)D;
-#pragma omp simd reduction(+ : ss)
-            for (int64_t j = 0; j < D; j++)
-                ss += (row[j] - mean) * (row[j] - mean);
-            const double rstd = 1.0 / sqrt(ss / (double)D + g->f[0]);
-            for (int64_t j = 0; j < D; j++) {
-                double v = (row[j] - mean) * rstd;
-                if (g->flags & 1u)
-                    v *= wb[j];
-                if (g->flags & 2u)
-                    v += wb[D + j];
-                row[j] = v;
-            }
-            cpu_store_contig(y, r * D, D, row);
-        }
-        free(row);
-    }
+    ln_job j = {c, x, y, D, rows, wb, 0};
+    cpu_parallel(rows > 1 && n >= CPU_PAR_MIN ? nt : 1, ln_part, &j);
+    int rc = atomic_load(&j.rc);
     free(wb);
     return rc;
 }
 
 /* ---------------------------------------------------------------- losses */
+
+typedef struct {
+    const tdd_opcall *c;
+    int64_t N, C, cs, rs, ts;
+    const int64_t *tg;
+    bool ce, none;
+    double eps;
+    _Atomic int bad;
+    double total[CPU_MAX_PARTS], count[CPU_MAX_PARTS];
+} cl_job;
+
+static void cl_part(void *arg, int part, int use)
+{
+    cl_job *jb = arg;
+    const tdd_opcall *c = jb->c;
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0];
+    tdd_tensor *y = c->out[0];
+    const int64_t C = jb->C, cs = jb->cs, rs = jb->rs, ts = jb->ts, *tg = jb->tg;
+    const bool ce = jb->ce, none = jb->none;
+    const double eps = jb->eps;
+    double total = 0, count = 0;
+    int64_t i0, i1;
+    cpu_split(jb->N, part, use, &i0, &i1);
+    double *row = ce && i0 < i1 ? malloc((size_t)C * sizeof *row) : NULL;
+    if (ce && i0 < i1 && !row)
+        atomic_store_explicit(&jb->bad, TD_ERESOURCE_EXHAUSTED, memory_order_relaxed);
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t cls = tg[i * ts];
+        double v = 0;
+        if (cls != g->i[1]) {
+            if (cls < 0 || cls >= C) {
+                atomic_store_explicit(&jb->bad, TD_EINVALID_ARGUMENT, memory_order_relaxed);
+                continue;
+            }
+            if (!ce) {
+                double z;
+                cpu_load_strided(x->st->data, x->dtype, x->offset + i * rs + cls * cs, 0, 1, &z);
+                v = -z;
+            } else if (row) {
+                cpu_load_strided(x->st->data, x->dtype, x->offset + i * rs, cs, C, row);
+                double m = -INFINITY, s = 0;
+                for (int64_t k = 0; k < C; k++)
+                    if (row[k] > m || row[k] != row[k])
+                        m = row[k];
+                const double sh = isinf(m) ? 0.0 : m;
+                for (int64_t k = 0; k < C; k++)
+                    s += exp(row[k] - sh);
+                /* a row of -inf has s == 0: log gives -inf, the answer */
+                /* cppcheck-suppress invalidFunctionArg */
+                const double lse = log(s) + sh;
+                v = lse - row[cls];
+                if (eps > 0) {
+                    double smooth = 0;
+                    for (int64_t k = 0; k < C; k++)
+                        smooth += lse - row[k];
+                    v = (1 - eps) * v + eps * smooth / (double)C;
+                }
+            }
+            count += 1;
+        }
+        if (none)
+            tdd_store_f(y->st->data, y->dtype, y->offset + i, v);
+        else
+            total += v;
+    }
+    free(row);
+    jb->total[part] = total;
+    jb->count[part] = count;
+}
 
 /* cross_entropy / nll_loss over rows of [N, C] (or one row [C]); rows split across
  * threads, the total summed per thread and combined. */
@@ -328,58 +416,26 @@ static int cpu_class_loss(const tdd_opcall *c, int nt)
     const int64_t *tg = (const int64_t *)tdd_data(t);
     const bool ce = c->op == TDD_OP_CROSS_ENTROPY, none = g->i[0] == TDD_RED_NONE;
     const double eps = ce ? g->f[0] : 0.0;
-    double total = 0, count = 0;
-    _Atomic int bad = 0;
     int use = N > 1 && N * C >= CPU_PAR_MIN ? nt : 1;
-#pragma omp parallel num_threads(use) reduction(+ : total, count)
-    {
-        double *row = ce ? malloc((size_t)C * sizeof *row) : NULL;
-        if (ce && !row)
-            atomic_store_explicit(&bad, TD_ERESOURCE_EXHAUSTED, memory_order_relaxed);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < N; i++) {
-            int64_t cls = tg[i * ts];
-            double v = 0;
-            if (cls != g->i[1]) {
-                if (cls < 0 || cls >= C) {
-                    atomic_store_explicit(&bad, TD_EINVALID_ARGUMENT, memory_order_relaxed);
-                    continue;
-                }
-                if (!ce) {
-                    double z;
-                    cpu_load_strided(x->st->data, x->dtype, x->offset + i * rs + cls * cs, 0, 1,
-                                     &z);
-                    v = -z;
-                } else if (row) {
-                    cpu_load_strided(x->st->data, x->dtype, x->offset + i * rs, cs, C, row);
-                    double m = -INFINITY, s = 0;
-                    for (int64_t k = 0; k < C; k++)
-                        if (row[k] > m || row[k] != row[k])
-                            m = row[k];
-                    const double sh = isinf(m) ? 0.0 : m;
-                    for (int64_t k = 0; k < C; k++)
-                        s += exp(row[k] - sh);
-                    /* a row of -inf has s == 0: log gives -inf, the answer */
-                    /* cppcheck-suppress invalidFunctionArg */
-                    const double lse = log(s) + sh;
-                    v = lse - row[cls];
-                    if (eps > 0) {
-                        double smooth = 0;
-                        for (int64_t k = 0; k < C; k++)
-                            smooth += lse - row[k];
-                        v = (1 - eps) * v + eps * smooth / (double)C;
-                    }
-                }
-                count += 1;
-            }
-            if (none)
-                tdd_store_f(y->st->data, y->dtype, y->offset + i, v);
-            else
-                total += v;
-        }
-        free(row);
+    if (use > CPU_MAX_PARTS)
+        use = CPU_MAX_PARTS;
+    cl_job jb = {.c = c,
+                 .N = N,
+                 .C = C,
+                 .cs = cs,
+                 .rs = rs,
+                 .ts = ts,
+                 .tg = tg,
+                 .ce = ce,
+                 .none = none,
+                 .eps = eps};
+    cpu_parallel(use, cl_part, &jb);
+    double total = 0, count = 0;
+    for (int k = 0; k < use; k++) {
+        total += jb.total[k];
+        count += jb.count[k];
     }
-    int rc = atomic_load(&bad);
+    int rc = atomic_load(&jb.bad);
     if (rc)
         return rc;
     if (g->i[0] == TDD_RED_SUM)
@@ -421,6 +477,23 @@ static void pointwise_run(void *vc, int64_t n, const int64_t *off, const int64_t
     }
 }
 
+typedef struct {
+    const tdd_opcall *c;
+    const tdd_iter *it;
+    int64_t n;
+    double total[CPU_MAX_PARTS];
+} pw_job;
+
+static void pw_part(void *arg, int k, int use)
+{
+    pw_job *jb = arg;
+    pw_ctx p = {jb->c, 0};
+    int64_t lo, hi;
+    cpu_split(jb->n, k, use, &lo, &hi);
+    tdd_iter_range(jb->it, lo, hi, pointwise_run, &p);
+    jb->total[k] = p.total;
+}
+
 static int cpu_pointwise_loss(const tdd_opcall *c, int nt)
 {
     const tdd_tensor *x = c->in[0];
@@ -436,15 +509,13 @@ static int cpu_pointwise_loss(const tdd_opcall *c, int nt)
     tdd_iter it;
     tdd_iter_tensors(&it, x->shape, x->ndim, 3, ops);
     int use = n >= CPU_PAR_MIN ? nt : 1;
+    if (use > CPU_MAX_PARTS)
+        use = CPU_MAX_PARTS;
+    pw_job jb = {c, &it, n, {0}};
+    cpu_parallel(use, pw_part, &jb);
     double total = 0;
-    int64_t per = n / use, extra = n % use;
-#pragma omp parallel for num_threads(use) schedule(static) reduction(+ : total)
-    for (int k = 0; k < use; k++) {
-        pw_ctx p = {c, 0};
-        int64_t lo = k * per + (k < extra ? k : extra);
-        tdd_iter_range(&it, lo, lo + per + (k < extra ? 1 : 0), pointwise_run, &p);
-        total += p.total;
-    }
+    for (int k = 0; k < use; k++)
+        total += jb.total[k];
     if (c->args->i[0] == TDD_RED_SUM)
         tdd_store_f(y->st->data, y->dtype, y->offset, total);
     else if (c->args->i[0] == TDD_RED_MEAN)

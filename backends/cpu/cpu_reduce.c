@@ -4,6 +4,7 @@
  * through the f32 kernel). Outputs are split across threads; a reduction with
  * fewer outputs than threads splits each output's elements instead and combines. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -264,6 +265,34 @@ static void base_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
         b->bases[off[0] + i * st[0]] = off[1] + i * st[1];
 }
 
+typedef struct {
+    const rplan *p;
+    const int64_t *bases;
+    rkind k;
+    const double *center;
+    racc *res;
+    int64_t o;   /* rpass_elements: the output whose elements are split */
+    racc *parts; /* its partial results, one per thread */
+} rpass_job;
+
+static void rpass_outputs(void *arg, int t, int nt)
+{
+    const rpass_job *j = arg;
+    int64_t lo, hi;
+    cpu_split(j->p->nout, t, nt, &lo, &hi);
+    for (int64_t o = lo; o < hi; o++)
+        j->res[o] =
+            reduce_part(j->p, j->bases[o], 0, j->p->count, j->k, j->center ? j->center[o] : 0);
+}
+
+static void rpass_elements(void *arg, int t, int nt)
+{
+    const rpass_job *j = arg;
+    int64_t lo, hi;
+    cpu_split(j->p->count, t, nt, &lo, &hi);
+    j->parts[t] = reduce_part(j->p, j->bases[j->o], lo, hi, j->k, j->center ? j->center[j->o] : 0);
+}
+
 /* One pass of kind k over every output: res[o] (center[o] per output if given). */
 static void reduce_pass(const rplan *p, const int64_t *bases, rkind k, const double *center,
                         racc *res, int nt)
@@ -271,22 +300,16 @@ static void reduce_pass(const rplan *p, const int64_t *bases, rkind k, const dou
     int64_t nout = p->nout, N = p->count;
     if (nout >= nt || N * nout < CPU_PAR_MIN || nt <= 1) {
         bool par = nout > 1 && N * nout >= CPU_PAR_MIN && nt > 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (par)
-        for (int64_t o = 0; o < nout; o++)
-            res[o] = reduce_part(p, bases[o], 0, N, k, center ? center[o] : 0);
+        rpass_job jb = {p, bases, k, center, res, -1, NULL};
+        cpu_parallel(par ? nt : 1, rpass_outputs, &jb);
         return;
     }
     /* Few outputs, many elements each: split every output's elements. */
     for (int64_t o = 0; o < nout; o++) {
-        racc part[256];
-        int T = nt < 256 ? nt : 256;
-        int64_t per = N / T, extra = N % T;
-#pragma omp parallel for num_threads(T) schedule(static)
-        for (int t = 0; t < T; t++) {
-            int64_t lo = t * per + (t < extra ? t : extra);
-            int64_t hi = lo + per + (t < extra ? 1 : 0);
-            part[t] = reduce_part(p, bases[o], lo, hi, k, center ? center[o] : 0);
-        }
+        racc part[CPU_MAX_PARTS];
+        int T = nt < CPU_MAX_PARTS ? nt : CPU_MAX_PARTS;
+        rpass_job jb = {p, bases, k, center, res, o, part};
+        cpu_parallel(T, rpass_elements, &jb);
         racc acc = acc_init(k);
         for (int t = 0; t < T; t++)
             acc_combine(&acc, part[t], k, !tdd_dtype_is_float(p->a->dtype));
@@ -473,6 +496,21 @@ static bool lines_part(const line_ctx *l, const tdd_iter *it, int64_t lo, int64_
     return true;
 }
 
+typedef struct {
+    const line_ctx *l;
+    const tdd_iter *it;
+    _Atomic int failed;
+} lines_job;
+
+static void lines_split(void *arg, int t, int use)
+{
+    lines_job *j = arg;
+    int64_t lo, hi;
+    cpu_split(j->it->numel, t, use, &lo, &hi);
+    if (!lines_part(j->l, j->it, lo, hi))
+        atomic_store(&j->failed, 1);
+}
+
 int cpu_lines(const tdd_opcall *c, int nt)
 {
     const tdd_tensor *a = c->in[0];
@@ -501,12 +539,7 @@ int cpu_lines(const tdd_opcall *c, int nt)
         use = (int)it.numel;
     if (use <= 1)
         return lines_part(&l, &it, 0, it.numel) ? 0 : TD_ERESOURCE_EXHAUSTED;
-    int64_t per = it.numel / use, extra = it.numel % use;
-    int failed = 0;
-#pragma omp parallel for num_threads(use) schedule(static) reduction(| : failed)
-    for (int t = 0; t < use; t++) {
-        int64_t lo = t * per + (t < extra ? t : extra);
-        failed |= !lines_part(&l, &it, lo, lo + per + (t < extra ? 1 : 0));
-    }
-    return failed ? TD_ERESOURCE_EXHAUSTED : 0;
+    lines_job jb = {&l, &it, 0};
+    cpu_parallel(use, lines_split, &jb);
+    return atomic_load(&jb.failed) ? TD_ERESOURCE_EXHAUSTED : 0;
 }
