@@ -51,6 +51,8 @@ typedef struct {
     td_device device;
     char name[64];
     uint64_t memory_total, memory_used;
+    int failed;      /* a fault (a sticky CUDA error) took the device out of service */
+    char status[96]; /* why it failed; "" while it serves */
 } td_device_info;
 
 /* Fills up to cap entries, sets *n to the number of devices (may exceed cap). */

@@ -252,6 +252,9 @@ int td_list_devices(td_client *c, td_device_info *out, size_t cap, size_t *n, td
                  d->devices[i]->name ? d->devices[i]->name : "");
         out[i].memory_total = d->devices[i]->memory_total;
         out[i].memory_used = d->devices[i]->memory_used;
+        out[i].failed = d->devices[i]->failed;
+        snprintf(out[i].status, sizeof out[i].status, "%s",
+                 d->devices[i]->status ? d->devices[i]->status : "");
     }
     if (n)
         *n = d->n_devices;

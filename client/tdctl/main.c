@@ -292,6 +292,8 @@ static int cmd_devices(int argc, char **argv, global_opts *g)
         human(d[i].memory_total, tot, sizeof tot);
         human(d[i].memory_used, used, sizeof used);
         printf("%-10s %-32s %12s %12s\n", dev, d[i].name, tot, used);
+        if (d[i].failed)
+            printf("%-10s FAILED: %s\n", "", d[i].status[0] ? d[i].status : "device fault");
     }
     if (td_server_note(c)[0])
         fprintf(stderr, "note: %s\n", td_server_note(c));

@@ -186,6 +186,13 @@ def _enum_name(enum, value: int) -> str:
         return f"UNKNOWN({value})"
 
 
+class DeviceError(Error):
+    """A device fault other than running out of memory (DEVICE_ERROR): the message names
+    the device's own error (a CUDA error's name, e.g. cudaErrorIllegalAddress). A fault that
+    leaves the device unusable marks it failed (list_devices); later work on it is
+    DEVICE_UNAVAILABLE."""
+
+
 # Class names that plain CamelCase would spell differently.
 _CLASS_NAMES = {
     "DTYPE_MISMATCH": "DTypeMismatchError",
@@ -194,6 +201,7 @@ _CLASS_NAMES = {
     "IO": "IOFailureError",  # not IOError: that is a builtin alias of OSError
     "TIMEOUT": "TimedOutError",  # not TimeoutError: a builtin
     "CLOSED": "ConnectionClosedError",
+    "DEVICE_ERROR": "DeviceError",
 }
 
 

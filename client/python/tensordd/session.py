@@ -574,9 +574,11 @@ class Session:
         return [Device._from_proto(info.device) for info in self._list_devices()]
 
     def device_info(self) -> list:
-        """The daemon's devices with names and memory: a list of dicts."""
+        """The daemon's devices with names and memory: a list of dicts. "failed" is True
+        for a device a fault took out of service (a sticky CUDA error), "status" says why."""
         return [{"device": Device._from_proto(i.device), "name": i.name,
-                 "memory_total": i.memory_total, "memory_used": i.memory_used}
+                 "memory_total": i.memory_total, "memory_used": i.memory_used,
+                 "failed": i.failed, "status": i.status}
                 for i in self._list_devices()]
 
     def _list_devices(self):
