@@ -39,6 +39,17 @@ typedef struct tdd_backend {
     int (*execute)(void *ctx, int ordinal, const tdd_opcall *call);
     /* optional: wait for queued device work */
     int (*synchronize)(void *ctx, int ordinal);
+    /* optional: after alloc() returned NULL, on the thread that called it: fills err and
+     * returns its code -- RESOURCE_EXHAUSTED naming the resource ("cuda:N memory"), the
+     * requested and the free bytes, or DEVICE_UNAVAILABLE on a failed device. */
+    int (*alloc_error)(void *ctx, int ordinal, size_t nbytes, td_error *err);
+    /* optional: after a call returned rc != 0, on the thread that made it: a line naming
+     * what the device reported (the CUDA error's name: "launch: cudaErrorIllegalAddress
+     * (...)"); "" when nothing. */
+    void (*error_message)(void *ctx, int ordinal, int rc, char *buf, size_t len);
+    /* optional: 0 while the device serves; nonzero when a fault (a sticky CUDA error) took
+     * it out of service, why (len > 0) saying which. */
+    int (*device_status)(void *ctx, int ordinal, char *why, size_t len);
 } tdd_backend;
 
 extern const tdd_backend tdd_backend_ref;

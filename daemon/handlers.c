@@ -108,8 +108,9 @@ int tdd_h_list_devices(tdd_req *r)
     Tensordd__V1__DeviceInfo **ptrs = calloc((size_t)n + 1, sizeof *ptrs);
     Tensordd__V1__Device *devs = calloc((size_t)n + 1, sizeof *devs);
     char(*names)[16] = calloc((size_t)n + 1, sizeof *names);
-    if (!infos || !ptrs || !devs || !names) {
-        free(infos), free(ptrs), free(devs), free(names);
+    char(*whys)[96] = calloc((size_t)n + 1, sizeof *whys);
+    if (!infos || !ptrs || !devs || !names || !whys) {
+        free(infos), free(ptrs), free(devs), free(names), free(whys);
         td_error err;
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
         return tdd_answer_error(r, &err);
@@ -122,6 +123,12 @@ int tdd_h_list_devices(tdd_req *r)
         infos[i].name = d->name;
         infos[i].memory_total = d->be->memory_total ? d->be->memory_total(d->ctx, d->ordinal) : 0;
         infos[i].memory_used = d->in_use;
+        /* a fault (a sticky CUDA error) took the device out of service */
+        if (d->be->device_status &&
+            d->be->device_status(d->ctx, d->ordinal, whys[i], sizeof whys[i])) {
+            infos[i].failed = true;
+            infos[i].status = whys[i];
+        }
         ptrs[i] = &infos[i];
     }
     Tensordd__V1__ListDevicesReply lr = TENSORDD__V1__LIST_DEVICES_REPLY__INIT;
@@ -132,7 +139,7 @@ int tdd_h_list_devices(tdd_req *r)
     resp.body_case = TENSORDD__V1__RESPONSE__BODY_DEVICES;
     resp.devices = &lr;
     tdd_conn_send(c, &resp, NULL, 0, NULL);
-    free(infos), free(ptrs), free(devs), free(names);
+    free(infos), free(ptrs), free(devs), free(names), free(whys);
     return TDD_DISPATCH_DONE;
 }
 

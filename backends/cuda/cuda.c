@@ -15,6 +15,7 @@
  * and class ranges, integer powers) read a device flag back: INVALID_ARGUMENT, synchronously. */
 #include <dlfcn.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +93,10 @@ typedef struct {
     tdc_dev kd;
     uint64_t mem_total;
     char name[160];
+    int ord;            /* the daemon's ordinal: "cuda:<ord>" */
+    atomic_int claimed; /* the first sticky error's call writes why, then sets failed */
+    atomic_int failed;  /* a sticky error took the device out of service */
+    char why[96];       /* which error, in which call */
 } cuda_dev;
 
 typedef struct {
@@ -105,15 +110,32 @@ static cuda_dev *dev_of(void *ctx, int ordinal)
     return c && ordinal >= 0 && ordinal < c->n ? &c->dev[ordinal] : NULL;
 }
 
-/* A CUDA error as a TD_E* code. Faults that leave the context unusable are
- * DEVICE_UNAVAILABLE; they are printed because nothing else will say which call saw them. */
-static int cuda_rc(const cuda_dev *dv, cudaError_t e, const char *what)
+/* What the last failed call on this thread saw (error_message(), alloc_error()). */
+static _Thread_local char last_err[192];
+static _Thread_local cudaError_t last_alloc_error;
+
+/* A device a sticky error took out of service answers DEVICE_UNAVAILABLE to new work. */
+static int dev_failed(const cuda_dev *dv)
+{
+    if (!atomic_load(&dv->failed))
+        return 0;
+    snprintf(last_err, sizeof last_err, "cuda:%d is out of service after %s", dv->ord, dv->why);
+    return TD_EDEVICE_UNAVAILABLE;
+}
+
+/* A CUDA error as a TD_E* code: out of memory is RESOURCE_EXHAUSTED, anything else a
+ * DEVICE_ERROR naming the error (cudaGetErrorName). Faults that leave the context unusable
+ * (sticky errors) also mark the device failed: the call that saw the fault is its
+ * DEVICE_ERROR, later work DEVICE_UNAVAILABLE. Printed, because nothing else will say
+ * which call saw them. */
+static int cuda_rc(cuda_dev *dv, cudaError_t e, const char *what)
 {
     switch (e) {
     case cudaSuccess:
         return 0;
     case cudaErrorMemoryAllocation:
         (void)cudaGetLastError(); /* not sticky: clear it so the next call starts clean */
+        snprintf(last_err, sizeof last_err, "%s: %s", what, cudaGetErrorName(e));
         return TD_ERESOURCE_EXHAUSTED;
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
@@ -125,12 +147,25 @@ static int cuda_rc(const cuda_dev *dv, cudaError_t e, const char *what)
     case cudaErrorLaunchTimeout:
     case cudaErrorNoDevice:
     case cudaErrorDevicesUnavailable:
-        fprintf(stderr, "cuda:%d: %s: %s\n", dv ? dv->id : -1, what, cudaGetErrorString(e));
-        return TD_EDEVICE_UNAVAILABLE;
+        fprintf(stderr, "cuda:%d: %s: %s (%s)\n", dv ? dv->id : -1, what, cudaGetErrorName(e),
+                cudaGetErrorString(e));
+        if (dv && dev_failed(dv))
+            return TD_EDEVICE_UNAVAILABLE; /* an earlier call saw the fault */
+        if (dv && atomic_exchange(&dv->claimed, 1) == 0) {
+            snprintf(dv->why, sizeof dv->why, "%s in %s", cudaGetErrorName(e), what);
+            atomic_store(&dv->failed, 1);
+            fprintf(stderr, "cuda:%d: marked failed: %s\n", dv->ord, dv->why);
+        }
+        snprintf(last_err, sizeof last_err, "%s: %s (%s); the device is out of service", what,
+                 cudaGetErrorName(e), cudaGetErrorString(e));
+        return TD_EDEVICE_ERROR;
     default:
         (void)cudaGetLastError();
-        fprintf(stderr, "cuda:%d: %s: %s\n", dv ? dv->id : -1, what, cudaGetErrorString(e));
-        return TD_EINTERNAL;
+        fprintf(stderr, "cuda:%d: %s: %s (%s)\n", dv ? dv->id : -1, what, cudaGetErrorName(e),
+                cudaGetErrorString(e));
+        snprintf(last_err, sizeof last_err, "%s: %s (%s)", what, cudaGetErrorName(e),
+                 cudaGetErrorString(e));
+        return TD_EDEVICE_ERROR;
     }
 }
 
@@ -145,7 +180,8 @@ static int blas_rc(cublasStatus_t s)
         return TD_EUNSUPPORTED_OP;
     default:
         fprintf(stderr, "cuda: cuBLAS: %s\n", blas_api.status_string(s));
-        return TD_EINTERNAL;
+        snprintf(last_err, sizeof last_err, "cuBLAS: %s", blas_api.status_string(s));
+        return TD_EDEVICE_ERROR;
     }
 }
 
@@ -258,8 +294,10 @@ static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size
     if (!c)
         return TD_ERESOURCE_EXHAUSTED;
     for (int id = 0; id < n; id++)
-        if (dev_open(&c->dev[c->n], id, why, why_len) == 0)
+        if (dev_open(&c->dev[c->n], id, why, why_len) == 0) {
+            c->dev[c->n].ord = c->n;
             c->n++;
+        }
     if (c->n == 0) {
         free(c);
         return 0; /* why says what the last device lacked */
@@ -296,14 +334,56 @@ static void *cuda_alloc(void *ctx, int ordinal, size_t nbytes)
 {
     cuda_dev *dv = dev_of(ctx, ordinal);
     void *p = NULL;
-    if (!dv || cudaSetDevice(dv->id) != cudaSuccess)
+    last_alloc_error = cudaErrorInvalidDevice;
+    if (!dv || dev_failed(dv))
         return NULL;
+    cudaError_t e = cudaSetDevice(dv->id);
     /* Stream-ordered: usable by everything enqueued on the device's stream after this. */
-    if (cudaMallocAsync(&p, nbytes ? nbytes : 1, dv->stream) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if (!e)
+        e = cudaMallocAsync(&p, nbytes ? nbytes : 1, dv->stream);
+    last_alloc_error = e;
+    if (e) {
+        (void)cuda_rc(dv, e, "cudaMallocAsync"); /* a sticky error marks the device failed */
         return NULL;
     }
     return p;
+}
+
+/* Why cuda_alloc just failed on this thread, as a typed error. */
+static int cuda_alloc_error(void *ctx, int ordinal, size_t nbytes, td_error *err)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv)
+        return td_error_set(err, TD_EINTERNAL, "cuda:%d: no such device", ordinal);
+    int rc = dev_failed(dv);
+    if (rc)
+        return td_error_set(err, rc, "%s", last_err);
+    if (last_alloc_error != cudaErrorMemoryAllocation)
+        return td_error_set(err, TD_EDEVICE_ERROR, "cuda:%d: %s", ordinal, last_err);
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(dv->id) || cudaMemGetInfo(&free_b, &total_b))
+        (void)cudaGetLastError(); /* free stays 0: unknown */
+    char res[32];
+    snprintf(res, sizeof res, "cuda:%d memory", ordinal);
+    return tdd_err_resource(err, res, nbytes, free_b,
+                            "%s: %zu bytes requested, %zu free (of %zu): %s", res, nbytes, free_b,
+                            total_b, cudaGetErrorName(last_alloc_error));
+}
+
+static void cuda_error_message(void *ctx, int ordinal, int rc, char *buf, size_t len)
+{
+    (void)ctx, (void)ordinal, (void)rc;
+    snprintf(buf, len, "%s", last_err);
+}
+
+static int cuda_device_status(void *ctx, int ordinal, char *why, size_t len)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv || !atomic_load(&dv->failed))
+        return 0;
+    if (len)
+        snprintf(why, len, "%s", dv->why);
+    return TD_EDEVICE_UNAVAILABLE;
 }
 
 static void cuda_free(void *ctx, int ordinal, void *p, size_t nbytes)
@@ -322,8 +402,10 @@ static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, si
     cuda_dev *dv = dev_of(ctx, ordinal);
     if (!dv)
         return TD_EINTERNAL;
-    if (n == 0)
-        return 0;
+    last_err[0] = 0;
+    int rc = dev_failed(dv);
+    if (rc || n == 0)
+        return rc;
     cudaError_t e = cudaSetDevice(dv->id);
     if (!e)
         e = cudaMemcpyAsync(dst, src, n, kind, dv->stream);
@@ -347,6 +429,10 @@ static int cuda_synchronize(void *ctx, int ordinal)
     cuda_dev *dv = dev_of(ctx, ordinal);
     if (!dv)
         return TD_EINTERNAL;
+    last_err[0] = 0;
+    int rc = dev_failed(dv);
+    if (rc)
+        return rc;
     cudaError_t e = cudaSetDevice(dv->id);
     if (!e)
         e = cudaStreamSynchronize(dv->stream);
@@ -1365,8 +1451,11 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
     cuda_dev *dv = dev_of(ctx, ordinal);
     if (!dv)
         return TD_EINTERNAL;
-    int rc = cuda_supports(ctx, c);
+    last_err[0] = 0;
+    int rc = dev_failed(dv);
     if (rc)
+        return rc;
+    if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
         return rc;
@@ -1481,4 +1570,7 @@ const tdd_backend tdd_backend_cuda = {
     .supports = cuda_supports,
     .execute = cuda_execute,
     .synchronize = cuda_synchronize,
+    .alloc_error = cuda_alloc_error,
+    .error_message = cuda_error_message,
+    .device_status = cuda_device_status,
 };
