@@ -165,7 +165,10 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     if (!ds->st.data) {
         free(ds);
         tdd_account_credit(acct, nbytes);
-        exhausted(err, dev->label, nbytes, 0);
+        if (dev->be->alloc_error) /* out of device memory, or a failed device */
+            dev->be->alloc_error(dev->ctx, dev->ordinal, nbytes, err);
+        else
+            exhausted(err, dev->label, nbytes, 0);
         return NULL;
     }
     atomic_init(&ds->st.refs, 1);

@@ -102,9 +102,13 @@ static void op_run(tdd_task *t)
         int rc = be->supports ? be->supports(ot->dev->ctx, &call) : 0;
         if (!rc)
             rc = be->execute(ot->dev->ctx, ot->dev->ordinal, &call);
-        if (rc)
+        if (rc) {
+            char why[192] = ""; /* what the device reported, e.g. the CUDA error's name */
+            if (be->error_message)
+                be->error_message(ot->dev->ctx, ot->dev->ordinal, rc, why, sizeof why);
             st->rc = tdd_err_set(&st->err, rc, "%s on %s: %s", tdd_opdefs[ot->op].name,
-                                 ot->dev->label, td_strerror(rc));
+                                 ot->dev->label, why[0] ? why : td_strerror(rc));
+        }
     }
     if (st->rc)
         poison_outputs(ot->out, ot->n_out, st->rc, &st->err, st->req_id);

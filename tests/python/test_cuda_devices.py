@@ -168,9 +168,6 @@ def test_sticky_error_fails_the_device_and_cpu_still_serves(monkeypatch):
 
 
 @emu_only
-@pytest.mark.xfail(strict=True, reason="issue 10 item 2: daemon/device.c tdd_storage_alloc does "
-                   "not yet ask the backend's alloc_error() why alloc() failed, so any failed "
-                   "cudaMalloc reads as out of memory")
 def test_allocation_on_a_failed_device_is_device_unavailable(monkeypatch):
     d = start(monkeypatch, TDD_EMU_STICKY_LAUNCH=1)
     try:
@@ -214,9 +211,6 @@ def test_tdctl_devices_prints_the_failed_device(monkeypatch):
 
 
 @emu_only
-@pytest.mark.xfail(strict=True, reason="issue 10 item 2: daemon/device.c tdd_storage_alloc does "
-                   "not yet ask the backend's alloc_error(): the error names cuda:0, not "
-                   "'cuda:0 memory', and reports 0 bytes available")
 def test_out_of_device_memory_names_requested_and_free_bytes(monkeypatch):
     d = start(monkeypatch, TDD_EMU_FAIL_ALLOC=2)
     try:
@@ -239,9 +233,6 @@ def info_total(s, dev):
 
 
 @emu_only
-@pytest.mark.xfail(strict=True, reason="issue 10 item 2: daemon/exec_op.c op_run does not yet ask "
-                   "the backend's error_message(): the message says 'device error', not the "
-                   "CUDA error's name")
 def test_device_error_names_the_cuda_error(monkeypatch):
     d = start(monkeypatch, TDD_EMU_STICKY_LAUNCH=1)
     try:
