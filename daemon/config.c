@@ -91,6 +91,10 @@ static const option_row rows[] = {
      "close connections that have not completed Hello"},
     {"max-handshakes", "N", OPT_COUNT, FIELD(max_handshakes), 64, 1, 1u << 20, NULL,
      "connections before Hello; a new one past the limit drops the oldest"},
+    {"poll-us", "USECS", OPT_COUNT, FIELD(poll_us), 100, 0, 1000000, "never",
+     "after a request, keep polling the sockets this long before sleeping, so a client's "
+     "next request finds the daemon awake (a sleeping vCPU took 50-80 us to wake on a "
+     "shared VM)"},
     {"write-timeout", "SECS", OPT_SECONDS, FIELD(write_timeout_s), 20, 0, 86400, "never",
      "close connections whose replies make no progress (a client that stopped reading)"},
     {"max-write-queue", "BYTES", OPT_BYTES, FIELD(max_write_queue), 64 * M, 4 * K, UINT64_MAX, NULL,

@@ -32,6 +32,7 @@ typedef struct tdd_config {
     uint32_t hello_timeout_s; /* close a connection that has not completed Hello; 0 = never */
     uint32_t max_handshakes;  /* connections still before Hello (the oldest is dropped) */
     uint32_t write_timeout_s; /* close a connection whose writes make no progress; 0 = never */
+    uint32_t poll_us;         /* after a request, poll this long before blocking; 0 = never */
     uint64_t
         max_write_queue; /* reply bytes (with their bookkeeping) queued before reading pauses */
     uint32_t shutdown_grace_s;

@@ -54,3 +54,17 @@ def test_version_is_the_one_hello_reports(daemon):
     with tensordd.connect(daemon.endpoint, timeout=10) as s:
         server = s.server
     assert r.stdout.split()[:2] == server.split()[:2], (r.stdout, server)
+
+
+@pytest.mark.parametrize("poll", ["0", "100", "5000"])
+def test_loop_serves_with_and_without_polling(start_daemon, poll):
+    """--poll-us only changes how the loop waits (polling after a request, or
+    sleeping at once): answers, timers and shutdown are the same."""
+    import numpy as np
+    import tensordd
+    d = start_daemon("--poll-us", poll, "--idle-timeout", "1")
+    with tensordd.connect(d.endpoint, timeout=10) as s:
+        a = np.arange(6, dtype=np.float32)
+        for _ in range(50):
+            assert float((s.tensor(a) * 2).sum().numpy()) == 30.0
+    assert d.stop() == 0, d.log()
