@@ -77,115 +77,56 @@ TDD_HD int64_t tdd_iremainder(int64_t x, int64_t y, int *err)
 }
 
 /* Two operands, broadcasting (relu_backward's own prepare makes it ELEMENT). */
+/* clang-format off: one row per op reads best; the formatter folds the rows into a stair. */
+// clang-format off
 #define TDD_BINARY_OPS(OP, EW)                                                                     \
-    OP(ADD, "add", 1, 2, BINARY)                                                                   \
-    EW(ADD, SAMEB, x + alpha * y, INT, (U)x + alpha * (U)y)                                        \
+    OP(ADD, "add", 1, 2, BINARY) EW(ADD, SAMEB, x + alpha * y, INT, (U)x + alpha * (U)y)           \
     OP(SUB, "sub", 1, 2, BINARY) EW(SUB, SAME, x - alpha * y, INT, (U)x - alpha * (U)y)            \
-        OP(MUL, "mul", 1, 2, BINARY) EW(MUL, SAMEB, x *y, INT, (U)x *(U)y) OP(                     \
-            DIV, "div", 1, 2, BINARY) EW(DIV, FLOAT, x / y, NONE, 0) OP(POW, "pow", 1, 2, BINARY)  \
-            EW(POW, SAME, pow(x, y), ICHK, tdd_ipow(x, y, &err)) OP(MAXIMUM, "maximum", 1, 2,      \
-                                                                    BINARY)                        \
-                EW(MAXIMUM, SAMEB, (x != x || y != y) ? (R)NAN : (x > y ? x : y), INT,             \
-                   x > y ? x : y) OP(MINIMUM, "minimum", 1, 2, BINARY)                             \
-                    EW(MINIMUM, SAMEB, (x != x || y != y) ? (R)NAN : (x < y ? x : y), INT,         \
-                       x < y ? x : y) OP(REMAINDER, "remainder", 1, 2, BINARY)                     \
-                        EW(REMAINDER, SAME, TDD_REMAINDER(x, y), ICHK, tdd_iremainder(x, y, &err)) \
-                            OP(EQ, "eq", 1, 2, BINARY) EW(EQ, BOOL, x == y, INT, x == y)           \
-                                OP(NE, "ne", 1, 2, BINARY) EW(NE, BOOL, x != y, INT, x != y)       \
-                                    OP(LT, "lt", 1, 2, BINARY) EW(LT, BOOL, x < y, INT, x < y) OP( \
-                                        LE, "le", 1, 2, BINARY) EW(LE, BOOL, x <= y, INT, x <= y)  \
-                                        OP(GT, "gt", 1, 2, BINARY) EW(GT, BOOL, x > y, INT, x > y) \
-                                            OP(GE, "ge", 1, 2, BINARY) EW(GE, BOOL, x >= y, INT,   \
-                                                                          x >= y)                  \
-                                                OP(LOGICAL_AND, "logical_and", 1, 2,               \
-                                                   BINARY) EW(LOGICAL_AND, BOOL, x != 0 && y != 0, \
-                                                              INT, x != 0 && y != 0)               \
-                                                    OP(LOGICAL_OR, "logical_or", 1, 2, BINARY)     \
-                                                        EW(LOGICAL_OR, BOOL, x != 0 || y != 0,     \
-                                                           INT, x != 0 || y != 0)                  \
-                                                            OP(LOGICAL_XOR, "logical_xor", 1, 2,   \
-                                                               BINARY) EW(LOGICAL_XOR, BOOL,       \
-                                                                          (x != 0) != (y != 0),    \
-                                                                          INT,                     \
-                                                                          (x != 0) != (y != 0))    \
-                                                                OP(ATAN2, "atan2", 1, 2, BINARY)   \
-                                                                    EW(ATAN2, FLOAT, atan2(x, y),  \
-                                                                       NONE,                       \
-                                                                       0) OP(RELU_BACKWARD,        \
-                                                                             "relu_backward", 2,   \
-                                                                             2, ELEMENT)           \
-                                                                        EW(RELU_BACKWARD, SAME,    \
-                                                                           y > 0 ? x : (R)0, INT,  \
-                                                                           y > 0 ? x : 0)
+    OP(MUL, "mul", 1, 2, BINARY) EW(MUL, SAMEB, x * y, INT, (U)x * (U)y)                           \
+    OP(DIV, "div", 1, 2, BINARY) EW(DIV, FLOAT, x / y, NONE, 0)                                    \
+    OP(POW, "pow", 1, 2, BINARY) EW(POW, SAME, pow(x, y), ICHK, tdd_ipow(x, y, &err))              \
+    OP(MAXIMUM, "maximum", 1, 2, BINARY) EW(MAXIMUM, SAMEB, (x != x || y != y) ? (R)NAN : (x > y ? x : y), INT, x > y ? x : y) \
+    OP(MINIMUM, "minimum", 1, 2, BINARY) EW(MINIMUM, SAMEB, (x != x || y != y) ? (R)NAN : (x < y ? x : y), INT, x < y ? x : y) \
+    OP(REMAINDER, "remainder", 1, 2, BINARY) EW(REMAINDER, SAME, TDD_REMAINDER(x, y), ICHK, tdd_iremainder(x, y, &err)) \
+    OP(EQ, "eq", 1, 2, BINARY) EW(EQ, BOOL, x == y, INT, x == y)                                   \
+    OP(NE, "ne", 1, 2, BINARY) EW(NE, BOOL, x != y, INT, x != y)                                   \
+    OP(LT, "lt", 1, 2, BINARY) EW(LT, BOOL, x < y, INT, x < y)                                     \
+    OP(LE, "le", 1, 2, BINARY) EW(LE, BOOL, x <= y, INT, x <= y)                                   \
+    OP(GT, "gt", 1, 2, BINARY) EW(GT, BOOL, x > y, INT, x > y)                                     \
+    OP(GE, "ge", 1, 2, BINARY) EW(GE, BOOL, x >= y, INT, x >= y)                                   \
+    OP(LOGICAL_AND, "logical_and", 1, 2, BINARY) EW(LOGICAL_AND, BOOL, x != 0 && y != 0, INT, x != 0 && y != 0) \
+    OP(LOGICAL_OR, "logical_or", 1, 2, BINARY) EW(LOGICAL_OR, BOOL, x != 0 || y != 0, INT, x != 0 || y != 0) \
+    OP(LOGICAL_XOR, "logical_xor", 1, 2, BINARY) EW(LOGICAL_XOR, BOOL, (x != 0) != (y != 0), INT, (x != 0) != (y != 0)) \
+    OP(ATAN2, "atan2", 1, 2, BINARY) EW(ATAN2, FLOAT, atan2(x, y), NONE, 0)                        \
+    OP(RELU_BACKWARD, "relu_backward", 2, 2, ELEMENT) EW(RELU_BACKWARD, SAME, y > 0 ? x : (R)0, INT, y > 0 ? x : 0)
 
 /* One operand. */
 #define TDD_UNARY_OPS(OP, EW)                                                                      \
-    OP(NEG, "neg", 1, 1, UNARY)                                                                    \
-    EW(NEG, SAME, -x, INT, (U)0 - (U)x)                                                            \
-    OP(ABS, "abs", 1, 1, UNARY) EW(ABS, SAME, fabs(x), INT, x < 0 ? (U)0 - (U)x : (U)x) OP(        \
-        SIGN, "sign", 1, 1, UNARY) EW(SIGN, SAME,                                                  \
-                                      x > 0   ? (R)1                                               \
-                                      : x < 0 ? (R)-1                                              \
-                                              : x * (R)0,                                          \
-                                      INT, (x > 0) - (x < 0)) OP(EXP, "exp", 1, 1, UNARY)          \
-        EW(EXP, FLOAT, exp(x), NONE, 0) OP(LOG, "log", 1, 1, UNARY) EW(                            \
-            LOG, FLOAT, log(x), NONE, 0) OP(LOG1P, "log1p", 1, 1, UNARY)                           \
-            EW(LOG1P, FLOAT, log1p(x), NONE, 0) OP(EXPM1, "expm1", 1, 1, UNARY)                    \
-                EW(EXPM1, FLOAT, expm1(x), NONE, 0) OP(SQRT, "sqrt", 1, 1, UNARY) EW(              \
-                    SQRT, FLOAT, sqrt(x), NONE,                                                    \
-                    0) OP(RSQRT, "rsqrt", 1, 1, UNARY)                                             \
-                    EW(RSQRT, FLOAT, (R)1 / sqrt(x), NONE, 0) OP(SIN, "sin", 1, 1, UNARY) EW(      \
-                        SIN, FLOAT,                                                                \
-                        sin(x),                                                                    \
-                        NONE, 0) OP(COS, "cos", 1, 1, UNARY)                                       \
-                        EW(COS, FLOAT, cos(x), NONE,                                               \
-                           0) OP(TANH, "tanh", 1, 1,                                               \
-                                 UNARY) EW(TANH, FLOAT, tanh(x), NONE, 0)                          \
-                            OP(SIGMOID, "sigmoid", 1, 1,                                           \
-                               UNARY) EW(SIGMOID, FLOAT, (R)1 / ((R)1 + exp(-x)), NONE, 0)         \
-                                OP(RELU, "relu", 1, 1,                                             \
-                                   UNARY) EW(RELU, SAME, x < 0 ? (R)0 : x, INT, x < 0 ? 0 : x)     \
-                                    OP(LEAKY_RELU, "leaky_relu", 1, 1,                             \
-                                       UNARY) EW(LEAKY_RELU, FONLY, x > 0 ? x : x * p0, NONE, 0)   \
-                                        OP(GELU, "gelu", 1, 1, UNARY) EW(                          \
-                                            GELU, FONLY,                                           \
-                                            v ? (R)0.5 * x *((R)1 +                                \
-                                                             tanh((R)0.7978845608028654 *          \
-                                                                  (x + (R)0.044715 * x * x * x)))  \
-                                              : (R)0.5 * x *                                       \
-                                                    ((R)1 + erf(x * (R)0.7071067811865476)),       \
-                                            NONE, 0) OP(SILU, "silu", 1, 1, UNARY)                 \
-                                            EW(SILU, FONLY, x / ((R)1 + exp(-x)), NONE,            \
-                                               0) OP(SOFTPLUS, "softplus", 1, 1, UNARY)            \
-                                                EW(SOFTPLUS, FONLY,                                \
-                                                   x *p0 > p1 ? x : log1p(exp(x * p0)) / p0, NONE, \
-                                                   0) OP(CLAMP, "clamp", 1, 1, UNARY)              \
-                                                    EW(CLAMP, SAME,                                \
-                                                       TDD_CLAMP_STEP(TDD_CLAMP_STEP(x, p0, <),    \
-                                                                      p1, >),                      \
-                                                       INT,                                        \
-                                                       x<lo ? (lo > hi ? hi : lo) : x> hi          \
-                                                           ? hi                                    \
-                                                           : x) OP(FLOOR, "floor", 1, 1, UNARY)    \
-                                                        EW(FLOOR, SAME, floor(x), INT,             \
-                                                           x) OP(CEIL, "ceil", 1, 1, UNARY)        \
-                                                            EW(CEIL, SAME, ceil(x), INT,           \
-                                                               x) OP(ROUND, "round", 1, 1, UNARY)  \
-                                                                EW(ROUND, SAME, nearbyint(x), INT, \
-                                                                   x) OP(RECIPROCAL, "reciprocal", \
-                                                                         1, 1, UNARY)              \
-                                                                    EW(RECIPROCAL, FLOAT,          \
-                                                                       (R)1 / x, NONE, 0)          \
-                                                                        OP(SQUARE, "square", 1, 1, \
-                                                                           UNARY) EW(SQUARE, SAME, \
-                                                                                     x *x, INT,    \
-                                                                                     (U)x *(U)x)   \
-                                                                            OP(LOGICAL_NOT,        \
-                                                                               "logical_not", 1,   \
-                                                                               1, UNARY)           \
-                                                                                EW(LOGICAL_NOT,    \
-                                                                                   BOOL, x == 0,   \
-                                                                                   INT, x == 0)
+    OP(NEG, "neg", 1, 1, UNARY) EW(NEG, SAME, -x, INT, (U)0 - (U)x)                                \
+    OP(ABS, "abs", 1, 1, UNARY) EW(ABS, SAME, fabs(x), INT, x < 0 ? (U)0 - (U)x : (U)x)            \
+    OP(SIGN, "sign", 1, 1, UNARY) EW(SIGN, SAME, x > 0 ? (R)1 : x < 0 ? (R)-1 : x * (R)0, INT, (x > 0) - (x < 0)) \
+    OP(EXP, "exp", 1, 1, UNARY) EW(EXP, FLOAT, exp(x), NONE, 0)                                    \
+    OP(LOG, "log", 1, 1, UNARY) EW(LOG, FLOAT, log(x), NONE, 0)                                    \
+    OP(LOG1P, "log1p", 1, 1, UNARY) EW(LOG1P, FLOAT, log1p(x), NONE, 0)                            \
+    OP(EXPM1, "expm1", 1, 1, UNARY) EW(EXPM1, FLOAT, expm1(x), NONE, 0)                            \
+    OP(SQRT, "sqrt", 1, 1, UNARY) EW(SQRT, FLOAT, sqrt(x), NONE, 0)                                \
+    OP(RSQRT, "rsqrt", 1, 1, UNARY) EW(RSQRT, FLOAT, (R)1 / sqrt(x), NONE, 0)                      \
+    OP(SIN, "sin", 1, 1, UNARY) EW(SIN, FLOAT, sin(x), NONE, 0)                                    \
+    OP(COS, "cos", 1, 1, UNARY) EW(COS, FLOAT, cos(x), NONE, 0)                                    \
+    OP(TANH, "tanh", 1, 1, UNARY) EW(TANH, FLOAT, tanh(x), NONE, 0)                                \
+    OP(SIGMOID, "sigmoid", 1, 1, UNARY) EW(SIGMOID, FLOAT, (R)1 / ((R)1 + exp(-x)), NONE, 0)       \
+    OP(RELU, "relu", 1, 1, UNARY) EW(RELU, SAME, x < 0 ? (R)0 : x, INT, x < 0 ? 0 : x)             \
+    OP(LEAKY_RELU, "leaky_relu", 1, 1, UNARY) EW(LEAKY_RELU, FONLY, x > 0 ? x : x * p0, NONE, 0)   \
+    OP(GELU, "gelu", 1, 1, UNARY) EW(GELU, FONLY, v ? (R)0.5 * x *((R)1 + tanh((R)0.7978845608028654 * (x + (R)0.044715 * x * x * x))) : (R)0.5 * x * ((R)1 + erf(x * (R)0.7071067811865476)), NONE, 0) \
+    OP(SILU, "silu", 1, 1, UNARY) EW(SILU, FONLY, x / ((R)1 + exp(-x)), NONE, 0)                   \
+    OP(SOFTPLUS, "softplus", 1, 1, UNARY) EW(SOFTPLUS, FONLY, x *p0 > p1 ? x : log1p(exp(x * p0)) / p0, NONE, 0) \
+    OP(CLAMP, "clamp", 1, 1, UNARY) EW(CLAMP, SAME, TDD_CLAMP_STEP(TDD_CLAMP_STEP(x, p0, <), p1, >), INT, x<lo ? (lo > hi ? hi : lo) : x> hi ? hi : x) \
+    OP(FLOOR, "floor", 1, 1, UNARY) EW(FLOOR, SAME, floor(x), INT, x)                              \
+    OP(CEIL, "ceil", 1, 1, UNARY) EW(CEIL, SAME, ceil(x), INT, x)                                  \
+    OP(ROUND, "round", 1, 1, UNARY) EW(ROUND, SAME, nearbyint(x), INT, x)                          \
+    OP(RECIPROCAL, "reciprocal", 1, 1, UNARY) EW(RECIPROCAL, FLOAT, (R)1 / x, NONE, 0)             \
+    OP(SQUARE, "square", 1, 1, UNARY) EW(SQUARE, SAME, x * x, INT, (U)x * (U)x)                    \
+    OP(LOGICAL_NOT, "logical_not", 1, 1, UNARY) EW(LOGICAL_NOT, BOOL, x == 0, INT, x == 0)
 
 /* An EW (or OP) argument that expands to nothing. */
 #define TDD_EW_SKIP(...)
