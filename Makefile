@@ -359,7 +359,7 @@ install: all
 	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
 	@# the Python package is built as a wheel (pyproject.toml: setuptools, offline; tensordd_pb2
 	@# generated into the build directory) and installed with its metadata
-	$(PY) -m pip install -q --no-input --no-deps --no-index --no-compile --upgrade \
+	$(PY) -m pip install -q --no-input --no-deps --no-index --no-compile --upgrade --root-user-action=ignore \
 	    --target $(DESTDIR)$(PYDIR) ./client/python
 	rm -rf client/python/build client/python/tensordd.egg-info
 	@echo "installed under $(DESTDIR)$(PREFIX) (python package in $(PYDIR)); systemd unit: deploy/tensordd.service"
