@@ -16,40 +16,7 @@ import pytest
 import tensordd
 from tensordd import tensordd_pb2 as pb
 
-MAGIC = 0x01444454
-
-
-def frame(req, payload=b""):
-    m = req.SerializeToString()
-    return struct.pack("<IIQ", MAGIC, len(m), len(payload)) + m + payload
-
-
-def hello(rid=1, name="hostile", token=""):
-    return frame(pb.Request(id=rid, hello=pb.Hello(min_version=1, max_version=1,
-                                                   client_name=name, token=token)))
-
-
-def raw(endpoint, timeout=10):
-    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=timeout)
-
-
-def read_frame(sock):
-    """One Response (and its payload); None at EOF."""
-    hdr = sock.recv(16, socket.MSG_WAITALL)
-    if len(hdr) < 16:
-        return None
-    magic, mlen, plen = struct.unpack("<IIQ", hdr)
-    assert magic == MAGIC
-    msg = sock.recv(mlen, socket.MSG_WAITALL) if mlen else b""
-    r = pb.Response()
-    r.ParseFromString(msg)
-    left = plen
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        assert chunk, "EOF inside a payload"
-        left -= len(chunk)
-    return r
+from helpers import MAGIC, frame, hello, raw, read_frame
 
 
 def wait_eof(sock, timeout):

@@ -4,7 +4,6 @@ middle of an upload. None of them may block another session, and what they
 held must come back (handles and memory, read from the daemon's own stats)."""
 
 import socket
-import struct
 import time
 
 import numpy as np
@@ -13,22 +12,7 @@ import pytest
 import tensordd
 from tensordd import tensordd_pb2 as pb
 
-MAGIC = 0x01444454
-
-
-def frame(req, payload=b""):
-    m = req.SerializeToString()
-    return struct.pack("<IIQ", MAGIC, len(m), len(payload)) + m + payload
-
-
-def hello(rid=1):
-    return frame(pb.Request(id=rid, hello=pb.Hello(min_version=1, max_version=1,
-                                                   client_name="isolation")))
-
-
-def raw(endpoint):
-    host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
+from helpers import frame, hello, raw
 
 
 @pytest.fixture
@@ -54,7 +38,7 @@ def assert_quick_session(endpoint):
 
 def test_client_silent_mid_frame_does_not_block_others(fresh):
     quiet = raw(fresh.endpoint)
-    quiet.sendall(hello())
+    quiet.sendall(hello(name="isolation"))
     req = frame(pb.Request(id=2, sync=pb.Sync()))
     quiet.sendall(req[:7])  # half a header, then nothing
     for _ in range(3):
@@ -70,7 +54,7 @@ def test_client_that_never_reads_replies_does_not_block_others(fresh):
     with tensordd.connect(fresh.endpoint) as watcher:
         base_mem = memory_in_use(watcher)
         hog = raw(fresh.endpoint)
-        hog.sendall(hello())
+        hog.sendall(hello(name="isolation"))
         big = np.zeros(1 << 20, np.float32)  # 4 MiB tensor
         hog.sendall(frame(pb.Request(id=2, upload=pb.Upload(
             handle=1, dtype=pb.DTYPE_F32, shape=[big.size])), big.tobytes()))
@@ -99,7 +83,7 @@ def test_hang_up_mid_upload_frees_everything(fresh):
         base = watcher.stats()
         base_mem = memory_in_use(watcher)
         c = raw(fresh.endpoint)
-        c.sendall(hello())
+        c.sendall(hello(name="isolation"))
         # The Hello reply first: the session surely exists before the wait below,
         # which could otherwise end before the daemon had even accepted it.
         assert len(c.recv(16, socket.MSG_WAITALL)) == 16
@@ -122,7 +106,7 @@ def test_hang_up_mid_upload_frees_everything(fresh):
 def test_idle_timeout_closes_only_the_silent_session(start_daemon):
     d = start_daemon("--idle-timeout", "1")
     quiet = raw(d.endpoint)
-    quiet.sendall(hello())
+    quiet.sendall(hello(name="isolation"))
     with tensordd.connect(d.endpoint, timeout=10) as busy:
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:  # busy keeps talking; quiet says nothing
