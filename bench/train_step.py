@@ -22,16 +22,17 @@ import tensordd
 STEPS, BLOCKS = 50, 7
 
 
-def blocks(step):
-    for _ in range(10):  # warm-up
+def blocks(step, steps=STEPS, nblocks=BLOCKS, warmup=10):
+    """Median seconds per step over nblocks blocks of steps steps, after warmup steps."""
+    for _ in range(warmup):
         step()
     per_step = []
-    for _ in range(BLOCKS):
+    for _ in range(nblocks):
         time.sleep(0.1)
         t0 = time.perf_counter()
-        for _ in range(STEPS):
+        for _ in range(steps):
             step()
-        per_step.append((time.perf_counter() - t0) / STEPS)
+        per_step.append((time.perf_counter() - t0) / steps)
     return statistics.median(per_step)
 
 
@@ -90,18 +91,6 @@ def big_mlp(endpoint, steps=5, nblocks=5):
         init += [(rng.standard_normal((i, o)) / np.sqrt(i)).astype(np.float32),
                  np.zeros(o, np.float32)]
 
-    def timed(step):
-        for _ in range(2):
-            step()
-        per = []
-        for _ in range(nblocks):
-            time.sleep(0.1)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step()
-            per.append((time.perf_counter() - t0) / steps)
-        return statistics.median(per)
-
     tp = [torch.tensor(a, requires_grad=True) for a in init]
     topt = torch.optim.SGD(tp, lr=1e-2)
 
@@ -116,7 +105,7 @@ def big_mlp(endpoint, steps=5, nblocks=5):
         loss.backward()
         topt.step()
 
-    local = timed(torch_step)
+    local = blocks(torch_step, steps, nblocks, warmup=2)
     with tensordd.connect(endpoint) as s:
         params = [s.tensor(a, requires_grad=True) for a in init]
         opt = tensordd.optim.SGD(params, lr=1e-2)
@@ -131,7 +120,7 @@ def big_mlp(endpoint, steps=5, nblocks=5):
             opt.step(loss.backward())
             s.sync()
 
-        remote = timed(remote_step)
+        remote = blocks(remote_step, steps, nblocks, warmup=2)
     print("MLP 784-1024-1024-10 training step, batch 256, SGD (median of %d blocks of %d)" %
           (nblocks, steps))
     print("  local PyTorch (1 thread)  %7.3f ms" % (local * 1e3))
