@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autograd.h"
+#include "dtype.h"
 #include "exec_op.h"
 #include "handlers.h"
 #include "log.h"
@@ -409,8 +410,7 @@ int tdd_h_upload(tdd_req *r)
         rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, shape and dtype need %llu",
                          (unsigned long long)plen, (unsigned long long)((uint64_t)numel * isz));
     td_dtype udt = (td_dtype)up->dtype;
-    if (!rc && up->requires_grad && udt != TD_F32 && udt != TD_F64 && udt != TD_F16 &&
-        udt != TD_BF16)
+    if (!rc && up->requires_grad && !tdd_dtype_is_float(udt))
         rc = tdd_err_arg(&err, "requires_grad", "only floating-point tensors can require grad");
     if (!rc && !(dev = resolve_device(up->device, &err)))
         rc = err.code;
@@ -605,7 +605,7 @@ int tdd_h_op(tdd_req *r)
         rc = tdd_op_prepare(def->op, NULL, 0, &oreq, tdd_cfg.max_numel, &pa, pod, &pn, &err);
         for (int i = 0; !rc && i < pn; i++) {
             td_dtype odt = pod[i].dtype;
-            if (odt != TD_F32 && odt != TD_F64 && odt != TD_F16 && odt != TD_BF16)
+            if (!tdd_dtype_is_float(odt))
                 rc = tdd_err_arg(&err, "requires_grad",
                                  "%s: only floating-point tensors can require grad, not %s",
                                  def->name, td_dtype_name(odt));
