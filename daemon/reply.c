@@ -79,12 +79,6 @@ void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, 
     transport.send(c, r, payload, plen, hold);
 }
 
-void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const void *payload,
-                           uint64_t plen, tdd_storage *hold)
-{
-    transport.send_encoded(c, msg, mlen, payload, plen, hold);
-}
-
 void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
 {
     tdd_wire_error w;
@@ -117,11 +111,6 @@ void tdd_conn_pause(tdd_conn *c)
 void tdd_conn_resume(tdd_conn *c)
 {
     transport.resume(c);
-}
-
-void tdd_conn_kick(tdd_conn *c)
-{
-    transport.kick(c);
 }
 
 int tdd_conn_admit(tdd_conn *c, td_error *err)

@@ -52,8 +52,6 @@ void tdd_reply_done(tdd_session *s, uint64_t req_id, bool want_reply, int rc, td
 /* Frames to the client, through the transport. */
 void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
                    tdd_storage *hold);
-void tdd_conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, const void *payload,
-                           uint64_t plen, tdd_storage *hold);
 void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err);
 void tdd_conn_send_ok(tdd_conn *c, uint64_t id);
 /* Replies with v's TensorInfo (and a payload for downloads). */
@@ -62,8 +60,6 @@ void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const voi
 /* Pauses frame processing until tdd_conn_resume (one call each). */
 void tdd_conn_pause(tdd_conn *c);
 void tdd_conn_resume(tdd_conn *c);
-/* The session's queued work dropped: retry a blocked request, resume reading. */
-void tdd_conn_kick(tdd_conn *c);
 /* Hello succeeded: the connection becomes a session, counted against --max-sessions,
  * and gets the full frame limits. A negative TD_E* (err set) when the daemon serves its
  * limit of sessions. */
