@@ -660,8 +660,7 @@ int tdd_h_to_device(tdd_req *r)
     tdd_handle_add(s, td->output, TD_HANDLE_TENSOR, out);
     if (node)
         tdd_autograd_record_to_device(node, v, out);
-    if (req->want_reply)
-        tdd_conn_send_ok(c, req->id); /* queued; errors of the copy surface at the next sync */
+    tdd_answer_ok(r); /* queued; errors of the copy surface at the next sync */
     return TDD_DISPATCH_DONE;
 }
 
