@@ -28,6 +28,22 @@
 extern "C" {
 #endif
 
+/* ------------------------------------------------------------------ version */
+
+/* The version of this header. The shared library's soname (libtensordd.so.N) changes
+ * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
+ * lists what it exports (make test fails when a listed symbol disappears). */
+#define TD_VERSION_MAJOR 0
+#define TD_VERSION_MINOR 1
+#define TD_VERSION_PATCH 0
+#define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
+
+/* The version of the library linked at run time, as TD_VERSION_HEX: compare the two
+ * to find a header and a library that differ. */
+unsigned int td_version(void);
+/* The same as text: "0.1.0". */
+const char *td_version_string(void);
+
 /* ------------------------------------------------------------------ client */
 
 typedef struct td_client td_client;
