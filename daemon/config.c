@@ -52,6 +52,9 @@ static const option_row rows[] = {
      "logical CPU devices cpu:0..N-1"},
     {"threads", "N", OPT_COUNT, FIELD(threads), 0, 0, 1024, "all cores",
      "threads for the cpu backend"},
+    {"device-lanes", "N", OPT_COUNT, FIELD(device_lanes), 4, 1, 64, NULL,
+     "worker queues per cpu/ref device: sessions are spread over them, so one session's big "
+     "kernel does not hold up another's small ops (1: one queue, strict device order)"},
     {"sim-devices", "N", OPT_COUNT, FIELD(sim_devices), 0, 0, 16, NULL,
      "simulated discrete devices sim:0..N-1 with device memory and reference kernels, for "
      "tests"},

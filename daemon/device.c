@@ -62,9 +62,18 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
             d->index = ndevices;
             snprintf(d->label, sizeof d->label, "%s:%d", d->be->name, o);
             d->be->device_name(d->ctx, o, d->name, sizeof d->name);
-            d->q = tdd_queue_new(d->label);
-            if (!d->q)
-                return TD_ERESOURCE_EXHAUSTED;
+            /* Host-memory kernels (cpu, ref) are plain functions of their operands and
+             * may overlap; a staged device (cuda, sim) keeps one lane, its stream. */
+            d->nlanes = d->be->host_memory ? cfg->device_lanes : 1;
+            if (d->nlanes < 1 || d->nlanes > TDD_MAX_LANES)
+                d->nlanes = 1;
+            for (int l = 0; l < d->nlanes; l++) {
+                char name[32];
+                snprintf(name, sizeof name, "%s/%d", d->label, l);
+                d->lanes[l] = tdd_queue_new(name);
+                if (!d->lanes[l])
+                    return TD_ERESOURCE_EXHAUSTED;
+            }
             tdd_info("device %s: %s", d->label, d->name);
             ndevices++;
         }
@@ -72,10 +81,16 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
     return 0;
 }
 
+tdd_queue *tdd_device_lane(const tdd_device *d, uint64_t session_id)
+{
+    return d->lanes[session_id % (uint64_t)d->nlanes];
+}
+
 void tdd_devices_shutdown(void)
 {
     for (int i = 0; i < ndevices; i++)
-        tdd_queue_free(devices[i].q);
+        for (int l = 0; l < devices[i].nlanes; l++)
+            tdd_queue_free(devices[i].lanes[l]);
     for (size_t b = 0; b < NBACKENDS; b++)
         if (backends[b]->shutdown && contexts[b])
             backends[b]->shutdown(contexts[b]);

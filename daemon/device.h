@@ -7,6 +7,8 @@
 
 struct tdd_queue;
 
+#define TDD_MAX_LANES 64
+
 typedef struct tdd_device {
     const tdd_backend *be;
     void *ctx;
@@ -15,8 +17,15 @@ typedef struct tdd_device {
     char label[24]; /* "cpu:0" */
     char name[64];
     uint64_t in_use, peak; /* bytes; loop thread only */
-    struct tdd_queue *q;   /* the device's worker */
+    /* The device's workers: a session's work runs on lane (session id % nlanes), in
+     * submission order; other sessions' lanes run beside it, so a long kernel holds up
+     * only its own session. One lane where the backend's kernels must not overlap. */
+    struct tdd_queue *lanes[TDD_MAX_LANES];
+    int nlanes;
 } tdd_device;
+
+/* The lane that orders the work of the session with this id on d. */
+struct tdd_queue *tdd_device_lane(const tdd_device *d, uint64_t session_id);
 
 /* Who pays for an allocation: a session's quota (limit 0 = none) and the
  * daemon's cap. Refcounted because storage can outlive its session briefly

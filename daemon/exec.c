@@ -1,5 +1,6 @@
-/* exec.c -- one worker thread per device; tasks run in submission order and
- * their completions are handed back to the loop thread through one wake-up pipe. */
+/* exec.c -- one worker thread per queue (a device has one queue per lane: device.c);
+ * tasks run in submission order and their completions are handed back to the loop
+ * thread through one wake-up pipe. */
 #include "exec.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* exec.h -- device worker threads: FIFO queues of tasks, completions posted to the loop. */
+/* exec.h -- worker threads: FIFO task queues (a device's lanes), completions to the loop. */
 #ifndef TDD_EXEC_H
 #define TDD_EXEC_H
 

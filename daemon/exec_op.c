@@ -175,7 +175,7 @@ static bool can_run_inline(const op_task *ot)
     for (int i = 0; i < ot->n_in; i++)
         if (ot->in[i]->fq && !tdd_queue_reached(ot->in[i]->fq, ot->in[i]->fseq))
             return false;
-    return tdd_queue_idle(ot->dev->q);
+    return tdd_queue_idle(tdd_device_lane(ot->dev, ot->st.s->id));
 }
 
 int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err)
@@ -278,9 +278,10 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
         ot->in[i] = in[i];
         tdd_value_ref(in[i]);
     }
-    uint64_t seq = tdd_queue_next_seq(dev->q);
+    tdd_queue *lane = tdd_device_lane(dev, s->id);
+    uint64_t seq = tdd_queue_next_seq(lane);
     for (int i = 0; i < nout; i++) {
-        ot->out[i]->fq = dev->q;
+        ot->out[i]->fq = lane;
         ot->out[i]->fseq = seq;
         tdd_value_ref(ot->out[i]);
         out[i] = ot->out[i];
@@ -299,7 +300,7 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
         op_release(ot);
         return 0;
     }
-    tdd_queue_submit(dev->q, &ot->st.base);
+    tdd_queue_submit(lane, &ot->st.base);
     return 0;
 }
 
@@ -343,8 +344,9 @@ int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value
     tdd_value_ref(src);
     ot->out[0] = dst;
     tdd_value_ref(dst);
-    dst->fq = dev->q;
-    dst->fseq = tdd_queue_next_seq(dev->q);
+    tdd_queue *lane = tdd_device_lane(dev, s->id);
+    dst->fq = lane;
+    dst->fseq = tdd_queue_next_seq(lane);
     session_task_begin(&ot->st, s, req_id, false);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
@@ -355,7 +357,7 @@ int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value
         op_release(ot);
         return 0;
     }
-    tdd_queue_submit(dev->q, &ot->st.base);
+    tdd_queue_submit(lane, &ot->st.base);
     return 0;
 }
 
@@ -437,7 +439,8 @@ int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device 
         free(ct);
         return TD_ERESOURCE_EXHAUSTED;
     }
-    tdd_queue *q = src->dev->q; /* the source's queue orders the read after its producer */
+    /* the session's lane on the source orders the read after its producer */
+    tdd_queue *q = tdd_device_lane(src->dev, s->id);
     v->fq = q;
     v->fseq = tdd_queue_next_seq(q);
     ct->src = src;
@@ -491,6 +494,6 @@ int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_do
     session_task_begin(&wt->st, s, 0, false);
     wt->st.base.run = work_run;
     wt->st.base.done = work_done;
-    tdd_queue_submit(dev->q, &wt->st.base);
+    tdd_queue_submit(tdd_device_lane(dev, s->id), &wt->st.base);
     return 0;
 }

@@ -6,6 +6,7 @@
 
 #include "autograd.h"
 #include "dtype.h"
+#include "exec.h"
 #include "exec_op.h"
 #include "handlers.h"
 #include "log.h"
@@ -162,6 +163,7 @@ int tdd_h_stats(tdd_req *r)
     sr.requests = tdd_stats.requests;
     sr.uptime_ms = uv_now(uv_default_loop()) - tdd_stats.start_ms;
     sr.tensors_alive = tdd_values_alive();
+    sr.tasks_pending = tdd_exec_pending();
 
     Tensordd__V1__ErrorCount ec[TD_ERRNO_COUNT], *ecp[TD_ERRNO_COUNT];
     size_t nec = 0;
@@ -362,9 +364,9 @@ static void staged_upload_landed(tdd_conn *c, void *arg, int status)
         staged_free(st);
         return;
     }
-    /* Readers on other queues wait for the copy; the device's own queue orders it. */
-    v->fq = v->dev->q;
-    v->fseq = tdd_queue_next_seq(v->dev->q) - 1;
+    /* Readers on other queues wait for the copy; the session's lane orders it. */
+    v->fq = tdd_device_lane(v->dev, st->s->id);
+    v->fseq = tdd_queue_next_seq(v->fq) - 1;
 }
 
 /* ---------------------------------------------------------------- upload */

@@ -612,10 +612,11 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
         if (!b)
             continue;
         tdd_device *dev = tdd_device_get(d);
-        bool inline_run = small && tdd_queue_idle(dev->q);
+        tdd_queue *lane = tdd_device_lane(dev, s->id);
+        bool inline_run = small && tdd_queue_idle(lane);
         uint64_t seq = 0;
         if (!inline_run) {
-            seq = tdd_queue_next_seq(dev->q);
+            seq = tdd_queue_next_seq(lane);
             if (tdd_submit_work(s, dev, batch_run, batch_done, b)) {
                 batch_done(b, 0);
                 rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
@@ -628,7 +629,7 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
         for (size_t i = 0; i < b->n; i++) {
             tdd_value *p = b->it[i].pv;
             /* Readers on other queues now wait for the update, not the upload. */
-            p->fq = inline_run ? NULL : dev->q;
+            p->fq = inline_run ? NULL : lane;
             p->fseq = seq;
             p->t.st->version++;
             o->ps[b->it[i].pi].step++;
