@@ -121,7 +121,7 @@ int tdd_h_grad_replace(tdd_req *r)
     td_error err;
     tdd_grads *grads = NULL;
     tdd_value *t = NULL, *g = NULL;
-    /* The order is the contract (DESIGN §6): gradients, tracking, backend,
+    /* The order is the contract (docs/protocol.md, GradReplace): gradients, tracking, backend,
      * device, dtype, shape. Nothing is installed unless every check passes. */
     int rc = tdd_handle_get(s, gr->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
     if (!rc)
