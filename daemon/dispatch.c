@@ -101,6 +101,9 @@ static const request_row rows[] = {
     ROW(OPTIMIZER_CREATE) = {tdd_h_optimizer_create, 0, TD_HANDLE_OPTIMIZER, ids_optimizer_create},
     ROW(OPTIMIZER_STEP) = {tdd_h_optimizer_step, SYNC, TD_HANDLE_NONE, NULL},
     ROW(GOODBYE) = {tdd_h_goodbye, SYNC | REQ_CLOSES, TD_HANDLE_NONE, NULL},
+    /* OptimizerState binds its new ids all or none, and is answered: no placeholders. */
+    ROW(OPTIMIZER_STATE) = {tdd_h_optimizer_state, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(OPTIMIZER_LOAD_STATE) = {tdd_h_optimizer_load_state, SYNC, TD_HANDLE_NONE, NULL},
 };
 
 static const request_row *row_of(const Request *req)

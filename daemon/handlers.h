@@ -33,5 +33,7 @@ int tdd_h_set_grad_mode(tdd_req *r);
 /* optim_req.c */
 int tdd_h_optimizer_create(tdd_req *r);
 int tdd_h_optimizer_step(tdd_req *r);
+int tdd_h_optimizer_state(tdd_req *r);
+int tdd_h_optimizer_load_state(tdd_req *r);
 
 #endif

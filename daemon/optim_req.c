@@ -1,7 +1,9 @@
 /* optim_req.c -- the optimizer requests: OptimizerCreate (hyperparameters checked
- * against each optimizer's attributes) and OptimizerStep, run by optim.c. */
+ * against each optimizer's attributes) and OptimizerStep, run by optim.c, and the
+ * export and import of an optimizer's state (OptimizerState, OptimizerLoadState). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "handlers.h"
@@ -250,4 +252,201 @@ int tdd_h_optimizer_step(tdd_req *r)
     ag->step_active = true;
     ag->step_req = req->id;
     return TDD_DISPATCH_BLOCK;
+}
+
+/* ---------------------------------------------------------------- state export and import */
+
+/* The buffers an optimizer keeps per parameter that has stepped (slots 0..n-1). */
+static int kept_buffers(const opt_hyper *h)
+{
+    if (h->kind == OPT_SGD)
+        return h->momentum != 0.0 ? 1 : 0;
+    return h->amsgrad ? 3 : 2;
+}
+
+/* Steps above this are refused by OptimizerLoadState: Adam's bias correction takes
+ * step + 1 as a double, exact up to 2^53. */
+#define OPTIM_MAX_STEPS (INT64_C(1) << 53)
+
+static const char *slot_name(const opt_hyper *h, int k)
+{
+    static const char *const adam[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return h->kind == OPT_SGD ? "momentum_buffer" : adam[k];
+}
+
+/* OptimizerState: every buffer bound to a new handle (a view of the buffer, which later
+ * steps update in place), the step counts in the reply. Either every buffer is bound or
+ * none (ids bound before a failure are released again). */
+int tdd_h_optimizer_state(tdd_req *r)
+{
+    tdd_session *s = r->c->s;
+    Tensordd__V1__OptimizerState *os = r->req->optimizer_state;
+    td_error err;
+    tdd_optim *o = NULL;
+    int rc = tdd_handle_get(s, os->optimizer, TD_HANDLE_OPTIMIZER, (void **)&o, &err);
+    if (!rc && (os->first_output == 0 || o->n > (UINT64_MAX - os->first_output) / 3))
+        rc = tdd_err_arg(&err, "first_output", "first_output must leave room for %zu handles",
+                         o->n * 3);
+    int64_t *steps = NULL;
+    uint32_t *mask = NULL;
+    if (!rc && (!(steps = calloc(o->n ? o->n : 1, sizeof *steps)) ||
+                !(mask = calloc(o->n ? o->n : 1, sizeof *mask))))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    for (size_t i = 0; !rc && i < o->n; i++) {
+        const opt_param *op = &o->ps[i];
+        steps[i] = op->step;
+        for (int k = 0; !rc && op->step > 0 && k < kept_buffers(&o->h); k++) {
+            if (!op->buf[k])
+                continue;
+            uint64_t id = os->first_output + 3 * i + (uint64_t)k;
+            tdd_value *a = NULL;
+            rc = tdd_handle_check_new(s, id, &err);
+            if (!rc && !(a = tdd_value_alias(op->buf[k]))) {
+                tdd_handle_unreserve(s, id);
+                rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            }
+            if (!rc) {
+                tdd_handle_add(s, id, TD_HANDLE_TENSOR, a);
+                mask[i] |= 1u << k;
+            }
+        }
+    }
+    if (rc) {
+        for (size_t i = 0; mask && o && i < o->n; i++)
+            for (int k = 0; k < 3; k++)
+                if (mask[i] & (1u << k))
+                    tdd_handle_release(s, os->first_output + 3 * i + (uint64_t)k, NULL);
+        free(steps);
+        free(mask);
+        return tdd_answer_error(r, &err);
+    }
+    Tensordd__V1__OptimizerStateReply sr = TENSORDD__V1__OPTIMIZER_STATE_REPLY__INIT;
+    sr.n_steps = o->n;
+    sr.steps = steps;
+    sr.n_buffers = o->n;
+    sr.buffers = mask;
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = r->req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_OPTIMIZER_STATE;
+    resp.optimizer_state = &sr;
+    tdd_conn_send(r->c, &resp, NULL, 0, NULL);
+    free(steps);
+    free(mask);
+    return TDD_DISPATCH_DONE;
+}
+
+/* A buffer given for parameter p: on its device, of its dtype and shape, not poisoned. */
+static int check_buffer(const tdd_value *p, const tdd_value *b, size_t i, const char *name,
+                        td_error *err)
+{
+    if (b->dev->be != p->dev->be)
+        return tdd_err_devices(err, TD_EBACKEND_MISMATCH, p->dev, b->dev, 0, 0,
+                               "%s of parameter %zu is on %s, the parameter on %s", name, i,
+                               b->dev->label, p->dev->label);
+    if (b->dev != p->dev)
+        return tdd_err_devices(err, TD_EDEVICE_MISMATCH, p->dev, b->dev, 0, 0,
+                               "%s of parameter %zu is on %s, the parameter on %s", name, i,
+                               b->dev->label, p->dev->label);
+    if (b->t.dtype != p->t.dtype)
+        return tdd_err_dtypes(err, p->t.dtype, b->t.dtype,
+                              "%s of parameter %zu is %s, the "
+                              "parameter %s",
+                              name, i, td_dtype_name(b->t.dtype), td_dtype_name(p->t.dtype));
+    if (!tdd_same_shape(&b->t, &p->t))
+        return tdd_err_shape(err, p->t.shape, p->t.ndim, b->t.shape, b->t.ndim,
+                             "%s of parameter %zu has another shape than the parameter", name, i);
+    if (tdd_value_poisoned(b))
+        return tdd_err_poisoned(err, b);
+    return 0;
+}
+
+/* A fresh contiguous buffer like p, charged to the session (as optim.c's state buffers). */
+static tdd_value *fresh_buffer(tdd_session *s, const tdd_value *p, td_error *err)
+{
+    tdd_value *v = tdd_value_new(p->dev);
+    if (!v) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    v->t.dtype = p->t.dtype;
+    v->t.ndim = p->t.ndim;
+    memcpy(v->t.shape, p->t.shape, sizeof v->t.shape);
+    tdd_set_contiguous(&v->t);
+    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+    v->t.st = tdd_storage_alloc(p->dev, nbytes, s->acct, err);
+    if (!v->t.st) {
+        tdd_value_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* OptimizerLoadState: every check first, then fresh buffers and a queued copy into
+ * each (the tensors named stay the client's), then the state is swapped in. */
+int tdd_h_optimizer_load_state(tdd_req *r)
+{
+    tdd_session *s = r->c->s;
+    Tensordd__V1__OptimizerLoadState *ls = r->req->optimizer_load_state;
+    td_error err;
+    tdd_optim *o = NULL;
+    int rc = tdd_handle_get(s, ls->optimizer, TD_HANDLE_OPTIMIZER, (void **)&o, &err);
+    if (!rc && ls->n_steps != o->n)
+        rc = tdd_err_arg(&err, "steps", "%zu steps for an optimizer of %zu parameters", ls->n_steps,
+                         o->n);
+    if (!rc && (ls->n_buffers / 3 != o->n || ls->n_buffers % 3))
+        rc = tdd_err_arg(&err, "buffers",
+                         "%zu buffers for an optimizer of %zu parameters (3 per parameter)",
+                         ls->n_buffers, o->n);
+    int keep = rc ? 0 : kept_buffers(&o->h);
+    tdd_value **src = NULL, **nv = NULL;
+    size_t nslots = rc ? 0 : 3 * o->n;
+    if (!rc && (!(src = calloc(nslots ? nslots : 1, sizeof *src)) ||
+                !(nv = calloc(nslots ? nslots : 1, sizeof *nv))))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    for (size_t i = 0; !rc && i < o->n; i++) {
+        int64_t step = ls->steps[i];
+        if (step < 0 || step > OPTIM_MAX_STEPS) {
+            rc = tdd_err_arg(&err, "steps", "parameter %zu: step %lld out of range [0, 2^53]", i,
+                             (long long)step);
+            break;
+        }
+        for (int k = 0; !rc && k < 3; k++) {
+            uint64_t id = ls->buffers[3 * i + (size_t)k];
+            bool want = step > 0 && k < keep;
+            if (id && !want)
+                rc = tdd_err_arg(&err, "buffers",
+                                 step > 0 ? "parameter %zu: this optimizer keeps no buffer %d"
+                                          : "parameter %zu: buffer %d given with step 0",
+                                 i, k);
+            else if (!id && want)
+                rc = tdd_err_arg(&err, "buffers", "parameter %zu: %s missing (step %lld)", i,
+                                 slot_name(&o->h, k), (long long)step);
+            else if (id && !(rc = tdd_value_get(s, id, &src[3 * i + (size_t)k], &err)))
+                rc = check_buffer(o->ps[i].p, src[3 * i + (size_t)k], i, slot_name(&o->h, k), &err);
+        }
+    }
+    for (size_t j = 0; !rc && j < nslots; j++)
+        if (src[j] && !(nv[j] = fresh_buffer(s, o->ps[j / 3].p, &err)))
+            rc = err.code;
+    for (size_t j = 0; !rc && j < nslots; j++)
+        if (src[j])
+            rc = tdd_submit_assign(s, r->req->id, nv[j], src[j], &err);
+    if (rc) {
+        for (size_t j = 0; nv && j < nslots; j++)
+            tdd_value_unref(nv[j]);
+        free(src);
+        free(nv);
+        return tdd_answer_error(r, &err);
+    }
+    for (size_t i = 0; i < o->n; i++) {
+        o->ps[i].step = ls->steps[i];
+        for (int k = 0; k < 3; k++) {
+            tdd_value_unref(o->ps[i].buf[k]);
+            o->ps[i].buf[k] = nv[3 * i + (size_t)k];
+        }
+    }
+    free(src);
+    free(nv);
+    tdd_answer_ok(r);
+    return TDD_DISPATCH_DONE;
 }

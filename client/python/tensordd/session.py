@@ -257,6 +257,12 @@ class Session:
     def _new_handle(self) -> int:
         return next(self._handles)
 
+    def _reserve_handles(self, n: int) -> int:
+        """The first of n consecutive fresh handle ids (a request that binds a range)."""
+        first = next(self._handles)
+        self._handles = itertools.count(first + max(n, 1))
+        return first
+
     def _release_later(self, handle: int) -> None:
         """Queues a handle for the next Release batch (called from __del__)."""
         if self._open:

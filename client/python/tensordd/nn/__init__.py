@@ -169,8 +169,9 @@ class Module:
 
     def load_state_dict(self, state, strict: bool = True):
         """Sets the parameters from {name: values}: tensordd Tensors, numpy arrays
-        or torch tensors (a torch state_dict loads as is). Each parameter is
-        uploaded again as a new leaf (optimizers made before hold the old ones)."""
+        or torch tensors (a torch state_dict loads as is). The values are uploaded
+        as a new leaf that the same Parameter object then names (as torch copies in
+        place): an optimizer made before keeps optimizing it, state included."""
         own = dict(self._named_members(""))
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -191,7 +192,17 @@ class Module:
             if old is not None and tuple(new.shape) != tuple(old.shape):
                 raise ValueError(f"load_state_dict: {name} has shape {tuple(new.shape)}, "
                                  f"the parameter {tuple(old.shape)}")
-            mod._parameters[leaf] = new
+            if old is not None and old._session is new._session:
+                # as torch's in-place copy: the same Parameter object (held by
+                # optimizers) now names the new values; an optimizer made before
+                # moves its state over at its next call (Optimizer._sync_params)
+                old._session._release_later(old._handle)
+                old._handle = new._handle
+                old._shape, old._dtype, old._device = new._shape, new._dtype, new._device
+                old._grad = new._grad
+                new._session = None  # its handle is old's now
+            else:
+                mod._parameters[leaf] = new
         return missing, unexpected
 
     def to(self, device=None, dtype=None):

@@ -4,14 +4,17 @@ An optimizer is created once with its parameters (OptimizerCreate, a round
 trip, so a bad hyperparameter or a full quota raises in the constructor as in
 PyTorch; the C client's td_optimizer_create is asynchronous and reports it at
 the next synchronising call); its state (momentum buffers,
-Adam moments, amsgrad's maxima) lives in the daemon, keyed by parameter.
-``step(grads)`` reads a Gradients handle and updates the parameters in place
-in one synchronising request.
+Adam moments, amsgrad's maxima) lives in the daemon, keyed by parameter, and
+``state_dict()``/``load_state_dict()`` download and upload it in torch's layout
+(OptimizerState, OptimizerLoadState). ``step(grads)`` reads a Gradients handle
+and updates the parameters in place in one synchronising request.
 """
 
 from __future__ import annotations
 
 import contextlib
+
+import numpy as np
 
 from ..autograd import Gradients, backward
 from ..errors import Error
@@ -75,6 +78,7 @@ class Optimizer:
         self._handles = []
         self._base_lrs = []
         self._fixers = []
+        self._made_with = []  # per group: the parameter handles its daemon optimizer has
         self._steps = 0
         for ps, h in checked:
             lr = h.get("lr")
@@ -87,6 +91,7 @@ class Optimizer:
                 self._handles.append(self._create(ps, h))
             self._base_lrs.append(base)
             self._fixers.append(None)
+            self._made_with.append(tuple(p._handle for p in ps))
             self.param_groups.append({"params": ps, **h})
         self._handle = self._handles[0]
         self.defaults = dict(hyper)
@@ -170,6 +175,7 @@ class Optimizer:
             if grads in sets:
                 del sets[: sets.index(grads) + 1]
                 session._grad_epoch += 1
+        self._sync_params()
         try:
             for i, group in enumerate(self.param_groups):
                 base = self._base_lrs[i]
@@ -229,36 +235,175 @@ class Optimizer:
         for every parameter of the session, not only this optimizer's."""
         self._session.zero_grad(set_to_none)
 
-    def state_dict(self) -> dict:
-        """torch's layout: ``{"state": {}, "param_groups": [...]}``; each group
-        holds its hyperparameters and its parameters' indices.
+    # ---- state: torch.optim's state_dict()["state"], kept in the daemon
 
-        The daemon keeps the optimizer state (momentum buffers, Adam moments)
-        and has no request to export it, so ``state`` is empty: a checkpoint
-        restores hyperparameters and learning rates, not moments.
+    _SLOTS = {"sgd": ("momentum_buffer",),
+              "adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+              "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")}
+
+    def _kept(self) -> tuple:
+        """The buffer names this optimizer keeps per parameter (the daemon's slots)."""
+        if self.kind == "sgd":
+            return ("momentum_buffer",) if self.hyper.get("momentum", 0.0) else ()
+        return self._SLOTS[self.kind][:3 if self.hyper.get("amsgrad") else 2]
+
+    def _export(self, handle: int, n: int) -> list:
+        """[(step, {slot: numpy array})] of the n parameters of the daemon optimizer
+        `handle` (OptimizerState: the buffers bound to new handles, downloaded, released)."""
+        session = self._session
+        first = session._reserve_handles(3 * n)
+        req = session._new_request()
+        req.optimizer_state.optimizer = handle
+        req.optimizer_state.first_output = first
+        resp, _ = session._roundtrip(req, _Call("optimizer_state", (handle,),
+                                                f"-> #{first}..#{first + 3 * n - 1}"))
+        st = resp.optimizer_state
+        names = self._SLOTS[self.kind]
+        bound = [Tensor(session, first + 3 * i + k) for i in range(n) for k in range(3)
+                 if st.buffers[i] & (1 << k)]  # each released when dropped
+        out, it = [], iter(bound)
+        for i in range(n):
+            bufs = {names[k]: next(it) for k in range(3) if st.buffers[i] & (1 << k)}
+            out.append((int(st.steps[i]), bufs))
+        return [(step, {k: t.numpy() for k, t in bufs.items()}) for step, bufs in out]
+
+    def _import(self, handle: int, params, entries) -> None:
+        """Replaces the state of the daemon optimizer `handle` (OptimizerLoadState):
+        entries is [(step, {slot: values})] per parameter; values are uploaded to the
+        parameter's device and dtype (the daemon copies them)."""
+        session = self._session
+        kept = self._kept()
+        uploads = []
+        req = session._new_request()
+        ls = req.optimizer_load_state
+        ls.optimizer = handle
+        for p, (step, bufs) in zip(params, entries):
+            ls.steps.append(int(step))
+            for k in range(3):  # three slots per parameter on the wire
+                name = self._SLOTS[self.kind][k] if k < len(self._SLOTS[self.kind]) else None
+                v = bufs.get(name) if step > 0 and name in kept else None
+                if v is None:
+                    ls.buffers.append(0)
+                    continue
+                if isinstance(v, Tensor) and v._session is session:
+                    t = v.to(device=p.device, dtype=p.dtype)
+                else:
+                    if isinstance(v, Tensor):
+                        v = v.numpy()
+                    t = session.tensor(v, device=p.device, dtype=p.dtype, requires_grad=False)
+                uploads.append(t)
+                ls.buffers.append(t._handle)
+        session._roundtrip(req, _Call("optimizer_load_state", (handle,)))
+        del uploads  # released with the next request: the daemon holds copies
+
+    def _group_entries(self, state: dict, first: int, params) -> list:
+        """[(step, {slot: values})] for the params of a group from a torch-layout
+        ``state`` dict (keyed by the global parameter index); checked locally."""
+        kept = self._kept()
+        entries = []
+        for j, p in enumerate(params):
+            s = state.get(first + j)
+            if s is None:
+                entries.append((0, {}))
+                continue
+            if not isinstance(s, dict):
+                raise TypeError(f"state[{first + j}] must be a dict, got {type(s).__name__}")
+            unknown = [k for k in s if k != "step" and k not in self._SLOTS[self.kind]]
+            if unknown:
+                raise ValueError(f"state[{first + j}]: {unknown} is not {self.kind}'s state "
+                                 f"(keys: step, {', '.join(self._SLOTS[self.kind])})")
+            step = s.get("step")
+            if step is None:  # torch's SGD keeps no step: a momentum buffer means one or more
+                step = 1 if any(s.get(k) is not None for k in kept) or not kept else 0
+            step = int(step.item() if hasattr(step, "item") else step)
+            if step < 0:
+                raise ValueError(f"state[{first + j}]: step {step} < 0")
+            bufs = {}
+            for name in kept:
+                v = s.get(name)
+                if step > 0 and v is None:
+                    raise ValueError(f"state[{first + j}]: {name} missing")
+                if v is not None:
+                    shape = tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
+                    if shape != tuple(p.shape):
+                        raise ValueError(f"state[{first + j}][{name!r}] has shape {shape}, "
+                                         f"the parameter {tuple(p.shape)}")
+                    bufs[name] = v
+            entries.append((step, bufs))
+        return entries
+
+    def _sync_params(self) -> None:
+        """A parameter rebound to a new handle since the daemon's optimizer was made
+        (``Module.load_state_dict``, ``requires_grad_``) gets a new daemon optimizer
+        for its group, with the state carried over (exported and imported)."""
+        for i, group in enumerate(self.param_groups):
+            ps = group["params"]
+            now = tuple(p._handle for p in ps)
+            if now == self._made_with[i]:
+                continue
+            old = self._handles[i]
+            entries = self._export(old, len(ps))
+            h = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
+            h = self._wire_hyper(h)
+            if self._base_lrs[i] is not None:
+                h["lr"] = self._base_lrs[i]
+            self._handles[i] = self._create(ps, h)
+            self._made_with[i] = now
+            self._session._release_later(old)
+            if self._fixers[i] is not None:
+                self._session._release_later(self._fixers[i])
+                self._fixers[i] = None
+            if any(step for step, _ in entries):
+                self._import(self._handles[i], ps, entries)
+        self._handle = self._handles[0]
+
+    def state_dict(self) -> dict:
+        """torch's layout: ``{"state": {index: {...}}, "param_groups": [...]}``.
+
+        ``state`` holds, for each parameter (by its index over all groups) that has
+        been stepped, the optimizer's state downloaded from the daemon as numpy
+        arrays: SGD ``{"momentum_buffer": array or None}``; Adam and AdamW
+        ``{"step": int, "exp_avg": array, "exp_avg_sq": array}`` (and
+        ``"max_exp_avg_sq"`` with amsgrad). Each group holds its hyperparameters
+        and its parameters' indices. One synchronising request per group and a
+        download per buffer; the arrays are copies (the checkpoint is independent
+        of the session, e.g. for pickle/torch.save).
         """
-        groups, k = [], 0
-        for g in self.param_groups:
+        groups, state, k = [], {}, 0
+        for i, g in enumerate(self.param_groups):
             n = len(g["params"])
             groups.append({**{key: v for key, v in g.items() if key != "params"},
                            "params": list(range(k, k + n))})
+            ps = g["params"]
+            handle = self._handles[i]
+            if tuple(p._handle for p in ps) != self._made_with[i]:
+                self._sync_params()
+                handle = self._handles[i]
+            for j, (step, bufs) in enumerate(self._export(handle, n)):
+                if step == 0:
+                    continue
+                if self.kind == "sgd":
+                    state[k + j] = {"momentum_buffer": bufs.get("momentum_buffer")}
+                else:
+                    state[k + j] = {"step": step, **bufs}
             k += n
-        return {"state": {}, "param_groups": groups}
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state: dict) -> None:
-        """Loads hyperparameters (the lr above all) from a state_dict.
+        """Loads a state_dict (ours, or torch.optim's of the same optimizer: torch
+        tensors are taken as they are): the per-parameter state is uploaded to the
+        parameters' devices and copied into the daemon's optimizer (replacing what
+        it had), and the lr (and initial_lr) of each group are taken.
 
         Raises ValueError if the groups do not match, if a hyperparameter other
-        than the lr differs (the daemon's optimizer is created with them), or
-        if ``state`` holds optimizer state the daemon could not take.
+        than the lr differs (the daemon's optimizer is created with them), or if
+        an entry of ``state`` lacks a buffer or has another shape; nothing is
+        changed then. The daemon checks devices and dtypes as well (typed errors).
         """
         groups = state.get("param_groups", [])
         if len(groups) != len(self.param_groups):
             raise ValueError(f"state_dict has {len(groups)} param groups, the optimizer "
                              f"{len(self.param_groups)}")
-        if state.get("state"):
-            raise ValueError("state_dict holds optimizer state (moments, buffers): the "
-                             "daemon keeps its own and cannot import it")
         for mine, theirs in zip(self.param_groups, groups):
             if len(theirs.get("params", ())) != len(mine["params"]):
                 raise ValueError("a param group of the state_dict has another size")
@@ -268,10 +413,27 @@ class Optimizer:
                 if k in mine and mine[k] != v:
                     raise ValueError(f"hyperparameter {k}={v!r} differs from the optimizer's "
                                      f"{mine[k]!r} (only lr can change after creation)")
+        per_state = state.get("state") or {}
+        # torch's state_dict keys its groups' params by index: map ours in order
+        index = {}
+        k = 0
         for mine, theirs in zip(self.param_groups, groups):
-            for k in ("lr", "initial_lr"):
-                if k in theirs:
-                    mine[k] = theirs[k]
+            for j, their_idx in enumerate(theirs.get("params", ())):
+                index[k + j] = their_idx
+            k += len(mine["params"])
+        remapped = {mine_i: per_state[their_i] for mine_i, their_i in index.items()
+                    if their_i in per_state}
+        all_entries, k = [], 0
+        for g in self.param_groups:
+            all_entries.append(self._group_entries(remapped, k, g["params"]))
+            k += len(g["params"])
+        self._sync_params()
+        for i, g in enumerate(self.param_groups):
+            self._import(self._handles[i], g["params"], all_entries[i])
+        for mine, theirs in zip(self.param_groups, groups):
+            for key in ("lr", "initial_lr"):
+                if key in theirs:
+                    mine[key] = theirs[key]
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in self.hyper.items())
