@@ -19,7 +19,12 @@ for b in "$BUILD"/bench/*; do
     esac
     echo
 done
-PYTHONPATH=client/python "${PY:-/usr/bin/python3}" bench/train_step.py "$ep"
+PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/train_step.py "$ep"
+echo
+PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/peers.py "$ep"
 echo
 kill -TERM "$pid"
 wait "$pid"
+echo
+# its own daemons, one queue per device against the default lanes
+PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/fairness.py "$BUILD"

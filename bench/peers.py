@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""peers.py -- tensordd against PyTorch RPC (TensorPipe, loopback) and local PyTorch,
+measured in the same run on the same machine.
+
+    PYTHONPATH=client/python /usr/bin/python3 bench/peers.py ENDPOINT [--quick]
+
+PyTorch RPC runs as two processes on 127.0.0.1 (this one, "trainer", and a "ps"
+child it starts): the server holds the tensors and the model, as tensordd's daemon
+does. Rows:
+  - tiny op: relu of 4 floats and its result back (p50/p99 round trip);
+  - pipelined tiny ops: relu of 4 floats, many in flight, ops/s;
+  - 64 MiB upload and download;
+  - training steps with the model on the server: MLP 64-128-10 (Adam and SGD),
+    MLP 784-1024-1024-10 (SGD), a conv net on 8x1x28x28 (SGD). PyTorch RPC uses
+    distributed autograd and DistributedOptimizer; tensordd the same code on
+    tensordd.nn/optim; local PyTorch (1 thread) is the baseline of every ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from torch.distributed.optim import DistributedOptimizer
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- on the "ps" side
+
+_stored = {}
+
+
+def ps_store(t):
+    _stored["t"] = t
+
+
+def ps_fetch():
+    return _stored["t"]
+
+
+def ps_make_model(kind):
+    return build_model(torch.nn, kind)
+
+
+def ps_param_rrefs(model_rref):
+    return [rpc.RRef(p) for p in model_rref.local_value().parameters()]
+
+
+def ps_loss(model_rref, x, y):
+    return torch.nn.functional.cross_entropy(model_rref.local_value()(x), y)
+
+
+# ---------------------------------------------------------------- models, written once
+
+
+def build_model(nn, kind):
+    """The same architecture on torch.nn or tensordd.nn."""
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    if kind == "big":
+        return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                             nn.Linear(1024, 10))
+    if kind == "conv":
+        return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
+    raise ValueError(kind)
+
+
+CASES = [  # name, model, batch shape, optimizer, lr
+    ("MLP 64-128-10, batch 64, Adam", "mlp", (64, 64), "Adam", 1e-3),
+    ("MLP 64-128-10, batch 64, SGD", "mlp", (64, 64), "SGD", 1e-2),
+    ("MLP 784-1024-1024-10, batch 256, SGD", "big", (256, 784), "SGD", 1e-2),
+    ("conv net, 8x1x28x28, SGD", "conv", (8, 1, 28, 28), "SGD", 1e-2),
+]
+
+
+def per_step(step, steps, blocks=3, warmup=3):
+    """Median seconds per step over blocks of steps, after warmup steps."""
+    for _ in range(warmup):
+        step()
+    out = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        out.append((time.perf_counter() - t0) / steps)
+    return statistics.median(out)
+
+
+def batch(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(np.float32), rng.integers(0, 10, shape[0])
+
+
+# ---------------------------------------------------------------- the three systems
+
+
+def local_step(kind, shape, opt_name, lr):
+    torch.manual_seed(0)
+    m = build_model(torch.nn, kind)
+    opt = getattr(torch.optim, opt_name)(m.parameters(), lr=lr)
+    x, y = batch(shape)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(m(xt), yt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def rpc_step(kind, shape, opt_name, lr):
+    model = rpc.remote("ps", ps_make_model, args=(kind,))
+    params = rpc.rpc_sync("ps", ps_param_rrefs, args=(model,))
+    opt = DistributedOptimizer(getattr(torch.optim, opt_name), params, lr=lr)
+    x, y = batch(shape)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+
+    def step():
+        with dist_autograd.context() as ctx:
+            loss = rpc.rpc_sync("ps", ps_loss, args=(model, xt, yt))
+            dist_autograd.backward(ctx, [loss])
+            opt.step(ctx)
+
+    return step
+
+
+def tdd_step(td, kind, shape, opt_name, lr):
+    m = build_model(td.nn, kind)
+    opt = getattr(td.optim, opt_name)(m.parameters(), lr=lr)
+    x, y = batch(shape)
+    loss_fn = td.nn.CrossEntropyLoss()
+
+    def step():
+        loss = loss_fn(m(td.tensor(x)), td.tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()  # the step's completion (and its loss) comes back, as RPC's does
+
+    return step
+
+
+def pct(v, q):
+    return float(np.percentile(v, q))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("endpoint")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--ps", type=int, help=argparse.SUPPRESS)  # the RPC server child
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.ps:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.ps))
+        rpc.init_rpc("ps", rank=1, world_size=2)
+        rpc.shutdown()
+        return 0
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "client", "python"))
+    import tensordd as td
+
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    ps = subprocess.Popen([sys.executable, os.path.abspath(__file__), a.endpoint, "--ps", str(port)])
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        rpc.init_rpc("trainer", rank=0, world_size=2)
+        td.connect(a.endpoint, timeout=600)
+        run(td, a.quick)
+        rpc.shutdown()
+    finally:
+        try:
+            ps.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            ps.kill()
+    return 0
+
+
+def run(td, quick):
+    reps = 300 if quick else 2000
+    print("peers: tensordd vs PyTorch RPC (TensorPipe, 2 processes on loopback) vs local "
+          "PyTorch, 1 intra-op thread")
+
+    # tiny op round trip
+    t4 = torch.tensor([-1.0, 2.0, -3.0, 4.0])
+    x4 = td.tensor([-1.0, 2.0, -3.0, 4.0])
+
+    def timed(fn):
+        for _ in range(50):
+            fn()
+        v = np.empty(reps)
+        for i in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            v[i] = (time.perf_counter_ns() - t0) / 1000.0
+        return v
+
+    r_rpc = timed(lambda: rpc.rpc_sync("ps", torch.relu, args=(t4,)))
+    r_tdd = timed(lambda: x4.relu().numpy())
+    print("\ntiny op: relu(4) and its values back, round trip in us (p50 / p99)")
+    print(f"  PyTorch RPC   {pct(r_rpc, 50):9.1f} / {pct(r_rpc, 99):9.1f}")
+    print(f"  tensordd      {pct(r_tdd, 50):9.1f} / {pct(r_tdd, 99):9.1f}   "
+          f"PyTorch RPC is {pct(r_rpc, 50) / pct(r_tdd, 50):.1f}x slower (p50)")
+
+    # pipelined
+    n = 2000 if quick else 20000
+    t0 = time.perf_counter()
+    futs = [rpc.rpc_async("ps", torch.relu, args=(t4,)) for _ in range(n)]
+    torch.futures.wait_all(futs)
+    rpc_rate = n / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x4.relu()  # dropped at once: its Release is pipelined too
+    td.default_session().sync()
+    tdd_rate = n / (time.perf_counter() - t0)
+    print("\npipelined tiny ops (relu of 4 floats, many in flight), ops/s")
+    print(f"  PyTorch RPC   {rpc_rate:10.0f}")
+    print(f"  tensordd      {tdd_rate:10.0f}   {tdd_rate / rpc_rate:.1f}x PyTorch RPC")
+
+    # 64 MiB transfers
+    big = np.random.default_rng(0).standard_normal(64 * MiB // 4).astype(np.float32)
+    bt = torch.from_numpy(big)
+    k = 2 if quick else 5
+
+    def best(fn):
+        out = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    up_rpc = best(lambda: rpc.rpc_sync("ps", ps_store, args=(bt,)))
+    down_rpc = best(lambda: rpc.rpc_sync("ps", ps_fetch))
+    holder = {}
+
+    def up_tdd():
+        holder["t"] = td.tensor(big)
+        holder["t"].shape  # noqa: B018 -- waits for the upload to land
+
+    up_tdd()
+    up = best(up_tdd)
+    down = best(lambda: holder["t"].numpy())
+    print("\n64 MiB transfers, MB/s (median of %d)" % k)
+    print(f"  upload    PyTorch RPC {64 * MiB / up_rpc / 1e6:8.0f}   tensordd "
+          f"{64 * MiB / up / 1e6:8.0f}   {up_rpc / up:.1f}x")
+    print(f"  download  PyTorch RPC {64 * MiB / down_rpc / 1e6:8.0f}   tensordd "
+          f"{64 * MiB / down / 1e6:8.0f}   {down_rpc / down:.1f}x")
+    del holder["t"]
+
+    # training steps
+    print("\ntraining step, model on the server, ms per step (median of 3 blocks); ratios "
+          "to local PyTorch")
+    print(f"  {'case':38} {'local':>8} {'tensordd':>9} {'ratio':>6} {'PT RPC':>8} {'ratio':>6} "
+          f"{'RPC/tdd':>8}")
+    for name, kind, shape, opt_name, lr in CASES:
+        steps = {"mlp": 40, "big": 4, "conv": 20}[kind] // (4 if quick else 1) or 1
+        loc = per_step(local_step(kind, shape, opt_name, lr), steps)
+        rem = per_step(tdd_step(td, kind, shape, opt_name, lr), steps)
+        rp = per_step(rpc_step(kind, shape, opt_name, lr), steps)
+        print(f"  {name:38} {loc * 1e3:8.3f} {rem * 1e3:9.3f} {rem / loc:5.2f}x {rp * 1e3:8.3f} "
+              f"{rp / loc:5.2f}x {rp / rem:7.1f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
