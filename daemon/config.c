@@ -2,8 +2,10 @@
  * getopt, --help and the error text. */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <ini.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -11,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
 
 #include "log.h"
 #include "tensordd.h"
@@ -24,12 +28,19 @@ typedef enum {
     OPT_LISTEN,  /* repeatable endpoint */
     OPT_LOG,
     OPT_TOKEN,
+    OPT_LOGFMT,   /* text or json */
+    OPT_HOSTPORT, /* HOST:PORT on loopback, into a char[] field ("" = off) */
+    OPT_PATH,     /* a string (a path, a group name) into a char[] field ("" = unset) */
+    OPT_MODE,     /* file permission bits, in octal */
+    OPT_FLAG,     /* takes no value on the command line; 1/0, true/false in a file */
+    OPT_CONFIG,   /* commands and the config file's own path: flags only */
+    OPT_CHECK,
     OPT_HELP,
     OPT_VERSION,
 } opt_kind;
 
 typedef struct {
-    const char *name; /* --name; the config key is the same */
+    const char *name; /* --name; the config file's key and TENSORDD_NAME are derived from it */
     const char *arg;  /* what --help shows for the value */
     opt_kind kind;
     size_t off, size; /* the tdd_config field (numeric kinds) */
@@ -46,8 +57,8 @@ typedef struct {
 
 static const option_row rows[] = {
     {"listen", "ENDPOINT", OPT_LISTEN, NOFIELD, 0, 0, 0, NULL,
-     "tcp://HOST:PORT or unix:///PATH (repeatable; default tcp://127.0.0.1:7070; port 0 "
-     "picks a free one)"},
+     "tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (repeatable; default "
+     "tcp://127.0.0.1:7070; port 0 picks a free one)"},
     {"cpu-devices", "N", OPT_COUNT, FIELD(cpu_devices), 1, 1, 16, NULL,
      "logical CPU devices cpu:0..N-1"},
     {"threads", "N", OPT_COUNT, FIELD(threads), 0, 0, 1024, "all cores",
@@ -64,6 +75,24 @@ static const option_row rows[] = {
     {"emu-gpu-memory", "BYTES", OPT_BYTES, FIELD(emu_gpu_memory), 1 * G, 1 * M, 1024 * G, NULL,
      "memory of each emulated CUDA device"},
     {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, NULL, "error, warn, info (default), debug"},
+    {"log-format", "FORMAT", OPT_LOGFMT, NOFIELD, 0, 0, 0, NULL,
+     "text (default) or json (one object per line: ts, level, msg, conn, session); with "
+     "stderr on the journal each line starts with its syslog priority <N>"},
+    {"metrics-listen", "HOST:PORT", OPT_HOSTPORT, FIELD(metrics_listen), 0, 0, 0, NULL,
+     "serve Prometheus metrics (/metrics) and /healthz over HTTP on this loopback address, "
+     "e.g. 127.0.0.1:9470 (default off)"},
+    {"unix-mode", "MODE", OPT_MODE, FIELD(unix_mode), 0600, 0, 0777, NULL,
+     "permission bits of unix:// sockets, in octal (0660: the group may connect too)"},
+    {"unix-group", "GROUP", OPT_PATH, FIELD(unix_group), 0, 0, 0, NULL,
+     "group of unix:// sockets, a name or a number (default: the daemon's own group)"},
+    {"tls-cert", "PATH", OPT_PATH, FIELD(tls_cert), 0, 0, 0, NULL,
+     "certificate chain (PEM) of tls:// listeners (TLS 1.2 and 1.3 only)"},
+    {"tls-key", "PATH", OPT_PATH, FIELD(tls_key), 0, 0, 0, NULL, "its private key (PEM)"},
+    {"tls-client-ca", "PATH", OPT_PATH, FIELD(tls_client_ca), 0, 0, 0, NULL,
+     "CA certificates (PEM): tls:// clients must present a certificate one of them signed "
+     "(mutual TLS; default: no client certificate asked for)"},
+    {"insecure", NULL, OPT_FLAG, FIELD(insecure), 0, 0, 1, NULL,
+     "allow a listener beyond loopback with neither TLS nor a token (logged as a warning)"},
     {"token-file", "PATH", OPT_TOKEN, NOFIELD, 0, 0, 0, NULL,
      "clients must send this token in Hello (first line of the file); required to listen "
      "beyond loopback"},
@@ -102,11 +131,23 @@ static const option_row rows[] = {
      "close connections whose replies make no progress (a client that stopped reading)"},
     {"max-write-queue", "BYTES", OPT_BYTES, FIELD(max_write_queue), 64 * M, 4 * K, UINT64_MAX, NULL,
      "replies queued per connection, with their bookkeeping, before it stops reading"},
+    {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
+     "read options from this INI file (default " TDD_CONFIG_DEFAULT
+     " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
+     "named as the long options here; flags override the environment, which overrides the "
+     "file"},
+    {"check-config", NULL, OPT_CHECK, NOFIELD, 0, 0, 0, NULL,
+     "validate the configuration, print the effective one and exit (0 valid, 1 not)"},
     {"help", NULL, OPT_HELP, NOFIELD, 0, 0, 0, NULL, "this text"},
     {"version", NULL, OPT_VERSION, NOFIELD, 0, 0, 0, NULL, "the daemon's and protocol's versions"},
 };
 #define NROWS (sizeof rows / sizeof rows[0])
 #define OPT_VAL0 256 /* getopt_long's values for the rows, clear of its '?' */
+
+static bool is_number(const option_row *r)
+{
+    return r->kind == OPT_COUNT || r->kind == OPT_BYTES || r->kind == OPT_SECONDS;
+}
 
 static void store(tdd_config *c, const option_row *r, uint64_t v)
 {
@@ -123,7 +164,7 @@ void tdd_config_defaults(tdd_config *c)
 {
     memset(c, 0, sizeof *c);
     for (size_t i = 0; i < NROWS; i++)
-        if (rows[i].size)
+        if (is_number(&rows[i]) || rows[i].kind == OPT_MODE || rows[i].kind == OPT_FLAG)
             store(c, &rows[i], rows[i].def);
     c->max_numel = (int64_t)1 << 36; /* 256 GiB of f32 */
     c->shutdown_grace_s = 30;        /* above --write-timeout: a stuck reader cannot hold it */
@@ -146,6 +187,10 @@ static const char *fmt_bytes(char *buf, size_t n, uint64_t v)
 
 static const char *fmt_value(char *buf, size_t n, const option_row *r, uint64_t v)
 {
+    if (r->kind == OPT_MODE) {
+        snprintf(buf, n, "%04" PRIo64, v);
+        return buf;
+    }
     if (v == 0 && r->zero)
         return r->zero;
     if (r->kind == OPT_BYTES)
@@ -177,6 +222,20 @@ static void print_wrapped(FILE *f, const char *text)
     fputc('\n', f);
 }
 
+/* ---- the environment: the few settings containers pass that way */
+
+static const char *const env_options[] = {"listen", "token-file", "metrics-listen", "log-format"};
+#define NENV (sizeof env_options / sizeof env_options[0])
+
+/* "token-file" -> "TENSORDD_TOKEN_FILE" */
+static void env_name(char *buf, size_t n, const char *opt)
+{
+    int k = snprintf(buf, n, "TENSORDD_");
+    for (const char *p = opt; *p && (size_t)k + 1 < n; p++)
+        buf[k++] = *p == '-' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 'a' + 'A' : *p);
+    buf[k] = 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tensordd [options]\n"
@@ -186,7 +245,7 @@ static void usage(FILE *f)
         const option_row *r = &rows[i];
         char left[40], d[32], text[320];
         snprintf(left, sizeof left, "--%s%s%s", r->name, r->arg ? " " : "", r->arg ? r->arg : "");
-        if (r->size)
+        if (is_number(r) || r->kind == OPT_MODE)
             snprintf(text, sizeof text, "%s (default %s)", r->help,
                      fmt_value(d, sizeof d, r, r->def));
         else
@@ -196,7 +255,15 @@ static void usage(FILE *f)
             fprintf(f, "\n%27s", "");
         print_wrapped(f, text);
     }
-    fprintf(f, "BYTES take K, M, G, T suffixes (powers of 1024).\n");
+    fprintf(f, "BYTES take K, M, G, T suffixes (powers of 1024).\nEnvironment:");
+    for (size_t i = 0; i < NENV; i++) {
+        char name[64];
+        env_name(name, sizeof name, env_options[i]);
+        fprintf(f, " %s", name);
+    }
+    fprintf(f, " (as --listen, ...; TENSORDD_LISTEN takes several, separated by spaces or "
+               "commas).\nsystemd: $CREDENTIALS_DIRECTORY/token is the token when no token "
+               "file is set.\n");
 }
 
 /* The accepted range in words, for the error text. */
@@ -240,12 +307,31 @@ static int parse_number(const char *s, bool suffix, uint64_t *out)
     return 0;
 }
 
+/* Where a value came from, for its error message: "--max-frame", "TENSORDD_LISTEN" or
+ * "/etc/tensordd/tensordd.conf:12: key 'max-frame'". */
+typedef struct {
+    const char *file; /* NULL: a flag or the environment */
+    const char *env;  /* the variable's name, or NULL */
+    int line;
+} origin;
+
+static void say_where(char *buf, size_t n, const origin *o, const option_row *r)
+{
+    if (o->file)
+        snprintf(buf, n, "%s:%d: key '%s'", o->file, o->line, r->name);
+    else if (o->env)
+        snprintf(buf, n, "%s", o->env);
+    else
+        snprintf(buf, n, "--%s", r->name);
+}
+
 /* Reads the first line of path as the token; refuses files others can read. */
-static int read_token(tdd_config *c, const char *path)
+static int read_token(tdd_config *c, const char *path, const char *where)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
-        fprintf(stderr, "tensordd: cannot read --token-file %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "tensordd: %s: cannot read token file %s: %s\n", where, path,
+                strerror(errno));
         return -1;
     }
     struct stat sb;
@@ -257,15 +343,385 @@ static int read_token(tdd_config *c, const char *path)
     fclose(f);
     size_t n = strcspn(line, "\r\n");
     if (n == 0 || n >= sizeof c->token) {
-        fprintf(stderr,
-                "tensordd: --token-file %s: the token must be 1..%zu bytes on its first line\n",
-                path, sizeof c->token - 1);
+        fprintf(stderr, "tensordd: %s: %s: the token must be 1..%zu bytes on its first line\n",
+                where, path, sizeof c->token - 1);
+        return -1;
+    }
+    if (strlen(path) >= sizeof c->token_file) {
+        fprintf(stderr, "tensordd: %s: token file path too long\n", where);
         return -1;
     }
     memcpy(c->token, line, n);
     c->token[n] = 0;
     c->token_len = n;
+    snprintf(c->token_file, sizeof c->token_file, "%s", path);
     return 0;
+}
+
+static bool is_loopback_host(const char *host)
+{
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    if (strcmp(host, "localhost") == 0)
+        return true;
+    if (uv_ip4_addr(host, 0, &a4) == 0)
+        return (ntohl(a4.sin_addr.s_addr) >> 24) == 127;
+    return uv_ip6_addr(host, 0, &a6) == 0 && IN6_IS_ADDR_LOOPBACK(&a6.sin6_addr);
+}
+
+/* HOST:PORT or [V6]:PORT on a loopback address, port 0..65535 (0 picks one). */
+static int check_hostport(const char *v, char *why, size_t n)
+{
+    const char *colon = strrchr(v, ':');
+    char host[64];
+    if (!colon || colon == v || (size_t)(colon - v) >= sizeof host) {
+        snprintf(why, n, "takes HOST:PORT, e.g. 127.0.0.1:9470");
+        return -1;
+    }
+    memcpy(host, v, (size_t)(colon - v));
+    host[colon - v] = 0;
+    if (host[0] == '[') {
+        size_t hl = strlen(host);
+        if (hl < 3 || host[hl - 1] != ']') {
+            snprintf(why, n, "takes HOST:PORT, e.g. 127.0.0.1:9470 or [::1]:9470");
+            return -1;
+        }
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = 0;
+    }
+    uint64_t port;
+    if (parse_number(colon + 1, false, &port) || port > 65535) {
+        snprintf(why, n, "the port must be 0..65535");
+        return -1;
+    }
+    if (!is_loopback_host(host)) {
+        snprintf(why, n,
+                 "metrics are served without authentication and name clients and peers: bind a "
+                 "loopback address (127.0.0.1, ::1) and let a local agent or proxy expose them");
+        return -1;
+    }
+    return 0;
+}
+
+/* Keeps listen values from the file and the environment alive for the process. */
+static char *keep(const char *s)
+{
+    char *d = strdup(s);
+    if (!d)
+        fprintf(stderr, "tensordd: out of memory\n");
+    return d;
+}
+
+/* Sets one option from a flag, the environment or the file; prints the error and
+ * returns -1 on a bad value. src orders the sources of a repeatable option: the first
+ * --listen of a higher source replaces what a lower one set. */
+static int apply(tdd_config *c, const option_row *r, const char *val, const origin *o, int src)
+{
+    static int listen_src;
+    char where[512], range[320];
+    say_where(where, sizeof where, o, r);
+    uint64_t v;
+    switch (r->kind) {
+    case OPT_LISTEN:
+        if (src != listen_src) {
+            c->nlisten = 0;
+            listen_src = src;
+        }
+        if (c->nlisten == TDD_MAX_LISTEN) {
+            fprintf(stderr, "tensordd: %s: at most %d listen endpoints\n", where, TDD_MAX_LISTEN);
+            return -1;
+        }
+        if (!(val = src == 3 ? val : keep(val)))
+            return -1;
+        c->listen[c->nlisten++] = val;
+        return 0;
+    case OPT_LOG:
+        tdd_log_level = tdd_log_parse_level(val);
+        if (tdd_log_level >= 0)
+            return 0;
+        tdd_log_level = TDD_LOG_INFO;
+        fprintf(stderr, "tensordd: %s: bad value '%s': takes error, warn, info or debug\n", where,
+                val);
+        return -1;
+    case OPT_LOGFMT:
+        if (tdd_log_set_format(val) == 0)
+            return 0;
+        fprintf(stderr, "tensordd: %s: bad value '%s': takes text or json\n", where, val);
+        return -1;
+    case OPT_TOKEN:
+        return read_token(c, val, where);
+    case OPT_HOSTPORT:
+        if (val[0] && check_hostport(val, range, sizeof range)) {
+            fprintf(stderr, "tensordd: %s: bad value '%s': %s\n", where, val, range);
+            return -1;
+        }
+        if (strlen(val) >= r->size) {
+            fprintf(stderr, "tensordd: %s: bad value: longer than %zu bytes\n", where, r->size - 1);
+            return -1;
+        }
+        memcpy((char *)c + r->off, val, strlen(val) + 1);
+        return 0;
+    case OPT_PATH:
+        if (strlen(val) >= r->size) {
+            fprintf(stderr, "tensordd: %s: bad value: longer than %zu bytes\n", where, r->size - 1);
+            return -1;
+        }
+        memcpy((char *)c + r->off, val, strlen(val) + 1);
+        return 0;
+    case OPT_MODE: {
+        char *end;
+        errno = 0;
+        unsigned long m = strtoul(val, &end, 8);
+        if (!val[0] || *end || errno || m > r->max) {
+            fprintf(stderr,
+                    "tensordd: %s: bad value '%s': takes octal permission bits "
+                    "from 0 to 0777 (e.g. 0660)\n",
+                    where, val);
+            return -1;
+        }
+        store(c, r, m);
+        return 0;
+    }
+    case OPT_FLAG:
+        if (!val || !strcmp(val, "1") || !strcmp(val, "true") || !strcmp(val, "yes"))
+            v = 1;
+        else if (!strcmp(val, "0") || !strcmp(val, "false") || !strcmp(val, "no"))
+            v = 0;
+        else {
+            fprintf(stderr, "tensordd: %s: bad value '%s': takes true or false\n", where, val);
+            return -1;
+        }
+        store(c, r, v);
+        return 0;
+    case OPT_COUNT:
+    case OPT_BYTES:
+    case OPT_SECONDS:
+        if (parse_number(val, r->kind == OPT_BYTES, &v) || v < r->min || v > r->max) {
+            describe_range(range, sizeof range, r);
+            fprintf(stderr, "tensordd: %s: bad value '%s': takes %s\n", where, val, range);
+            return -1;
+        }
+        store(c, r, v);
+        return 0;
+    case OPT_CONFIG:
+    case OPT_CHECK:
+    case OPT_HELP:
+    case OPT_VERSION:
+        break;
+    }
+    fprintf(stderr, "tensordd: %s: not a setting\n", where);
+    return -1;
+}
+
+static const option_row *find_row(const char *name)
+{
+    for (size_t i = 0; i < NROWS; i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return &rows[i];
+    return NULL;
+}
+
+/* ---- the config file (INI, no sections): one `key = value` per line */
+
+typedef struct {
+    FILE *f;
+    const char *path;
+    tdd_config *c;
+    int lines;    /* lines read to their end */
+    bool midline; /* the last chunk read did not end a line */
+    int errors;   /* reported so far */
+} ini_ctx;
+
+/* inih reads through this so that the handler knows the line it is called for; lines
+ * that are not `key = value`, a comment or blank are reported here, each with its
+ * number (inih itself returns only the first bad line). */
+static char *ini_read(char *str, int num, void *stream)
+{
+    ini_ctx *x = stream;
+    bool starts_line = !x->midline;
+    char *r = fgets(str, num, x->f);
+    if (!r)
+        return r;
+    size_t n = strlen(r);
+    x->midline = !(n && r[n - 1] == '\n');
+    if (!x->midline)
+        x->lines++;
+    if (!starts_line)
+        return r;
+    int line = x->lines + (x->midline ? 1 : 0);
+    const char *p = r + strspn(r, " \t\r\n");
+    if (!*p || *p == ';' || *p == '#')
+        return r;
+    if (*p == '[') {
+        fprintf(stderr, "tensordd: %s:%d: sections are not used: every key is at the top\n",
+                x->path, line);
+        x->errors++;
+    } else if (!strpbrk(p, "=:")) {
+        fprintf(stderr, "tensordd: %s:%d: expected `key = value`\n", x->path, line);
+        x->errors++;
+    }
+    return r;
+}
+
+static int ini_on_value(void *user, const char *section, const char *name, const char *value)
+{
+    ini_ctx *x = user;
+    origin o = {.file = x->path, .line = x->lines + (x->midline ? 1 : 0)};
+    const option_row *r = find_row(name);
+    int rc = -1;
+    (void)section; /* a section's header was reported where it stands */
+    if (!r || r->kind == OPT_CONFIG || r->kind == OPT_CHECK || r->kind == OPT_HELP ||
+        r->kind == OPT_VERSION)
+        fprintf(stderr,
+                "tensordd: %s:%d: unknown key '%s' (the keys are the long options of "
+                "--help)\n",
+                x->path, o.line, name);
+    else
+        rc = apply(x->c, r, value, &o, 1);
+    if (rc) {
+        x->errors++;
+        return 0;
+    }
+    return 1;
+}
+
+static int read_file(tdd_config *c, const char *path, bool must_exist)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        if (!must_exist && errno == ENOENT)
+            return 0;
+        fprintf(stderr, "tensordd: cannot read config file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    ini_allow_multiline = false; /* an indented line is its own key, not a continuation */
+    ini_ctx x = {.f = f, .path = path, .c = c};
+    int rc = ini_parse_stream(ini_read, &x, ini_on_value, &x);
+    fclose(f);
+    if (rc > 0 && !x.errors) /* a line inih refused that ini_read let through */
+        fprintf(stderr, "tensordd: %s:%d: expected `key = value`\n", path, rc);
+    if (rc < 0)
+        fprintf(stderr, "tensordd: %s: out of memory reading it\n", path);
+    if (rc || x.errors)
+        return -1;
+    snprintf(c->config_file, sizeof c->config_file, "%s", path);
+    return 0;
+}
+
+static int read_env(tdd_config *c)
+{
+    for (size_t i = 0; i < NENV; i++) {
+        const option_row *r = find_row(env_options[i]);
+        char name[64];
+        env_name(name, sizeof name, env_options[i]);
+        const char *v = getenv(name);
+        if (!r || !v || !v[0])
+            continue;
+        origin o = {.env = name};
+        if (r->kind != OPT_LISTEN) {
+            if (apply(c, r, v, &o, 2))
+                return -1;
+            continue;
+        }
+        /* TENSORDD_LISTEN: endpoints separated by spaces or commas */
+        char buf[2048];
+        snprintf(buf, sizeof buf, "%s", v);
+        for (char *save = NULL, *t = strtok_r(buf, " ,\t", &save); t;
+             t = strtok_r(NULL, " ,\t", &save))
+            if (apply(c, r, t, &o, 2))
+                return -1;
+    }
+    return 0;
+}
+
+/* systemd's LoadCredential=token:PATH: $CREDENTIALS_DIRECTORY/token when no token file
+ * was named. */
+static int read_credential(tdd_config *c)
+{
+    const char *dir = getenv("CREDENTIALS_DIRECTORY");
+    if (c->token_len || !dir || !dir[0])
+        return 0;
+    char path[512];
+    snprintf(path, sizeof path, "%s/token", dir);
+    if (access(path, F_OK))
+        return 0;
+    return read_token(c, path, "CREDENTIALS_DIRECTORY");
+}
+
+/* ---- --check-config: the effective configuration, itself a valid config file */
+
+static void print_config(const tdd_config *c)
+{
+    printf("# tensordd %s: effective configuration (defaults < %s < environment < flags)\n",
+           TDD_VERSION, c->config_file[0] ? c->config_file : "no config file");
+    for (size_t i = 0; i < NROWS; i++) {
+        const option_row *r = &rows[i];
+        char d[64];
+        switch (r->kind) {
+        case OPT_LISTEN:
+            for (int k = 0; k < c->nlisten; k++)
+                printf("%s = %s\n", r->name, c->listen[k]);
+            break;
+        case OPT_LOG:
+            printf("%s = %s\n", r->name, tdd_log_level_name(tdd_log_level));
+            break;
+        case OPT_LOGFMT:
+            printf("%s = %s\n", r->name, tdd_log_format_name());
+            break;
+        case OPT_TOKEN:
+            if (c->token_len)
+                printf("%s = %s\n", r->name, c->token_file);
+            else
+                printf("; %s: none (sessions need no token)\n", r->name);
+            break;
+        case OPT_HOSTPORT:
+            if (((const char *)c + r->off)[0])
+                printf("%s = %s\n", r->name, (const char *)c + r->off);
+            else
+                printf("; %s: off\n", r->name);
+            break;
+        case OPT_PATH:
+            if (((const char *)c + r->off)[0])
+                printf("%s = %s\n", r->name, (const char *)c + r->off);
+            else
+                printf("; %s: unset\n", r->name);
+            break;
+        case OPT_MODE:
+        case OPT_FLAG: {
+            uint32_t v32;
+            memcpy(&v32, (const char *)c + r->off, sizeof v32);
+            if (r->kind == OPT_MODE)
+                printf("%s = %04o\n", r->name, v32);
+            else
+                printf("%s = %s\n", r->name, v32 ? "true" : "false");
+            break;
+        }
+        case OPT_COUNT:
+        case OPT_BYTES:
+        case OPT_SECONDS: {
+            uint64_t v = 0;
+            if (r->size == sizeof(uint64_t))
+                memcpy(&v, (const char *)c + r->off, sizeof v);
+            else {
+                uint32_t v32;
+                memcpy(&v32, (const char *)c + r->off, sizeof v32);
+                v = v32;
+            }
+            printf("%s = %s", r->name,
+                   r->kind == OPT_BYTES ? fmt_bytes(d, sizeof d, v)
+                                        : (snprintf(d, sizeof d, "%" PRIu64, v), d));
+            if (v == 0 && r->zero)
+                printf("  ; %s", r->zero);
+            printf("\n");
+            break;
+        }
+        case OPT_CONFIG:
+        case OPT_CHECK:
+        case OPT_HELP:
+        case OPT_VERSION:
+            break;
+        }
+    }
 }
 
 int tdd_config_from_args(tdd_config *c, int argc, char **argv)
@@ -277,6 +733,10 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
     opts[NROWS] = (struct option){0, 0, 0, 0};
     tdd_config_defaults(c);
     opterr = 0; /* our own messages, one per mistake */
+
+    /* First pass: bad flags, the commands, and which file to read. */
+    const char *config = NULL;
+    bool check = false;
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o < OPT_VAL0 || o >= OPT_VAL0 + (int)NROWS) {
@@ -285,54 +745,46 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
             return 2;
         }
         const option_row *r = &rows[o - OPT_VAL0];
-        uint64_t v;
-        switch (r->kind) {
-        case OPT_LISTEN:
-            if (c->nlisten == TDD_MAX_LISTEN) {
-                fprintf(stderr, "tensordd: at most %d --listen\n", TDD_MAX_LISTEN);
-                return 2;
-            }
-            c->listen[c->nlisten++] = optarg;
-            break;
-        case OPT_LOG:
-            tdd_log_level = tdd_log_parse_level(optarg);
-            if (tdd_log_level < 0) {
-                fprintf(stderr,
-                        "tensordd: bad value '%s' for --log-level: takes error, warn, "
-                        "info or debug\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case OPT_TOKEN:
-            if (read_token(c, optarg))
-                return 2;
-            break;
-        case OPT_HELP:
+        if (r->kind == OPT_HELP) {
             usage(stdout);
             return 1;
-        case OPT_VERSION:
+        }
+        if (r->kind == OPT_VERSION) {
             printf("tensordd %s (protocol %d)\n", TDD_VERSION, TD_PROTOCOL_VERSION);
             return 1;
-        case OPT_COUNT:
-        case OPT_BYTES:
-        case OPT_SECONDS:
-            if (parse_number(optarg, r->kind == OPT_BYTES, &v) || v < r->min || v > r->max) {
-                char range[96];
-                describe_range(range, sizeof range, r);
-                fprintf(stderr, "tensordd: bad value '%s' for --%s: takes %s\n", optarg, r->name,
-                        range);
-                return 2;
-            }
-            store(c, r, v);
-            break;
         }
+        if (r->kind == OPT_CONFIG)
+            config = optarg;
+        if (r->kind == OPT_CHECK)
+            check = true;
     }
     if (optind < argc) {
         fprintf(stderr, "tensordd: unexpected argument '%s' (see --help)\n", argv[optind]);
         return 2;
     }
-    if (c->nlisten == 0)
+    int bad = check ? 3 : 2;
+
+    /* The file, then the environment, then the flags: each overrides the one before. */
+    if (read_file(c, config ? config : TDD_CONFIG_DEFAULT, config != NULL) || read_env(c))
+        return 3;
+    optind = 0; /* GNU getopt: start over */
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const option_row *r = &rows[o - OPT_VAL0];
+        if (r->kind == OPT_CONFIG || r->kind == OPT_CHECK)
+            continue;
+        origin og = {0};
+        if (apply(c, r, optarg, &og, 3))
+            return bad;
+    }
+    if (read_credential(c))
+        return 3;
+    if (c->nlisten == 0) {
         c->listen[c->nlisten++] = "tcp://127.0.0.1:7070";
+        c->listen_default = true;
+    }
+    if (check) {
+        print_config(c);
+        return 1;
+    }
     return 0;
 }

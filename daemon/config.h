@@ -2,12 +2,15 @@
 #ifndef TDD_CONFIG_H
 #define TDD_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define TDD_MAX_LISTEN 16
 /* The one version string (--version, HelloReply.server). */
 #define TDD_VERSION "0.1.0"
+/* Read when it exists and no --config is given. */
+#define TDD_CONFIG_DEFAULT "/etc/tensordd/tensordd.conf"
 
 typedef struct tdd_config {
     const char *listen[TDD_MAX_LISTEN];
@@ -39,13 +42,25 @@ typedef struct tdd_config {
     uint32_t shutdown_grace_s;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;
+    char token_file[512];    /* where it came from */
+    char config_file[512];   /* the config file read, or "" */
+    char metrics_listen[64]; /* HOST:PORT of the metrics endpoint; "" = off */
+    uint32_t unix_mode;      /* permission bits of unix:// sockets (--unix-mode) */
+    char unix_group[64];     /* their group, a name or number; "" = the daemon's */
+    char tls_cert[512];      /* tls:// listeners: certificate chain (PEM) */
+    char tls_key[512];       /* and its private key (PEM) */
+    char tls_client_ca[512]; /* CA certificates clients must be signed by; "" = no mTLS */
+    uint32_t insecure;       /* allow a listener beyond loopback with neither TLS nor token */
+    bool listen_default;     /* no listen was configured: listen[0] is the default */
 } tdd_config;
 
 extern tdd_config tdd_cfg;
 
 void tdd_config_defaults(tdd_config *c);
-/* Defaults, then the command line (config.c's table): 0 to run, 1 when --help or
- * --version was answered (exit 0), 2 after a one-line message on a bad flag. */
+/* Defaults, then the config file, the environment and the command line, each
+ * overriding the one before (config.c's table): 0 to run, 1 when --help, --version or
+ * --check-config was answered (exit 0), 2 after a one-line message on a bad flag, 3
+ * after messages naming file, line and key (or variable) of a bad setting (exit 1). */
 int tdd_config_from_args(tdd_config *c, int argc, char **argv);
 
 #endif

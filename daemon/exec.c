@@ -239,6 +239,12 @@ bool tdd_queue_reached(tdd_queue *q, uint64_t seq)
     return atomic_load_explicit(&q->completed, memory_order_acquire) >= seq;
 }
 
+uint64_t tdd_queue_depth(const tdd_queue *q)
+{
+    uint64_t done = atomic_load_explicit(&q->completed, memory_order_acquire);
+    return q->submitted > done ? q->submitted - done : 0;
+}
+
 uint64_t tdd_exec_pending(void)
 {
     return pending;

@@ -38,6 +38,8 @@ void tdd_queue_wait(tdd_queue *q, uint64_t seq);
 bool tdd_queue_idle(tdd_queue *q);
 /* q has run every task up to seq. */
 bool tdd_queue_reached(tdd_queue *q, uint64_t seq);
+/* Tasks submitted to q and not yet run. Loop thread. */
+uint64_t tdd_queue_depth(const tdd_queue *q);
 /* Tasks submitted and not yet completed, all queues. */
 uint64_t tdd_exec_pending(void);
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "stats.h"
 
 /* What every session task carries: the session, the request it answers, and
  * the verdict of running it. */
@@ -84,6 +85,7 @@ typedef struct {
     tdd_opargs args;
     bool run_kernel;
     int n_in, n_out;
+    uint64_t t0; /* submitted (uv_hrtime), for the op latency histogram */
     tdd_value *in[TDD_MAX_OP_INPUTS], *out[TDD_MAX_OP_OUTPUTS];
 } op_task;
 
@@ -151,6 +153,7 @@ static void op_release(op_task *ot)
 static void op_done(tdd_task *t)
 {
     op_task *ot = (op_task *)t;
+    tdd_count_op(ot->op, ot->st.rc, uv_hrtime() - ot->t0);
     session_task_finish(&ot->st, ot->out[0]);
     op_release(ot);
 }
@@ -292,10 +295,12 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     session_task_begin(&ot->st, s, req_id, want_reply);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
+    ot->t0 = uv_hrtime();
     if (can_run_inline(ot)) {
         for (int i = 0; i < nout; i++)
             ot->out[i]->fq = NULL; /* ready now */
         op_run(&ot->st.base);
+        tdd_count_op(ot->op, ot->st.rc, uv_hrtime() - ot->t0);
         session_task_finish_ex(&ot->st, ot->out[0], false);
         op_release(ot);
         return 0;
@@ -350,9 +355,11 @@ int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value
     session_task_begin(&ot->st, s, req_id, false);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
+    ot->t0 = uv_hrtime();
     if (can_run_inline(ot)) {
         dst->fq = NULL; /* ready now */
         op_run(&ot->st.base);
+        tdd_count_op(ot->op, ot->st.rc, uv_hrtime() - ot->t0);
         session_task_finish_ex(&ot->st, NULL, false);
         op_release(ot);
         return 0;

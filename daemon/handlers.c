@@ -75,8 +75,12 @@ int tdd_h_hello(tdd_req *r)
     }
     if (tdd_cfg.token_len && !token_matches(h->token)) {
         tdd_err_set(&err, TD_EUNAUTHENTICATED, "this daemon requires a valid token in Hello");
-        tdd_info("session %llu (%s): bad or missing token; closing the connection",
-                 (unsigned long long)c->s->id, c->s->peer);
+        char name[64];
+        td_utf8_copy(name, sizeof name, h->client_name);
+        tdd_stats.auth_failures++;
+        tdd_info("connection %llu: authentication failed (bad or missing token): peer %s, "
+                 "client '%s'; closing it",
+                 (unsigned long long)c->s->id, c->s->peer, name);
         tdd_answer_error(r, &err);
         return TDD_DISPATCH_CLOSE;
     }
@@ -86,6 +90,10 @@ int tdd_h_hello(tdd_req *r)
     }
     /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
     td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
+    tdd_stats.sessions_opened++;
+    tdd_log_set_ctx((tdd_log_ctx){c->s->id, c->s->id}, NULL); /* a session from here on */
+    tdd_info("session %llu opened: peer %s, client '%s'", (unsigned long long)c->s->id, c->s->peer,
+             c->s->client_name);
     Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
     hr.version = TD_PROTOCOL_VERSION;
     hr.server = (char *)"tensordd " TDD_VERSION;

@@ -14,6 +14,8 @@
 #include "exec.h"
 #include "handlers.h"
 #include "log.h"
+#include "metrics.h"
+#include "notify.h"
 #include "stats.h"
 
 static uv_signal_t sigterm, sigint, sigusr1;
@@ -51,6 +53,8 @@ static void on_signal(uv_signal_t *h, int signum)
     }
     stopping = true;
     tdd_info("signal %d: finishing in-flight work", signum);
+    tdd_metrics_draining();
+    tdd_notify_stopping();
     tdd_server_shutdown();
     tdd_exec_drain();
     uv_signal_stop(&sigterm);
@@ -94,7 +98,22 @@ int main(int argc, char **argv)
 {
     int prc = tdd_config_from_args(&tdd_cfg, argc, argv);
     if (prc)
-        return prc == 1 ? 0 : 2;
+        return prc == 1 ? 0 : prc == 3 ? 1 : 2;
+
+    /* Socket activation (deploy/tensordd.socket): systemd's listening sockets replace
+     * the configured ones, so one unit and config file serve both ways of starting. */
+    static char inherited[TDD_MAX_LISTEN][16];
+    int nfds = tdd_notify_listen_fds();
+    if (nfds && !tdd_cfg.listen_default)
+        tdd_info("socket activation: %d socket(s) from systemd replace the %d configured "
+                 "listen endpoint(s)",
+                 nfds, tdd_cfg.nlisten);
+    if (nfds)
+        tdd_cfg.nlisten = 0;
+    for (int i = 0; i < nfds && tdd_cfg.nlisten < TDD_MAX_LISTEN; i++) {
+        snprintf(inherited[i], sizeof inherited[i], "fd://%d", 3 + i);
+        tdd_cfg.listen[tdd_cfg.nlisten++] = inherited[i];
+    }
 
     /* A client that vanishes mid-write must cost a write error, not the daemon. */
     signal(SIGPIPE, SIG_IGN);
@@ -117,6 +136,9 @@ int main(int argc, char **argv)
     tdd_autograd_init();
     if (tdd_server_start(loop, &tdd_cfg, tdd_dispatch))
         return 1;
+    if (tdd_cfg.metrics_listen[0] && tdd_metrics_start(loop, tdd_cfg.metrics_listen))
+        return 1;
+    tdd_notify_ready(loop);
 
     uv_signal_init(loop, &sigterm);
     uv_signal_init(loop, &sigint);
@@ -131,6 +153,8 @@ int main(int argc, char **argv)
 
     run_loop(loop);
 
+    tdd_metrics_stop();
+    tdd_notify_close();
     tdd_devices_shutdown();
     tdd_exec_close();
     uv_run(loop, UV_RUN_DEFAULT);

@@ -1,0 +1,15 @@
+/* metrics.h -- /metrics (Prometheus text) and /healthz on --metrics-listen. */
+#ifndef TDD_METRICS_H
+#define TDD_METRICS_H
+
+#include <uv.h>
+
+/* Serves on hostport (loopback HOST:PORT, port 0 picks one) from loop's thread;
+ * prints "metrics on http://HOST:PORT/metrics". 0, or -1 after logging why. */
+int tdd_metrics_start(uv_loop_t *loop, const char *hostport);
+/* /healthz answers 503 from now on (shutdown began). */
+void tdd_metrics_draining(void);
+/* Closes the listener and its loop handles (before the loop's last run). */
+void tdd_metrics_stop(void);
+
+#endif

@@ -1,0 +1,226 @@
+"""/metrics (Prometheus text format, checked by a strict parser here) and /healthz on
+--metrics-listen: counters move with a session's requests, ops, bytes and errors;
+gauges show the open session, its handles and quota use; /healthz says whether a new
+session would be served."""
+
+import math
+import re
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tensordd
+
+from daemonproc import Proc, run
+
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL = r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"'
+SAMPLE = re.compile(rf"^({NAME})(?:\{{((?:{LABEL})(?:,{LABEL})*)?\}})? (\S+)$")
+FLOAT = re.compile(r"^(?:[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|[+-]Inf|NaN)$")
+TYPES = {"counter", "gauge", "histogram", "summary", "untyped"}
+
+
+def parse(text):
+    """Strict Prometheus text exposition (0.0.4) -> {(name, labels): value}.
+    Every sample belongs to a family declared by # TYPE before it (histograms: _bucket,
+    _sum, _count), families are contiguous and declared once, series are unique,
+    counters are finite and >= 0, histogram buckets are cumulative with +Inf == count."""
+    assert text.endswith("\n"), "the page must end with a newline"
+    types, helps, samples, order = {}, {}, {}, []
+    current = None
+    for n, line in enumerate(text.split("\n")[:-1], 1):
+        assert line and line == line.strip(), f"line {n}: blank or padded: {line!r}"
+        if line.startswith("#"):
+            m = re.match(rf"^# (HELP|TYPE) ({NAME}) (.+)$", line)
+            assert m, f"line {n}: bad comment: {line!r}"
+            kind, name, rest = m.groups()
+            if kind == "TYPE":
+                assert rest in TYPES, f"line {n}: bad type {rest}"
+                assert name not in types, f"line {n}: {name} declared twice"
+                types[name] = rest
+                order.append(name)
+                current = name
+            else:
+                assert name not in helps, f"line {n}: second HELP for {name}"
+                helps[name] = rest
+            continue
+        m = SAMPLE.match(line)
+        assert m, f"line {n}: not a sample: {line!r}"
+        name, labelstr, value = m.group(1), m.group(2) or "", m.group(m.lastindex)
+        labels = tuple(re.findall(LABEL, labelstr))
+        assert len({k for k, _ in labels}) == len(labels), f"line {n}: repeated label"
+        family = name
+        if current and types[current] == "histogram" and name in (
+                current + "_bucket", current + "_sum", current + "_count"):
+            family = current
+        assert family == current, f"line {n}: {name} outside its family (# TYPE {current})"
+        assert FLOAT.match(value), f"line {n}: bad value {value!r}"
+        v = float(value)
+        key = (name, labels)
+        assert key not in samples, f"line {n}: duplicate series {key}"
+        samples[key] = v
+        if types[family] == "counter" or name.endswith(("_bucket", "_count")):
+            assert v >= 0 and not math.isnan(v), f"line {n}: counter {v}"
+    for fam, t in types.items():
+        if t != "histogram":
+            continue
+        series = {}
+        for (name, labels), v in samples.items():
+            if name == fam + "_bucket":
+                rest = tuple(kv for kv in labels if kv[0] != "le")
+                le = dict(labels)["le"]
+                series.setdefault(rest, []).append((float(le), v))
+        for rest, buckets in series.items():
+            les = [le for le, _ in buckets]
+            assert les == sorted(les) and les[-1] == math.inf, (fam, rest, les)
+            assert len(set(les)) == len(les), (fam, rest, les)
+            counts = [c for _, c in buckets]
+            assert counts == sorted(counts), f"{fam}{rest}: buckets not cumulative {counts}"
+            assert samples[(fam + "_count", rest)] == counts[-1], (fam, rest)
+            assert (fam + "_sum", rest) in samples
+    return samples
+
+
+def get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type"), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read().decode()
+
+
+def scrape(d):
+    status, ctype, body = get(d.metrics + "/metrics")
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4"), (status, ctype)
+    return parse(body)
+
+
+def val(m, name, **labels):
+    for (n, ls), v in m.items():
+        if n == name and all(dict(ls).get(k) == str(x) for k, x in labels.items()):
+            return v
+    return 0.0
+
+
+def total(m, name):
+    return sum(v for (n, _), v in m.items() if n == name)
+
+
+@pytest.fixture
+def mdaemon():
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--session-memory", "64M"], expect=("listening on", "metrics on")) as d:
+        yield d
+    assert d.proc.returncode == 0, d.log()
+
+
+def test_parser_rejects_what_prometheus_would():
+    good = "# TYPE a counter\na 1\n"
+    parse(good)
+    for bad in ["a 1\n", "# TYPE a counter\na{x=\"1\"} one\n", "# TYPE a counter\na 1",
+                "# TYPE a counter\na 1\na 2\n", "# TYPE a gauge\n# TYPE a gauge\na 1\n",
+                "# TYPE a counter\na -1\n", "# TYPE a counter\na{x=1} 1\n",
+                "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\n"
+                "h_sum 0\nh_count 1\n"]:
+        with pytest.raises(AssertionError):
+            parse(bad)
+
+
+def test_counters_move_with_a_session(mdaemon):
+    before = scrape(mdaemon)
+    assert val(before, "tensordd_up") == 1
+    assert val(before, "tensordd_sessions") == 0
+    with tensordd.connect(mdaemon.endpoint, timeout=10) as s:
+        a = s.tensor(np.ones((64, 64), np.float32))
+        b = s.tensor(np.ones((64, 64), np.float32))
+        c = (a @ b) + a
+        assert float(c.sum().numpy()) == 64 * 64 * 65
+        bad = s.tensor(np.ones(3, np.float32))
+        with pytest.raises(tensordd.Error):
+            (a + bad).numpy()
+        during = scrape(mdaemon)
+        assert val(during, "tensordd_sessions") == 1
+        sid = [dict(ls)["session"] for (n, ls), _ in during.items()
+               if n == "tensordd_session_memory_bytes"]
+        assert len(sid) == 1
+        assert val(during, "tensordd_session_memory_bytes", session=sid[0]) >= 3 * 64 * 64 * 4
+        assert val(during, "tensordd_session_memory_limit_bytes", session=sid[0]) == 64 << 20
+        assert val(during, "tensordd_session_handles", session=sid[0]) >= 4
+        assert val(during, "tensordd_handles") >= 4
+        assert val(during, "tensordd_device_memory_bytes", device="cpu:0") >= 3 * 64 * 64 * 4
+        assert ("tensordd_device_queue_depth", (("device", "cpu:0"),)) in during
+        client = [dict(ls)["client"] for (n, ls), _ in during.items()
+                  if n == "tensordd_session_memory_bytes"]
+        assert client == ["tensordd-python"]
+    after = scrape(mdaemon)
+
+    def delta(name, **labels):
+        return val(after, name, **labels) - val(before, name, **labels)
+
+    assert val(after, "tensordd_sessions") == 0
+    assert delta("tensordd_sessions_opened_total") == 1
+    assert delta("tensordd_requests_total", request="hello") == 1
+    assert delta("tensordd_requests_total", request="upload") == 3
+    assert delta("tensordd_requests_total", request="op") >= 4  # matmul, add, sum, add
+    assert delta("tensordd_ops_total", op="matmul", result="ok") == 1
+    assert delta("tensordd_ops_total", op="sum", result="ok") == 1
+    assert delta("tensordd_op_duration_seconds_count", op="matmul") == 1
+    assert delta("tensordd_op_duration_seconds_sum", op="matmul") > 0
+    assert delta("tensordd_bytes_received_total") >= 2 * 64 * 64 * 4 + 3 * 4
+    assert delta("tensordd_bytes_sent_total") > 0
+    assert total(after, "tensordd_errors_total") - total(before, "tensordd_errors_total") == 1
+    ops_done = sum(v for (n, ls), v in after.items() if n == "tensordd_ops_total")
+    hist = sum(v for (n, ls), v in after.items() if n == "tensordd_op_duration_seconds_count")
+    assert ops_done == hist
+    assert val(after, "tensordd_handles") == 0
+
+
+def test_curl_sees_the_same_page(mdaemon):
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed")
+    r = subprocess.run(["curl", "-sf", "--max-time", "10", mdaemon.metrics + "/metrics"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    m = parse(r.stdout)
+    assert val(m, "tensordd_accepting_sessions") == 1
+
+
+def test_healthz_says_whether_sessions_are_accepted():
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--max-sessions", "1"], expect=("listening on", "metrics on")) as d:
+        status, _, body = get(d.metrics + "/healthz")
+        assert (status, body) == (200, "ok\n")
+        with tensordd.connect(d.endpoint, timeout=10) as s:
+            s.sync()
+            status, _, body = get(d.metrics + "/healthz")
+            assert status == 503 and "max-sessions" in body, body
+            assert val(scrape(d), "tensordd_accepting_sessions") == 0
+        for _ in range(200):  # the close is seen by the loop after the client's
+            status, _, body = get(d.metrics + "/healthz")
+            if status == 200:
+                break
+        assert status == 200, body
+        assert get(d.metrics + "/nothing")[0] == 404
+        req = urllib.request.Request(d.metrics + "/metrics", data=b"x", method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=10)
+            raise AssertionError("POST accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code == 405
+
+
+def test_metrics_bind_must_be_loopback():
+    r = run("--metrics-listen", "0.0.0.0:9470", "--listen", "tcp://127.0.0.1:0")
+    assert r.returncode == 2
+    assert "--metrics-listen" in r.stderr and "loopback" in r.stderr
+    r = run("--metrics-listen", "[::1]:0", "--check-config")
+    assert r.returncode == 0, r.stderr
+
+
+def test_metrics_off_by_default():
+    with Proc(["--listen", "tcp://127.0.0.1:0"]) as d:
+        pass
+    assert not any(line.startswith("metrics on") for line in d.stdout)
