@@ -333,6 +333,7 @@ test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 	else echo "python: no tests yet"; fi
 
 include backends/cuda/emu/emu.mk
+include tests/fuzz/fuzz.mk
 
 # ---------------------------------------------------------------- run
 run: deps
