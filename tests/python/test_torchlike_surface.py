@@ -1,9 +1,9 @@
 """Issue 12, Build 4: the Tensor surface PyTorch users expect, checked against
 torch 1.13 (and numpy) as the oracle.
 
-str()/print() show the values as torch (downloaded on demand, summarised for
-big tensors, not downloaded past REPR_MAX_ELEMENTS) with device, dtype and
-requires_grad; repr() stays the non-blocking handle form (it never syncs).
+repr()/str()/print() show the values as torch (downloaded on demand,
+summarised for big tensors) with device, dtype and requires_grad
+(test_py12_repr.py holds the format to torch's and checks errors).
 """
 
 from __future__ import annotations
@@ -45,12 +45,9 @@ def test_str_shows_values_like_torch(session):
     big = session.zeros(100, 100)
     text = str(big)
     assert "..." in text and len(text) < 2000  # summarised as torch does
-    huge = session.zeros(2000, 1000)
-    assert "not downloaded" in str(huge)
     assert f"{session.tensor(np.float32(1.25)):.1f}" == "1.2"
-    # repr never waits: it shows what is known
     y = t * 2
-    assert repr(y) == f"tensordd.Tensor(#{y.handle})"
+    assert repr(y) == str(y) and repr(y).startswith("tensor([[ 7.0000,")
 
 
 def test_max_min(session):

@@ -86,12 +86,18 @@ def _read_token_file(path: str) -> str:
 _RELEASE_BATCH = 256
 # How many request descriptions the session keeps for error messages.
 _CALL_MEMORY = 1 << 16
+# The requests the daemon answers with the session's pending error, if any
+# (synchronising: dispatch.c's REQ_SYNC rows).
+_SYNC_BODIES = frozenset({"download", "sync", "backward", "grad", "grad_remove", "grad_replace",
+                          "optimizer_step", "goodbye", "optimizer_state",
+                          "optimizer_load_state"})
 # Codes after which the daemon closes the connection.
 _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICATED"}
 
 
 def connect(endpoint: str | None = None, token: str | None = None, timeout: float | None = None,
-            *, token_file: str | None = None) -> "Session":
+            *, token_file: str | None = None, ca_file: str | None = None,
+            cert: str | None = None, key: str | None = None, verify: bool = True) -> "Session":
     """Opens a session with the daemon at endpoint; it becomes the default session.
 
     Args:
@@ -101,12 +107,19 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
             token_file, else from the file ``$TENSORDD_TOKEN_FILE`` names (its
             first line), else no token.
         token_file: a file holding the token on its first line.
+        ca_file, cert, key, verify (``tls://`` endpoints only): the CA
+            certificates (PEM) that signed the daemon's certificate (default: the
+            system's); this client's certificate and key (PEM) when the daemon asks
+            for one (mutual TLS); verify=False skips checking the daemon's
+            certificate (testing only).
         timeout: seconds for connecting and for each blocking call
             (None: wait forever). A call that times out raises
             :class:`tensordd.TimedOutError` and leaves the session unusable.
 
     Raises:
-        VersionMismatchError, UnauthenticatedError: the daemon refused the Hello.
+        VersionMismatchError, UnauthenticatedError: the daemon refused the Hello
+            (UnauthenticatedError also: a TLS certificate was refused either way).
+        ProtocolError: a TLS handshake with a plaintext listener, or the reverse.
         ConnectionClosedError / IOFailureError: the daemon could not be reached.
     """
     global _default
@@ -117,7 +130,7 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
         if token_file:
             token = _read_token_file(token_file)
     try:
-        conn = Connection(endpoint, timeout)
+        conn = Connection(endpoint, timeout, ca_file=ca_file, cert=cert, key=key, verify=verify)
     except socket.timeout:
         raise local_error("TIMEOUT", f"connecting to {endpoint} timed out") from None
     except OSError as e:
@@ -179,6 +192,11 @@ class Session:
         # requires_grad=True)), so the Gradients API releases as it always did.
         self.retain_grads = False
         self._unkept_backward = False  # a backward ran while retain_grads was off
+        # Asynchronous failures that repr() read while downloading (the daemon hands
+        # a pending error to the first synchronising request, once): kept here and
+        # raised by the next synchronising calls instead, as if repr had not run.
+        self._deferred: list = []
+        self._busy = False  # inside a round trip (a debugger's repr must not start one)
         hello = self._new_request()
         h = hello.hello
         h.min_version = MIN_VERSION
@@ -257,6 +275,12 @@ class Session:
     def _new_handle(self) -> int:
         return next(self._handles)
 
+    def _next_request_id(self) -> int:
+        """The id the next request will get (none is used up)."""
+        nxt = next(self._ids)
+        self._ids = itertools.count(nxt)  # ids are consecutive: put it back
+        return nxt
+
     def _reserve_handles(self, n: int) -> int:
         """The first of n consecutive fresh handle ids (a request that binds a range)."""
         first = next(self._handles)
@@ -314,9 +338,12 @@ class Session:
         response carries, naming the call that failed.
         """
         self._check_open()
+        if self._deferred and req.WhichOneof("body") in _SYNC_BODIES:
+            raise self._deferred.pop(0)  # the daemon would have answered this request with it
         self._emit_releases()
         req.id = next(self._ids)
         self._calls[req.id] = call
+        self._busy = True
         try:
             try:
                 self._conn.write(req.SerializeToString())
@@ -334,6 +361,8 @@ class Session:
             # would answer the next call; refuse further calls instead.
             self._shutdown(f"the session was interrupted during {call}")
             raise
+        finally:
+            self._busy = False
         try:
             resp = pb.Response.FromString(raw)
         except DecodeError as e:
@@ -364,7 +393,7 @@ class Session:
     def _raise_error(self, err: "pb.Error"):
         exc = error_from_proto(err, self._describe(err.request_id))
         if exc.code in _FATAL:
-            self._shutdown()
+            self._shutdown(f"the daemon closed the session after {exc}")
         raise exc
 
     def _forget_calls(self) -> None:
@@ -691,6 +720,7 @@ class Session:
             raise local_error("PROTOCOL_ERROR",
                               f"payload of {payload_len} bytes for a {dtype_name(info.dtype)}"
                               f"{tuple(info.shape)} tensor ({arr.nbytes} bytes)", str(call))
+        self._busy = True  # the payload is still in the stream
         try:
             self._conn.read_into(arr)
         except (OSError, FrameError) as e:
@@ -698,6 +728,8 @@ class Session:
         except BaseException:
             self._shutdown(f"the session was interrupted during {call}")
             raise
+        finally:
+            self._busy = False
         if info.dtype == pb.DTYPE_BF16 and not raw:  # widen the bit patterns to float32
             arr = bf16_bits_to_f32(arr)
         return arr

@@ -18,11 +18,14 @@ import numpy as np
 from .device import HINT, Device, DeviceSpecError
 from .dtypes import DTYPES, bf16_bits_to_f32, canonical_name, dtype_name
 
-__all__ = ["Tensor", "REPR_MAX_ELEMENTS"]
+__all__ = ["Tensor", "REPR_SUMMARY_THRESHOLD", "REPR_EDGE_ITEMS"]
 
-# repr/str download tensors of at most this many elements (and print them
-# summarised as numpy/torch do past 1000); larger ones show their shape only.
-REPR_MAX_ELEMENTS = 1 << 20
+# repr/str download tensors of at most this many elements; larger ones are
+# summarised as torch does, REPR_EDGE_ITEMS at each end of every longer dim (only
+# those are gathered and downloaded).
+REPR_SUMMARY_THRESHOLD = 1000
+REPR_EDGE_ITEMS = 3
+REPR_LINE_WIDTH = 80
 
 # What max(dim)/min(dim) return, as torch.return_types.max: (values, indices).
 MaxMin = collections.namedtuple("MaxMin", ["values", "indices"])
@@ -185,47 +188,90 @@ class Tensor:
         return f"tensordd.Tensor({', '.join(parts)})"
 
     def __repr__(self) -> str:
-        """The handle and the metadata known so far: ``tensordd.Tensor(#3, shape=...)``.
+        """torch's form: ``tensor([1., 2.], device='cpu:0', dtype=tensordd.float32)``,
+        with ``requires_grad=True`` where it is set; ``str()`` is the same.
 
-        repr never waits for the daemon (debuggers, loggers and assertion
-        messages call it; a download there would also consume a pending
-        asynchronous error). ``str(t)``/``print(t)`` show the values as torch.
+        The values are downloaded when asked for (a synchronising call, as torch's
+        repr of a CUDA tensor). Tensors of more than 1000 elements are summarised as
+        torch does (three items at each end of every dim): only those corners are
+        gathered in the daemon and downloaded, whatever the tensor's size.
+
+        repr never raises for the session's sake (debuggers, loggers and assertion
+        messages call it) and never loses an error:
+
+        * a failure of this tensor (poisoned, a failed op) is shown in the text,
+          ``tensor(<POISONED: ...>, ...)``;
+        * a pending asynchronous failure of an *earlier* request, which the daemon
+          hands to whichever synchronising request comes first, is kept by the
+          session and raised by the next synchronising call (``sync()``,
+          ``numpy()``, ``backward()``, ...) exactly as if repr had not run; the
+          values are then downloaded again;
+        * a closed session, or a repr evaluated while the session is inside a round
+          trip (a debugger stopped in the client), shows the handle and the
+          metadata known without asking the daemon.
         """
-        return self._brief()
-
-    def __str__(self) -> str:
-        """torch's form: ``tensor([1., 2.], device='cpu:0', dtype=tensordd.float32)``.
-
-        The values are downloaded (synchronising) for tensors of at most
-        REPR_MAX_ELEMENTS elements and printed summarised past 1000 elements
-        as torch does; a closed session or a failed tensor is shown, not raised.
-        """
-        from .errors import Error
-
         session = self._session
         if session is None or session.closed:
             return f"{self._brief()[:-1]}, session closed)"
+        if session._busy:
+            return f"{self._brief()[:-1]}, values not shown: the session is mid-call)"
+        from .errors import Error
+
+        start = session._next_request_id()
+        body = None
         try:
             shape, dtype, device = self.shape, self.dtype, self.device
             rg = self.requires_grad
             n = int(np.prod(shape, dtype=np.int64))
-            if n <= REPR_MAX_ELEMENTS:
-                arr = self.numpy()
-                opts = {}
-                if arr.dtype.kind == "f":  # torch's look: 4 decimals unless all integral
-                    finite = arr[np.isfinite(arr)]
-                    integral = finite.size == 0 or bool(np.all(finite == np.round(finite)))
-                    opts = {"precision": 4, "floatmode": "maxprec" if integral else "fixed"}
-                body = np.array2string(arr, separator=", ", prefix="tensor(", threshold=1000,
-                                       edgeitems=3, **opts)
-            else:
-                body = f"<{n} elements not downloaded, shape={tuple(shape)}>"
+            src, cut = self, None
+            if n > REPR_SUMMARY_THRESHOLD:
+                src, cut = self._corners(shape)
+            # Earlier failures already kept for the next sync stay kept (this download
+            # must not raise them); a pending one this download reads joins them.
+            held, session._deferred = session._deferred, []
+            try:
+                for attempt in (0, 1):
+                    try:
+                        arr = src.numpy()
+                        break
+                    except Error as e:
+                        if attempt == 0 and e.request_id and e.request_id < start \
+                                and not session.closed:
+                            held.append(e)  # an earlier request's: raised at the next sync
+                            continue
+                        raise
+            finally:
+                session._deferred = held + session._deferred
+            body = _format_values(arr, cut)
         except Error as e:
-            return f"{self._brief()[:-1]}, error={e})"
+            if session.closed:
+                return f"{self._brief()[:-1]}, session closed: {e})"
+            return f"{self._brief()[:-1]}, <{e}>)"
+        except Exception as e:  # a repr must not raise (debuggers)
+            return f"{self._brief()[:-1]}, <repr failed: {type(e).__name__}: {e}>)"
         extra = f", device='{device}', dtype={dtype!r}"
         if rg:
             extra += ", requires_grad=True"
         return f"tensor({body}{extra})"
+
+    __str__ = __repr__
+
+    def _corners(self, shape):
+        """(a tensor of the first and last REPR_EDGE_ITEMS along every dim longer than
+        twice that, [whether each dim was cut]): one index_select per cut dim."""
+        session = self._session
+        out = self.detach() if self.requires_grad else self
+        cut = []
+        for d, size in enumerate(shape):
+            k = REPR_EDGE_ITEMS
+            if size > 2 * k:
+                idx = np.concatenate([np.arange(k), np.arange(size - k, size)]).astype(np.int64)
+                out = session.op("index_select", out, session.tensor(idx, device=self.device),
+                                 dim=d)
+                cut.append(True)
+            else:
+                cut.append(False)
+        return out, cut
 
     def __format__(self, spec: str) -> str:
         if spec:  # f"{t:.3f}": a one-element tensor's value, as torch
@@ -1099,6 +1145,55 @@ class Tensor:
         from .autograd import backward
 
         return backward(self, grad=grad, retain_graph=retain_graph)
+
+
+def _element_strings(arr: np.ndarray) -> list:
+    """Each value of arr as torch prints it, padded to one width: floats with 4
+    decimals, or as ``1.`` when all are integral (numpy's formatter)."""
+    opts = {}
+    if arr.dtype.kind == "f":
+        finite = arr[np.isfinite(arr)]
+        integral = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+        opts = {"precision": 4, "floatmode": "maxprec" if integral else "fixed"}
+    text = np.array2string(arr.reshape(-1), separator=",", threshold=sys.maxsize,
+                           max_line_width=sys.maxsize, **opts)
+    return [x.strip() for x in text[1:-1].split(",")] if arr.size else []
+
+
+def _format_values(arr: np.ndarray, cut=None) -> str:
+    """The body of torch's repr for arr; cut[d]: dim d holds only its first and last
+    REPR_EDGE_ITEMS (a summary), shown with ``...`` between them."""
+    if cut is None or not any(cut):
+        opts = {}
+        if arr.dtype.kind == "f":
+            finite = arr[np.isfinite(arr)]
+            integral = finite.size == 0 or bool(np.all(finite == np.round(finite)))
+            opts = {"precision": 4, "floatmode": "maxprec" if integral else "fixed"}
+        return np.array2string(arr, separator=", ", prefix="tensor(", threshold=sys.maxsize,
+                               max_line_width=REPR_LINE_WIDTH, **opts)
+    elems = _element_strings(arr)
+    width = max(len(e) for e in elems)
+    elems = [e.rjust(width) for e in elems]
+    ndim, k = arr.ndim, REPR_EDGE_ITEMS
+    strides = [int(np.prod(arr.shape[d + 1:], dtype=np.int64)) for d in range(ndim)]
+
+    def rec(d: int, base: int) -> str:
+        indent = " " * (len("tensor(") + d + 1)
+        n = arr.shape[d]
+        if d == ndim - 1:
+            items = elems[base:base + n]
+            if cut[d]:
+                items = items[:k] + [" ..."] + items[k:]
+            # torch's count: (line width - the vector's indent) // (width + ", ")
+            per_line = max(1, (REPR_LINE_WIDTH - len("tensor(") - d) // (width + 2))
+            lines = [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)]
+            return "[" + (",\n" + indent).join(lines) + "]"
+        parts = [rec(d + 1, base + i * strides[d]) for i in range(n)]
+        if cut[d]:
+            parts = parts[:k] + ["..."] + parts[k:]
+        return "[" + ("," + "\n" * (ndim - d - 1) + indent).join(parts) + "]"
+
+    return rec(0, 0)
 
 
 def _as_tuple(x) -> tuple:

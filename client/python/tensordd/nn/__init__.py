@@ -67,8 +67,10 @@ class Parameter(Tensor):
         session.retain_grads = True
         src._session = None  # the handle is ours now
 
-    def __str__(self) -> str:
-        return "Parameter containing:\n" + super().__str__()
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+    __str__ = __repr__
 
 
 def _uniform(shape, bound):
