@@ -59,5 +59,7 @@ test-abi: $(BUILD)/libtensordd.so $(BUILD)/tools/abi_sizes
 test-protocol-doc:
 	@$(PY) tools/check_protocol_doc.py proto/tensordd.proto docs/protocol.md
 
-test-deploy:
-	@$(PY) tools/check_deploy.py deploy
+# Offline: docker and a cluster are not needed (nor used); the built daemon checks the
+# ConfigMap's file with --check-config.
+test-deploy: $(BUILD)/tensordd
+	@$(PY) tools/check_deploy.py deploy --tensordd $(BUILD)/tensordd

@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""check_deploy.py DEPLOY_DIR [--tensordd BIN] -- deploy/Dockerfile and deploy/k8s/*.yaml
+say what they must, checked offline (no docker, no cluster: parsed, and cross-checked
+against each other, the Makefile and the daemon's option table in daemon/config.c).
+
+Dockerfile: a build stage with the CUDA compiler and every -dev package the Makefile's
+APT_PKGS builds with; a final stage on a slim base that copies the binaries from it, runs
+as a numeric non-root USER, exposes the port it listens on, sets only TENSORDD_* variables
+the daemon reads, and has a HEALTHCHECK on /healthz at its metrics address.
+
+k8s: the manifests parse; a DaemonSet on GPU nodes (nodeSelector, nvidia.com/gpu limit,
+cpu and memory requests and limits) runs as the Dockerfile's user with no privilege
+escalation; the ConfigMap's file uses only option names, is mounted where the daemon
+reads it, and names a token file that is the Secret's key where the Secret is mounted;
+readiness and liveness probes ask /healthz on the metrics address of that file (liveness
+not failing on a 503: a daemon at --max-sessions is alive); the image's TENSORDD_*
+variables, which override the file, are cleared or agree; memory-cap is below the memory
+limit; the Service selects the pods and targets the port the file listens on; the
+kustomization lists every manifest. With --tensordd, the daemon itself checks the file
+(--check-config), with the token file pointed at a temporary one.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+bad = []
+
+
+def fail(msg):
+    bad.append(msg)
+
+
+# ---------------------------------------------------------------- sources of truth
+
+def option_names():
+    text = open(os.path.join(ROOT, "daemon", "config.c"), encoding="utf-8").read()
+    names = set(re.findall(r'^\s*\{"([a-z][a-z0-9-]*)",', text, flags=re.M))
+    m = re.search(r"env_options\[\]\s*=\s*\{([^}]*)\}", text)
+    env = {"TENSORDD_" + n.upper().replace("-", "_") for n in re.findall(r'"([a-z-]+)"', m.group(1))} \
+        if m else None
+    return names, env
+
+
+def apt_dev_packages():
+    text = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    m = re.search(r"^APT_PKGS\s*:=\s*((?:.*\\\n)*.*)$", text, flags=re.M)
+    pkgs = m.group(1).replace("\\\n", " ").split() if m else []
+    test_only = {"check", "libsubunit-dev"}
+    return {p for p in pkgs if p.endswith("-dev") and p not in test_only}
+
+
+def parse_bytes(v):
+    m = re.fullmatch(r"(\d+)([KMGT]?)", v.strip())
+    if not m:
+        return None
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+
+
+def parse_quantity(v):
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(v))
+    if not m:
+        return None
+    mul = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[m.group(2)]
+    return int(m.group(1)) * mul
+
+
+def host_port(url_or_addr):
+    m = re.search(r"(?:https?://|tcp://)?(\[[^\]]+\]|[\w.-]+):(\d+)", url_or_addr)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+def dockerfile(path, env_names):
+    lines, cur = [], ""
+    for raw in open(path, encoding="utf-8"):
+        s = raw.rstrip("\n")
+        if not cur and (not s.strip() or s.lstrip().startswith("#")):
+            continue
+        if s.endswith("\\"):
+            cur += s[:-1] + " "
+            continue
+        lines.append((cur + s).strip())
+        cur = ""
+    stages = []
+    for ln in lines:
+        word, _, rest = ln.partition(" ")
+        word = word.upper()
+        if word == "FROM":
+            m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?", rest, flags=re.I)
+            stages.append({"base": m.group(1), "name": m.group(2), "ins": []})
+        elif stages:
+            stages[-1]["ins"].append((word, rest))
+        elif word not in ("ARG",):
+            fail("Dockerfile: %s before the first FROM" % word)
+    if len(stages) < 2:
+        fail("Dockerfile: not multi-stage (%d stage)" % len(stages))
+        return None
+    build, final = stages[0], stages[-1]
+    build_runs = " ".join(r for w, r in build["ins"] if w == "RUN")
+    if "cuda-nvcc" not in build_runs:
+        fail("Dockerfile: the build stage installs no CUDA compiler (cuda-nvcc)")
+    for p in sorted(apt_dev_packages()):
+        if not re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(p), build_runs):
+            fail("Dockerfile: the build stage does not install %s (in the Makefile's APT_PKGS)" % p)
+    if "slim" not in final["base"]:
+        fail("Dockerfile: the final stage's base %s is not a slim image" % final["base"])
+    copies = [r for w, r in final["ins"] if w == "COPY"]
+    if not any(("--from=%s" % build["name"]) in c and "tensordd" in c for c in copies):
+        fail("Dockerfile: the final stage does not COPY tensordd --from=%s" % build["name"])
+    users = [r.strip() for w, r in final["ins"] if w == "USER"]
+    uid = None
+    if not users:
+        fail("Dockerfile: the final stage has no USER (it would run as root)")
+    else:
+        u = users[-1].split(":")[0]
+        if not u.isdigit():
+            fail("Dockerfile: USER %s is not numeric (Kubernetes' runAsNonRoot cannot verify a "
+                 "name)" % users[-1])
+        elif int(u) == 0:
+            fail("Dockerfile: USER is root")
+        else:
+            uid = int(u)
+    env = {}
+    for w, r in final["ins"]:
+        if w == "ENV":
+            for tok in shlex.split(r):
+                k, _, v = tok.partition("=")
+                env[k] = v
+    for k in env:
+        if k.startswith("TENSORDD_") and env_names is not None and k not in env_names:
+            fail("Dockerfile: ENV %s is not a variable the daemon reads (%s)"
+                 % (k, ", ".join(sorted(env_names))))
+    hc = [r for w, r in final["ins"] if w == "HEALTHCHECK"]
+    metrics = host_port(env.get("TENSORDD_METRICS_LISTEN", ""))
+    if not hc:
+        fail("Dockerfile: no HEALTHCHECK")
+    elif not metrics:
+        fail("Dockerfile: HEALTHCHECK without TENSORDD_METRICS_LISTEN (no /healthz to ask)")
+    else:
+        url = re.search(r"https?://\S+", hc[0])
+        if not url or not url.group(0).endswith("/healthz") or host_port(url.group(0)) != metrics:
+            fail("Dockerfile: HEALTHCHECK does not ask /healthz on %s:%d" % metrics)
+    listen = host_port(env.get("TENSORDD_LISTEN", ""))
+    exposed = {int(p.split("/")[0]) for w, r in final["ins"] if w == "EXPOSE" for p in r.split()}
+    if listen and listen[1] not in exposed:
+        fail("Dockerfile: listens on port %d but EXPOSEs %s" % (listen[1], sorted(exposed)))
+    ep = [r for w, r in final["ins"] if w == "ENTRYPOINT"]
+    if not ep or "tensordd" not in ep[-1]:
+        fail("Dockerfile: the ENTRYPOINT is not tensordd")
+    return {"uid": uid, "env": env}
+
+
+# ---------------------------------------------------------------- manifests
+
+def ini(text):
+    kv = []
+    for n, ln in enumerate(text.splitlines(), 1):
+        s = ln.strip()
+        if not s or s[0] in "#;":
+            continue
+        k, eq, v = s.partition("=")
+        if not eq:
+            fail("configmap: line %d is not key = value: %r" % (n, ln))
+            continue
+        kv.append((k.strip(), v.strip()))
+    return kv
+
+
+def k8s(kdir, options, docker, tensordd):
+    docs, files = [], sorted(f for f in os.listdir(kdir) if f.endswith(".yaml"))
+    for f in files:
+        try:
+            for d in yaml.safe_load_all(open(os.path.join(kdir, f), encoding="utf-8")):
+                if d:
+                    docs.append((f, d))
+        except yaml.YAMLError as e:
+            fail("%s: does not parse: %s" % (f, e))
+    by_kind = {}
+    for f, d in docs:
+        by_kind.setdefault(d.get("kind"), []).append(d)
+    for kind in ("Namespace", "ConfigMap", "Secret", "DaemonSet", "Service", "Kustomization"):
+        if kind not in by_kind:
+            fail("k8s: no %s" % kind)
+    if bad:
+        return
+    kust = by_kind["Kustomization"][0]
+    listed = set(kust.get("resources", []))
+    for f in files:
+        if f != "kustomization.yaml" and f not in listed:
+            fail("kustomization.yaml does not list %s" % f)
+
+    ds = by_kind["DaemonSet"][0]
+    pod = ds["spec"]["template"]["spec"]
+    labels = ds["spec"]["template"]["metadata"].get("labels", {})
+    if ds["spec"]["selector"].get("matchLabels", {}).items() - labels.items():
+        fail("DaemonSet: its selector does not match its pods' labels")
+    if not pod.get("nodeSelector"):
+        fail("DaemonSet: no nodeSelector (it would run on nodes without a GPU)")
+    c = pod["containers"][0]
+    res = c.get("resources", {})
+    lim, req = res.get("limits", {}), res.get("requests", {})
+    if int(lim.get("nvidia.com/gpu", 0)) < 1:
+        fail("DaemonSet: no nvidia.com/gpu limit")
+    for k in ("cpu", "memory"):
+        if k not in lim or k not in req:
+            fail("DaemonSet: no %s request and limit" % k)
+    psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+    run_as = csc.get("runAsUser", psc.get("runAsUser"))
+    if not (csc.get("runAsNonRoot", psc.get("runAsNonRoot"))):
+        fail("DaemonSet: runAsNonRoot is not set")
+    if run_as in (None, 0):
+        fail("DaemonSet: runAsUser is %s" % run_as)
+    elif docker and docker["uid"] is not None and run_as != docker["uid"]:
+        fail("DaemonSet: runAsUser %s is not the image's USER %s" % (run_as, docker["uid"]))
+    if csc.get("allowPrivilegeEscalation") is not False:
+        fail("DaemonSet: allowPrivilegeEscalation is not false")
+
+    # the configuration file, where the daemon reads it
+    cm = by_kind["ConfigMap"][0]
+    conf_text = cm.get("data", {}).get("tensordd.conf")
+    if conf_text is None:
+        fail("ConfigMap %s has no tensordd.conf" % cm["metadata"]["name"])
+        return
+    conf = ini(conf_text)
+    for k, _ in conf:
+        if k not in options:
+            fail("ConfigMap: tensordd.conf key '%s' is not an option of the daemon" % k)
+    cfg = dict(conf)
+    mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+
+    def mounted_path(kind, name, key):
+        for vn, v in vols.items():
+            src = v.get(kind)
+            if not src or src.get("name" if kind == "configMap" else "secretName") != name:
+                continue
+            items = src.get("items")
+            path = key if not items else next((i["path"] for i in items if i["key"] == key), None)
+            if path and vn in mounts:
+                return os.path.join(mounts[vn]["mountPath"], path)
+        return None
+
+    conf_path = mounted_path("configMap", cm["metadata"]["name"], "tensordd.conf")
+    args = c.get("args", []) + c.get("command", [])
+    want_conf = args[args.index("--config") + 1] if "--config" in args else \
+        "/etc/tensordd/tensordd.conf"
+    if conf_path != want_conf:
+        fail("DaemonSet: the daemon reads %s but the ConfigMap is mounted at %s"
+             % (want_conf, conf_path))
+    sec = by_kind["Secret"][0]
+    token_file = cfg.get("token-file")
+    if not token_file:
+        fail("ConfigMap: no token-file (a listener beyond loopback needs a token)")
+    else:
+        found = False
+        for key in list(sec.get("stringData", {})) + list(sec.get("data", {})):
+            if mounted_path("secret", sec["metadata"]["name"], key) == token_file:
+                found = True
+        if not found:
+            fail("DaemonSet: token-file %s is not where the Secret %s's key is mounted"
+                 % (token_file, sec["metadata"]["name"]))
+    # the image's environment overrides the file: cleared or in agreement
+    if docker:
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        for k, v in docker["env"].items():
+            if not k.startswith("TENSORDD_"):
+                continue
+            opt = k[len("TENSORDD_"):].lower().replace("_", "-")
+            if env.get(k, v) not in ("", cfg.get(opt)):
+                fail("DaemonSet: the image's %s=%s overrides the file's %s = %s; clear it "
+                     "(value \"\") or agree" % (k, env.get(k, v), opt, cfg.get(opt)))
+
+    # probes on /healthz at the file's metrics address
+    metrics = host_port(cfg.get("metrics-listen", ""))
+    if not metrics:
+        fail("ConfigMap: no metrics-listen, so no /healthz for the probes")
+    for name in ("readinessProbe", "livenessProbe"):
+        p = c.get(name)
+        if not p:
+            fail("DaemonSet: no %s" % name)
+            continue
+        if "exec" in p:
+            cmd = p["exec"]["command"]
+            url = next((a for a in cmd if "://" in a), "")
+            if not url.endswith("/healthz") or (metrics and host_port(url) != metrics):
+                fail("DaemonSet: %s asks %r, not /healthz on the metrics address %s"
+                     % (name, url, metrics))
+            fails_on_status = any(a in ("-f", "--fail") or (re.fullmatch(r"-[a-zA-Z]+", a)
+                                  and "f" in a) for a in cmd[1:])
+            if name == "readinessProbe" and not fails_on_status:
+                fail("DaemonSet: readinessProbe does not fail on a 503 (curl -f)")
+            if name == "livenessProbe" and fails_on_status:
+                fail("DaemonSet: livenessProbe fails on a 503: a daemon at --max-sessions "
+                     "would be restarted with its sessions")
+        elif "httpGet" in p:
+            g = p["httpGet"]
+            if g.get("path") != "/healthz" or (metrics and g.get("port") != metrics[1]):
+                fail("DaemonSet: %s httpGet is not /healthz on port %s" % (name, metrics))
+            if metrics and metrics[0] in ("127.0.0.1", "[::1]", "localhost") and \
+                    not pod.get("hostNetwork"):
+                fail("DaemonSet: %s httpGet cannot reach %s:%d on the pod's loopback"
+                     % (name, metrics[0], metrics[1]))
+        else:
+            fail("DaemonSet: %s is neither exec nor httpGet" % name)
+
+    cap, mem = parse_bytes(cfg.get("memory-cap", "")), parse_quantity(lim.get("memory", ""))
+    if cap is None or mem is None or cap >= mem:
+        fail("DaemonSet: memory-cap (%s) must be set and below the memory limit (%s)"
+             % (cfg.get("memory-cap"), lim.get("memory")))
+
+    svc = by_kind["Service"][0]
+    if svc["spec"].get("selector", {}).items() - labels.items():
+        fail("Service: its selector does not match the DaemonSet's pods")
+    listen = host_port(cfg.get("listen", ""))
+    ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+    for sp in svc["spec"].get("ports", []):
+        tp = sp.get("targetPort", sp.get("port"))
+        cport = ports.get(tp, tp)
+        if not listen or cport != listen[1]:
+            fail("Service: targets port %s, the daemon listens on %s" % (cport, listen))
+
+    if tensordd and token_file:
+        with tempfile.TemporaryDirectory() as tmp:
+            tok = os.path.join(tmp, "token")
+            with open(tok, "w") as f:
+                f.write("x" * 32 + "\n")
+            os.chmod(tok, 0o600)
+            conf_file = os.path.join(tmp, "tensordd.conf")
+            with open(conf_file, "w") as f:
+                f.write(conf_text.replace(token_file, tok))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORDD_")}
+            r = subprocess.run([tensordd, "--config", conf_file, "--check-config"],
+                               capture_output=True, text=True, env=env, timeout=60)
+            if r.returncode != 0:
+                fail("ConfigMap: tensordd --check-config rejects tensordd.conf: %s"
+                     % (r.stderr.strip() or r.stdout.strip()))
+
+
+def main():
+    args = sys.argv[1:]
+    tensordd = None
+    if "--tensordd" in args:
+        i = args.index("--tensordd")
+        tensordd = args[i + 1]
+        del args[i:i + 2]
+        if "--check-config" not in subprocess.run([tensordd, "--help"], capture_output=True,
+                                                  text=True).stdout:
+            tensordd = None  # an older daemon: the keys are still checked against config.c
+    if len(args) != 1:
+        sys.exit(__doc__)
+    deploy = args[0]
+    options, env_names = option_names()
+    docker = dockerfile(os.path.join(deploy, "Dockerfile"), env_names)
+    k8s(os.path.join(deploy, "k8s"), options, docker, tensordd)
+    for b in bad:
+        print("deploy: " + b, file=sys.stderr)
+    if bad:
+        return 1
+    print("deploy: Dockerfile (multi-stage, non-root, HEALTHCHECK on /healthz) and k8s "
+          "manifests (GPU DaemonSet, probes on /healthz, token Secret, ConfigMap of options%s) "
+          "agree" % (", checked by tensordd --check-config" if tensordd else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
