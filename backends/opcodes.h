@@ -28,7 +28,7 @@ typedef enum {
 #define TDD_OPS(X)                                                                                 \
     TDD_BINARY_OPS(X, TDD_EW_SKIP)                                                                 \
     X(WHERE, "where", 3, 3, ELEMENT)                                                               \
-    X(MASKED_FILL, "masked_fill", 2, 2, ELEMENT)                                                   \
+    X(MASKED_FILL, "masked_fill", 2, 3, ELEMENT)                                                   \
     TDD_UNARY_OPS(X, TDD_EW_SKIP)                                                                  \
     X(SUM, "sum", 1, 1, REDUCE)                                                                    \
     X(MEAN, "mean", 1, 1, REDUCE)                                                                  \

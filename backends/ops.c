@@ -45,7 +45,8 @@ static const tdd_attrdef s_add[] = {
     A("alpha", NUM, "1", "an int for integral inputs")};
 static const tdd_attrdef s_binary[] = {
     A("other", NUM, "(the second input)", "required without a second input")};
-static const tdd_attrdef s_masked_fill[] = {R("value", NUM, "fits the input's dtype")};
+static const tdd_attrdef s_masked_fill[] = {A(
+    "value", NUM, "(the third input)", "required without a value tensor; fits the input's dtype")};
 static const tdd_attrdef s_leaky_relu[] = {A("negative_slope", NUM, "0.01", NULL)};
 static const tdd_attrdef s_gelu[] = {A("approximate", STR, "\"none\"", "none|tanh")};
 static const tdd_attrdef s_softplus[] = {A("beta", NUM, "1", "!= 0"),
@@ -97,10 +98,11 @@ static const tdd_attrdef s_layer_norm[] = {R("normalized_shape", INTS, "the inpu
                                            A("eps", NUM, "1e-5", NULL)};
 static const tdd_attrdef s_dropout[] = {A("p", NUM, "0.5", "[0, 1]"),
                                         A("train", BOOL, "true", NULL)};
-static const tdd_attrdef s_conv2d[] = {A("stride", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
-                                       A("padding", INT_OR_INTS, "0", ">= 0; an int or (h, w)"),
-                                       A("dilation", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
-                                       A("groups", INT, "1", "divides the channels")};
+static const tdd_attrdef s_conv2d[] = {
+    A("stride", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
+    A("padding", INTS_OR_STR, "0", ">= 0; an int, (h, w), \"same\" (stride 1) or \"valid\""),
+    A("dilation", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
+    A("groups", INT, "1", "divides the channels")};
 static const tdd_attrdef s_max_pool2d[] = {
     R("kernel_size", INT_OR_INTS, ">= 1; an int or (h, w)"),
     A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (h, w)"),
@@ -167,7 +169,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_LOGICAL_XOR] = S(BIN_IN, s_binary),
     [TDD_OP_ATAN2] = S(BIN_IN, s_binary),
     [TDD_OP_WHERE] = S_NONE("condition (bool), input, other"),
-    [TDD_OP_MASKED_FILL] = S("input, mask (bool)", s_masked_fill),
+    [TDD_OP_MASKED_FILL] = S("input, mask (bool; broadcasts with the input), value (optional: 0-d, "
+                             "instead of the attribute)",
+                             s_masked_fill),
     [TDD_OP_RELU_BACKWARD] = S_NONE("grad, input"),
     [TDD_OP_NEG] = S_NONE("input"),
     [TDD_OP_ABS] = S_NONE("input"),
@@ -299,6 +303,8 @@ const char *tdd_attrtype_name(tdd_attrtype t)
         return "a float list";
     case TDD_AT_STR:
         return "a string";
+    case TDD_AT_INTS_OR_STR:
+        return "an int, an int list or a string";
     }
     return "?";
 }
@@ -854,13 +860,22 @@ static int prep_element(tdd_prep *p)
             return tdd_err_dtypes(p->err, TD_BOOL, m->dtype,
                                   "masked_fill: mask must be bool, got %s",
                                   td_dtype_name(m->dtype));
+        /* PyTorch's out-of-place form: input and mask broadcast together */
         rc = tdd_p_bcast(p, x->shape, x->ndim, m->shape, m->ndim, shape, &ndim);
         if (rc)
             return rc;
-        if (ndim != x->ndim || memcmp(shape, x->shape, (size_t)ndim * sizeof *shape) != 0)
-            return tdd_err_shape(p->err, x->shape, x->ndim, m->shape, m->ndim,
-                                 "masked_fill: mask must broadcast to the input's shape");
         const td_attr *v = tdd_p_get(p, "value");
+        if (p->n_in == 3) { /* the value as a 0-d tensor, converted to the input's dtype */
+            const tdd_tensor *vt = p->in[2];
+            if (v)
+                return tdd_err_arg(p->err, "value",
+                                   "masked_fill: value is given both as an input and an attribute");
+            if (vt->ndim != 0)
+                return tdd_err_shape(p->err, NULL, 0, vt->shape, vt->ndim,
+                                     "masked_fill: a value tensor must be 0-d, got %d-D", vt->ndim);
+            g->dtype = g->cdtype = x->dtype;
+            break;
+        }
         if (!v)
             return tdd_p_missing(p, "value");
         if ((rc = tdd_p_float(p, "value", 0, &g->f[0])) || (rc = tdd_p_fits(p, v, x->dtype)))
@@ -1160,6 +1175,9 @@ static bool type_accepts(tdd_attrtype t, const td_attr *a)
         return a->kind == TD_ATTR_FLOATS && (a->n == 0 || a->floats);
     case TDD_AT_STR:
         return a->kind == TD_ATTR_STR && a->s;
+    case TDD_AT_INTS_OR_STR:
+        return a->kind == TD_ATTR_INT || (a->kind == TD_ATTR_INTS && (a->n == 0 || a->ints)) ||
+               (a->kind == TD_ATTR_STR && a->s);
     }
     return false;
 }

@@ -60,6 +60,7 @@ typedef enum {
     TDD_AT_INTS,        /* an int list ("shape", "dims"; a single int is a list of one) */
     TDD_AT_FLOATS,      /* a float list */
     TDD_AT_STR,         /* a string */
+    TDD_AT_INTS_OR_STR, /* an int, an int list or a string (conv2d's padding="same") */
 } tdd_attrtype;
 
 typedef struct {
@@ -124,7 +125,8 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *  one_hot: i[0] classes   pad: ints[0] per-dim before-pad, f[0] value
  *  losses: i[0] reduction, i[1] ignore_index, f[0] label_smoothing
  *  layer_norm: i[0] number of normalised dims, f[0] eps, flags bit 0/1 weight/bias
- *  dropout: f[0] p, i[0] train   conv2d/pools: ints[0] stride, ints[1] padding,
+ *  dropout: f[0] p, i[0] train   conv2d/pools: ints[0] stride, ints[1] padding (ints[1][2..3]:
+ *      conv2d padding="same"'s one more row/column at the bottom/right of an even span),
  *      ints[2] dilation, ints[3] kernel (pools), i[0] groups, i[1] ceil_mode,
  *      i[2] count_include_pad, flags bit 2 = bias
  *  creation: f[0..2] value/start/end/step, n[0..2] exact ints, i[0..1] eye n, m */

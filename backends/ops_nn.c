@@ -207,9 +207,26 @@ static int prep_conv_pool(tdd_prep *p)
                                      "conv2d: bias must be [out_channels]");
             g->flags |= 4u;
         }
-        if ((rc = pair(p, "stride", 1, 1, st)) || (rc = pair(p, "padding", 0, 0, pd)) ||
+        const td_attr *pa = tdd_p_get(p, "padding");
+        bool named = pa && pa->kind == TD_ATTR_STR;
+        if ((rc = pair(p, "stride", 1, 1, st)) || (!named && (rc = pair(p, "padding", 0, 0, pd))) ||
             (rc = pair(p, "dilation", 1, 1, dl)))
             return rc;
+        if (named && strcmp(pa->s, "same") == 0) {
+            /* PyTorch's: the input's size kept, the span's odd row/column at the end */
+            if (st[0] != 1 || st[1] != 1)
+                return tdd_err_arg(p->err, "padding", "conv2d: padding=\"same\" needs stride 1");
+            for (int k = 0; k < 2; k++) {
+                int64_t total = dl[k] * (ks[k] - 1);
+                pd[k] = total / 2;
+                pd[2 + k] = total - 2 * pd[k];
+            }
+        } else if (named && strcmp(pa->s, "valid") != 0) {
+            return tdd_err_arg(p->err, "padding",
+                               "conv2d: padding must be an int, (h, w), \"same\" or \"valid\", "
+                               "got \"%.32s\"",
+                               pa->s);
+        }
     } else {
         if (!tdd_p_get(p, "kernel_size"))
             return tdd_p_missing(p, "kernel_size");
@@ -238,7 +255,7 @@ static int prep_conv_pool(tdd_prep *p)
     }
     int64_t out[2], in[2] = {H, W};
     for (int k = 0; k < 2; k++) {
-        int64_t span = dl[k] * (ks[k] - 1) + 1, room = in[k] + 2 * pd[k] - span;
+        int64_t span = dl[k] * (ks[k] - 1) + 1, room = in[k] + 2 * pd[k] + pd[2 + k] - span;
         if (room < 0)
             return tdd_err_shape(p->err, ks, 2, in, 2,
                                  "%s: kernel (dilated) is larger than the padded input", p->name);

@@ -412,7 +412,9 @@ static int prep_index(tdd_prep *p)
         if ((rc = tdd_p_int(p, "dim", 0, &dv)) || (rc = tdd_p_dim(p, "dim", dv, nd, &d)) ||
             (rc = need_index(p, ix, false)))
             return rc;
-        if (ix->ndim != nd || (src && src->ndim != nd))
+        /* PyTorch: a 0-d input takes a 0-d or 1-D index (every entry 0) */
+        bool scalar_in = nd == 0 && ix->ndim <= 1 && (!src || src->ndim == ix->ndim);
+        if (!scalar_in && (ix->ndim != nd || (src && src->ndim != nd)))
             return tdd_err_shape(p->err, a->shape, nd, ix->shape, ix->ndim,
                                  "%s: index must have as many dims as the input", p->name);
         for (int j = 0; j < nd; j++) {
@@ -423,8 +425,10 @@ static int prep_index(tdd_prep *p)
         if (src && src->dtype != a->dtype)
             return tdd_err_dtypes(p->err, a->dtype, src->dtype,
                                   "scatter_add: src dtype differs from the input's");
-        if (!src)
+        if (!src) {
             memcpy(shape, ix->shape, sizeof shape);
+            nd = ix->ndim;
+        }
         g->i[0] = d;
         break;
     }

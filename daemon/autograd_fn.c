@@ -779,6 +779,15 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     int64_t H[2] = {xi->shape[xi->ndim - 2], xi->shape[xi->ndim - 1]};
     int64_t K[2] = {wi->shape[2], wi->shape[3]};
     int64_t Ho[2] = {n->out[0].shape[n->out[0].ndim - 2], n->out[0].shape[n->out[0].ndim - 1]};
+    const int64_t *more = a->ints[1] + 2; /* padding="same": one more row/column at the end */
+    if (more[0] || more[1]) {
+        /* the same conv on the input padded by that much at the end, padding symmetric */
+        int64_t pad[4] = {0, more[1], 0, more[0]};
+        td_attr pa = A_INTS("pad", pad, 4);
+        x = op1a(b, TDD_OP_PAD, x, &pa, 1);
+        H[0] += more[0];
+        H[1] += more[1];
+    }
     if (n->n_in == 3 && n->in[2].needs_grad) {
         int64_t dims[3] = {0, 2, 3};
         td_attr at = A_INTS("dim", dims, 3);
@@ -786,6 +795,12 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     if (xi->needs_grad) {
         tdd_value *gx = conv_input_grad(b, g, w, wi->shape, G, N, H, Ho, st, pd, dl);
+        for (int k = 0; k < 2; k++)
+            if (more[k]) { /* the end padding's gradient is dropped */
+                td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0),
+                                 A_INT("stop", H[k] - more[k])};
+                gx = op1a(b, TDD_OP_SLICE, gx, sl, 3);
+            }
         gin[0] = batched ? gx : reshape(b, gx, xi->shape, xi->ndim);
     }
     if (wi->needs_grad) {
@@ -1112,6 +1127,8 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
         tdd_value *in[2] = {g, n->in[1].v};
         td_attr v = A_F("value", 0.0);
         gin[0] = tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &v, 1, 0, NULL);
+        if (n->n_in == 3 && n->in[2].needs_grad) /* a value tensor: the filled places' sum */
+            gin[2] = bin(b, TDD_OP_MUL, g, cast(b, n->in[1].v, g->t.dtype));
         break;
     }
     case TDD_OP_RELU_BACKWARD:

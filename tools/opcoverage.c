@@ -70,7 +70,7 @@ static void print_schema(void)
                 [TDD_AT_INT] = "int",       [TDD_AT_NUM] = "number",
                 [TDD_AT_BOOL] = "bool",     [TDD_AT_INT_OR_INTS] = "int or int list",
                 [TDD_AT_INTS] = "int list", [TDD_AT_FLOATS] = "float list",
-                [TDD_AT_STR] = "string"};
+                [TDD_AT_STR] = "string",    [TDD_AT_INTS_OR_STR] = "int, int list or string"};
             const char *ty = tys[a->type];
             printf("%s`%s`: %s, ", i ? "<br>" : "", a->name, ty);
             if (a->required)

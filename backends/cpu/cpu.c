@@ -500,8 +500,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     switch (c->op) {
     case TDD_OP_WHERE:
         return inputs_are(c, 1, 3, ct); /* a select: any dtype */
-    case TDD_OP_MASKED_FILL:
-        return c->in[0]->dtype == ct;
+    case TDD_OP_MASKED_FILL:            /* the value as a tensor: the reference */
+        return c->in[0]->dtype == ct && c->n_in == 2;
     case TDD_OP_SUM:
     case TDD_OP_AMAX:
     case TDD_OP_AMIN:
@@ -550,7 +550,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_RANDN:
         return is_f(g->dtype);
     case TDD_OP_GATHER:
-    case TDD_OP_SCATTER_ADD:
+    case TDD_OP_SCATTER_ADD: /* a 0-d input with a 1-D index: the reference */
+        return c->in[0]->ndim > 0 || c->in[1]->ndim == 0;
     case TDD_OP_INDEX_SELECT:
     case TDD_OP_EMBEDDING:
         return true; /* index moves copy elements of any dtype */

@@ -1309,6 +1309,8 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
         return t->dtype;
     if (c->op == TDD_OP_WHERE) /* a select: both values in the promoted dtype */
         return out || t == c->in[0] ? t->dtype : c->out[0]->dtype;
+    if (c->op == TDD_OP_MASKED_FILL && c->n_in == 3 && !out && t == c->in[2])
+        return c->out[0]->dtype; /* the value tensor, converted to the output's dtype */
     switch (c->op) {
     case TDD_OP_MASKED_FILL:
     case TDD_OP_GATHER:
@@ -1480,15 +1482,21 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
     switch (c->op) {
     case TDD_OP_WHERE:
     case TDD_OP_MASKED_FILL: {
-        /* operands y, cond, a[, b]: masked_fill's mask goes first */
-        bool w = c->op == TDD_OP_WHERE;
-        const tdd_tensor *ts[4] = {y, w ? c->in[0] : c->in[1], w ? c->in[1] : c->in[0],
-                                   w ? c->in[2] : NULL};
+        /* operands y, cond, a[, b]: masked_fill's mask goes first; with a value tensor it is
+         * where(mask, value, input) */
+        bool w = c->op == TDD_OP_WHERE, t = !w && c->n_in == 3, sel = w || t;
+        const tdd_tensor *ts[4] = {y, w ? c->in[0] : c->in[1],
+                                   w   ? c->in[1]
+                                   : t ? c->in[2]
+                                       : c->in[0],
+                                   w   ? c->in[2]
+                                   : t ? c->in[0]
+                                       : NULL};
         tdc_layout l;
-        layout_of(&l, y->shape, y->ndim, w ? 4 : 3, ts);
+        layout_of(&l, y->shape, y->ndim, sel ? 4 : 3, ts);
         cudaError_t e = tdc_select(&dv->kd, &l, tdd_data(y), tdd_data(ts[1]), tdd_data(ts[2]),
-                                   w ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
-                                   w ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
+                                   sel ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
+                                   sel ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
         return cuda_rc(dv, e, tdd_opdefs[c->op].name);
     }
     case TDD_OP_GATHER:

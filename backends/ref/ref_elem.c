@@ -133,7 +133,15 @@ int ref_elementwise(const tdd_opcall *c)
         }
         case TDD_OP_MASKED_FILL: {
             bool m = ref_geti(c->in[1], ref_at(c->in[1], idx, y->ndim)) != 0;
-            if (ints)
+            if (m && c->n_in == 3) { /* a 0-d value tensor, converted to the output's dtype */
+                const tdd_tensor *v = c->in[2];
+                if (y->dtype == TD_BOOL)
+                    ref_seti(y, yo, ref_getf(v, v->offset) != 0.0); /* nonzero (NaN too) */
+                else if (ints)
+                    ref_seti(y, yo, ref_geti(v, v->offset));
+                else
+                    ref_setf(y, yo, ref_getf(v, v->offset));
+            } else if (ints)
                 ref_seti(y, yo, m ? g->n[0] : ref_geti(a, ao));
             else
                 ref_setf(y, yo, m ? g->f[0] : ref_getf(a, ao));

@@ -132,10 +132,12 @@ static int gen_parse(tdd_op op, gen_attr *at, int max, int pairs[][2], int *npai
     *npairs = 0;
     for (int k = 0; k < sc->n_attrs; k++) {
         const tdd_attrdef *d = &sc->attrs[k];
-        char kind = d->type == TDD_AT_INT || d->type == TDD_AT_INT_OR_INTS ? 'i'
-                    : d->type == TDD_AT_NUM                                ? 'f'
-                    : d->type == TDD_AT_BOOL                               ? 'b'
-                                                                           : 0;
+        char kind =
+            d->type == TDD_AT_INT || d->type == TDD_AT_INT_OR_INTS || d->type == TDD_AT_INTS_OR_STR
+                ? 'i'
+            : d->type == TDD_AT_NUM  ? 'f'
+            : d->type == TDD_AT_BOOL ? 'b'
+                                     : 0;
         if (!kind || d->no_extremes)
             continue;
         ck_assert_msg(n < max, "%s: too many scalar attributes", tdd_opdefs[op].name);

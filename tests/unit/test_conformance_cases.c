@@ -63,6 +63,9 @@ const conf_case conf_cases[] = {
     {"where", {"b:3,4", "x:3,4", "x:4"}, "", ALL, 1},
     {"where", {"b:3,1", "x:1,4", "x:3,4"}, "", F, 1},
     {"masked_fill", {"x:3,4", "b:4"}, "value=-1.5", NUM, 1},
+    {"masked_fill", {"x:4", "b:3,4"}, "value=2", NUM, 1},  /* the mask broadcasts the input */
+    {"masked_fill", {"x:3,1", "b:1,4", "x:"}, "", ALL, 1}, /* a 0-d value tensor */
+    {"masked_fill", {"x:4,5T", "b:5", "x:"}, "", F, 1},
     {"relu_backward", {"x:3,4", "x:3,4"}, "", NUM, 1},
     /* unary */
     {"neg", {"x:3,4"}, "", NUM, 1},
@@ -245,6 +248,8 @@ const conf_case conf_cases[] = {
     {"stack", {"x:0,4", "x:0,4"}, "dim=1", F, 1},
     {"stack", {"x:300,200", "x:300,200", "x:300,200T"}, "dim=1", ALL, 1},
     {"gather", {"x:4,5", "i4:4,3"}, "dim=0", ALL, 1},
+    {"gather", {"x:", "i1:3"}, "dim=0", ALL, 1}, /* a 0-d input, a 1-D index */
+    {"gather", {"x:", "i1:"}, "dim=-1", ALL, 1},
     {"scatter_add", {"x:4,5", "i4:3,5", "x:3,5"}, "dim=0", NUM, 1},
     {"index_select", {"x:4,5", "i5:3"}, "dim=1", ALL, 1},
     {"one_hot", {"i6:3,4"}, "num_classes=6", "", 1},
@@ -304,6 +309,9 @@ const conf_case conf_cases[] = {
     {"conv2d", {"x:2,8,9,9", "x:8,2,3,3"}, "groups=4;dilation=[2,1];stride=2;padding=[2,1]", F, 30},
     {"conv2d", {"x:2,6,5,5", "x:4,6,1,1", "x:4"}, "", F, 30},
     {"conv2d", {"x:3,5,5", "x:4,3,3,3"}, "padding=1;stride=[1,2]", F, 30},
+    {"conv2d", {"x:2,3,5,6", "x:4,3,2,4", "x:4"}, "padding='same'", FA, 30}, /* even spans */
+    {"conv2d", {"x:1,4,6,5", "x:4,2,3,2"}, "padding='same';dilation=[2,1];groups=2", F, 30},
+    {"conv2d", {"x:2,3,5,6", "x:4,3,3,2"}, "padding='valid';stride=2", F, 30},
     {"conv2d", {"x:2,4,6,6", "x:6,2,3,3", "x:6"}, "groups=2;padding=1", "hb", 30},
     {"max_pool2d", {"x:2,3,8,8"}, "kernel_size=2;return_indices=true", "hb", 1},
     {"matmul", {"x:2,5,7", "x:7,3"}, "", "hb", 30},

@@ -5,11 +5,12 @@
 # kernel and host code nvcc compiles is what runs. `build/emu/tensordd --emu-gpus N
 # [--emu-gpu-memory BYTES]` then serves cuda:0..N-1 besides the CPU backends.
 # `make test-emu` (part of `make test`) runs the GPU suites of tests/gpu against it.
-EMU_BUILD := build/emu
+# BUILD=build/X builds it in build/X-emu (BUILD=build/X-emu too), the default build in build/emu.
+EMU_BUILD ?= $(if $(filter build,$(BUILD)),build/emu,$(patsubst %-emu,%,$(BUILD))-emu)
 # The device code compiled (tests/gpu/mutate.sh points it at a broken copy).
 EMU_KERNELS := backends/cuda/kernels.cu
 EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
-               $(EMU_BUILD)/tests/emu_selftest $(PYGEN)
+               $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/python/tensordd/tensordd_pb2.py
 
 .PHONY: emu test-emu
 emu:

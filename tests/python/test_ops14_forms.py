@@ -1,0 +1,148 @@
+"""PyTorch's argument forms the op table used to refuse (issue 14), against torch.
+
+Each case is one form PyTorch accepts: masked_fill with a 0-d tensor value and with a mask
+that broadcasts the input larger, conv2d with padding="same"/"valid", gather on a 0-d
+input, clamp with tensor bounds, pad's reflect/replicate/circular modes, cross_entropy's
+other forms. Forward values and the gradients of sum(out * w) (w random) are compared with
+torch autograd's, on cpu:0 and ref:0, or on cuda:0 when TDD_GPU_ARGS is set (the GPU
+suites: make test-emu, tests/gpu/run.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import tensordd
+from conftest import Daemon
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+DEVICES = ["cuda:0"] if GPU_ARGS is not None else ["cpu:0", "ref:0"]
+
+
+@pytest.fixture(scope="module")
+def fd():
+    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture
+def s(fd):
+    sess = tensordd.connect(fd.endpoint, timeout=120)
+    yield sess
+    sess.close(raise_errors=False)
+
+
+def f32(*shape, lo=-2.0, hi=2.0):
+    return lambda rng: rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+def const(a):
+    return lambda rng: np.asarray(a)
+
+
+def mask(*shape):
+    return lambda rng: rng.random(shape) < 0.5
+
+
+def idx(*shape, hi):
+    return lambda rng: rng.integers(0, hi, shape).astype(np.int64)
+
+
+def probs(*shape, axis=1):
+    def make(rng):
+        p = rng.uniform(0.1, 1.0, shape).astype(np.float32)
+        return p / p.sum(axis=axis, keepdims=True)
+    return make
+
+
+class Case:
+    def __init__(self, name, inputs, fn, tfn, grads=None, atol=1e-5):
+        self.name, self.inputs, self.fn, self.tfn = name, inputs, fn, tfn
+        self.grads = grads or []  # indices of the inputs that require grad
+        self.atol = atol
+
+
+CASES = [
+    # masked_fill: the value as a 0-d tensor (torch.masked_fill's Tensor overload)
+    Case("masked_fill_value_tensor", [f32(3, 4), mask(3, 4), const(np.float32(2.5))],
+         lambda s, x, m, v: s.op("masked_fill", x, m, v),
+         lambda x, m, v: torch.masked_fill(x, m, v), grads=[0, 2]),
+    Case("masked_fill_value_tensor_f64_into_f32", [f32(5), mask(5), const(np.float64(-1.25))],
+         lambda s, x, m, v: s.op("masked_fill", x, m, v),
+         lambda x, m, v: torch.masked_fill(x, m, v), grads=[0]),
+    Case("masked_fill_value_tensor_into_int", [idx(6, hi=9), mask(6), const(np.float32(1.7))],
+         lambda s, x, m, v: s.op("masked_fill", x, m, v),
+         lambda x, m, v: torch.masked_fill(x, m, v)),
+    # a mask that broadcasts the input to a larger shape
+    Case("masked_fill_mask_broadcasts_input", [f32(4), mask(3, 4)],
+         lambda s, x, m: s.op("masked_fill", x, m, value=-3.0),
+         lambda x, m: torch.masked_fill(x, m, -3.0), grads=[0]),
+    Case("masked_fill_both_broadcast_value_tensor",
+         [f32(3, 1), mask(1, 4), const(np.float32(0.5))],
+         lambda s, x, m, v: s.op("masked_fill", x, m, v),
+         lambda x, m, v: torch.masked_fill(x, m, v), grads=[0, 2]),
+    # gather on a 0-d input
+    Case("gather_0d_input_1elem", [const(np.float32(5.5)), const(np.array([0]))],
+         lambda s, x, i: s.op("gather", x, i, dim=0),
+         lambda x, i: torch.gather(x, 0, i), grads=[0]),
+    Case("gather_0d_input_0d_index", [const(np.float32(-1.5)), const(np.array(0))],
+         lambda s, x, i: s.op("gather", x, i, dim=-1),
+         lambda x, i: torch.gather(x, -1, i), grads=[0]),
+    Case("gather_0d_input_repeated", [const(np.float32(3.0)), const(np.array([0, 0, 0]))],
+         lambda s, x, i: s.op("gather", x, i, dim=0),
+         lambda x, i: torch.gather(x, 0, i), grads=[0]),
+    # conv2d padding="same" (odd and even kernels, dilation) and "valid"
+    Case("conv2d_same_3x3", [f32(2, 3, 5, 6), f32(4, 3, 3, 3), f32(4)],
+         lambda s, x, w, b: s.op("conv2d", x, w, b, padding="same"),
+         lambda x, w, b: F.conv2d(x, w, b, padding="same"), grads=[0, 1, 2], atol=1e-4),
+    Case("conv2d_same_even_kernel", [f32(1, 2, 5, 4), f32(3, 2, 2, 4)],
+         lambda s, x, w: s.op("conv2d", x, w, padding="same"),
+         lambda x, w: F.conv2d(x, w, padding="same"), grads=[0, 1], atol=1e-4),
+    Case("conv2d_same_dilated_groups", [f32(2, 4, 6, 5), f32(4, 2, 2, 3)],
+         lambda s, x, w: s.op("conv2d", x, w, padding="same", dilation=[2, 1], groups=2),
+         lambda x, w: F.conv2d(x, w, padding="same", dilation=(2, 1), groups=2),
+         grads=[0, 1], atol=1e-4),
+    Case("conv2d_same_unbatched", [f32(2, 4, 4), f32(3, 2, 3, 2)],
+         lambda s, x, w: s.op("conv2d", x, w, padding="same"),
+         lambda x, w: F.conv2d(x, w, padding="same"), grads=[0, 1], atol=1e-4),
+    Case("conv2d_valid", [f32(2, 3, 5, 6), f32(4, 3, 3, 2)],
+         lambda s, x, w: s.op("conv2d", x, w, padding="valid", stride=2),
+         lambda x, w: F.conv2d(x, w, padding="valid", stride=2), grads=[0, 1], atol=1e-4),
+]
+
+
+def _params():
+    return [pytest.param(c, d, id=f"{c.name}-{d}") for c in CASES for d in DEVICES]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's note on even kernels
+@pytest.mark.parametrize("c,dev", _params())
+def test_form_matches_torch(s, c, dev):
+    rng = np.random.default_rng(zlib.crc32(c.name.encode()))
+    arrays = [np.asarray(make(rng)) for make in c.inputs]
+    tts = [torch.tensor(a, requires_grad=(k in c.grads)) for k, a in enumerate(arrays)]
+    tout = c.tfn(*tts)
+    ts = [s.tensor(a, device=dev, requires_grad=(k in c.grads)) for k, a in enumerate(arrays)]
+    out = c.fn(s, *ts)
+    got = out.numpy()
+    want = tout.detach().numpy()
+    assert got.dtype == want.dtype, f"{c.name}: dtype {got.dtype}, torch {want.dtype}"
+    assert got.shape == want.shape, f"{c.name}: shape {got.shape}, torch {want.shape}"
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=c.atol, err_msg=f"{c.name}: forward")
+    if not c.grads:
+        return
+    w = rng.uniform(0.5, 1.5, want.shape).astype(want.dtype)
+    (tout * torch.from_numpy(w)).sum().backward()
+    grads = (out * s.tensor(w, device=dev)).sum().backward()
+    for k in c.grads:
+        np.testing.assert_allclose(grads.get(ts[k]).numpy(), tts[k].grad.numpy(), rtol=1e-5,
+                                   atol=c.atol, err_msg=f"{c.name}: gradient of input {k}")
