@@ -162,9 +162,17 @@ class Tensor:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __len__(self) -> int:
-        """The size of dim 0 (the shape is asked from the daemon once if unknown)."""
+        """The size of dim 0 (the shape is asked from the daemon once if unknown).
+
+        A 0-d tensor has no len() (as torch's). This is also where
+        ``torch.as_tensor(t)``/``torch.tensor(t)`` stop on torch 1.13: they take
+        only torch tensors, ndarrays (not the array protocol) and sequences, and
+        walk a sequence down to its 0-d items, which are sequences too (the class
+        has ``__getitem__``) without a length. The message says what works.
+        """
         if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
+            raise TypeError("len() of a 0-d tensor (for torch: t.torch(), torch.from_dlpack(t) "
+                            "or torch.as_tensor(np.asarray(t)))")
         return self.shape[0]
 
     def __iter__(self):
