@@ -1,6 +1,6 @@
 """session -- connect() and Session: one connection, one daemon session.
 
-Requests come in two kinds (DESIGN §3):
+Requests come in two kinds (docs/protocol.md, section 3):
 
 * fire-and-forget (ops, uploads, releases, ToDevice, SetGradMode,
   OptimizerCreate): sent with ``want_reply=false``, buffered, answered by
