@@ -108,7 +108,9 @@ endif
 endif
 
 GEN := $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h
-PYGEN := client/python/tensordd/tensordd_pb2.py
+# The Python client's generated module goes to the build directory, never the source tree:
+# from the tree, PYTHONPATH=client/python:$(BUILD)/python (the package also finds build/python).
+PYGEN := $(BUILD)/python/tensordd/tensordd_pb2.py
 
 COMMON_SRC := proto/frame.c proto/utf8.c $(wildcard common/*.c)
 BACKEND_SRC := backends/tensor.c backends/ops.c backends/pool.c $(wildcard backends/ops_*.c) \
@@ -174,8 +176,9 @@ $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h: proto/tensordd.proto
 	$(Q)protoc-c --c_out=$(BUILD)/gen -Iproto $<
 
 $(PYGEN): proto/tensordd.proto
+	@mkdir -p $(dir $@)
 	@echo "  PROTOC   $@"
-	$(Q)protoc --python_out=client/python/tensordd -Iproto $<
+	$(Q)protoc --python_out=$(dir $@) -Iproto $<
 
 # generated code is not ours to warn about
 $(GEN_OBJ): $(BUILD)/gen/tensordd.pb-c.c
@@ -328,7 +331,7 @@ test-fuzz:
 
 test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 	@if ls tests/python/test_*.py >/dev/null 2>&1; then \
-	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python \
+	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python:$(BUILD)/python \
 	        $(PY) -m pytest -q -p no:cacheprovider tests/python; \
 	else echo "python: no tests yet"; fi
 
@@ -393,6 +396,9 @@ test-install:
 	    'import tensordd, sys; assert tensordd.__file__.startswith(sys.argv[1]), tensordd.__file__' \
 	    $(abspath $(BUILD)/stage)
 	@cd /tmp && PYTHONPATH=$(abspath $(BUILD)/stage)$(PYDIR) $(PY) -m tensordd --version
+	@# installed by pip, with its metadata (a venv's pip sees it), not copied
+	@test -f $(abspath $(BUILD)/stage)$(PYDIR)/tensordd-$$(sed -n 's/^__version__ = "\(.*\)"/\1/p' \
+	    client/python/tensordd/_version.py).dist-info/RECORD
 	@echo "install: staged install links a client through pkg-config and imports the Python package"
 
 format:
@@ -410,4 +416,4 @@ lint:
 	@$(MAKE) --no-print-directory check-layers
 
 clean:
-	rm -rf build $(PYGEN)
+	rm -rf build client/python/tensordd/tensordd_pb2.py client/python/build client/python/tensordd.egg-info

@@ -65,7 +65,10 @@ if [[ -x "$SESSION" ]]; then
         status=1
     fi
 fi
-export PYTHONPATH="$ROOT/client/python${PYTHONPATH:+:$PYTHONPATH}"
+# the package, and the tensordd_pb2 that make generated into the build directory
+PYGEN_DIR="$BUILD/python"
+[[ "$PYGEN_DIR" = /* ]] || PYGEN_DIR="$ROOT/$PYGEN_DIR"
+export PYTHONPATH="$ROOT/client/python:$PYGEN_DIR${PYTHONPATH:+:$PYTHONPATH}"
 for script in quickstart.py grad_replace.py train_digits.py train_torchstyle.py; do
     [[ $status -eq 0 ]] || break
     [[ -f "$ROOT/examples/$script" ]] || continue

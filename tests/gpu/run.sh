@@ -22,7 +22,7 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 nvidia-smi -L
 make --no-print-directory -j"$JOBS" BUILD="$BUILD" "$BUILD/tensordd" "$BUILD/tdctl" \
-    "$BUILD/tests/gpu_conformance" client/python/tensordd/tensordd_pb2.py
+    "$BUILD/tests/gpu_conformance" "$BUILD/python/tensordd/tensordd_pb2.py"
 start=$(date +%s)
 BUILD=$BUILD PY=$PY TDD_GPU_ARGS="" bash tests/gpu/suites.sh
 BUILD=$BUILD bash bench/gpu_check.sh --quick

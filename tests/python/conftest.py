@@ -23,6 +23,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+
+def _generated_path() -> None:
+    """Puts the build's generated tensordd_pb2 (make writes it to $(BUILD)/python,
+    never into client/python) on sys.path: the build of TDD_BIN. Made here with
+    protoc, as make would, when it is missing or older than the .proto."""
+    build = os.path.dirname(os.path.abspath(os.environ.get("TDD_BIN", os.path.join(
+        ROOT, "build", "tensordd"))))
+    out = os.path.join(build, "python", "tensordd")
+    gen, proto = os.path.join(out, "tensordd_pb2.py"), os.path.join(ROOT, "proto", "tensordd.proto")
+    if not os.path.isfile(gen) or os.path.getmtime(gen) < os.path.getmtime(proto):
+        os.makedirs(out, exist_ok=True)
+        subprocess.run(["protoc", f"--python_out={out}", f"-I{os.path.dirname(proto)}", proto],
+                       check=True)
+    sys.path.insert(1, os.path.dirname(out))
+
+
+_generated_path()
+
 import tensordd  # noqa: E402
 from fakeserver import FakeServer  # noqa: E402
 

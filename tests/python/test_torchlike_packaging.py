@@ -7,6 +7,10 @@ network; the build backend is Debian's setuptools), then a session run from
 outside the source tree, with the installed package (tensordd_pb2 generated at
 build time: the clone has none and still has none afterwards), and
 ``python3 -m tensordd --version``. About 10 s, so it runs in ``make test``.
+
+In the tree, ``make`` writes tensordd_pb2 into the build directory
+(``$(BUILD)/python/tensordd/``), never into client/python, and the package
+finds it there from ``PYTHONPATH=client/python:$(BUILD)/python``.
 """
 
 from __future__ import annotations
@@ -27,17 +31,54 @@ def _run(args, **kw):
     return p.stdout
 
 
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory):
+def clone(tmp_path_factory):
+    """A clean clone of HEAD: (the directory that holds it, the clone)."""
     if shutil.which("git") is None:
         pytest.skip("git not installed")
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    base = tmp_path_factory.mktemp("pkg")
+    _run(["git", "clone", "-q", "--no-hardlinks", ROOT, str(base / "clone")])
+    return base, base / "clone"
+
+
+def test_make_generates_into_the_build_directory(clone):
+    base, tree = clone
+    if shutil.which("make") is None or shutil.which("protoc") is None:
+        pytest.skip("make or protoc not installed")
+    _run(["make", "-s", "BUILD=b", "b/python/tensordd/tensordd_pb2.py"], cwd=str(tree))
+    assert (tree / "b" / "python" / "tensordd" / "tensordd_pb2.py").is_file()
+    assert not (tree / "client" / "python" / "tensordd" / "tensordd_pb2.py").exists()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = f"{tree}/client/python:{tree}/b/python"
+    code = ("import tensordd, tensordd.tensordd_pb2 as pb, sys\n"
+            "assert pb.__file__.startswith(sys.argv[1]), pb.__file__\n"
+            "assert tensordd.__file__.startswith(sys.argv[2]), tensordd.__file__\n")
+    _run([PY, "-c", code, f"{tree}/b/python", f"{tree}/client/python"], env=env, cwd=str(base))
+    # without it, the import says what to do
+    env["PYTHONPATH"] = f"{tree}/client/python"
+    p = subprocess.run([PY, "-c", "import tensordd"], env=env, cwd=str(base), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0 and "PYTHONPATH=client/python:build/python" in p.stderr
+    _run(["make", "-s", "build/python/tensordd/tensordd_pb2.py"], cwd=str(tree))
+    # the default build directory's is found without PYTHONPATH naming it
+    _run([PY, "-c", code, f"{tree}/build/python", f"{tree}/client/python"], env=env,
+         cwd=str(base))
+    _run(["make", "-s", "clean"], cwd=str(tree))
+    assert not (tree / "build").exists()
+    assert subprocess.run(["git", "status", "--porcelain", "--ignored", "client"], cwd=str(tree),
+                          capture_output=True, text=True).stdout == ""
+
+
+@pytest.fixture(scope="module")
+def venv(clone):
+    py = PY
     probe = subprocess.run([py, "-c", "import venv, ensurepip"], capture_output=True)
     if probe.returncode:
         pytest.skip("python3-venv not installed")
-    base = tmp_path_factory.mktemp("pkg")
-    clone = base / "clone"
-    _run(["git", "clone", "-q", "--no-hardlinks", ROOT, str(clone)])
+    base, clone = clone
     pkg = clone / "client" / "python"
     assert not (pkg / "tensordd" / "tensordd_pb2.py").exists()
     env_dir = base / "venv"

@@ -18,8 +18,40 @@ The session last opened by :func:`connect` (or entered with ``with``) is the
 run on it, so torch code ports by changing its imports.
 """
 
-from . import errors as _errors
-from .autograd import Gradients
+import os as _os
+import pkgutil as _pkgutil
+
+
+def _find_generated():
+    """Makes ``tensordd.tensordd_pb2`` importable.
+
+    An installed package (``pip install ./client/python``) holds it: protoc wrote it
+    into the build at install time. From the source tree, ``make`` writes it into the
+    build directory (``$(BUILD)/python/tensordd/``), never into client/python: the
+    package then takes in every ``tensordd/`` directory on sys.path
+    (``PYTHONPATH=client/python:build/py/python``), and, failing that, the default
+    build directory's (``build/python``).
+    """
+    global __path__
+    __path__ = _pkgutil.extend_path(__path__, __name__)
+    if any(_os.path.isfile(_os.path.join(d, "tensordd_pb2.py")) for d in __path__):
+        return
+    tree = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "..", "..",
+                         "build", "python", "tensordd")
+    if _os.path.isfile(_os.path.join(tree, "tensordd_pb2.py")):
+        __path__.append(_os.path.normpath(tree))
+        return
+    raise ImportError(
+        "tensordd: the generated module tensordd_pb2 is missing. Install the package "
+        "(pip install ./client/python generates it), or, in the source tree, run make and "
+        "put its build directory on the path: PYTHONPATH=client/python:build/python "
+        "(make BUILD=DIR: DIR/python)", name="tensordd.tensordd_pb2")
+
+
+_find_generated()
+
+from . import errors as _errors  # noqa: E402 (after the generated module is found)
+from .autograd import Gradients  # noqa: E402
 from .device import Device, DeviceSpecError
 from .dtypes import DTYPES as _DTYPES
 from .dtypes import DType
