@@ -71,10 +71,25 @@ def main():
 
         remote = blocks(remote_step)
 
+        # the same step recorded once and replayed: one Replay message (and the
+        # batch's two uploads) per step; the replay's completion is waited for
+        x0, y0 = s.tensor(x), s.tensor(y)
+        with s.capture(x0, y0) as graph:
+            loss = s.op("cross_entropy", (x0 @ W1 + B1).relu() @ W2 + B2, y0)
+            opt.step(loss.backward())
+
+        def replay_step():
+            graph.replay(x, y)
+            s.sync()
+
+        replayed = blocks(replay_step)
+
     print("MLP 64-128-10 training step, batch 64, Adam (median of %d blocks of %d)" %
           (BLOCKS, STEPS))
     print("  local PyTorch (1 thread)  %7.3f ms" % (local * 1e3))
     print("  tensordd over loopback    %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
+    print("  tensordd, graph replay    %7.3f ms   %.2fx local" %
+          (replayed * 1e3, replayed / local))
     big_mlp(endpoint)
     return 0
 

@@ -104,6 +104,8 @@ static const option_row rows[] = {
      "live handles per session"},
     {"max-id-runs", "N", OPT_COUNT, FIELD(max_id_runs), 1u << 16, 1, UINT64_MAX, NULL,
      "runs of consecutive handle ids a session may have used (ids are never reused)"},
+    {"max-graph-bytes", "BYTES", OPT_BYTES, FIELD(max_graph_bytes), 16 * M, K, G, NULL,
+     "requests one recorded graph (GraphBegin .. GraphEnd) may hold, packed"},
     {"session-memory", "BYTES", OPT_BYTES, FIELD(session_memory), 0, 0, UINT64_MAX, "none",
      "memory quota per session (tensors, graph and bookkeeping)"},
     {"memory-cap", "BYTES", OPT_BYTES, FIELD(memory_cap), 0, 0, UINT64_MAX, "physical memory",

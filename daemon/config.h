@@ -23,6 +23,7 @@ typedef struct tdd_config {
     uint64_t emu_gpu_memory;  /* their memory each */
     uint32_t max_msg;         /* largest protobuf request */
     uint64_t max_payload;     /* largest raw payload */
+    uint64_t max_graph_bytes; /* a recorded graph's requests, packed */
     int64_t max_numel;        /* largest tensor, in elements */
     uint64_t max_handles;     /* live handles per session */
     uint64_t max_id_runs;     /* runs of consecutive ids a session may have bound */

@@ -5,6 +5,7 @@
  * failed binds every new id it names to a poisoned placeholder of its kind. */
 #include "dispatch.h"
 
+#include "graph.h"
 #include "handlers.h"
 #include "log.h"
 #include "stats.h"
@@ -23,6 +24,10 @@ enum {
     REQ_BEFORE_HELLO = 1u << 3,
     /* The connection closes after it, whatever its answer. */
     REQ_CLOSES = 1u << 4,
+    /* While a graph is recorded: recorded (replayed later), or only run (a read). Any
+     * other request fails then and breaks the recording. */
+    REQ_RECORDED = 1u << 5,
+    REQ_READ = 1u << 6,
 };
 
 /* Fills ids with the handles a request names as new (at most TDD_MAX_OP_OUTPUTS). */
@@ -79,32 +84,51 @@ static size_t ids_optimizer_create(const Request *req, uint64_t *ids)
     return 1;
 }
 
+static size_t ids_graph_end(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->graph_end->graph;
+    return 1;
+}
+
 #define ROW(body) [TENSORDD__V1__REQUEST__BODY_##body]
 #define SYNC (REQ_SYNC | REQ_ANSWERED)
+#define REC REQ_RECORDED
 
 static const request_row rows[] = {
     ROW(HELLO) = {tdd_h_hello, REQ_ANSWERED | REQ_BEFORE_HELLO, TD_HANDLE_NONE, NULL},
-    ROW(LIST_DEVICES) = {tdd_h_list_devices, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
+    ROW(LIST_DEVICES) = {tdd_h_list_devices, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(UPLOAD) = {tdd_h_upload, REQ_PAYLOAD, TD_HANDLE_TENSOR, ids_upload},
-    ROW(DOWNLOAD) = {tdd_h_download, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(OP) = {tdd_h_op, 0, TD_HANDLE_TENSOR, ids_op},
-    ROW(RELEASE) = {tdd_h_release, 0, TD_HANDLE_NONE, NULL},
-    ROW(TO_DEVICE) = {tdd_h_to_device, 0, TD_HANDLE_TENSOR, ids_to_device},
-    ROW(SYNC) = {tdd_h_sync, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(STATS) = {tdd_h_stats, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
-    ROW(DESCRIBE) = {tdd_h_describe, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
-    ROW(BACKWARD) = {tdd_h_backward, SYNC, TD_HANDLE_GRADIENTS, ids_backward},
-    ROW(GRAD) = {tdd_h_grad, SYNC, TD_HANDLE_TENSOR, ids_grad},
-    ROW(GRAD_REMOVE) = {tdd_h_grad_remove, SYNC, TD_HANDLE_TENSOR, ids_grad_remove},
-    ROW(GRAD_REPLACE) = {tdd_h_grad_replace, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(SET_GRAD_MODE) = {tdd_h_set_grad_mode, 0, TD_HANDLE_NONE, NULL},
+    ROW(DOWNLOAD) = {tdd_h_download, SYNC | REQ_READ, TD_HANDLE_NONE, NULL},
+    ROW(OP) = {tdd_h_op, REC, TD_HANDLE_TENSOR, ids_op},
+    ROW(RELEASE) = {tdd_h_release, REC, TD_HANDLE_NONE, NULL},
+    ROW(TO_DEVICE) = {tdd_h_to_device, REC, TD_HANDLE_TENSOR, ids_to_device},
+    ROW(SYNC) = {tdd_h_sync, SYNC | REQ_READ, TD_HANDLE_NONE, NULL},
+    ROW(STATS) = {tdd_h_stats, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
+    ROW(DESCRIBE) = {tdd_h_describe, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
+    ROW(BACKWARD) = {tdd_h_backward, SYNC | REC, TD_HANDLE_GRADIENTS, ids_backward},
+    ROW(GRAD) = {tdd_h_grad, SYNC | REC, TD_HANDLE_TENSOR, ids_grad},
+    ROW(GRAD_REMOVE) = {tdd_h_grad_remove, SYNC | REC, TD_HANDLE_TENSOR, ids_grad_remove},
+    ROW(GRAD_REPLACE) = {tdd_h_grad_replace, SYNC | REC, TD_HANDLE_NONE, NULL},
+    ROW(SET_GRAD_MODE) = {tdd_h_set_grad_mode, REC, TD_HANDLE_NONE, NULL},
     ROW(OPTIMIZER_CREATE) = {tdd_h_optimizer_create, 0, TD_HANDLE_OPTIMIZER, ids_optimizer_create},
-    ROW(OPTIMIZER_STEP) = {tdd_h_optimizer_step, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(OPTIMIZER_STEP) = {tdd_h_optimizer_step, SYNC | REC, TD_HANDLE_NONE, NULL},
     ROW(GOODBYE) = {tdd_h_goodbye, SYNC | REQ_CLOSES, TD_HANDLE_NONE, NULL},
     /* OptimizerState binds its new ids all or none, and is answered: no placeholders. */
     ROW(OPTIMIZER_STATE) = {tdd_h_optimizer_state, SYNC, TD_HANDLE_NONE, NULL},
     ROW(OPTIMIZER_LOAD_STATE) = {tdd_h_optimizer_load_state, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(GRAPH_BEGIN) = {tdd_h_graph_begin, 0, TD_HANDLE_NONE, NULL},
+    /* GraphEnd waits for the recorded work: a failure in it fails the graph. */
+    ROW(GRAPH_END) = {tdd_h_graph_end, SYNC | REQ_READ, TD_HANDLE_GRAPH, ids_graph_end},
+    ROW(REPLAY) = {tdd_h_replay, 0, TD_HANDLE_NONE, NULL},
 };
+
+/* The body's field name ("graph_begin"), for messages. */
+static const char *row_name(const Request *req)
+{
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(
+        &tensordd__v1__request__descriptor, (unsigned)req->body_case);
+    return f ? f->name : "an unknown request";
+}
 
 static const request_row *row_of(const Request *req)
 {
@@ -165,6 +189,19 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
     }
     r.answered = (row->flags & REQ_ANSWERED) != 0;
     int rc;
+    if (c->s && c->s->capture && !(row->flags & (REQ_RECORDED | REQ_READ))) {
+        td_error err;
+        tdd_err_arg(&err, "request", "%s cannot be recorded in a graph (GraphEnd first)",
+                    row_name(req));
+        tdd_graph_break(c->s, &err);
+        rc = tdd_answer_error(&r, &err);
+        if (payload_len) { /* an Upload's bytes are read and dropped */
+            c->pdst = NULL;
+            c->pdone = NULL;
+            rc = TDD_DISPATCH_PAYLOAD;
+        }
+        goto done;
+    }
     if ((row->flags & REQ_SYNC) && !c->blocked_ran) {
         if (c->s->inflight)
             return TDD_DISPATCH_BLOCK;
@@ -175,6 +212,8 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
     }
     /* A handler that queued work and returned BLOCK is called again, once that work is
      * done, to answer (an OptimizerStep): the checks above are not repeated. */
+    if (!c->blocked_ran && c->s && c->s->capture && (row->flags & REQ_RECORDED))
+        tdd_graph_record(c->s, req);
     c->blocked_ran = false;
     rc = row->handler(&r);
     if (rc == TDD_DISPATCH_BLOCK) {
@@ -184,5 +223,49 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
 done:
     if (r.failed)
         bind_failed(c, row, req, &r.err);
+    return rc;
+}
+
+int tdd_dispatch_replayed(tdd_conn *c, Request *req, bool first)
+{
+    const request_row *row = row_of(req);
+    tdd_session *s = c->s;
+    if (!row || !(row->flags & REQ_RECORDED)) /* a recording holds no other kind */
+        return TDD_DISPATCH_DONE;
+    tdd_req r = {.c = c, .req = req};
+    /* The client's handles name the latest replay's values: the ids the graph's run
+     * before bound are released, and may be bound again. */
+    uint64_t ids[TDD_MAX_OP_OUTPUTS];
+    size_t n = row->new_ids ? row->new_ids(req, ids) : 0;
+    for (size_t i = 0; first && i < n; i++) {
+        td_error ignored;
+        if (tdd_handle_find(s, ids[i]))
+            tdd_handle_release(s, ids[i], &ignored);
+    }
+    int rc = TDD_DISPATCH_BLOCK;
+    if ((row->flags & REQ_SYNC) && !c->blocked_ran) {
+        if (s->inflight)
+            return rc;
+        if (tdd_report_pending(&r)) { /* quiet: the error stays the session's */
+            rc = TDD_DISPATCH_DONE;
+            goto done;
+        }
+    }
+    s->rebind = ids;
+    s->n_rebind = n;
+    c->blocked_ran = false;
+    rc = row->handler(&r);
+    s->n_rebind = 0;
+    if (rc == TDD_DISPATCH_BLOCK) {
+        c->blocked_ran = true;
+        return rc;
+    }
+done:
+    if (r.failed) {
+        s->rebind = ids; /* the failed binds take the same ids */
+        s->n_rebind = n;
+        bind_failed(c, row, req, &r.err);
+        s->n_rebind = 0;
+    }
     return rc;
 }

@@ -12,4 +12,9 @@ int tdd_dispatch(tdd_conn *c, Tensordd__V1__Request *req, uint64_t payload_len);
  * refuses to start: a request type the proto gained would be answered as unknown). */
 int tdd_dispatch_check_table(void);
 
+/* One request of a graph's replay (graph.c), with the session quiet: the generic checks
+ * and the handler of its row; first: its first attempt (not the call again after
+ * BLOCK), when the new ids it names are released if bound. A TDD_DISPATCH_* code. */
+int tdd_dispatch_replayed(tdd_conn *c, Tensordd__V1__Request *req, bool first);
+
 #endif

@@ -49,7 +49,7 @@ int tdd_answer_error(tdd_req *r, td_error *err)
     err->request_id = req->id;
     tdd_count_error(err->code);
     note_failure(r, err);
-    if (req->want_reply || r->answered)
+    if ((req->want_reply || r->answered) && !(r->c->s && r->c->s->quiet))
         tdd_conn_send_error(r->c, req->id, err);
     else
         tdd_session_fail(r->c->s, err);
@@ -67,8 +67,10 @@ int tdd_report_pending(tdd_req *r)
     tdd_session *s = r->c->s;
     if (!s->has_err)
         return 0;
-    s->has_err = false;
     note_failure(r, &s->err); /* the request it answers fails with it */
+    if (s->quiet)
+        return 1; /* a replayed request: the error stays pending for the client */
+    s->has_err = false;
     tdd_conn_send_error(r->c, r->req->id, &s->err);
     return 1;
 }
@@ -76,11 +78,15 @@ int tdd_report_pending(tdd_req *r)
 void tdd_conn_send(tdd_conn *c, Tensordd__V1__Response *r, const void *payload, uint64_t plen,
                    tdd_storage *hold)
 {
+    if (c->s && c->s->quiet)
+        return; /* a replayed request's answer */
     transport.send(c, r, payload, plen, hold);
 }
 
 void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
 {
+    if (c->s && c->s->quiet)
+        return;
     tdd_wire_error w;
     Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
     r.id = id;
@@ -91,6 +97,8 @@ void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err)
 
 void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
 {
+    if (c->s && c->s->quiet)
+        return;
     uint8_t msg[16];
     size_t mlen = tdd_wire_ok(msg, id);
     transport.send_encoded(c, msg, mlen, NULL, 0, NULL);
@@ -99,6 +107,8 @@ void tdd_conn_send_ok(tdd_conn *c, uint64_t id)
 void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
                      uint64_t plen, tdd_storage *hold)
 {
+    if (c->s && c->s->quiet)
+        return;
     uint8_t msg[TDD_WIRE_SMALL_MAX];
     transport.send_encoded(c, msg, tdd_wire_tensor(msg, req_id, v), payload, plen, hold);
 }

@@ -11,7 +11,7 @@
 tdd_session *tdd_sessions;
 uint64_t tdd_nsessions;
 static uint64_t next_session_id = 1;
-static tdd_obj_free_fn free_fns[4];
+static tdd_obj_free_fn free_fns[TD_HANDLE_GRAPH + 1];
 static uint64_t values_alive;
 
 uint64_t tdd_values_alive(void)
@@ -159,6 +159,8 @@ static int id_runs_grow(tdd_session *s, td_error *err)
 /* Remembers a newly bound id (best effort: without room it is not remembered). */
 static void id_remember(tdd_session *s, uint64_t id)
 {
+    if (id_where(s, id) == ID_BOUND)
+        return; /* bound again by a graph's replay */
     size_t i = run_at(s, id), n = s->n_id_runs;
     tdd_id_run *r = s->id_runs;
     bool joins_prev = i > 0 && r[i - 1].hi + 1 == id;
@@ -210,6 +212,12 @@ void tdd_session_close(tdd_session *s)
             free_obj(t.slots[i].kind, t.slots[i].poisoned, t.slots[i].obj);
         }
     free(t.slots);
+    /* a recording or replay in progress holds a reference on its graph */
+    if (s->capture && free_fns[TD_HANDLE_GRAPH])
+        free_fns[TD_HANDLE_GRAPH](s->capture);
+    if (s->replaying && free_fns[TD_HANDLE_GRAPH])
+        free_fns[TD_HANDLE_GRAPH](s->replaying);
+    s->capture = s->replaying = NULL;
     tdd_account_credit(s->acct, charged * tdd_handle_cost());
     s->nhandles = 0;
     id_runs_free(s);
@@ -345,6 +353,8 @@ static const char *kind_name(td_handle_kind k)
         return "gradients";
     case TD_HANDLE_OPTIMIZER:
         return "optimizer";
+    case TD_HANDLE_GRAPH:
+        return "graph";
     case TD_HANDLE_NONE:
         break;
     }
@@ -461,7 +471,10 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
         return tdd_err_arg(err, "handle", "handle id 0 is reserved");
     bool live = tdd_handle_find(s, id) != NULL;
     id_place where = id_where(s, id);
-    if (live || where == ID_BOUND) {
+    bool rebind = false;
+    for (size_t i = 0; i < s->n_rebind && !live; i++)
+        rebind |= s->rebind[i] == id;
+    if (live || (where == ID_BOUND && !rebind)) {
         tdd_err_set(err, TD_EHANDLE_IN_USE,
                     live ? "handle %llu is already in use"
                          : "handle %llu was bound and released earlier in this session: handle "

@@ -89,6 +89,14 @@ typedef struct tdd_session {
     char peer[64], client_name[64];
     struct tdd_session *prev, *next;
     void *autograd; /* per-session autodiff state (autograd.c) */
+    /* Graphs (graph.c): the recording in progress, the replay the connection is inside
+     * (blocked on queued work), and quiet: answers are not sent (a replay's requests). */
+    void *capture, *replaying;
+    bool quiet;
+    /* Ids the request being replayed binds again (its outputs, bound by the previous run
+     * of the graph): exempt from "ids are never reused" while it runs. */
+    const uint64_t *rebind;
+    size_t n_rebind;
 } tdd_session;
 
 /* What the layers above keep per value and per session (autodiff: a value's grad_fn,

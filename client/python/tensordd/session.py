@@ -106,12 +106,19 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
             token_file, else from the file ``$TENSORDD_TOKEN_FILE`` names (its
             first line), else no token.
         token_file: a file holding the token on its first line.
+        ca_file, cert, key, verify (``tls://`` endpoints only): the CA
+            certificates (PEM) that signed the daemon's certificate (default: the
+            system's); this client's certificate and key (PEM) when the daemon asks
+            for one (mutual TLS); verify=False skips checking the daemon's
+            certificate (testing only).
         timeout: seconds for connecting and for each blocking call
             (None: wait forever). A call that times out raises
             :class:`tensordd.TimedOutError` and leaves the session unusable.
 
     Raises:
-        VersionMismatchError, UnauthenticatedError: the daemon refused the Hello.
+        VersionMismatchError, UnauthenticatedError: the daemon refused the Hello
+            (UnauthenticatedError also: a TLS certificate was refused either way).
+        ProtocolError: a TLS handshake with a plaintext listener, or the reverse.
         ConnectionClosedError / IOFailureError: the daemon could not be reached.
     """
     global _default
@@ -122,7 +129,7 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
         if token_file:
             token = _read_token_file(token_file)
     try:
-        conn = Connection(endpoint, timeout)
+        conn = Connection(endpoint, timeout, ca_file=ca_file, cert=cert, key=key, verify=verify)
     except socket.timeout:
         raise local_error("TIMEOUT", f"connecting to {endpoint} timed out") from None
     except OSError as e:
@@ -171,6 +178,7 @@ class Session:
         self._handles = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._pending_release: list[int] = []
+        self._capturing = False  # a graph is being recorded (graph.py): releases wait
         self._open = True
         self._grad_enabled = True
         self._closed_why = "the session is closed"

@@ -1,0 +1,332 @@
+/* graph.c -- graphs: a session's requests recorded once (GraphBegin .. GraphEnd) and
+ * replayed with new inputs (Replay), so that a training step is one message.
+ *
+ * A recording is the packed requests as they came, each also run as usual. A replay
+ * unpacks them one at a time, puts the replay's inputs in place of GraphBegin's, and
+ * hands each to dispatch's own path (tdd_dispatch_replayed) with the session quiet: the
+ * checks, handlers, poisoning and first-error rule are those of requests sent one by
+ * one, only nothing is answered. A synchronising request of the graph (Backward,
+ * OptimizerStep) blocks the replay, as it would block the connection, until the
+ * session's queued work is done; the replay resumes where it stopped. */
+#include "graph.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "dispatch.h"
+#include "log.h"
+
+typedef Tensordd__V1__Request Request;
+
+typedef struct {
+    uint8_t *msg;
+    size_t len;
+} recorded;
+
+/* What a replay's input must match. */
+typedef struct {
+    uint64_t id;
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_NDIM];
+    const tdd_device *dev;
+} graph_input;
+
+typedef struct tdd_graph {
+    long refs;
+    recorded *reqs;
+    size_t n, cap, bytes;
+    graph_input *in;
+    size_t nin;
+    bool broken; /* a request that cannot be recorded came: GraphEnd fails with err */
+    td_error err;
+    /* The replay in progress (the connection blocked inside it), or none. */
+    size_t at;
+    uint64_t *with; /* its inputs, in place of in[i].id */
+    uint64_t req_id;
+    Request *cur;     /* the request being replayed, kept across a BLOCK */
+    bool cur_first;   /* cur has not been dispatched yet */
+    bool cur_blocked; /* cur's handler ran and waits for the work it queued */
+} tdd_graph;
+
+static void replay_end(tdd_graph *g)
+{
+    if (g->cur)
+        tensordd__v1__request__free_unpacked(g->cur, NULL);
+    g->cur = NULL;
+    free(g->with);
+    g->with = NULL;
+}
+
+static void graph_unref(void *obj)
+{
+    tdd_graph *g = obj;
+    if (--g->refs > 0)
+        return;
+    replay_end(g);
+    for (size_t i = 0; i < g->n; i++)
+        free(g->reqs[i].msg);
+    free(g->reqs);
+    free(g->in);
+    free(g);
+}
+
+void tdd_graph_break(tdd_session *s, const td_error *err)
+{
+    tdd_graph *g = s->capture;
+    if (g && !g->broken) {
+        g->broken = true;
+        g->err = *err;
+    }
+}
+
+void tdd_graph_record(tdd_session *s, const Request *req)
+{
+    tdd_graph *g = s->capture;
+    if (g->broken)
+        return;
+    size_t len = tensordd__v1__request__get_packed_size(req);
+    if (g->bytes + len > tdd_cfg.max_graph_bytes) {
+        td_error err;
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED,
+                    "the graph's requests exceed --max-graph-bytes (%llu bytes)",
+                    (unsigned long long)tdd_cfg.max_graph_bytes);
+        tdd_graph_break(s, &err);
+        return;
+    }
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 32;
+        recorded *r = realloc(g->reqs, cap * sizeof *r);
+        if (!r)
+            goto oom;
+        g->reqs = r;
+        g->cap = cap;
+    }
+    uint8_t *msg = malloc(len ? len : 1);
+    if (!msg)
+        goto oom;
+    tensordd__v1__request__pack(req, msg);
+    g->reqs[g->n++] = (recorded){msg, len};
+    g->bytes += len;
+    return;
+oom:;
+    td_error err;
+    tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory recording the graph");
+    tdd_graph_break(s, &err);
+}
+
+int tdd_h_graph_begin(tdd_req *r)
+{
+    static bool registered;
+    if (!registered) {
+        tdd_handle_set_free_fn(TD_HANDLE_GRAPH, graph_unref);
+        registered = true;
+    }
+    tdd_session *s = r->c->s;
+    const Tensordd__V1__GraphBegin *gb = r->req->graph_begin;
+    td_error err;
+    if (s->capture) {
+        tdd_err_arg(&err, "graph_begin", "a graph is being recorded already (GraphEnd first)");
+        return tdd_answer_error(r, &err);
+    }
+    tdd_graph *g = calloc(1, sizeof *g);
+    graph_input *in = calloc(gb->n_inputs ? gb->n_inputs : 1, sizeof *in);
+    if (!g || !in) {
+        free(g);
+        free(in);
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    for (size_t i = 0; i < gb->n_inputs; i++) {
+        tdd_value *v;
+        int rc = tdd_value_get(s, gb->inputs[i], &v, &err);
+        if (rc) {
+            free(in);
+            free(g);
+            return tdd_answer_error(r, &err);
+        }
+        in[i] = (graph_input){
+            .id = gb->inputs[i], .dtype = v->t.dtype, .ndim = v->t.ndim, .dev = v->dev};
+        memcpy(in[i].shape, v->t.shape, sizeof in[i].shape);
+    }
+    g->refs = 1;
+    g->in = in;
+    g->nin = gb->n_inputs;
+    s->capture = g;
+    tdd_answer_ok(r);
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_graph_end(tdd_req *r)
+{
+    tdd_session *s = r->c->s;
+    const Tensordd__V1__GraphEnd *ge = r->req->graph_end;
+    td_error err;
+    tdd_graph *g = s->capture;
+    if (!g) {
+        tdd_err_arg(&err, "graph_end", "no graph is being recorded (GraphBegin first)");
+        return tdd_answer_error(r, &err);
+    }
+    if (s->inflight) /* the recorded work decides whether the graph is good */
+        return TDD_DISPATCH_BLOCK;
+    s->capture = NULL;
+    int rc = 0;
+    if (g->broken)
+        rc = tdd_answer_error(r, &g->err);
+    else if (tdd_report_pending(r))
+        rc = 1;
+    else if (tdd_handle_check_new(s, ge->graph, &err))
+        rc = tdd_answer_error(r, &err);
+    if (rc) {
+        graph_unref(g);
+        return TDD_DISPATCH_DONE; /* the generic path binds a failed placeholder */
+    }
+    tdd_handle_add(s, ge->graph, TD_HANDLE_GRAPH, g);
+    tdd_debug("session %llu: graph #%llu recorded, %zu requests, %zu inputs",
+              (unsigned long long)s->id, (unsigned long long)ge->graph, g->n, g->nin);
+    tdd_answer_ok(r);
+    return TDD_DISPATCH_DONE;
+}
+
+static void remap(const tdd_graph *g, uint64_t *id)
+{
+    for (size_t i = 0; i < g->nin; i++)
+        if (*id == g->in[i].id) {
+            *id = g->with[i];
+            return;
+        }
+}
+
+static bool is_input(const tdd_graph *g, uint64_t id)
+{
+    for (size_t i = 0; i < g->nin; i++)
+        if (id == g->in[i].id)
+            return true;
+    return false;
+}
+
+/* The replay's inputs in place of the recorded ones. A recorded Release of an input is
+ * dropped: the replay's inputs remain the client's. */
+static void substitute(const tdd_graph *g, Request *q)
+{
+    switch (q->body_case) {
+    case TENSORDD__V1__REQUEST__BODY_OP:
+        for (size_t i = 0; i < q->op->n_inputs; i++)
+            remap(g, &q->op->inputs[i]);
+        break;
+    case TENSORDD__V1__REQUEST__BODY_RELEASE: {
+        size_t k = 0;
+        for (size_t i = 0; i < q->release->n_handles; i++)
+            if (!is_input(g, q->release->handles[i]))
+                q->release->handles[k++] = q->release->handles[i];
+        q->release->n_handles = k;
+        break;
+    }
+    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
+        remap(g, &q->to_device->input);
+        break;
+    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
+        remap(g, &q->backward->loss);
+        remap(g, &q->backward->grad_output);
+        break;
+    case TENSORDD__V1__REQUEST__BODY_GRAD:
+        remap(g, &q->grad->tensor);
+        break;
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
+        remap(g, &q->grad_remove->tensor);
+        break;
+    case TENSORDD__V1__REQUEST__BODY_GRAD_REPLACE:
+        remap(g, &q->grad_replace->tensor);
+        remap(g, &q->grad_replace->grad);
+        break;
+    default: /* OptimizerStep, SetGradMode: no tensor of the client's */
+        break;
+    }
+}
+
+/* Every input present, a tensor, and like the recorded one. */
+static int check_inputs(tdd_session *s, const tdd_graph *g, const Tensordd__V1__Replay *rp,
+                        td_error *err)
+{
+    if (rp->n_inputs != g->nin)
+        return tdd_err_arg(err, "inputs", "the graph was recorded with %zu input(s), %zu given",
+                           g->nin, rp->n_inputs);
+    for (size_t i = 0; i < g->nin; i++) {
+        tdd_value *v;
+        int rc = tdd_value_get(s, rp->inputs[i], &v, err);
+        if (rc)
+            return rc;
+        const graph_input *w = &g->in[i];
+        if (v->t.dtype != w->dtype)
+            return tdd_err_set(err, TD_EDTYPE_MISMATCH,
+                               "replay input %zu is %s, the graph was recorded with %s", i,
+                               td_dtype_name(v->t.dtype), td_dtype_name(w->dtype));
+        if (v->t.ndim != w->ndim ||
+            memcmp(v->t.shape, w->shape, (size_t)w->ndim * sizeof w->shape[0]))
+            return tdd_err_set(err, TD_ESHAPE_MISMATCH,
+                               "replay input %zu has another shape than the graph's input", i);
+        if (v->dev != w->dev)
+            return tdd_err_set(err, TD_EDEVICE_MISMATCH,
+                               "replay input %zu is on %s, the graph's input was on %s", i,
+                               v->dev->label, w->dev->label);
+    }
+    return 0;
+}
+
+int tdd_h_replay(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    tdd_session *s = c->s;
+    tdd_graph *g = s->replaying;
+    if (!g) { /* its first call (a later one resumes a blocked replay) */
+        const Tensordd__V1__Replay *rp = r->req->replay;
+        td_error err;
+        int rc = tdd_handle_get(s, rp->graph, TD_HANDLE_GRAPH, (void **)&g, &err);
+        if (!rc)
+            rc = check_inputs(s, g, rp, &err);
+        if (!rc && !(g->with = malloc((g->nin ? g->nin : 1) * sizeof *g->with)))
+            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        if (rc)
+            return tdd_answer_error(r, &err);
+        memcpy(g->with, rp->inputs, g->nin * sizeof *g->with);
+        g->refs++;
+        g->at = 0;
+        g->req_id = r->req->id;
+        s->replaying = g;
+    }
+    int rc = TDD_DISPATCH_DONE;
+    s->quiet = true;
+    while (g->at < g->n) {
+        if (!g->cur) {
+            const recorded *q = &g->reqs[g->at];
+            g->cur = tensordd__v1__request__unpack(NULL, q->len, q->msg);
+            if (!g->cur) { /* it was packed here: cannot happen short of memory */
+                g->at++;
+                continue;
+            }
+            substitute(g, g->cur);
+            g->cur->id = g->req_id; /* errors name the Replay */
+            g->cur->want_reply = false;
+            g->cur_first = true;
+            g->cur_blocked = false;
+        }
+        c->blocked_ran = g->cur_blocked;
+        rc = tdd_dispatch_replayed(c, g->cur, g->cur_first);
+        g->cur_first = false;
+        g->cur_blocked = c->blocked_ran;
+        if (rc == TDD_DISPATCH_BLOCK || s->closed)
+            break;
+        tensordd__v1__request__free_unpacked(g->cur, NULL);
+        g->cur = NULL;
+        g->at++;
+    }
+    s->quiet = false;
+    if (rc == TDD_DISPATCH_BLOCK && !s->closed)
+        return rc;
+    s->replaying = NULL;
+    replay_end(g);
+    graph_unref(g);
+    tdd_answer_ok(r);
+    return TDD_DISPATCH_DONE;
+}

@@ -1,0 +1,138 @@
+"""Graphs: a training step recorded once (GraphBegin .. GraphEnd) and replayed.
+
+The oracle is the same requests sent one by one: a replay must give bit-identical
+parameters, and a failed replay must poison what the requests would have and raise
+the same first error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensordd
+
+STEPS = 6
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(STEPS)]
+    ys = [rng.integers(0, 4, 16).astype(np.int64) for _ in range(STEPS)]
+    init = [(rng.standard_normal((8, 12)) * 0.3).astype(np.float32), np.zeros(12, np.float32),
+            (rng.standard_normal((12, 4)) * 0.3).astype(np.float32), np.zeros(4, np.float32)]
+    return xs, ys, init
+
+
+def model(s, init, opt_name):
+    params = [s.tensor(a, requires_grad=True) for a in init]
+    opt = getattr(tensordd.optim, opt_name)(params, lr=0.05)
+    return params, opt
+
+
+def step(s, params, opt, x, y):
+    w1, b1, w2, b2 = params
+    loss = s.op("cross_entropy", (x @ w1 + b1).relu() @ w2 + b2, y)
+    opt.step(loss.backward())
+    return loss
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+def test_replay_is_bit_identical_to_requests_one_by_one(session, opt_name):
+    xs, ys, init = data()
+    params, opt = model(session, init, opt_name)
+    for x, y in zip(xs, ys):
+        loss_a = step(session, params, opt, session.tensor(x), session.tensor(y))
+    want = [p.numpy() for p in params]
+    want_loss = loss_a.item()
+
+    params, opt = model(session, init, opt_name)
+    x0, y0 = session.tensor(xs[0]), session.tensor(ys[0])
+    with session.capture(x0, y0) as g:
+        loss_b = step(session, params, opt, x0, y0)  # runs as it records: step 0
+    for x, y in zip(xs[1:], ys[1:]):
+        g.replay(x, y)
+    got = [p.numpy() for p in params]
+    for w, v in zip(want, got):
+        np.testing.assert_array_equal(w, v)
+    assert loss_b.item() == want_loss  # the latest replay's loss
+
+
+def test_replay_with_tensors_and_bounded_handles(session):
+    xs, ys, init = data(1)
+    params, opt = model(session, init, "SGD")
+    x0, y0 = session.tensor(xs[0]), session.tensor(ys[0])
+    with session.capture(x0, y0) as g:
+        loss = step(session, params, opt, x0, y0)
+    session.sync()
+    base = session.stats()["handles"]
+    for i in range(20):
+        g.replay(session.tensor(xs[i % STEPS]), session.tensor(ys[i % STEPS]))
+    loss.item()
+    session.flush()
+    session.sync()
+    assert session.stats()["handles"] <= base + 4  # replays rebind, they do not pile up
+
+
+def run_bad_labels(s, replay):
+    """A step whose labels are out of range: cross_entropy fails on the device."""
+    xs, ys, init = data(2)
+    params, opt = model(s, init, "SGD")
+    before = [p.numpy() for p in params]
+    bad = np.full(16, 9, np.int64)  # 4 classes
+    if replay:
+        x0, y0 = s.tensor(xs[0]), s.tensor(ys[0])
+        with s.capture(x0, y0) as g:
+            loss = step(s, params, opt, x0, y0)
+        s.sync()
+        before = [p.numpy() for p in params]
+        g.replay(xs[1], bad)
+        with pytest.raises(tensordd.Error) as first:
+            s.sync()
+    else:  # backward's round trip raises the error the step's forward left pending
+        w1, b1, w2, b2 = params
+        loss = s.op("cross_entropy", (s.tensor(xs[1]) @ w1 + b1).relu() @ w2 + b2,
+                    s.tensor(bad))
+        with pytest.raises(tensordd.Error) as first:
+            opt.step(loss.backward())
+            s.sync()
+    with pytest.raises(tensordd.Error) as poisoned:
+        loss.item()
+    after = [p.numpy() for p in params]
+    return first.value, poisoned.value, before, after
+
+
+def test_failed_replay_poisons_what_the_requests_would(daemon):
+    outcomes = []
+    for replay in (False, True):
+        with tensordd.connect(daemon.endpoint, timeout=60) as s:
+            outcomes.append(run_bad_labels(s, replay))
+    (e1, p1, b1, a1), (e2, p2, b2, a2) = outcomes
+    assert e1.code == e2.code, (e1, e2)
+    assert p1.code == p2.code == "POISONED", (p1, p2)
+    for b, a in zip(b1 + b2, a1 + a2):
+        np.testing.assert_array_equal(b, a)  # the failed step updated nothing, both ways
+
+
+def test_upload_inside_capture_is_refused_and_session_lives(session):
+    x0 = session.tensor(np.ones((2, 2), np.float32))
+    with pytest.raises(tensordd.Error) as e:
+        with session.capture(x0):
+            (x0 * 2.0 + session.tensor(np.ones(2, np.float32))).relu()
+    assert e.value.code == "INVALID_ARGUMENT"
+    assert "upload" in str(e.value)
+    np.testing.assert_array_equal((x0 + 1.0).numpy(), np.full((2, 2), 2.0, np.float32))
+
+
+def test_replay_checks_its_inputs(session):
+    x0 = session.tensor(np.ones((2, 3), np.float32))
+    with session.capture(x0) as g:
+        out = x0 * 3.0
+    with pytest.raises(ValueError):
+        g.replay(np.ones((3, 2), np.float32))
+    g.replay(session.tensor(np.ones((2, 3), np.float64)))  # dtype: a typed daemon error
+    with pytest.raises(tensordd.Error) as e:
+        session.sync()
+    assert e.value.code == "DTYPE_MISMATCH"
+    g.replay(np.full((2, 3), 2.0, np.float32))
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
