@@ -3,8 +3,12 @@
 over the wire: the forward pass, the backward pass and the Adam step all run
 in the daemon; only each batch goes up and only the loss comes back.
 
+The training step is recorded once (Session.capture) and replayed for every
+later batch: one Replay message per step, with the batch's two uploads in the
+same write. --one-by-one sends each step's requests one by one instead.
+
     PYTHONPATH=client/python /usr/bin/python3 examples/train_digits.py [ENDPOINT]
-        [--device DEV] [--epochs N]
+        [--device DEV] [--epochs N] [--one-by-one]
 
 ENDPOINT defaults to $TENSORDD_ENDPOINT or tcp://127.0.0.1:7070; DEV (where the
 model and batches live) to cpu:0, e.g. cuda:0.
@@ -40,6 +44,8 @@ def main():
         "TENSORDD_ENDPOINT", "tcp://127.0.0.1:7070"))
     ap.add_argument("--device", default="cpu:0")
     ap.add_argument("--epochs", type=int, default=EPOCHS)
+    ap.add_argument("--one-by-one", action="store_true",
+                    help="send every step's requests instead of replaying the recorded step")
     args = ap.parse_args()
     endpoint, dev, epochs = args.endpoint, args.device, args.epochs
     digits = load_digits()
@@ -60,22 +66,34 @@ def main():
         def forward(xb):
             return (xb @ W1 + B1).relu() @ W2 + B2
 
+        def train_step(xb, yb):
+            loss = s.op("cross_entropy", forward(xb), yb)
+            opt.step(loss.backward())
+            return loss
+
         n = len(x_train)
         print(f"training a 64-{HIDDEN}-10 MLP on {n} digits over {endpoint} on {dev}, "
-              f"{epochs} epochs of batch {BATCH}, Adam lr={LR}")
+              f"{epochs} epochs of batch {BATCH} (the last partial batch dropped), Adam "
+              f"lr={LR}, {'requests one by one' if args.one_by_one else 'the step replayed'}")
+        step = None
         for epoch in range(1, epochs + 1):
             order = rng.permutation(n)
             losses = []
-            for i in range(0, n, BATCH):
+            for i in range(0, n - BATCH + 1, BATCH):
                 idx = order[i:i + BATCH]
+                if step is not None:
+                    step.replay(x_train[idx], y_train[idx])
+                    continue
                 xb = s.tensor(x_train[idx], device=dev)
                 yb = s.tensor(y_train[idx], device=dev)
-                loss = s.op("cross_entropy", forward(xb), yb)
-                grads = loss.backward()
-                opt.step(grads)
-                losses.append(loss)
-            # Only the losses come back, once per epoch.
-            mean_loss = float(np.mean([l.item() for l in losses]))
+                if args.one_by_one:
+                    losses.append(train_step(xb, yb))
+                    continue
+                with s.capture(xb, yb) as step:  # runs the first step as it records it
+                    loss = train_step(xb, yb)
+            # Only losses come back, once per epoch: a replayed step's loss tensor holds
+            # the latest replay's, so the epoch's last batch is reported then.
+            mean_loss = float(np.mean([l.item() for l in losses] if losses else loss.item()))
             width = 30
             done = int(width * epoch / epochs)
             print(f"  epoch {epoch:2d}/{epochs} [{'#' * done}{'.' * (width - done)}] "
