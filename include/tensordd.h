@@ -189,6 +189,19 @@ int td_set_grad_enabled(td_client *c, int enabled, td_error *err);
 int td_optimizer_create(td_client *c, const char *kind, const td_handle *params, size_t n,
                         const td_attr *attrs, size_t nattrs, td_handle *out, td_error *err);
 int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_error *err);
+/* An optimizer's state (torch.optim's state_dict()["state"]) for its n parameters, in
+ * the order td_optimizer_create named them: steps[i], and buffer k of parameter i in
+ * bufs[3 * i + k] (0: none) -- sgd: 0 momentum_buffer; adam, adamw: 0 exp_avg,
+ * 1 exp_avg_sq, 2 max_exp_avg_sq (amsgrad). td_optimizer_state binds the buffers to new
+ * tensor handles (views of the optimizer's own, which its next step updates: download
+ * them first; release them after). td_optimizer_load_state replaces the state with
+ * copies of the tensors named; the daemon checks everything first (each buffer of its
+ * parameter's shape, dtype and device; exactly the buffers kept when steps[i] > 0, none
+ * when 0) and changes nothing on an error. Both synchronising. */
+int td_optimizer_state(td_client *c, td_handle optimizer, size_t n, int64_t *steps,
+                       td_handle *bufs, td_error *err);
+int td_optimizer_load_state(td_client *c, td_handle optimizer, size_t n, const int64_t *steps,
+                            const td_handle *bufs, td_error *err);
 
 #ifdef __cplusplus
 }

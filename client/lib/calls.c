@@ -728,3 +728,64 @@ int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_err
     REQ(req, optimizer_step, OPTIMIZER_STEP, &s);
     return call_ok(c, &req, err);
 }
+
+int td_optimizer_state(td_client *c, td_handle optimizer, size_t n, int64_t *steps, td_handle *bufs,
+                       td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if ((n && (!steps || !bufs)) || n > SIZE_MAX / 3)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "optimizer state: no output arrays");
+    Tensordd__V1__OptimizerState os = TENSORDD__V1__OPTIMIZER_STATE__INIT;
+    os.optimizer = optimizer;
+    os.first_output = c->next_handle;
+    c->next_handle += 3 * (uint64_t)n; /* the daemon binds those it has buffers for */
+    REQ(req, optimizer_state, OPTIMIZER_STATE, &os);
+    td__reply r;
+    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    const Tensordd__V1__OptimizerStateReply *sr = r.msg->optimizer_state;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_OPTIMIZER_STATE || !sr || r.payload_len ||
+        sr->n_steps != sr->n_buffers)
+        return unexpected(c, &r, "OptimizerState", err);
+    if (sr->n_steps != n) {
+        /* The handles bound are the client's to release. */
+        for (size_t i = 0; i < sr->n_buffers; i++)
+            for (unsigned k = 0; k < 3; k++)
+                if (sr->buffers[i] & (1u << k)) {
+                    td_handle h = os.first_output + 3 * i + k;
+                    td_error ignored;
+                    td_release(c, &h, 1, &ignored);
+                }
+        rc = td__fail(err, TD_EINVALID_ARGUMENT, "the optimizer has %zu parameters, not %zu",
+                      sr->n_steps, n);
+        td__reply_free(&r);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        steps[i] = sr->steps[i];
+        for (unsigned k = 0; k < 3; k++)
+            bufs[3 * i + k] = sr->buffers[i] & (1u << k) ? os.first_output + 3 * i + k : 0;
+    }
+    td__reply_free(&r);
+    return td__take_early(c, err);
+}
+
+int td_optimizer_load_state(td_client *c, td_handle optimizer, size_t n, const int64_t *steps,
+                            const td_handle *bufs, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if ((n && (!steps || !bufs)) || n > SIZE_MAX / 3)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "optimizer state: no input arrays");
+    Tensordd__V1__OptimizerLoadState ls = TENSORDD__V1__OPTIMIZER_LOAD_STATE__INIT;
+    ls.optimizer = optimizer;
+    ls.n_steps = n;
+    ls.steps = (int64_t *)(uintptr_t)steps;
+    ls.n_buffers = 3 * n;
+    ls.buffers = (uint64_t *)(uintptr_t)bufs;
+    REQ(req, optimizer_load_state, OPTIMIZER_LOAD_STATE, &ls);
+    return call_ok(c, &req, err);
+}

@@ -377,6 +377,50 @@ START_TEST(test_optimizer_errors)
 }
 END_TEST
 
+/* td_optimizer_state / td_optimizer_load_state: Adam's moments after two steps with
+ * gradient 1 (exp_avg 1 - beta1^2, exp_avg_sq 1 - beta2^2), carried into a second
+ * optimizer; a load that does not fit changes nothing. */
+START_TEST(test_optimizer_state)
+{
+    td_client *c = it_client("optimizer-state");
+    td_error e;
+    int64_t s2[1] = {2}, steps[1];
+    float v[2] = {1, 2}, m[2], sq[2];
+    td_handle p = up(c, "cpu:0", TD_F32, 1, s2, v, 1), o = 0, o2 = 0, bufs[3];
+    td_attr lr = td_attr_float("lr", 0.1);
+    ck_assert_int_eq(td_optimizer_create(c, "adam", &p, 1, &lr, 1, &o, &e), 0);
+    ck_assert_int_eq(td_optimizer_state(c, o, 1, steps, bufs, &e), 0);
+    ck_assert(steps[0] == 0 && !bufs[0] && !bufs[1] && !bufs[2]); /* no state yet */
+    for (int i = 0; i < 2; i++) {
+        td_handle g = backward(c, op1(c, "sum", p, 0, NULL, 0), 0);
+        ck_assert_int_eq(td_optimizer_step(c, o, g, &e), 0);
+        ck_assert_int_eq(td_release(c, &g, 1, &e), 0);
+    }
+    ck_assert_int_eq(td_optimizer_state(c, o, 1, steps, bufs, &e), 0);
+    ck_assert(steps[0] == 2 && bufs[0] && bufs[1] && !bufs[2]);
+    down(c, bufs[0], m, sizeof m);
+    down(c, bufs[1], sq, sizeof sq);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(fabsf(m[i] - 0.19f) < 1e-6f, "exp_avg %g", m[i]);
+        ck_assert_msg(fabsf(sq[i] - 0.001999f) < 1e-7f, "exp_avg_sq %g", sq[i]);
+    }
+    int64_t zero = 0;
+    ck_assert_int_eq(td_optimizer_state(c, o, 2, steps, bufs + 0, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_int_eq(td_optimizer_create(c, "adam", &p, 1, &lr, 1, &o2, &e), 0);
+    td_handle none[3] = {0, 0, 0};
+    ck_assert_int_eq(td_optimizer_load_state(c, o2, 1, steps, none, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_int_eq(td_optimizer_load_state(c, o2, 1, &zero, bufs, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_int_eq(td_optimizer_load_state(c, o2, 1, steps, bufs, &e), 0);
+    ck_assert_int_eq(td_release(c, bufs, 2, &e), 0);
+    ck_assert_int_eq(td_optimizer_state(c, o2, 1, steps, bufs, &e), 0);
+    ck_assert(steps[0] == 2 && bufs[0] && bufs[1] && !bufs[2]);
+    float m2[2];
+    down(c, bufs[0], m2, sizeof m2);
+    ck_assert_mem_eq(m2, m, sizeof m);
+    td_close(c);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- gradient checks (f64, ref) */
 
 /* A case builds a scalar loss from uploaded inputs (all f64 on ref:0). */
@@ -768,6 +812,7 @@ Suite *it_autograd_suite(void)
     tcase_add_test(tc, test_accumulate_retain_detach);
     tcase_add_test(tc, test_to_device_gradient);
     tcase_add_test(tc, test_optimizer_errors);
+    tcase_add_test(tc, test_optimizer_state);
     tcase_add_loop_test(tc, test_gradcheck_f64, 0, (int)(sizeof grad_cases / sizeof grad_cases[0]));
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("training");
