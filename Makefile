@@ -39,7 +39,9 @@ endif
 # Debian packages the project needs; `make deps` installs the missing ones.
 APT_PKGS := build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
             protobuf-compiler libopenblas-dev check uthash-dev libsubunit-dev python3 python3-numpy \
-            python3-protobuf python3-pytest python3-sklearn python3-torch procps
+            python3-protobuf python3-pytest python3-sklearn python3-torch procps \
+            libinih-dev libmicrohttpd-dev libsystemd-dev curl systemd python3-yaml \
+            libssl-dev openssl
 
 CC ?= cc
 PKGS := libuv libprotobuf-c check
@@ -137,7 +139,10 @@ BACKEND_OBJ := $(call obj,$(BACKEND_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 
-DAEMON_LIBS := $(shell pkg-config --libs libuv libprotobuf-c 2>/dev/null) $(OPENBLAS_LIBS) \
+# OpenSSL: the daemon's tls:// listeners and libtensordd's tls:// endpoints
+TLS_LIBS := $(shell pkg-config --libs openssl 2>/dev/null || echo -lssl -lcrypto)
+DAEMON_LIBS := $(shell pkg-config --libs libuv libprotobuf-c inih libmicrohttpd libsystemd 2>/dev/null) \
+               $(OPENBLAS_LIBS) $(TLS_LIBS) \
                $(OMP) -lm $(CUDA_LIBS)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
@@ -210,17 +215,23 @@ $(BUILD)/libtensordd.a: $(CLIENT_OBJ) $(COMMON_OBJ)
 	@echo "  AR       $@"
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/libtensordd.so: $(CLIENT_OBJ) $(COMMON_OBJ)
+# The soname's number: bumped on an incompatible change of the library's interface
+# (tools/abi/libtensordd.symbols says how that is noticed). The version script exports
+# the headers' td_ functions and nothing else.
+TD_SOVERSION := 0
+$(BUILD)/libtensordd.so: $(CLIENT_OBJ) $(COMMON_OBJ) client/lib/libtensordd.map
 	@echo "  LINK     $@"
-	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensordd.so.0 $^ $(shell pkg-config --libs libprotobuf-c) -o $@
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,libtensordd.so.$(TD_SOVERSION) \
+	    -Wl,--version-script=client/lib/libtensordd.map $(filter %.o,$^) \
+	    $(shell pkg-config --libs libprotobuf-c) $(TLS_LIBS) -o $@
 
 $(BUILD)/tdctl: $(call obj,$(TDCTL_SRC)) $(BUILD)/libtensordd.a
 	@echo "  LINK     $@"
-	$(Q)$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
+	$(Q)$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(TLS_LIBS) -lm -o $@
 
 PREFIX ?= /usr/local
-$(BUILD)/tensordd.pc: client/tensordd.pc.in
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' $< > $@
+$(BUILD)/tensordd.pc: client/tensordd.pc.in include/tensordd.h
+	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TD_LIB_VERSION)|g' $< > $@
 
 # ---------------------------------------------------------------- tests
 UNIT_SRC := $(wildcard tests/unit/*.c)
@@ -273,12 +284,12 @@ BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/gpu_check
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libtensordd.a
 	@mkdir -p $(dir $@)
 	@echo "  LINK     $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -lm -o $@
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(TLS_LIBS) -lm -o $@
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libtensordd.a
 	@mkdir -p $(dir $@)
 	@echo "  LINK     $@"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) -o $@
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(TLS_LIBS) -o $@
 
 # The op-coverage table is generated from the op table, never written by hand.
 $(BUILD)/tools/opcoverage: tools/opcoverage.c tests/unit/test_conformance_cases.c $(BACKEND_OBJ) \
@@ -307,7 +318,7 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
-	    test-gpu-build test-python test-emu
+	    test-gpu-build test-python test-emu test-abi test-protocol-doc test-deploy
 	@$(MAKE) --no-print-directory check-layers
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
@@ -337,6 +348,7 @@ test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 
 include backends/cuda/emu/emu.mk
 include tests/fuzz/fuzz.mk
+include tools/dist.mk
 
 # ---------------------------------------------------------------- run
 run: deps
@@ -351,13 +363,16 @@ bench: all $(BENCH_BINS)
 LIBDIR ?= $(PREFIX)/lib
 PYDIR ?= $(shell $(PY) -c 'import sys; print("$(PREFIX)/lib/python%d.%d/dist-packages" % sys.version_info[:2])')
 
-install: all
+install: all man
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include \
-	    $(DESTDIR)$(PYDIR)
+	    $(DESTDIR)$(PYDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man8
 	install -m 755 $(BUILD)/tensordd $(BUILD)/tdctl $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(BUILD)/libtensordd.a $(DESTDIR)$(LIBDIR)/
-	install -m 755 $(BUILD)/libtensordd.so $(DESTDIR)$(LIBDIR)/libtensordd.so.0
-	ln -sf libtensordd.so.0 $(DESTDIR)$(LIBDIR)/libtensordd.so
+	install -m 755 $(BUILD)/libtensordd.so $(DESTDIR)$(LIBDIR)/libtensordd.so.$(TD_SOVERSION)
+	ln -sf libtensordd.so.$(TD_SOVERSION) $(DESTDIR)$(LIBDIR)/libtensordd.so
+	install -m 644 $(BUILD)/man/tensordd.8 $(DESTDIR)$(MANDIR)/man8/
+	install -m 644 $(BUILD)/man/tdctl.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 $(BUILD)/man/libtensordd.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 include/tensordd.h include/td_attr.h include/td_dtype.h include/td_error.h \
 	    $(DESTDIR)$(PREFIX)/include/
 	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
@@ -386,6 +401,7 @@ test-gpu-build: $(BUILD)/libtensordd.a
 # header and library through pkg-config and imports the installed Python package.
 test-install:
 	@rm -rf $(BUILD)/stage
+	@bash tools/abi/uninstall_check.sh prepare $(abspath $(BUILD)/stage)
 	@$(MAKE) --no-print-directory install DESTDIR=$(abspath $(BUILD)/stage) PREFIX=/usr/local >/dev/null
 	@PKG_CONFIG_PATH=$(abspath $(BUILD)/stage)/usr/local/lib/pkgconfig \
 	    PKG_CONFIG_SYSROOT_DIR=$(abspath $(BUILD)/stage) \
@@ -400,6 +416,9 @@ test-install:
 	@test -f $(abspath $(BUILD)/stage)$(PYDIR)/tensordd-$$(sed -n 's/^__version__ = "\(.*\)"/\1/p' \
 	    client/python/tensordd/_version.py).dist-info/RECORD
 	@echo "install: staged install links a client through pkg-config and imports the Python package"
+	@bash tools/abi/installed_client.sh $(abspath $(BUILD)/stage) /usr/local
+	@$(MAKE) --no-print-directory uninstall DESTDIR=$(abspath $(BUILD)/stage) PREFIX=/usr/local >/dev/null
+	@bash tools/abi/uninstall_check.sh verify $(abspath $(BUILD)/stage)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

@@ -51,6 +51,18 @@ struct tdd_conn {
     size_t wq_seen;
     uv_timer_t watch;
     tdd_conn *prev, *next;
+    /* TLS (a tls:// listener's connection; NULL on plain TCP and Unix sockets):
+     * ciphertext is read into tls_rbuf; replies wait in tls_q until encrypted, with
+     * tls_inflight bytes of ciphertext queued on the socket. */
+    struct tdd_tls *tls;
+    uint8_t *tls_rbuf;
+    struct write_req *tls_q, **tls_qtail;
+    size_t tls_inflight;
+    bool tls_busy, tls_pumping; /* decrypting / encrypting (no reentry) */
+    bool tls_failed;            /* a TLS error: no close_notify */
+    bool tls_fin, tls_fin_sent; /* shutdown asked for / under way */
+    bool tls_dead;              /* conn_close ran */
+    bool sniffed;               /* the first bytes were looked at (TLS vs plaintext) */
 };
 
 /* How dispatch tells the connection what to do with a request. */
@@ -68,6 +80,10 @@ typedef int (*tdd_request_fn)(tdd_conn *c, Tensordd__V1__Request *req, uint64_t 
 int tdd_server_start(uv_loop_t *loop, const tdd_config *cfg, tdd_request_fn on_request);
 /* The i-th listener's endpoint as bound (port 0 resolved), or NULL. */
 const char *tdd_server_endpoint(int i);
+/* Sessions past Hello; whether a new one would be served (listening, not shutting
+ * down, under --max-sessions). Loop thread. */
+uint32_t tdd_server_admitted(void);
+bool tdd_server_accepting(void);
 /* Stop accepting; let connections finish; the loop ends when all are closed. */
 void tdd_server_shutdown(void);
 

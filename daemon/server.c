@@ -1,16 +1,21 @@
 /* server.c -- libuv listeners and connections: frames in, payloads straight
  * into tensor storage, responses out, backpressure and graceful shutdown. */
 #include <errno.h>
+#include <grp.h>
 #include <malloc.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "reply.h"
 #include "stats.h"
+#include "tls.h"
 #include "wire.h"
 
 #define RBUF_SIZE (64 * 1024)
@@ -35,6 +40,10 @@ typedef struct {
     } h;
     char endpoint[256];
     char unix_path[200];
+    dev_t unix_dev; /* the socket this daemon created there */
+    ino_t unix_ino;
+    bool open; /* the handle is initialised (closed on a failed start) */
+    bool tls;  /* tls://: connections speak TLS (--tls-cert, --tls-key) */
 } listener;
 
 static uv_loop_t *loop;
@@ -45,6 +54,7 @@ static tdd_conn *conns;
 static bool shutting_down;
 static uint32_t n_handshaking; /* connections before Hello */
 static uint32_t n_admitted;    /* connections past Hello: the sessions --max-sessions bounds */
+static tdd_tls_ctx *tls_ctx;   /* the tls:// listeners' certificate, key and client CAs */
 
 static void conn_process(tdd_conn *c);
 static void conn_close(tdd_conn *c);
@@ -55,22 +65,28 @@ static void conn_kick(tdd_conn *c);
 
 /* ---------------------------------------------------------------- writes */
 
-typedef struct {
+typedef struct write_req {
     uv_write_t req;
     tdd_conn *c;
     size_t total;
     tdd_storage *hold;
-    bool resume;         /* the connection was paused for this write */
+    bool resume; /* the connection was paused for this write */
+    /* TLS: the plaintext (frame rest, then payload) and how much of it is encrypted */
+    struct write_req *next;
+    const uint8_t *payload;
+    size_t flen;
+    uint64_t plen, off;
     max_align_t bytes[]; /* the part of the frame not yet written */
 } write_req;
+
+static void tls_enqueue(tdd_conn *c, write_req *wr);
 
 /* Frames up to this size are built on the stack: a small reply with nothing
  * queued ahead of it then costs no allocation at all. */
 #define SMALL_FRAME 512
 
-static void after_write(uv_write_t *w, int status)
+static void write_done(write_req *wr, int status)
 {
-    write_req *wr = (write_req *)w;
     tdd_conn *c = wr->c;
     c->wq_bytes -= wr->total;
     c->active_ms = c->wq_moved_ms = uv_now(loop);
@@ -84,6 +100,11 @@ static void after_write(uv_write_t *w, int status)
         conn_resume(c);
     else if (!c->closing)
         conn_kick(c);
+}
+
+static void after_write(uv_write_t *w, int status)
+{
+    write_done((write_req *)w, status);
 }
 
 static void out_of_memory(tdd_conn *c, bool resume)
@@ -129,7 +150,7 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
                        uint64_t plen, tdd_storage *hold, bool resume)
 {
     size_t sent = 0;
-    if (plen == 0 && c->wq_bytes == 0) {
+    if (plen == 0 && c->wq_bytes == 0 && !c->tls) {
         /* A reply with nothing queued ahead of it goes out with one write(2) now:
          * through uv_write the socket would also be armed and disarmed for
          * writability, two epoll_ctl calls per small reply. */
@@ -171,15 +192,26 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
     if (c->wq_bytes > c->wq_peak)
         c->wq_peak = c->wq_bytes;
     tdd_stats.bytes_sent += flen - sent + plen;
-    int rc = uv_write(&wr->req, &c->h.stream, bufs, plen ? 2 : 1, after_write);
-    if (rc < 0) {
-        c->wq_bytes -= wr->total;
-        tdd_storage_unref(hold);
-        free(wr);
-        if (resume)
-            c->paused--;
-        conn_close(c);
-        return;
+    if (c->tls) {
+        wr->next = NULL;
+        wr->payload = payload;
+        wr->flen = flen - sent;
+        wr->plen = plen;
+        wr->off = 0;
+        if ((uint8_t *)wr->bytes != rest)
+            memmove(wr->bytes, rest, flen - sent);
+        tls_enqueue(c, wr);
+    } else {
+        int rc = uv_write(&wr->req, &c->h.stream, bufs, plen ? 2 : 1, after_write);
+        if (rc < 0) {
+            c->wq_bytes -= wr->total;
+            tdd_storage_unref(hold);
+            free(wr);
+            if (resume)
+                c->paused--;
+            conn_close(c);
+            return;
+        }
     }
     if (tdd_cfg.write_timeout_s && !uv_is_active((uv_handle_t *)&c->watch))
         watch_arm(c);
@@ -237,10 +269,9 @@ static bool can_process(const tdd_conn *c)
     return !c->closing && !c->draining && !c->blocked && c->paused == 0 && !over_high_water(c);
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* Where the next bytes from the peer go (plaintext, after TLS). */
+static void conn_buffer(tdd_conn *c, uv_buf_t *buf)
 {
-    (void)suggested;
-    tdd_conn *c = h->data;
     if (c->closing) {
         /* Nothing is read into a closing connection: its payload's destination may be
          * freed already (uv_read_stop was called; this is belt and braces). */
@@ -272,6 +303,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     buf->len = c->rcap - c->rlen;
 }
 
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    conn_buffer(h->data, buf);
+}
+
 static void fail_protocol(tdd_conn *c, int code, const char *what)
 {
     td_error err;
@@ -295,11 +332,18 @@ static void payload_complete(tdd_conn *c)
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void tls_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void tls_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void tls_pump_in(tdd_conn *c);
 
 static void start_reading(tdd_conn *c)
 {
     if (!c->reading && !c->closing)
-        c->reading = uv_read_start(&c->h.stream, on_alloc, on_read) == 0;
+        c->reading = uv_read_start(&c->h.stream, c->tls ? tls_on_alloc : on_alloc,
+                                   c->tls ? tls_on_read : on_read) == 0;
+    /* TLS: what was received while reading was off waits in the TLS session */
+    if (c->reading && c->tls && !c->tls_busy && tdd_tls_has_input(c->tls))
+        tls_pump_in(c);
 }
 
 static void reading_policy(tdd_conn *c)
@@ -450,9 +494,15 @@ static void handle_frame(tdd_conn *c)
         return;
     }
     tdd_stats.requests++;
+    tdd_count_request((int)req->body_case);
     if (c->s)
         c->s->requests++;
+    /* log lines written while dispatching carry the connection and session */
+    uint64_t sid = c->s ? c->s->id : 0;
+    tdd_log_ctx prev;
+    tdd_log_set_ctx((tdd_log_ctx){sid, c->hello_done ? sid : 0}, &prev);
     int rc = on_request(c, req, hdr.payload_len);
+    tdd_log_set_ctx(prev, NULL);
     switch (rc) {
     case TDD_DISPATCH_DONE:
         request_free(c, req);
@@ -504,6 +554,8 @@ static void conn_process(tdd_conn *c)
     reading_policy(c);
 }
 
+static void conn_received(tdd_conn *c, const uv_buf_t *buf, size_t n);
+
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     tdd_conn *c = st->data;
@@ -517,6 +569,28 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread == 0)
+        return;
+    conn_received(c, buf, (size_t)nread);
+}
+
+/* A byte stream that is not ours, at its first bytes: a TLS ClientHello on a plaintext
+ * listener. Nothing is answered (the client expects TLS); the log says what happened. */
+static bool sniff_tls(tdd_conn *c, const uv_buf_t *buf, size_t n)
+{
+    c->sniffed = true;
+    if (n == 0 || (uint8_t)buf->base[0] != 0x16)
+        return false;
+    tdd_info("connection from %s sent a TLS ClientHello to a plaintext listener; closing it "
+             "(connect with tcp:// here, or start a tls:// listener)",
+             c->s ? c->s->peer : "?");
+    conn_close(c);
+    return true;
+}
+
+static void conn_received(tdd_conn *c, const uv_buf_t *buf, size_t n)
+{
+    ssize_t nread = (ssize_t)n;
+    if (!c->sniffed && !c->tls && sniff_tls(c, buf, n))
         return;
     tdd_stats.bytes_received += (uint64_t)nread;
     c->active_ms = uv_now(loop);
@@ -574,6 +648,237 @@ static void conn_kick(tdd_conn *c)
         reading_policy(c);
 }
 
+/* ---------------------------------------------------------------- TLS */
+
+/* On a tls:// listener the socket carries ciphertext: reads are fed to the TLS session
+ * (tls.c) and decrypted straight into where conn_buffer says plaintext goes (a payload
+ * lands in tensor memory as on plain TCP); replies are encrypted TLS_CHUNK at a time
+ * as earlier ciphertext drains, so a download streams without a copy of the tensor.
+ * Plain TCP and Unix sockets never come here. */
+#define TLS_RBUF (64u * 1024u)
+#define TLS_CHUNK (256u * 1024u)     /* plaintext encrypted per write */
+#define TLS_INFLIGHT (1024u * 1024u) /* ciphertext queued on the socket before waiting */
+
+typedef struct tls_chunk {
+    uv_write_t req;
+    tdd_conn *c;
+    write_req *done; /* plaintext writes whose last byte is in this chunk */
+    size_t len;
+    max_align_t bytes[];
+} tls_chunk;
+
+static void tls_pump_out(tdd_conn *c);
+static void after_shutdown(uv_shutdown_t *req, int status);
+
+static void tls_fail(tdd_conn *c, const char *what)
+{
+    tdd_info("connection from %s: TLS %s: %s; closing", c->s ? c->s->peer : "?", what,
+             tdd_tls_why(c->tls));
+    c->tls_failed = true;
+    tls_pump_out(c); /* the alert, if OpenSSL wrote one */
+    conn_shutdown(c);
+}
+
+static void finish_writes(write_req *done, int status)
+{
+    while (done) {
+        write_req *next = done->next;
+        write_done(done, status);
+        done = next;
+    }
+}
+
+static void tls_after_write(uv_write_t *w, int status)
+{
+    tls_chunk *ch = (tls_chunk *)w;
+    tdd_conn *c = ch->c;
+    c->tls_inflight -= ch->len;
+    write_req *done = ch->done;
+    free(ch);
+    if (status < 0 && status != UV_ECANCELED)
+        tdd_debug("connection from %s: write failed: %s", c->s ? c->s->peer : "?",
+                  uv_strerror(status));
+    finish_writes(done, status);
+    if (!c->tls_dead)
+        tls_pump_out(c);
+}
+
+/* Sends the ciphertext the TLS session holds, with the plaintext writes it completes.
+ * 0, or -1 when the connection had to be closed. */
+static int tls_send_out(tdd_conn *c, write_req *done)
+{
+    size_t n = tdd_tls_out_pending(c->tls);
+    if (n == 0) {
+        finish_writes(done, 0); /* (a zero-length write: nothing to wait for) */
+        return 0;
+    }
+    tls_chunk *ch = malloc(sizeof *ch + n);
+    if (!ch) {
+        finish_writes(done, UV_ENOMEM);
+        tdd_error("out of memory writing a response; closing the connection");
+        conn_close(c);
+        return -1;
+    }
+    ch->c = c;
+    ch->done = done;
+    ch->len = tdd_tls_out_take(c->tls, ch->bytes, n);
+    uv_buf_t b = uv_buf_init((char *)ch->bytes, (unsigned)ch->len);
+    c->tls_inflight += ch->len;
+    int rc = uv_write(&ch->req, &c->h.stream, &b, 1, tls_after_write);
+    if (rc < 0) {
+        c->tls_inflight -= ch->len;
+        free(ch);
+        finish_writes(done, rc);
+        conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* Encrypts queued replies while little ciphertext waits on the socket; once the queue
+ * is empty, a pending shutdown says close_notify and shuts the socket down. */
+static void tls_pump_out(tdd_conn *c)
+{
+    if (c->tls_dead || c->tls_pumping)
+        return;
+    c->tls_pumping = true;
+    while (c->tls_q && !c->tls_failed && c->tls_inflight < TLS_INFLIGHT) {
+        write_req *done = NULL, **dtail = &done;
+        size_t in = 0;
+        while (c->tls_q && in < TLS_CHUNK) {
+            write_req *wr = c->tls_q;
+            const uint8_t *p;
+            uint64_t left;
+            if (wr->off < wr->flen) {
+                p = (const uint8_t *)wr->bytes + wr->off;
+                left = wr->flen - wr->off;
+            } else {
+                p = wr->payload + (wr->off - wr->flen);
+                left = wr->flen + wr->plen - wr->off;
+            }
+            size_t k = left < TLS_CHUNK - in ? (size_t)left : TLS_CHUNK - in;
+            if (k && tdd_tls_write(c->tls, p, k)) {
+                finish_writes(done, UV_EIO);
+                c->tls_pumping = false;
+                tls_fail(c, "write");
+                return;
+            }
+            wr->off += k;
+            in += k;
+            if (wr->off == wr->flen + wr->plen) {
+                c->tls_q = wr->next;
+                if (!c->tls_q)
+                    c->tls_qtail = &c->tls_q;
+                wr->next = NULL;
+                *dtail = wr;
+                dtail = &wr->next;
+            }
+        }
+        if (tls_send_out(c, done)) {
+            c->tls_pumping = false;
+            return;
+        }
+    }
+    if (tdd_tls_out_pending(c->tls) && tls_send_out(c, NULL)) {
+        c->tls_pumping = false;
+        return;
+    }
+    c->tls_pumping = false;
+    if (c->tls_fin && !c->tls_fin_sent && (!c->tls_q || c->tls_failed)) {
+        c->tls_fin_sent = true;
+        if (!c->tls_failed) {
+            tdd_tls_close_notify(c->tls);
+            if (tls_send_out(c, NULL))
+                return;
+        }
+        uv_shutdown_t *req = malloc(sizeof *req);
+        if (!req || uv_shutdown(req, &c->h.stream, after_shutdown) < 0) {
+            free(req);
+            conn_close(c);
+            return;
+        }
+        req->data = c;
+    }
+}
+
+static void tls_enqueue(tdd_conn *c, write_req *wr)
+{
+    *c->tls_qtail = wr;
+    c->tls_qtail = &wr->next;
+    tls_pump_out(c);
+}
+
+static void tls_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    tdd_conn *c = h->data;
+    *buf = uv_buf_init(c->closing ? NULL : (char *)c->tls_rbuf, c->closing ? 0 : TLS_RBUF);
+}
+
+/* Decrypts what the TLS session holds while the connection wants to read. */
+static void tls_pump_in(tdd_conn *c)
+{
+    if (c->tls_busy)
+        return;
+    c->tls_busy = true;
+    while (!c->closing && c->reading) {
+        uv_buf_t b;
+        conn_buffer(c, &b);
+        if (!b.len)
+            break;
+        bool was_done = tdd_tls_handshake_done(c->tls);
+        ssize_t n = tdd_tls_read(c->tls, b.base, b.len);
+        if (!was_done && tdd_tls_handshake_done(c->tls)) {
+            const char *who = tdd_tls_peer(c->tls);
+            tdd_debug("connection from %s: %s%s%s", c->s ? c->s->peer : "?",
+                      tdd_tls_version(c->tls), who[0] ? ", client " : "", who);
+        }
+        if (n > 0) {
+            conn_received(c, &b, (size_t)n);
+            continue;
+        }
+        if (n == TDD_TLS_WANT)
+            break;
+        c->tls_busy = false;
+        if (n == TDD_TLS_EOF)
+            conn_shutdown(c); /* answered with our own close_notify */
+        else
+            tls_fail(c, tdd_tls_handshake_done(c->tls) ? "read" : "handshake");
+        return;
+    }
+    c->tls_busy = false;
+    tls_pump_out(c); /* the handshake's answers */
+}
+
+static void tls_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    tdd_conn *c = st->data;
+    if (c->closing)
+        return;
+    if (nread <= 0) {
+        on_read(st, nread, buf);
+        return;
+    }
+    if (!c->sniffed) {
+        c->sniffed = true;
+        if ((uint8_t)buf->base[0] != 0x16) {
+            /* Not a ClientHello: a plaintext client (or anything else). A plaintext
+             * tensordd client is answered in plaintext, so it can say why. */
+            tdd_tls_free(c->tls);
+            c->tls = NULL;
+            c->sniffed = true;
+            fail_protocol(c, TD_EPROTOCOL_ERROR,
+                          "this listener speaks TLS: connect with tls://HOST:PORT");
+            return;
+        }
+    }
+    if (tdd_tls_feed(c->tls, buf->base, (size_t)nread)) {
+        tls_fail(c, "read");
+        return;
+    }
+    tls_pump_in(c);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static void after_close(uv_handle_t *h)
@@ -584,6 +889,15 @@ static void after_close(uv_handle_t *h)
     arena_destroy(c->arena);
     td_frame_parser_free(&c->fp);
     free(c->rbuf);
+    /* TLS: replies never encrypted (their ciphertext chunks were cancelled already) */
+    while (c->tls_q) {
+        write_req *wr = c->tls_q;
+        c->tls_q = wr->next;
+        tdd_storage_unref(wr->hold);
+        free(wr);
+    }
+    tdd_tls_free(c->tls);
+    free(c->tls_rbuf);
     /* A client that queued many replies and left: give the heap's free pages back
      * (they are small blocks, which the allocator keeps otherwise). */
     bool trim = c->wq_peak > (1u << 20);
@@ -608,6 +922,7 @@ static void conn_close(tdd_conn *c)
     if (uv_is_closing(&c->h.handle) || uv_is_closing((uv_handle_t *)&c->watch))
         return;
     c->closing = true;
+    c->tls_dead = true;
     /* Stop reading now: the stream is closed only after the timer below, a loop
      * iteration later, and a read in between must not land in a payload
      * destination the session's close is about to free. */
@@ -626,7 +941,15 @@ static void conn_close(tdd_conn *c)
     else
         n_handshaking--;
     if (c->s) {
-        tdd_debug("session %llu closed", (unsigned long long)c->s->id);
+        tdd_log_ctx prev;
+        tdd_log_set_ctx((tdd_log_ctx){c->s->id, c->hello_done ? c->s->id : 0}, &prev);
+        if (c->hello_done)
+            tdd_info("session %llu closed: peer %s, client '%s', %llu requests",
+                     (unsigned long long)c->s->id, c->s->peer, c->s->client_name,
+                     (unsigned long long)c->s->requests);
+        tdd_log_set_ctx(prev, NULL);
+        if (!c->hello_done)
+            tdd_debug("connection %llu closed before Hello", (unsigned long long)c->s->id);
         tdd_session_close(c->s);
         c->s = NULL;
     }
@@ -663,6 +986,14 @@ static void conn_shutdown(tdd_conn *c)
     c->reading = false;
     if (was_closing)
         return; /* a shutdown is already under way */
+    if (c->tls) {
+        /* after the queued replies: close_notify, then the socket's shutdown */
+        c->tls_fin = true;
+        tls_pump_out(c);
+        if (tdd_cfg.write_timeout_s && !c->tls_dead && !uv_is_active((uv_handle_t *)&c->watch))
+            watch_arm(c);
+        return;
+    }
     uv_shutdown_t *req = malloc(sizeof *req);
     if (!req || uv_shutdown(req, &c->h.stream, after_shutdown) < 0) {
         free(req);
@@ -821,6 +1152,11 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     c->rcap = RBUF_SIZE;
     c->rbuf = malloc(c->rcap);
+    c->tls_qtail = &c->tls_q;
+    if (l->tls) {
+        c->tls = tdd_tls_new(tls_ctx);
+        c->tls_rbuf = malloc(TLS_RBUF);
+    }
     c->arena = arena_new(); /* NULL: requests are unpacked with malloc */
     if (is_tcp)
         uv_tcp_init(loop, &c->h.tcp);
@@ -837,7 +1173,7 @@ static void on_connection(uv_stream_t *server, int status)
     if (conns)
         conns->prev = c;
     conns = c;
-    if (!c->rbuf || uv_accept(server, &c->h.stream) < 0) {
+    if (!c->rbuf || (l->tls && (!c->tls || !c->tls_rbuf)) || uv_accept(server, &c->h.stream) < 0) {
         conn_close(c);
         return;
     }
@@ -867,7 +1203,9 @@ static bool is_loopback(const struct sockaddr_storage *ss)
     return IN6_IS_ADDR_LOOPBACK(a);
 }
 
-static int listen_tcp(listener *l, const char *hostport)
+/* Each listen_* returns 0 or a libuv error code, with why[] saying what went wrong
+ * in words when the code alone would not (tdd_server_start prints both). */
+static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
 {
     char host[128];
     const char *colon = strrchr(hostport, ':');
@@ -894,55 +1232,231 @@ static int listen_tcp(listener *l, const char *hostport)
     } else {
         int rc = uv_ip4_addr(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, (int)port,
                              (struct sockaddr_in *)&ss);
-        if (rc)
+        if (rc) {
+            snprintf(why, wn, "'%s' is not an IP address (nor localhost)", host);
             return rc;
+        }
     }
-    if (!is_loopback(&ss) && !tdd_cfg.token_len) {
-        tdd_error("refusing to listen on tcp://%s without --token-file: anyone who can reach "
-                  "it could run code on this machine's devices",
-                  hostport);
-        return UV_EACCES;
+    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls) {
+        if (!tdd_cfg.insecure) {
+            snprintf(why, wn,
+                     "a listener beyond loopback needs TLS (tls://, --tls-cert, --tls-key) or "
+                     "a token (--token-file): anyone who can reach it could read the tensors "
+                     "and run code on this machine's devices (--insecure overrides)");
+            return UV_EACCES;
+        }
+        tdd_warn("INSECURE: listening on %s without TLS or a token (--insecure): anyone who "
+                 "can reach it can read every tensor and run code on this machine's devices",
+                 hostport);
     }
     uv_tcp_init(loop, &l->h.tcp);
+    l->h.handle.data = l;
     int rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&ss, 0);
     if (!rc)
         rc = uv_listen(&l->h.stream, 511, on_connection);
-    if (rc)
+    if (rc) {
+        if (rc == UV_EACCES && port < 1024)
+            snprintf(why, wn, "%s (ports below 1024 need root or CAP_NET_BIND_SERVICE)",
+                     uv_strerror(rc));
+        l->open = true; /* initialised: closed by close_listeners */
         return rc;
+    }
+    l->open = true;
     int n = sizeof ss;
     uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&ss, &n);
     char ip[64];
+    const char *scheme = l->tls ? "tls" : "tcp";
     if (v6) {
         uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-        snprintf(l->endpoint, sizeof l->endpoint, "tcp://[%s]:%d", ip,
+        snprintf(l->endpoint, sizeof l->endpoint, "%s://[%s]:%d", scheme, ip,
                  ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
     } else {
         uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-        snprintf(l->endpoint, sizeof l->endpoint, "tcp://%s:%d", ip,
+        snprintf(l->endpoint, sizeof l->endpoint, "%s://%s:%d", scheme, ip,
                  ntohs(((struct sockaddr_in *)&ss)->sin_port));
     }
     return 0;
 }
 
-static int listen_unix(listener *l, const char *path)
+/* What is at a Unix socket's path: 0 nothing (or a stale socket, removed), else an
+ * error with why[] filled: a live daemon answers there, or it is not a socket. */
+static int unix_path_free(const char *path, char *why, size_t wn)
 {
-    if (!path[0] || strlen(path) >= sizeof l->unix_path)
-        return UV_EINVAL;
     struct stat sb;
-    /* A stale socket from an earlier run would make bind fail; remove only sockets. */
-    if (stat(path, &sb) == 0 && S_ISSOCK(sb.st_mode))
-        unlink(path);
-    uv_pipe_init(loop, &l->h.pipe, 0);
-    int rc = uv_pipe_bind(&l->h.pipe, path);
-    if (!rc)
-        rc = chmod(path, 0600) ? uv_translate_sys_error(errno) : 0;
-    if (!rc)
-        rc = uv_listen(&l->h.stream, 511, on_connection);
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT ? 0 : uv_translate_sys_error(errno);
+    if (!S_ISSOCK(sb.st_mode)) {
+        snprintf(why, wn, "the path exists and is not a socket (not removing it)");
+        return UV_EEXIST;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return uv_translate_sys_error(errno);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : errno;
+    close(fd);
+    if (rc == ECONNREFUSED) {
+        /* Nobody listens: a stale socket from an earlier run. */
+        if (unlink(path) != 0 && errno != ENOENT)
+            return uv_translate_sys_error(errno);
+        tdd_info("removed stale socket %s (nothing was listening on it)", path);
+        return 0;
+    }
+    if (rc == 0 || rc == EAGAIN || rc == EINPROGRESS) {
+        snprintf(why, wn,
+                 "another process is listening on it (a running tensordd?); stop it, or "
+                 "choose another path");
+        return UV_EADDRINUSE;
+    }
+    return uv_translate_sys_error(rc);
+}
+
+static int listen_unix(listener *l, const char *path, char *why, size_t wn)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (!path[0] || strlen(path) >= sizeof l->unix_path || strlen(path) >= sizeof sa.sun_path) {
+        snprintf(why, wn, "expected unix:///PATH with a path of 1 to %zu bytes",
+                 sizeof sa.sun_path - 1);
+        return UV_EINVAL;
+    }
+    gid_t gid = (gid_t)-1;
+    if (tdd_cfg.unix_group[0]) {
+        struct group *g = getgrnam(tdd_cfg.unix_group);
+        char *end;
+        unsigned long n = strtoul(tdd_cfg.unix_group, &end, 10);
+        if (g)
+            gid = g->gr_gid;
+        else if (!*end && end != tdd_cfg.unix_group)
+            gid = (gid_t)n;
+        else {
+            snprintf(why, wn, "--unix-group %s: no such group", tdd_cfg.unix_group);
+            return UV_EINVAL;
+        }
+    }
+    int rc = unix_path_free(path, why, wn);
     if (rc)
         return rc;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return uv_translate_sys_error(errno);
+    /* Created 0600 (never wider, even for a moment), then given its mode and group. */
+    mode_t old = umask(0177);
+    rc = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : errno;
+    umask(old);
+    if (rc) {
+        close(fd);
+        if (rc == ENOENT || rc == ENOTDIR)
+            snprintf(why, wn, "%s (the directory does not exist)", strerror(rc));
+        return uv_translate_sys_error(rc);
+    }
+    struct stat sb;
+    if ((gid != (gid_t)-1 && chown(path, (uid_t)-1, gid) != 0) ||
+        chmod(path, (mode_t)tdd_cfg.unix_mode) != 0 || stat(path, &sb) != 0) {
+        rc = errno;
+        if (gid != (gid_t)-1)
+            snprintf(why, wn, "setting group %s and mode %04o: %s", tdd_cfg.unix_group,
+                     tdd_cfg.unix_mode, strerror(rc));
+        close(fd);
+        unlink(path);
+        return uv_translate_sys_error(rc);
+    }
+    uv_pipe_init(loop, &l->h.pipe, 0);
+    l->h.handle.data = l;
+    l->open = true;
+    rc = uv_pipe_open(&l->h.pipe, fd);
+    if (rc)
+        close(fd);
+    else
+        rc = uv_listen(&l->h.stream, 511, on_connection);
+    if (rc) {
+        unlink(path);
+        return rc;
+    }
+    /* Removed at exit only while it is still ours (not another daemon's since). */
+    l->unix_dev = sb.st_dev;
+    l->unix_ino = sb.st_ino;
     snprintf(l->unix_path, sizeof l->unix_path, "%s", path);
     snprintf(l->endpoint, sizeof l->endpoint, "unix://%s", path);
     return 0;
+}
+
+/* Removes a Unix socket this daemon created, if the path still names it. */
+static void unlink_own(listener *l)
+{
+    struct stat sb;
+    if (l->unix_path[0] && lstat(l->unix_path, &sb) == 0 && sb.st_dev == l->unix_dev &&
+        sb.st_ino == l->unix_ino)
+        unlink(l->unix_path);
+    l->unix_path[0] = 0;
+}
+
+/* fd://N: a listening socket systemd passed (socket activation). Its endpoint names
+ * what it is; the socket file belongs to systemd and is never removed here. A TCP one
+ * beyond loopback needs a token, as --listen's. */
+static int listen_fd(listener *l, const char *num, char *why, size_t wn)
+{
+    char *end;
+    long fd = strtol(num, &end, 10);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int type = 0, acc = 0;
+    socklen_t tl = sizeof type, al = sizeof acc;
+    if (*end || end == num || fd < 3 || fd > 1024 ||
+        getsockname((int)fd, (struct sockaddr *)&ss, &sl) != 0 ||
+        getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 ||
+        getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || type != SOCK_STREAM ||
+        !acc) {
+        snprintf(why, wn, "not a listening stream socket");
+        return UV_EINVAL;
+    }
+    int rc;
+    if (ss.ss_family == AF_UNIX) {
+        uv_pipe_init(loop, &l->h.pipe, 0);
+        l->open = true;
+        rc = uv_pipe_open(&l->h.pipe, (int)fd);
+        snprintf(l->endpoint, sizeof l->endpoint, "unix://%s",
+                 ((struct sockaddr_un *)&ss)->sun_path);
+    } else if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) {
+        if (!is_loopback(&ss) && !tdd_cfg.token_len) {
+            snprintf(why, wn, "a listener beyond loopback needs a token (--token-file)");
+            return UV_EACCES;
+        }
+        uv_tcp_init(loop, &l->h.tcp);
+        l->open = true;
+        rc = uv_tcp_open(&l->h.tcp, (uv_os_sock_t)fd);
+        char ip[64];
+        int port;
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+            snprintf(l->endpoint, sizeof l->endpoint, "tcp://[%s]:%d", ip, port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+            snprintf(l->endpoint, sizeof l->endpoint, "tcp://%s:%d", ip, port);
+        }
+    } else {
+        snprintf(why, wn, "socket family %d is neither unix nor tcp", ss.ss_family);
+        return UV_EINVAL;
+    }
+    l->h.handle.data = l;
+    if (!rc)
+        rc = uv_listen(&l->h.stream, 511, on_connection);
+    return rc;
+}
+
+/* A failed start: the listeners opened so far are closed and their sockets removed. */
+static void close_listeners(void)
+{
+    for (int i = 0; i <= nlisteners && i < TDD_MAX_LISTEN; i++) {
+        listener *l = &listeners[i];
+        unlink_own(l);
+        if (l->open && !uv_is_closing(&l->h.handle))
+            uv_close(&l->h.handle, NULL);
+    }
+    uv_run(loop, UV_RUN_NOWAIT);
 }
 
 int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req)
@@ -956,29 +1470,69 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
     loop = lp;
     on_request = on_req;
     tdd_reply_init(&transport);
+    bool want_tls = false;
+    for (int i = 0; i < cfg->nlisten; i++)
+        want_tls |= strncmp(cfg->listen[i], "tls://", 6) == 0;
+    bool have_cert = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_client_ca[0];
+    if (want_tls || have_cert) {
+        char why[700] = "";
+        if (!want_tls)
+            snprintf(why, sizeof why,
+                     "--tls-cert, --tls-key and --tls-client-ca apply to "
+                     "tls:// listeners, and none is configured");
+        else if (!cfg->tls_cert[0] || !cfg->tls_key[0])
+            snprintf(why, sizeof why, "a tls:// listener needs --tls-cert and --tls-key");
+        else
+            tls_ctx =
+                tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, why, sizeof why);
+        if (!tls_ctx) {
+            tdd_error("cannot start TLS: %s", why);
+            return UV_EINVAL;
+        }
+    }
     for (int i = 0; i < cfg->nlisten; i++) {
         listener *l = &listeners[nlisteners];
         const char *ep = cfg->listen[i];
+        char why[400] = "";
         int rc;
-        if (strncmp(ep, "tcp://", 6) == 0)
-            rc = listen_tcp(l, ep + 6);
+        l->tls = strncmp(ep, "tls://", 6) == 0;
+        if (strncmp(ep, "tcp://", 6) == 0 || l->tls)
+            rc = listen_tcp(l, ep + 6, why, sizeof why);
         else if (strncmp(ep, "unix://", 7) == 0)
-            rc = listen_unix(l, ep + 7);
+            rc = listen_unix(l, ep + 7, why, sizeof why);
+        else if (strncmp(ep, "fd://", 5) == 0)
+            rc = listen_fd(l, ep + 5, why, sizeof why);
         else
             rc = UV_EINVAL;
         if (rc) {
-            if (rc != UV_EACCES)
-                tdd_error("cannot listen on %s: %s", ep,
-                          rc == UV_EINVAL ? "expected tcp://HOST:PORT or unix:///PATH"
-                                          : uv_strerror(rc));
+            tdd_error("cannot listen on %s: %s", ep,
+                      why[0] ? why
+                      : rc == UV_EINVAL
+                          ? "expected tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH"
+                          : uv_strerror(rc));
+            close_listeners();
             return rc;
         }
-        l->h.handle.data = l;
         nlisteners++;
+        /* stdout's line is for scripts (port 0); the log's has a time and a level */
         printf("listening on %s\n", l->endpoint);
         fflush(stdout);
+        if (strncmp(ep, "fd://", 5))
+            tdd_info("listening on %s", l->endpoint);
+        else
+            tdd_info("listening on %s (%s from systemd)", l->endpoint, ep);
     }
     return 0;
+}
+
+uint32_t tdd_server_admitted(void)
+{
+    return n_admitted;
+}
+
+bool tdd_server_accepting(void)
+{
+    return !shutting_down && nlisteners > 0 && n_admitted < tdd_cfg.max_sessions;
 }
 
 const char *tdd_server_endpoint(int i)
@@ -994,7 +1548,7 @@ void tdd_server_shutdown(void)
     tdd_info("shutting down: %llu session(s) open", (unsigned long long)tdd_nsessions);
     for (int i = 0; i < nlisteners; i++) {
         if (listeners[i].unix_path[0])
-            unlink(listeners[i].unix_path);
+            unlink_own(&listeners[i]);
         if (!conns && !uv_is_closing(&listeners[i].h.handle))
             uv_close(&listeners[i].h.handle, NULL);
         else if (!uv_is_closing(&listeners[i].h.handle))
