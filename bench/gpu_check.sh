@@ -21,7 +21,7 @@ fi
 # The daemon opens cuBLAS at run time; this check calls it directly as its baseline.
 # shellcheck disable=SC2046
 $(mkvar CC) $(mkvar CPPFLAGS) $(mkvar CUDA_CPPFLAGS) $(mkvar CFLAGS) bench/gpu_check.c \
-    "$BUILD/libtensordd.a" $(pkg-config --libs libprotobuf-c) $(mkvar CUDA_LIBS) -lcublas -lm -pthread \
+    "$BUILD/libtensordd.a" $(pkg-config --libs libprotobuf-c) -lssl -lcrypto $(mkvar CUDA_LIBS) -lcublas -lm -pthread \
     -o "$BUILD/gpu_check"
 
 if [ "${GPU_CHECK_BUILD_ONLY:-0}" = 1 ]; then

@@ -34,14 +34,14 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 1
+#define TD_VERSION_MINOR 2
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
 /* The version of the library linked at run time, as TD_VERSION_HEX: compare the two
  * to find a header and a library that differ. */
 unsigned int td_version(void);
-/* The same as text: "0.1.0". */
+/* The same as text: "0.2.0". */
 const char *td_version_string(void);
 
 /* ------------------------------------------------------------------ client */
@@ -55,8 +55,26 @@ typedef struct {
     int timeout_ms;          /* per blocking call; 0: wait forever */
 } td_connect_opts;
 
-/* endpoint: "tcp://HOST:PORT" or "unix:///PATH". opts may be NULL. */
+/* endpoint: "tcp://HOST:PORT", "tls://HOST:PORT" or "unix:///PATH". opts may be NULL.
+ * tls:// verifies the daemon's certificate against the system's CAs (td_connect_tls
+ * names others). */
 int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **out, td_error *err);
+
+/* TLS options of a tls:// endpoint (TLS 1.2 or later). */
+typedef struct {
+    const char *ca_file;   /* CA certificates (PEM) the daemon's must chain to; NULL: the
+                              system's */
+    const char *cert_file; /* this client's certificate (PEM), for mutual TLS; NULL: none */
+    const char *key_file;  /* its private key (PEM); NULL: in cert_file */
+    int no_verify;         /* 1: do not check the daemon's certificate (testing only) */
+} td_tls_opts;
+
+/* td_connect with TLS options (tls may be NULL; given with another scheme it is
+ * TD_EINVALID_ARGUMENT). A refused certificate (the daemon's here, or ours there) is
+ * TD_EUNAUTHENTICATED; TLS to a plaintext listener, or plaintext to a TLS one,
+ * TD_EPROTOCOL_ERROR. */
+int td_connect_tls(const char *endpoint, const td_connect_opts *opts, const td_tls_opts *tls,
+                   td_client **out, td_error *err);
 /* Says Goodbye, closes the connection; the daemon frees everything the session held. */
 void td_close(td_client *c);
 /* Text the daemon sent with Hello (e.g. that it serves CPU backends only). */

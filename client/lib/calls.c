@@ -53,6 +53,12 @@ static int unexpected(td_client *c, td__reply *r, const char *what, td_error *er
 
 int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **out, td_error *err)
 {
+    return td_connect_tls(endpoint, opts, NULL, out, err);
+}
+
+int td_connect_tls(const char *endpoint, const td_connect_opts *opts, const td_tls_opts *tls,
+                   td_client **out, td_error *err)
+{
     if (!out)
         return td__fail(err, TD_EINVALID_ARGUMENT, "no output pointer");
     *out = NULL;
@@ -63,7 +69,7 @@ int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **ou
     c->next_handle = 1;
     c->next_request = 1;
     c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 0;
-    int rc = td__open(c, endpoint, err);
+    int rc = td__open(c, endpoint, tls, err);
     if (rc) {
         free(c);
         return rc;
@@ -116,8 +122,7 @@ void td_close(td_client *c)
         if (td__call(c, &req, NULL, 0, &r, NULL) == 0)
             td__reply_free(&r);
     }
-    if (c->fd >= 0)
-        close(c->fd);
+    td__close_stream(c);
     free(c->wbuf);
     free(c->rbuf);
     free(c->rel);

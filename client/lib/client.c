@@ -45,15 +45,16 @@ static int wait_fd(td_client *c, short ev)
 }
 
 /* recv_wait's results besides recv's own. */
-#define RECV_TIMEOUT (-2)
-#define RECV_POLL_FAILED (-3)
+#define RECV_TIMEOUT TD__RECV_TIMEOUT
+#define RECV_POLL_FAILED TD__RECV_POLL_FAILED
+#define RECV_TLS_FAILED TD__RECV_TLS_FAILED
 
 /* Receives into buf, sleeping in recv(2) itself: one system call per reply
  * instead of three (a MSG_DONTWAIT recv that finds nothing, poll, recv again).
  * The per-wait timeout is the socket's SO_RCVTIMEO (td__set_timeout), so a
  * timed-out wait reads as EAGAIN. Returns recv's result (-1 with errno),
  * RECV_TIMEOUT or RECV_POLL_FAILED. */
-static ssize_t recv_wait(td_client *c, void *buf, size_t len)
+ssize_t td__recv_raw(td_client *c, void *buf, size_t len)
 {
     for (;;) {
         ssize_t k = recv(c->fd, buf, len, 0);
@@ -68,6 +69,12 @@ static ssize_t recv_wait(td_client *c, void *buf, size_t len)
         if (rc)
             return rc == TD_ETIMEOUT ? RECV_TIMEOUT : RECV_POLL_FAILED;
     }
+}
+
+/* The same through TLS on a tls:// connection (decrypted into buf). */
+static ssize_t recv_wait(td_client *c, void *buf, size_t len)
+{
+    return c->tls ? td__tls_recv(c, buf, len) : td__recv_raw(c, buf, len);
 }
 
 void td__set_timeout(td_client *c, int timeout_ms)
@@ -181,15 +188,52 @@ static int open_tcp(td_client *c, const char *hostport, td_error *err)
                     strerror(last));
 }
 
-int td__open(td_client *c, const char *endpoint, td_error *err)
+void td__close_stream(td_client *c)
+{
+    td__tls_free(c);
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+}
+
+static int open_tls(td_client *c, const char *endpoint, const td_tls_opts *opts, td_error *err)
+{
+    int rc = open_tcp(c, endpoint + 6, err);
+    if (rc)
+        return rc;
+    /* the host as the certificate must name it: [::1]:7070 -> ::1 */
+    char host[256];
+    const char *hp = endpoint + 6, *colon = strrchr(hp, ':');
+    size_t hl = (size_t)(colon - hp);
+    if (hl >= 2 && hp[0] == '[' && hp[hl - 1] == ']') {
+        hp++;
+        hl -= 2;
+    }
+    snprintf(host, sizeof host, "%.*s", (int)hl, hp);
+    td__set_timeout(c, c->timeout_ms); /* the handshake's waits are bounded too */
+    rc = td__tls_start(c, endpoint, host, opts, err);
+    if (rc)
+        td__close_stream(c);
+    return rc;
+}
+
+int td__open(td_client *c, const char *endpoint, const td_tls_opts *opts, td_error *err)
 {
     if (!endpoint)
         return td__fail(err, TD_EINVALID_ARGUMENT, "no endpoint");
+    if (opts && strncmp(endpoint, "tls://", 6) != 0)
+        return td__fail(err, TD_EINVALID_ARGUMENT,
+                        "TLS options given for '%s', not a tls:// "
+                        "endpoint",
+                        endpoint);
     if (strncmp(endpoint, "tcp://", 6) == 0)
         return open_tcp(c, endpoint + 6, err);
+    if (strncmp(endpoint, "tls://", 6) == 0)
+        return open_tls(c, endpoint, opts, err);
     if (strncmp(endpoint, "unix://", 7) == 0)
         return open_unix(c, endpoint + 7, err);
-    return td__fail(err, TD_EINVALID_ARGUMENT, "endpoint must be tcp://HOST:PORT or unix:///PATH");
+    return td__fail(err, TD_EINVALID_ARGUMENT,
+                    "endpoint must be tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH");
 }
 
 /* ---------------------------------------------------------------- writing */
@@ -214,7 +258,7 @@ static int wreserve(td_client *c, size_t more, td_error *err)
 
 /* Sends every byte of iov[0..n) (modified in place). Bytes past the first
  * `skip` count as payload for the progress callback. */
-static int sendv_all(td_client *c, struct iovec *iov, int n, size_t skip, uint64_t payload_total,
+static int sendv_raw(td_client *c, struct iovec *iov, int n, size_t skip, uint64_t payload_total,
                      td_error *err)
 {
     uint64_t sent = 0;
@@ -250,6 +294,37 @@ static int sendv_all(td_client *c, struct iovec *iov, int n, size_t skip, uint64
         }
         if (c->progress && payload_total && sent > skip)
             c->progress(c->progress_arg, sent - skip, payload_total);
+    }
+    return 0;
+}
+
+int td__send_raw(td_client *c, const void *buf, size_t len, td_error *err)
+{
+    struct iovec iov = {.iov_base = (void *)(uintptr_t)buf, .iov_len = len};
+    return sendv_raw(c, &iov, 1, 0, 0, err);
+}
+
+/* The same through TLS on a tls:// connection: encrypted a slice at a time. */
+static int sendv_all(td_client *c, struct iovec *iov, int n, size_t skip, uint64_t payload_total,
+                     td_error *err)
+{
+    if (!c->tls)
+        return sendv_raw(c, iov, n, skip, payload_total, err);
+    uint64_t sent = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = iov[i].iov_base;
+        size_t left = iov[i].iov_len;
+        while (left) {
+            size_t k = left < (1u << 20) ? left : (1u << 20);
+            int rc = td__tls_send(c, p, k, err);
+            if (rc)
+                return rc;
+            p += k;
+            left -= k;
+            sent += k;
+            if (c->progress && payload_total && sent > skip)
+                c->progress(c->progress_arg, sent - skip, payload_total);
+        }
     }
     return 0;
 }
@@ -354,6 +429,8 @@ static int fill(td_client *c, td_error *err)
             return kill_stream(c, err, TD_ETIMEOUT, "timed out waiting for the daemon");
         if (k == RECV_POLL_FAILED)
             return kill_stream(c, err, TD_EIO, "poll failed while receiving");
+        if (k == RECV_TLS_FAILED)
+            return kill_stream(c, err, c->tls_code, c->tls_why);
         if (errno == EINTR)
             continue;
         if (errno == ECONNRESET)
@@ -416,6 +493,8 @@ int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
             return kill_stream(c, err, TD_ETIMEOUT, "timed out receiving a payload");
         if (k == RECV_POLL_FAILED)
             return kill_stream(c, err, TD_EIO, "poll failed while receiving");
+        if (k == RECV_TLS_FAILED)
+            return kill_stream(c, err, c->tls_code, c->tls_why);
         if (errno == EINTR)
             continue;
         return kill_stream(c, err, errno == ECONNRESET ? TD_ECLOSED : TD_EIO, strerror(errno));

@@ -3,6 +3,7 @@
 #define TD_CLIENT_INTERNAL_H
 
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "frame.h"
 #include "tensordd.h"
@@ -42,6 +43,10 @@ struct td_client {
 
     td_progress_fn progress;
     void *progress_arg;
+
+    struct td__tls *tls; /* tls:// endpoints (tls.c); NULL on plain TCP and Unix sockets */
+    int tls_code;        /* the last TLS failure: a TD_E* code and what it was */
+    char tls_why[400];
 };
 
 /* A response matched to its request; payload_len bytes of raw payload still
@@ -53,7 +58,26 @@ typedef struct {
 } td__reply;
 
 /* client.c: the byte stream */
-int td__open(td_client *c, const char *endpoint, td_error *err);
+int td__open(td_client *c, const char *endpoint, const td_tls_opts *tls, td_error *err);
+/* Closes the socket and frees the TLS session, if any. */
+void td__close_stream(td_client *c);
+/* The socket itself, under TLS too (tls.c moves ciphertext with them): td__recv_raw
+ * returns recv's result (-1 with errno) or a TD__RECV_* code; td__send_raw sends every
+ * byte or fails with a TD_E* code (err filled, the stream marked dead). */
+#define TD__RECV_TIMEOUT (-2)
+#define TD__RECV_POLL_FAILED (-3)
+#define TD__RECV_TLS_FAILED (-4) /* c->tls_code and c->tls_why say what */
+ssize_t td__recv_raw(td_client *c, void *buf, size_t len);
+int td__send_raw(td_client *c, const void *buf, size_t len, td_error *err);
+
+/* tls.c: the TLS handshake on the connected socket (host: the name or address the
+ * daemon's certificate must show); receiving decrypted bytes (as td__recv_raw);
+ * sending encrypted ones (as td__send_raw); freeing it. */
+int td__tls_start(td_client *c, const char *endpoint, const char *host, const td_tls_opts *opts,
+                  td_error *err);
+ssize_t td__tls_recv(td_client *c, void *buf, size_t len);
+int td__tls_send(td_client *c, const void *buf, size_t len, td_error *err);
+void td__tls_free(td_client *c);
 /* Assigns req->id, appends the frame (payload straight from the caller's
  * memory when large) and, when reply is non-NULL, flushes and waits for the
  * response with that id. reply->msg must then be freed with td__reply_free. */

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics.h"
 #include "npy.h"
 #include "progress.h"
 #include "tensordd.h"
@@ -24,6 +25,8 @@ enum { EXIT_DAEMON = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
 typedef struct {
     const char *endpoint;
     const char *token_file;
+    const char *ca_file, *cert, *key; /* tls:// endpoints */
+    int no_verify;
     int timeout_ms;
     char token[1024];
     int json;
@@ -32,7 +35,8 @@ typedef struct {
 /* ---------------------------------------------------------------- help */
 
 static const char main_usage[] =
-    "usage: tdctl [--endpoint E] [--token-file F] [--timeout MS] SUBCOMMAND [ARGS]\n"
+    "usage: tdctl [--endpoint E] [--token-file F] [--timeout MS] [TLS options] SUBCOMMAND "
+    "[ARGS]\n"
     "\n"
     "Subcommands:\n"
     "  devices    list the daemon's devices (backend:ordinal, name, memory)\n"
@@ -42,10 +46,16 @@ static const char main_usage[] =
     "  apply      run one op on .npy inputs and write the result as .npy\n"
     "\n"
     "Options:\n"
-    "  --endpoint E     tcp://HOST:PORT or unix:///PATH (default $TENSORDD_ENDPOINT,\n"
+    "  --endpoint E     tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (default\n"
+    "                   $TENSORDD_ENDPOINT,"
     "                   else " DEFAULT_ENDPOINT ")\n"
     "  --token-file F   read the daemon's auth token from F\n"
     "  --timeout MS     give up when the daemon is silent this long (default: wait)\n"
+    "  --ca-file F      tls://: the CA certificates (PEM) the daemon's certificate must\n"
+    "                   chain to (default: the system's)\n"
+    "  --cert F         tls://: this client's certificate (PEM), for mutual TLS\n"
+    "  --key F          tls://: its private key (PEM; default: in --cert's file)\n"
+    "  --no-verify      tls://: do not check the daemon's certificate (testing only)\n"
     "  --help           this text; `tdctl SUBCOMMAND --help` for a subcommand\n"
     "\n"
     "Exit status: 0 ok, 1 the daemon answered an error, 2 usage or bad input file,\n"
@@ -58,9 +68,13 @@ static const char ping_usage[] = "usage: tdctl ping [-n N]\n"
                                  "Sends N (default 10) empty round trips (Sync) and prints the\n"
                                  "min/median/max/mean round-trip time in microseconds.\n";
 static const char stats_usage[] =
-    "usage: tdctl stats [--json]\n"
+    "usage: tdctl stats [--json] [--metrics URL]\n"
     "Prints the daemon's counters: sessions, handles, tensors alive, bytes in/out,\n"
-    "requests, errors by code name, memory per device. --json prints one JSON object.\n";
+    "requests, errors by code name, memory per device. --json prints one JSON object.\n"
+    "  --metrics URL   also the numbers only its metrics endpoint serves (the daemon's\n"
+    "                  --metrics-listen, e.g. http://127.0.0.1:9470): requests by type,\n"
+    "                  ops by name with mean latency, queue depth per device, sessions'\n"
+    "                  quota use, sessions opened and failed authentications\n";
 static const char sessions_usage[] =
     "usage: tdctl sessions [--json]\n"
     "Lists the daemon's sessions (this one included): id, peer, client name,\n"
@@ -168,10 +182,18 @@ static int read_token(global_opts *g)
 static int open_client(global_opts *g, td_client **c)
 {
     /* A malformed endpoint is the user's mistake (2), not a failed connect (3). */
-    if (strncmp(g->endpoint, "tcp://", 6) != 0 && strncmp(g->endpoint, "unix://", 7) != 0) {
+    int tls = strncmp(g->endpoint, "tls://", 6) == 0;
+    if (strncmp(g->endpoint, "tcp://", 6) != 0 && !tls && strncmp(g->endpoint, "unix://", 7) != 0) {
         fprintf(stderr,
-                "tdctl: bad endpoint '%s': expected tcp://HOST:PORT or unix:///PATH (see "
-                "--help)\n",
+                "tdctl: bad endpoint '%s': expected tcp://HOST:PORT, tls://HOST:PORT or "
+                "unix:///PATH (see --help)\n",
+                g->endpoint);
+        return EXIT_USAGE;
+    }
+    if (!tls && (g->ca_file || g->cert || g->key || g->no_verify)) {
+        fprintf(stderr,
+                "tdctl: --ca-file, --cert, --key and --no-verify apply to tls:// "
+                "endpoints, not '%s'\n",
                 g->endpoint);
         return EXIT_USAGE;
     }
@@ -181,8 +203,10 @@ static int open_client(global_opts *g, td_client **c)
     td_connect_opts o = {.token = g->token_file ? g->token : NULL,
                          .client_name = "tdctl",
                          .timeout_ms = g->timeout_ms};
+    td_tls_opts t = {
+        .ca_file = g->ca_file, .cert_file = g->cert, .key_file = g->key, .no_verify = g->no_verify};
     td_error e;
-    rc = td_connect(g->endpoint, &o, c, &e);
+    rc = td_connect_tls(g->endpoint, &o, tls ? &t : NULL, c, &e);
     if (rc == 0)
         return 0;
     if (e.request_id) /* the daemon answered: version, token, ... */
@@ -191,16 +215,21 @@ static int open_client(global_opts *g, td_client **c)
     return EXIT_CONNECT;
 }
 
-/* Handles --endpoint/--token-file/--timeout wherever they appear; returns 1
+/* Handles --endpoint/--token-file/--timeout and the TLS options wherever they appear; returns 1
  * if argv[*i] was one of them, -1 on a missing value. */
 static int take_global(int argc, char **argv, int *i, global_opts *g)
 {
     const char *a = argv[*i];
     const char **dst = NULL;
     const char *val = NULL;
-    const char *names[] = {"--endpoint", "--token-file", "--timeout"};
+    const char *names[] = {"--endpoint", "--token-file", "--timeout",
+                           "--ca-file",  "--cert",       "--key"};
     int which = -1;
-    for (int k = 0; k < 3; k++) {
+    if (strcmp(a, "--no-verify") == 0) {
+        g->no_verify = 1;
+        return 1;
+    }
+    for (int k = 0; k < 6; k++) {
         size_t l = strlen(names[k]);
         if (strncmp(a, names[k], l) == 0 && (a[l] == 0 || a[l] == '=')) {
             which = k;
@@ -220,6 +249,8 @@ static int take_global(int argc, char **argv, int *i, global_opts *g)
         dst = &g->endpoint;
     else if (which == 1)
         dst = &g->token_file;
+    else if (which >= 3)
+        dst = which == 3 ? &g->ca_file : which == 4 ? &g->cert : &g->key;
     if (dst) {
         *dst = val;
     } else {
@@ -420,13 +451,176 @@ static void print_sessions_json(const td_stats *s)
     putchar(']');
 }
 
+/* The /metrics samples tdctl stats --metrics prints, in page order. */
+#define MAX_SAMPLES 65536
+typedef struct {
+    char *page;
+    tdctl_sample *v;
+    size_t n;
+} metrics_page;
+
+static int fetch_metrics(const char *url, const global_opts *g, metrics_page *m)
+{
+    char err[300];
+    size_t len;
+    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000, &m->page, &len, err,
+                       sizeof err)) {
+        fprintf(stderr, "tdctl: stats --metrics: %s\n", err);
+        return EXIT_CONNECT;
+    }
+    m->v = calloc(MAX_SAMPLES, sizeof *m->v);
+    if (!m->v) {
+        free(m->page);
+        fprintf(stderr, "tdctl: out of memory\n");
+        return EXIT_DAEMON;
+    }
+    char *cur = m->page;
+    while (m->n < MAX_SAMPLES && tdctl_metric_next(&cur, &m->v[m->n]))
+        m->n++;
+    return 0;
+}
+
+static double metric(const metrics_page *m, const char *name)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->v[i].name, name) == 0)
+            return m->v[i].value;
+    return 0;
+}
+
+/* count and sum of op's latency histogram */
+static void op_latency(const metrics_page *m, const char *op, double *count, double *sum)
+{
+    *count = *sum = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        if (strcmp(tdctl_label(&m->v[i], "op"), op) != 0)
+            continue;
+        if (strcmp(m->v[i].name, "tensordd_op_duration_seconds_count") == 0)
+            *count = m->v[i].value;
+        else if (strcmp(m->v[i].name, "tensordd_op_duration_seconds_sum") == 0)
+            *sum = m->v[i].value;
+    }
+}
+
+static void print_metrics(const metrics_page *m, int json)
+{
+    const char *sep = "";
+    if (json) {
+        printf(",\"sessions_opened\":%.0f,\"auth_failures\":%.0f,\"requests_by_type\":{",
+               metric(m, "tensordd_sessions_opened_total"),
+               metric(m, "tensordd_auth_failures_total"));
+        for (size_t i = 0; i < m->n; i++)
+            if (strcmp(m->v[i].name, "tensordd_requests_total") == 0) {
+                printf("%s", sep);
+                json_str(tdctl_label(&m->v[i], "request"));
+                printf(":%.0f", m->v[i].value);
+                sep = ",";
+            }
+        printf("},\"ops\":{");
+        sep = "";
+        for (size_t i = 0; i < m->n; i++) {
+            const tdctl_sample *s = &m->v[i];
+            if (strcmp(s->name, "tensordd_ops_total") || strcmp(tdctl_label(s, "result"), "ok"))
+                continue;
+            const char *op = tdctl_label(s, "op");
+            double errors = 0, count, sum;
+            if (i + 1 < m->n && strcmp(m->v[i + 1].name, "tensordd_ops_total") == 0)
+                errors = m->v[i + 1].value;
+            op_latency(m, op, &count, &sum);
+            printf("%s", sep);
+            json_str(op);
+            printf(":{\"ok\":%.0f,\"errors\":%.0f,\"latency_seconds_sum\":%.9f}", s->value, errors,
+                   sum);
+            sep = ",";
+        }
+        printf("},\"queue_depth\":{");
+        sep = "";
+        for (size_t i = 0; i < m->n; i++)
+            if (strcmp(m->v[i].name, "tensordd_device_queue_depth") == 0) {
+                printf("%s", sep);
+                json_str(tdctl_label(&m->v[i], "device"));
+                printf(":%.0f", m->v[i].value);
+                sep = ",";
+            }
+        printf("},\"session_memory\":[");
+        sep = "";
+        for (size_t i = 0; i < m->n; i++) {
+            const tdctl_sample *s = &m->v[i];
+            if (strcmp(s->name, "tensordd_session_memory_bytes"))
+                continue;
+            double limit = 0;
+            for (size_t k = 0; k < m->n; k++)
+                if (strcmp(m->v[k].name, "tensordd_session_memory_limit_bytes") == 0 &&
+                    strcmp(tdctl_label(&m->v[k], "session"), tdctl_label(s, "session")) == 0)
+                    limit = m->v[k].value;
+            printf("%s{\"session_id\":%s,\"client_name\":", sep, tdctl_label(s, "session"));
+            json_str(tdctl_label(s, "client"));
+            printf(",\"bytes_in_use\":%.0f,\"limit\":%.0f}", s->value, limit);
+            sep = ",";
+        }
+        printf("]");
+        return;
+    }
+    printf("sessions_opened %.0f\n", metric(m, "tensordd_sessions_opened_total"));
+    printf("auth_failures   %.0f\n", metric(m, "tensordd_auth_failures_total"));
+    printf("requests by type:\n");
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->v[i].name, "tensordd_requests_total") == 0)
+            printf("  %-22s %.0f\n", tdctl_label(&m->v[i], "request"), m->v[i].value);
+    printf("ops:%28s %10s %14s\n", "ok", "errors", "mean latency");
+    for (size_t i = 0; i < m->n; i++) {
+        const tdctl_sample *s = &m->v[i];
+        if (strcmp(s->name, "tensordd_ops_total") || strcmp(tdctl_label(s, "result"), "ok"))
+            continue;
+        double errors = 0, count, sum;
+        if (i + 1 < m->n && strcmp(m->v[i + 1].name, "tensordd_ops_total") == 0)
+            errors = m->v[i + 1].value;
+        op_latency(m, tdctl_label(s, "op"), &count, &sum);
+        printf("  %-22s %10.0f %10.0f %11.1f us\n", tdctl_label(s, "op"), s->value, errors,
+               count > 0 ? sum / count * 1e6 : 0.0);
+    }
+    printf("queue depth:\n");
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->v[i].name, "tensordd_device_queue_depth") == 0)
+            printf("  %-10s %.0f\n", tdctl_label(&m->v[i], "device"), m->v[i].value);
+    printf("session memory:\n");
+    for (size_t i = 0; i < m->n; i++) {
+        const tdctl_sample *s = &m->v[i];
+        if (strcmp(s->name, "tensordd_session_memory_bytes") == 0) {
+            char a[32];
+            human((uint64_t)s->value, a, sizeof a);
+            printf("  session %-8s %-20s %12s\n", tdctl_label(s, "session"),
+                   tdctl_label(s, "client"), a);
+        }
+    }
+}
+
 static int cmd_stats(int argc, char **argv, global_opts *g)
 {
-    int rc = simple_args(argc, argv, g, stats_usage, 1);
-    if (rc)
-        return rc < 0 ? 0 : rc;
+    const char *metrics_url = NULL;
+    for (int i = 1; i < argc; i++) {
+        int t = take_global(argc, argv, &i, g);
+        if (t < 0)
+            return usage_error(stats_usage, "missing or bad value for %s", argv[i]);
+        if (t)
+            continue;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(stats_usage, stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--json") == 0)
+            g->json = 1;
+        else if (strcmp(argv[i], "--metrics") == 0 && i + 1 < argc)
+            metrics_url = argv[++i];
+        else
+            return usage_error(stats_usage, "unexpected argument '%s'", argv[i]);
+    }
     static td_stats s;
+    int rc;
     if ((rc = get_stats(g, &s)) != 0)
+        return rc;
+    metrics_page mp = {0};
+    if (metrics_url && (rc = fetch_metrics(metrics_url, g, &mp)) != 0)
         return rc;
     char dev[40];
     if (g->json) {
@@ -450,7 +644,11 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
         }
         printf("],\"session_list\":");
         print_sessions_json(&s);
+        if (metrics_url)
+            print_metrics(&mp, 1);
         printf("}\n");
+        free(mp.page);
+        free(mp.v);
         return 0;
     }
     char a[32], b[32];
@@ -480,6 +678,10 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
         human(s.memory[i].peak_bytes, b, sizeof b);
         printf("  %-10s in use %12s   peak %12s\n", dev, a, b);
     }
+    if (metrics_url)
+        print_metrics(&mp, 0);
+    free(mp.page);
+    free(mp.v);
     return 0;
 }
 

@@ -13,6 +13,7 @@ int main(void)
     SIZE(td_device);
     SIZE(td_error);
     SIZE(td_connect_opts);
+    SIZE(td_tls_opts);
     SIZE(td_device_info);
     SIZE(td_tensor_info);
     SIZE(td_op_opts);

@@ -10,11 +10,17 @@ payloads are never copied into that buffer: they are handed to ``sendmsg``
 next to it as a ``memoryview`` of the caller's array. Reads go through a
 small buffer for headers and messages; a payload is received straight into
 its destination with ``recv_into``.
+
+``tls://host:port`` endpoints wrap the socket in TLS (the ``ssl`` module; TLS
+1.2 or later, the daemon's certificate verified against the system's CAs or
+``ca_file``, and for mutual TLS a client certificate). Payloads then stream
+through the TLS layer record by record: nothing stages a whole tensor.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 
 __all__ = [
@@ -62,22 +68,106 @@ def decode_header(data) -> tuple[int, int]:
 
 
 def parse_endpoint(endpoint: str) -> tuple[int, object]:
-    """(address family, address) for "tcp://host:port" or "unix:///path"."""
+    """(address family, address) for "tcp://host:port", "tls://host:port" or "unix:///path"."""
     if endpoint.startswith("unix://"):
         path = endpoint[len("unix://"):]
         if not path:
             raise ValueError(f"endpoint {endpoint!r}: empty socket path")
         return socket.AF_UNIX, path
-    if endpoint.startswith("tcp://"):
+    if endpoint.startswith(("tcp://", "tls://")):
         rest = endpoint[len("tcp://"):]
         if rest.startswith("["):  # tcp://[::1]:7070
             host, sep, port = rest[1:].partition("]:")
         else:
             host, sep, port = rest.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"endpoint {endpoint!r}: expected tcp://HOST:PORT")
+            raise ValueError(f"endpoint {endpoint!r}: expected {endpoint[:3]}://HOST:PORT")
         return socket.AF_INET, (host, int(port))
-    raise ValueError(f"endpoint {endpoint!r}: expected tcp://HOST:PORT or unix:///PATH")
+    raise ValueError(f"endpoint {endpoint!r}: expected tcp://HOST:PORT, tls://HOST:PORT or "
+                     f"unix:///PATH")
+
+
+# OpenSSL's reasons that mean "the peer refused our certificate" (or its absence).
+_TLS_AUTH_REASONS = ("CERTIFICATE_REQUIRED", "BAD_CERTIFICATE", "UNKNOWN_CA",
+                     "CERTIFICATE_UNKNOWN", "ACCESS_DENIED", "CERTIFICATE_EXPIRED",
+                     "CERTIFICATE_REVOKED", "UNSUPPORTED_CERTIFICATE")
+
+
+def tls_error(exc: BaseException, endpoint: str):
+    """The typed tensordd error for a TLS failure: UNAUTHENTICATED when a certificate
+    was refused (the daemon's by us, or ours by the daemon), PROTOCOL_ERROR else."""
+    from .errors import local_error  # (import here: errors needs the generated module)
+
+    reason = getattr(exc, "reason", None) or ""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return local_error("UNAUTHENTICATED", f"TLS: the daemon at {endpoint} failed "
+                           f"verification: {exc.verify_message or exc}")
+    if any(r in reason for r in _TLS_AUTH_REASONS):
+        return local_error("UNAUTHENTICATED", f"TLS: the daemon at {endpoint} refused this "
+                           f"client's certificate (or its absence): {reason}")
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError,
+                        EOFError)) or \
+            reason in ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE"):
+        return local_error("PROTOCOL_ERROR", f"TLS handshake with {endpoint} failed ({exc}): "
+                           f"is it a TLS listener? A plaintext tcp:// listener closes TLS "
+                           f"connections")
+    return local_error("PROTOCOL_ERROR", f"TLS with {endpoint} failed: {exc}")
+
+
+class _TLSSocket:
+    """An ssl.SSLSocket with the socket methods Connection uses; a TLS failure
+    raises tensordd's typed error (UnauthenticatedError for a refused certificate).
+    sendmsg is a sendall per buffer (TLS writes records, not scatter-gather)."""
+
+    def __init__(self, sock: ssl.SSLSocket, endpoint: str):
+        self._s = sock
+        self._endpoint = endpoint
+
+    def _call(self, f, *args):
+        try:
+            return f(*args)
+        except ssl.SSLError as e:
+            raise tls_error(e, self._endpoint) from e
+
+    def recv(self, n):
+        return self._call(self._s.recv, n)
+
+    def recv_into(self, buf, n=0):
+        return self._call(self._s.recv_into, buf, n)
+
+    def sendall(self, data):
+        return self._call(self._s.sendall, data)
+
+    def sendmsg(self, buffers):
+        total = 0
+        for b in buffers:
+            self._call(self._s.sendall, b)
+            total += memoryview(b).nbytes
+        return total
+
+    def settimeout(self, t):
+        self._s.settimeout(t)
+
+    def close(self):
+        self._s.close()
+
+
+def _tls_context(ca_file, cert, key, verify) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if verify:
+        if ca_file:
+            ctx.load_verify_locations(cafile=ca_file)
+        else:
+            ctx.load_default_certs()
+    else:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cert:
+        ctx.load_cert_chain(cert, key)
+    elif key:
+        raise ValueError("a client key needs its certificate (cert=...)")
+    return ctx
 
 
 def _byte_view(buf) -> memoryview:
@@ -98,8 +188,14 @@ class Connection:
     Not thread-safe: a Session is driven from one thread at a time.
     """
 
-    def __init__(self, endpoint: str, timeout: float | None = None):
+    def __init__(self, endpoint: str, timeout: float | None = None, *, ca_file=None,
+                 cert=None, key=None, verify: bool = True):
         family, address = parse_endpoint(endpoint)
+        tls = endpoint.startswith("tls://")
+        if not tls and (ca_file or cert or key or not verify):
+            raise ValueError(f"ca_file, cert, key and verify apply to tls:// endpoints, not "
+                             f"{endpoint!r}")
+        ctx = _tls_context(ca_file, cert, key, verify) if tls else None
         if family == socket.AF_UNIX:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -111,6 +207,17 @@ class Connection:
         else:
             sock = socket.create_connection(address, timeout=timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ctx is not None:
+            try:
+                sock = ctx.wrap_socket(sock, server_hostname=address[0])
+            except ssl.SSLError as e:
+                sock.close()
+                raise tls_error(e, endpoint) from e
+            except (ConnectionResetError, EOFError) as e:
+                sock.close()
+                raise tls_error(e, endpoint) from e
+            sock.settimeout(timeout)
+            sock = _TLSSocket(sock, endpoint)
         sock.settimeout(timeout)
         self.sock = sock
         self._wbuf = bytearray()

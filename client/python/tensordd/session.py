@@ -96,7 +96,8 @@ _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICA
 
 
 def connect(endpoint: str | None = None, token: str | None = None, timeout: float | None = None,
-            *, token_file: str | None = None) -> "Session":
+            *, token_file: str | None = None, ca_file: str | None = None,
+            cert: str | None = None, key: str | None = None, verify: bool = True) -> "Session":
     """Opens a session with the daemon at endpoint; it becomes the default session.
 
     Args:
@@ -293,7 +294,7 @@ class Session:
             self._pending_release.append(handle)
 
     def _emit_releases(self) -> None:
-        if not self._pending_release:
+        if not self._pending_release or self._capturing:
             return
         handles, self._pending_release = self._pending_release, []
         req = pb.Request()
@@ -594,6 +595,13 @@ class Session:
         req = self._new_request()
         req.sync.SetInParent()
         self._roundtrip(req, _Call("sync"))
+
+    def capture(self, *inputs: "Tensor") -> "Graph":
+        """``with s.capture(x, y) as g:`` records the block's requests as a graph that
+        ``g.replay(x2, y2)`` runs again in one message (see :mod:`tensordd.graph`)."""
+        from .graph import Graph
+
+        return Graph(self, inputs)
 
     def flush(self) -> None:
         """Sends buffered requests now, without waiting for anything."""
