@@ -5,7 +5,8 @@
 #                           from the option table, the programs' --help and the header
 #   make uninstall          removes exactly what make install installed (same PREFIX, DESTDIR)
 #   make test-abi           libtensordd.so exports only the td_ functions of its record
-#                           (tools/abi/libtensordd.symbols), under the recorded soname
+#                           (tools/abi/libtensordd.symbols), under the recorded soname; the
+#                           man pages format without warnings
 #   make test-protocol-doc  docs/protocol.md and proto/tensordd.proto name the same messages
 #                           and error codes
 #   make test-deploy        deploy/Dockerfile and deploy/k8s/*.yaml say what they must
@@ -50,11 +51,18 @@ $(BUILD)/tools/abi_sizes: tools/abi/sizes.c $(LIB_HEADERS)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) -std=c11 -Iinclude $< -o $@
 
-test-abi: $(BUILD)/libtensordd.so $(BUILD)/tools/abi_sizes
+# The ABI record, and the man pages formatted without a warning (groff -ww) where groff is.
+test-abi: $(BUILD)/libtensordd.so $(BUILD)/tools/abi_sizes $(MAN_PAGES)
 	@$(BUILD)/tools/abi_sizes > $(BUILD)/tools/abi_sizes.txt
 	@$(PY) tools/abi/check_abi.py --lib $(BUILD)/libtensordd.so \
 	    --symbols tools/abi/libtensordd.symbols --map client/lib/libtensordd.map \
 	    --sizes $(BUILD)/tools/abi_sizes.txt $(LIB_HEADERS)
+	@if command -v groff >/dev/null; then \
+	    for p in $(MAN_PAGES); do \
+	        out=$$(groff -man -Tutf8 -ww -z $$p 2>&1); \
+	        if [ -n "$$out" ]; then echo "man: $$p: $$out" >&2; exit 1; fi; \
+	    done; echo "man: $(notdir $(MAN_PAGES)) format without warnings"; \
+	else echo "man: groff not installed, pages not checked"; fi
 
 test-protocol-doc:
 	@$(PY) tools/check_protocol_doc.py proto/tensordd.proto docs/protocol.md

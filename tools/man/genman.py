@@ -51,7 +51,7 @@ def option_items(lines, indent):
         if m and not ln.startswith(" " * indent):
             items.append([m.group(1), m.group(2) or ""])
         elif items and ln.startswith(" ") and ln.strip():
-            items[-1][1] += " " + ln.strip()
+            items[-1][1] = (items[-1][1] + " " + ln.strip()).strip()
     return items
 
 
@@ -91,9 +91,43 @@ def daemon_page(binary):
             ".SH OPTIONS",
             "Every option is a row of the daemon's option table; every limit has a safe "
             "default. A bad value is reported on one line and the daemon exits with status 2."]
-    emit_items(out, option_items(opts, col))
+    items = option_items(opts, col)
+    # after the options, --help lists the environment variables the same way
+    env_items = [it for it in items if not it[0].startswith("-")]
+    items = [it for it in items if it[0].startswith("-")]
+    emit_items(out, items)
+    notes = [n for n in notes if not n.startswith("Environment (")]
+    env_note = next((n for n in notes if n.startswith("Environment:")), None)
     for n in notes:
-        out += [".PP", line(n)]
+        if n is not env_note:
+            out += [".PP", line(n)]
+    if env_items:
+        out.append(".SH ENVIRONMENT")
+        out.append("Flags override these; they override the configuration file.")
+        emit_items(out, env_items)
+    if env_note:
+        # "Environment: TENSORDD_A TENSORDD_B (as --a, ...; more)."
+        names = re.findall(r"\bTENSORDD_[A-Z_]+", env_note.split("(", 1)[0])
+        out.append(".SH ENVIRONMENT")
+        for n in names:
+            opt = "\\-\\-" + n[len("TENSORDD_"):].lower().replace("_", "\\-")
+            out += [".TP", "\\fB%s\\fR" % n, "as \\fB%s\\fR" % opt]
+        paren = re.search(r"\((.*)\)", env_note)
+        if paren:
+            more = paren.group(1).split(";", 1)[-1].strip()
+            out += [".PP", line(more[:1].upper() + more[1:] + ".")]
+    conf = next((t for left, t in items if left.startswith("--config")), None)
+    if conf:
+        m = re.search(r"default (/\S+)", conf)
+        out += [".SH FILES"]
+        if m:
+            out += [".TP", "\\fI%s\\fR" % esc(m.group(1))]
+        text = ("The configuration file: one key = value line per option, keys named as the "
+                "long options above; the environment and the flags override it.")
+        if any(left.startswith("--check-config") for left, _ in items):
+            text += " tensordd --check-config validates a configuration and prints the " \
+                    "effective one."
+        out.append(line(text))
     out += [".SH SIGNALS",
             ".TP", "\\fBSIGTERM\\fR, \\fBSIGINT\\fR",
             "Stop accepting connections, finish queued work, answer each session with a "
@@ -104,10 +138,10 @@ def daemon_page(binary):
             "(a listener, the devices) or work was still queued when the shutdown grace "
             "period ended; 2 for a bad option or value.",
             ".SH SECURITY",
-            "The default listener is loopback only, and a listener beyond loopback refuses "
-            "to start without \\fB\\-\\-token\\-file\\fR. Unix sockets are created with mode "
-            "0600. A token is compared in constant time; a wrong one is answered "
-            "UNAUTHENTICATED and the connection closed.",
+            "The default listener is loopback only; a listener beyond loopback needs a token "
+            "or TLS (see the options above). Unix sockets are created with mode 0600 unless "
+            "configured otherwise. A token is compared in constant time; a wrong one is "
+            "answered UNAUTHENTICATED and the connection closed.",
             ".SH SEE ALSO", "\\fBtdctl\\fR(1), \\fBlibtensordd\\fR(3)"]
     return out
 
