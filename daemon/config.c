@@ -224,6 +224,14 @@ static void print_wrapped(FILE *f, const char *text)
     fputc('\n', f);
 }
 
+static const option_row *find_row(const char *name)
+{
+    for (size_t i = 0; i < NROWS; i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return &rows[i];
+    return NULL;
+}
+
 /* ---- the environment: the few settings containers pass that way */
 
 static const char *const env_options[] = {"listen", "token-file", "metrics-listen", "log-format"};
@@ -257,15 +265,21 @@ static void usage(FILE *f)
             fprintf(f, "\n%27s", "");
         print_wrapped(f, text);
     }
-    fprintf(f, "BYTES take K, M, G, T suffixes (powers of 1024).\nEnvironment:");
+    fprintf(f, "BYTES take K, M, G, T suffixes (powers of 1024).\n\n"
+               "Environment (flags override it; it overrides the config file):\n");
     for (size_t i = 0; i < NENV; i++) {
-        char name[64];
+        char name[64], text[96];
         env_name(name, sizeof name, env_options[i]);
-        fprintf(f, " %s", name);
+        snprintf(text, sizeof text, "as --%s%s", env_options[i],
+                 find_row(env_options[i])->kind == OPT_LISTEN
+                     ? "; several endpoints separated by spaces or commas"
+                     : "");
+        fprintf(f, "  %-24s ", name);
+        print_wrapped(f, text);
     }
-    fprintf(f, " (as --listen, ...; TENSORDD_LISTEN takes several, separated by spaces or "
-               "commas).\nsystemd: $CREDENTIALS_DIRECTORY/token is the token when no token "
-               "file is set.\n");
+    fprintf(f, "  %-24s ", "CREDENTIALS_DIRECTORY");
+    print_wrapped(f, "systemd's LoadCredential=: its file `token` is the token when no token "
+                     "file is set");
 }
 
 /* The accepted range in words, for the error text. */
@@ -513,14 +527,6 @@ static int apply(tdd_config *c, const option_row *r, const char *val, const orig
     }
     fprintf(stderr, "tensordd: %s: not a setting\n", where);
     return -1;
-}
-
-static const option_row *find_row(const char *name)
-{
-    for (size_t i = 0; i < NROWS; i++)
-        if (strcmp(rows[i].name, name) == 0)
-            return &rows[i];
-    return NULL;
 }
 
 /* ---- the config file (INI, no sections): one `key = value` per line */

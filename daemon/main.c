@@ -134,9 +134,10 @@ int main(int argc, char **argv)
     }
     tdd_hello_set_note(note);
     tdd_autograd_init();
-    if (tdd_server_start(loop, &tdd_cfg, tdd_dispatch))
-        return 1;
+    /* metrics first: a port in use stops the daemon before any socket file is made */
     if (tdd_cfg.metrics_listen[0] && tdd_metrics_start(loop, tdd_cfg.metrics_listen))
+        return 1;
+    if (tdd_server_start(loop, &tdd_cfg, tdd_dispatch))
         return 1;
     tdd_notify_ready(loop);
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensordd
 
+from conftest import TDD_BIN
 from daemonproc import Proc, run
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -224,3 +225,54 @@ def test_metrics_off_by_default():
     with Proc(["--listen", "tcp://127.0.0.1:0"]) as d:
         pass
     assert not any(line.startswith("metrics on") for line in d.stdout)
+
+
+def test_tdctl_stats_shows_the_same_numbers(mdaemon):
+    import json
+    import os
+    tdctl = os.environ.get("TDCTL_BIN", os.path.join(os.path.dirname(TDD_BIN), "tdctl"))
+    if not os.access(tdctl, os.X_OK):
+        pytest.skip(f"{tdctl} not built")
+    with tensordd.connect(mdaemon.endpoint, timeout=10) as s:
+        a = s.tensor(np.ones((8, 8), np.float32))
+        assert float((a @ a).sum().numpy()) == 512.0
+        r = subprocess.run([tdctl, "--endpoint", mdaemon.endpoint, "stats", "--json", "--metrics",
+                            mdaemon.metrics], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        page = scrape(mdaemon)
+    # the page was read after tdctl's: counters can only have grown by tdctl's own session
+    assert out["ops"]["matmul"]["ok"] == val(page, "tensordd_ops_total", op="matmul", result="ok")
+    assert out["ops"]["sum"]["ok"] == 1
+    assert out["requests_by_type"]["upload"] == val(page, "tensordd_requests_total",
+                                                    request="upload")
+    assert out["queue_depth"].keys() == {"cpu:0", "ref:0"}
+    assert out["sessions_opened"] in (val(page, "tensordd_sessions_opened_total"),
+                                      val(page, "tensordd_sessions_opened_total") - 1)
+    assert out["sessions"] == 2  # ours and tdctl's, as Stats counts them
+    mine = [x for x in out["session_memory"] if x["client_name"] == "tensordd-python"]
+    assert len(mine) == 1 and mine[0]["bytes_in_use"] >= 8 * 8 * 4
+    assert mine[0]["limit"] == 64 << 20
+    text = subprocess.run([tdctl, "--endpoint", mdaemon.endpoint, "stats", "--metrics",
+                           mdaemon.metrics], capture_output=True, text=True, timeout=30)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^  matmul +1 +0 +[\d.]+ us$", text.stdout, re.M), text.stdout
+    bad = subprocess.run([tdctl, "--endpoint", mdaemon.endpoint, "stats", "--metrics",
+                          "http://127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 3 and "cannot connect" in bad.stderr
+
+
+def test_metrics_port_in_use_stops_the_daemon_before_it_listens(tmp_path):
+    import socket
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    sock = tmp_path / "d.sock"
+    try:
+        r = run("--listen", f"unix://{sock}",
+                "--metrics-listen", f"127.0.0.1:{busy.getsockname()[1]}")
+    finally:
+        busy.close()
+    assert r.returncode == 1
+    assert "cannot serve metrics" in r.stderr
+    assert "listening on" not in r.stdout and not sock.exists()
