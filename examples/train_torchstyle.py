@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """train_torchstyle.py -- the digits MLP written as PyTorch code: an
 nn.Module, DataLoader-like batching, zero_grad/backward/step and a learning
-rate scheduler. Only the imports say tensordd: swap them for
+rate scheduler, and a checkpoint resumed. Only the imports say tensordd: swap them for
 ``import torch; from torch import nn, optim`` and it runs on torch unchanged.
 Everything heavy (forward, backward, the AdamW update) runs in the daemon.
 
-    PYTHONPATH=client/python /usr/bin/python3 examples/train_torchstyle.py [ENDPOINT]
+    PYTHONPATH=client/python:build/python /usr/bin/python3 examples/train_torchstyle.py [ENDPOINT]
 
 ENDPOINT defaults to $TENSORDD_ENDPOINT or tcp://127.0.0.1:7070.
 """
@@ -76,6 +76,26 @@ def main():
           f"{model.body[0].weight.shape}, grad of the head bias: {model.head.bias.grad}")
     if acc < 0.9:
         print("accuracy below 0.9: something is wrong", file=sys.stderr)
+        return 1
+
+    # Resuming from a checkpoint, as in torch: a fresh model and optimizer take the
+    # state dicts (the optimizer's moments and step counts too), so one more step
+    # on each (eval mode: no dropout draws) leaves the same parameters.
+    model2 = MLP(64, 128, 10)
+    opt2 = optim.AdamW(model2.parameters(), lr=3e-3, weight_decay=1e-2)
+    model2.load_state_dict(model.state_dict())
+    opt2.load_state_dict(opt.state_dict())
+    xb, yb = next(batches(x_train, y_train, BATCH, rng))
+    for m, o in ((model, opt), (model2, opt2)):
+        m.eval()
+        o.zero_grad()
+        loss_fn(m(xb), yb).backward()
+        o.step()
+    diff = max((p - q).abs().max().item() for p, q in zip(model.parameters(),
+                                                         model2.parameters()))
+    print(f"resumed from a checkpoint: one more step, parameters differ by {diff}")
+    if diff != 0:
+        print("the resumed run differs", file=sys.stderr)
         return 1
     torch.default_session().close()
     return 0
