@@ -12,7 +12,7 @@ Fails (exit 1, one line per finding) when:
   - a symbol of the record is not exported (removed or renamed: an incompatible
     change, which needs a soname bump), or an exported one is not in the record;
   - the functions the headers declare, the version script's list and the record differ;
-  - a public struct's size differs from the record's.
+  - a public struct's size, or a public constant's value, differs from the record's.
 """
 import argparse
 import re
@@ -51,8 +51,8 @@ def record(path):
         w = line.split()
         if w[0] == "soname" and len(w) == 2:
             soname = w[1]
-        elif w[0] == "size" and len(w) == 3:
-            sizes[w[1]] = int(w[2])
+        elif w[0] in ("size", "value") and len(w) == 3:
+            sizes[(w[0], w[1])] = int(w[2])
         elif len(w) == 1:
             syms.add(w[0])
         else:
@@ -114,19 +114,29 @@ def main():
         got = {}
         for line in open(a.sizes, encoding="utf-8"):
             w = line.split()
-            if len(w) == 3 and w[0] == "size":
-                got[w[1]] = int(w[2])
-        for name in sorted(set(got) | set(rec_sizes)):
-            if got.get(name) != rec_sizes.get(name):
+            if len(w) == 3 and w[0] in ("size", "value"):
+                got[(w[0], w[1])] = int(w[2])
+        for key in sorted(set(got) | set(rec_sizes)):
+            kind, name = key
+            if got.get(key) == rec_sizes.get(key):
+                continue
+            if kind == "size":
                 bad.append("struct %s is %s bytes, the record says %s: a changed public struct "
                            "is an incompatible change (bump TD_SOVERSION and the record)"
-                           % (name, got.get(name), rec_sizes.get(name)))
+                           % (name, got.get(key), rec_sizes.get(key)))
+            elif key not in rec_sizes:
+                bad.append("%s = %s is not in the record: add the line 'value %s %s' (a new "
+                           "constant is a compatible addition)" % (name, got[key], name, got[key]))
+            else:
+                bad.append("%s is %s, the record says %s: a renumbered or removed constant is "
+                           "an incompatible change (bump TD_SOVERSION and the record)"
+                           % (name, got.get(key), rec_sizes[key]))
     for b in bad:
         print("abi: " + b, file=sys.stderr)
     if bad:
         return 1
     print("abi: %s exports the %d td_ functions of the record%s" %
-          (soname, len(exp), ", public struct sizes unchanged" if a.sizes else ""))
+          (soname, len(exp), ", public struct sizes and constants unchanged" if a.sizes else ""))
     return 0
 
 
