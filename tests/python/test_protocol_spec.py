@@ -111,6 +111,28 @@ def test_a_request_without_a_known_body_is_answered_and_the_session_goes_on(daem
     assert r.id == 3 and r.WhichOneof("body") == "ok"
 
 
+def test_a_second_hello_is_a_protocol_error_and_closes(daemon):
+    s = connect(daemon)
+    s.sendall(hello(rid=2))
+    r = read_frame(s)
+    assert r.id == 2 and r.error.code == pb.PROTOCOL_ERROR
+    assert at_eof(s)
+
+
+def test_an_upload_of_the_wrong_size_is_read_and_dropped(daemon):
+    s = connect(daemon)
+    send(s, 2, b"\xff" * 12, upload=pb.Upload(handle=1, dtype=F32, shape=[2, 2]))  # 16 needed
+    send(s, 3, sync=pb.Sync())  # the 12 bytes were not taken for this frame's header
+    r = read_frame(s)
+    assert r.id == 3 and r.error.code == pb.INVALID_ARGUMENT and r.error.request_id == 2
+    assert r.error.invalid_argument.argument == "payload"
+    send(s, 4, download=pb.Download(handle=1))  # bound to a poisoned placeholder
+    r = read_frame(s)
+    assert r.id == 4 and r.error.code == pb.POISONED
+    assert r.error.poisoned.origin_code == pb.INVALID_ARGUMENT
+    s.close()
+
+
 # ---------------------------------------------------------------- sections 3-5
 
 
