@@ -117,8 +117,9 @@ static const request_row rows[] = {
     ROW(OPTIMIZER_STATE) = {tdd_h_optimizer_state, SYNC, TD_HANDLE_NONE, NULL},
     ROW(OPTIMIZER_LOAD_STATE) = {tdd_h_optimizer_load_state, SYNC, TD_HANDLE_NONE, NULL},
     ROW(GRAPH_BEGIN) = {tdd_h_graph_begin, 0, TD_HANDLE_NONE, NULL},
-    /* GraphEnd waits for the recorded work: a failure in it fails the graph. */
-    ROW(GRAPH_END) = {tdd_h_graph_end, SYNC | REQ_READ, TD_HANDLE_GRAPH, ids_graph_end},
+    /* GraphEnd waits for the recorded work itself (a failure in it fails the graph) and
+     * ends the recording whatever the verdict. */
+    ROW(GRAPH_END) = {tdd_h_graph_end, REQ_ANSWERED | REQ_READ, TD_HANDLE_GRAPH, ids_graph_end},
     ROW(REPLAY) = {tdd_h_replay, 0, TD_HANDLE_NONE, NULL},
 };
 

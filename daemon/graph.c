@@ -171,14 +171,14 @@ int tdd_h_graph_end(tdd_req *r)
     if (s->inflight) /* the recorded work decides whether the graph is good */
         return TDD_DISPATCH_BLOCK;
     s->capture = NULL;
-    int rc = 0;
-    if (g->broken)
-        rc = tdd_answer_error(r, &g->err);
-    else if (tdd_report_pending(r))
-        rc = 1;
-    else if (tdd_handle_check_new(s, ge->graph, &err))
-        rc = tdd_answer_error(r, &err);
-    if (rc) {
+    /* The session's pending error first: a refused request put its own there. */
+    if (!tdd_report_pending(r)) {
+        if (g->broken)
+            tdd_answer_error(r, &g->err);
+        else if (tdd_handle_check_new(s, ge->graph, &err))
+            tdd_answer_error(r, &err);
+    }
+    if (r->failed) {
         graph_unref(g);
         return TDD_DISPATCH_DONE; /* the generic path binds a failed placeholder */
     }

@@ -1,6 +1,7 @@
 /* fuzz_session.c -- structure-aware fuzz target: the input is a program of session
  * requests, each well formed (uploads, ops and views, backward, grad, grad_replace,
- * optimizer create and step, releases, downloads, syncs, stats), played over one
+ * optimizer create and step, releases, downloads, syncs, stats, graphs recorded and
+ * replayed), played over one
  * connection against an in-process daemon whose work runs on ref:0 and cpu:0. Where
  * fuzz_frame.c feeds the daemon bytes, this one reaches the engine: the bytes choose
  * requests, operands among the live handles, shapes, attributes and payloads.
@@ -8,7 +9,8 @@
  * The client keeps a model of the session and checks, after every synchronising
  * request: every request that asked for an answer got exactly one, by id, before the
  * synchronising one's; a Stats reply counts exactly the handles the model holds (every
- * new id a request named is bound, the failed ones to placeholders, until released);
+ * new id a request named is bound, the failed ones to placeholders, until released;
+ * not counted once a graph was replayed, which binds again what its requests bound);
  * the daemon never closes the connection. At the end the session is closed and the
  * daemon must hold no session, no memory and no tensor. A broken invariant aborts.
  * Built as a corpus replayer for `make test` (TDD_FUZZ_REPLAY) and as a libFuzzer
@@ -90,7 +92,7 @@ static bool more(const input *in)
 
 /* ---------------------------------------------------------------- the client's model */
 
-enum { KIND_TENSOR = 1, KIND_GRADS, KIND_OPTIM };
+enum { KIND_TENSOR = 1, KIND_GRADS, KIND_OPTIM, KIND_GRAPH };
 #define MAX_HANDLES 256
 #define MAX_EXPECT 1024
 
@@ -101,7 +103,8 @@ typedef struct {
     int kinds[MAX_HANDLES];
     int n; /* handles bound in the daemon, by the model */
     uint64_t expect[MAX_EXPECT];
-    int nexpect; /* answers owed */
+    int nexpect;   /* answers owed */
+    bool replayed; /* a Replay rebinds what its graph bound: handles no longer counted */
     input in;
 } client;
 
@@ -179,6 +182,12 @@ static void send_req(client *c, Request *req, const void *payload, size_t plen, 
     free(buf);
     if (!ok)
         broken("the daemon closed the connection (request #%llu)", (unsigned long long)req->id);
+    if (getenv("TDD_FUZZ_TRACE"))
+        fprintf(stderr, "fuzz_session: #%llu %s%s\n", (unsigned long long)req->id,
+                protobuf_c_message_descriptor_get_field(&tensordd__v1__request__descriptor,
+                                                        (unsigned)req->body_case)
+                    ->name,
+                answered || req->want_reply ? " (answer owed)" : "");
     if ((answered || req->want_reply) && c->nexpect < MAX_EXPECT)
         c->expect[c->nexpect++] = req->id;
 }
@@ -206,6 +215,10 @@ static Response *await(client *c, uint64_t id)
                 broken("payload cut short");
             left -= k;
         }
+        if (getenv("TDD_FUZZ_TRACE"))
+            fprintf(stderr, "fuzz_session:   answer #%llu (%s%s)\n", (unsigned long long)r->id,
+                    r->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR ? "error: " : "ok",
+                    r->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR ? r->error->message : "");
         if (r->id == 0)
             broken("the daemon ended the session: %s",
                    r->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR ? r->error->message : "?");
@@ -457,6 +470,42 @@ static void do_download(client *c)
     sync_point(c, &req);
 }
 
+/* GraphBegin (inputs among the tensors), GraphEnd (binds a graph), Replay. */
+static void do_graph(client *c)
+{
+    unsigned b = take(&c->in);
+    uint64_t in[2];
+    size_t n = (b >> 2) % 3;
+    for (size_t i = 0; i < n; i++)
+        in[i] = pick(c, KIND_TENSOR);
+    Request req = TENSORDD__V1__REQUEST__INIT;
+    req.want_reply = (b >> 4) & 1;
+    if (b % 3 == 0) {
+        Tensordd__V1__GraphBegin gb = TENSORDD__V1__GRAPH_BEGIN__INIT;
+        gb.inputs = in;
+        gb.n_inputs = n;
+        req.body_case = TENSORDD__V1__REQUEST__BODY_GRAPH_BEGIN;
+        req.graph_begin = &gb;
+        send_req(c, &req, NULL, 0, false);
+    } else if (b % 3 == 1) {
+        Tensordd__V1__GraphEnd ge = TENSORDD__V1__GRAPH_END__INIT;
+        ge.graph = ++c->next_id;
+        req.body_case = TENSORDD__V1__REQUEST__BODY_GRAPH_END;
+        req.graph_end = &ge;
+        sync_point(c, &req);
+        model_bind(c, ge.graph, KIND_GRAPH);
+    } else {
+        Tensordd__V1__Replay rp = TENSORDD__V1__REPLAY__INIT;
+        rp.graph = pick(c, KIND_GRAPH);
+        rp.inputs = in;
+        rp.n_inputs = n;
+        req.body_case = TENSORDD__V1__REQUEST__BODY_REPLAY;
+        req.replay = &rp;
+        send_req(c, &req, NULL, 0, false);
+        c->replayed = true;
+    }
+}
+
 static void do_sync(client *c)
 {
     Tensordd__V1__Sync sy = TENSORDD__V1__SYNC__INIT;
@@ -478,7 +527,7 @@ static void check_stats(client *c)
     Response *r = await(c, req.id);
     if (r->body_case != TENSORDD__V1__RESPONSE__BODY_STATS)
         broken("Stats not answered with StatsReply");
-    if (r->stats->handles != (uint64_t)c->n)
+    if (!c->replayed && r->stats->handles != (uint64_t)c->n)
         broken("the daemon holds %llu handles, the session bound %d",
                (unsigned long long)r->stats->handles, c->n);
     tensordd__v1__response__free_unpacked(r, NULL);
@@ -516,7 +565,7 @@ static void *run_client(void *arg)
     setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     hello(&c);
     for (int steps = 0; more(&c.in) && steps < 200; steps++) {
-        switch (take(&c.in) % 12) {
+        switch (take(&c.in) % 13) {
         case 0:
         case 1:
             do_upload(&c);
@@ -543,6 +592,9 @@ static void *run_client(void *arg)
             break;
         case 10:
             do_download(&c);
+            break;
+        case 11:
+            do_graph(&c);
             break;
         default:
             do_sync(&c);
