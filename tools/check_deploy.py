@@ -6,7 +6,8 @@ against each other, the Makefile and the daemon's option table in daemon/config.
 Dockerfile: a build stage with the CUDA compiler and every -dev package the Makefile's
 APT_PKGS builds with; a final stage on a slim base that copies the binaries from it, runs
 as a numeric non-root USER, exposes the port it listens on, sets only TENSORDD_* variables
-the daemon reads, and has a HEALTHCHECK on /healthz at its metrics address.
+the daemon reads, and has a HEALTHCHECK on /healthz at its metrics address (with curl
+installed when it uses curl).
 
 k8s: the manifests parse; a DaemonSet on GPU nodes (nodeSelector, nvidia.com/gpu limit,
 cpu and memory requests and limits) runs as the Dockerfile's user with no privilege
@@ -148,6 +149,12 @@ def dockerfile(path, env_names):
         url = re.search(r"https?://\S+", hc[0])
         if not url or not url.group(0).endswith("/healthz") or host_port(url.group(0)) != metrics:
             fail("Dockerfile: HEALTHCHECK does not ask /healthz on %s:%d" % metrics)
+    final_runs = " ".join(r for w, r in final["ins"] if w == "RUN")
+    installed = {p for seg in re.findall(r"apt-get install([^&;]*)", final_runs)
+                 for p in seg.split() if not p.startswith("-")}
+    if hc and "curl" in hc[0] and "curl" not in installed:
+        fail("Dockerfile: HEALTHCHECK (and the probes) run curl, which the final stage does "
+             "not install")
     listen = host_port(env.get("TENSORDD_LISTEN", ""))
     exposed = {int(p.split("/")[0]) for w, r in final["ins"] if w == "EXPOSE" for p in r.split()}
     if listen and listen[1] not in exposed:
