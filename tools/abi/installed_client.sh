@@ -22,7 +22,7 @@ fail() {
 
 [[ -f $LIB/libtensordd.so ]] || fail "no $LIB/libtensordd.so"
 others=$(nm -D --defined-only "$LIB/libtensordd.so" | awk '{print $3}' | grep -v '^td_[a-z0-9]' || true)
-[[ -z $others ]] || fail "the installed libtensordd.so exports symbols other than td_*: $(echo $others | head -c 300)"
+[[ -z $others ]] || fail "the installed libtensordd.so exports symbols other than td_*: $(echo "$others" | tr "\n" " " | head -c 300)"
 n=$(nm -D --defined-only "$LIB/libtensordd.so" | wc -l)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/tensordd-client.XXXXXX")
