@@ -3,7 +3,18 @@
 #define TDD_BENCH_H
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+#include "tensordd.h"
+
+/* td_connect; a tls:// endpoint with the CA certificates of $TENSORDD_CA_FILE (else the
+ * system's), as bench/tls.sh runs them. */
+static inline int bench_connect(const char *ep, td_client **c, td_error *err)
+{
+    td_tls_opts t = {.ca_file = getenv("TENSORDD_CA_FILE")};
+    return td_connect_tls(ep, NULL, strncmp(ep, "tls://", 6) == 0 ? &t : NULL, c, err);
+}
 
 static inline double bench_now(void)
 {

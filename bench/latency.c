@@ -125,7 +125,7 @@ int main(int argc, char **argv)
 
     td_client *c;
     td_error err;
-    if (td_connect(argv[1], NULL, &c, &err)) {
+    if (bench_connect(argv[1], &c, &err)) {
         fprintf(stderr, "latency: connect: %s\n", err.message);
         return 3;
     }

@@ -144,7 +144,7 @@ int main(int argc, char **argv)
 
     td_client *c;
     td_error err;
-    if (td_connect(ep, NULL, &c, &err)) {
+    if (bench_connect(ep, &c, &err)) {
         fprintf(stderr, "transfer: connect %s: %s\n", ep, err.message);
         return 3;
     }

@@ -63,6 +63,7 @@ struct tdd_conn {
     bool tls_fin, tls_fin_sent; /* shutdown asked for / under way */
     bool tls_dead;              /* conn_close ran */
     bool sniffed;               /* the first bytes were looked at (TLS vs plaintext) */
+    uint64_t linger_ms;         /* after a TLS failure: the peer's bytes dropped until then */
 };
 
 /* How dispatch tells the connection what to do with a request. */

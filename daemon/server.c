@@ -966,11 +966,38 @@ static void conn_close(tdd_conn *c)
     uv_close((uv_handle_t *)&c->watch, watch_closed);
 }
 
+/* After a TLS failure the peer may still be sending (TLS 1.3: a client finishes its side
+ * of the handshake and sends its Hello before it learns that its certificate was
+ * refused). Closing with its bytes unread would reset the connection, and the reset can
+ * overtake the alert that says why: its bytes are read and dropped until it closes, for
+ * at most TLS_LINGER_MS. */
+#define TLS_LINGER_MS 2000
+
+static void linger_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)suggested;
+    tdd_conn *c = h->data;
+    *buf = uv_buf_init((char *)c->tls_rbuf, TLS_RBUF);
+}
+
+static void linger_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    if (nread < 0)
+        conn_close(st->data);
+}
+
 static void after_shutdown(uv_shutdown_t *req, int status)
 {
-    (void)status;
     tdd_conn *c = req->data;
     free(req);
+    if (status == 0 && c->tls_failed && !c->tls_dead && c->tls_rbuf &&
+        uv_read_start(&c->h.stream, linger_alloc, linger_read) == 0) {
+        c->reading = true;
+        c->linger_ms = uv_now(loop) + TLS_LINGER_MS;
+        watch_arm(c);
+        return;
+    }
     conn_close(c);
 }
 
@@ -1031,6 +1058,8 @@ static void watch_arm(tdd_conn *c)
     if (c->closing && uv_is_closing((uv_handle_t *)&c->watch))
         return;
     uint64_t now = uv_now(loop), next = UINT64_MAX;
+    if (c->linger_ms)
+        next = deadline_min(next, c->linger_ms);
     if (!c->hello_done && tdd_cfg.hello_timeout_s)
         next = deadline_min(next, c->opened_ms + tdd_cfg.hello_timeout_s * 1000ull);
     if (c->hello_done && tdd_cfg.idle_timeout_s)
@@ -1052,6 +1081,10 @@ static void on_watch(uv_timer_t *t)
     tdd_conn *c = t->data;
     uint64_t now = uv_now(loop);
     unsigned long long sid = c->s ? (unsigned long long)c->s->id : 0;
+    if (c->linger_ms && now >= c->linger_ms) {
+        conn_close(c);
+        return;
+    }
     if (!c->hello_done && tdd_cfg.hello_timeout_s &&
         now - c->opened_ms >= tdd_cfg.hello_timeout_s * 1000ull) {
         tdd_info("connection %llu sent no Hello within %us; closing", sid, tdd_cfg.hello_timeout_s);

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import ssl
+import struct
 import subprocess
 import tempfile
+import time
 
 import numpy as np
 import pytest
 
 from conftest import TDCTL_BIN, TDD_BIN, Daemon
+from helpers import frame, hello
 
 import tensordd
+from tensordd import tensordd_pb2 as pb
 
 if shutil.which("openssl") is None:
     pytest.skip("the openssl command is needed to make test certificates", allow_module_level=True)
@@ -248,3 +254,75 @@ def test_beyond_loopback_needs_tls_or_token():
     # refused before anything is bound
     rc, err = _start_fails("--listen", "tcp://0.0.0.0:0")
     assert rc == 1 and "tcp://0.0.0.0:0" in err and "TLS" in err and "--insecure" in err, err
+
+
+# ---------------------------------------------------------------- streaming, abrupt ends
+
+def test_tls_transfer_streams_without_staging(tls_daemon, pki):
+    """bench/transfer --check: the round trip is bit-exact and the daemon's peak RSS
+    stays under 1.3x the tensor above idle, over TLS as over plain TCP (a daemon that
+    staged a whole payload before encrypting or after decrypting would need 2x)."""
+    exe = os.path.join(os.path.dirname(os.path.abspath(TDD_BIN)), "bench", "transfer")
+    if not os.access(exe, os.X_OK):
+        pytest.skip(f"{exe} not built")
+    p = subprocess.run([exe, tls_daemon.tls, str(tls_daemon.proc.pid), "32", "--check",
+                        "--reps", "1"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TENSORDD_CA_FILE": pki("ca.pem")})
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def _raw_tls(endpoint, ca):
+    ctx = ssl.create_default_context(cafile=ca)
+    host, port = endpoint[len("tls://"):].rsplit(":", 1)
+    return ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=T),
+                           server_hostname=host)
+
+
+def _recv_frame(sock):
+    def exact(n):
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+    hdr = exact(16)
+    assert hdr is not None
+    _, mlen, plen = struct.unpack("<IIQ", hdr)
+    r = pb.Response()
+    r.ParseFromString(exact(mlen) if mlen else b"")
+    return r, plen
+
+
+def _sessions(s):
+    return len(s.stats()["session_list"])
+
+
+def test_abrupt_closes_mid_payload_free_the_session(tls_daemon, pki):
+    with tensordd.connect(tls_daemon.tls, ca_file=pki("ca.pem"), timeout=T) as watcher:
+        base = _sessions(watcher)
+        n = 4 << 20  # floats
+        # an upload cut a quarter of the way in
+        a = _raw_tls(tls_daemon.tls, pki("ca.pem"))
+        a.sendall(hello())
+        assert _recv_frame(a)[0].WhichOneof("body") == "hello"
+        m = pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32,
+                                              shape=[n])).SerializeToString()
+        a.sendall(struct.pack("<IIQ", 0x01444454, len(m), 4 * n) + m + b"\0" * n)
+        # a download whose reader leaves at once
+        b = _raw_tls(tls_daemon.tls, pki("ca.pem"))
+        b.sendall(hello())
+        assert _recv_frame(b)[0].WhichOneof("body") == "hello"
+        b.sendall(frame(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32,
+                                                          shape=[n])), b"\1" * (4 * n)))
+        b.sendall(frame(pb.Request(id=3, download=pb.Download(handle=1), want_reply=True)))
+        assert _sessions(watcher) == base + 2
+        a.close()
+        b.close()
+        for _ in range(200):  # bounded: 10 s
+            if _sessions(watcher) == base:
+                break
+            time.sleep(0.05)
+        assert _sessions(watcher) == base
+        _round_trip(watcher, 1 << 20)
