@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 2
+#define TD_VERSION_MINOR 3
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -216,10 +216,23 @@ int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_err
  * copies of the tensors named; the daemon checks everything first (each buffer of its
  * parameter's shape, dtype and device; exactly the buffers kept when steps[i] > 0, none
  * when 0) and changes nothing on an error. Both synchronising. */
-int td_optimizer_state(td_client *c, td_handle optimizer, size_t n, int64_t *steps,
-                       td_handle *bufs, td_error *err);
+int td_optimizer_state(td_client *c, td_handle optimizer, size_t n, int64_t *steps, td_handle *bufs,
+                       td_error *err);
 int td_optimizer_load_state(td_client *c, td_handle optimizer, size_t n, const int64_t *steps,
                             const td_handle *bufs, td_error *err);
+
+/* Graphs: a sequence of requests recorded once and replayed with new inputs in one
+ * message (docs/protocol.md, "Graphs"). td_graph_begin starts recording what this client
+ * sends next (each request also runs as usual); inputs are the tensors a replay replaces.
+ * td_graph_end stops and binds the recording to *graph (synchronising: it fails with the
+ * session's pending error, or INVALID_ARGUMENT when a request that cannot be recorded,
+ * such as td_upload, was sent). td_replay runs the graph again with inputs[i] in place of
+ * td_graph_begin's inputs[i] (same dtype, shape and device), not waited for: the handles
+ * the recorded requests bound then name the replay's values, and a failure is the
+ * session's pending error. Releases (td_release) are held back while recording. */
+int td_graph_begin(td_client *c, const td_handle *inputs, size_t n, td_error *err);
+int td_graph_end(td_client *c, td_handle *graph, td_error *err);
+int td_replay(td_client *c, td_handle graph, const td_handle *inputs, size_t n, td_error *err);
 
 #ifdef __cplusplus
 }

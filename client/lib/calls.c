@@ -794,3 +794,58 @@ int td_optimizer_load_state(td_client *c, td_handle optimizer, size_t n, const i
     REQ(req, optimizer_load_state, OPTIMIZER_LOAD_STATE, &ls);
     return call_ok(c, &req, err);
 }
+
+/* ---------------------------------------------------------------- graphs */
+
+int td_graph_begin(td_client *c, const td_handle *inputs, size_t n, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (c->capturing)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "a graph is being recorded already");
+    rc = td__flush(c, err); /* releases due go out before the recording starts */
+    if (rc)
+        return rc;
+    Tensordd__V1__GraphBegin gb = TENSORDD__V1__GRAPH_BEGIN__INIT;
+    gb.inputs = (uint64_t *)inputs;
+    gb.n_inputs = n;
+    REQ(req, graph_begin, GRAPH_BEGIN, &gb);
+    rc = td__call(c, &req, NULL, 0, NULL, err);
+    if (!rc)
+        c->capturing = 1;
+    return rc;
+}
+
+int td_graph_end(td_client *c, td_handle *graph, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    c->capturing = 0;
+    Tensordd__V1__GraphEnd ge = TENSORDD__V1__GRAPH_END__INIT;
+    ge.graph = c->next_handle++;
+    REQ(req, graph_end, GRAPH_END, &ge);
+    rc = call_ok(c, &req, err);
+    if (rc) {
+        td_handle h = ge.graph; /* bound to a failed placeholder */
+        td_release(c, &h, 1, NULL);
+        ge.graph = 0;
+    }
+    if (graph)
+        *graph = ge.graph;
+    return rc;
+}
+
+int td_replay(td_client *c, td_handle graph, const td_handle *inputs, size_t n, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    Tensordd__V1__Replay rp = TENSORDD__V1__REPLAY__INIT;
+    rp.graph = graph;
+    rp.inputs = (uint64_t *)inputs;
+    rp.n_inputs = n;
+    REQ(req, replay, REPLAY, &rp);
+    return td__call(c, &req, NULL, 0, NULL, err);
+}

@@ -383,7 +383,7 @@ static int append_frame(td_client *c, const Tensordd__V1__Request *req, const vo
  * order is kept: nothing sent later can refer to them. */
 static int emit_releases(td_client *c, td_error *err)
 {
-    if (!c->nrel)
+    if (!c->nrel || c->capturing) /* a recorded Release would free what the client holds */
         return 0;
     Tensordd__V1__Release rel = TENSORDD__V1__RELEASE__INIT;
     rel.n_handles = c->nrel;

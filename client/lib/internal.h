@@ -31,6 +31,7 @@ struct td_client {
 
     uint64_t *rel; /* handles released but not yet sent */
     size_t nrel, relcap;
+    int capturing; /* a graph is being recorded: releases wait (td_graph_begin) */
 
     uint8_t *rbuf; /* bytes received but not yet consumed: rbuf[rpos..rlen) */
     size_t rpos, rlen, rcap;

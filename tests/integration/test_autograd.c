@@ -421,6 +421,59 @@ START_TEST(test_optimizer_state)
 }
 END_TEST
 
+/* Four SGD steps on w, loss = sum(tanh(w * x)) for a new x each step, sent one by one or
+ * recorded on the first step (td_graph_begin .. td_graph_end) and replayed: w after. */
+static void sgd_steps(td_client *c, int replay, float *w_out)
+{
+    td_error e;
+    int64_t s3[1] = {3};
+    float w0[3] = {0.5f, -1.0f, 2.0f};
+    td_handle w = up(c, "cpu:0", TD_F32, 1, s3, w0, 1), o = 0, graph = 0;
+    td_attr lr = td_attr_float("lr", 0.1);
+    ck_assert_int_eq(td_optimizer_create(c, "sgd", &w, 1, &lr, 1, &o, &e), 0);
+    for (int k = 0; k < 4; k++) {
+        float xv[3] = {1.0f + (float)k, 2.0f - (float)k, 0.5f * (float)k};
+        td_handle x = up(c, "cpu:0", TD_F32, 1, s3, xv, 0);
+        if (graph) {
+            ck_assert_int_eq(td_replay(c, graph, &x, 1, &e), 0);
+        } else {
+            if (replay)
+                ck_assert_int_eq(td_graph_begin(c, &x, 1, &e), 0);
+            td_handle t[3];
+            t[0] = op1(c, "mul", w, x, NULL, 0);
+            t[1] = op1(c, "tanh", t[0], 0, NULL, 0);
+            t[2] = op1(c, "sum", t[1], 0, NULL, 0);
+            td_handle g = backward(c, t[2], 0);
+            ck_assert_int_eq(td_optimizer_step(c, o, g, &e), 0);
+            ck_assert_int_eq(td_release(c, t, 3, &e), 0); /* held back while recording */
+            ck_assert_int_eq(td_release(c, &g, 1, &e), 0);
+            if (replay)
+                ck_assert_int_eq(td_graph_end(c, &graph, &e), 0);
+        }
+        ck_assert_int_eq(td_release(c, &x, 1, &e), 0);
+    }
+    down(c, w, w_out, 3 * sizeof *w_out);
+    if (graph) { /* a replay with the wrong input is the session's next error, typed */
+        int64_t s2[1] = {2};
+        td_handle bad = up(c, "cpu:0", TD_F32, 1, s2, w0, 0);
+        ck_assert_int_eq(td_replay(c, graph, &bad, 1, &e), 0);
+        ck_assert_int_eq(td_sync(c, &e), TD_ESHAPE_MISMATCH);
+        ck_assert_int_eq(td_graph_end(c, NULL, &e), TD_EINVALID_ARGUMENT); /* none begun */
+    }
+}
+
+START_TEST(test_graph_replay)
+{
+    td_client *c = it_client("graph");
+    float one[3], rec[3];
+    sgd_steps(c, 0, one);
+    sgd_steps(c, 1, rec);
+    ck_assert_mem_eq(one, rec, sizeof one); /* bit for bit */
+    ck_assert(one[0] != 0.5f);              /* and the steps did move w */
+    td_close(c);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- gradient checks (f64, ref) */
 
 /* A case builds a scalar loss from uploaded inputs (all f64 on ref:0). */
@@ -813,6 +866,7 @@ Suite *it_autograd_suite(void)
     tcase_add_test(tc, test_to_device_gradient);
     tcase_add_test(tc, test_optimizer_errors);
     tcase_add_test(tc, test_optimizer_state);
+    tcase_add_test(tc, test_graph_replay);
     tcase_add_loop_test(tc, test_gradcheck_f64, 0, (int)(sizeof grad_cases / sizeof grad_cases[0]));
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("training");
