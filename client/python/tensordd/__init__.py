@@ -103,50 +103,61 @@ def as_tensor(data, dtype=None, device="cpu:0") -> Tensor:
 
 
 def from_numpy(array) -> Tensor:
+    """An upload of a numpy array, its dtype kept (``torch.from_numpy``), on the default session."""
     return default_session().tensor(array)
 
 
 def zeros(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """``torch.zeros`` on the default session (see the :class:`Session` method of the same name)."""
     return default_session().zeros(*shape, dtype=dtype, device=device,
                                    requires_grad=requires_grad)
 
 
 def ones(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """``torch.ones`` on the default session (see the :class:`Session` method of the same name)."""
     return default_session().ones(*shape, dtype=dtype, device=device,
                                   requires_grad=requires_grad)
 
 
 def full(shape, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """``torch.full`` on the default session (see the :class:`Session` method of the same name)."""
     return default_session().full(shape, fill_value, dtype=dtype, device=device,
                                   requires_grad=requires_grad)
 
 
 def randn(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """``torch.randn`` on the default session (see the :class:`Session` method of the same name)."""
     return default_session().randn(*shape, dtype=dtype, device=device,
                                    requires_grad=requires_grad)
 
 
 def rand(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """``torch.rand`` on the default session (see the :class:`Session` method of the same name)."""
     return default_session().rand(*shape, dtype=dtype, device=device,
                                   requires_grad=requires_grad)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """``torch.arange`` on the default session (see the :class:`Session` method of the same name).
+    """
     return default_session().arange(start, end, step, dtype=dtype, device=device,
                                     requires_grad=requires_grad)
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
+    """``torch.cat`` on the default session (see the :class:`Session` method of the same name)."""
     tensors = list(tensors)
     return tensors[0].session.cat(tensors, dim)
 
 
 def stack(tensors, dim: int = 0) -> Tensor:
+    """``torch.stack`` on the default session (see the :class:`Session` method of the same name)."""
     tensors = list(tensors)
     return tensors[0].session.stack(tensors, dim)
 
 
 def where(condition: Tensor, input: Tensor, other: Tensor) -> Tensor:  # noqa: A002
+    """``torch.where`` on the default session (see the :class:`Session` method of the same name)."""
     return input.where(condition, other)
 
 
@@ -156,10 +167,12 @@ def no_grad():
 
 
 def set_grad_enabled(enabled) -> None:
+    """Turns autodiff recording on or off for the default session (``torch.set_grad_enabled``)."""
     default_session().set_grad_enabled(enabled)
 
 
 def is_grad_enabled():
+    """Whether the default session records ops for autodiff (``torch.is_grad_enabled``)."""
     return default_session().grad_enabled
 
 
@@ -169,6 +182,7 @@ def device(spec) -> Device:
 
 
 def is_tensor(x) -> "bool":
+    """Whether obj is a tensordd Tensor (``torch.is_tensor``)."""
     return isinstance(x, Tensor)
 
 

@@ -75,6 +75,7 @@ class Gradients:
 
     @property
     def handle(self) -> int:
+        """The daemon handle of this Gradients (as named in error messages)."""
         return self._handle
 
     def __repr__(self) -> str:

@@ -63,6 +63,7 @@ class DType(str):
 
     @property
     def is_floating_point(self) -> bool:
+        """Whether this dtype is a floating point one (as torch.dtype's)."""
         return str(self) in ("float32", "float64", "float16", "bfloat16")
 
     def __reduce__(self):

@@ -234,6 +234,7 @@ class Session:
 
     @property
     def closed(self) -> bool:
+        """Whether the session is closed (by close(), the daemon, or a broken connection)."""
         return not self._open
 
     def close(self, raise_errors: bool = True) -> None:

@@ -101,6 +101,7 @@ class Tensor:
 
     @property
     def session(self):
+        """The :class:`Session` this tensor's handle belongs to."""
         return self._session
 
     @property
@@ -120,6 +121,7 @@ class Tensor:
 
     @property
     def is_floating_point_dtype(self) -> bool:
+        """Whether the dtype is float32, float64, float16 or bfloat16."""
         return self.dtype in ("float32", "float64", "float16", "bfloat16")
 
     def is_floating_point(self) -> bool:
@@ -136,6 +138,8 @@ class Tensor:
 
     @property
     def device(self) -> Device:
+        """The :class:`Device` the tensor lives on (asked from the daemon once for an op's output).
+        """
         if self._device is None:
             self._session._describe_tensor(self)
         return self._device
@@ -149,9 +153,11 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
+        """The number of dims (``len(t.shape)``)."""
         return len(self.shape)
 
     def dim(self) -> int:
+        """The number of dims (``len(t.shape)``)."""
         return len(self.shape)
 
     def size(self, dim=None):
@@ -159,6 +165,7 @@ class Tensor:
         return self.shape if dim is None else self.shape[dim]
 
     def numel(self) -> int:
+        """The number of elements."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     def __len__(self) -> int:
@@ -322,6 +329,7 @@ class Tensor:
         return self.to("cpu:0")
 
     def tolist(self):
+        """The values as nested Python lists (downloads; synchronising)."""
         return self.numpy().tolist()
 
     def item(self):
@@ -538,26 +546,39 @@ class Tensor:
         return self._assign(self._binary("add", other), "add_")
 
     def sub_(self, other, alpha=1):
+        """In place (rebinding, see above): self -= alpha * other. Refused on a parameter."""
         if alpha != 1:
             other = other * alpha
         return self._assign(self._binary("sub", other), "sub_")
 
     def mul_(self, other):
+        """In place (this object is rebound to the result, see the in-place forms above): self *
+        other. Refused on a parameter."""
         return self._assign(self._binary("mul", other), "mul_")
 
     def div_(self, other):
+        """In place (this object is rebound to the result, see the in-place forms above): self /
+        other. Refused on a parameter."""
         return self._assign(self._binary("div", other), "div_")
 
     def clamp_(self, min=None, max=None):  # noqa: A002
+        """In place (this object is rebound to the result, see the in-place forms above):
+        clamp(min, max). Refused on a parameter."""
         return self._assign(self.clamp(min, max), "clamp_")
 
     def relu_(self):
+        """In place (this object is rebound to the result, see the in-place forms above): relu().
+        Refused on a parameter."""
         return self._assign(self.relu(), "relu_")
 
     def zero_(self):
+        """In place (this object is rebound to the result, see the in-place forms above): zeros.
+        Refused on a parameter."""
         return self._assign(self.mul(0), "zero_")
 
     def fill_(self, value):
+        """In place (this object is rebound to the result, see the in-place forms above): value
+        everywhere. Refused on a parameter."""
         return self._assign(self.mul(0).add(value), "fill_")
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
@@ -621,18 +642,23 @@ class Tensor:
     # ------------------------------------------------------------ arithmetic
 
     def add(self, other):
+        """``self + other`` (a Tensor, broadcast, or a number), as ``torch.add``."""
         return self._binary("add", other)
 
     def sub(self, other):
+        """``self - other`` (a Tensor, broadcast, or a number), as ``torch.sub``."""
         return self._binary("sub", other)
 
     def mul(self, other):
+        """``self * other`` (a Tensor, broadcast, or a number), as ``torch.mul``."""
         return self._binary("mul", other)
 
     def div(self, other):
+        """``self / other`` (a Tensor, broadcast, or a number), as ``torch.div``."""
         return self._binary("div", other)
 
     def matmul(self, other: "Tensor") -> "Tensor":
+        """Matrix product with torch.matmul's broadcasting rules (``self @ other``)."""
         return self._session.op("matmul", self, other)
 
     def mm(self, other: "Tensor") -> "Tensor":
@@ -650,30 +676,39 @@ class Tensor:
         return self._op("pow", other=float(exponent))
 
     def maximum(self, other: "Tensor") -> "Tensor":
+        """Elementwise maximum of two tensors (``torch.maximum``; NaN propagates)."""
         return self._session.op("maximum", self, other)
 
     def minimum(self, other: "Tensor") -> "Tensor":
+        """Elementwise minimum of two tensors (``torch.minimum``; NaN propagates)."""
         return self._session.op("minimum", self, other)
 
     def eq(self, other):
+        """``self == other`` elementwise: a bool tensor (``torch.eq``)."""
         return self._binary("eq", other)
 
     def ne(self, other):
+        """``self != other`` elementwise: a bool tensor (``torch.ne``)."""
         return self._binary("ne", other)
 
     def lt(self, other):
+        """``self < other`` elementwise: a bool tensor (``torch.lt``)."""
         return self._binary("lt", other)
 
     def le(self, other):
+        """``self <= other`` elementwise: a bool tensor (``torch.le``)."""
         return self._binary("le", other)
 
     def gt(self, other):
+        """``self > other`` elementwise: a bool tensor (``torch.gt``)."""
         return self._binary("gt", other)
 
     def ge(self, other):
+        """``self >= other`` elementwise: a bool tensor (``torch.ge``)."""
         return self._binary("ge", other)
 
     def clamp(self, min=None, max=None):  # noqa: A002 (PyTorch's argument names)
+        """Values limited to [min, max] (either may be None), as ``torch.clamp``."""
         return self._op("clamp", min=None if min is None else float(min),
                         max=None if max is None else float(max))
 
@@ -688,75 +723,102 @@ class Tensor:
     # ------------------------------------------------------------ elementwise
 
     def neg(self):
+        """Elementwise negation (``torch.neg``); an asynchronous op."""
         return self._op("neg")
 
     def abs(self):
+        """Elementwise absolute value (``torch.abs``); an asynchronous op."""
         return self._op("abs")
 
     def relu(self):
+        """Elementwise rectified linear unit max(x, 0) (``torch.relu``); an asynchronous op."""
         return self._op("relu")
 
     def gelu(self):
+        """Elementwise GELU (``torch.nn.functional.gelu``, exact erf form unless
+        approximate='tanh')."""
         return self._op("gelu")
 
     def sigmoid(self):
+        """Elementwise logistic sigmoid (``torch.sigmoid``); an asynchronous op."""
         return self._op("sigmoid")
 
     def tanh(self):
+        """Elementwise hyperbolic tangent (``torch.tanh``); an asynchronous op."""
         return self._op("tanh")
 
     def exp(self):
+        """Elementwise exponential (``torch.exp``); an asynchronous op."""
         return self._op("exp")
 
     def log(self):
+        """Elementwise natural logarithm (``torch.log``); an asynchronous op."""
         return self._op("log")
 
     def sqrt(self):
+        """Elementwise square root (``torch.sqrt``); an asynchronous op."""
         return self._op("sqrt")
 
     def rsqrt(self):
+        """Elementwise 1 / sqrt(x) (``torch.rsqrt``); an asynchronous op."""
         return self._op("rsqrt")
 
     def reciprocal(self):
+        """Elementwise reciprocal 1 / x (``torch.reciprocal``); an asynchronous op."""
         return self._op("reciprocal")
 
     def square(self):
+        """Elementwise square (``torch.square``); an asynchronous op."""
         return self._op("square")
 
     def sin(self):
+        """Elementwise sine (``torch.sin``); an asynchronous op."""
         return self._op("sin")
 
     def cos(self):
+        """Elementwise cosine (``torch.cos``); an asynchronous op."""
         return self._op("cos")
 
     def sign(self):
+        """Elementwise sign (-1, 0 or 1) (``torch.sign``); an asynchronous op."""
         return self._op("sign")
 
     def log1p(self):
+        """Elementwise log(1 + x) (``torch.log1p``); an asynchronous op."""
         return self._op("log1p")
 
     def expm1(self):
+        """Elementwise exp(x) - 1 (``torch.expm1``); an asynchronous op."""
         return self._op("expm1")
 
     def floor(self):
+        """Elementwise floor (``torch.floor``); an asynchronous op."""
         return self._op("floor")
 
     def ceil(self):
+        """Elementwise ceiling (``torch.ceil``); an asynchronous op."""
         return self._op("ceil")
 
     def round(self):
+        """Elementwise rounding to the nearest integer, halves to even (``torch.round``); an
+        asynchronous op."""
         return self._op("round")
 
     def silu(self):
+        """Elementwise SiLU x * sigmoid(x) (``torch.silu``); an asynchronous op."""
         return self._op("silu")
 
     def leaky_relu(self, negative_slope: float = 0.01):
+        """Elementwise leaky ReLU: x, or negative_slope * x below 0 (``F.leaky_relu``)."""
         return self._op("leaky_relu", negative_slope=float(negative_slope))
 
     def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+        """Elementwise softplus log(1 + exp(beta x)) / beta, linear past threshold
+        (``F.softplus``)."""
         return self._op("softplus", beta=float(beta), threshold=float(threshold))
 
     def logical_not(self):
+        """Elementwise logical negation (``torch.logical_not``); an asynchronous op."""
         return self._op("logical_not")
 
     # ------------------------------------------------------------ reductions
@@ -766,12 +828,15 @@ class Tensor:
         return self._op("sum", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
     def mean(self, dim=None, keepdim: bool = False):
+        """Mean of all elements, or over dim (an int or a tuple of ints), as ``torch.mean``."""
         return self._op("mean", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
     def amax(self, dim=None, keepdim: bool = False):
+        """Maximum of all elements, or over dim (an int or a tuple of ints), as ``torch.amax``."""
         return self._op("amax", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
     def amin(self, dim=None, keepdim: bool = False):
+        """Minimum of all elements, or over dim (an int or a tuple of ints), as ``torch.amin``."""
         return self._op("amin", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
     def max(self, dim=None, keepdim: bool = False):
@@ -793,32 +858,43 @@ class Tensor:
         return MaxMin(self.amin(int(dim), keepdim), self.argmin(int(dim), keepdim))
 
     def argmax(self, dim=None, keepdim: bool = False):
+        """Index of the largest element (of the flattened tensor, or along dim), as
+        ``torch.argmax``."""
         return self._op("argmax", dim=dim, keepdim=keepdim if dim is not None else None)
 
     def argmin(self, dim=None, keepdim: bool = False):
+        """Index of the smallest element (of the flattened tensor, or along dim), as
+        ``torch.argmin``."""
         return self._op("argmin", dim=dim, keepdim=keepdim if dim is not None else None)
 
     def prod(self, dim=None, keepdim: bool = False):
+        """Product of all elements, or over dim (an int or a tuple of ints), as ``torch.prod``."""
         return self._op("prod", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
     def var(self, dim=None, keepdim: bool = False, unbiased: bool = True):
+        """Variance over all elements or dim (unbiased: divided by n - 1), as ``torch.var``."""
         return self._op("var", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None,
                         unbiased=unbiased)
 
     def std(self, dim=None, keepdim: bool = False, unbiased: bool = True):
+        """Standard deviation over all elements or dim (unbiased: n - 1), as ``torch.std``."""
         return self._op("std", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None,
                         unbiased=unbiased)
 
     def logsumexp(self, dim, keepdim: bool = False):
+        """log(sum(exp(x))) over dim, computed stably (``torch.logsumexp``)."""
         return self._op("logsumexp", dim=_dim_attr(dim), keepdim=keepdim)
 
     def cumsum(self, dim: int):
+        """Cumulative sum along dim (``torch.cumsum``)."""
         return self._op("cumsum", dim=int(dim))
 
     def softmax(self, dim: int):
+        """Softmax along dim (``torch.softmax``)."""
         return self._op("softmax", dim=int(dim))
 
     def log_softmax(self, dim: int):
+        """Log of the softmax along dim, computed stably (``torch.log_softmax``)."""
         return self._op("log_softmax", dim=int(dim))
 
     # ------------------------------------------------------------ shape
@@ -828,12 +904,16 @@ class Tensor:
         return self._op("reshape", shape=_dims(shape))
 
     def view(self, *shape):
+        """The same data with a new shape (one entry may be -1); needs a viewable layout, as
+        ``torch.Tensor.view``."""
         return self._op("view", shape=_dims(shape))
 
     def transpose(self, dim0: int, dim1: int):
+        """dim0 and dim1 swapped (a view), as ``torch.transpose``."""
         return self._op("transpose", dim0=int(dim0), dim1=int(dim1))
 
     def permute(self, *dims):
+        """The dims reordered (a view), as ``torch.permute``."""
         return self._op("permute", dims=_dims(dims))
 
     def t(self):
@@ -842,24 +922,32 @@ class Tensor:
 
     @property
     def T(self):  # noqa: N802 (PyTorch's name)
+        """The transpose of a 2-D tensor (``t.T``)."""
         return self.t()
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1):
+        """The dims start_dim..end_dim merged into one (``torch.flatten``)."""
         return self._op("flatten", start_dim=int(start_dim), end_dim=int(end_dim))
 
     def unsqueeze(self, dim: int):
+        """A new dim of size 1 at dim (``torch.unsqueeze``)."""
         return self._op("unsqueeze", dim=int(dim))
 
     def squeeze(self, dim=None):
+        """Dims of size 1 removed (all, or only dim), as ``torch.squeeze``."""
         return self._op("squeeze", dim=dim)
 
     def expand(self, *sizes):
+        """A view broadcast to sizes (-1 keeps a size), as ``torch.Tensor.expand``."""
         return self._op("expand", shape=_dims(sizes))
 
     def contiguous(self):
+        """A tensor with the same values laid out densely in C order (``torch.Tensor.contiguous``).
+        """
         return self._op("contiguous")
 
     def clone(self):
+        """A copy with storage of its own (``torch.clone``); autodiff tracks it."""
         return self._op("clone")
 
     def split(self, split_size, dim: int = 0) -> tuple:
@@ -887,15 +975,19 @@ class Tensor:
                                           num_outputs=count))
 
     def tril(self, diagonal: int = 0):
+        """The lower triangle (from diagonal down), the rest zero (``torch.tril``)."""
         return self._op("tril", diagonal=int(diagonal))
 
     def triu(self, diagonal: int = 0):
+        """The upper triangle (from diagonal up), the rest zero (``torch.triu``)."""
         return self._op("triu", diagonal=int(diagonal))
 
     def gather(self, dim: int, index: "Tensor") -> "Tensor":
+        """Values along dim at the positions of index (``torch.gather``)."""
         return self._session.op("gather", self, index, dim=int(dim))
 
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
+        """The entries of index (a 1-D integer tensor) along dim (``torch.index_select``)."""
         return self._session.op("index_select", self, index, dim=int(dim))
 
     def __getitem__(self, key):
@@ -1086,27 +1178,35 @@ class Tensor:
         return out
 
     def float(self):
+        """This tensor as float32 (self if it is already), as ``torch.Tensor.float``."""
         return self.to(dtype="float32")
 
     def double(self):
+        """This tensor as float64 (self if it is already), as ``torch.Tensor.double``."""
         return self.to(dtype="float64")
 
     def half(self):
+        """This tensor as float16 (self if it is already), as ``torch.Tensor.half``."""
         return self.to(dtype="float16")
 
     def bfloat16(self):
+        """This tensor as bfloat16 (self if it is already), as ``torch.Tensor.bfloat16``."""
         return self.to(dtype="bfloat16")
 
     def long(self):
+        """This tensor as int64 (self if it is already), as ``torch.Tensor.long``."""
         return self.to(dtype="int64")
 
     def int(self):
+        """This tensor as int32 (self if it is already), as ``torch.Tensor.int``."""
         return self.to(dtype="int32")
 
     def bool(self):
+        """This tensor as bool (self if it is already), as ``torch.Tensor.bool``."""
         return self.to(dtype="bool")
 
     def type_as(self, other: "Tensor"):
+        """This tensor cast to other's dtype (``torch.Tensor.type_as``)."""
         return self.to(dtype=other.dtype)
 
     @property

@@ -114,18 +114,22 @@ class Module:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def register_parameter(self, name: str, param) -> None:
+        """Registers param (a Parameter or None) under name."""
         self._parameters[name] = param
 
     def add_module(self, name: str, module) -> None:
+        """Registers module under name (as assigning it as an attribute does)."""
         self._modules[name] = module
 
     def forward(self, *args, **kwargs):
+        """The computation; subclasses define it (``module(x)`` calls it)."""
         raise NotImplementedError(f"{type(self).__name__}.forward")
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
     def named_parameters(self, prefix: str = ""):
+        """(dotted name, Parameter) of every parameter here and below, as torch names them."""
         seen = set()
         for name, p in self._named_members(prefix):
             if p is not None and id(p) not in seen:
@@ -140,23 +144,28 @@ class Module:
                 yield from m._named_members(prefix + mname + ".")
 
     def parameters(self, recurse: bool = True):
+        """Every Parameter here and below (each once), what optimizers take."""
         for _, p in self.named_parameters():
             yield p
 
     def children(self):
+        """The direct submodules, in registration order."""
         return iter(m for m in self._modules.values() if m is not None)
 
     def modules(self):
+        """This module and every submodule below it, depth first."""
         yield self
         for m in self.children():
             yield from m.modules()
 
     def train(self, mode: bool = True):
+        """Sets training mode (Dropout active) here and below; returns self."""
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
 
     def eval(self):
+        """Sets evaluation mode (Dropout off) here and below; returns self."""
         return self.train(False)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -218,15 +227,19 @@ class Module:
         return self
 
     def cpu(self):
+        """Moves every parameter to cpu:0 (see :meth:`to`); returns self."""
         return self.to("cpu:0")
 
     def float(self):
+        """Casts every parameter to float32 (see :meth:`to`); returns self."""
         return self.to(dtype="float32")
 
     def double(self):
+        """Casts every parameter to float64 (see :meth:`to`); returns self."""
         return self.to(dtype="float64")
 
     def extra_repr(self) -> str:
+        """The layer's settings as repr shows them (torch's hook)."""
         return ""
 
     def __repr__(self) -> str:
@@ -241,6 +254,7 @@ def _host(value):
 
 
 class Sequential(Module):
+    """Modules applied in order, each to the previous one's output (``torch.nn.Sequential``)."""
     def __init__(self, *modules):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], (dict, OrderedDict)):
@@ -251,6 +265,7 @@ class Sequential(Module):
                 self.add_module(str(i), m)
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         for m in self._modules.values():
             x = m(x)
         return x
@@ -266,12 +281,14 @@ class Sequential(Module):
 
 
 class ModuleList(Module):
+    """A list of modules whose parameters the owner registers (``torch.nn.ModuleList``)."""
     def __init__(self, modules=()):
         super().__init__()
         for m in modules:
             self.append(m)
 
     def append(self, m):
+        """Adds module at the end; returns self."""
         self.add_module(str(len(self._modules)), m)
         return self
 
@@ -299,9 +316,11 @@ class Linear(Module):
             self.to(dtype=dtype)
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self):
+        """The layer's settings as repr shows them (torch's hook)."""
         return f"in_features={self.in_features}, out_features={self.out_features}, " \
                f"bias={self.bias is not None}"
 
@@ -316,13 +335,17 @@ class Embedding(Module):
                                 .astype(np.float32), device=device)
 
     def forward(self, idx):
+        """The layer applied to its input (what calling the module does)."""
         return F.embedding(idx, self.weight)
 
     def extra_repr(self):
+        """The layer's settings as repr shows them (torch's hook)."""
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
 class LayerNorm(Module):
+    """Layer normalisation over the last dims, with an affine weight and bias
+    (``torch.nn.LayerNorm``)."""
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  device=None):
         super().__init__()
@@ -336,13 +359,17 @@ class LayerNorm(Module):
             self.weight = self.bias = None
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
+        """The layer's settings as repr shows them (torch's hook)."""
         return f"{self.normalized_shape}, eps={self.eps}"
 
 
 class Conv2d(Module):
+    """2-D convolution with stride, padding, dilation and groups (``torch.nn.Conv2d``); weights
+    drawn as torch's default (kaiming uniform)."""
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, device=None):
         super().__init__()
@@ -357,10 +384,12 @@ class Conv2d(Module):
         self.bias = Parameter(_uniform((out_channels,), bound), device=device) if bias else None
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
                         self.groups)
 
     def extra_repr(self):
+        """The layer's settings as repr shows them (torch's hook)."""
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, " \
                f"stride={self.stride}, padding={self.padding}"
 
@@ -373,6 +402,7 @@ class _Act(Module):
 
 
 class ReLU(_Act):
+    """ReLU activation (``torch.nn.ReLU``)."""
     def __init__(self, inplace: bool = False):
         super().__init__()
 
@@ -380,55 +410,69 @@ class ReLU(_Act):
 
 
 class GELU(_Act):
+    """GELU activation (``torch.nn.GELU``)."""
     fn = staticmethod(F.gelu)
 
 
 class SiLU(_Act):
+    """SiLU activation (``torch.nn.SiLU``)."""
     fn = staticmethod(F.silu)
 
 
 class Tanh(_Act):
+    """Tanh activation (``torch.nn.Tanh``)."""
     fn = staticmethod(F.tanh)
 
 
 class Sigmoid(_Act):
+    """Sigmoid activation (``torch.nn.Sigmoid``)."""
     fn = staticmethod(F.sigmoid)
 
 
 class Identity(Module):
+    """Returns its input (``torch.nn.Identity``)."""
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return x
 
 
 class LeakyReLU(Module):
+    """Leaky ReLU activation (``torch.nn.LeakyReLU``)."""
     def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
         super().__init__()
         self.negative_slope = negative_slope
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.leaky_relu(x, self.negative_slope)
 
 
 class Softmax(Module):
+    """Softmax along dim (``torch.nn.Softmax``)."""
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return x.softmax(self.dim)
 
 
 class LogSoftmax(Softmax):
+    """Log-softmax along dim (``torch.nn.LogSoftmax``)."""
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return x.log_softmax(self.dim)
 
 
 class Flatten(Module):
+    """Flattens dims start_dim..end_dim (``torch.nn.Flatten``)."""
     def __init__(self, start_dim: int = 1, end_dim: int = -1):
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return x.flatten(self.start_dim, self.end_dim)
 
 
@@ -440,37 +484,45 @@ class Dropout(Module):
         self.p = p
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.dropout(x, self.p, self.training)
 
 
 class MaxPool2d(Module):
+    """2-D max pooling (``torch.nn.MaxPool2d``)."""
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
         super().__init__()
         self.args = (kernel_size, stride, padding, dilation, ceil_mode)
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.max_pool2d(x, *self.args)
 
 
 class AvgPool2d(Module):
+    """2-D average pooling (``torch.nn.AvgPool2d``)."""
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
         self.args = (kernel_size, stride, padding)
 
     def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
         return F.avg_pool2d(x, *self.args)
 
 
 class MSELoss(Module):
+    """Mean squared error (``torch.nn.MSELoss``)."""
     def __init__(self, reduction: str = "mean"):
         super().__init__()
         self.reduction = reduction
 
     def forward(self, input, target):  # noqa: A002
+        """The layer applied to its input (what calling the module does)."""
         return F.mse_loss(input, target, self.reduction)
 
 
 class CrossEntropyLoss(Module):
+    """Cross entropy of logits and class indices (``torch.nn.CrossEntropyLoss``)."""
     def __init__(self, reduction: str = "mean", ignore_index: int = -100,
                  label_smoothing: float = 0.0):
         super().__init__()
@@ -478,10 +530,13 @@ class CrossEntropyLoss(Module):
         self.label_smoothing = label_smoothing
 
     def forward(self, input, target):  # noqa: A002
+        """The layer applied to its input (what calling the module does)."""
         return F.cross_entropy(input, target, self.reduction, self.ignore_index,
                                self.label_smoothing)
 
 
 class BCEWithLogitsLoss(MSELoss):
+    """Binary cross entropy of logits, computed stably (``torch.nn.BCEWithLogitsLoss``)."""
     def forward(self, input, target):  # noqa: A002
+        """The layer applied to its input (what calling the module does)."""
         return F.binary_cross_entropy_with_logits(input, target, self.reduction)

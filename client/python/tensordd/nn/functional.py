@@ -15,60 +15,81 @@ def _op(name, *inputs, **attrs):
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+    """x @ weight.T + bias (``torch.nn.functional.linear``)."""
     return _op("linear", input, weight, bias)
 
 
 def relu(input, inplace=False):  # noqa: A002
+    """ReLU activation (``torch.nn.functional.relu``)."""
+    """The activation applied to a tensor."""
     return input.relu()
 
 
 def gelu(input):  # noqa: A002
+    """GELU activation (``torch.nn.functional.gelu``)."""
+    """The activation applied to a tensor."""
     return input.gelu()
 
 
 def silu(input, inplace=False):  # noqa: A002
+    """SiLU activation (``torch.nn.functional.silu``)."""
+    """The activation applied to a tensor."""
     return input.silu()
 
 
 def sigmoid(input):  # noqa: A002
+    """Sigmoid activation (``torch.nn.functional.sigmoid``)."""
+    """The activation applied to a tensor."""
     return input.sigmoid()
 
 
 def tanh(input):  # noqa: A002
+    """Tanh activation (``torch.nn.functional.tanh``)."""
+    """The activation applied to a tensor."""
     return input.tanh()
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):  # noqa: A002
+    """Leaky ReLU (``torch.nn.functional.leaky_relu``)."""
     return input.leaky_relu(negative_slope)
 
 
 def softmax(input, dim):  # noqa: A002
+    """Softmax along dim (``torch.nn.functional.softmax``)."""
     return input.softmax(dim)
 
 
 def log_softmax(input, dim):  # noqa: A002
+    """Log-softmax along dim (``torch.nn.functional.log_softmax``)."""
     return input.log_softmax(dim)
 
 
 def cross_entropy(input, target, reduction="mean", ignore_index=-100,  # noqa: A002
                   label_smoothing=0.0):
+    """Cross entropy of logits and class indices (``torch.nn.functional.cross_entropy``)."""
     return _op("cross_entropy", input, target, reduction=reduction,
                ignore_index=int(ignore_index), label_smoothing=float(label_smoothing))
 
 
 def nll_loss(input, target, reduction="mean", ignore_index=-100):  # noqa: A002
+    """Negative log likelihood of log-probabilities and class indices
+    (``torch.nn.functional.nll_loss``)."""
     return _op("nll_loss", input, target, reduction=reduction, ignore_index=int(ignore_index))
 
 
 def mse_loss(input, target, reduction="mean"):  # noqa: A002
+    """Mean squared error (``torch.nn.functional.mse_loss``)."""
     return _op("mse_loss", input, target, reduction=reduction)
 
 
 def binary_cross_entropy_with_logits(input, target, reduction="mean"):  # noqa: A002
+    """Binary cross entropy of logits (mean by default)
+    (``torch.nn.functional.binary_cross_entropy_with_logits``)."""
     return _op("binary_cross_entropy_with_logits", input, target, reduction=reduction)
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
+    """Layer normalisation over normalized_shape (``torch.nn.functional.layer_norm``)."""
     shape = [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported")
@@ -76,33 +97,40 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
 
 
 def embedding(input, weight):  # noqa: A002
+    """Rows of weight at the integer indices (``torch.nn.functional.embedding``)."""
     return _op("embedding", input, weight)
 
 
 def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
+    """Zeroes elements with probability p and scales the rest by 1 / (1 - p) when training
+    (``torch.nn.functional.dropout``)."""
     if not training or p == 0:
         return input
     return _op("dropout", input, p=float(p), train=bool(training))
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
+    """2-D convolution (``torch.nn.functional.conv2d``)."""
     return _op("conv2d", input, weight, bias, stride=_pair(stride), padding=_pair(padding),
                dilation=_pair(dilation), groups=int(groups))
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
                ceil_mode=False):
+    """2-D max pooling (``torch.nn.functional.max_pool2d``)."""
     return _op("max_pool2d", input, kernel_size=_pair(kernel_size),
                stride=None if stride is None else _pair(stride), padding=_pair(padding),
                dilation=_pair(dilation), ceil_mode=bool(ceil_mode))
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
+    """2-D average pooling (``torch.nn.functional.avg_pool2d``)."""
     return _op("avg_pool2d", input, kernel_size=_pair(kernel_size),
                stride=None if stride is None else _pair(stride), padding=_pair(padding))
 
 
 def one_hot(tensor, num_classes=-1):
+    """One-hot int64 encoding of class indices (``torch.nn.functional.one_hot``)."""
     return _op("one_hot", tensor, num_classes=int(num_classes))
 
 

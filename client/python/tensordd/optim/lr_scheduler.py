@@ -34,6 +34,7 @@ class LRScheduler:
         self.step()
 
     def get_lr(self) -> list:
+        """The learning rates of the current epoch, one per param group (subclasses define it)."""
         raise NotImplementedError
 
     def get_last_lr(self) -> list:
@@ -56,9 +57,11 @@ class LRScheduler:
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
+        """The scheduler's state (epoch, base lrs, ...) for a checkpoint, as torch's."""
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores a state from :meth:`state_dict`."""
         self.__dict__.update(state)
 
 
@@ -79,6 +82,8 @@ class LambdaLR(LRScheduler):
         super().__init__(optimizer, last_epoch, verbose)
 
     def get_lr(self) -> list:
+        """The learning rates of the current epoch by torch's ``LambdaLR`` rule, one per param
+        group."""
         return [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs)]
 
 
@@ -92,6 +97,8 @@ class StepLR(LRScheduler):
         super().__init__(optimizer, last_epoch, verbose)
 
     def get_lr(self) -> list:
+        """The learning rates of the current epoch by torch's ``StepLR`` rule, one per param group.
+        """
         if self.last_epoch == 0 or self.last_epoch % self.step_size != 0:
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
@@ -111,6 +118,8 @@ class MultiStepLR(LRScheduler):
         super().__init__(optimizer, last_epoch, verbose)
 
     def get_lr(self) -> list:
+        """The learning rates of the current epoch by torch's ``MultiStepLR`` rule, one per param
+        group."""
         k = self.milestones.count(self.last_epoch)
         return [g["lr"] * self.gamma ** k for g in self.optimizer.param_groups]
 
@@ -127,6 +136,8 @@ class ExponentialLR(LRScheduler):
         super().__init__(optimizer, last_epoch, verbose)
 
     def get_lr(self) -> list:
+        """The learning rates of the current epoch by torch's ``ExponentialLR`` rule, one per param
+        group."""
         if self.last_epoch == 0:
             return [g["lr"] for g in self.optimizer.param_groups]
         return [g["lr"] * self.gamma for g in self.optimizer.param_groups]
@@ -146,6 +157,8 @@ class CosineAnnealingLR(LRScheduler):
         super().__init__(optimizer, last_epoch, verbose)
 
     def get_lr(self) -> list:
+        """The learning rates of the current epoch by torch's ``CosineAnnealingLR`` rule, one per
+        param group."""
         groups = self.optimizer.param_groups
         if self.last_epoch == 0:
             return [g["lr"] for g in groups]
