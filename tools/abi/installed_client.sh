@@ -4,7 +4,8 @@
 #   2. a client built outside the source tree through pkg-config, linked to the installed
 #      shared library, runs a session against the installed daemon (started on a Unix
 #      socket in a temporary directory, stopped with SIGTERM, which must exit 0);
-#   3. the same client links against the installed static library.
+#   3. the same client links against the installed static library;
+#   4. td_version() agrees with the installed header and tensordd.pc's version.
 # The client is examples/session.c, copied out of the tree: it uploads, runs ops, checks
 # the sum it downloads against its own arithmetic, and expects a typed error back.
 set -euo pipefail
@@ -47,11 +48,27 @@ export PKG_CONFIG_PATH=$LIB/pkgconfig PKG_CONFIG_SYSROOT_DIR=$STAGE
         -Wl,-Bdynamic $(pkg-config --static --libs-only-l tensordd | sed 's/-ltensordd//') \
         -o app-static
 )
-LD_LIBRARY_PATH=$LIB ldd "$work/app" | grep -q "libtensordd.so.* => $LIB/" ||
-    fail "the client does not load the installed library: $(LD_LIBRARY_PATH=$LIB ldd "$work/app" | grep tensordd)"
-if nm "$work/app-static" | grep -q ' [TU] td__' && ! nm "$work/app-static" | grep -q ' T td_connect'; then
-    fail "the static client did not take libtensordd.a"
-fi
+# The header, the library and tensordd.pc say the same version.
+cat >"$work/version.c" <<'C'
+#include <stdio.h>
+#include <tensordd.h>
+int main(void)
+{
+    printf("%s\n", td_version_string());
+    return td_version() == TD_VERSION_HEX ? 0 : 1;
+}
+C
+# shellcheck disable=SC2046
+(cd "$work" && $CC -std=c11 version.c $(pkg-config --cflags --libs tensordd) -o version)
+v=$(LD_LIBRARY_PATH=$LIB "$work/version") || fail "td_version() differs from the header's TD_VERSION_HEX"
+[[ $v == "$(pkg-config --modversion tensordd)" ]] ||
+    fail "the library says version $v, tensordd.pc $(pkg-config --modversion tensordd)"
+# (outputs read whole first: grep -q ending a pipe early would fail it under pipefail)
+deps=$(LD_LIBRARY_PATH=$LIB ldd "$work/app")
+grep -q "libtensordd.so.* => $LIB/" <<<"$deps" ||
+    fail "the client does not load the installed library: $(grep tensordd <<<"$deps")"
+syms=$(nm "$work/app-static")
+grep -q ' T td_connect$' <<<"$syms" || fail "the static client did not take libtensordd.a"
 
 "$STAGE$PREFIX/bin/tensordd" --listen "unix://$work/sock" >"$work/daemon.out" 2>"$work/daemon.err" &
 pid=$!
@@ -72,5 +89,6 @@ rc=0
 wait "$pid" || rc=$?
 pid=""
 [[ $rc == 0 ]] || fail "the installed daemon exited $rc on SIGTERM"
-echo "install: the installed libtensordd.so exports $n symbols, all td_; a client built outside" \
-    "the tree through pkg-config ran a session against the installed daemon (shared and static)"
+echo "install: the installed libtensordd.so $v exports $n symbols, all td_; a client built" \
+    "outside the tree through pkg-config ran a session against the installed daemon (shared" \
+    "and static)"
