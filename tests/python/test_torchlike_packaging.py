@@ -112,3 +112,35 @@ def test_session_from_outside_the_source_tree(venv, daemon):
     env = dict(env, TENSORDD_ENDPOINT=daemon.endpoint)
     out = _run([str(env_dir / "bin" / "python"), "-c", code], env=env, cwd=str(base))
     assert out.split() == ["30.0", "(2,", "2)"]
+
+
+def test_plain_venv(clone, daemon):
+    """A plain venv (no system site-packages) where numpy and protobuf are installed
+    (here: Debian's, put on the venv's path by a .pth file, as an installed package
+    is): pip builds the client offline (the backend finds Debian's setuptools by
+    itself inside pip's isolated build) and its dependencies are satisfied."""
+    base, tree = clone
+    probe = subprocess.run([PY, "-c", "import venv, ensurepip"], capture_output=True)
+    if probe.returncode or not os.path.isdir("/usr/lib/python3/dist-packages/numpy"):
+        pytest.skip("python3-venv or Debian's numpy not installed")
+    env_dir = base / "plain"
+    _run([PY, "-m", "venv", str(env_dir)])
+    py = str(env_dir / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_FIND_LINKS")}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    site = _run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                env=env).strip()
+    assert _run([py, "-c", "import sys; print(sys.prefix != sys.base_prefix)"], env=env).strip() \
+        == "True"
+    with open(os.path.join(site, "deps-from-debian.pth"), "w") as f:
+        f.write("/usr/lib/python3/dist-packages\n")
+    _run([py, "-m", "pip", "install", str(tree / "client" / "python")], env=env, cwd=str(base))
+    assert not (tree / "client" / "python" / "tensordd" / "tensordd_pb2.py").exists()
+    shown = _run([py, "-m", "pip", "show", "tensordd"], env=env, cwd=str(base))
+    assert "Requires: numpy, protobuf" in shown, shown
+    code = ("import sys, numpy as np, tensordd\n"
+            "assert tensordd.__file__.startswith(sys.prefix), tensordd.__file__\n"
+            "with tensordd.connect() as s:\n"
+            "    print(repr(s.tensor(np.arange(3, dtype=np.float32)) * 2))\n")
+    out = _run([py, "-c", code], env=dict(env, TENSORDD_ENDPOINT=daemon.endpoint), cwd=str(base))
+    assert out.strip() == "tensor([0., 2., 4.], device='cpu:0', dtype=tensordd.float32)"
