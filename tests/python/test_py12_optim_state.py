@@ -275,3 +275,36 @@ def test_export_leaks_no_handle_and_copies(session):
     session.sync()
     after = {x["session_id"]: x["handles"] for x in session.stats()["session_list"]}
     assert after[session.session_id] == before + 1  # `taken`
+
+
+def test_state_on_the_op_path(session):
+    """foreach (the path devices whose memory the loop cannot touch take, as cuda):
+    its state exports equal to the host loop's, and imports into either path."""
+
+    class AdamOps(tensordd.optim.Optimizer):
+        kind = "adam"
+
+    x0 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    states, ws = [], []
+    for foreach in (False, True):
+        w = session.tensor(x0, requires_grad=True)
+        opt = AdamOps([w], lr=0.01, amsgrad=True, **({"foreach": True} if foreach else {}))
+        for k in range(3):
+            opt.zero_grad()
+            (w * w * float(k + 1)).sum().backward()
+            opt.step()
+        states.append(opt.state_dict())
+        ws.append((w, opt))
+    loop, ops = states[0]["state"][0], states[1]["state"][0]
+    assert set(loop) == set(ops) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+    for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+        np.testing.assert_allclose(ops[key], loop[key], rtol=1e-6, atol=1e-9)
+    for (w, opt), foreach in zip(ws, (True, False)):  # each path's state into the other
+        w2 = session.tensor(w.numpy(), requires_grad=True)
+        opt2 = AdamOps([w2], lr=0.01, amsgrad=True, **({"foreach": True} if foreach else {}))
+        opt2.load_state_dict(opt.state_dict())
+        for ww, oo in ((w, opt), (w2, opt2)):
+            oo.zero_grad()
+            (ww * ww).sum().backward()
+            oo.step()
+        np.testing.assert_allclose(w2.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
