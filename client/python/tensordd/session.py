@@ -87,10 +87,10 @@ _RELEASE_BATCH = 256
 # How many request descriptions the session keeps for error messages.
 _CALL_MEMORY = 1 << 16
 # The requests the daemon answers with the session's pending error, if any
-# (synchronising: dispatch.c's REQ_SYNC rows).
+# (synchronising: dispatch.c's REQ_SYNC rows, docs/protocol.md section 3).
 _SYNC_BODIES = frozenset({"download", "sync", "backward", "grad", "grad_remove", "grad_replace",
                           "optimizer_step", "goodbye", "optimizer_state",
-                          "optimizer_load_state"})
+                          "optimizer_load_state", "graph_end"})
 # Codes after which the daemon closes the connection.
 _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICATED"}
 
