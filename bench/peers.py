@@ -157,6 +157,53 @@ def pct(v, q):
     return float(np.percentile(v, q))
 
 
+ECHO = """
+import socket, sys
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+n = int(sys.argv[1])
+while True:
+    got = b""
+    while len(got) < n:
+        d = c.recv(n - len(got))
+        if not d:
+            sys.exit(0)
+        got += d
+    c.sendall(got)
+"""
+
+
+def raw_pingpong(reps, n=64):
+    """A raw Python socket ping-pong with an echo process: n bytes each way."""
+    echo = subprocess.Popen([sys.executable, "-c", ECHO, str(n)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        port = int(echo.stdout.readline())
+        so = socket.create_connection(("127.0.0.1", port))
+        so.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        msg = b"x" * n
+
+        def once():
+            so.sendall(msg)
+            got = 0
+            while got < n:
+                got += len(so.recv(n - got))
+
+        for _ in range(50):
+            once()
+        v = np.empty(reps)
+        for i in range(reps):
+            t0 = time.perf_counter_ns()
+            once()
+            v[i] = (time.perf_counter_ns() - t0) / 1000.0
+        so.close()
+        return v
+    finally:
+        echo.kill()
+        echo.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("endpoint")
@@ -211,12 +258,15 @@ def run(td, quick):
             v[i] = (time.perf_counter_ns() - t0) / 1000.0
         return v
 
+    r_raw = raw_pingpong(reps)
     r_rpc = timed(lambda: rpc.rpc_sync("ps", torch.relu, args=(t4,)))
     r_tdd = timed(lambda: x4.relu().numpy())
     print("\ntiny op: relu(4) and its values back, round trip in us (p50 / p99)")
+    print(f"  raw Python socket ping-pong (64 B) {pct(r_raw, 50):9.1f} / {pct(r_raw, 99):9.1f}")
     print(f"  PyTorch RPC   {pct(r_rpc, 50):9.1f} / {pct(r_rpc, 99):9.1f}")
     print(f"  tensordd      {pct(r_tdd, 50):9.1f} / {pct(r_tdd, 99):9.1f}   "
-          f"PyTorch RPC is {pct(r_rpc, 50) / pct(r_tdd, 50):.1f}x slower (p50)")
+          f"{pct(r_tdd, 50) / pct(r_raw, 50):.2f}x the raw ping-pong; PyTorch RPC is "
+          f"{pct(r_rpc, 50) / pct(r_tdd, 50):.1f}x slower (p50)")
 
     # pipelined
     n = 2000 if quick else 20000

@@ -19,7 +19,7 @@ for b in "$BUILD"/bench/*; do
     esac
     echo
 done
-PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/train_step.py "$ep"
+PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/train_step.py "$ep" "$pid"
 echo
 PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/peers.py "$ep"
 echo

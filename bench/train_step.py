@@ -36,8 +36,19 @@ def blocks(step, steps=STEPS, nblocks=BLOCKS, warmup=10):
     return statistics.median(per_step)
 
 
+def faults(pid):
+    """The daemon's page faults so far (minor + major, /proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[7]) + int(fields[9])
+    except (OSError, IndexError, ValueError, TypeError):
+        return None
+
+
 def main():
     endpoint = sys.argv[1]
+    pid = sys.argv[2] if len(sys.argv) > 2 else None  # the daemon's, for its page faults
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 64)).astype(np.float32)
     y = rng.integers(0, 10, 64).astype(np.int64)
@@ -83,6 +94,10 @@ def main():
             s.sync()
 
         replayed = blocks(replay_step)
+        f0 = faults(pid)  # after warm-up: a steady step should map nothing new
+        for _ in range(STEPS * 4):
+            replay_step()
+        f1 = faults(pid)
 
     print("MLP 64-128-10 training step, batch 64, Adam (median of %d blocks of %d)" %
           (BLOCKS, STEPS))
@@ -90,6 +105,9 @@ def main():
     print("  tensordd over loopback    %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
     print("  tensordd, graph replay    %7.3f ms   %.2fx local" %
           (replayed * 1e3, replayed / local))
+    if f0 is not None and f1 is not None:
+        print("  daemon page faults per replayed step after warm-up: %.2f (%d over %d steps)" %
+              ((f1 - f0) / (STEPS * 4), f1 - f0, STEPS * 4))
     big_mlp(endpoint)
     return 0
 
