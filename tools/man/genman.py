@@ -218,13 +218,15 @@ def strip_stars(comment):
     return " ".join(l.strip().lstrip("*").strip() for l in body.splitlines()).strip()
 
 
-def declarations(src):
+def declarations(src, types=None):
     """The header's top-level function declarations in order, as (section, decl, doc):
     doc is the comment right above the declaration or trailing it on its line; section
-    is the last '---- name' comment seen."""
+    is the last '---- name' comment seen. With a list `types`, the typedef'd structs and
+    enums are appended to it as (name, source text, doc)."""
     src = re.sub(r"#ifdef __cplusplus.*?#endif", "", src, flags=re.S)
     src = re.sub(r"^[ \t]*#[^\n]*(\\\n[^\n]*)*", "", src, flags=re.M)
     out, section, pending, stmt, depth, i = [], "Functions", "", "", 0, 0
+    start = 0
     while i < len(src):
         if src.startswith("/*", i):
             j = src.index("*/", i) + 2
@@ -239,6 +241,8 @@ def declarations(src):
                 pending = c
             continue
         ch = src[i]
+        if not stmt.strip() and not ch.isspace() and depth == 0:
+            start = i
         i += 1
         if ch == "{":
             depth += 1
@@ -253,6 +257,11 @@ def declarations(src):
             if m and "\n" not in src[i:i + m.start() + 3]:
                 doc = doc or strip_stars(m.group(0).strip())
                 i += m.end()
+            if decl.startswith("typedef") and "{" in decl:
+                name = re.search(r"(\w+)\s*;$", decl)
+                if types is not None and name and "TD_ERRNO_MAP" not in decl:
+                    types.append((name.group(1), src[start:i].rstrip(), doc))
+                continue
             if decl.startswith("typedef") or "{" in decl:
                 continue
             fm = re.search(r"\b(td_[a-z0-9_]+)\s*\(", decl)
@@ -280,13 +289,15 @@ def lib_page(header_path, *others):
     intro_paras = [p for p in intro_paras if p]
     if intro_paras and " -- " in intro_paras[0][:40]:
         intro_paras = intro_paras[1:]
-    groups = []
+    groups, types, codes = [], [], []
     for path in (header_path,) + others:
         text = open(path, encoding="utf-8").read()
+        codes += re.findall(r'XX\((\w+),\s*(\d+),\s*"([^"]*)"\)', text)
         if path != header_path:
             first = re.match(r"\s*/\*\s*(\S+)", text)
             default = "From " + (first.group(1) if first else path)
-        for section, decl, doc in declarations(text[m.end():] if path == header_path else text):
+        for section, decl, doc in declarations(text[m.end():] if path == header_path else text,
+                                               types):
             if path != header_path:
                 section = default
             if not groups or groups[-1][0] != section:
@@ -303,6 +314,19 @@ def lib_page(header_path, *others):
     out += ["This page describes version %s of the library (\\fBTD_VERSION_MAJOR\\fR, "
             "\\fBTD_VERSION_MINOR\\fR, \\fBTD_VERSION_PATCH\\fR; \\fBtd_version\\fR() at run "
             "time). The shared library's soname changes only on an incompatible change." % version]
+    if types:
+        out.append(".SH TYPES")
+        for name, text, doc in types:
+            out += [".SS %s" % esc(name)]
+            if doc:
+                out += [line(doc)]
+            out += [".PP", ".nf"]
+            lines = text.splitlines()
+            pad = min((len(l) - len(l.lstrip()) for l in lines[1:] if l.strip()), default=0)
+            for l in lines:
+                l = l[pad:] if l[:pad].isspace() else l
+                out.append(("\\&" if l.lstrip()[:1] in (".", "'") else "") + esc(l))
+            out.append(".fi")
     out.append(".SH FUNCTIONS")
     for title, decls in groups:
         out.append(".SS %s" % esc(title))
@@ -314,8 +338,11 @@ def lib_page(header_path, *others):
             "Functions returning int return 0 or a negative \\fBTD_E\\fR* code, and fill the "
             "\\fBtd_error\\fR they are given (code, message, the failing request's id, a typed "
             "detail). \\fBtd_err_name\\fR() gives the code's name, \\fBtd_strerror\\fR() a "
-            "description. The codes and when the daemon sends each are listed in "
-            "\\fIdocs/protocol.md\\fR of the source tree.",
+            "description. When the daemon sends each code is said in "
+            "\\fIdocs/protocol.md\\fR of the source tree."]
+    for name, num, msg in codes:
+        out += [".TP", "\\fBTD_E%s\\fR (\\-%s)" % (esc(name), num), line(msg)]
+    out += [
             ".SH SEE ALSO", "\\fBtensordd\\fR(8), \\fBtdctl\\fR(1)"]
     return out
 
