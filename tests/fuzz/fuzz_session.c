@@ -18,56 +18,23 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
-#include <uv.h>
 
-#include "autograd.h"
-#include "config.h"
-#include "device.h"
-#include "dispatch.h"
-#include "exec.h"
 #include "frame.h"
-#include "log.h"
-#include "session.h"
+#include "harness.h"
 #include "tensordd.pb-c.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 typedef Tensordd__V1__Request Request;
 typedef Tensordd__V1__Response Response;
 
-static uv_loop_t *loop;
-static int port;
-
-static void start_daemon(void)
+static void tune(tdd_config *c)
 {
-    static const char *ep = "tcp://127.0.0.1:0";
-    tdd_config_defaults(&tdd_cfg);
-    tdd_cfg.listen[0] = ep;
-    tdd_cfg.nlisten = 1;
-    tdd_cfg.cpu_devices = 1;
-    tdd_cfg.device_lanes = 2;
-    tdd_cfg.memory_cap = 256u << 20;
-    tdd_log_level = getenv("TDD_FUZZ_VERBOSE") ? TDD_LOG_DEBUG : TDD_LOG_ERROR;
-    loop = uv_default_loop();
-    char note[256];
-    tdd_autograd_init();
-    if (tdd_exec_init(loop) || tdd_devices_init(&tdd_cfg, note, sizeof note) ||
-        tdd_server_start(loop, &tdd_cfg, tdd_dispatch)) {
-        fprintf(stderr, "fuzz_session: cannot start the in-process daemon\n");
-        exit(1);
-    }
-    const char *bound = tdd_server_endpoint(0);
-    port = atoi(strrchr(bound, ':') + 1);
+    c->cpu_devices = 1;
+    c->device_lanes = 2;
+    c->memory_cap = 256u << 20;
 }
 
 /* ---------------------------------------------------------------- the program's bytes */
@@ -555,7 +522,7 @@ static void *run_client(void *arg)
     job *j = arg;
     client c = {.in = j->in};
     c.fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fz_port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (c.fd < 0 || connect(c.fd, (struct sockaddr *)&sa, sizeof sa))
         broken("cannot connect to the in-process daemon");
@@ -612,45 +579,15 @@ static void *run_client(void *arg)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (!loop)
-        start_daemon();
+    fz_start("fuzz_session", tune);
     job j = {.in = {data, size}};
-    pthread_t t;
-    pthread_create(&t, NULL, run_client, &j);
-    struct timespec nap = {0, 50000};
-    while (!atomic_load(&j.done)) {
-        uv_run(loop, UV_RUN_NOWAIT);
-        nanosleep(&nap, NULL);
-    }
-    pthread_join(t, NULL);
-    for (int i = 0; i < 200000 && (tdd_nsessions > 0 || tdd_exec_pending() > 0); i++) {
-        uv_run(loop, UV_RUN_NOWAIT);
-        nanosleep(&nap, NULL);
-    }
-    if (tdd_nsessions > 0 || tdd_memory_in_use() > 0 || tdd_values_alive() > 0)
-        broken("after the session closed: %llu sessions, %llu bytes, %llu tensors left",
-               (unsigned long long)tdd_nsessions, (unsigned long long)tdd_memory_in_use(),
-               (unsigned long long)tdd_values_alive());
+    fz_run("fuzz_session", run_client, &j, &j.done);
     return 0;
 }
 
 #ifdef TDD_FUZZ_REPLAY
 int main(int argc, char **argv)
 {
-    int n = 0;
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        if (!f) {
-            fprintf(stderr, "fuzz_session: cannot open %s\n", argv[i]);
-            return 1;
-        }
-        uint8_t buf[1 << 16];
-        size_t got = fread(buf, 1, sizeof buf, f);
-        fclose(f);
-        LLVMFuzzerTestOneInput(buf, got);
-        n++;
-    }
-    printf("fuzz_session: replayed %d program(s): every invariant held, nothing left behind\n", n);
-    return 0;
+    return fz_replay(argc, argv, "fuzz_session");
 }
 #endif
