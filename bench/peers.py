@@ -157,6 +157,18 @@ def pct(v, q):
     return float(np.percentile(v, q))
 
 
+def timed(fn, reps):
+    """Microseconds of each of reps calls of fn, after 50 unmeasured ones."""
+    for _ in range(50):
+        fn()
+    v = np.empty(reps)
+    for i in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        v[i] = (time.perf_counter_ns() - t0) / 1000.0
+    return v
+
+
 ECHO = """
 import socket, sys
 ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
@@ -190,13 +202,7 @@ def raw_pingpong(reps, n=64):
             while got < n:
                 got += len(so.recv(n - got))
 
-        for _ in range(50):
-            once()
-        v = np.empty(reps)
-        for i in range(reps):
-            t0 = time.perf_counter_ns()
-            once()
-            v[i] = (time.perf_counter_ns() - t0) / 1000.0
+        v = timed(once, reps)
         so.close()
         return v
     finally:
@@ -248,19 +254,9 @@ def run(td, quick):
     t4 = torch.tensor([-1.0, 2.0, -3.0, 4.0])
     x4 = td.tensor([-1.0, 2.0, -3.0, 4.0])
 
-    def timed(fn):
-        for _ in range(50):
-            fn()
-        v = np.empty(reps)
-        for i in range(reps):
-            t0 = time.perf_counter_ns()
-            fn()
-            v[i] = (time.perf_counter_ns() - t0) / 1000.0
-        return v
-
     r_raw = raw_pingpong(reps)
-    r_rpc = timed(lambda: rpc.rpc_sync("ps", torch.relu, args=(t4,)))
-    r_tdd = timed(lambda: x4.relu().numpy())
+    r_rpc = timed(lambda: rpc.rpc_sync("ps", torch.relu, args=(t4,)), reps)
+    r_tdd = timed(lambda: x4.relu().numpy(), reps)
     print("\ntiny op: relu(4) and its values back, round trip in us (p50 / p99)")
     print(f"  raw Python socket ping-pong (64 B) {pct(r_raw, 50):9.1f} / {pct(r_raw, 99):9.1f}")
     print(f"  PyTorch RPC   {pct(r_rpc, 50):9.1f} / {pct(r_rpc, 99):9.1f}")
