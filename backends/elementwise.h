@@ -120,7 +120,7 @@ TDD_HD int64_t tdd_iremainder(int64_t x, int64_t y, int *err)
     OP(GELU, "gelu", 1, 1, UNARY) EW(GELU, FONLY, v ? (R)0.5 * x *((R)1 + tanh((R)0.7978845608028654 * (x + (R)0.044715 * x * x * x))) : (R)0.5 * x * ((R)1 + erf(x * (R)0.7071067811865476)), NONE, 0) \
     OP(SILU, "silu", 1, 1, UNARY) EW(SILU, FONLY, x / ((R)1 + exp(-x)), NONE, 0)                   \
     OP(SOFTPLUS, "softplus", 1, 1, UNARY) EW(SOFTPLUS, FONLY, x *p0 > p1 ? x : log1p(exp(x * p0)) / p0, NONE, 0) \
-    OP(CLAMP, "clamp", 1, 1, UNARY) EW(CLAMP, SAME, TDD_CLAMP_STEP(TDD_CLAMP_STEP(x, p0, <), p1, >), INT, x<lo ? (lo > hi ? hi : lo) : x> hi ? hi : x) \
+    OP(CLAMP, "clamp", 1, 3, UNARY) EW(CLAMP, SAME, TDD_CLAMP_STEP(TDD_CLAMP_STEP(x, p0, <), p1, >), INT, x<lo ? (lo > hi ? hi : lo) : x> hi ? hi : x) \
     OP(FLOOR, "floor", 1, 1, UNARY) EW(FLOOR, SAME, floor(x), INT, x)                              \
     OP(CEIL, "ceil", 1, 1, UNARY) EW(CEIL, SAME, ceil(x), INT, x)                                  \
     OP(ROUND, "round", 1, 1, UNARY) EW(ROUND, SAME, nearbyint(x), INT, x)                          \

@@ -98,6 +98,30 @@ typedef enum {
         TDD_OP_COUNT
 } tdd_op;
 
+/* pad's source index for position k (counted from the input's start) of a dim of size n > 0,
+ * in mode 1 reflect, 2 replicate, 3 circular (tdd_op_prepare keeps reflect within one
+ * reflection). */
+TDD_HD int64_t tdd_pad_src(int mode, int64_t k, int64_t n)
+{
+    if (mode == 1) {
+        if (k < 0)
+            k = -k;
+        return k >= n ? 2 * (n - 1) - k : k;
+    }
+    if (mode == 2)
+        return k < 0 ? 0 : k >= n ? n - 1 : k;
+    k %= n;
+    return k < 0 ? k + n : k;
+}
+
+/* pad's source index for output position o of a dim: before the dim's left padding; for
+ * circular, PyTorch's crop first: s the first input index kept, m how many are (tdd_opargs
+ * ints[1], ints[2]; a negative padding crops). */
+TDD_HD int64_t tdd_pad_at(int mode, int64_t o, int64_t before, int64_t n, int64_t s, int64_t m)
+{
+    return mode == 3 ? s + tdd_pad_src(3, o - before - s, m) : tdd_pad_src(mode, o - before, n);
+}
+
 /* The RULE column of elementwise.h (TDD_EW_NONE: not an elementwise expression op). */
 typedef enum {
     TDD_EW_NONE,

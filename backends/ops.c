@@ -51,8 +51,9 @@ static const tdd_attrdef s_leaky_relu[] = {A("negative_slope", NUM, "0.01", NULL
 static const tdd_attrdef s_gelu[] = {A("approximate", STR, "\"none\"", "none|tanh")};
 static const tdd_attrdef s_softplus[] = {A("beta", NUM, "1", "!= 0"),
                                          A("threshold", NUM, "20", NULL)};
-static const tdd_attrdef s_clamp[] = {A("min", NUM, "(none; at least one of min, max)", NULL),
-                                      A("max", NUM, "(none; at least one of min, max)", NULL)};
+static const tdd_attrdef s_clamp[] = {
+    A("min", NUM, "(none; at least one of min, max)", "not with tensor bounds"),
+    A("max", NUM, "(none; at least one of min, max)", "not with tensor bounds")};
 static const tdd_attrdef s_reduce[] = {A("dim", INT_OR_INTS, "all dims", "each in [-ndim, ndim)"),
                                        A("keepdim", BOOL, "false", NULL)};
 static const tdd_attrdef s_varstd[] = {
@@ -89,7 +90,9 @@ static const tdd_attrdef s_one_hot[] = {R("num_classes", INT, ">= 1")};
 static const tdd_attrdef s_diagonal[] = {A("diagonal", INT, "0", NULL)};
 static const tdd_attrdef s_pad[] = {
     R("pad", INTS, "pairs, last dim first (left, right, top, bottom, ...)"),
-    A("mode", STR, "\"constant\"", "constant"), A("value", NUM, "0", "fits the input's dtype")};
+    A("mode", STR, "\"constant\"",
+      "constant|reflect|replicate|circular (these pad the last 1-3 dims of a (batched) input)"),
+    A("value", NUM, "0", "fits the input's dtype; mode constant only")};
 static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
                                               A("label_smoothing", NUM, "0", "[0, 1]")};
 static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
@@ -191,7 +194,8 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_GELU] = S("input", s_gelu),
     [TDD_OP_SILU] = S_NONE("input"),
     [TDD_OP_SOFTPLUS] = S("input", s_softplus),
-    [TDD_OP_CLAMP] = S_ORD("input", s_clamp, "min<=max"),
+    [TDD_OP_CLAMP] =
+        S_ORD("input, min (optional tensor), max (optional tensor; with min)", s_clamp, "min<=max"),
     [TDD_OP_FLOOR] = S_NONE("input"),
     [TDD_OP_CEIL] = S_NONE("input"),
     [TDD_OP_ROUND] = S_NONE("input"),
@@ -902,6 +906,54 @@ static int prep_element(tdd_prep *p)
     return 0;
 }
 
+/* clamp(input, min[, max]) with tensor bounds (PyTorch's Tensor overload): the three
+ * broadcast and promote together; the kernels run minimum(maximum(input, min), max)
+ * (tdd_clamp_by_tensors). */
+static int prep_clamp_tensors(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    int64_t shape[TD_MAX_NDIM], s2[TD_MAX_NDIM];
+    int ndim = p->in[0]->ndim, n2, rc;
+    const char *both = tdd_p_get(p, "min") ? "min" : tdd_p_get(p, "max") ? "max" : NULL;
+    if (both)
+        return tdd_err_arg(p->err, both, "clamp: bounds are given both as inputs and attributes");
+    memcpy(shape, p->in[0]->shape, sizeof shape);
+    for (int k = 1; k < p->n_in; k++) {
+        rc = tdd_p_bcast(p, shape, ndim, p->in[k]->shape, p->in[k]->ndim, s2, &n2);
+        if (rc)
+            return rc;
+        memcpy(shape, s2, sizeof shape);
+        ndim = n2;
+    }
+    td_dtype ct = result_type(p->in, p->n_in, TD_DTYPE_INVALID);
+    if (ct == TD_BOOL)
+        return tdd_p_unsupported(p, ct);
+    g->dtype = g->cdtype = ct;
+    g->flags = p->n_in == 3 ? 3u : 1u;
+    tdd_p_out(p, 0, ct, shape, ndim);
+    return 0;
+}
+
+int tdd_clamp_by_tensors(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
+{
+    tdd_opargs a = *c->args;
+    a.scalar_form = false;
+    a.flags = 0;
+    a.f[1] = 1.0;
+    a.n[1] = 1;
+    tdd_opcall s = *c;
+    s.args = &a;
+    s.op = TDD_OP_MAXIMUM;
+    s.n_in = 2;
+    int rc = run(ctx, ordinal, &s);
+    if (rc || c->n_in < 3)
+        return rc;
+    s.op = TDD_OP_MINIMUM; /* in place: each element reads only its own */
+    s.in[0] = c->out[0];
+    s.in[1] = c->in[2];
+    return run(ctx, ordinal, &s);
+}
+
 static int prep_unary(tdd_prep *p)
 {
     tdd_opargs *g = p->args;
@@ -1273,7 +1325,7 @@ int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_o
         rc = prep_binary(&p);
         break;
     case TDD_KIND_UNARY:
-        rc = prep_unary(&p);
+        rc = op == TDD_OP_CLAMP && n_in > 1 ? prep_clamp_tensors(&p) : prep_unary(&p);
         break;
     case TDD_KIND_ELEMENT:
         rc = prep_element(&p);

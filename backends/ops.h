@@ -122,7 +122,9 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      flags bit 0/1 = a/b was 1-D, bit 2 = linear has bias
  *  views: out_view (the output is a view: kernels do nothing); a copy otherwise
  *  cat/stack/gather/scatter_add/index_select/split/chunk/tril/triu: i[0] dim or diagonal
- *  one_hot: i[0] classes   pad: ints[0] per-dim before-pad, f[0] value
+ *  one_hot: i[0] classes   pad: ints[0] per-dim before-pad, f[0] value, i[0] mode (0 constant,
+ *      1 reflect, 2 replicate, 3 circular; circular: ints[1], ints[2] the kept input range's
+ *      start and length, tdd_pad_at)
  *  losses: i[0] reduction, i[1] ignore_index, f[0] label_smoothing
  *  layer_norm: i[0] number of normalised dims, f[0] eps, flags bit 0/1 weight/bias
  *  dropout: f[0] p, i[0] train   conv2d/pools: ints[0] stride, ints[1] padding (ints[1][2..3]:
@@ -183,6 +185,11 @@ typedef struct tdd_opcall {
     const tdd_tensor *in[TDD_MAX_OP_INPUTS];
     tdd_tensor *out[TDD_MAX_OP_OUTPUTS];
 } tdd_opcall;
+
+/* clamp with tensor bounds (inputs input, min[, max]) as the backends run it: maximum into
+ * the output, then minimum in place, each through run (a backend's execute). */
+typedef int (*tdd_run_fn)(void *ctx, int ordinal, const tdd_opcall *c);
+int tdd_clamp_by_tensors(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 
 /* Helpers for error filling (printf-style message). */
 int tdd_err_set(td_error *err, int code, const char *fmt, ...)

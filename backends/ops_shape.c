@@ -494,10 +494,46 @@ static int prep_index(tdd_prep *p)
             return rc;
         if (n < 0)
             return tdd_p_missing(p, "pad");
-        if (strcmp(mode, "constant") != 0)
-            return tdd_err_arg(p->err, "mode", "pad: only mode \"constant\" is supported");
+        static const char *const modes[] = {"constant", "reflect", "replicate", "circular"};
+        int m = 0;
+        while (m < 4 && strcmp(mode, modes[m]) != 0)
+            m++;
+        if (m == 4)
+            return tdd_err_arg(p->err, "mode",
+                               "pad: mode must be constant, reflect, replicate or circular, got "
+                               "\"%.32s\"",
+                               mode);
         if (n % 2 || n / 2 > nd)
             return tdd_err_arg(p->err, "pad", "pad: needs pairs for at most %d dims", nd);
+        g->i[0] = m;
+        if (m) { /* PyTorch's rules for the modes that read the input */
+            int k = n / 2;
+            if (tdd_p_get(p, "value"))
+                return tdd_err_arg(p->err, "value", "pad: mode %s takes no value", mode);
+            if (k < 1 || k > 3 || nd < k + (m == 3 ? 2 : 1) || nd > k + 2)
+                return tdd_err_arg(p->err, "pad",
+                                   "pad: mode %s pads the last 1 to 3 dims of a %sbatched input: "
+                                   "%d pair(s) need a %d-D%s input, got %d-D",
+                                   mode, m == 3 ? "" : "(or un)", k, k + 2,
+                                   m == 3 ? "" : " (or one less)", nd);
+            for (int e = 0; e < nd; e++) {
+                g->ints[1][e] = 0;
+                g->ints[2][e] = a->shape[e];
+            }
+            for (int j = 0; j < k; j++) {
+                int64_t len = a->shape[nd - 1 - j], lo = pads[2 * j], hi = pads[2 * j + 1];
+                int64_t s = lo < 0 ? -lo : 0, kept = len - s - (hi < 0 ? -hi : 0);
+                g->ints[1][nd - 1 - j] = s;
+                g->ints[2][nd - 1 - j] = kept;
+                if (len == 0 || (m == 1 && (lo >= len || hi >= len)) ||
+                    (m == 3 && (lo > kept || hi > kept || kept <= 0)))
+                    return tdd_err_arg(p->err, "pad",
+                                       "pad: mode %s needs dim %d (size %lld) larger than its "
+                                       "padding (%lld, %lld)%s",
+                                       mode, nd - 1 - j, (long long)len, (long long)lo,
+                                       (long long)hi, m == 3 ? " or as large, after a crop" : "");
+            }
+        }
         for (int k = 0; k < n / 2; k++) {
             int dd = nd - 1 - k;
             int64_t lo = pads[2 * k], hi = pads[2 * k + 1];

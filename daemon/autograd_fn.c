@@ -483,6 +483,28 @@ static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         break;
     }
     case TDD_OP_CLAMP: { /* passes where min <= x <= max */
+        if (n->n_in > 1) {
+            /* tensor bounds, PyTorch's rule: the bound that won gets the gradient; where
+             * min > max, max wins (min gets none) */
+            tdd_value *lo = n->in[1].v, *hi = n->n_in > 2 ? n->in[2].v : NULL;
+            tdd_value *ge = bin(b, TDD_OP_GE, x, lo);
+            tdd_value *le = hi ? bin(b, TDD_OP_LE, x, hi) : NULL;
+            td_dtype gd = g->t.dtype;
+            gin[0] =
+                bin(b, TDD_OP_MUL, g, maskf(b, le ? bin(b, TDD_OP_LOGICAL_AND, ge, le) : ge, gd));
+            if (n->in[1].needs_grad) {
+                tdd_value *w = bin(b, TDD_OP_LT, x, lo);
+                if (hi)
+                    w = bin(b, TDD_OP_LOGICAL_AND, w, bin(b, TDD_OP_LT, lo, hi));
+                gin[1] = bin(b, TDD_OP_MUL, g, maskf(b, w, gd));
+            }
+            if (hi && n->in[2].needs_grad) {
+                tdd_value *w =
+                    bin(b, TDD_OP_LOGICAL_OR, bin(b, TDD_OP_GT, x, hi), bin(b, TDD_OP_LT, hi, lo));
+                gin[2] = bin(b, TDD_OP_MUL, g, maskf(b, w, gd));
+            }
+            return b->rc;
+        }
         r = g;
         if (a->flags & 1u)
             r = bin(b, TDD_OP_MUL, r, maskf(b, sc(b, TDD_OP_GE, x, a->f[0]), dt));
@@ -985,6 +1007,51 @@ static tdd_value *scatter_into_zeros(tdd_bw *b, const tdd_node_in *xi, tdd_value
     return in[0] && idx && src ? tdd_bw_op(b, TDD_OP_SCATTER_ADD, in, 3, &d, 1, 0, NULL) : NULL;
 }
 
+/* x op an int scalar (integer tensors stay integral). */
+static tdd_value *sci(tdd_bw *b, tdd_op op, tdd_value *x, int64_t v)
+{
+    td_attr a = A_INT("other", v);
+    return op1a(b, op, x, &a, 1);
+}
+
+/* pad in mode reflect/replicate/circular: each output position's gradient goes back to the
+ * input position it read (tdd_pad_src), one padded dim at a time, summed by scatter_add. */
+static tdd_value *pad_mode_grad(tdd_bw *b, tdd_node *n, tdd_value *g)
+{
+    const tdd_node_in *xi = &n->in[0];
+    int nd = xi->ndim, mode = (int)n->args.i[0];
+    int64_t cur[TD_MAX_NDIM];
+    memcpy(cur, n->out[0].shape, (size_t)nd * sizeof *cur);
+    for (int d = nd - 1; d >= 0 && g; d--) {
+        int64_t len = xi->shape[d], before = n->args.ints[0][d];
+        int64_t s = mode == 3 ? n->args.ints[1][d] : 0, kept = n->args.ints[2][d];
+        if (cur[d] == len && before == 0)
+            continue;
+        td_attr r[2] = {A_INT("start", -before - s), A_INT("end", cur[d] - before - s)};
+        tdd_value *k = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, r, 2, TD_I64, xi->dev);
+        if (mode == 1) /* (n-1) - |(n-1) - |k|| */
+            k = sci(b, TDD_OP_SUB,
+                    un(b, TDD_OP_NEG,
+                       un(b, TDD_OP_ABS, sci(b, TDD_OP_SUB, un(b, TDD_OP_ABS, k), len - 1))),
+                    -(len - 1));
+        else if (mode == 2) {
+            td_attr cl[2] = {A_INT("min", 0), A_INT("max", len - 1)};
+            k = op1a(b, TDD_OP_CLAMP, k, cl, 2);
+        } else { /* circular, within the kept range (tdd_pad_at) */
+            k = sci(b, TDD_OP_ADD, sci(b, TDD_OP_REMAINDER, k, kept), s);
+        }
+        tdd_value *idx = index_along(b, k, d, cur, nd);
+        int64_t to[TD_MAX_NDIM];
+        memcpy(to, cur, sizeof to);
+        to[d] = len;
+        tdd_value *in[3] = {zeros(b, to, nd, g->t.dtype, xi->dev), idx, g};
+        td_attr da = A_INT("dim", d);
+        g = in[0] && idx ? tdd_bw_op(b, TDD_OP_SCATTER_ADD, in, 3, &da, 1, 0, NULL) : NULL;
+        cur[d] = len;
+    }
+    return g;
+}
+
 static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -1065,6 +1132,10 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
         break;
     }
     case TDD_OP_PAD: {
+        if (a->i[0]) {
+            gin[0] = pad_mode_grad(b, n, g);
+            break;
+        }
         /* Positive padding is cut off the gradient; negative padding (a crop)
          * comes back as zeros. */
         tdd_value *r = g;

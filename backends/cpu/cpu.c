@@ -495,6 +495,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     const tdd_opargs *g = c->args;
     td_dtype ct = g->cdtype;
     int arity = (unsigned)c->op < TDD_OP_COUNT ? tdd_ew_arity(c->op) : 0;
+    if (c->op == TDD_OP_CLAMP && c->n_in > 1)
+        return false; /* tensor bounds: the reference's maximum then minimum */
     if (arity)
         return ew_native(c, arity);
     switch (c->op) {
@@ -569,9 +571,10 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_STACK: /* raw element moves; mixed dtypes convert (the reference does) */
         return inputs_are(c, 0, c->n_in, c->out[0]->dtype);
     case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_PAD: /* rows of a C-contiguous output (cpu_index.c) */
+    case TDD_OP_TRIU: /* rows of a C-contiguous output (cpu_index.c) */
         return tdd_is_contiguous(c->out[0]);
+    case TDD_OP_PAD: /* the same, mode constant; reflect, replicate, circular: the reference */
+        return tdd_is_contiguous(c->out[0]) && c->args->i[0] == 0;
     case TDD_OP_DROPOUT: /* the reference's draws and rounding: bit-identical */
         return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->out[0]);
     case TDD_OP_ARANGE:

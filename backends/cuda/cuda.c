@@ -1263,6 +1263,25 @@ static int exec_pad(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
     const tdd_tensor *x = c->in[0], *y = c->out[0];
+    if (g->i[0]) { /* reflect, replicate, circular: every output element reads the input */
+        tdc_padmode pm;
+        memset(&pm, 0, sizeof pm);
+        pm.ndim = y->ndim;
+        pm.mode = (int)g->i[0];
+        pm.numel = tdd_numel(y);
+        for (int d = 0; d < y->ndim; d++) {
+            pm.yshape[d] = y->shape[d];
+            pm.ystrides[d] = y->strides[d];
+            pm.xshape[d] = x->shape[d];
+            pm.xstrides[d] = x->strides[d];
+            pm.before[d] = g->ints[0][d];
+            pm.keep_start[d] = g->ints[1][d];
+            pm.keep_len[d] = g->ints[2][d];
+        }
+        return cuda_rc(
+            dv, tdc_pad_mode(&dv->kd, &pm, tdd_data(y), tdd_data(x), (int)td_dtype_size(y->dtype)),
+            "pad");
+    }
     /* A bool pad value is its truth (0.5 pads true, as ref), not its integer part. */
     int64_t n = y->dtype == TD_BOOL ? g->f[0] != 0.0 : tdd_sat_i64(g->f[0]);
     int rc = cuda_rc(dv,
@@ -1457,6 +1476,8 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
     int rc = dev_failed(dv);
     if (rc)
         return rc;
+    if (c->op == TDD_OP_CLAMP && c->n_in > 1) /* tensor bounds: maximum, then minimum */
+        return tdd_clamp_by_tensors(c, cuda_execute, ctx, ordinal);
     if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))

@@ -543,6 +543,22 @@ template <typename T> __global__ void eye_kernel(T *y, int64_t rows, int64_t col
 }
 
 template <typename T>
+__global__ void pad_mode_kernel(__grid_constant__ const tdc_padmode p, T *y, const T *x)
+{
+    for (int64_t i = gtid(); i < p.numel; i += gstride()) {
+        int64_t r = i, off = 0, yoff = 0;
+        for (int d = p.ndim - 1; d >= 0; d--) {
+            int64_t o = r % p.yshape[d];
+            r /= p.yshape[d];
+            yoff += o * p.ystrides[d];
+            off += tdd_pad_at(p.mode, o, p.before[d], p.xshape[d], p.keep_start[d], p.keep_len[d]) *
+                   p.xstrides[d];
+        }
+        y[yoff] = x[off];
+    }
+}
+
+template <typename T>
 __global__ void tri_kernel(__grid_constant__ const tdc_layout l, T *y, const T *x, int64_t rows,
                            int64_t cols, int64_t diag, int upper)
 {
@@ -1388,6 +1404,36 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
         break;
     case 8:
         tdc_launch(g, kThreads, 0, s, eye_kernel<uint64_t>)((uint64_t *)y, rows, cols, one);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_pad_mode(const tdc_dev *d, const tdc_padmode *p, void *y, const void *x,
+                                    int elsize)
+{
+    if (p->numel == 0)
+        return cudaSuccess;
+    int g = grid_for(d, p->numel);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint8_t>)(*p, (uint8_t *)y,
+                                                                (const uint8_t *)x);
+        break;
+    case 2:
+        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint16_t>)(*p, (uint16_t *)y,
+                                                                 (const uint16_t *)x);
+        break;
+    case 4:
+        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint32_t>)(*p, (uint32_t *)y,
+                                                                 (const uint32_t *)x);
+        break;
+    case 8:
+        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint64_t>)(*p, (uint64_t *)y,
+                                                                 (const uint64_t *)x);
         break;
     default:
         return cudaErrorInvalidValue;

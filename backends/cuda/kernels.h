@@ -74,6 +74,17 @@ cudaError_t tdc_ew(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y, co
                    const void *b, const tdc_ewargs *g, int *bad);
 /* where(cond, a, b) and masked_fill(x, mask) on elsize-byte elements of one dtype: operands
  * y, cond/mask (bool), a/x[, b]; masked_fill writes the bit pattern bits. */
+/* pad in mode 1 reflect, 2 replicate, 3 circular (tdd_pad_src): y over yshape and x at their
+ * strides (elements; the pointers at element 0). */
+typedef struct {
+    int ndim, mode;
+    int64_t numel;
+    int64_t yshape[TDC_MAX_DIMS], ystrides[TDC_MAX_DIMS];
+    int64_t xshape[TDC_MAX_DIMS], xstrides[TDC_MAX_DIMS];
+    int64_t before[TDC_MAX_DIMS], keep_start[TDC_MAX_DIMS], keep_len[TDC_MAX_DIMS]; /* tdd_pad_at */
+} tdc_padmode;
+cudaError_t tdc_pad_mode(const tdc_dev *d, const tdc_padmode *p, void *y, const void *x,
+                         int elsize);
 cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y, const uint8_t *cond,
                        const void *a, const void *b, int elsize, uint64_t bits);
 

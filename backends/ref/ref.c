@@ -66,10 +66,19 @@ int64_t ref_line(const tdd_tensor *t, int d, int64_t j, int64_t *step)
     return off;
 }
 
+static int ref_run_sub(void *ctx, int ordinal, const tdd_opcall *c)
+{
+    (void)ctx;
+    (void)ordinal;
+    return tdd_ref_run(c);
+}
+
 int tdd_ref_run(const tdd_opcall *c)
 {
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
+    if (c->op == TDD_OP_CLAMP && c->n_in > 1)
+        return tdd_clamp_by_tensors(c, ref_run_sub, NULL, 0);
     switch (tdd_opdefs[c->op].kind) {
     case TDD_KIND_BINARY:
     case TDD_KIND_UNARY:

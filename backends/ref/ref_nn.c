@@ -182,7 +182,14 @@ int ref_index_op(const tdd_opcall *c)
         }
         return 0;
     case TDD_OP_PAD:
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n && g->i[0]; i++) { /* reflect, replicate, circular */
+            ref_unravel(i, y->shape, y->ndim, idx);
+            for (int k = 0; k < y->ndim; k++)
+                idx[k] = tdd_pad_at((int)g->i[0], idx[k], g->ints[0][k], a->shape[k], g->ints[1][k],
+                                    g->ints[2][k]);
+            move1(y, ref_index(y, i), a, at_idx(a, idx));
+        }
+        for (int64_t i = 0; i < n && !g->i[0]; i++) {
             ref_unravel(i, y->shape, y->ndim, idx);
             bool inside = true;
             for (int k = 0; k < y->ndim; k++) {

@@ -339,6 +339,16 @@ const conf_case conf_cases[] = {
     {"rand", {NULL}, "shape=[70000]", FA, 1},
     {"randn", {NULL}, "shape=[5,7]", FA, 1},
     {"randint", {NULL}, "low=-3;high=9;shape=[40]", "il", 1},
+    /* issue 14: the argument forms PyTorch accepts (kept last: a row's data is seeded by its
+     * index, so rows added above would change the data of every row below) */
+    {"clamp", {"x:3,4", "x:4", "x:3,1"}, "", NUM, 1}, /* tensor bounds */
+    {"clamp", {"x:3,4", "x:"}, "", NUM, 1},
+    {"clamp", {"x:4", "x:2,4", "x:4S"}, "", F, 1},
+    {"pad", {"x:2,3,5"}, "pad=[2,3];mode='reflect'", ALL, 1}, /* modes that read the input */
+    {"pad", {"x:1,2,4,5T"}, "pad=[1,2,3,0];mode='replicate'", ALL, 1},
+    {"pad", {"x:1,1,3,4,3"}, "pad=[1,1,2,0,0,2];mode='circular'", ALL, 1},
+    {"pad", {"x:3,4,5"}, "pad=[-1,2,1,3];mode='reflect'", F, 1},
+    {"pad", {"x:1,2,5,6"}, "pad=[-2,3,1,-1];mode='circular'", F, 1},
 };
 const int conf_ncases = (int)(sizeof conf_cases / sizeof conf_cases[0]);
 
