@@ -145,6 +145,7 @@ DAEMON_LIBS := $(shell pkg-config --libs libuv libprotobuf-c inih libmicrohttpd 
                $(OPENBLAS_LIBS) $(TLS_LIBS) \
                $(OMP) -lm $(CUDA_LIBS)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+include daemon/gloo.mk
 
 TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BUILD)/tdctl \
            $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))

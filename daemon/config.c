@@ -133,6 +133,18 @@ static const option_row rows[] = {
      "close connections whose replies make no progress (a client that stopped reading)"},
     {"max-write-queue", "BYTES", OPT_BYTES, FIELD(max_write_queue), 64 * M, 4 * K, UINT64_MAX, NULL,
      "replies queued per connection, with their bookkeeping, before it stops reading"},
+    {"group-store-dir", "PATH", OPT_PATH, FIELD(group_store_dir), 0, 0, 0, NULL,
+     "process groups meet in directories under it (Gloo's FileStore; shared by the "
+     "ranks' daemons: one host, or a shared filesystem); default: groups off"},
+    {"group-address", "ADDR", OPT_PATH, FIELD(group_address), 0, 0, 0, NULL,
+     "the address this daemon's process-group peers connect to (unauthenticated Gloo "
+     "TCP: a private network only; default 127.0.0.1)"},
+    {"group-timeout", "SECS", OPT_SECONDS, FIELD(group_timeout_s), 60, 1, 86400, NULL,
+     "a process group's rendezvous, and each collective, fail with TIMEOUT after this"},
+    {"group-max-ranks", "N", OPT_COUNT, FIELD(group_max_ranks), 256, 1, 65536, NULL,
+     "largest world size of a process group (each rank keeps a connection to every other)"},
+    {"group-bucket-bytes", "BYTES", OPT_BYTES, FIELD(group_bucket_bytes), 32 * M, 4 * K, 4 * G,
+     NULL, "an all-reduce packs tensors into buckets of at most this size"},
     {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
      "read options from this INI file (default " TDD_CONFIG_DEFAULT
      " when it exists; a missing PATH is an error): one `key = value` line per option, keys "

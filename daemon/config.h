@@ -53,6 +53,12 @@ typedef struct tdd_config {
     char tls_client_ca[512]; /* CA certificates clients must be signed by; "" = no mTLS */
     uint32_t insecure;       /* allow a listener beyond loopback with neither TLS nor token */
     bool listen_default;     /* no listen was configured: listen[0] is the default */
+    /* process groups (group.c) */
+    char group_store_dir[512];   /* rendezvous directories live under it; "" = groups off */
+    char group_address[64];      /* the address peers reach this daemon's Gloo on */
+    uint32_t group_timeout_s;    /* rendezvous and each collective */
+    uint32_t group_max_ranks;    /* a group's world size */
+    uint64_t group_bucket_bytes; /* largest bucket an all-reduce packs tensors into */
 } tdd_config;
 
 extern tdd_config tdd_cfg;

@@ -6,6 +6,7 @@
 #include "dispatch.h"
 
 #include "graph.h"
+#include "group.h"
 #include "handlers.h"
 #include "log.h"
 #include "stats.h"
@@ -90,6 +91,18 @@ static size_t ids_graph_end(const Request *req, uint64_t *ids)
     return 1;
 }
 
+static size_t ids_group_create(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->group_create->group;
+    return 1;
+}
+
+static size_t ids_all_gather(const Request *req, uint64_t *ids)
+{
+    ids[0] = req->all_gather->output;
+    return 1;
+}
+
 #define ROW(body) [TENSORDD__V1__REQUEST__BODY_##body]
 #define SYNC (REQ_SYNC | REQ_ANSWERED)
 #define REC REQ_RECORDED
@@ -121,6 +134,12 @@ static const request_row rows[] = {
      * ends the recording whatever the verdict. */
     ROW(GRAPH_END) = {tdd_h_graph_end, REQ_ANSWERED | REQ_READ, TD_HANDLE_GRAPH, ids_graph_end},
     ROW(REPLAY) = {tdd_h_replay, 0, TD_HANDLE_NONE, NULL},
+    /* Process groups (group.c): each queues one job on the group's device and blocks until
+     * it ran (every rank joined, or the collective finished), then answers its verdict. */
+    ROW(GROUP_CREATE) = {tdd_h_group_create, SYNC, TD_HANDLE_GROUP, ids_group_create},
+    ROW(ALL_REDUCE) = {tdd_h_all_reduce, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(BROADCAST) = {tdd_h_broadcast, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(ALL_GATHER) = {tdd_h_all_gather, SYNC, TD_HANDLE_TENSOR, ids_all_gather},
 };
 
 /* The body's field name ("graph_begin"), for messages. */

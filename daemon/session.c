@@ -11,7 +11,7 @@
 tdd_session *tdd_sessions;
 uint64_t tdd_nsessions;
 static uint64_t next_session_id = 1;
-static tdd_obj_free_fn free_fns[TD_HANDLE_GRAPH + 1];
+static tdd_obj_free_fn free_fns[TD_HANDLE_GROUP + 1];
 static uint64_t values_alive;
 
 uint64_t tdd_values_alive(void)
@@ -355,6 +355,8 @@ static const char *kind_name(td_handle_kind k)
         return "optimizer";
     case TD_HANDLE_GRAPH:
         return "graph";
+    case TD_HANDLE_GROUP:
+        return "group";
     case TD_HANDLE_NONE:
         break;
     }

@@ -57,7 +57,8 @@ typedef enum {
     TD_HANDLE_TENSOR = 1,
     TD_HANDLE_GRADIENTS = 2,
     TD_HANDLE_OPTIMIZER = 3,
-    TD_HANDLE_GRAPH = 4
+    TD_HANDLE_GRAPH = 4,
+    TD_HANDLE_GROUP = 5
 } td_handle_kind;
 
 typedef struct {

@@ -1,0 +1,20 @@
+# gloo.mk -- process groups on Gloo (Debian libgloo-dev): daemon/gloo_shim.cc, the one C++
+# file of the daemon, compiled with g++ and linked into everything that links the daemon's
+# objects; bench/gloo_direct, the same shim called directly (bench/allreduce.py's baseline).
+APT_PKGS += g++ libgloo-dev
+CXX := g++
+GLOO_OBJ := $(BUILD)/obj/daemon/gloo_shim.cc.o
+GLOO_CXXFLAGS := -std=c++17 $(OPT) -fPIC -pthread -Wall -Wextra -Wpedantic \
+                 $(if $(filter 1,$(WERROR)),-Werror) $(filter -fsanitize=% -fno-omit-frame-pointer,$(CFLAGS))
+DAEMON_OBJ += $(GLOO_OBJ)
+DAEMON_LIBS += -lgloo -lstdc++
+
+$(GLOO_OBJ): daemon/gloo_shim.cc daemon/gloo_shim.h include/td_error.h
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $<"
+	$(Q)$(CXX) $(GLOO_CXXFLAGS) -Iinclude -Idaemon -c $< -o $@
+
+$(BUILD)/bench/gloo_direct: bench/gloo_direct.cc $(GLOO_OBJ)
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $@"
+	$(Q)$(CXX) $(GLOO_CXXFLAGS) -Iinclude -Idaemon $^ -lgloo -o $@

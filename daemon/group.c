@@ -1,0 +1,790 @@
+/* group.c -- process groups: daemons that form a group (GroupCreate) and run collectives
+ * on their sessions' tensors (AllReduce, Broadcast, AllGather) through Gloo.
+ *
+ * A group is a session handle. Its rendezvous and every collective run on the group's
+ * device's worker (tdd_submit_work), never on the loop: the request is synchronising,
+ * queues one job and stays blocked (the connection reads nothing else) until the job is
+ * done; the handler is then called again and answers with the job's verdict, as
+ * OptimizerStep does. Before moving data each collective exchanges a small signature
+ * (op, root, count, dtypes and shapes) with an allgather, so ranks that disagree all
+ * fail with a typed error and the group stays usable. A rank that dies or misses
+ * --group-timeout makes Gloo throw: every other rank gets TIMEOUT and the group is
+ * broken from then on (later collectives: TIMEOUT at once). The sessions go on. */
+#include "group.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd_impl.h" /* the Gradients map an all-reduce reads and updates */
+#include "config.h"
+#include "exec_op.h"
+#include "gloo_shim.h"
+#include "log.h"
+
+typedef Tensordd__V1__Request Request;
+
+enum { JOB_CREATE = 1, JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER };
+enum { SIG_KIND, SIG_OP, SIG_ROOT, SIG_N, SIG_NUMEL, SIG_SHAPES, SIG_DTYPES, SIG_LEN };
+
+typedef struct {
+    tdd_value *src;  /* read (ref) */
+    tdd_value *dst;  /* written (ref): src itself (in place) or a new contiguous value */
+    tdd_value *leaf; /* the parameter whose gradient dst becomes (ref), or NULL */
+} job_item;
+
+typedef struct group_job {
+    struct tdd_group *g; /* holds a reference until the job is done */
+    int kind;
+    /* GroupCreate */
+    char dir[sizeof tdd_cfg.group_store_dir + 72];
+    tdd_gloo *gl;
+    /* collectives */
+    job_item *it;
+    size_t n;
+    int op; /* ReduceOp */
+    int root;
+    tdd_value *out; /* AllGather's (ref) */
+    bool wrote;     /* data moved: in-place tensors may hold partial results on failure */
+    /* the verdict, from the worker */
+    int rc;
+    td_error err;
+} group_job;
+
+typedef struct tdd_group {
+    long refs;
+    tdd_gloo *gl; /* NULL until the rendezvous succeeded */
+    tdd_device *dev;
+    char name[72];
+    int rank, size;
+    bool broken; /* the rendezvous failed or a rank was lost: broke says how */
+    td_error broke;
+    /* The request the connection is blocked on (its job queued or done), and its job
+     * once done, until the handler answers. */
+    bool pending;
+    uint64_t pending_req;
+    group_job *done;
+} tdd_group;
+
+/* ---------------------------------------------------------------- lifetimes */
+
+static void job_free(group_job *j)
+{
+    for (size_t i = 0; i < j->n; i++) {
+        if (j->it[i].dst != j->it[i].src)
+            tdd_value_unref(j->it[i].dst);
+        tdd_value_unref(j->it[i].src);
+        if (j->it[i].leaf)
+            tdd_value_unref(j->it[i].leaf);
+    }
+    free(j->it);
+    if (j->out)
+        tdd_value_unref(j->out);
+    if (j->gl)
+        tdd_gloo_free(j->gl);
+    free(j);
+}
+
+static void group_unref(void *obj)
+{
+    tdd_group *g = obj;
+    if (--g->refs > 0)
+        return;
+    if (g->done)
+        job_free(g->done);
+    if (g->gl)
+        tdd_gloo_free(g->gl);
+    free(g);
+}
+
+static void register_kind(void)
+{
+    static bool registered;
+    if (!registered) {
+        tdd_handle_set_free_fn(TD_HANDLE_GROUP, group_unref);
+        registered = true;
+    }
+}
+
+/* ---------------------------------------------------------------- the worker's side */
+
+static tdd_gloo_dtype gloo_dtype(td_dtype dt)
+{
+    switch (dt) {
+    case TD_F64:
+        return TDD_GLOO_F64;
+    case TD_I32:
+        return TDD_GLOO_I32;
+    case TD_I64:
+        return TDD_GLOO_I64;
+    default:
+        return TDD_GLOO_F32;
+    }
+}
+
+static int fail(group_job *j, int code, const char *msg)
+{
+    j->rc = tdd_err_set(&j->err, code, "process group '%s': %s", j->g->name, msg);
+    return j->rc;
+}
+
+static const char *kind_word(int64_t k)
+{
+    return k == JOB_ALLREDUCE ? "AllReduce" : k == JOB_BROADCAST ? "Broadcast" : "AllGather";
+}
+
+/* Every rank's signature of the call; the first rank that disagrees with this one fails
+ * the call on every rank (each sees the disagreement), before any data moves. */
+static int check_signatures(group_job *j)
+{
+    tdd_group *g = j->g;
+    int64_t sig[SIG_LEN] = {0};
+    sig[SIG_KIND] = j->kind;
+    sig[SIG_OP] = j->op;
+    sig[SIG_ROOT] = j->root;
+    sig[SIG_N] = (int64_t)j->n;
+    const uint64_t prime = UINT64_C(1099511628211); /* FNV-1a */
+    uint64_t hs = UINT64_C(1469598103934665603), hd = hs;
+    for (size_t i = 0; i < j->n; i++) {
+        const tdd_tensor *t = &j->it[i].src->t;
+        sig[SIG_NUMEL] += tdd_numel(t);
+        hd = (hd ^ (uint64_t)t->dtype) * prime;
+        hs = (hs ^ (uint64_t)t->ndim) * prime;
+        for (int d = 0; d < t->ndim; d++)
+            hs = (hs ^ (uint64_t)t->shape[d]) * prime;
+    }
+    sig[SIG_SHAPES] = (int64_t)hs;
+    sig[SIG_DTYPES] = (int64_t)hd;
+    int64_t *all = malloc((size_t)g->size * sizeof sig);
+    if (!all)
+        return fail(j, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    char msg[200] = "";
+    int rc = tdd_gloo_allgather(g->gl, sig, all, sizeof sig, msg, sizeof msg);
+    if (rc) {
+        free(all);
+        return fail(j, rc, msg);
+    }
+    for (int r = 0; r < g->size && !j->rc; r++) {
+        const int64_t *o = all + (size_t)r * SIG_LEN;
+        if (!memcmp(o, sig, sizeof sig))
+            continue;
+        char why[200];
+        int code = TD_EINVALID_ARGUMENT;
+        if (o[SIG_KIND] != sig[SIG_KIND])
+            snprintf(why, sizeof why, "rank %d called %s while rank %d called %s", r,
+                     kind_word(o[SIG_KIND]), g->rank, kind_word(sig[SIG_KIND]));
+        else if (o[SIG_OP] != sig[SIG_OP] || o[SIG_ROOT] != sig[SIG_ROOT])
+            snprintf(why, sizeof why,
+                     "rank %d called %s with op %lld root %lld, rank %d with op %lld root %lld", r,
+                     kind_word(sig[SIG_KIND]), (long long)o[SIG_OP], (long long)o[SIG_ROOT],
+                     g->rank, (long long)sig[SIG_OP], (long long)sig[SIG_ROOT]);
+        else if (o[SIG_N] != sig[SIG_N] || o[SIG_NUMEL] != sig[SIG_NUMEL] ||
+                 o[SIG_SHAPES] != sig[SIG_SHAPES]) {
+            code = TD_ESHAPE_MISMATCH;
+            snprintf(why, sizeof why,
+                     "rank %d gave %lld tensor(s) of %lld elements, rank %d %lld tensor(s) of "
+                     "%lld elements (or other shapes)",
+                     r, (long long)o[SIG_N], (long long)o[SIG_NUMEL], g->rank,
+                     (long long)sig[SIG_N], (long long)sig[SIG_NUMEL]);
+        } else {
+            code = TD_EDTYPE_MISMATCH;
+            snprintf(why, sizeof why, "rank %d's tensors have other dtypes than rank %d's", r,
+                     g->rank);
+        }
+        fail(j, code, why);
+    }
+    free(all);
+    return j->rc;
+}
+
+/* Divides the sum by the world size, in the tensor's dtype (REDUCE_AVG: floats only). */
+static void divide(void *buf, size_t count, td_dtype dt, int size)
+{
+    if (dt == TD_F32) {
+        float *p = buf, d = (float)size;
+        for (size_t i = 0; i < count; i++)
+            p[i] /= d;
+    } else if (dt == TD_F64) {
+        double *p = buf, d = (double)size;
+        for (size_t i = 0; i < count; i++)
+            p[i] /= d;
+    }
+}
+
+static int collective(group_job *j, void *buf, size_t count, td_dtype dt)
+{
+    char msg[200] = "";
+    int rc;
+    if (j->kind == JOB_BROADCAST) {
+        rc = tdd_gloo_broadcast(j->g->gl, buf, count * td_dtype_size(dt), j->root, msg, sizeof msg);
+    } else {
+        tdd_gloo_op op = j->op == TENSORDD__V1__REDUCE_OP__REDUCE_MAX ? TDD_GLOO_MAX : TDD_GLOO_SUM;
+        rc = tdd_gloo_allreduce(j->g->gl, buf, count, gloo_dtype(dt), op, msg, sizeof msg);
+        if (!rc && j->op == TENSORDD__V1__REDUCE_OP__REDUCE_AVG)
+            divide(buf, count, dt, j->g->size);
+    }
+    return rc ? fail(j, rc, msg) : 0;
+}
+
+/* The items in buckets: runs of one dtype packed into at most --group-bucket-bytes, one
+ * collective call each; an item alone in its bucket is used where it lies. */
+static int run_buckets(group_job *j)
+{
+    size_t cap = (size_t)tdd_cfg.group_bucket_bytes;
+    uint8_t *bucket = NULL;
+    for (size_t i = 0; i < j->n && !j->rc;) {
+        td_dtype dt = j->it[i].dst->t.dtype;
+        size_t es = td_dtype_size(dt), bytes = 0, k = i;
+        while (k < j->n && j->it[k].dst->t.dtype == dt) {
+            size_t b = (size_t)tdd_numel(&j->it[k].dst->t) * es;
+            if (k > i && bytes + b > cap)
+                break;
+            bytes += b;
+            k++;
+        }
+        if (k == i + 1) {
+            collective(j, tdd_data(&j->it[i].dst->t), bytes / es, dt);
+        } else if (!bucket && !(bucket = malloc(cap))) {
+            fail(j, TD_ERESOURCE_EXHAUSTED, "out of host memory for a bucket");
+        } else {
+            size_t o = 0;
+            for (size_t m = i; m < k; m++) {
+                size_t b = (size_t)tdd_numel(&j->it[m].dst->t) * es;
+                memcpy(bucket + o, tdd_data(&j->it[m].dst->t), b);
+                o += b;
+            }
+            if (!collective(j, bucket, bytes / es, dt)) {
+                o = 0;
+                for (size_t m = i; m < k; m++) {
+                    size_t b = (size_t)tdd_numel(&j->it[m].dst->t) * es;
+                    memcpy(tdd_data(&j->it[m].dst->t), bucket + o, b);
+                    o += b;
+                }
+            }
+        }
+        i = k;
+    }
+    free(bucket);
+    return j->rc;
+}
+
+static int job_run(void *arg)
+{
+    group_job *j = arg;
+    tdd_group *g = j->g;
+    if (j->kind == JOB_CREATE) {
+        char msg[200] = "";
+        int code = 0;
+        const char *addr = tdd_cfg.group_address[0] ? tdd_cfg.group_address : "127.0.0.1";
+        j->gl = tdd_gloo_connect(addr, j->dir, g->rank, g->size,
+                                 (long)tdd_cfg.group_timeout_s * 1000, &code, msg, sizeof msg);
+        if (!j->gl)
+            j->rc = tdd_err_set(&j->err, code, "process group '%s', rank %d of %d: %s", g->name,
+                                g->rank, g->size, msg);
+        return j->rc;
+    }
+    if (check_signatures(j))
+        return j->rc;
+    j->wrote = true;
+    if (j->kind == JOB_ALLGATHER) {
+        const tdd_tensor *t = &j->it[0].src->t;
+        size_t nbytes = (size_t)tdd_numel(t) * td_dtype_size(t->dtype);
+        void *in = tdd_data(t), *tmp = NULL;
+        if (!tdd_is_contiguous(t)) {
+            if (!(tmp = malloc(nbytes ? nbytes : 1)))
+                return fail(j, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            tdd_copy_contiguous(t, tmp);
+            in = tmp;
+        }
+        char msg[200] = "";
+        int rc = tdd_gloo_allgather(g->gl, in, tdd_data(&j->out->t), nbytes, msg, sizeof msg);
+        free(tmp);
+        return rc ? fail(j, rc, msg) : 0;
+    }
+    for (size_t i = 0; i < j->n; i++) /* gradients: into their new contiguous values */
+        if (j->it[i].dst != j->it[i].src)
+            tdd_copy_contiguous(&j->it[i].src->t, tdd_data(&j->it[i].dst->t));
+    return run_buckets(j);
+}
+
+/* On the loop, once the job ran. */
+static void job_done(void *arg, int rc)
+{
+    group_job *j = arg;
+    tdd_group *g = j->g;
+    (void)rc;
+    if (j->kind == JOB_CREATE) {
+        if (j->gl) {
+            g->gl = j->gl;
+            j->gl = NULL;
+        } else {
+            g->broken = true;
+            g->broke = j->err;
+        }
+    } else if (j->rc == TD_ETIMEOUT) { /* Gloo lost a rank: the group cannot go on */
+        g->broken = true;
+        g->broke = j->err;
+    }
+    if (j->rc && j->wrote && j->kind != JOB_ALLGATHER) /* in place: partial results */
+        for (size_t i = 0; i < j->n; i++)
+            if (j->it[i].dst == j->it[i].src)
+                tdd_value_poison(j->it[i].dst, j->rc, g->pending_req);
+    g->done = j;
+    j->g = NULL;
+    group_unref(g); /* the job's reference; the last one frees the job too */
+}
+
+/* ---------------------------------------------------------------- requests */
+
+/* A fresh stamp for tdd_value.mark (duplicates found in O(1) each), in a range of its own:
+ * optim_req.c counts its stamps up from 1. */
+static uint64_t next_mark(void)
+{
+    static uint64_t stamp;
+    return (UINT64_C(1) << 63) | ++stamp;
+}
+
+static int valid_name(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 64 || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static tdd_device *group_device(const Tensordd__V1__Device *d, td_error *err)
+{
+    tdd_device *dev;
+    if (!d || !d->backend || !d->backend[0]) {
+        dev = tdd_default_device();
+    } else {
+        int known = 0;
+        dev = tdd_device_find(d->backend, d->ordinal, &known);
+        if (!dev) {
+            if (known)
+                tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here",
+                            d->backend, d->ordinal);
+            else
+                tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
+            return NULL;
+        }
+    }
+    if (strcmp(dev->be->name, "cuda") == 0) {
+        tdd_err_set(err, TD_EUNSUPPORTED_OP,
+                    "collectives on cuda devices need NCCL, which this daemon was not built "
+                    "with; groups run on host-memory devices (cpu, ref)");
+        return NULL;
+    }
+    if (!dev->be->host_memory) {
+        tdd_err_set(err, TD_EUNSUPPORTED_OP,
+                    "collectives run on host-memory devices (cpu, ref), not %s", dev->label);
+        return NULL;
+    }
+    return dev;
+}
+
+/* The retry of a request whose job is done: the job, taken from the group. */
+static group_job *take_done(tdd_group *g, uint64_t req_id)
+{
+    if (!g->pending || g->pending_req != req_id)
+        return NULL;
+    group_job *j = g->done;
+    g->done = NULL;
+    g->pending = false;
+    return j;
+}
+
+int tdd_h_group_create(tdd_req *r)
+{
+    register_kind();
+    tdd_session *s = r->c->s;
+    const Tensordd__V1__GroupCreate *gc = r->req->group_create;
+    td_error err;
+    tdd_handle *h = tdd_handle_find(s, gc->group);
+    if (h && h->kind == TD_HANDLE_GROUP && !h->poisoned) {
+        tdd_group *g = h->obj;
+        group_job *j = take_done(g, r->req->id);
+        if (j) { /* the rendezvous ran */
+            job_free(j);
+            if (g->broken)
+                return tdd_answer_error(r, &g->broke);
+            tdd_info("session %llu: group '%s' formed, rank %d of %d on %s",
+                     (unsigned long long)s->id, g->name, g->rank, g->size, g->dev->label);
+            tdd_answer_ok(r);
+            return TDD_DISPATCH_DONE;
+        }
+    }
+    tdd_device *dev = NULL;
+    int rc = 0;
+    if (!tdd_cfg.group_store_dir[0])
+        rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP,
+                         "process groups are off on this daemon (start it with "
+                         "--group-store-dir)");
+    else if (!valid_name(gc->name))
+        rc = tdd_err_arg(&err, "name",
+                         "a group name is 1 to 64 characters of [A-Za-z0-9._-], got '%.64s'",
+                         gc->name ? gc->name : "");
+    else if (gc->world_size == 0 || gc->world_size > tdd_cfg.group_max_ranks)
+        rc = tdd_err_arg(&err, "world_size",
+                         "world_size must be 1 to %u (--group-max-ranks), got %u",
+                         tdd_cfg.group_max_ranks, gc->world_size);
+    else if (gc->rank >= gc->world_size)
+        rc = tdd_err_arg(&err, "rank", "rank %u is out of range for world_size %u", gc->rank,
+                         gc->world_size);
+    else if (!(dev = group_device(gc->device, &err)))
+        rc = err.code;
+    if (!rc)
+        rc = tdd_handle_check_new(s, gc->group, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    tdd_group *g = calloc(1, sizeof *g);
+    group_job *j = calloc(1, sizeof *j);
+    if (!g || !j) {
+        free(g);
+        free(j);
+        tdd_handle_unreserve(s, gc->group);
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    g->refs = 2; /* the handle's and the job's */
+    g->dev = dev;
+    g->rank = (int)gc->rank;
+    g->size = (int)gc->world_size;
+    snprintf(g->name, sizeof g->name, "%s", gc->name);
+    g->pending = true;
+    g->pending_req = r->req->id;
+    j->g = g;
+    j->kind = JOB_CREATE;
+    snprintf(j->dir, sizeof j->dir, "%s/%s", tdd_cfg.group_store_dir, g->name);
+    tdd_handle_add(s, gc->group, TD_HANDLE_GROUP, g);
+    if (tdd_submit_work(s, dev, job_run, job_done, j)) {
+        g->refs--;
+        free(j);
+        g->pending = false;
+        g->broken = true;
+        tdd_err_set(&g->broke, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &g->broke);
+    }
+    return TDD_DISPATCH_BLOCK;
+}
+
+/* The group, or a typed error; *retry the finished job when this is the handler's second
+ * call for the request. */
+static int group_for(tdd_req *r, uint64_t id, tdd_group **out, group_job **retry, td_error *err)
+{
+    register_kind();
+    tdd_group *g;
+    int rc = tdd_handle_get(r->c->s, id, TD_HANDLE_GROUP, (void **)&g, err);
+    if (rc)
+        return rc;
+    *out = g;
+    if ((*retry = take_done(g, r->req->id)))
+        return 0;
+    if (g->broken)
+        return tdd_err_set(err, g->broke.code, "this process group is broken: %s",
+                           g->broke.message);
+    if (!g->gl)
+        return tdd_err_set(err, TD_EINTERNAL, "process group '%s' is not formed yet", g->name);
+    return 0;
+}
+
+/* A tensor a collective of g may use. */
+static int check_tensor(tdd_session *s, const tdd_group *g, uint64_t id, bool in_place,
+                        tdd_value **out, td_error *err)
+{
+    tdd_value *v;
+    int rc = tdd_value_get(s, id, &v, err);
+    if (rc)
+        return rc;
+    if (tdd_value_poisoned(v))
+        return tdd_err_poisoned(err, v);
+    if (v->dev != g->dev)
+        return tdd_err_devices(
+            err, v->dev->be == g->dev->be ? TD_EDEVICE_MISMATCH : TD_EBACKEND_MISMATCH, g->dev,
+            v->dev, 0, 0, "process group '%s' is on %s, tensor %llu on %s", g->name, g->dev->label,
+            (unsigned long long)id, v->dev->label);
+    if (in_place && !tdd_is_contiguous(&v->t))
+        return tdd_err_arg(err, "tensors",
+                           "tensor %llu is not contiguous (a collective writes it in place)",
+                           (unsigned long long)id);
+    *out = v;
+    return 0;
+}
+
+static int reducible(const tdd_value *v, int op, uint64_t id, td_error *err)
+{
+    td_dtype dt = v->t.dtype;
+    bool fl = dt == TD_F32 || dt == TD_F64;
+    if (!fl && dt != TD_I32 && dt != TD_I64)
+        return tdd_err_set(err, TD_EUNSUPPORTED_DTYPE,
+                           "all-reduce takes float32, float64, int32 and int64; tensor %llu is %s",
+                           (unsigned long long)id, td_dtype_name(dt));
+    if (!fl && op == TENSORDD__V1__REDUCE_OP__REDUCE_AVG)
+        return tdd_err_set(err, TD_EUNSUPPORTED_DTYPE,
+                           "an average needs a floating-point dtype; tensor %llu is %s",
+                           (unsigned long long)id, td_dtype_name(dt));
+    return 0;
+}
+
+/* A new contiguous value like v (shape and dtype) on dev, charged to the session. */
+static tdd_value *new_value(tdd_session *s, tdd_device *dev, td_dtype dt, int ndim,
+                            const int64_t *shape, td_error *err)
+{
+    tdd_value *v = tdd_value_new(dev);
+    if (!v) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    v->t.dtype = dt;
+    v->t.ndim = ndim;
+    memcpy(v->t.shape, shape, (size_t)ndim * sizeof shape[0]);
+    tdd_set_contiguous(&v->t);
+    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(dt);
+    v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
+    if (!v->t.st) {
+        tdd_value_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+static group_job *job_new(int kind, size_t n, td_error *err)
+{
+    group_job *j = calloc(1, sizeof *j);
+    if (j && !(j->it = calloc(n ? n : 1, sizeof *j->it))) {
+        free(j);
+        j = NULL;
+    }
+    if (!j)
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    else
+        j->kind = kind;
+    return j;
+}
+
+static void job_add(group_job *j, tdd_value *src, tdd_value *dst, tdd_value *leaf)
+{
+    tdd_value_ref(src);
+    if (dst != src)
+        tdd_value_ref(dst); /* new values come with the reference the job keeps */
+    if (leaf)
+        tdd_value_ref(leaf);
+    j->it[j->n++] = (job_item){src, dst, leaf};
+}
+
+/* Queues j on g's device; the tensors it writes in place wait for it. */
+static int job_submit(tdd_req *r, tdd_group *g, group_job *j, td_error *err)
+{
+    tdd_session *s = r->c->s;
+    tdd_queue *lane = tdd_device_lane(g->dev, s->id);
+    uint64_t seq = tdd_queue_next_seq(lane);
+    j->g = g;
+    g->refs++;
+    if (tdd_submit_work(s, g->dev, job_run, job_done, j)) {
+        g->refs--;
+        job_free(j);
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    }
+    for (size_t i = 0; i < j->n; i++) {
+        tdd_value *v = j->it[i].dst;
+        v->fq = lane;
+        v->fseq = seq;
+        if (v == j->it[i].src && j->kind != JOB_ALLGATHER)
+            v->t.st->version++; /* an in-place update, as autodiff counts them */
+    }
+    if (j->out) {
+        j->out->fq = lane;
+        j->out->fseq = seq;
+    }
+    g->pending = true;
+    g->pending_req = r->req->id;
+    return 0;
+}
+
+/* The answer to a collective's second call: its verdict. */
+static int answer_job(tdd_req *r, group_job *j)
+{
+    if (j->rc) {
+        td_error err = j->err;
+        job_free(j);
+        return tdd_answer_error(r, &err);
+    }
+    job_free(j);
+    tdd_answer_ok(r);
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_all_reduce(tdd_req *r)
+{
+    tdd_session *s = r->c->s;
+    const Tensordd__V1__AllReduce *ar = r->req->all_reduce;
+    td_error err;
+    tdd_group *g;
+    group_job *j = NULL;
+    int rc = group_for(r, ar->group, &g, &j, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    if (j) {
+        tdd_grads *gr = NULL;
+        if (!j->rc && ar->grads &&
+            !tdd_handle_get(s, ar->grads, TD_HANDLE_GRADIENTS, (void **)&gr, &err))
+            for (size_t i = 0; i < j->n && !j->rc; i++)
+                if (tdd_grads_set(gr, j->it[i].leaf, j->it[i].dst, &err))
+                    j->rc = err.code, j->err = err;
+        return answer_job(r, j);
+    }
+    tdd_grads *gr = NULL;
+    if (ar->op != TENSORDD__V1__REDUCE_OP__REDUCE_SUM &&
+        ar->op != TENSORDD__V1__REDUCE_OP__REDUCE_AVG &&
+        ar->op != TENSORDD__V1__REDUCE_OP__REDUCE_MAX)
+        rc = tdd_err_arg(&err, "op", "unknown reduce op %d (sum 0, avg 1, max 2)", (int)ar->op);
+    else if (ar->n_tensors == 0)
+        rc = tdd_err_arg(&err, "tensors", "AllReduce names no tensor");
+    else if (ar->grads)
+        rc = tdd_handle_get(s, ar->grads, TD_HANDLE_GRADIENTS, (void **)&gr, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    if (!(j = job_new(JOB_ALLREDUCE, ar->n_tensors, &err)))
+        return tdd_answer_error(r, &err);
+    j->op = (int)ar->op;
+    uint64_t mark = next_mark();
+    for (size_t i = 0; i < ar->n_tensors && !rc; i++) {
+        uint64_t id = ar->tensors[i];
+        tdd_value *v = NULL, *src = NULL, *dst = NULL;
+        if (!gr) {
+            rc = check_tensor(s, g, id, true, &v, &err);
+            src = dst = v;
+        } else {
+            rc = tdd_value_get(s, id, &v, &err);
+            tdd_grad_entry *e = rc ? NULL : tdd_grads_find(gr, v);
+            if (!rc && !e)
+                rc = tdd_err_arg(&err, "tensors", "tensor %llu has no gradient in gradients %llu",
+                                 (unsigned long long)id, (unsigned long long)ar->grads);
+            if (!rc && tdd_value_poisoned(e->grad))
+                rc = tdd_err_poisoned(&err, e->grad);
+            if (!rc && e->grad->dev != g->dev)
+                rc = tdd_err_devices(&err, TD_EDEVICE_MISMATCH, g->dev, e->grad->dev, 0, 0,
+                                     "process group '%s' is on %s, the gradient of %llu on %s",
+                                     g->name, g->dev->label, (unsigned long long)id,
+                                     e->grad->dev->label);
+            if (!rc) {
+                src = e->grad;
+                dst = new_value(s, g->dev, src->t.dtype, src->t.ndim, src->t.shape, &err);
+                if (!dst)
+                    rc = err.code;
+            }
+        }
+        if (!rc && v->mark == mark)
+            rc = tdd_err_arg(&err, "tensors", "tensor %llu is named twice", (unsigned long long)id);
+        if (!rc)
+            rc = reducible(src, j->op, id, &err);
+        if (!rc) {
+            v->mark = mark;
+            job_add(j, src, dst, gr ? v : NULL);
+        }
+        if (dst && dst != src)
+            tdd_value_unref(dst); /* the job holds it now, or nobody */
+    }
+    if (!rc)
+        rc = job_submit(r, g, j, &err);
+    else
+        job_free(j);
+    return rc ? tdd_answer_error(r, &err) : TDD_DISPATCH_BLOCK;
+}
+
+int tdd_h_broadcast(tdd_req *r)
+{
+    tdd_session *s = r->c->s;
+    const Tensordd__V1__Broadcast *bc = r->req->broadcast;
+    td_error err;
+    tdd_group *g;
+    group_job *j = NULL;
+    int rc = group_for(r, bc->group, &g, &j, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    if (j)
+        return answer_job(r, j);
+    if (bc->root >= (uint32_t)g->size)
+        rc = tdd_err_arg(&err, "root", "root %u is out of range for world_size %d", bc->root,
+                         g->size);
+    else if (bc->n_tensors == 0)
+        rc = tdd_err_arg(&err, "tensors", "Broadcast names no tensor");
+    else if (!(j = job_new(JOB_BROADCAST, bc->n_tensors, &err)))
+        rc = err.code;
+    if (rc)
+        return tdd_answer_error(r, &err);
+    j->root = (int)bc->root;
+    uint64_t mark = next_mark();
+    for (size_t i = 0; i < bc->n_tensors && !rc; i++) {
+        tdd_value *v = NULL;
+        rc = check_tensor(s, g, bc->tensors[i], true, &v, &err);
+        if (!rc && v->mark == mark)
+            rc = tdd_err_arg(&err, "tensors", "tensor %llu is named twice",
+                             (unsigned long long)bc->tensors[i]);
+        if (!rc) {
+            v->mark = mark;
+            job_add(j, v, v, NULL);
+        }
+    }
+    if (!rc)
+        rc = job_submit(r, g, j, &err);
+    else
+        job_free(j);
+    return rc ? tdd_answer_error(r, &err) : TDD_DISPATCH_BLOCK;
+}
+
+int tdd_h_all_gather(tdd_req *r)
+{
+    tdd_session *s = r->c->s;
+    const Tensordd__V1__AllGather *ag = r->req->all_gather;
+    td_error err;
+    tdd_group *g;
+    group_job *j = NULL;
+    int rc = group_for(r, ag->group, &g, &j, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    if (j) {
+        if (j->rc) {
+            tdd_handle_unreserve(s, ag->output);
+            return answer_job(r, j);
+        }
+        tdd_value_ref(j->out);
+        tdd_handle_add(s, ag->output, TD_HANDLE_TENSOR, j->out);
+        return answer_job(r, j);
+    }
+    tdd_value *v = NULL;
+    rc = check_tensor(s, g, ag->tensor, false, &v, &err);
+    if (!rc && v->t.ndim + 1 > TD_MAX_NDIM)
+        rc = tdd_err_arg(&err, "tensor", "the gathered tensor would have more than %d dimensions",
+                         TD_MAX_NDIM);
+    if (!rc && (int64_t)g->size > tdd_cfg.max_numel / (tdd_numel(&v->t) ? tdd_numel(&v->t) : 1))
+        rc = tdd_err_arg(&err, "tensor", "the gathered tensor would exceed %lld elements",
+                         (long long)tdd_cfg.max_numel);
+    if (!rc)
+        rc = tdd_handle_check_new(s, ag->output, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    int64_t shape[TD_MAX_NDIM];
+    shape[0] = g->size;
+    memcpy(shape + 1, v->t.shape, (size_t)v->t.ndim * sizeof shape[0]);
+    tdd_value *out = new_value(s, g->dev, v->t.dtype, v->t.ndim + 1, shape, &err);
+    if (!out || !(j = job_new(JOB_ALLGATHER, 1, &err))) {
+        if (out)
+            tdd_value_unref(out);
+        tdd_handle_unreserve(s, ag->output);
+        return tdd_answer_error(r, &err);
+    }
+    job_add(j, v, v, NULL);
+    j->out = out;
+    if (job_submit(r, g, j, &err)) {
+        tdd_handle_unreserve(s, ag->output);
+        return tdd_answer_error(r, &err);
+    }
+    return TDD_DISPATCH_BLOCK;
+}
