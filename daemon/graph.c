@@ -289,7 +289,8 @@ int tdd_h_replay(tdd_req *r)
             rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
         if (rc)
             return tdd_answer_error(r, &err);
-        memcpy(g->with, rp->inputs, g->nin * sizeof *g->with);
+        if (g->nin) /* rp->inputs is NULL when there are none */
+            memcpy(g->with, rp->inputs, g->nin * sizeof *g->with);
         g->refs++;
         g->at = 0;
         g->req_id = r->req->id;
