@@ -344,12 +344,13 @@ test-fuzz:
 test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 	@if ls tests/python/test_*.py >/dev/null 2>&1; then \
 	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python:$(BUILD)/python \
-	        $(PY) -m pytest -q -p no:cacheprovider tests/python; \
+	        $(PY) -m pytest -q -rs -p no:cacheprovider tests/python; \
 	else echo "python: no tests yet"; fi
 
 include backends/cuda/emu/emu.mk
 include tests/fuzz/fuzz.mk
 include tools/dist.mk
+include tests/leakcheck/leakcheck.mk
 
 # ---------------------------------------------------------------- run
 run: deps

@@ -187,11 +187,11 @@ int main(int argc, char **argv)
     printf("  round trip bit-exact: %s\n", exact ? "yes" : "NO");
     printf("  daemon RSS idle %ld MiB, peak %ld MiB: %.2fx the tensor above idle\n", idle_kb >> 10,
            peak_kb >> 10, above);
+    free(src);
+    free(dst);
     if (check && (!exact || above > 1.3 || idle_kb < 0)) {
         fprintf(stderr, "transfer: FAILED (%s)\n", !exact ? "data differs" : "peak RSS over 1.3x");
         return 1;
     }
-    free(src);
-    free(dst);
     return 0;
 }
