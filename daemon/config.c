@@ -123,6 +123,9 @@ static const option_row rows[] = {
      "close sessions with no traffic either way and no work in flight this long"},
     {"hello-timeout", "SECS", OPT_SECONDS, FIELD(hello_timeout_s), 10, 0, 86400, "never",
      "close connections that have not completed Hello"},
+    {"max-resume-window", "SECS", OPT_SECONDS, FIELD(max_resume_window_s), 60, 0, 86400, "off",
+     "hold a session whose connection dropped for the window its client asked for in Hello, "
+     "at most this long, so that a new connection can resume it (still charged to quotas)"},
     {"max-handshakes", "N", OPT_COUNT, FIELD(max_handshakes), 64, 1, 1u << 20, NULL,
      "connections before Hello; a new one past the limit drops the oldest"},
     {"poll-us", "USECS", OPT_COUNT, FIELD(poll_us), 100, 0, 1000000, "never",

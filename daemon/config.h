@@ -35,6 +35,8 @@ typedef struct tdd_config {
     uint32_t max_sessions;    /* concurrent sessions */
     uint32_t idle_timeout_s;  /* close a session silent this long; 0 = never */
     uint32_t hello_timeout_s; /* close a connection that has not completed Hello; 0 = never */
+    /* the longest a session whose connection dropped is held for resume; 0 = off */
+    uint32_t max_resume_window_s;
     uint32_t max_handshakes;  /* connections still before Hello (the oldest is dropped) */
     uint32_t write_timeout_s; /* close a connection whose writes make no progress; 0 = never */
     uint32_t poll_us;         /* after a request, poll this long before blocking; 0 = never */

@@ -10,7 +10,9 @@
 #include "exec_op.h"
 #include "handlers.h"
 #include "log.h"
+#include "resume.h"
 #include "stats.h"
+#include "tls.h"
 #include "utf8.h"
 #include "wire.h"
 
@@ -84,26 +86,65 @@ int tdd_h_hello(tdd_req *r)
         tdd_answer_error(r, &err);
         return TDD_DISPATCH_CLOSE;
     }
-    if (tdd_conn_admit(c, &err)) {
+    /* Resume: the session the token names replaces the one made for this connection,
+     * under the same TLS client identity (the token was checked above, as for any Hello). */
+    const char *identity = c->tls ? tdd_tls_peer(c->tls) : "";
+    tdd_session *held = NULL;
+    if (h->resume_token.len) {
+        held = tdd_resume_take(h->resume_token.data, h->resume_token.len, identity, tdd_conn_drop,
+                               &err);
+        if (!held) {
+            tdd_info("connection %llu: resume refused (%s)", (unsigned long long)c->s->id,
+                     err.message);
+            tdd_answer_error(r, &err);
+            return TDD_DISPATCH_CLOSE;
+        }
+    }
+    if (tdd_conn_admit(c, &err)) { /* (a resume frees the held slot it takes first) */
+        if (held) {
+            tdd_resume_release(held);
+            tdd_session_close(held);
+        }
         tdd_answer_error(r, &err);
         return TDD_DISPATCH_CLOSE;
     }
-    /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
-    td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
-    tdd_stats.sessions_opened++;
-    tdd_log_set_ctx((tdd_log_ctx){c->s->id, c->s->id}, NULL); /* a session from here on */
-    tdd_info("session %llu opened: peer %s, client '%s'", (unsigned long long)c->s->id, c->s->peer,
-             c->s->client_name);
+    if (held) {
+        snprintf(held->peer, sizeof held->peer, "%s", c->s->peer);
+        tdd_session_close(c->s);
+        c->s = held;
+        held->conn = c;
+        tdd_log_set_ctx((tdd_log_ctx){held->id, held->id}, NULL);
+        tdd_info("session %llu resumed: peer %s, client '%s', last request applied %llu",
+                 (unsigned long long)held->id, held->peer, held->client_name,
+                 (unsigned long long)held->resume->last_applied);
+    } else {
+        /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
+        td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
+        tdd_stats.sessions_opened++;
+        tdd_log_set_ctx((tdd_log_ctx){c->s->id, c->s->id}, NULL); /* a session from here on */
+        tdd_info("session %llu opened: peer %s, client '%s'", (unsigned long long)c->s->id,
+                 c->s->peer, c->s->client_name);
+        tdd_resume_enable(c->s, h->resume_window, identity);
+    }
     Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
     hr.version = TD_PROTOCOL_VERSION;
     hr.server = (char *)"tensordd " TDD_VERSION;
     hr.session_id = c->s->id;
     hr.note = server_note;
+    if (c->s->resume) {
+        hr.resume_token.data = c->s->resume->token;
+        hr.resume_token.len = sizeof c->s->resume->token;
+        hr.resume_window = c->s->resume->window_s;
+        hr.resumed = held != NULL;
+        hr.last_applied = c->s->resume->last_applied;
+    }
     Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
     resp.id = req->id;
     resp.body_case = TENSORDD__V1__RESPONSE__BODY_HELLO;
     resp.hello = &hr;
     tdd_conn_send(c, &resp, NULL, 0, NULL);
+    if (held) /* the answer the client missed, the request the old connection waited on */
+        tdd_resume_attach(c, h->last_received);
     return TDD_DISPATCH_DONE;
 }
 
@@ -292,7 +333,8 @@ static void staged_download_done(void *arg, int rc)
     staged *st = arg;
     tdd_session *s = st->s;
     tdd_conn *c = s->closed ? NULL : s->conn;
-    if (c) {
+    bool held = !c && !s->closed && s->resume; /* the answer is kept for the client's return */
+    if (c || held) {
         td_error err;
         if (rc == TD_EPOISONED)
             tdd_err_poisoned(&err, st->v);
@@ -300,9 +342,12 @@ static void staged_download_done(void *arg, int rc)
             tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label, td_strerror(rc));
         if (rc)
             tdd_reply_done(s, st->req_id, true, rc, &err, NULL, false);
-        else
+        else if (c)
             tdd_send_tensor(c, st->req_id, st->v, st->host->data, st->host->nbytes, st->host);
-        tdd_conn_resume(c);
+        else
+            tdd_keep_tensor(s, st->req_id, st->v, st->host->data, st->host->nbytes, st->host);
+        if (c)
+            tdd_conn_resume(c);
     }
     staged_free(st);
 }
@@ -403,6 +448,7 @@ int tdd_h_upload(tdd_req *r)
     tdd_session *s = c->s;
     td_error err;
     int rc = tdd_handle_check_new(s, up->handle, &err);
+    tdd_resume_upload_handle(s, rc ? 0 : up->handle); /* bound by this request, if it fails */
     tdd_device *dev = NULL;
     int64_t numel = 0;
     size_t isz = td_dtype_size((td_dtype)up->dtype);

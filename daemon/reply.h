@@ -17,6 +17,7 @@ typedef struct {
     void (*resume)(tdd_conn *c);
     void (*kick)(tdd_conn *c);
     int (*admit)(tdd_conn *c, td_error *err);
+    void (*drop)(tdd_conn *c); /* closes c now, as if its peer had gone (resume.c) */
 } tdd_transport;
 
 /* The server's operations; also makes replies the end of every session task. */
@@ -56,6 +57,16 @@ void tdd_conn_send_error(tdd_conn *c, uint64_t id, const td_error *err);
 void tdd_conn_send_ok(tdd_conn *c, uint64_t id);
 /* Replies with v's TensorInfo (and a payload for downloads). */
 void tdd_send_tensor(tdd_conn *c, uint64_t req_id, const tdd_value *v, const void *payload,
+                     uint64_t plen, tdd_storage *hold);
+/* One frame whose Response message is msg[0..mlen), as it is (nothing kept for resume:
+ * resume.c's own resend). */
+void tdd_conn_send_frame(tdd_conn *c, const uint8_t *msg, size_t mlen, const void *payload,
+                         uint64_t plen, tdd_storage *hold);
+/* Closes c now (the transport's drop). */
+void tdd_conn_drop(tdd_conn *c);
+/* The same for a held session (resume.c), whose connection is gone: the answer is kept
+ * for the client's next connection. */
+void tdd_keep_tensor(tdd_session *s, uint64_t req_id, const tdd_value *v, const void *payload,
                      uint64_t plen, tdd_storage *hold);
 /* Pauses frame processing until tdd_conn_resume (one call each). */
 void tdd_conn_pause(tdd_conn *c);

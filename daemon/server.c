@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "reply.h"
+#include "resume.h"
 #include "stats.h"
 #include "tls.h"
 #include "wire.h"
@@ -323,6 +324,7 @@ static void fail_protocol(tdd_conn *c, int code, const char *what)
 static void payload_complete(tdd_conn *c)
 {
     c->in_payload = false;
+    tdd_resume_payload_done(c->s); /* an Upload is applied once its payload landed */
     tdd_payload_cb cb = c->pdone;
     void *arg = c->parg;
     c->pdone = NULL;
@@ -503,14 +505,20 @@ static void handle_frame(tdd_conn *c)
     tdd_log_set_ctx((tdd_log_ctx){sid, c->hello_done ? sid : 0}, &prev);
     int rc = on_request(c, req, hdr.payload_len);
     tdd_log_set_ctx(prev, NULL);
+    /* resume: the requests this session has applied (a resumed Hello's is not its own) */
+    if (req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO && rc != TDD_DISPATCH_PAYLOAD)
+        tdd_resume_applied(c->s, req->id);
     switch (rc) {
     case TDD_DISPATCH_DONE:
         request_free(c, req);
+        if (c->blocked) /* a resume handed over the request the old connection waited on */
+            conn_kick(c);
         break;
     case TDD_DISPATCH_BLOCK:
         c->blocked = req;
         break;
     case TDD_DISPATCH_PAYLOAD:
+        tdd_resume_payload_begin(c->s, req->id);
         request_free(c, req);
         c->in_payload = true;
         c->pgot = 0;
@@ -921,6 +929,9 @@ static void conn_close(tdd_conn *c)
 {
     if (uv_is_closing(&c->h.handle) || uv_is_closing((uv_handle_t *)&c->watch))
         return;
+    /* A connection lost (not one the daemon or a Goodbye is ending) may leave its session
+     * held for resume. */
+    bool lost = !c->closing && !c->draining && !shutting_down;
     c->closing = true;
     c->tls_dead = true;
     /* Stop reading now: the stream is closed only after the timer below, a loop
@@ -943,14 +954,21 @@ static void conn_close(tdd_conn *c)
     if (c->s) {
         tdd_log_ctx prev;
         tdd_log_set_ctx((tdd_log_ctx){c->s->id, c->hello_done ? c->s->id : 0}, &prev);
-        if (c->hello_done)
+        bool held = c->hello_done && lost && tdd_resume_hold(c);
+        if (held)
+            tdd_info("session %llu: connection lost (peer %s); held %us for resume",
+                     (unsigned long long)c->s->id, c->s->peer, c->s->resume->window_s);
+        else if (c->hello_done)
             tdd_info("session %llu closed: peer %s, client '%s', %llu requests",
                      (unsigned long long)c->s->id, c->s->peer, c->s->client_name,
                      (unsigned long long)c->s->requests);
         tdd_log_set_ctx(prev, NULL);
         if (!c->hello_done)
             tdd_debug("connection %llu closed before Hello", (unsigned long long)c->s->id);
-        tdd_session_close(c->s);
+        if (!held) {
+            tdd_resume_release(c->s);
+            tdd_session_close(c->s);
+        }
         c->s = NULL;
     }
     if (c->prev)
@@ -1117,7 +1135,7 @@ static void on_watch(uv_timer_t *t)
 
 static int conn_admit(tdd_conn *c, td_error *err)
 {
-    if (n_admitted >= tdd_cfg.max_sessions) {
+    if (n_admitted + tdd_resume_held() >= tdd_cfg.max_sessions) { /* held ones count */
         tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
                     tdd_cfg.max_sessions);
         err->detail_kind = TD_DETAIL_RESOURCE;
@@ -1499,8 +1517,10 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
                                             .pause = conn_pause,
                                             .resume = conn_resume,
                                             .kick = conn_kick,
-                                            .admit = conn_admit};
+                                            .admit = conn_admit,
+                                            .drop = conn_close};
     loop = lp;
+    tdd_resume_init(lp);
     on_request = on_req;
     tdd_reply_init(&transport);
     bool want_tls = false;
@@ -1579,6 +1599,7 @@ void tdd_server_shutdown(void)
         return;
     shutting_down = true;
     tdd_info("shutting down: %llu session(s) open", (unsigned long long)tdd_nsessions);
+    tdd_resume_drop_all(); /* held sessions have no connection to say goodbye on */
     for (int i = 0; i < nlisteners; i++) {
         if (listeners[i].unix_path[0])
             unlink_own(&listeners[i]);

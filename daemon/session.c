@@ -565,6 +565,31 @@ int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
     return 0;
 }
 
+void tdd_handle_forget(tdd_session *s, uint64_t id)
+{
+    td_error ignored;
+    if (!id || tdd_handle_release(s, id, &ignored))
+        return;
+    size_t i = run_at(s, id);
+    if (i >= s->n_id_runs || s->id_runs[i].lo > id)
+        return;
+    tdd_id_run *r = &s->id_runs[i];
+    if (r->lo == r->hi) {
+        memmove(r, r + 1, (s->n_id_runs - i - 1) * sizeof *r);
+        s->n_id_runs--;
+    } else if (r->hi == id) {
+        r->hi--;
+    } else if (r->lo == id) {
+        r->lo++;
+    } else if (!id_runs_grow(s, NULL)) { /* split the run around id */
+        r = &s->id_runs[i];
+        memmove(r + 1, r, (s->n_id_runs - i) * sizeof *r);
+        r[1].lo = id + 1;
+        r[0].hi = id - 1;
+        s->n_id_runs++;
+    }
+}
+
 int tdd_err_poisoned(td_error *err, const tdd_value *v)
 {
     int origin = tdd_value_poisoned(v);

@@ -97,6 +97,9 @@ typedef struct tdd_session {
      * of the graph): exempt from "ids are never reused" while it runs. */
     const uint64_t *rebind;
     size_t n_rebind;
+    /* Resume (resume.c): the session outlives a dropped connection for a window; NULL
+     * when its Hello asked for none. */
+    struct tdd_resume *resume;
 } tdd_session;
 
 /* What the layers above keep per value and per session (autodiff: a value's grad_fn,
@@ -149,6 +152,9 @@ void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
 void tdd_handle_bind_failed(tdd_session *s, uint64_t id, td_handle_kind kind, const td_error *err);
 /* Unbinds and drops the table's reference. */
 int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err);
+/* Undoes the binding of id by a request that is to be sent again (an Upload whose payload
+ * a dropped connection cut off): unbinds it and forgets that id was ever used. */
+void tdd_handle_forget(tdd_session *s, uint64_t id);
 void tdd_handle_set_free_fn(td_handle_kind kind, tdd_obj_free_fn fn);
 
 /* Error helpers filling typed details. */

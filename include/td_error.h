@@ -36,14 +36,15 @@ extern "C" {
     XX(IO, 20, "i/o error")                                                                        \
     XX(TIMEOUT, 21, "timed out")                                                                   \
     XX(CLOSED, 22, "connection closed")                                                            \
-    XX(DEVICE_ERROR, 23, "device error")
+    XX(DEVICE_ERROR, 23, "device error")                                                           \
+    XX(CONNECTION_LOST, 24, "connection lost")
 
 typedef enum {
     TD_OK = 0,
 #define TD__ERR_ENUM(name, num, msg) TD_E##name = -(num),
     TD_ERRNO_MAP(TD__ERR_ENUM)
 #undef TD__ERR_ENUM
-        TD_ERRNO_COUNT = 24 /* one past the largest number */
+        TD_ERRNO_COUNT = 25 /* one past the largest number */
 } td_errno;
 
 /* "SHAPE_MISMATCH" for TD_ESHAPE_MISMATCH; "UNKNOWN" for anything else. */

@@ -170,9 +170,13 @@ uint64_t td_last_request_id(const td_client *c);
 
 /* ---- daemon statistics */
 
+/* td_stats.errors' entries: the codes up to DEVICE_ERROR (the layout of libtensordd.so.0);
+ * the codes added since (CONNECTION_LOST) are the client's own, never counted by the daemon. */
+#define TD_STATS_ERRORS 24
+
 typedef struct {
     uint64_t sessions, handles, bytes_received, bytes_sent, requests, tensors_alive, uptime_ms;
-    uint64_t errors[TD_ERRNO_COUNT]; /* by number (index = -code) */
+    uint64_t errors[TD_STATS_ERRORS]; /* by number (index = -code) */
     size_t ndevices;
     struct {
         td_device device;

@@ -589,7 +589,7 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err)
     out->uptime_ms = s->uptime_ms;
     for (size_t i = 0; i < s->n_errors; i++) {
         int code = (int)s->errors[i]->code;
-        if (code > 0 && code < TD_ERRNO_COUNT)
+        if (code > 0 && code < TD_STATS_ERRORS)
             out->errors[code] += s->errors[i]->count;
     }
     size_t maxdev = sizeof out->memory / sizeof out->memory[0];

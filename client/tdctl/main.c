@@ -630,7 +630,7 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
                s.sessions, s.handles, s.tensors_alive, s.bytes_received, s.bytes_sent, s.requests,
                s.uptime_ms);
         int first = 1;
-        for (int k = 1; k < TD_ERRNO_COUNT; k++) {
+        for (int k = 1; k < TD_STATS_ERRORS; k++) {
             if (!s.errors[k])
                 continue;
             printf("%s\"%s\":%" PRIu64, first ? "" : ",", td_err_name(-k), s.errors[k]);
@@ -663,7 +663,7 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
     printf("uptime          %.1f s\n", (double)s.uptime_ms / 1000.0);
     printf("errors:\n");
     int any = 0;
-    for (int k = 1; k < TD_ERRNO_COUNT; k++) {
+    for (int k = 1; k < TD_STATS_ERRORS; k++) {
         if (!s.errors[k])
             continue;
         printf("  %-20s %" PRIu64 "\n", td_err_name(-k), s.errors[k]);

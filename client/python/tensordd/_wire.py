@@ -19,9 +19,11 @@ through the TLS layer record by record: nothing stages a whole tensor.
 
 from __future__ import annotations
 
+import collections
 import socket
 import ssl
 import struct
+import time
 
 __all__ = [
     "HEADER",
@@ -46,6 +48,28 @@ ZERO_COPY_THRESHOLD = 64 << 10
 # The write buffer is flushed once it grows past this, even between syncs.
 WRITE_HIGH_WATER = 1 << 20
 _READ_CHUNK = 64 << 10
+# Resume: reconnections tried after a connection is lost, and the first wait between two
+# (doubled each time, at most a second; all within the session's resume window).
+RESUME_TRIES = 8
+RESUME_BACKOFF = 0.05
+
+
+def _response_id(msg) -> int:
+    """Response.id (field 1, a varint, first when set) of an encoded Response; 0 if unset."""
+    if not msg or msg[0] != 0x08:
+        return 0
+    n = shift = 0
+    for b in msg[1:11]:
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n
+        shift += 7
+    return 0
+
+
+def _transient(exc: BaseException) -> bool:
+    """A lost connection (a reset, a close, a broken pipe), not a timeout."""
+    return isinstance(exc, OSError) and not isinstance(exc, socket.timeout)
 
 
 class FrameError(Exception):
@@ -196,6 +220,27 @@ class Connection:
             raise ValueError(f"ca_file, cert, key and verify apply to tls:// endpoints, not "
                              f"{endpoint!r}")
         ctx = _tls_context(ca_file, cert, key, verify) if tls else None
+        self._where = (endpoint, timeout, family, address, ctx)
+        self.sock = self._connect()
+        self._wbuf = bytearray()
+        self._rbuf = bytearray()
+        self._rpos = 0
+        # Resume (enable_resume): the frames sent or queued that the daemon is not known
+        # to have applied, as (request id, buffers), payloads by reference when read-only;
+        # the id of the last response received whole; the response whose payload is
+        # being read and what of it is left.
+        self._journal = None
+        self._resumer = None
+        self._on_lost = None
+        self._window = 0.0
+        self._recovering = False
+        self._last_received = 0
+        self._cur_id = 0
+        self._payload_left = 0
+        self.resumes = 0  # connections resumed so far
+
+    def _connect(self):
+        endpoint, timeout, family, address, ctx = self._where
         if family == socket.AF_UNIX:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -219,25 +264,101 @@ class Connection:
             sock.settimeout(timeout)
             sock = _TLSSocket(sock, endpoint)
         sock.settimeout(timeout)
-        self.sock = sock
-        self._wbuf = bytearray()
-        self._rbuf = bytearray()
-        self._rpos = 0
+        return sock
+
+    # ------------------------------------------------------------ resume
+
+    def enable_resume(self, window: float, resumer, on_lost) -> None:
+        """Resumes the session on its own when the connection is lost: resumer(conn,
+        last_received) says Hello with the resume token on the fresh socket and returns
+        the id of the last request the daemon applied (or raises its typed error); the
+        frames after it are sent again. on_lost(why) is called before CONNECTION_LOST is
+        raised (the window is gone, or RESUME_TRIES reconnections failed)."""
+        self._journal = collections.deque()
+        self._window = float(window)
+        self._resumer = resumer
+        self._on_lost = on_lost
+
+    def _journal_add(self, rid: int, head, payload=None) -> None:
+        if self._journal is None or self._recovering or not rid:
+            return
+        if payload is None:
+            self._journal.append((rid, (bytes(head),)))
+            return
+        # the caller may change a writable buffer once the call returns: copy it then
+        ro = payload if payload.readonly else bytes(payload)
+        self._journal.append((rid, (bytes(head), ro)))
+
+    def _acked(self, rid: int) -> None:
+        """A response to request rid: the daemon applied every request up to it."""
+        j = self._journal
+        while j and j[0][0] <= rid:
+            j.popleft()
+
+    def _recover(self, exc: BaseException) -> None:
+        """After a lost connection: a new one, the session resumed on it and the frames
+        the daemon had not applied sent again; else re-raises exc (resume off, or not a
+        lost connection) or raises CONNECTION_LOST."""
+        if self._resumer is None or self._recovering or not _transient(exc):
+            raise exc
+        from .errors import Error, local_error  # (errors needs the generated module)
+
+        self._recovering = True
+        deadline = time.monotonic() + self._window
+        delay = RESUME_BACKOFF
+        why = f"{exc}"
+        try:
+            for _ in range(RESUME_TRIES):
+                try:
+                    self.sock.close()
+                except OSError:
+                    pass
+                self._wbuf = bytearray()
+                self._rbuf = bytearray()
+                self._rpos = 0
+                try:
+                    self.sock = self._connect()
+                    applied = self._resumer(self, self._last_received)
+                    self._acked(applied)
+                    for _rid, bufs in self._journal:
+                        self._send_buffers(bufs)
+                    self.resumes += 1
+                    return
+                except Error as e:  # the daemon refused: no such session, wrong identity
+                    self._on_lost(f"resume refused: {e}")
+                    raise
+                except OSError as e:
+                    why = f"{e}"
+                if time.monotonic() + delay > deadline:
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            self._on_lost(f"connection lost and not resumed: {why}")
+            raise local_error("CONNECTION_LOST", f"the connection was lost and could not be "
+                              f"resumed within the session's window ({why})") from exc
+        finally:
+            self._recovering = False
 
     # ------------------------------------------------------------ writing
 
-    def write(self, msg: bytes, payload=None) -> None:
-        """Queues one frame; a large payload is sent at once from its own buffer."""
+    def write(self, msg: bytes, payload=None, rid: int = 0) -> None:
+        """Queues one frame (of request rid); a large payload is sent at once from its
+        own buffer."""
         if payload is None:
-            self._wbuf += HEADER.pack(MAGIC, len(msg), 0)
-            self._wbuf += msg
+            head = HEADER.pack(MAGIC, len(msg), 0) + msg
+            self._journal_add(rid, head)
+            self._wbuf += head
         else:
             view = _byte_view(payload)
-            self._wbuf += HEADER.pack(MAGIC, len(msg), view.nbytes)
-            self._wbuf += msg
+            head = HEADER.pack(MAGIC, len(msg), view.nbytes) + msg
+            self._journal_add(rid, head, view)
+            self._wbuf += head
             if view.nbytes >= ZERO_COPY_THRESHOLD:
-                self._send_buffers([self._wbuf, view])
-                self._wbuf = bytearray()
+                try:
+                    self._send_buffers([self._wbuf, view])
+                    self._wbuf = bytearray()
+                except OSError as e:
+                    self._recover(e)  # (this frame is in the journal: sent again)
                 return
             self._wbuf += view
         if len(self._wbuf) >= WRITE_HIGH_WATER:
@@ -247,7 +368,10 @@ class Connection:
         """Sends everything queued."""
         if self._wbuf:
             buf, self._wbuf = self._wbuf, bytearray()
-            self.sock.sendall(buf)
+            try:
+                self.sock.sendall(buf)
+            except OSError as e:
+                self._recover(e)
 
     @property
     def pending_bytes(self) -> int:
@@ -294,15 +418,69 @@ class Connection:
 
         The payload, if any, is left in the stream for read_into/skip.
         """
-        msg_len, payload_len = decode_header(self.read_exact(HEADER_SIZE))
-        return self.read_exact(msg_len), payload_len
+        while True:
+            try:
+                msg_len, payload_len = decode_header(self.read_exact(HEADER_SIZE))
+                msg = self.read_exact(msg_len)
+                break
+            except OSError as e:
+                self._recover(e)
+        if self._journal is not None and not self._recovering:
+            rid = _response_id(msg)
+            if rid:
+                self._acked(rid)
+                if payload_len:
+                    self._cur_id, self._payload_left = rid, payload_len
+                else:
+                    self._last_received = rid
+        return msg, payload_len
+
+    def _payload_done(self, n: int) -> None:
+        if self._payload_left:
+            self._payload_left -= min(n, self._payload_left)
+            if not self._payload_left:
+                self._last_received = self._cur_id
 
     def read_into(self, dest) -> None:
         """Fills dest (a writable C-contiguous buffer) from the stream.
 
         Bytes already buffered are copied first; the rest lands directly in
-        dest with recv_into.
+        dest with recv_into. On a resumed session a lost connection is resumed and
+        the payload read again from the answer the daemon sends again.
         """
+        if self._journal is None or self._recovering:
+            self._read_into(dest)
+            return
+        view = _byte_view(dest)
+        start_left = self._payload_left  # of the answer's payload, before this call
+        resync = False
+        while True:
+            try:
+                if resync:  # the daemon sends the whole answer again: back to where we were
+                    msg, plen = self.read_frame_head()
+                    if _response_id(msg) != self._cur_id or plen < start_left:
+                        from .errors import local_error
+
+                        raise local_error("CONNECTION_LOST", "resumed, the daemon sent another "
+                                          "answer than the one that was cut off")
+                    self._skip_raw(plen - start_left)
+                    self._payload_left = start_left
+                    resync = False
+                self._read_into(view)
+                self._payload_done(view.nbytes)
+                return
+            except OSError as e:
+                self._recover(e)
+                resync = True
+
+    def _skip_raw(self, n: int) -> None:
+        scratch = bytearray(min(n, 1 << 20))
+        while n:
+            k = min(n, len(scratch))
+            self._read_into(memoryview(scratch)[:k])
+            n -= k
+
+    def _read_into(self, dest) -> None:
         view = _byte_view(dest)
         n = view.nbytes
         got = min(n, len(self._rbuf) - self._rpos)

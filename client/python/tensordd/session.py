@@ -97,7 +97,8 @@ _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICA
 
 def connect(endpoint: str | None = None, token: str | None = None, timeout: float | None = None,
             *, token_file: str | None = None, ca_file: str | None = None,
-            cert: str | None = None, key: str | None = None, verify: bool = True) -> "Session":
+            cert: str | None = None, key: str | None = None, verify: bool = True,
+            resume: float | None = None) -> "Session":
     """Opens a session with the daemon at endpoint; it becomes the default session.
 
     Args:
@@ -115,6 +116,12 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
         timeout: seconds for connecting and for each blocking call
             (None: wait forever). A call that times out raises
             :class:`tensordd.TimedOutError` and leaves the session unusable.
+        resume: seconds the daemon should hold the session after the connection
+            drops (capped by its --max-resume-window; None or 0: off, the session ends
+            with its connection). With it, a call that finds the connection lost
+            reconnects (a few tries, with backoff, within the window), resumes the
+            session and sends again what the daemon had not applied; only when that
+            fails does it raise :class:`tensordd.ConnectionLostError`.
 
     Raises:
         VersionMismatchError, UnauthenticatedError: the daemon refused the Hello
@@ -135,7 +142,7 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
         raise local_error("TIMEOUT", f"connecting to {endpoint} timed out") from None
     except OSError as e:
         raise local_error("IO", f"cannot connect to {endpoint}: {e}") from e
-    session = Session(conn, endpoint, token)
+    session = Session(conn, endpoint, token, resume=resume)
     _default = session
     return session
 
@@ -172,8 +179,11 @@ class Session:
     releases everything it holds in the daemon.
     """
 
-    def __init__(self, conn: Connection, endpoint: str, token: str | None):
+    def __init__(self, conn: Connection, endpoint: str, token: str | None,
+                 resume: float | None = None):
         self._conn = conn
+        self._token = token or ""
+        self._resume_token = b""
         self.endpoint = endpoint
         self._ids = itertools.count(1)
         self._handles = itertools.count(1)
@@ -204,6 +214,8 @@ class Session:
         h.max_version = MAX_VERSION
         h.token = token or ""
         h.client_name = CLIENT_NAME
+        if resume:
+            h.resume_window = max(1, int(resume))
         try:
             resp, _ = self._roundtrip(hello, _Call("hello"))
         except BaseException:
@@ -216,6 +228,37 @@ class Session:
         self.server = resp.hello.server
         self.session_id = resp.hello.session_id
         self.note = resp.hello.note
+        #: the seconds the daemon holds this session after a lost connection (0: none)
+        self.resume_window = resp.hello.resume_window
+        if resp.hello.resume_window and resp.hello.resume_token:
+            self._resume_token = resp.hello.resume_token
+            conn.enable_resume(resp.hello.resume_window, self._resume_hello, self._shutdown)
+
+    def _resume_hello(self, conn: Connection, last_received: int) -> int:
+        """Resumes this session on conn's fresh socket (_wire.Connection._recover): a Hello
+        with the resume token; returns the id of the last request the daemon applied."""
+        req = pb.Request()
+        req.id = next(self._ids)
+        h = req.hello
+        h.min_version = MIN_VERSION
+        h.max_version = MAX_VERSION
+        h.token = self._token
+        h.client_name = CLIENT_NAME
+        h.resume_window = self.resume_window
+        h.resume_token = self._resume_token
+        h.last_received = last_received
+        conn.write(req.SerializeToString())
+        conn.flush()
+        raw, _ = conn.read_frame_head()
+        try:
+            resp = pb.Response.FromString(raw)
+        except DecodeError as e:
+            raise local_error("PROTOCOL_ERROR", f"undecodable resume answer: {e}") from e
+        if resp.WhichOneof("body") == "error":
+            raise error_from_proto(resp.error, "resume")
+        if resp.WhichOneof("body") != "hello" or not resp.hello.resumed:
+            raise local_error("CONNECTION_LOST", "the daemon did not resume the session")
+        return resp.hello.last_applied
 
     # ================================================================ lifecycle
 
@@ -302,7 +345,7 @@ class Session:
         req.id = next(self._ids)
         req.release.handles.extend(handles)
         self._calls[req.id] = _Call("release", handles)
-        self._conn.write(req.SerializeToString())
+        self._conn.write(req.SerializeToString(), None, req.id)
 
     def _check_open(self) -> None:
         if not self._open:
@@ -329,7 +372,7 @@ class Session:
         """Queues request rid, encoded as msg."""
         self._calls[rid] = call
         try:
-            self._conn.write(msg, payload)
+            self._conn.write(msg, payload, rid)
         except (OSError, FrameError) as e:
             self._fail_io(e, call)
         except BaseException:  # interrupted mid-frame: the stream is unusable
@@ -365,7 +408,7 @@ class Session:
         self._busy = True
         try:
             try:
-                self._conn.write(req.SerializeToString())
+                self._conn.write(req.SerializeToString(), None, req.id)
                 self._conn.flush()
             except (OSError, FrameError) as e:
                 self._fail_io(e, call)

@@ -1,0 +1,222 @@
+"""Sessions that survive a dropped connection (docs/protocol.md, section 7 "Resume").
+
+A client that connects with resume=SECONDS gets a resume token; when the proxy
+(faultproxy.py) cuts its connection the client reconnects, resumes the session and sends
+again only what the daemon had not applied. The oracle is the same training run without
+cuts: the parameters must be equal bit for bit (a step applied twice, or a lost upload,
+would change them). A window that runs out is CONNECTION_LOST, and the daemon frees the
+session; a resume token is worth nothing without the daemon's auth token.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import tensordd
+from faultproxy import FaultProxy
+from tensordd import tensordd_pb2 as pb
+from test_faults import accounting, settle
+
+
+class CutProxy(FaultProxy):
+    """A pass-through proxy that cuts the connection it carries each time the bytes sent
+    so far in one direction reach the next of `cuts` ((direction, offset), offsets counted
+    over every connection through it): three cuts, three lost connections."""
+
+    def __init__(self, target_port: int, cuts):
+        self.cuts = sorted(cuts, key=lambda c: c[1])
+        self.done = []
+        super().__init__(target_port, "pass")
+
+    def _pump(self, src, dst, up):
+        direction = "up" if up else "down"
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = src.recv(65536)
+                except socket.timeout:
+                    continue
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                before = self._count(up, len(data))
+                cut = next((c for c in self.cuts if c[0] == direction), None)
+                if cut and before + len(data) >= cut[1]:
+                    keep = max(0, cut[1] - before)
+                    if keep:
+                        dst.sendall(data[:keep])
+                    self.cuts.remove(cut)
+                    self.done.append(cut)
+                    self._close_both(src, dst)
+                    return
+                dst.sendall(data)
+        except OSError:
+            self._close_both(src, dst)
+
+
+SHAPES = [(64, 256), (256,), (256, 4), (4,)]
+
+
+def train(s, steps=3):
+    """SGD with momentum on a small MLP whose first layer is 64 KiB (its upload and its
+    download are long enough to be cut in the middle); returns the parameters."""
+    rng = np.random.default_rng(1)
+    init = [(rng.standard_normal(sh) * 0.1).astype(np.float32) for sh in SHAPES]
+    params = [s.tensor(a, requires_grad=True) for a in init]
+    w1, b1, w2, b2 = params
+    opt = tensordd.optim.SGD(params, lr=0.05, momentum=0.9)
+    for _ in range(steps):
+        x = s.tensor(rng.standard_normal((32, 64)).astype(np.float32))
+        y = s.tensor(rng.integers(0, 4, 32))
+        loss = s.op("cross_entropy", (x @ w1 + b1).relu() @ w2 + b2, y)
+        opt.step(loss.backward())
+        loss.item()
+    return [p.numpy() for p in params]
+
+
+@pytest.fixture
+def rdaemon(start_daemon):
+    return start_daemon("--cpu-devices", "1", "--max-resume-window", "30")
+
+
+def bytes_of_a_run(port):
+    """Bytes each way of one training run through a proxy, and the parameters."""
+    with FaultProxy(port, "pass") as p:
+        with tensordd.connect(p.endpoint, timeout=30, resume=30) as s:
+            want = train(s)
+        time.sleep(0.1)
+        return p.up, p.down, want
+
+
+def test_training_cut_three_times_ends_with_the_uncut_parameters(rdaemon):
+    base = accounting(rdaemon.endpoint)
+    with tensordd.connect(rdaemon.endpoint, timeout=30) as s:
+        plain = train(s)
+    up, down, want = bytes_of_a_run(rdaemon.port)
+    for w, p in zip(want, plain):
+        np.testing.assert_array_equal(w, p)
+    w1_bytes = 64 * 256 * 4
+    # mid-upload of w1 (right after Hello), in the middle of the run's requests, and in
+    # the download of w1 (the last downloads are w1, b1, w2, b2: w1's payload ends ~5 KiB
+    # before the end)
+    cuts = [("up", 200 + w1_bytes // 2), ("up", up // 2), ("down", down - 5200 - w1_bytes // 2)]
+    with CutProxy(rdaemon.port, cuts) as p:
+        with tensordd.connect(p.endpoint, timeout=30, resume=30) as s:
+            got = train(s)
+            resumes = s._conn.resumes
+    assert len(p.done) == 3, f"cuts not reached: {p.cuts}"
+    assert len(p._socks) // 2 == 4  # the first connection and one after each cut
+    assert 1 <= resumes <= 3  # (a cut while the journal is sent again is retried within)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(w, g)
+    settle(rdaemon.endpoint, base)
+
+
+@pytest.mark.parametrize("at", [0.1, 0.25, 0.4, 0.6, 0.75, 0.9])
+def test_a_cut_anywhere_downstream_or_upstream_changes_nothing(rdaemon, at):
+    up, down, want = bytes_of_a_run(rdaemon.port)
+    cuts = [("up", int(up * at)), ("down", int(down * (1 - at)))]
+    with CutProxy(rdaemon.port, cuts) as p:
+        with tensordd.connect(p.endpoint, timeout=30, resume=30) as s:
+            got = train(s)
+    assert len(p.done) == 2
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(w, g)
+
+
+class ClosingProxy(CutProxy):
+    """Cuts once, then closes every new connection at once (the daemon is out of reach)."""
+
+    def _pump(self, src, dst, up):
+        if self.done:
+            self._close_both(src, dst)
+            return
+        super()._pump(src, dst, up)
+
+
+def test_an_expired_window_is_connection_lost_and_frees_the_session(start_daemon):
+    d = start_daemon("--cpu-devices", "1", "--max-resume-window", "1")
+    base = accounting(d.endpoint)
+    with ClosingProxy(d.port, [("down", 10**9)]) as p:
+        s = tensordd.connect(p.endpoint, timeout=30, resume=60)
+        assert s.resume_window == 1  # capped by the daemon
+        w = s.tensor(np.ones((256, 256), np.float32))
+        s.sync()
+        p.cuts = [("down", p.down + 100)]  # inside the next download's payload
+        with pytest.raises(tensordd.Error) as e:
+            w.numpy()
+        assert e.value.code == "CONNECTION_LOST", repr(e.value)
+        assert s.closed
+    # held for its window (one second), then freed with everything it held
+    settle(d.endpoint, base)
+
+
+def raw_hello(port, **fields):
+    """One Hello on a fresh connection; the Response."""
+    req = pb.Request(id=1)
+    req.hello.min_version = req.hello.max_version = 1
+    for k, v in fields.items():
+        setattr(req.hello, k, v)
+    msg = req.SerializeToString()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), 0) + msg)
+        head = b""
+        while len(head) < 16:
+            head += c.recv(16 - len(head))
+        _, n, _ = struct.unpack("<IIQ", head)
+        body = b""
+        while len(body) < n:
+            body += c.recv(n - len(body))
+    return pb.Response.FromString(body)
+
+
+def test_an_unknown_resume_token_is_connection_lost(rdaemon):
+    r = raw_hello(rdaemon.port, resume_token=os.urandom(16))
+    assert r.WhichOneof("body") == "error"
+    assert r.error.code == pb.CONNECTION_LOST
+    r = raw_hello(rdaemon.port, resume_token=b"short")
+    assert r.error.code == pb.CONNECTION_LOST
+
+
+def test_a_stolen_token_without_the_auth_token_is_refused(start_daemon, tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("s3cret\n")
+    d = start_daemon("--cpu-devices", "1", "--token-file", str(tok))
+    with tensordd.connect(d.endpoint, token="s3cret", timeout=30, resume=30) as s:
+        t = s.tensor(np.arange(6, dtype=np.float32))
+        stolen = s._resume_token
+        assert len(stolen) == 16
+        for wrong in ("", "guess"):
+            r = raw_hello(d.port, token=wrong, resume_token=stolen, resume_window=30)
+            assert r.error.code == pb.UNAUTHENTICATED
+        # the session is where it was, on its own connection
+        np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32))
+        assert s._conn.resumes == 0
+
+
+def test_resume_off_by_default_changes_nothing(rdaemon):
+    base = accounting(rdaemon.endpoint)
+    with FaultProxy(rdaemon.port, "drop", at=3000) as p:
+        with pytest.raises(tensordd.Error) as e:
+            with tensordd.connect(p.endpoint, timeout=30) as s:
+                assert s.resume_window == 0
+                train(s)
+    assert e.value.code in ("CLOSED", "IO")
+    settle(rdaemon.endpoint, base)  # freed at once: nothing held
+
+
+def test_a_resumed_session_after_goodbye_is_gone(rdaemon):
+    """Goodbye frees the session at once: its token resumes nothing."""
+    base = accounting(rdaemon.endpoint)
+    s = tensordd.connect(rdaemon.endpoint, timeout=30, resume=30)
+    s.tensor(np.zeros(4, np.float32))
+    token = s._resume_token
+    s.close()
+    r = raw_hello(rdaemon.port, resume_token=token)
+    assert r.error.code == pb.CONNECTION_LOST
+    settle(rdaemon.endpoint, base)
