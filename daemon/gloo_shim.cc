@@ -99,10 +99,21 @@ template <typename T> void allreduce_as(tdd_gloo *g, void *buf, size_t count, td
 
 } // namespace
 
+// Removes this rank's keys from the store's directory, and the directory once empty.
+static void forget_keys(gloo::rendezvous::FileStore *store, const char *dir)
+{
+    if (!store)
+        return;
+    for (const std::string &p : store->getAllKeyFilePaths())
+        unlink(p.c_str());
+    rmdir(dir); // the last rank's succeeds
+}
+
 extern "C" tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int rank, int size,
                                       long timeout_ms, int *code, char *msg, size_t msglen)
 {
     tdd_gloo *g = nullptr;
+    std::unique_ptr<gloo::rendezvous::FileStore> store;
     try {
         if (mkdir(dir, 0700) && errno != EEXIST) {
             std::string why = std::string("cannot create ") + dir + ": " + strerror(errno);
@@ -111,21 +122,24 @@ extern "C" tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int 
         g = new tdd_gloo;
         g->timeout = std::chrono::milliseconds(timeout_ms);
         auto d = device_for(address);
-        gloo::rendezvous::FileStore store(dir);
+        store.reset(new gloo::rendezvous::FileStore(dir));
         g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
         g->ctx->setTimeout(g->timeout);
-        g->ctx->connectFullMesh(store, d);
+        g->ctx->connectFullMesh(*store, d);
         // Every rank has read every address once all are past this: the keys can go.
         gloo::BarrierOptions b(g->ctx);
         b.setTimeout(g->timeout);
         gloo::barrier(b);
-        for (const std::string &p : store.getAllKeyFilePaths())
-            unlink(p.c_str());
-        rmdir(dir); // the last rank's succeeds
+        forget_keys(store.get(), dir);
         *code = 0;
         return g;
     } catch (...) {
         *code = caught(msg, msglen);
+        // A failed group leaves nothing behind: its name can be used again.
+        try {
+            forget_keys(store.get(), dir);
+        } catch (...) {
+        }
         delete g;
         return nullptr;
     }
