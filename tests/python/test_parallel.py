@@ -1,0 +1,373 @@
+"""Process groups across daemons (GroupCreate, AllReduce, Broadcast, AllGather on Gloo) and
+tensordd.parallel's data-parallel training: results against numpy and against a
+single-daemon run on the combined batch; a lost rank and bad arguments, typed.
+
+The daemons are separate processes on distinct loopback ports of this host, meeting in a
+temporary --group-store-dir: no network namespaces are used (the output says so)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import tensordd
+from conftest import Daemon
+from tensordd import parallel
+from tensordd import tensordd_pb2 as pb
+
+TIMEOUT_S = "2"  # --group-timeout of the daemons: a missing rank fails the others after it
+
+
+@pytest.fixture(scope="module")
+def store():
+    with tempfile.TemporaryDirectory(prefix="tdd-groups-") as d:
+        yield d
+
+
+def start(store, n, *extra):
+    return [Daemon("--cpu-devices", "2", "--group-store-dir", store, "--group-timeout",
+                   TIMEOUT_S, *extra) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def daemons(store, pytestconfig):
+    """Three daemons; small buckets, so an all-reduce's tensors span several."""
+    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line("test_parallel: daemons on distinct loopback ports of one host "
+                      "(no network namespaces used)")
+    ds = start(store, 3, "--group-bucket-bytes", "8K")
+    yield ds
+    for d in ds:
+        rc = d.stop()
+        assert rc == 0, f"daemon exited with {rc}:\n{d.log()}"
+    assert os.listdir(store) == []  # every rendezvous directory was removed
+
+
+@pytest.fixture
+def sessions(daemons):
+    ss = parallel.connect_many([d.endpoint for d in daemons], timeout=60)
+    yield ss
+    for s in ss:
+        s.close(raise_errors=False)
+
+
+def run_ranks(fns):
+    """Each fn on a thread (a collective blocks until every rank called it): results or
+    the exceptions raised, in rank order. Bounded: a thread still running is a failure."""
+    out = [None] * len(fns)
+
+    def one(i):
+        try:
+            out[i] = fns[i]()
+        except BaseException as e:  # noqa: BLE001 -- returned to the test
+            out[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a collective did not return"
+    return out
+
+
+# ---------------------------------------------------------------- results against numpy
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_all_reduce_matches_numpy(sessions, op):
+    pg = parallel.init_process_group(sessions)
+    rng = np.random.default_rng(1)
+    # several tensors and dtypes: packed into 8 KiB buckets, one alone (16 KiB), dtype runs
+    shapes = [(3, 5), (4096,), (7,), (2, 3, 4), ()]
+    dtypes = [np.float32, np.float32, np.float64, np.float64, np.float32]
+    if op != "avg":
+        shapes.append((9,))
+        dtypes.append(np.int64)
+    data = [[(rng.standard_normal(sh) * 100).astype(dt) for sh, dt in zip(shapes, dtypes)]
+            for _ in sessions]
+    ts = [[s.tensor(a) for a in arrs] for s, arrs in zip(sessions, data)]
+    pg.all_reduce(ts, op)
+    for k in range(len(shapes)):
+        stack = np.stack([data[r][k] for r in range(3)])
+        want = {"sum": stack.sum(0), "avg": stack.sum(0) / 3, "max": stack.max(0)}[op]
+        want = np.asarray(want, dtype=stack.dtype)  # (numpy promotes 0-d float32 / 3)
+        for r in range(3):
+            got = ts[r][k].numpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            if op == "max" or dtypes[k] == np.int64:
+                np.testing.assert_array_equal(got, want)
+            else:  # the order of Gloo's additions is its own: float reassociation only
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+        # every rank holds the same bits
+        assert all(np.array_equal(ts[0][k].numpy(), ts[r][k].numpy()) for r in range(3))
+
+
+def test_broadcast_and_all_gather(sessions):
+    pg = parallel.init_process_group(sessions)
+    rng = np.random.default_rng(2)
+    data = [[rng.standard_normal((4, 6)).astype(np.float32), np.arange(5) * (r + 1)]
+            for r in range(3)]
+    ts = [[s.tensor(a) for a in arrs] for s, arrs in zip(sessions, data)]
+    pg.broadcast(ts, root=1)
+    for r in range(3):
+        np.testing.assert_array_equal(ts[r][0].numpy(), data[1][0])
+        np.testing.assert_array_equal(ts[r][1].numpy(), data[1][1])
+    # gather a non-contiguous view: rank r's transposed matrix
+    mats = [rng.standard_normal((2, 3)).astype(np.float64) for _ in range(3)]
+    gathered = pg.all_gather([s.tensor(m).T for s, m in zip(sessions, mats)])
+    want = np.stack([m.T for m in mats])
+    for g in gathered:
+        assert tuple(g.shape) == (3, 3, 2)
+        np.testing.assert_array_equal(g.numpy(), want)
+
+
+# ---------------------------------------------------------------- data-parallel training
+
+def _digits(n):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data[:n] / 16.0).astype(np.float32), d.target[:n].astype(np.int64)
+
+
+def _init(seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for a, b in ((64, 32), (32, 10)):
+        bound = 1.0 / np.sqrt(a)
+        out += [rng.uniform(-bound, bound, (a, b)).astype(np.float32),
+                rng.uniform(-bound, bound, (b,)).astype(np.float32)]
+    return out
+
+
+def _loss(s, ps, xb, yb):
+    w1, b1, w2, b2 = ps
+    return s.op("cross_entropy", (xb @ w1 + b1).relu() @ w2 + b2, yb)
+
+
+STEPS, BATCH, LR = 5, 48, 0.5
+
+
+def _single_run(endpoint, x, y):
+    """The oracle: one daemon, one replica, stepping on the whole batch."""
+    with tensordd.connect(endpoint, timeout=60) as s:
+        ps = [s.tensor(a, requires_grad=True) for a in _init()]
+        opt = tensordd.optim.SGD(ps, lr=LR)
+        for i in range(STEPS):
+            xb, yb = s.tensor(x[i * BATCH:(i + 1) * BATCH]), s.tensor(y[i * BATCH:(i + 1) * BATCH])
+            opt.step(_loss(s, ps, xb, yb).backward())
+        return [p.numpy() for p in ps]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_data_parallel_matches_one_daemon_on_the_combined_batch(daemons, world):
+    x, y = _digits(STEPS * BATCH)
+    want = _single_run(daemons[0].endpoint, x, y)
+    ss = parallel.connect_many([d.endpoint for d in daemons[:world]], timeout=60)
+    try:
+        pg = parallel.init_process_group(ss)
+        # replicas start from different values: broadcast_parameters makes them rank 0's
+        dp = parallel.DataParallel(
+            pg, build=lambda s, dev: [s.tensor(a, device=dev, requires_grad=True)
+                                      for a in _init(seed=ss.index(s))],
+            loss_fn=_loss, make_optimizer=lambda ps: tensordd.optim.SGD(ps, lr=LR))
+        for i in range(STEPS):
+            dp.step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+        got = [dp.parameters(r) for r in range(world)]
+    finally:
+        for s in ss:
+            s.close(raise_errors=False)
+    for r in range(world):
+        for a, b in zip(got[r], got[0]):  # every replica took the same steps, bit for bit
+            np.testing.assert_array_equal(a, b)
+    # The mean of equal shards' mean losses is the batch's mean loss: the same gradient up
+    # to the order of float32 additions (measured differences are about 1e-8).
+    for a, b in zip(got[0], want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert any(not np.allclose(a, b) for a, b in zip(want, _init()))  # training moved them
+
+
+# ---------------------------------------------------------------- a lost rank
+
+def test_killed_rank_gives_the_others_a_typed_error_and_sessions_go_on(store):
+    ds = start(store, 3)
+    try:
+        ss = parallel.connect_many([d.endpoint for d in ds], timeout=60)
+        pg = parallel.init_process_group(ss)
+        ts = [s.tensor(np.ones(1 << 16, np.float32)) for s in ss]
+        pending = threading.Event()
+
+        def rank(r):
+            def call():
+                pending.set()
+                pg.groups[r].all_reduce(ts[r])
+            return call
+
+        threads_done = []
+
+        def killer():
+            pending.wait(30)
+            ds[2].kill()  # rank 2 dies while ranks 0 and 1 are in the all-reduce
+            threads_done.append(True)
+
+        k = threading.Thread(target=killer, daemon=True)
+        k.start()
+        res = run_ranks([rank(0), rank(1)])
+        k.join(30)
+        for e in res:
+            assert isinstance(e, tensordd.TimedOutError), e
+            assert "process group" in e.message
+        for r in (0, 1):
+            # the group is broken: later collectives fail at once, typed
+            with pytest.raises(tensordd.TimedOutError, match="broken"):
+                pg.groups[r].all_reduce(ts[r])
+            # the session goes on
+            np.testing.assert_array_equal(ss[r].tensor(np.arange(4.0)).numpy(), np.arange(4.0))
+        # the survivors form a new group
+        pg2 = parallel.init_process_group(ss[:2])
+        t2 = [s.tensor(np.full(3, r + 1.0)) for r, s in enumerate(ss[:2])]
+        pg2.all_reduce([[t] for t in t2], "avg")
+        np.testing.assert_array_equal(t2[1].numpy(), np.full(3, 1.5))
+        for s in ss[:2]:
+            s.close()
+    finally:
+        for d in ds:
+            d.kill()
+
+
+def test_missing_rank_times_out(daemons):
+    ss = parallel.connect_many([d.endpoint for d in daemons[:2]], timeout=60)
+    try:
+        # a rank that never joins: GroupCreate answers TIMEOUT, the handle is a broken group
+        with pytest.raises(tensordd.TimedOutError, match="rank 0 of 2"):
+            parallel.create_group(ss[0], "never-complete", 0, 2)
+        pg = parallel.init_process_group(ss)
+        t = ss[0].tensor(np.ones(3, np.float32))
+        # rank 1 does not take part: rank 0 times out after --group-timeout
+        with pytest.raises(tensordd.TimedOutError):
+            pg.groups[0].all_reduce(t)
+        with pytest.raises(tensordd.TimedOutError, match="broken"):
+            pg.groups[0].broadcast(t)
+        np.testing.assert_array_equal(t.numpy(), np.ones(3))  # no data had moved
+        ss[0].sync()
+    finally:
+        for s in ss:
+            s.close(raise_errors=False)
+
+
+# ---------------------------------------------------------------- bad arguments
+
+def _group_create(s, handle, **fields):
+    req = s._new_request()
+    gc = req.group_create
+    gc.group = handle
+    for k, v in fields.items():
+        setattr(gc, k, v)
+    from tensordd.session import _Call
+
+    s._roundtrip(req, _Call("group_create"))
+    return gc.group
+
+
+@pytest.mark.parametrize("fields, argument", [
+    ({"name": "g", "rank": 0, "world_size": 0}, "world_size"),
+    ({"name": "g", "rank": 2, "world_size": 2}, "rank"),
+    ({"name": "g", "rank": 0, "world_size": 100000}, "world_size"),
+    ({"name": "../escape", "rank": 0, "world_size": 1}, "name"),
+    ({"name": "", "rank": 0, "world_size": 1}, "name"),
+])
+def test_group_create_bad_arguments(sessions, fields, argument):
+    s = sessions[0]
+    handle = s._new_handle()
+    with pytest.raises(tensordd.InvalidArgumentError) as ei:
+        _group_create(s, handle, **fields)
+    assert ei.value.argument == argument
+    # the failed request bound a poisoned placeholder: a collective on it says so
+    t = s.tensor(np.ones(2, np.float32))
+    with pytest.raises(tensordd.PoisonedError):
+        parallel.Group(s, handle, "failed", 0, 1).all_reduce(t)
+    np.testing.assert_array_equal(t.numpy(), np.ones(2, np.float32))  # the session goes on
+
+
+def test_bad_collective_arguments(sessions):
+    s0 = sessions[0]
+    pg = parallel.init_process_group(sessions)
+    g0 = pg.groups[0]
+    other_dev = s0.tensor(np.ones(2, np.float32), device="cpu:1")
+    with pytest.raises(tensordd.DeviceMismatchError):
+        g0.all_reduce(other_dev)
+    with pytest.raises(tensordd.InvalidArgumentError, match="contiguous"):
+        g0.all_reduce(s0.tensor(np.ones((2, 3), np.float32)).T)
+    with pytest.raises(tensordd.UnsupportedDTypeError):
+        g0.all_reduce(s0.tensor(np.ones(2, np.int64)), "avg")
+    t = s0.tensor(np.ones(2, np.float32))
+    with pytest.raises(tensordd.InvalidArgumentError, match="twice"):
+        g0.all_reduce([t, t])
+    with pytest.raises(tensordd.InvalidArgumentError) as ei:
+        g0.broadcast(t, root=3)
+    assert ei.value.argument == "root"
+    with pytest.raises(ValueError):
+        g0.all_reduce(t, "median")
+    # a tensor handle where a group is expected
+    req = s0._new_request()
+    req.all_reduce.group = t._handle
+    req.all_reduce.tensors.append(t._handle)
+    from tensordd.session import _Call
+
+    with pytest.raises(tensordd.WrongHandleKindError):
+        s0._roundtrip(req, _Call("all_reduce"))
+    # gradients of a parameter the Gradients do not hold
+    p = s0.tensor(np.ones(2, np.float32), requires_grad=True)
+    q = s0.tensor(np.ones(2, np.float32), requires_grad=True)
+    grads = (p * 2.0).sum().backward()
+    with pytest.raises(tensordd.InvalidArgumentError, match="no gradient"):
+        g0.all_reduce_gradients(grads, [q])
+    # none of these reached the other ranks: the group still works
+    ts = [s.tensor(np.full(2, float(r))) for r, s in enumerate(sessions)]
+    pg.all_reduce([[x] for x in ts], "sum")
+    np.testing.assert_array_equal(ts[2].numpy(), np.full(2, 3.0))
+
+
+def test_ranks_that_disagree_all_fail_typed_and_the_group_goes_on(sessions):
+    pg = parallel.init_process_group(sessions)
+    # shapes differ on rank 1
+    ts = [s.tensor(np.ones(3 + (r == 1), np.float32)) for r, s in enumerate(sessions)]
+    res = run_ranks([lambda r=r: pg.groups[r].all_reduce(ts[r]) for r in range(3)])
+    assert all(isinstance(e, tensordd.ShapeMismatchError) for e in res), res
+    # dtypes differ on rank 2
+    ts = [s.tensor(np.ones(3, np.float64 if r == 2 else np.float32))
+          for r, s in enumerate(sessions)]
+    res = run_ranks([lambda r=r: pg.groups[r].all_reduce(ts[r]) for r in range(3)])
+    assert all(isinstance(e, tensordd.DTypeMismatchError) for e in res), res
+    # different roots
+    res = run_ranks([lambda r=r: pg.groups[r].broadcast(ts[r], root=min(r, 1))
+                     for r in range(3)])
+    assert all(isinstance(e, tensordd.InvalidArgumentError) for e in res), res
+    # nothing was written, and the group still works
+    np.testing.assert_array_equal(ts[0].numpy(), np.ones(3, np.float32))
+    ts = [s.tensor(np.full(3, r + 1.0, np.float32)) for r, s in enumerate(sessions)]
+    pg.all_reduce([[t] for t in ts], "max")
+    np.testing.assert_array_equal(ts[0].numpy(), np.full(3, 3.0, np.float32))
+
+
+def test_groups_need_a_store_dir_and_a_host_memory_device(start_daemon, store):
+    plain = start_daemon()
+    with tensordd.connect(plain.endpoint, timeout=60) as s:
+        with pytest.raises(tensordd.UnsupportedOpError, match="--group-store-dir"):
+            parallel.create_group(s, "g", 0, 1)
+        s.sync()
+    sim = start_daemon("--sim-devices", "1", "--group-store-dir", store)
+    with tensordd.connect(sim.endpoint, timeout=60) as s:
+        with pytest.raises(tensordd.UnsupportedOpError, match="host-memory"):
+            parallel.create_group(s, "g-sim", 0, 1, device="sim:0")
+        # a group of one on ref:0 works: its collectives are the identity
+        g = parallel.create_group(s, "g-ref", 0, 1, device="ref:0")
+        t = s.tensor(np.arange(3.0), device="ref:0")
+        g.all_reduce(t, "avg")
+        np.testing.assert_array_equal(t.numpy(), np.arange(3.0))
+        assert pb.HANDLE_GROUP == 5
