@@ -99,6 +99,37 @@ def train(s, steps=3):
     s.sync()
 
 
+def cut(s):
+    """Drops the session's connection under it (what a network failure does)."""
+    sock = s._conn.sock
+    sock = getattr(sock, "_s", sock)  # a TLS connection's socket
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+def resume_and_expiry(ep, kw):
+    # resumed: the work after the cut finds the session, its tensors and graph
+    s = tensordd.connect(ep, timeout=T, resume=30, **kw)
+    x = s.tensor(np.arange(1000, dtype=np.float32), requires_grad=True)
+    y = x * 2
+    s.sync()
+    cut(s)
+    got = (y + 1).numpy()
+    assert np.array_equal(got, np.arange(1000, dtype=np.float32) * 2 + 1)
+    y.sum().backward()
+    assert s._conn.resumes >= 1, "the session was not resumed"
+    s.close()
+    # expired: held for a second, never claimed, then freed by the daemon
+    s = tensordd.connect(ep, timeout=T, resume=1, **kw)
+    s.tensor(np.ones(1 << 16, np.float32)) * 3
+    s.sync()
+    s._conn._resumer = None  # this client gives up at once
+    cut(s)
+    try:
+        s.sync()
+    except tensordd.Error:
+        pass
+
+
 def raw_tcp(ep):
     host, port = ep[len("tcp://"):].rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=T)
@@ -182,7 +213,8 @@ def main():
                 s = tensordd.connect(ep, timeout=T, **kw)
                 train(s, steps=1)
                 s._conn.close()  # no Goodbye: the daemon frees it all on EOF
-                say("sessions on", ep)
+                resume_and_expiry(ep, kw)
+                say("sessions (and a resume, an expiry) on", ep)
             abrupt(lambda: raw_tcp(tcp))
             ctx = ssl.create_default_context(cafile=pki("ca.pem"))
             ctx.load_cert_chain(pki("client.pem"), pki("client.key"))

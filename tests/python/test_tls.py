@@ -349,3 +349,16 @@ def test_versions_tls12_served_older_refused(tls_daemon, pki):
                         "-cipher", "DEFAULT@SECLEVEL=0"], input="", capture_output=True,
                        text=True, timeout=T)
     assert "alert protocol version" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_no_verify_connects_without_a_ca(tls_daemon):
+    """verify=False / --no-verify (testing only): no CA file, the daemon's certificate
+    unchecked; the default (the system's CAs) refuses this test CA's certificate."""
+    with pytest.raises(tensordd.UnauthenticatedError):
+        tensordd.connect(tls_daemon.tls, timeout=T)
+    with tensordd.connect(tls_daemon.tls, verify=False, timeout=T) as s:
+        _round_trip(s, 3)
+    rc, out, err = tdctl("--endpoint", tls_daemon.tls, "--no-verify", "devices")
+    assert rc == 0 and "cpu:0" in out, err
+    rc, out, err = tdctl("--endpoint", tls_daemon.tls, "devices")
+    assert rc == 3 and "failed verification" in err, (rc, err)
