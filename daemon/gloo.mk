@@ -1,6 +1,7 @@
 # gloo.mk -- process groups on Gloo (Debian libgloo-dev): daemon/gloo_shim.cc, the one C++
 # file of the daemon, compiled with g++ and linked into everything that links the daemon's
-# objects; bench/gloo_direct, the same shim called directly (bench/allreduce.py's baseline).
+# objects; gloo_direct, the same shim called directly (bench/allreduce.py's baseline).
+#   make bench-allreduce   all-reduce across 2 and 3 local daemons vs Gloo called directly
 APT_PKGS += g++ libgloo-dev
 CXX := g++
 GLOO_OBJ := $(BUILD)/obj/daemon/gloo_shim.cc.o
@@ -14,7 +15,12 @@ $(GLOO_OBJ): daemon/gloo_shim.cc daemon/gloo_shim.h include/td_error.h
 	@echo "  CXX      $<"
 	$(Q)$(CXX) $(GLOO_CXXFLAGS) -Iinclude -Idaemon -c $< -o $@
 
-$(BUILD)/bench/gloo_direct: bench/gloo_direct.cc $(GLOO_OBJ)
+# (not in $(BUILD)/bench/: bench/run.sh runs everything there against one daemon)
+$(BUILD)/gloo/gloo_direct: bench/gloo_direct.cc $(GLOO_OBJ)
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $@"
 	$(Q)$(CXX) $(GLOO_CXXFLAGS) -Iinclude -Idaemon $^ -lgloo -o $@
+
+.PHONY: bench-allreduce
+bench-allreduce: $(BUILD)/tensordd $(PYGEN) $(BUILD)/gloo/gloo_direct
+	PYTHONPATH="client/python:$(BUILD)/python" $(PY) bench/allreduce.py $(BUILD)
