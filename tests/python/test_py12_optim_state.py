@@ -308,3 +308,30 @@ def test_state_on_the_op_path(session):
             (ww * ww).sum().backward()
             oo.step()
         np.testing.assert_allclose(w2.numpy(), w.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_model_moved_after_the_optimizer_keeps_its_state(session):
+    """torch's Module.to() moves parameters in place: an optimizer made before keeps
+    optimizing them, moments included (here cpu:0 -> cpu:1, against a run that
+    never moved)."""
+    nn = tensordd.nn
+    runs = []
+    for move in (False, True):
+        nn.init_seed(7)
+        m = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 2))
+        opt = tensordd.optim.Adam(m.parameters(), lr=0.01)
+        params = list(m.parameters())
+        x, y = session.tensor(X[:8]), session.tensor(Y[:8])
+        for k in range(4):
+            if move and k == 2:
+                m.to("cpu:1")
+                assert all(p is q for p, q in zip(m.parameters(), params))
+                assert all(str(p.device) == "cpu:1" for p in m.parameters())
+                x, y = x.to("cpu:1"), y.to("cpu:1")
+            opt.zero_grad()
+            ((m(x) - y) ** 2).mean().backward()
+            opt.step()
+        runs.append(_params(m))
+        assert opt.state_dict()["state"][0]["step"] == 4
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)

@@ -204,26 +204,23 @@ class Module:
                 raise ValueError(f"load_state_dict: {name} has shape {tuple(new.shape)}, "
                                  f"the parameter {tuple(old.shape)}")
             if old is not None and old._session is new._session:
-                # as torch's in-place copy: the same Parameter object (held by
-                # optimizers) now names the new values; an optimizer made before
-                # moves its state over at its next call (Optimizer._sync_params)
-                old._session._release_later(old._handle)
-                old._handle = new._handle
-                old._shape, old._dtype, old._device = new._shape, new._dtype, new._device
-                old._grad = new._grad
-                new._session = None  # its handle is old's now
+                _rebind(old, new)  # as torch's in-place copy
             else:
                 mod._parameters[leaf] = new
         return missing, unexpected
 
     def to(self, device=None, dtype=None):
-        """Moves (and/or casts) every parameter; they become new leaves."""
+        """Moves (and/or casts) every parameter, in place as torch's: each Parameter
+        object names a new leaf with the moved values (an optimizer made before keeps
+        optimizing it and moves its state along at its next call); returns self."""
         for m in self.modules():
             for name, p in list(m._parameters.items()):
                 if p is None:
                     continue
                 moved = p.detach().to(device=device, dtype=dtype)
-                m._parameters[name] = Parameter(moved, requires_grad=p.requires_grad)
+                if moved is p or (moved._handle == p._handle):
+                    continue
+                _rebind(p, Parameter(moved, requires_grad=p.requires_grad))
         return self
 
     def cpu(self):
@@ -246,6 +243,18 @@ class Module:
         lines = [f"({k}): {m!r}".replace("\n", "\n  ") for k, m in self._modules.items()]
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + ")" if not lines else head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _rebind(old: Tensor, new: Tensor) -> None:
+    """The Parameter object old (held by optimizers) names new's handle and values from
+    now on, as after torch's in-place copy; an optimizer made before moves its daemon
+    state over at its next call (Optimizer._sync_params). new is used up."""
+    old._session._release_later(old._handle)
+    old._handle = new._handle
+    old._shape, old._dtype, old._device = new._shape, new._dtype, new._device
+    old._requires_grad = new._requires_grad
+    old._grad = new._grad
+    new._session = None  # its handle is old's now
 
 
 def _host(value):
