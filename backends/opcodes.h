@@ -72,8 +72,8 @@ typedef enum {
     X(TRIL, "tril", 1, 1, INDEX)                                                                   \
     X(TRIU, "triu", 1, 1, INDEX)                                                                   \
     X(PAD, "pad", 1, 1, INDEX)                                                                     \
-    X(CROSS_ENTROPY, "cross_entropy", 2, 2, NN)                                                    \
-    X(NLL_LOSS, "nll_loss", 2, 2, NN)                                                              \
+    X(CROSS_ENTROPY, "cross_entropy", 2, 3, NN)                                                    \
+    X(NLL_LOSS, "nll_loss", 2, 3, NN)                                                              \
     X(MSE_LOSS, "mse_loss", 2, 2, NN)                                                              \
     X(BCE_WITH_LOGITS, "binary_cross_entropy_with_logits", 2, 2, NN)                               \
     X(LAYER_NORM, "layer_norm", 1, 3, NN)                                                          \

@@ -244,8 +244,13 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_TRIL] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_TRIU] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_PAD] = S("input", s_pad),
-    [TDD_OP_CROSS_ENTROPY] = S("input [N, C] or [C], target (int64) [N] or []", s_cross_entropy),
-    [TDD_OP_NLL_LOSS] = S("logp [N, C] or [C], target (int64) [N] or []", s_nll_loss),
+    [TDD_OP_CROSS_ENTROPY] =
+        S("input [N, C, d...] or [C], target (int64 [N, d...] or []; or class probabilities "
+          "shaped as the input), weight [C] (optional)",
+          s_cross_entropy),
+    [TDD_OP_NLL_LOSS] = S("logp [N, C, d...] or [C], target (int64) [N, d...] or [], "
+                          "weight [C] (optional)",
+                          s_nll_loss),
     [TDD_OP_MSE_LOSS] = S("input, target", s_loss),
     [TDD_OP_BCE_WITH_LOGITS] = S("input, target", s_loss),
     [TDD_OP_LAYER_NORM] = S("input, weight (optional), bias (optional)", s_layer_norm),

@@ -125,7 +125,9 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *  one_hot: i[0] classes   pad: ints[0] per-dim before-pad, f[0] value, i[0] mode (0 constant,
  *      1 reflect, 2 replicate, 3 circular; circular: ints[1], ints[2] the kept input range's
  *      start and length, tdd_pad_at)
- *  losses: i[0] reduction, i[1] ignore_index, f[0] label_smoothing
+ *  losses: i[0] reduction, i[1] ignore_index, f[0] label_smoothing; cross_entropy/nll_loss:
+ *      i[2] S (the product of the dims after the class dim 1), flags bit 0 weight (input 2),
+ *      bit 1 class-probability targets
  *  layer_norm: i[0] number of normalised dims, f[0] eps, flags bit 0/1 weight/bias
  *  dropout: f[0] p, i[0] train   conv2d/pools: ints[0] stride, ints[1] padding (ints[1][2..3]:
  *      conv2d padding="same"'s one more row/column at the bottom/right of an even span),

@@ -130,21 +130,52 @@ static int prep_class_loss(tdd_prep *p)
             return tdd_err_arg(p->err, "label_smoothing",
                                "cross_entropy: label_smoothing must be in [0, 1]");
     }
-    if (t->dtype != TD_I64)
-        return tdd_err_dtypes(p->err, TD_I64, t->dtype,
-                              "%s: target must hold int64 class indices, got %s", p->name,
-                              td_dtype_name(t->dtype));
-    if (x->ndim != 1 && x->ndim != 2)
-        return tdd_err_arg(p->err, "input", "%s: input must be [N, C] or [C], got %d-D", p->name,
-                           x->ndim);
-    bool ok = x->ndim == 2 ? (t->ndim == 1 && t->shape[0] == x->shape[0]) : t->ndim == 0;
-    if (!ok)
-        return tdd_err_shape(p->err, x->shape, x->ndim - 1, t->shape, t->ndim,
-                             "%s: target shape does not match the input's batch", p->name);
-    if (x->shape[x->ndim - 1] == 0)
+    if (x->ndim < 1)
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C, d...] or [C], got 0-D",
+                           p->name);
+    /* the class dim is 1 ([C]: 0); a row is every other coordinate */
+    int cd = x->ndim == 1 ? 0 : 1;
+    int64_t rows[TD_MAX_NDIM], C = x->shape[cd], S = 1;
+    int nr = 0;
+    for (int d = 0; d < x->ndim; d++)
+        if (d != cd)
+            rows[nr++] = x->shape[d];
+    for (int d = 2; d < x->ndim; d++)
+        S *= x->shape[d];
+    g->i[2] = S;
+    if (p->op == TDD_OP_CROSS_ENTROPY && tdd_dtype_is_float(t->dtype)) {
+        /* class probabilities, shaped as the input (PyTorch's soft targets) */
+        if ((rc = same_dtype(p, x, t)))
+            return rc;
+        if (!tdd_same_shape(x, t))
+            return tdd_err_shape(p->err, x->shape, x->ndim, t->shape, t->ndim,
+                                 "cross_entropy: class-probability targets must have the input's "
+                                 "shape");
+        g->flags |= 2u;
+    } else {
+        if (t->dtype != TD_I64)
+            return tdd_err_dtypes(p->err, TD_I64, t->dtype,
+                                  "%s: target must hold int64 class indices%s, got %s", p->name,
+                                  p->op == TDD_OP_CROSS_ENTROPY ? " (or float probabilities)" : "",
+                                  td_dtype_name(t->dtype));
+        if (t->ndim != nr || memcmp(t->shape, rows, (size_t)nr * sizeof *rows) != 0)
+            return tdd_err_shape(p->err, rows, nr, t->shape, t->ndim,
+                                 "%s: target shape must be the input's without the class dim",
+                                 p->name);
+    }
+    if (p->n_in == 3) {
+        const tdd_tensor *w = p->in[2];
+        if ((rc = same_dtype(p, x, w)))
+            return rc;
+        if (w->ndim != 1 || w->shape[0] != C)
+            return tdd_err_shape(p->err, &C, 1, w->shape, w->ndim,
+                                 "%s: weight must be [C], one per class", p->name);
+        g->flags |= 1u;
+    }
+    if (C == 0)
         return tdd_err_arg(p->err, "input", "%s: input has no classes", p->name);
     g->dtype = g->cdtype = x->dtype;
-    loss_out(p, x->dtype, t->shape, t->ndim);
+    loss_out(p, x->dtype, rows, nr);
     return 0;
 }
 

@@ -675,36 +675,93 @@ static int f_matmul(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
-/* ignore_index, label smoothing and the reduction, as PyTorch applies them. */
+/* ignore_index, label smoothing, class weights, soft targets and the reduction, as PyTorch
+ * applies them. With u = w * q (q the smoothed one-hot or soft target, w the class weights),
+ * a row's loss is sum_k u_k (lse - x_k), so d/dx = softmax(x) * sum(u) - u (cross_entropy) and
+ * -u (nll_loss), each row scaled by the incoming gradient over the mean's denominator (the
+ * summed weights of the counted rows; for soft targets, the row count). */
 static int f_class_loss(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
     tdd_value *x = n->in[0].v, *t = n->in[1].v;
     const tdd_node_in *xi = &n->in[0];
     td_dtype dt = xi->dtype;
-    int64_t C = xi->shape[xi->ndim - 1], red = a->i[0], ii = a->i[1];
-    double eps = n->op == TDD_OP_CROSS_ENTROPY ? a->f[0] : 0.0;
-    td_attr ia = A_INT("other", ii);
-    tdd_value *valid = op1a(b, TDD_OP_NE, t, &ia, 1);
-    tdd_value *mf_in[2] = {t, un(b, TDD_OP_LOGICAL_NOT, valid)};
-    td_attr zv = A_INT("value", 0);
-    tdd_value *tsafe =
-        mf_in[1] ? tdd_bw_op(b, TDD_OP_MASKED_FILL, mf_in, 2, &zv, 1, 0, NULL) : NULL;
-    td_attr nc = A_INT("num_classes", C);
-    tdd_value *q = cast(b, op1a(b, TDD_OP_ONE_HOT, tsafe, &nc, 1), dt);
+    int nd = xi->ndim, cd = nd == 1 ? 0 : 1;
+    int64_t C = xi->shape[cd], red = a->i[0], ii = a->i[1];
+    bool ce = n->op == TDD_OP_CROSS_ENTROPY, probs = (a->flags & 2u) != 0;
+    double eps = ce ? a->f[0] : 0.0;
+    /* the class weights, shaped to broadcast along the class dim */
+    tdd_value *w = NULL;
+    if (a->flags & 1u) {
+        int64_t ws[TD_MAX_NDIM];
+        for (int d = 0; d < nd; d++)
+            ws[d] = d == cd ? C : 1;
+        w = reshape(b, n->in[2].v, ws, nd);
+    }
+    tdd_value *q, *valid = NULL;
+    if (probs) {
+        q = t;
+    } else {
+        td_attr ia = A_INT("other", ii);
+        valid = op1a(b, TDD_OP_NE, t, &ia, 1);
+        tdd_value *mf_in[2] = {t, un(b, TDD_OP_LOGICAL_NOT, valid)};
+        td_attr zv = A_INT("value", 0);
+        tdd_value *tsafe =
+            mf_in[1] ? tdd_bw_op(b, TDD_OP_MASKED_FILL, mf_in, 2, &zv, 1, 0, NULL) : NULL;
+        td_attr nc = A_INT("num_classes", C);
+        q = cast(b, op1a(b, TDD_OP_ONE_HOT, tsafe, &nc, 1), dt); /* [rows..., C] */
+        if (nd > 2) {                                            /* the classes back to dim 1 */
+            int64_t perm[TD_MAX_NDIM];
+            perm[0] = 0;
+            perm[1] = nd - 1;
+            for (int d = 2; d < nd; d++)
+                perm[d] = d - 1;
+            td_attr pa = A_INTS("dims", perm, nd);
+            q = op1a(b, TDD_OP_PERMUTE, q, &pa, 1);
+        }
+    }
+    tdd_value *onehot = q;
     if (eps > 0.0)
         q = sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, q, 1.0 - eps), eps / (double)C);
-    tdd_value *w = bin(b, TDD_OP_MUL, cast(b, valid, dt), g);
-    if (red == TDD_RED_MEAN)
-        w = bin(b, TDD_OP_DIV, w, un(b, TDD_OP_SUM, cast(b, valid, dt)));
-    tdd_value *d;
-    if (n->op == TDD_OP_CROSS_ENTROPY) {
-        td_attr dim = A_INT("dim", -1);
-        d = bin(b, TDD_OP_SUB, op1a(b, TDD_OP_SOFTMAX, x, &dim, 1), q);
-    } else {
-        d = un(b, TDD_OP_NEG, q);
+    tdd_value *u = w ? bin(b, TDD_OP_MUL, q, w) : q;
+    /* the per-row scale: the incoming gradient (per row for "none") over the denominator */
+    tdd_value *rw = g;
+    if (valid)
+        rw = bin(b, TDD_OP_MUL, cast(b, valid, dt), rw);
+    if (red == TDD_RED_MEAN) {
+        tdd_value *den;
+        if (probs) {
+            int64_t rows = tdd_shape_numel(xi->shape, nd, INT64_MAX) / C;
+            rw = sc(b, TDD_OP_DIV, rw, (double)rows);
+            den = NULL;
+        } else if (w) { /* the weights of the counted rows' targets */
+            den = un(b, TDD_OP_SUM,
+                     bin(b, TDD_OP_MUL, sum_dim(b, bin(b, TDD_OP_MUL, onehot, w), cd, false),
+                         cast(b, valid, dt)));
+        } else {
+            den = un(b, TDD_OP_SUM, cast(b, valid, dt));
+        }
+        if (den)
+            rw = bin(b, TDD_OP_DIV, rw, den);
     }
-    gin[0] = bin(b, TDD_OP_MUL, d, unsqueeze(b, w, -1));
+    /* rw has the rows' shape (index targets, or "none"): spread along the class dim */
+    tdd_value *rwu = (valid || red == TDD_RED_NONE) && nd > 1 ? unsqueeze(b, rw, cd) : rw;
+    tdd_value *d;
+    if (ce) {
+        td_attr dim = A_INT("dim", cd);
+        d = bin(b, TDD_OP_SUB,
+                bin(b, TDD_OP_MUL, op1a(b, TDD_OP_SOFTMAX, x, &dim, 1), sum_dim(b, u, cd, true)),
+                u);
+    } else {
+        d = un(b, TDD_OP_NEG, u);
+    }
+    gin[0] = bin(b, TDD_OP_MUL, d, rwu);
+    if (probs && n->in[1].needs_grad) { /* d/dq_k = -(1 - eps) w_k log_softmax(x)_k */
+        td_attr dim = A_INT("dim", cd);
+        tdd_value *lp = op1a(b, TDD_OP_LOG_SOFTMAX, x, &dim, 1);
+        tdd_value *gq = sc(b, TDD_OP_MUL, w ? bin(b, TDD_OP_MUL, lp, w) : lp, -(1.0 - eps));
+        gin[1] = bin(b, TDD_OP_MUL, gq, rwu);
+    }
     return b->rc;
 }
 

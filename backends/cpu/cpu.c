@@ -558,7 +558,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_EMBEDDING:
         return true; /* index moves copy elements of any dtype */
     case TDD_OP_CROSS_ENTROPY:
-    case TDD_OP_NLL_LOSS:
+    case TDD_OP_NLL_LOSS: /* [N, C] or [C] rows; weights, soft targets, [N, C, d...]: ref */
+        return tdd_dtype_is_float(c->in[0]->dtype) && c->in[0]->ndim <= 2 && !c->args->flags;
     case TDD_OP_MSE_LOSS:
     case TDD_OP_BCE_WITH_LOGITS:
     case TDD_OP_LAYER_NORM:

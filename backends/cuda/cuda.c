@@ -818,11 +818,29 @@ static int exec_index(cuda_dev *dv, const tdd_opcall *c)
 static int exec_loss(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
-    tdc_view x = view_of(c->in[0]), t = view_of(c->in[1]);
+    const tdd_tensor *x = c->in[0], *t = c->in[1];
+    bool ce = c->op == TDD_OP_CROSS_ENTROPY;
+    int cd = x->ndim == 1 ? 0 : 1;
+    tdc_closs p = {.is_ce = ce,
+                   .probs = (g->flags & 2u) != 0,
+                   .N = x->ndim == 1 ? 1 : x->shape[0],
+                   .S = g->i[2],
+                   .C = x->shape[cd],
+                   .cs = x->strides[cd],
+                   .ignore = g->i[1],
+                   .eps = ce ? g->f[0] : 0.0};
+    if (x->ndim > 1) { /* [N, C, d...] is dense here (wants_dense): the d dims flatten */
+        p.rs = x->strides[0];
+        p.ss = x->ndim > 2 ? x->strides[x->ndim - 1] : 0;
+        if (!p.probs) {
+            p.trs = t->strides[0];
+            p.tss = t->ndim > 1 ? t->strides[t->ndim - 1] : 0;
+        }
+    }
     int bad = 0;
-    cudaError_t e = tdc_class_loss(&dv->kd, c->op == TDD_OP_CROSS_ENTROPY, &x, tdd_data(c->in[0]),
-                                   &t, tdd_data(c->in[1]), tdd_data(c->out[0]), (int)g->i[0],
-                                   g->i[1], c->op == TDD_OP_CROSS_ENTROPY ? g->f[0] : 0.0, &bad);
+    cudaError_t e = tdc_class_loss(&dv->kd, &p, (int)x->dtype, tdd_data(x), tdd_data(t),
+                                   (int)t->dtype, (g->flags & 1u) ? tdd_data(c->in[2]) : NULL,
+                                   tdd_data(c->out[0]), (int)g->i[0], &bad);
     return checked(dv, e, bad, c);
 }
 
@@ -1368,6 +1386,9 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
         return true;
+    case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
+    case TDD_OP_NLL_LOSS:
+        return c->in[0]->ndim > 2 || c->args->flags != 0;
     default:
         return false;
     }

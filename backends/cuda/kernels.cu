@@ -945,40 +945,54 @@ __global__ void softmax_rows(__grid_constant__ const tdc_rows_layout l, T *y, co
     }
 }
 
-// cross_entropy / nll_loss: one block per row of x (N rows of C at strides rs, cs). Each row's
-// loss goes to v[row] and, for the reductions, whether it counted to cnt[row].
+// cross_entropy / nll_loss: one block per row of x (row = n * S + s at n * rs + s * ss, its C
+// classes at stride cs). Each row's loss goes to v[row] and, for the reductions, its weight
+// (1 unweighted; 0 ignored) to cnt[row]. Soft targets (probs) are read at x's offsets.
 template <typename T>
-__global__ void class_loss_rows(int is_ce, int64_t N, int64_t C, int64_t rs, int64_t cs, const T *x,
-                                const void *t, int tdt, int64_t ts, int64_t ignore, T eps, T *v,
-                                T *cnt, int *bad)
+__global__ void class_loss_rows(__grid_constant__ const tdc_closs p, const T *x, const void *t,
+                                int tdt, const T *w, T *v, T *cnt, int *bad)
 {
-    for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-        int64_t cls = load_i(t, tdt, row * ts);
-        const T *xr = x + row * rs;
+    const int64_t R = p.N * p.S, C = p.C, cs = p.cs;
+    const T eps = (T)p.eps;
+    for (int64_t row = blockIdx.x; row < R; row += gridDim.x) {
+        int64_t n = row / p.S, si = row % p.S;
+        const T *xr = x + n * p.rs + si * p.ss;
         T loss = (T)0, counted = (T)0;
-        if (cls != ignore && (cls < 0 || cls >= C)) { // the same for the whole block
+        int64_t cls = p.probs ? 0 : load_i(t, tdt, n * p.trs + si * p.tss);
+        if (!p.probs && cls != p.ignore && (cls < 0 || cls >= C)) { // the same for the block
             if (threadIdx.x == 0)
                 *bad = 1;
-        } else if (cls != ignore) {
-            counted = (T)1;
-            if (is_ce) {
+        } else if (p.probs || cls != p.ignore) {
+            T wt = w && !p.probs ? w[cls] : (T)1;
+            counted = wt;
+            if (p.is_ce) {
                 T m = -INFINITY;
                 for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
                     m = r_comb(TDC_R_MAX, m, xr[j * cs]);
                 m = shift_of(block_reduce(TDC_R_MAX, m));
-                T s = (T)0, sx = (T)0;
-                for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+                T s = (T)0;
+                for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
                     s += m_exp(xr[j * cs] - m);
-                    sx += xr[j * cs];
-                }
                 T lse = m_log(block_reduce(TDC_R_SUM, s)) + m;
-                loss = lse - xr[cls * cs];
-                if (eps > (T)0) {
-                    sx = block_reduce(TDC_R_SUM, sx);
-                    loss = ((T)1 - eps) * loss + eps * (lse - sx / (T)C);
+                if (p.probs) { // sum_j w_j q_j (lse - x_j), q smoothed
+                    const T *tr = (const T *)t + n * p.rs + si * p.ss;
+                    T a = (T)0;
+                    for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+                        a += (w ? w[j] : (T)1) * (((T)1 - eps) * tr[j * cs] + eps / (T)C) *
+                             (lse - xr[j * cs]);
+                    loss = block_reduce(TDC_R_SUM, a);
+                } else {
+                    loss = wt * (lse - xr[cls * cs]);
+                    if (eps > (T)0) { // + eps/C sum_j w_j (lse - x_j)
+                        T sm = (T)0;
+                        for (int64_t j = threadIdx.x; j < C; j += blockDim.x)
+                            sm += (w ? w[j] : (T)1) * (lse - xr[j * cs]);
+                        sm = block_reduce(TDC_R_SUM, sm);
+                        loss = ((T)1 - eps) * loss + eps * sm / (T)C;
+                    }
                 }
             } else {
-                loss = -xr[cls * cs];
+                loss = -wt * xr[cls * cs];
             }
         }
         if (threadIdx.x == 0) {
@@ -1780,13 +1794,10 @@ extern "C" cudaError_t tdc_one_hot(const tdc_dev *d, const tdc_view *x, const vo
 }
 
 template <typename T>
-static cudaError_t class_loss_t(const tdc_dev *d, int is_ce, const tdc_view *x, const T *xp,
-                                const tdc_view *t, const void *tp, T *y, int reduction,
-                                int64_t ignore_index, double smoothing, int *flag)
+static cudaError_t class_loss_t(const tdc_dev *d, const tdc_closs *p, const T *xp, const void *tp,
+                                int tdt, const T *wp, T *y, int reduction, int *flag)
 {
-    int64_t C = x->shape[x->ndim - 1], N = x->ndim == 2 ? x->shape[0] : 1;
-    int64_t cs = x->strides[x->ndim - 1], rs = x->ndim == 2 ? x->strides[0] : 0;
-    int64_t ts = t->ndim ? t->strides[0] : 0;
+    int64_t N = p->N * p->S, C = p->C;
     cudaStream_t s = d->stream;
     T *scratch = nullptr;
     cudaError_t e = cudaSuccess;
@@ -1795,8 +1806,7 @@ static cudaError_t class_loss_t(const tdc_dev *d, int is_ce, const tdc_view *x, 
     if (e == cudaSuccess && N > 0) {
         int grid = (int)(N < 65535 * 8 ? N : 65535 * 8);
         T *v = reduction ? scratch : y, *cnt = reduction ? scratch + N : nullptr;
-        tdc_launch(grid, block_for(C), 0, s, class_loss_rows<T>)(
-            is_ce, N, C, rs, cs, xp, tp, t->dt, ts, ignore_index, (T)smoothing, v, cnt, flag);
+        tdc_launch(grid, block_for(C), 0, s, class_loss_rows<T>)(*p, xp, tp, tdt, wp, v, cnt, flag);
         e = launched();
     }
     if (e == cudaSuccess && reduction != 0) {
@@ -1812,22 +1822,21 @@ static cudaError_t class_loss_t(const tdc_dev *d, int is_ce, const tdc_view *x, 
     return e;
 }
 
-extern "C" cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x,
-                                      const void *xp, const tdc_view *t, const void *tp, void *y,
-                                      int reduction, int64_t ignore_index, double smoothing,
-                                      int *bad)
+extern "C" cudaError_t tdc_class_loss(const tdc_dev *d, const tdc_closs *p, int dt, const void *xp,
+                                      const void *tp, int tdt, const void *wp, void *y,
+                                      int reduction, int *bad)
 {
     *bad = 0;
     int *flag = nullptr;
     cudaError_t e = flag_new(d, &flag);
     if (e != cudaSuccess)
         return e;
-    if (x->dt == 2)
-        e = class_loss_t(d, is_ce, x, (const double *)xp, t, tp, (double *)y, reduction,
-                         ignore_index, smoothing, flag);
+    if (dt == 2)
+        e = class_loss_t(d, p, (const double *)xp, tp, tdt, (const double *)wp, (double *)y,
+                         reduction, flag);
     else
-        e = class_loss_t(d, is_ce, x, (const float *)xp, t, tp, (float *)y, reduction, ignore_index,
-                         smoothing, flag);
+        e = class_loss_t(d, p, (const float *)xp, tp, tdt, (const float *)wp, (float *)y, reduction,
+                         flag);
     return flag_read(d, flag, e, bad);
 }
 

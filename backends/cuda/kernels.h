@@ -114,9 +114,19 @@ cudaError_t tdc_one_hot(const tdc_dev *d, const tdc_view *x, const void *xp, int
 /* cross_entropy (logits) / nll_loss (log-probabilities) over the rows of x ([N, C] as a view;
  * [C] is one row), integer targets t[N]: reduction 0 none (y[N]), 1 mean, 2 sum (y scalar).
  * f32 or f64 (x's dt); *bad: a target out of range that is not ignore_index. */
-cudaError_t tdc_class_loss(const tdc_dev *d, int is_ce, const tdc_view *x, const void *xp,
-                           const tdc_view *t, const void *tp, void *y, int reduction,
-                           int64_t ignore_index, double smoothing, int *bad);
+/* cross_entropy / nll_loss over N * S rows: row n * S + s of x at n * rs + s * ss, its C
+ * classes at stride cs; index targets (tdt) at n * trs + s * tss, soft targets (probs: x's
+ * dtype) at x's offsets; w (NULL: none) [C] dense. x, w, y f32 or f64 (dt). */
+typedef struct {
+    int is_ce, probs;
+    int64_t N, S, C;
+    int64_t rs, ss, cs, trs, tss;
+    int64_t ignore;
+    double eps;
+} tdc_closs;
+cudaError_t tdc_class_loss(const tdc_dev *d, const tdc_closs *p, int dt, const void *xp,
+                           const void *tp, int tdt, const void *wp, void *y, int reduction,
+                           int *bad);
 
 /* dropout in training: operands y, x of float dtype dt (td_dtype number), draw i of stream
  * seed per C-order element i (backends/dtype.h's tdd_rng_uniform). */

@@ -228,18 +228,57 @@ int ref_loss(const tdd_opcall *c)
         loss_finish(c, total, (double)n);
         return 0;
     }
-    /* cross_entropy / nll_loss over rows of [N, C] (or one row [C]) */
-    int64_t C = x->shape[x->ndim - 1], N = x->ndim == 2 ? x->shape[0] : 1;
-    int64_t cs = x->strides[x->ndim - 1], rs = x->ndim == 2 ? x->strides[0] : 0;
+    /* cross_entropy / nll_loss over the rows of [N, C, d...] (the class dim 1; [C]: one row),
+     * row i at C-order position i of the other dims; PyTorch's weights and soft targets */
+    int cd = x->ndim == 1 ? 0 : 1;
+    int64_t C = x->shape[cd], N = C ? tdd_numel(x) / C : 0, cs = x->strides[cd];
+    int64_t rshape[TD_MAX_NDIM], rstr[TD_MAX_NDIM], tstr[TD_MAX_NDIM], ridx[TD_MAX_NDIM];
+    int nr = 0;
+    for (int d = 0; d < x->ndim; d++)
+        if (d != cd) {
+            rshape[nr] = x->shape[d];
+            rstr[nr] = x->strides[d];
+            tstr[nr++] = t->ndim == x->ndim ? t->strides[d] : 0;
+        }
+    const tdd_tensor *w = (g->flags & 1u) ? c->in[2] : NULL;
+    bool probs = (g->flags & 2u) != 0;
     double eps = c->op == TDD_OP_CROSS_ENTROPY ? g->f[0] : 0.0;
     for (int64_t i = 0; i < N; i++) {
-        int64_t cls = ref_geti(t, ref_index(t, i)), base = x->offset + i * rs;
+        ref_unravel(i, rshape, nr, ridx);
+        int64_t base = x->offset, tbase = t->offset;
+        for (int k = 0; k < nr; k++) {
+            base += ridx[k] * rstr[k];
+            tbase += ridx[k] * tstr[k];
+        }
+        if (probs) { /* sum_k w_k q_k (lse - x_k), q smoothed; the mean is over rows */
+            double m = -INFINITY, s = 0, v = 0;
+            for (int64_t k = 0; k < C; k++) {
+                double z = ref_getf(x, base + k * cs);
+                if (z > m || z != z)
+                    m = z;
+            }
+            double sh = isinf(m) ? 0.0 : m;
+            for (int64_t k = 0; k < C; k++)
+                s += exp(ref_getf(x, base + k * cs) - sh);
+            /* cppcheck-suppress invalidFunctionArg */
+            double lse = log(s) + sh;
+            for (int64_t k = 0; k < C; k++) {
+                double q = (1 - eps) * ref_getf(t, tbase + k * cs) + eps / (double)C;
+                double wk = w ? ref_getf(w, ref_index(w, k)) : 1.0;
+                v += wk * q * (lse - ref_getf(x, base + k * cs));
+            }
+            loss_store(c, i, v, &total);
+            count += 1;
+            continue;
+        }
+        int64_t cls = ref_geti(t, ref_index(t, i));
         if (cls == g->i[1]) {
             loss_store(c, i, 0.0, &total);
             continue;
         }
         if (cls < 0 || cls >= C)
             return TD_EINVALID_ARGUMENT; /* target class out of range */
+        double wt = w ? ref_getf(w, ref_index(w, cls)) : 1.0;
         double lse = 0, v;
         if (c->op == TDD_OP_CROSS_ENTROPY) {
             double m = -INFINITY, s = 0;
@@ -254,18 +293,19 @@ int ref_loss(const tdd_opcall *c)
             /* a row of -inf has s == 0: log gives -inf, the answer */
             /* cppcheck-suppress invalidFunctionArg */
             lse = log(s) + sh;
-            v = lse - ref_getf(x, base + cls * cs);
+            v = wt * (lse - ref_getf(x, base + cls * cs));
             if (eps > 0) {
                 double smooth = 0;
                 for (int64_t k = 0; k < C; k++)
-                    smooth += lse - ref_getf(x, base + k * cs);
+                    smooth += (w ? ref_getf(w, ref_index(w, k)) : 1.0) *
+                              (lse - ref_getf(x, base + k * cs));
                 v = (1 - eps) * v + eps * smooth / (double)C;
             }
         } else {
-            v = -ref_getf(x, base + cls * cs);
+            v = -wt * ref_getf(x, base + cls * cs);
         }
         loss_store(c, i, v, &total);
-        count += 1;
+        count += wt;
     }
     loss_finish(c, total, count);
     return 0;

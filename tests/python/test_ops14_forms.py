@@ -130,6 +130,40 @@ CASES = [
     Case("pad_circular_crop_both", [f32(1, 2, 5, 6)],
          lambda s, x: s.op("pad", x, pad=[-2, 3, 1, -1], mode="circular"),
          lambda x: F.pad(x, (-2, 3, 1, -1), mode="circular"), grads=[0]),
+    # cross_entropy / nll_loss: [N, C, d...], class weights, soft targets, with ignore_index
+    # and label_smoothing, each reduction
+    *[Case(f"cross_entropy_{tag}_{red}", ins,
+           (lambda kw, red: lambda s, *t: s.op("cross_entropy", *t, reduction=red, **kw))(kw, red),
+           (lambda kw, red: lambda x, y, *w: F.cross_entropy(
+               x, y, *([w[0]] if w else []), reduction=red, **kw))(kw, red),
+           grads=gr, atol=1e-5)
+      for red in ("mean", "sum", "none")
+      for tag, ins, kw, gr in (
+          ("nc_d1_d2", [f32(2, 4, 3, 2), idx(2, 3, 2, hi=4)], {}, [0]),
+          ("nc_d_ignore_smooth", [f32(3, 5, 4), const(np.array([[0, 1, 2, 3], [4, -100, 1, 0],
+                                                                [2, 2, -100, 4]]))],
+           {"ignore_index": -100, "label_smoothing": 0.2}, [0]),
+          ("weight", [f32(6, 4), idx(6, hi=4), f32(4, lo=0.2, hi=2.0)], {}, [0]),
+          ("weight_nc_d_ignore_smooth", [f32(2, 3, 5), const(np.array([[0, 2, 1, 1, 0],
+                                                                       [2, 1, 0, 1, 2]])),
+                                         f32(3, lo=0.2, hi=2.0)],
+           {"ignore_index": 1, "label_smoothing": 0.1}, [0]),
+          ("probs", [f32(4, 5), probs(4, 5)], {}, [0, 1]),
+          ("probs_nc_d_weight_smooth", [f32(2, 3, 4), probs(2, 3, 4), f32(3, lo=0.2, hi=2.0)],
+           {"label_smoothing": 0.3}, [0, 1]),
+          ("probs_unbatched", [f32(5), probs(5, axis=0)], {}, [0, 1]),
+      )],
+    *[Case(f"nll_loss_{tag}", ins,
+           (lambda kw: lambda s, *t: s.op("nll_loss", *t, **kw))(kw),
+           (lambda kw: lambda x, y, *w: F.nll_loss(x, y, *([w[0]] if w else []), **kw))(kw),
+           grads=[0])
+      for tag, ins, kw in (
+          ("nc_d", [f32(2, 4, 3), idx(2, 3, hi=4)], {}),
+          ("weight_ignore", [f32(5, 3), const(np.array([0, 2, 1, 2, 0])), f32(3, lo=0.2, hi=2.0)],
+           {"ignore_index": 0}),
+          ("weight_nc_d_none", [f32(2, 3, 2, 2), idx(2, 2, 2, hi=3), f32(3, lo=0.2, hi=2.0)],
+           {"reduction": "none"}),
+      )],
     # conv2d padding="same" (odd and even kernels, dilation) and "valid"
     Case("conv2d_same_3x3", [f32(2, 3, 5, 6), f32(4, 3, 3, 3), f32(4)],
          lambda s, x, w, b: s.op("conv2d", x, w, b, padding="same"),

@@ -349,6 +349,13 @@ const conf_case conf_cases[] = {
     {"pad", {"x:1,1,3,4,3"}, "pad=[1,1,2,0,0,2];mode='circular'", ALL, 1},
     {"pad", {"x:3,4,5"}, "pad=[-1,2,1,3];mode='reflect'", F, 1},
     {"pad", {"x:1,2,5,6"}, "pad=[-2,3,1,-1];mode='circular'", F, 1},
+    {"cross_entropy", {"x:2,4,3,2", "i4:2,3,2"}, "", FA, 1}, /* [N, C, d...] */
+    {"cross_entropy", {"x:3,5,4T", "i5:3,4", "p:5"}, "reduction='sum';label_smoothing=0.2", FA, 1},
+    {"cross_entropy", {"x:6,4", "i4:6", "p:4"}, "ignore_index=2", F, 1}, /* weights */
+    {"cross_entropy", {"x:2,3,4", "p:2,3,4"}, "reduction='none'", F, 1}, /* soft targets */
+    {"cross_entropy", {"x:4,5", "p:4,5", "p:5"}, "label_smoothing=0.1", FA, 1},
+    {"nll_loss", {"x:2,4,3", "i4:2,3", "p:4"}, "reduction='none'", F, 1},
+    {"nll_loss", {"x:5,3", "i3:5", "p:3"}, "ignore_index=0", FA, 1},
 };
 const int conf_ncases = (int)(sizeof conf_cases / sizeof conf_cases[0]);
 
