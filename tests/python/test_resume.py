@@ -220,3 +220,50 @@ def test_a_resumed_session_after_goodbye_is_gone(rdaemon):
     r = raw_hello(rdaemon.port, resume_token=token)
     assert r.error.code == pb.CONNECTION_LOST
     settle(rdaemon.endpoint, base)
+
+
+def chain(s, n=300):
+    """n pipelined ops, nothing answered between them: a + 1, + 1, ... (an op sent again
+    after it was applied is HANDLE_IN_USE; one lost leaves a smaller sum)."""
+    a = s.tensor(np.zeros(8, np.float32))
+    for _ in range(n):
+        a = a + 1
+    return a.numpy()
+
+
+@pytest.mark.parametrize("frac", [0.3, 0.5, 0.8])
+def test_pipelined_requests_cut_upstream_are_applied_once(rdaemon, frac):
+    with FaultProxy(rdaemon.port, "pass") as p:
+        with tensordd.connect(p.endpoint, timeout=30, resume=30) as s:
+            np.testing.assert_array_equal(chain(s), np.full(8, 300, np.float32))
+        time.sleep(0.1)
+        up = p.up
+    with CutProxy(rdaemon.port, [("up", int(up * frac))]) as p:
+        with tensordd.connect(p.endpoint, timeout=30, resume=30) as s:
+            got = chain(s)
+            assert s._conn.resumes == 1
+    np.testing.assert_array_equal(got, np.full(8, 300, np.float32))
+
+
+def test_an_optimizer_step_whose_answer_is_lost_is_not_run_again(rdaemon):
+    """Cuts every answer to an OptimizerStep in turn (the daemon applied it, the client
+    never heard): the step is not sent again, so the parameters equal the uncut run's."""
+    def run(s, cut_step=None, proxy=None):
+        p = s.tensor(np.ones(4, np.float32), requires_grad=True)
+        opt = tensordd.optim.SGD([p], lr=0.5, momentum=0.9)
+        for k in range(4):
+            loss = (p * p).sum()
+            g = loss.backward()
+            if k == cut_step:
+                proxy.cuts = [("down", proxy.down + 10)]  # inside the step's answer
+            opt.step(g)
+        return p.numpy()
+
+    with tensordd.connect(rdaemon.endpoint, timeout=30, resume=30) as s:
+        want = run(s)
+    for k in range(4):
+        with CutProxy(rdaemon.port, []) as px:
+            with tensordd.connect(px.endpoint, timeout=30, resume=30) as s:
+                got = run(s, k, px)
+                assert px.done and s._conn.resumes == 1
+        np.testing.assert_array_equal(got, want, err_msg=f"answer to step {k} cut")
