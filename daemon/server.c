@@ -750,7 +750,7 @@ static void tls_pump_out(tdd_conn *c)
     if (c->tls_dead || c->tls_pumping)
         return;
     c->tls_pumping = true;
-    while (c->tls_q && !c->tls_failed && c->tls_inflight < TLS_INFLIGHT) {
+    while (c->tls_q && !c->tls_failed && !c->tls_dead && c->tls_inflight < TLS_INFLIGHT) {
         write_req *done = NULL, **dtail = &done;
         size_t in = 0;
         while (c->tls_q && in < TLS_CHUNK) {
@@ -787,12 +787,12 @@ static void tls_pump_out(tdd_conn *c)
             return;
         }
     }
-    if (tdd_tls_out_pending(c->tls) && tls_send_out(c, NULL)) {
+    if (!c->tls_dead && tdd_tls_out_pending(c->tls) && tls_send_out(c, NULL)) {
         c->tls_pumping = false;
         return;
     }
     c->tls_pumping = false;
-    if (c->tls_fin && !c->tls_fin_sent && (!c->tls_q || c->tls_failed)) {
+    if (c->tls_fin && !c->tls_fin_sent && !c->tls_dead && (!c->tls_q || c->tls_failed)) {
         c->tls_fin_sent = true;
         if (!c->tls_failed) {
             tdd_tls_close_notify(c->tls);
@@ -874,7 +874,6 @@ static void tls_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
              * tensordd client is answered in plaintext, so it can say why. */
             tdd_tls_free(c->tls);
             c->tls = NULL;
-            c->sniffed = true;
             fail_protocol(c, TD_EPROTOCOL_ERROR,
                           "this listener speaks TLS: connect with tls://HOST:PORT");
             return;
