@@ -190,6 +190,14 @@ static int open_client(global_opts *g, td_client **c)
                 g->endpoint);
         return EXIT_USAGE;
     }
+    /* An unreadable certificate file is the user's mistake too (2). */
+    const char *files[3] = {g->ca_file, g->cert, g->key},
+               *flags[3] = {"--ca-file", "--cert", "--key"};
+    for (int i = 0; i < 3; i++)
+        if (tls && files[i] && access(files[i], R_OK) != 0) {
+            fprintf(stderr, "tdctl: cannot read %s %s: %s\n", flags[i], files[i], strerror(errno));
+            return EXIT_USAGE;
+        }
     if (!tls && (g->ca_file || g->cert || g->key || g->no_verify)) {
         fprintf(stderr,
                 "tdctl: --ca-file, --cert, --key and --no-verify apply to tls:// "

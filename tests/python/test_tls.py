@@ -175,6 +175,10 @@ def test_tls_options_on_a_plain_endpoint_are_refused(tls_daemon, pki):
         tensordd.connect(tls_daemon.endpoint, ca_file=pki("ca.pem"), timeout=T)
     rc, out, err = tdctl("--endpoint", tls_daemon.endpoint, "--ca-file", pki("ca.pem"), "devices")
     assert rc == 2 and "tls://" in err, (rc, err)
+    rc, out, err = tdctl("--endpoint", tls_daemon.tls, "--ca-file", pki("nothere.pem"), "devices")
+    assert rc == 2 and "nothere.pem" in err, (rc, err)
+    with pytest.raises(ValueError, match="nothere.pem"):
+        tensordd.connect(tls_daemon.tls, ca_file=pki("nothere.pem"), timeout=T)
 
 
 # ---------------------------------------------------------------- mutual TLS

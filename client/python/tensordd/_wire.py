@@ -177,20 +177,27 @@ class _TLSSocket:
 
 
 def _tls_context(ca_file, cert, key, verify) -> ssl.SSLContext:
+    """The client's TLS context; ValueError naming the file when one cannot be loaded
+    (a caller's mistake, not a failure to connect)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    if verify:
-        if ca_file:
-            ctx.load_verify_locations(cafile=ca_file)
+    what = f"ca_file {ca_file!r}"
+    try:
+        if verify:
+            if ca_file:
+                ctx.load_verify_locations(cafile=ca_file)
+            else:
+                ctx.load_default_certs()
         else:
-            ctx.load_default_certs()
-    else:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if cert:
-        ctx.load_cert_chain(cert, key)
-    elif key:
-        raise ValueError("a client key needs its certificate (cert=...)")
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        what = f"cert {cert!r} / key {key!r}"
+        if cert:
+            ctx.load_cert_chain(cert, key)
+        elif key:
+            raise ValueError("a client key needs its certificate (cert=...)")
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"TLS: cannot load {what}: {e}") from e
     return ctx
 
 
