@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 3
+#define TD_VERSION_MINOR 4
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -75,6 +75,17 @@ typedef struct {
  * TD_EPROTOCOL_ERROR. */
 int td_connect_tls(const char *endpoint, const td_connect_opts *opts, const td_tls_opts *tls,
                    td_client **out, td_error *err);
+/* td_connect_tls with a resume window (docs/protocol.md, section 7 "Resume"): the daemon
+ * holds the session resume_window_s seconds (at most its --max-resume-window) after the
+ * connection drops, and a call that finds the connection lost (TD_ECLOSED, TD_EIO)
+ * reconnects, resumes the session and sends again what the daemon had not applied (a
+ * few tries with backoff, within the window); only when that fails is it
+ * TD_ECONNECTION_LOST. Every request is kept, payload included, until a response shows
+ * the daemon applied it. 0: as td_connect_tls. */
+int td_connect_resume(const char *endpoint, const td_connect_opts *opts, const td_tls_opts *tls,
+                      unsigned resume_window_s, td_client **out, td_error *err);
+/* How many times c resumed its session on a new connection. */
+unsigned td_resume_count(const td_client *c);
 /* Says Goodbye, closes the connection; the daemon frees everything the session held. */
 void td_close(td_client *c);
 /* Text the daemon sent with Hello (e.g. that it serves CPU backends only). */

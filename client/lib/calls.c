@@ -56,8 +56,44 @@ int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **ou
     return td_connect_tls(endpoint, opts, NULL, out, err);
 }
 
+static char *dup_or_null(const char *s, int *fail)
+{
+    if (!s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *fail = 1;
+    return d;
+}
+
+/* What a reconnection needs (resume): the endpoint, the Hello's token and name, the TLS
+ * options. */
+static int keep_for_resume(td_client *c, const char *endpoint, const td_connect_opts *opts,
+                           const td_tls_opts *tls, td_error *err)
+{
+    int fail = 0;
+    c->endpoint = dup_or_null(endpoint, &fail);
+    c->token = dup_or_null(opts && opts->token ? opts->token : "", &fail);
+    c->client_name =
+        dup_or_null(opts && opts->client_name ? opts->client_name : "libtensordd", &fail);
+    if (tls) {
+        c->has_tls = 1;
+        c->tls_opts = *tls;
+        c->tls_opts.ca_file = c->tls_ca = dup_or_null(tls->ca_file, &fail);
+        c->tls_opts.cert_file = c->tls_cert = dup_or_null(tls->cert_file, &fail);
+        c->tls_opts.key_file = c->tls_key = dup_or_null(tls->key_file, &fail);
+    }
+    return fail ? td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory") : 0;
+}
+
 int td_connect_tls(const char *endpoint, const td_connect_opts *opts, const td_tls_opts *tls,
                    td_client **out, td_error *err)
+{
+    return td_connect_resume(endpoint, opts, tls, 0, out, err);
+}
+
+int td_connect_resume(const char *endpoint, const td_connect_opts *opts, const td_tls_opts *tls,
+                      unsigned resume_window_s, td_client **out, td_error *err)
 {
     if (!out)
         return td__fail(err, TD_EINVALID_ARGUMENT, "no output pointer");
@@ -82,9 +118,12 @@ int td_connect_tls(const char *endpoint, const td_connect_opts *opts, const td_t
     hello.token = (char *)(uintptr_t)(opts && opts->token ? opts->token : "");
     hello.client_name =
         (char *)(uintptr_t)(opts && opts->client_name ? opts->client_name : "libtensordd");
+    hello.resume_window = resume_window_s;
     REQ(req, hello, HELLO, &hello);
     td__reply r;
-    rc = td__call(c, &req, NULL, 0, &r, err);
+    rc = resume_window_s ? keep_for_resume(c, endpoint, opts, tls, err) : 0;
+    if (!rc)
+        rc = td__call(c, &req, NULL, 0, &r, err);
     if (rc == 0) {
         if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_HELLO || !r.msg->hello) {
             rc = unexpected(c, &r, "Hello", err);
@@ -94,8 +133,14 @@ int td_connect_tls(const char *endpoint, const td_connect_opts *opts, const td_t
                          r.msg->hello->version, TD_PROTOCOL_VERSION);
             td__reply_free(&r);
         } else {
-            c->session_id = r.msg->hello->session_id;
-            snprintf(c->note, sizeof c->note, "%s", r.msg->hello->note ? r.msg->hello->note : "");
+            const Tensordd__V1__HelloReply *hr = r.msg->hello;
+            c->session_id = hr->session_id;
+            snprintf(c->note, sizeof c->note, "%s", hr->note ? hr->note : "");
+            if (resume_window_s && hr->resume_window &&
+                hr->resume_token.len == sizeof c->resume_token) {
+                c->resume_window_s = hr->resume_window;
+                memcpy(c->resume_token, hr->resume_token.data, sizeof c->resume_token);
+            }
             td__reply_free(&r);
         }
     }
@@ -126,7 +171,20 @@ void td_close(td_client *c)
     free(c->wbuf);
     free(c->rbuf);
     free(c->rel);
+    free(c->jbuf);
+    free(c->jent);
+    free(c->endpoint);
+    free(c->token);
+    free(c->client_name);
+    free(c->tls_ca);
+    free(c->tls_cert);
+    free(c->tls_key);
     free(c);
+}
+
+unsigned td_resume_count(const td_client *c)
+{
+    return c ? c->resumes : 0;
 }
 
 const char *td_server_note(const td_client *c)

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -352,6 +353,58 @@ static int flush_with(td_client *c, const void *payload, uint64_t plen, td_error
     return sendv_all(c, iov, n, head, plen, err);
 }
 
+/* ---------------------------------------------------------------- resume journal */
+
+/* Keeps a copy of the frame of request id until a response shows the daemon applied it. */
+static int journal_add(td_client *c, uint64_t id, const uint8_t *frame, size_t len, td_error *err)
+{
+    if (!c->resume_window_s || c->recovering || !id)
+        return 0;
+    if (c->jn == c->jentcap) {
+        size_t cap = c->jentcap ? 2 * c->jentcap : 64;
+        struct td__jent *e = realloc(c->jent, cap * sizeof *e);
+        if (!e)
+            return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory for the resume journal");
+        c->jent = e;
+        c->jentcap = cap;
+    }
+    if (len > c->jcap - c->jlen) {
+        size_t cap = c->jcap ? c->jcap : 64 * 1024;
+        while (cap - c->jlen < len)
+            cap *= 2;
+        uint8_t *b = realloc(c->jbuf, cap);
+        if (!b)
+            return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory for the resume journal");
+        c->jbuf = b;
+        c->jcap = cap;
+    }
+    c->jent[c->jn++] = (struct td__jent){id, c->jlen};
+    memcpy(c->jbuf + c->jlen, frame, len);
+    c->jlen += len;
+    return 0;
+}
+
+/* A response to request id: the daemon applied every request up to it. */
+static void journal_ack(td_client *c, uint64_t id)
+{
+    size_t k = 0;
+    while (k < c->jn && c->jent[k].id <= id)
+        k++;
+    if (!k)
+        return;
+    size_t off = k < c->jn ? c->jent[k].off : c->jlen;
+    memmove(c->jbuf, c->jbuf + off, c->jlen - off);
+    c->jlen -= off;
+    for (size_t i = k; i < c->jn; i++)
+        c->jent[i - k] = (struct td__jent){c->jent[i].id, c->jent[i].off - off};
+    c->jn -= k;
+}
+
+int td__resumable(const td_client *c, int rc)
+{
+    return c->resume_window_s && !c->recovering && (rc == TD_ECLOSED || rc == TD_EIO);
+}
+
 /* Appends one frame (header + packed request [+ inline payload]). */
 static int append_frame(td_client *c, const Tensordd__V1__Request *req, const void *payload,
                         uint64_t plen, int inline_payload, td_error *err)
@@ -376,7 +429,7 @@ static int append_frame(td_client *c, const Tensordd__V1__Request *req, const vo
     if (extra)
         memcpy(p + TD_FRAME_HEADER_SIZE + mlen, payload, extra);
     c->wlen += TD_FRAME_HEADER_SIZE + mlen + extra;
-    return 0;
+    return journal_add(c, req->id, p, TD_FRAME_HEADER_SIZE + mlen + extra, err);
 }
 
 /* Released handles ride in one Release placed before the next request, so
@@ -401,7 +454,9 @@ static int emit_releases(td_client *c, td_error *err)
 int td__flush(td_client *c, td_error *err)
 {
     int rc = emit_releases(c, err);
-    return rc ? rc : flush_with(c, NULL, 0, err);
+    if (!rc)
+        rc = flush_with(c, NULL, 0, err);
+    return rc && td__resumable(c, rc) ? td__resume(c, err) : rc;
 }
 
 /* ---------------------------------------------------------------- reading */
@@ -464,7 +519,93 @@ static int need(td_client *c, size_t n, td_error *err)
     return 0;
 }
 
+/* A response rid arrived (its message read; plen payload bytes follow): the daemon
+ * applied every request up to rid; the caller reads the payload of its own (mine). */
+static void note_response(td_client *c, uint64_t rid, uint64_t plen, int mine)
+{
+    if (!c->resume_window_s || c->recovering || !rid)
+        return;
+    journal_ack(c, rid);
+    if (plen && mine) {
+        c->cur_id = rid;
+        c->payload_left = plen;
+    } else if (!plen) {
+        c->last_received = rid;
+    }
+}
+
+static void payload_read(td_client *c, uint64_t n)
+{
+    if (!c->payload_left)
+        return;
+    c->payload_left -= n < c->payload_left ? n : c->payload_left;
+    if (!c->payload_left)
+        c->last_received = c->cur_id;
+}
+
+static int read_payload_raw(td_client *c, void *dst, uint64_t len, td_error *err);
+static int drain_raw(td_client *c, uint64_t len, td_error *err);
+static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td_error *err);
+
+/* After a resume in the middle of the payload the caller reads: the daemon sends the
+ * whole answer again; its head is read and what was read before this call skipped. */
+static int payload_resync(td_client *c, uint64_t left_before, td_error *err)
+{
+    uint64_t id = c->cur_id;
+    td__reply r;
+    int rc = wait_for(c, id, 1, &r, err);
+    if (rc)
+        return rc;
+    td__reply_free(&r);
+    if (r.payload_len < left_before) {
+        c->dead = TD_ECONNECTION_LOST;
+        return td__fail(err, TD_ECONNECTION_LOST,
+                        "resumed, the daemon sent another answer than the one cut off");
+    }
+    rc = drain_raw(c, r.payload_len - left_before, err);
+    c->payload_left = left_before;
+    return rc;
+}
+
 int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
+{
+    uint64_t before = c->payload_left;
+    for (;;) {
+        int rc = read_payload_raw(c, dst, len, err);
+        if (!rc) {
+            payload_read(c, len);
+            return 0;
+        }
+        if (!td__resumable(c, rc) || !before)
+            return rc;
+        while ((rc = td__resume(c, err)) == 0 && (rc = payload_resync(c, before, err)) != 0 &&
+               td__resumable(c, rc))
+            ;
+        if (rc)
+            return rc;
+    }
+}
+
+int td__drain(td_client *c, uint64_t len, td_error *err)
+{
+    uint64_t before = c->payload_left;
+    for (;;) {
+        int rc = drain_raw(c, len, err);
+        if (!rc) {
+            payload_read(c, len);
+            return 0;
+        }
+        if (!td__resumable(c, rc) || !before)
+            return rc;
+        while ((rc = td__resume(c, err)) == 0 && (rc = payload_resync(c, before, err)) != 0 &&
+               td__resumable(c, rc))
+            ;
+        if (rc)
+            return rc;
+    }
+}
+
+static int read_payload_raw(td_client *c, void *dst, uint64_t len, td_error *err)
 {
     uint8_t *out = dst;
     uint64_t got = 0;
@@ -502,7 +643,7 @@ int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
     return 0;
 }
 
-int td__drain(td_client *c, uint64_t len, td_error *err)
+static int drain_raw(td_client *c, uint64_t len, td_error *err)
 {
     while (len) {
         if (c->rpos == c->rlen) {
@@ -535,6 +676,11 @@ static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td
     out->body_case = TENSORDD__V1__RESPONSE__BODY__NOT_SET;
     for (;;) {
         int rc = need(c, TD_FRAME_HEADER_SIZE, err);
+        if (rc && td__resumable(c, rc)) {
+            if ((rc = td__resume(c, err)) != 0)
+                return rc;
+            continue;
+        }
         if (rc) {
             /* The daemon may have said why before it hung up. */
             if (rc == TD_ECLOSED && c->has_early) {
@@ -551,6 +697,11 @@ static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td
             return kill_stream(c, err, TD_EPROTOCOL_ERROR, "bad frame header from the daemon");
         c->rpos += TD_FRAME_HEADER_SIZE;
         rc = need(c, h.msg_len, err);
+        if (rc && td__resumable(c, rc)) {
+            if ((rc = td__resume(c, err)) != 0)
+                return rc;
+            continue;
+        }
         if (rc)
             return rc;
         uint64_t rid;
@@ -559,12 +710,18 @@ static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td
             /* Not an error: nothing in it is needed (nor, if it answers an
              * earlier request, kept). */
             c->rpos += h.msg_len;
+            note_response(c, rid, h.payload_len, rid == id);
             if (rid == id) {
                 out->payload_len = h.payload_len;
                 out->body_case = body;
                 return 0;
             }
-            rc = td__drain(c, h.payload_len, err);
+            rc = drain_raw(c, h.payload_len, err);
+            if (rc && td__resumable(c, rc)) {
+                if ((rc = td__resume(c, err)) != 0)
+                    return rc;
+                continue;
+            }
             if (rc)
                 return rc;
             continue;
@@ -574,6 +731,7 @@ static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td
         c->rpos += h.msg_len;
         if (!r)
             return kill_stream(c, err, TD_EPROTOCOL_ERROR, "undecodable response from the daemon");
+        note_response(c, r->id, h.payload_len, r->id == id);
         if (r->id == id) {
             out->msg = r;
             out->payload_len = h.payload_len;
@@ -587,7 +745,12 @@ static int wait_for(td_client *c, uint64_t id, int body_only, td__reply *out, td
             c->has_early = 1;
         }
         tensordd__v1__response__free_unpacked(r, NULL);
-        rc = td__drain(c, h.payload_len, err);
+        rc = drain_raw(c, h.payload_len, err);
+        if (rc && td__resumable(c, rc)) {
+            if ((rc = td__resume(c, err)) != 0)
+                return rc;
+            continue;
+        }
         if (rc)
             return rc;
     }
@@ -611,7 +774,8 @@ int td__call_ex(td_client *c, Tensordd__V1__Request *req, const void *payload, u
     req->id = c->next_request++;
     if (reply)
         req->want_reply = 1;
-    int inl = payload_len <= TD__INLINE_PAYLOAD;
+    /* (resumable: into the write buffer, so the journal keeps a copy to send again) */
+    int inl = payload_len <= TD__INLINE_PAYLOAD || c->resume_window_s;
     rc = append_frame(c, req, payload, payload_len, inl, err);
     if (rc)
         return rc;
@@ -621,6 +785,8 @@ int td__call_ex(td_client *c, Tensordd__V1__Request *req, const void *payload, u
     } else if (reply || c->wlen >= TD__FLUSH_AT) {
         rc = flush_with(c, NULL, 0, err);
     }
+    if (rc && td__resumable(c, rc))
+        rc = td__resume(c, err); /* (the journal holds this request: it is sent again) */
     if (rc || !reply)
         return rc;
     rc = wait_for(c, req->id, body_only, reply, err);
@@ -653,4 +819,107 @@ int td__take_early(td_client *c, td_error *err)
     if (err)
         *err = c->early;
     return c->early.code;
+}
+
+/* ---------------------------------------------------------------- resume */
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* On the fresh connection: Hello with the resume token; *applied, the id of the last
+ * request the daemon applied. */
+static int resume_hello(td_client *c, uint64_t *applied, td_error *err)
+{
+    Tensordd__V1__Hello hello = TENSORDD__V1__HELLO__INIT;
+    hello.min_version = TD_PROTOCOL_VERSION;
+    hello.max_version = TD_PROTOCOL_VERSION;
+    hello.token = c->token;
+    hello.client_name = c->client_name;
+    hello.resume_window = c->resume_window_s;
+    hello.resume_token.data = c->resume_token;
+    hello.resume_token.len = sizeof c->resume_token;
+    hello.last_received = c->last_received;
+    Tensordd__V1__Request req = TENSORDD__V1__REQUEST__INIT;
+    req.body_case = TENSORDD__V1__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    req.id = c->next_request++;
+    size_t mlen = tensordd__v1__request__get_packed_size(&req);
+    uint8_t frame[TD_FRAME_HEADER_SIZE + 256];
+    if (mlen > sizeof frame - TD_FRAME_HEADER_SIZE)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "resume Hello too large (token, name)");
+    td_frame_encode(frame, (uint32_t)mlen, 0);
+    tensordd__v1__request__pack(&req, frame + TD_FRAME_HEADER_SIZE);
+    int rc = td__send_raw(c, frame, TD_FRAME_HEADER_SIZE + mlen, err);
+    if (rc)
+        return rc;
+    td__reply r;
+    if ((rc = wait_for(c, req.id, 0, &r, err)) != 0)
+        return rc;
+    const Tensordd__V1__Response *m = r.msg;
+    if (m->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR && m->error)
+        rc = td__from_pb(m->error, err);
+    else if (m->body_case != TENSORDD__V1__RESPONSE__BODY_HELLO || !m->hello || !m->hello->resumed)
+        rc = td__fail(err, TD_ECONNECTION_LOST, "the daemon did not resume the session");
+    else
+        *applied = m->hello->last_applied;
+    uint64_t pl = r.payload_len;
+    td__reply_free(&r);
+    if (!rc && pl)
+        rc = drain_raw(c, pl, err);
+    return rc;
+}
+
+int td__resume(td_client *c, td_error *err)
+{
+    c->recovering = 1;
+    uint64_t deadline = now_ms() + (uint64_t)c->resume_window_s * 1000u;
+    unsigned delay = TD__RESUME_BACKOFF_MS;
+    td_error e = {0};
+    int rc = TD_ECONNECTION_LOST;
+    for (int i = 0; i < TD__RESUME_TRIES; i++) {
+        td__close_stream(c);
+        c->rpos = c->rlen = 0;
+        c->wlen = 0; /* (every queued frame is in the journal) */
+        c->dead = 0;
+        uint64_t applied = 0;
+        rc = td__open(c, c->endpoint, c->has_tls ? &c->tls_opts : NULL, &e);
+        if (!rc) {
+            td__set_timeout(c, c->timeout_ms);
+            rc = resume_hello(c, &applied, &e);
+        }
+        if (!rc) {
+            journal_ack(c, applied);
+            if (c->jlen)
+                rc = td__send_raw(c, c->jbuf, c->jlen, &e);
+        }
+        if (!rc) {
+            c->recovering = 0;
+            c->resumes++;
+            return 0;
+        }
+        if (rc != TD_ECLOSED && rc != TD_EIO && rc != TD_ETIMEOUT)
+            break; /* the daemon refused: no such session, another identity, ... */
+        if (now_ms() + delay > deadline)
+            break;
+        struct timespec ts = {.tv_sec = delay / 1000, .tv_nsec = (long)(delay % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        delay = delay * 2 > 1000 ? 1000 : delay * 2;
+    }
+    c->recovering = 0;
+    td__close_stream(c);
+    if (rc != TD_ECLOSED && rc != TD_EIO && rc != TD_ETIMEOUT) {
+        c->dead = rc;
+        if (err)
+            *err = e;
+        return rc;
+    }
+    c->dead = TD_ECONNECTION_LOST;
+    return td__fail(err, TD_ECONNECTION_LOST,
+                    "the connection was lost and could not be resumed within the session's "
+                    "window (%s)",
+                    e.message);
 }

@@ -48,7 +48,38 @@ struct td_client {
     struct td__tls *tls; /* tls:// endpoints (tls.c); NULL on plain TCP and Unix sockets */
     int tls_code;        /* the last TLS failure: a TD_E* code and what it was */
     char tls_why[400];
+
+    /* Resume (td_connect_resume; docs/protocol.md, section 7): the window the daemon
+     * granted (0: off) and the session's token; what a reconnection needs; the journal,
+     * every frame sent or queued that the daemon is not known to have applied (jbuf, one
+     * entry per frame: its request id and where it starts); the last response received
+     * whole, and the one whose payload the caller is reading. */
+    uint32_t resume_window_s;
+    uint8_t resume_token[16];
+    char *endpoint, *token, *client_name, *tls_ca, *tls_cert, *tls_key;
+    td_tls_opts tls_opts;
+    int has_tls;
+    uint8_t *jbuf;
+    size_t jlen, jcap;
+    struct td__jent {
+        uint64_t id;
+        size_t off;
+    } * jent;
+    size_t jn, jentcap;
+    uint64_t last_received, cur_id, payload_left;
+    int recovering;
+    unsigned resumes;
 };
+
+/* Resume: reconnections tried after a lost connection, and the first wait between two
+ * (doubled each time, at most a second, all within the window). */
+#define TD__RESUME_TRIES 8
+#define TD__RESUME_BACKOFF_MS 50
+/* A lost connection (CLOSED, IO) on a resumable client: reconnects, resumes the session
+ * and sends again what the daemon had not applied; 0, or TD_ECONNECTION_LOST (or the
+ * daemon's refusal) with the client dead. */
+int td__resume(td_client *c, td_error *err);
+int td__resumable(const td_client *c, int rc);
 
 /* A response matched to its request; payload_len bytes of raw payload still
  * sit on the socket and the caller must read or drain them. */

@@ -28,5 +28,6 @@ Suite *it_error_suite(void);
 Suite *it_autograd_suite(void);
 Suite *it_ops_wire_suite(void);
 Suite *it_failed_binds_suite(void);
+Suite *it_resume_suite(void);
 
 #endif
