@@ -2,55 +2,183 @@
 tensordd.parallel's data-parallel training: results against numpy and against a
 single-daemon run on the combined batch; a lost rank and bad arguments, typed.
 
-The daemons are separate processes on distinct loopback ports of this host, meeting in a
-temporary --group-store-dir: no network namespaces are used (the output says so)."""
+The ranks' daemons run as separate hosts would: each in a network namespace of its own
+(`ip netns`, a veth pair to a bridge, an address the test assigns; Gloo's connections go
+over those interfaces), when this process may make them (root). Otherwise they run on
+distinct loopback ports of this host. Either way they meet in a temporary
+--group-store-dir, and the output says which was used."""
 
 from __future__ import annotations
 
 import os
+import queue
+import subprocess
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
+from conftest import TDD_BIN
 from tensordd import parallel
 from tensordd import tensordd_pb2 as pb
 
 TIMEOUT_S = "2"  # --group-timeout of the daemons: a missing rank fails the others after it
+TOKEN = "test-parallel-token"  # daemons beyond loopback need one
+RANKS = 3
+
+
+def _ip(*args, ns=None):
+    cmd = (["ip", "netns", "exec", ns, "ip"] if ns else ["ip"]) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if r.returncode:
+        raise OSError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+
+
+class Hosts:
+    """Where rank k's daemons run: network namespace k, joined to the others by a bridge
+    in this namespace (rank k at 10.A.B.(k+2), this namespace at .1), or, when namespaces
+    cannot be made, 127.0.0.1. close() removes what was made."""
+
+    def __init__(self, n):
+        self.ns, self.addrs, self.made_links = [], [], []
+        tag = str(os.getpid())[-6:]
+        self.bridge = f"tdb{tag}"
+        a, b = 100 + os.getpid() % 100, os.getpid() // 100 % 250
+        try:
+            if os.geteuid() != 0:
+                raise OSError("not root")
+            taken = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True,
+                                   text=True, timeout=30).stdout
+            if f" 10.{a}.{b}." in taken:
+                raise OSError(f"10.{a}.{b}.0/24 is in use here")
+            _ip("link", "add", self.bridge, "type", "bridge")
+            self.made_links.append(self.bridge)
+            _ip("addr", "add", f"10.{a}.{b}.1/24", "dev", self.bridge)
+            _ip("link", "set", self.bridge, "up")
+            for k in range(n):
+                ns, host, inner = f"tdd{tag}r{k}", f"tdh{tag}r{k}", f"tdn{tag}r{k}"
+                _ip("netns", "add", ns)
+                self.ns.append(ns)
+                _ip("link", "add", host, "type", "veth", "peer", "name", inner)
+                _ip("link", "set", inner, "netns", ns)
+                _ip("link", "set", host, "master", self.bridge, "up")
+                _ip("addr", "add", f"10.{a}.{b}.{k + 2}/24", "dev", inner, ns=ns)
+                _ip("link", "set", inner, "up", ns=ns)
+                _ip("link", "set", "lo", "up", ns=ns)
+                self.addrs.append(f"10.{a}.{b}.{k + 2}")
+            self.how = (f"{n} network namespaces ({', '.join(self.ns)}) joined by bridge "
+                        f"{self.bridge}, ranks at {', '.join(self.addrs)}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.close()
+            self.ns, self.addrs = [], ["127.0.0.1"] * n
+            self.how = (f"no network namespaces ({e}): distinct loopback ports of this host")
+
+    def close(self):
+        for ns in self.ns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        for link in self.made_links:
+            subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
+        self.made_links = []
+
+
+class RankDaemon:
+    """A daemon of rank k: in namespace k (or on loopback), listening on its address."""
+
+    def __init__(self, hosts, k, args):
+        addr = hosts.addrs[k]
+        prefix = ["ip", "netns", "exec", hosts.ns[k]] if hosts.ns else []
+        self.args = prefix + [TDD_BIN, "--listen", f"tcp://{addr}:0", "--group-address",
+                              addr, *args]
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     text=True, bufsize=1)  # ip netns exec execs the daemon
+        self.output, lines = [], queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                self.output.append(line)
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        self.endpoint, deadline = None, time.monotonic() + 20
+        while self.endpoint is None:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                pytest.fail(f"{self.args}: no 'listening on' within 20 s:\n{self.log()}")
+            if line is None:
+                pytest.fail(f"{self.args} exited {self.proc.wait()}:\n{self.log()}")
+            if line.startswith("listening on tcp://"):
+                self.endpoint = line.split()[2]
+
+    def log(self):
+        self.stderr.seek(0)
+        return "stdout:\n" + "".join(self.output) + "stderr:\n" + self.stderr.read()[-4000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
 def store():
     with tempfile.TemporaryDirectory(prefix="tdd-groups-") as d:
+        with open(os.path.join(d, ".token"), "w") as f:
+            f.write(TOKEN + "\n")
         yield d
 
 
-def start(store, n, *extra):
-    return [Daemon("--cpu-devices", "2", "--group-store-dir", store, "--group-timeout",
-                   TIMEOUT_S, *extra) for _ in range(n)]
+@pytest.fixture(scope="module")
+def hosts(pytestconfig):
+    h = Hosts(RANKS)
+    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    if tr is not None and capman is not None:
+        with capman.global_and_fixture_disabled():  # shown even when output is captured
+            tr.write_line(f"\ntest_parallel: ranks' daemons in {h.how}")
+    yield h
+    h.close()
+
+
+def start(hosts, store, n, *extra):
+    return [RankDaemon(hosts, k, ["--cpu-devices", "2", "--group-store-dir", store,
+                                  "--group-timeout", TIMEOUT_S, "--token-file",
+                                  os.path.join(store, ".token"), *extra]) for k in range(n)]
+
+
+def connect_all(daemons):
+    return parallel.connect_many([d.endpoint for d in daemons], timeout=60, token=TOKEN)
 
 
 @pytest.fixture(scope="module")
-def daemons(store, pytestconfig):
-    """Three daemons; small buckets, so an all-reduce's tensors span several."""
-    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    if tr is not None:
-        tr.write_line("test_parallel: daemons on distinct loopback ports of one host "
-                      "(no network namespaces used)")
-    ds = start(store, 3, "--group-bucket-bytes", "8K")
+def daemons(hosts, store):
+    """One daemon per rank; small buckets, so an all-reduce's tensors span several."""
+    ds = start(hosts, store, RANKS, "--group-bucket-bytes", "8K")
     yield ds
     for d in ds:
         rc = d.stop()
         assert rc == 0, f"daemon exited with {rc}:\n{d.log()}"
-    assert os.listdir(store) == []  # every rendezvous directory was removed
+    assert os.listdir(store) == [".token"]  # every rendezvous directory was removed
 
 
 @pytest.fixture
 def sessions(daemons):
-    ss = parallel.connect_many([d.endpoint for d in daemons], timeout=60)
+    ss = connect_all(daemons)
     yield ss
     for s in ss:
         s.close(raise_errors=False)
@@ -155,7 +283,7 @@ STEPS, BATCH, LR = 5, 48, 0.5
 
 def _single_run(endpoint, x, y):
     """The oracle: one daemon, one replica, stepping on the whole batch."""
-    with tensordd.connect(endpoint, timeout=60) as s:
+    with tensordd.connect(endpoint, timeout=60, token=TOKEN) as s:
         ps = [s.tensor(a, requires_grad=True) for a in _init()]
         opt = tensordd.optim.SGD(ps, lr=LR)
         for i in range(STEPS):
@@ -168,7 +296,7 @@ def _single_run(endpoint, x, y):
 def test_data_parallel_matches_one_daemon_on_the_combined_batch(daemons, world):
     x, y = _digits(STEPS * BATCH)
     want = _single_run(daemons[0].endpoint, x, y)
-    ss = parallel.connect_many([d.endpoint for d in daemons[:world]], timeout=60)
+    ss = connect_all(daemons[:world])
     try:
         pg = parallel.init_process_group(ss)
         # replicas start from different values: broadcast_parameters makes them rank 0's
@@ -194,10 +322,10 @@ def test_data_parallel_matches_one_daemon_on_the_combined_batch(daemons, world):
 
 # ---------------------------------------------------------------- a lost rank
 
-def test_killed_rank_gives_the_others_a_typed_error_and_sessions_go_on(store):
-    ds = start(store, 3)
+def test_killed_rank_gives_the_others_a_typed_error_and_sessions_go_on(hosts, store):
+    ds = start(hosts, store, 3)
     try:
-        ss = parallel.connect_many([d.endpoint for d in ds], timeout=60)
+        ss = connect_all(ds)
         pg = parallel.init_process_group(ss)
         ts = [s.tensor(np.ones(1 << 16, np.float32)) for s in ss]
         pending = threading.Event()
@@ -243,7 +371,7 @@ def test_killed_rank_gives_the_others_a_typed_error_and_sessions_go_on(store):
 
 
 def test_missing_rank_times_out(daemons):
-    ss = parallel.connect_many([d.endpoint for d in daemons[:2]], timeout=60)
+    ss = connect_all(daemons[:2])
     try:
         # a rank that never joins: GroupCreate answers TIMEOUT, the handle is a broken group
         with pytest.raises(tensordd.TimedOutError, match="rank 0 of 2"):
