@@ -267,3 +267,84 @@ def test_an_optimizer_step_whose_answer_is_lost_is_not_run_again(rdaemon):
                 got = run(s, k, px)
                 assert px.done and s._conn.resumes == 1
         np.testing.assert_array_equal(got, want, err_msg=f"answer to step {k} cut")
+
+
+# ---------------------------------------------------------------- TLS: the same identity
+
+@pytest.fixture(scope="module")
+def mtls(tmp_path_factory):
+    """A CA, the daemon's certificate and two clients', alice and bob (openssl CLI)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    d = str(tmp_path_factory.mktemp("resume-pki"))
+
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=resume-ca")
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+                      ("alice", "extendedKeyUsage=clientAuth\n"),
+                      ("bob", "extendedKeyUsage=clientAuth\n")):
+        with open(os.path.join(d, f"{name}.ext"), "w") as f:
+            f.write(ext)
+        run("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return lambda name: os.path.join(d, name)
+
+
+def tls_port(d):
+    for line in d.output:
+        if "listening on tls://" in line:
+            return int(line.split("listening on tls://", 1)[1].split()[0].rsplit(":", 1)[1])
+    raise AssertionError(d.output)
+
+
+def test_over_mutual_tls_a_token_resumes_only_for_its_client_certificate(start_daemon, mtls):
+    import ssl
+
+    d = start_daemon("--cpu-devices", "1", "--listen", "tls://127.0.0.1:0", "--tls-cert",
+                     mtls("server.pem"), "--tls-key", mtls("server.key"), "--tls-client-ca",
+                     mtls("ca.pem"))
+    port = tls_port(d)
+    alice = {"ca_file": mtls("ca.pem"), "cert": mtls("alice.pem"), "key": mtls("alice.key")}
+    with tensordd.connect(f"tls://127.0.0.1:{port}", timeout=30, resume=30, **alice) as s:
+        want = train(s)
+    up = down = None
+    with FaultProxy(port, "pass") as p:
+        with tensordd.connect(f"tls://127.0.0.1:{p.port}", timeout=30, resume=30, **alice) as s:
+            train(s)
+        time.sleep(0.1)
+        up, down = p.up, p.down
+    with CutProxy(port, [("up", up // 2), ("down", down // 3)]) as p:
+        with tensordd.connect(f"tls://127.0.0.1:{p.port}", timeout=30, resume=30, **alice) as s:
+            got = train(s)
+            assert len(p.done) == 2 and s._conn.resumes >= 1
+            # bob, with a certificate of the same CA, presents alice's token: refused
+            ctx = ssl.create_default_context(cafile=mtls("ca.pem"))
+            ctx.load_cert_chain(mtls("bob.pem"), mtls("bob.key"))
+            req = pb.Request(id=1)
+            req.hello.min_version = req.hello.max_version = 1
+            req.hello.resume_token = s._resume_token
+            msg = req.SerializeToString()
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                                 server_hostname="127.0.0.1") as c:
+                c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), 0) + msg)
+                head = b""
+                while len(head) < 16:
+                    head += c.recv(16 - len(head))
+                _, n, _ = struct.unpack("<IIQ", head)
+                body = b""
+                while len(body) < n:
+                    body += c.recv(n - len(body))
+            r = pb.Response.FromString(body)
+            assert r.error.code == pb.UNAUTHENTICATED, r
+            s.sync()  # alice's session is untouched
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(w, g)

@@ -150,6 +150,9 @@ class _TLSSocket:
     def _call(self, f, *args):
         try:
             return f(*args)
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as e:
+            # after the handshake: the connection was lost (a resumable session resumes)
+            raise ConnectionResetError(f"TLS connection to {self._endpoint} lost: {e}") from e
         except ssl.SSLError as e:
             raise tls_error(e, self._endpoint) from e
 
