@@ -121,7 +121,7 @@ START_TEST(test_issue_reproduction)
     td_handle x = up(c, 4, s4, xv, 1), w = up(c, 4, s3, wv, 0);
     g_tensor = x;
     uint64_t base = session_handles(c);
-    td_attr pad = {.name = "padding", .kind = TD_ATTR_STR, .s = "same"};
+    td_attr pad = {.name = "padding", .kind = TD_ATTR_STR, .s = "sideways"}; /* not a padding */
     td_handle in[2] = {x, w}, y = 0, loss = 0, grads = 0;
     td_op_opts o = {.attrs = &pad, .nattrs = 1};
     td_error e;
