@@ -24,6 +24,7 @@
 #include "device.h"
 #include "exec.h"
 #include "log.h"
+#include "resume.h"
 #include "session.h"
 #include "stats.h"
 #include "tensordd.pb-c.h"
@@ -128,6 +129,10 @@ static void render(text *t)
     uint64_t handles = 0;
     for (tdd_session *s = tdd_sessions; s; s = s->next)
         handles += s->nhandles;
+    head(t, "resume_windows_held", "gauge",
+         "sessions held without a connection, waiting to be resumed (they count against "
+         "--max-sessions)");
+    put(t, "tensordd_resume_windows_held %" PRIu32 "\n", tdd_resume_held());
     head(t, "handles", "gauge", "live handles, all sessions");
     put(t, "tensordd_handles %" PRIu64 "\n", handles);
     head(t, "tensors_alive", "gauge", "tensors alive, including those kept by autodiff graphs");

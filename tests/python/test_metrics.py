@@ -257,8 +257,13 @@ def test_tdctl_stats_shows_the_same_numbers(mdaemon):
                            mdaemon.metrics], capture_output=True, text=True, timeout=30)
     assert text.returncode == 0, text.stderr
     assert re.search(r"^  matmul +1 +0 +[\d.]+ us$", text.stdout, re.M), text.stdout
+    import socket
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
     bad = subprocess.run([tdctl, "--endpoint", mdaemon.endpoint, "stats", "--metrics",
-                          "http://127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+                          f"http://127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 3 and "cannot connect" in bad.stderr
 
 
@@ -276,3 +281,23 @@ def test_metrics_port_in_use_stops_the_daemon_before_it_listens(tmp_path):
     assert r.returncode == 1
     assert "cannot serve metrics" in r.stderr
     assert "listening on" not in r.stdout and not sock.exists()
+
+
+def test_resume_windows_held_gauge():
+    """A resumable session whose connection drops is held: the gauge counts it."""
+    from helpers import frame, pb, raw, read_frame
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--max-resume-window", "60"], expect=("listening on", "metrics on")) as d:
+        assert val(scrape(d), "tensordd_resume_windows_held") == 0
+        sock = raw(d.endpoint)
+        sock.sendall(frame(pb.Request(id=1, hello=pb.Hello(
+            min_version=1, max_version=1, client_name="held", resume_window=30))))
+        resp = read_frame(sock)
+        assert resp is not None
+        sock.close()  # no Goodbye: the session is held for its window
+        for _ in range(200):  # the loop notices the close after the client does
+            m = scrape(d)
+            if val(m, "tensordd_resume_windows_held") == 1:
+                break
+        assert val(m, "tensordd_resume_windows_held") == 1, m
+    assert d.proc.returncode == 0, d.log()

@@ -128,7 +128,7 @@ def test_socket_activation_serves_inherited_sockets(tmp_path):
     # fds 3 and 4, LISTEN_PID the daemon's own pid (bash's, kept by exec), as systemd does;
     # the --listen given is replaced by the inherited sockets
     script = (f'exec 3<&{tcp.fileno()} 4<&{unix.fileno()}; '
-              f'LISTEN_PID=$$ LISTEN_FDS=2 exec "$0" --listen tcp://127.0.0.1:1')
+              f'LISTEN_PID=$$ LISTEN_FDS=2 exec "$0" --listen tcp://127.0.0.1:0')
     err = tempfile.NamedTemporaryFile(prefix="tdd-act-", mode="w+")
     proc = subprocess.Popen(["bash", "-c", script, TDD_BIN], stdout=subprocess.PIPE,
                             stderr=err, text=True, pass_fds=(tcp.fileno(), unix.fileno()))
