@@ -44,8 +44,10 @@ typedef struct group_job {
     size_t n;
     int op; /* ReduceOp */
     int root;
-    tdd_value *out; /* AllGather's (ref) */
-    bool wrote;     /* data moved: in-place tensors may hold partial results on failure */
+    tdd_value *out;    /* AllGather's (ref) */
+    bool wrote;        /* data moved: in-place tensors may hold partial results on failure */
+    tdd_account *acct; /* charged with the host memory the job takes (its bucket) */
+    uint64_t charged;
     /* the verdict, from the worker */
     int rc;
     td_error err;
@@ -64,7 +66,11 @@ typedef struct tdd_group {
     bool pending;
     uint64_t pending_req;
     group_job *done;
+    uint64_t session;              /* the session that holds it */
+    struct tdd_group *prev, *next; /* every live group of the daemon (loop thread) */
 } tdd_group;
+
+static tdd_group *live_groups;
 
 /* ---------------------------------------------------------------- lifetimes */
 
@@ -78,6 +84,10 @@ static void job_free(group_job *j)
             tdd_value_unref(j->it[i].leaf);
     }
     free(j->it);
+    if (j->acct) {
+        tdd_account_credit(j->acct, j->charged);
+        tdd_account_unref(j->acct);
+    }
     if (j->out)
         tdd_value_unref(j->out);
     if (j->gl)
@@ -94,6 +104,12 @@ static void group_unref(void *obj)
         job_free(g->done);
     if (g->gl)
         tdd_gloo_free(g->gl);
+    if (g->prev)
+        g->prev->next = g->next;
+    else if (live_groups == g)
+        live_groups = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
     free(g);
 }
 
@@ -439,6 +455,14 @@ int tdd_h_group_create(tdd_req *r)
                          gc->world_size);
     else if (!(dev = group_device(gc->device, &err)))
         rc = err.code;
+    /* Two ranks of one group in one daemon could share a device's worker lane, where the
+     * first would wait for the second forever (until the timeout): one rank per daemon. */
+    for (const tdd_group *o = live_groups; !rc && o; o = o->next)
+        if (strcmp(o->name, gc->name) == 0)
+            rc = tdd_err_arg(&err, "name",
+                             "group '%s' already has rank %d on this daemon (session %llu): "
+                             "one rank of a group per daemon",
+                             o->name, o->rank, (unsigned long long)o->session);
     if (!rc)
         rc = tdd_handle_check_new(s, gc->group, &err);
     if (rc)
@@ -453,6 +477,11 @@ int tdd_h_group_create(tdd_req *r)
         return tdd_answer_error(r, &err);
     }
     g->refs = 2; /* the handle's and the job's */
+    g->session = s->id;
+    g->next = live_groups;
+    if (live_groups)
+        live_groups->prev = g;
+    live_groups = g;
     g->dev = dev;
     g->rank = (int)gc->rank;
     g->size = (int)gc->world_size;
@@ -584,6 +613,24 @@ static int job_submit(tdd_req *r, tdd_group *g, group_job *j, td_error *err)
     tdd_session *s = r->c->s;
     tdd_queue *lane = tdd_device_lane(g->dev, s->id);
     uint64_t seq = tdd_queue_next_seq(lane);
+    /* The host memory the worker will take beyond the tensors: a bucket when tensors are
+     * packed, a contiguous copy of a gathered view. */
+    uint64_t need = 0, total = 0;
+    for (size_t i = 0; i < j->n; i++)
+        total += (uint64_t)tdd_numel(&j->it[i].src->t) * td_dtype_size(j->it[i].src->t.dtype);
+    if (j->kind == JOB_ALLGATHER)
+        need = tdd_is_contiguous(&j->it[0].src->t) ? 0 : total;
+    else if (j->n > 1)
+        need = total < tdd_cfg.group_bucket_bytes ? total : tdd_cfg.group_bucket_bytes;
+    if (need && tdd_account_charge(s->acct, need, err)) {
+        job_free(j);
+        return err->code;
+    }
+    if (need) {
+        j->acct = s->acct;
+        j->acct->refs++; /* the job may outlive its session */
+        j->charged = need;
+    }
     j->g = g;
     g->refs++;
     if (tdd_submit_work(s, g->dev, job_run, job_done, j)) {

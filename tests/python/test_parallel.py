@@ -424,6 +424,21 @@ def test_group_create_bad_arguments(sessions, fields, argument):
     np.testing.assert_array_equal(t.numpy(), np.ones(2, np.float32))  # the session goes on
 
 
+def test_one_rank_of_a_group_per_daemon(daemons):
+    ss = connect_all([daemons[0], daemons[0]])  # two sessions of one daemon
+    try:
+        res = run_ranks([lambda r=r: parallel.create_group(ss[r], "same-daemon", r, 2)
+                         for r in range(2)])
+        # whichever came second is refused; the first waits for a rank that never comes
+        kinds = sorted(type(e).__name__ for e in res)
+        assert kinds == ["InvalidArgumentError", "TimedOutError"], res
+        bad = next(e for e in res if isinstance(e, tensordd.InvalidArgumentError))
+        assert bad.argument == "name" and "one rank of a group per daemon" in bad.message
+    finally:
+        for s in ss:
+            s.close(raise_errors=False)
+
+
 def test_bad_collective_arguments(sessions):
     s0 = sessions[0]
     pg = parallel.init_process_group(sessions)
