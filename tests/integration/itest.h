@@ -29,5 +29,6 @@ Suite *it_autograd_suite(void);
 Suite *it_ops_wire_suite(void);
 Suite *it_failed_binds_suite(void);
 Suite *it_resume_suite(void);
+Suite *it_tls_suite(void);
 
 #endif
