@@ -57,13 +57,18 @@ void tdd_log_set_ctx(tdd_log_ctx ctx, tdd_log_ctx *prev)
     cur = ctx;
 }
 
-static void detect_journal(void)
+bool tdd_log_is_journal(int fd)
 {
     const char *js = getenv("JOURNAL_STREAM");
     unsigned long long dev, ino;
     struct stat sb;
-    journal = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &sb) == 0 &&
-              (unsigned long long)sb.st_dev == dev && (unsigned long long)sb.st_ino == ino;
+    return js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(fd, &sb) == 0 &&
+           (unsigned long long)sb.st_dev == dev && (unsigned long long)sb.st_ino == ino;
+}
+
+static void detect_journal(void)
+{
+    journal = tdd_log_is_journal(STDERR_FILENO);
 }
 
 /* Appends s to buf[*n..cap) as the inside of a JSON string. */

@@ -3,6 +3,7 @@
 #ifndef TDD_LOG_H
 #define TDD_LOG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 enum { TDD_LOG_ERROR = 0, TDD_LOG_WARN, TDD_LOG_INFO, TDD_LOG_DEBUG };
@@ -21,6 +22,8 @@ typedef struct {
     uint64_t conn, session;
 } tdd_log_ctx;
 void tdd_log_set_ctx(tdd_log_ctx ctx, tdd_log_ctx *prev);
+/* fd is the systemd journal's stream ($JOURNAL_STREAM names its device and inode). */
+bool tdd_log_is_journal(int fd);
 void tdd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define tdd_error(...) tdd_log(TDD_LOG_ERROR, __VA_ARGS__)

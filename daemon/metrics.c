@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "conn.h"
@@ -353,8 +354,10 @@ int tdd_metrics_start(uv_loop_t *loop, const char *hostport)
     snprintf(url, sizeof url, "http://%s%s%s:%u", v6 ? "[" : "", v6 ? host + 1 : host,
              v6 ? "]" : "", (unsigned)pi->port);
     tdd_info("metrics on %s/metrics, health on %s/healthz", url, url);
-    printf("metrics on %s/metrics\n", url);
-    fflush(stdout);
+    if (!tdd_log_is_journal(STDOUT_FILENO)) {
+        printf("metrics on %s/metrics\n", url);
+        fflush(stdout);
+    }
     return 0;
 }
 

@@ -1566,9 +1566,12 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
             return rc;
         }
         nlisteners++;
-        /* stdout's line is for scripts (port 0); the log's has a time and a level */
-        printf("listening on %s\n", l->endpoint);
-        fflush(stdout);
+        /* stdout's line is for scripts (port 0); the log's has a time and a level (and is
+         * the only one when stdout is the journal too) */
+        if (!tdd_log_is_journal(STDOUT_FILENO)) {
+            printf("listening on %s\n", l->endpoint);
+            fflush(stdout);
+        }
         if (strncmp(ep, "fd://", 5))
             tdd_info("listening on %s", l->endpoint);
         else

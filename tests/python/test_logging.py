@@ -147,3 +147,36 @@ def test_no_prefixes_when_journal_stream_is_another_file():
     finally:
         os.unlink(path)
         other.close()
+
+
+def test_stdout_on_the_journal_gets_no_second_listening_line():
+    """Under systemd stdout is the journal too: `listening on` is logged once, with its
+    priority, not also as stdout's bare line."""
+    import signal
+    import subprocess
+    import time
+    from conftest import TDD_BIN
+    fd, path = tempfile.mkstemp(prefix="tdd-journal-")
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORDD_")}
+        env.update(journal_env(path))
+        with open(path, "a") as out:
+            proc = subprocess.Popen([TDD_BIN, "--listen", "tcp://127.0.0.1:0", "--metrics-listen",
+                                     "127.0.0.1:0"], stdout=out, stderr=out, env=env,
+                                    stdin=subprocess.DEVNULL)
+        try:
+            for _ in range(400):
+                text = open(path).read()
+                if "listening on" in text or proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        lines = open(path).read().splitlines()
+        assert all(ln.startswith("<") for ln in lines), lines
+        assert len([ln for ln in lines if "listening on tcp://" in ln]) == 1, lines
+        assert len([ln for ln in lines if "metrics on http://" in ln]) == 1, lines
+    finally:
+        os.close(fd)
+        os.unlink(path)
