@@ -39,6 +39,9 @@ __all__ = [
 MAGIC = 0x01444454  # "TDD" + protocol frame version 1, little-endian
 HEADER = struct.Struct("<IIQ")
 HEADER_SIZE = HEADER.size  # 16
+_pack_header = HEADER.pack
+_unpack_header_from = HEADER.unpack_from
+_TIMEVAL = struct.Struct("@ll")  # struct timeval (SO_RCVTIMEO / SO_SNDTIMEO)
 
 # Limits the client enforces on what it receives, before allocating anything.
 MAX_MESSAGE = 64 << 20
@@ -204,6 +207,28 @@ def _tls_context(ca_file, cert, key, verify) -> ssl.SSLContext:
     return ctx
 
 
+def _kernel_timeout(sock, timeout) -> None:
+    """A plain socket's timeout kept by the kernel (SO_RCVTIMEO / SO_SNDTIMEO) on a
+    blocking socket: Python's own timeouts poll() before every send and receive, two
+    more system calls per round trip. A call that times out then fails with EAGAIN
+    (BlockingIOError), which Connection turns into socket.timeout."""
+    if timeout is None or timeout <= 0 or not hasattr(socket, "SO_RCVTIMEO"):
+        sock.settimeout(timeout)
+        return
+    sec = int(timeout)
+    tv = _TIMEVAL.pack(sec, max(int((timeout - sec) * 1e6), 1 if not sec else 0))
+    try:
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    except OSError:  # (not settable here: Python's timeouts)
+        sock.settimeout(timeout)
+
+
+def _timed_out() -> socket.timeout:
+    return socket.timeout("timed out")
+
+
 def _byte_view(buf) -> memoryview:
     """A flat unsigned-byte view of a C-contiguous buffer (no copy)."""
     mv = memoryview(buf)
@@ -273,7 +298,9 @@ class Connection:
                 raise tls_error(e, endpoint) from e
             sock.settimeout(timeout)
             sock = _TLSSocket(sock, endpoint)
-        sock.settimeout(timeout)
+            sock.settimeout(timeout)
+        else:
+            _kernel_timeout(sock, timeout)
         return sock
 
     # ------------------------------------------------------------ resume
@@ -374,12 +401,24 @@ class Connection:
         if len(self._wbuf) >= WRITE_HIGH_WATER:
             self.flush()
 
+    def write_frame(self, frame, rid: int) -> None:
+        """Queues one whole frame (header and message, no payload) of request rid."""
+        if self._journal is not None:
+            self._journal_add(rid, frame)
+        wbuf = self._wbuf
+        wbuf += frame
+        if len(wbuf) >= WRITE_HIGH_WATER:
+            self.flush()
+
     def flush(self) -> None:
         """Sends everything queued."""
         if self._wbuf:
             buf, self._wbuf = self._wbuf, bytearray()
             try:
-                self.sock.sendall(buf)
+                try:
+                    self.sock.sendall(buf)
+                except BlockingIOError:
+                    raise _timed_out() from None
             except OSError as e:
                 self._recover(e)
 
@@ -391,7 +430,10 @@ class Connection:
         """sendmsg until every byte of every buffer is out (handles short writes)."""
         views = [memoryview(b) for b in buffers if len(b)]
         while views:
-            sent = self.sock.sendmsg(views)
+            try:
+                sent = self.sock.sendmsg(views)
+            except BlockingIOError:
+                raise _timed_out() from None
             while sent:
                 if sent >= views[0].nbytes:
                     sent -= views[0].nbytes
@@ -411,7 +453,10 @@ class Connection:
             del self._rbuf[: self._rpos]
             self._rpos = 0
         while len(self._rbuf) < need:
-            chunk = self.sock.recv(max(_READ_CHUNK, need - len(self._rbuf)))
+            try:
+                chunk = self.sock.recv(max(_READ_CHUNK, need - len(self._rbuf)))
+            except BlockingIOError:
+                raise _timed_out() from None
             if not chunk:
                 raise ConnectionResetError("connection closed by the daemon")
             self._rbuf += chunk
@@ -498,7 +543,10 @@ class Connection:
             view[:got] = self._rbuf[self._rpos: self._rpos + got]
             self._rpos += got
         while got < n:
-            r = self.sock.recv_into(view[got:], n - got)
+            try:
+                r = self.sock.recv_into(view[got:], n - got)
+            except BlockingIOError:
+                raise _timed_out() from None
             if r == 0:
                 raise ConnectionResetError("connection closed by the daemon during a payload")
             got += r

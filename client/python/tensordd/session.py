@@ -28,6 +28,11 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import tensordd_pb2 as pb
+from ._codec import encode_op as _encode_op  # noqa: F401 (tests hold it to protobuf's)
+from ._codec import frame_download as _frame_download
+from ._codec import frame_op as _frame_op
+from ._codec import frame_release as _frame_release
+from ._codec import parse_tensor_reply as _parse_tensor_reply
 from ._wire import ZERO_COPY_THRESHOLD, Connection, FrameError
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
@@ -164,6 +169,24 @@ class _Call:
         if self.outputs:
             text += f" -> {_fmt_handles(self.outputs)}"
         return f"{text} {self.suffix}" if self.suffix else text
+
+
+def _as_call(call) -> _Call:
+    """A _Call from a request description: the hot paths keep a plain tuple
+    (what, handles, outputs) and leave the formatting to an error, if any."""
+    return call if isinstance(call, _Call) else _Call(call[0], call[1], outputs=call[2])
+
+
+# Devices named by replies: immutable, so one object per (backend, ordinal) is shared.
+_DEVICES: dict = {}
+
+
+def _device(backend: str, ordinal: int) -> Device:
+    dev = _DEVICES.get((backend, ordinal))
+    if dev is None:
+        dev = _DEVICES[(backend, ordinal)] = Device._from_proto(
+            pb.Device(backend=backend, ordinal=ordinal))
+    return dev
 
 
 def _fmt_handles(handles) -> str:
@@ -341,11 +364,9 @@ class Session:
         if not self._pending_release or self._capturing:
             return
         handles, self._pending_release = self._pending_release, []
-        req = pb.Request()
-        req.id = next(self._ids)
-        req.release.handles.extend(handles)
-        self._calls[req.id] = _Call("release", handles)
-        self._conn.write(req.SerializeToString(), None, req.id)
+        rid = next(self._ids)
+        self._calls[rid] = ("release", handles, ())
+        self._conn.write_frame(_frame_release(rid, handles), rid)
 
     def _check_open(self) -> None:
         if not self._open:
@@ -353,7 +374,7 @@ class Session:
 
     def _describe(self, request_id: int) -> str | None:
         call = self._calls.get(request_id)
-        return str(call) if call is not None else None
+        return str(_as_call(call)) if call is not None else None
 
     def _send(self, req: "pb.Request", call: _Call, payload=None) -> None:
         """Queues a fire-and-forget request.
@@ -382,14 +403,23 @@ class Session:
     def _op_fast(self, name: str, inputs: list) -> "Tensor":
         """op() for the common case (tensor inputs, one output, no attributes), its
         Request encoded by hand: what SerializeToString would give, at a fraction of
-        the cost per op (tests/python/test_wire_fastpath.py holds the two equal)."""
-        self._check_open()
+        the cost per op (tests/python/test_wire_fastpath.py and test_speedups.py hold
+        the two equal). The call's description is kept as a tuple, formatted only
+        when an error names it."""
+        if not self._open:
+            raise local_error("CLOSED", self._closed_why)
         if len(self._pending_release) >= _RELEASE_BATCH:
             self._emit_releases()
         out = next(self._handles)
         rid = next(self._ids)
-        self._write(rid, _encode_op(rid, name, inputs, out),
-                    _Call("op " + name, tuple(inputs), outputs=(out,)))
+        call = self._calls[rid] = ("op " + name, inputs, (out,))
+        try:
+            self._conn.write_frame(_frame_op(rid, name, inputs, out), rid)
+        except (OSError, FrameError) as e:
+            self._fail_io(e, _as_call(call))
+        except BaseException:  # interrupted mid-frame: the stream is unusable
+            self._shutdown(f"the session was interrupted while sending {_as_call(call)}")
+            raise
         return Tensor(self, out)
 
     def _roundtrip(self, req: "pb.Request", call: _Call) -> tuple["pb.Response", int]:
@@ -425,6 +455,10 @@ class Session:
             raise
         finally:
             self._busy = False
+        return self._reply(raw, req.id, payload_len, call)
+
+    def _reply(self, raw, rid: int, payload_len: int, call) -> tuple["pb.Response", int]:
+        """The Response raw answering request rid (checked; an error raised)."""
         try:
             resp = pb.Response.FromString(raw)
         except DecodeError as e:
@@ -432,17 +466,18 @@ class Session:
             raise local_error("PROTOCOL_ERROR", f"undecodable response: {e}", str(call)) from e
         # An error may come with another id (0: the daemon's last word before
         # closing); anything else must answer this request.
-        if resp.id == 0 and resp.WhichOneof("body") != "error":
+        body = resp.WhichOneof("body")
+        if resp.id == 0 and body != "error":
             # The daemon's goodbye when it shuts down (SIGTERM): Response{id 0, ok}.
             self._shutdown("the daemon closed the session (it is shutting down)")
             raise local_error("CLOSED", "the daemon closed the session (it is shutting down)",
                               str(call))
-        if resp.id != req.id and resp.WhichOneof("body") != "error":
+        if resp.id != rid and body != "error":
             self._shutdown()
             raise local_error("PROTOCOL_ERROR",
-                              f"got a reply to request #{resp.id} while waiting for #{req.id}",
+                              f"got a reply to request #{resp.id} while waiting for #{rid}",
                               str(call))
-        if resp.WhichOneof("body") == "error":
+        if body == "error":
             if payload_len:
                 try:
                     self._conn.skip(payload_len)
@@ -770,40 +805,78 @@ class Session:
     # ---- used by Tensor and friends
 
     def _download(self, t: "Tensor", raw: bool = False) -> np.ndarray:
-        """t's values; bfloat16 widened to float32 unless raw (then uint16 bits)."""
-        req = self._new_request()
-        req.download.handle = t._handle
-        call = _Call("download", (t._handle,))
-        resp, payload_len = self._roundtrip(req, call)
-        if resp.WhichOneof("body") != "tensor":
-            self._skip_payload(payload_len, call)
-            raise local_error("PROTOCOL_ERROR", f"download answered with {resp.WhichOneof('body')}",
-                              str(call))
-        info = resp.tensor
+        """t's values; bfloat16 widened to float32 unless raw (then uint16 bits).
+
+        The round trip of _roundtrip, with the Download encoded by hand and, with the
+        accelerator, its plain answer decoded without a protobuf message."""
+        if not self._open:
+            raise local_error("CLOSED", self._closed_why)
+        if self._deferred:
+            raise self._deferred.pop(0)  # the daemon would have answered this request with it
+        h = t._handle
+        if self._pending_release:
+            self._emit_releases()
+        rid = next(self._ids)
+        call = self._calls[rid] = ("download", (h,), ())
+        conn = self._conn
+        self._busy = True
         try:
-            t._set_info(info)
-            arr = np.empty(tuple(info.shape), dtype=to_numpy(info.dtype))
+            try:
+                conn.write_frame(_frame_download(rid, h), rid)
+                conn.flush()
+                raw_msg, payload_len = conn.read_frame_head()
+            except (OSError, FrameError) as e:
+                self._fail_io(e, _as_call(call))
+        except Error:
+            raise
+        except BaseException:
+            self._shutdown(f"the session was interrupted during {_as_call(call)}")
+            raise
+        finally:
+            self._busy = False
+        plain = _parse_tensor_reply(raw_msg) if _parse_tensor_reply is not None else None
+        if plain is not None and plain[0] == rid:
+            _, _, wire, shape, backend, ordinal, rgrad = plain
+            self._forget_calls()
+        else:  # protobuf's decoding, and every check of _roundtrip
+            call = _as_call(call)
+            resp, payload_len = self._reply(raw_msg, rid, payload_len, call)
+            if resp.WhichOneof("body") != "tensor":
+                self._skip_payload(payload_len, call)
+                raise local_error("PROTOCOL_ERROR",
+                                  f"download answered with {resp.WhichOneof('body')}", str(call))
+            info = resp.tensor
+            wire, shape = info.dtype, tuple(info.shape)
+            backend, ordinal, rgrad = info.device.backend, info.device.ordinal, info.requires_grad
+        try:
+            t._shape = shape
+            t._dtype = dtype_name(wire)
+            t._device = _device(backend or "?", ordinal)
+            t._requires_grad = bool(rgrad)
+            arr = np.empty(shape, dtype=to_numpy(wire))
             bad = arr.nbytes != payload_len
         except Exception as e:  # never leave the payload in the stream
+            call = _as_call(call)
             self._skip_payload(payload_len, call)
             self._shutdown(f"undecodable download: {e}")
             raise local_error("PROTOCOL_ERROR", f"undecodable download: {e}", str(call)) from e
         if bad:
+            call = _as_call(call)
             self._skip_payload(payload_len, call)
             raise local_error("PROTOCOL_ERROR",
-                              f"payload of {payload_len} bytes for a {dtype_name(info.dtype)}"
-                              f"{tuple(info.shape)} tensor ({arr.nbytes} bytes)", str(call))
+                              f"payload of {payload_len} bytes for a {dtype_name(wire)}"
+                              f"{shape} tensor ({arr.nbytes} bytes)", str(call))
         self._busy = True  # the payload is still in the stream
         try:
-            self._conn.read_into(arr)
+            conn.read_into(arr)
         except (OSError, FrameError) as e:
-            self._fail_io(e, call)
+            self._fail_io(e, _as_call(call))
         except BaseException:
-            self._shutdown(f"the session was interrupted during {call}")
+            self._shutdown(f"the session was interrupted during {_as_call(call)}")
             raise
         finally:
             self._busy = False
-        if info.dtype == pb.DTYPE_BF16 and not raw:  # widen the bit patterns to float32
+        if wire == _BF16 and not raw:  # widen the bit patterns to float32
             arr = bf16_bits_to_f32(arr)
         return arr
 
@@ -828,6 +901,9 @@ class Session:
         device._to_proto(td.device)
         self._send(req, _Call("to_device", (t._handle,), f"-> {device} as #{td.output}"))
         return Tensor(self, td.output, shape=t._shape, dtype=t._dtype, device=device)
+
+
+_BF16 = pb.DTYPE_BF16
 
 
 def _is_torch_tensor(x) -> bool:

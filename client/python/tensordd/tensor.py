@@ -76,9 +76,13 @@ class Tensor:
         self._grad = _UNSET  # (grad epoch, Tensor or None) once read or set
 
     def __del__(self):
-        session = getattr(self, "_session", None)
-        if session is not None:
-            session._release_later(self._handle)
+        # Session._release_later, inlined: this runs once per tensor dropped.
+        try:
+            session = self._session
+            if session._open:
+                session._pending_release.append(self._handle)
+        except AttributeError:  # (no session: never fully constructed)
+            pass
 
     # ------------------------------------------------------------ metadata
 

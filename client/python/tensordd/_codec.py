@@ -1,0 +1,100 @@
+"""_codec -- the hot requests encoded by hand, and small replies decoded by hand.
+
+The requests a session sends most (an op with tensor inputs, one output and no
+attributes; a Download; a Release) are encoded here as whole frames (header and
+message) with the bytes protobuf's own SerializeToString gives; the
+Response of a Download is decoded without building a protobuf message when it
+is the plain ``{id, tensor{...}}`` the daemon sends.
+
+When the optional C accelerator ``tensordd._speedups`` is importable the same
+functions come from it (``ACCELERATED`` is True); ``TENSORDD_PURE=1`` in the
+environment forces the pure-Python ones. Both give identical results
+(tests/python/test_speedups.py holds them to protobuf's encoding and decoding).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+__all__ = ["ACCELERATED", "encode_op", "frame_op", "frame_download", "frame_release",
+           "parse_tensor_reply"]
+
+_MAGIC = 0x01444454  # _wire.MAGIC
+_pack_header = struct.Struct("<IIQ").pack
+
+
+def _varint(n: int) -> bytes:
+    """protobuf's base-128 varint of n >= 0."""
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
+_OP_NAMES: dict = {}  # op name -> its encoded Op.op field
+
+
+def encode_op(rid: int, name: str, inputs, out: int) -> bytes:
+    """Request{id: rid, op: Op{op: name, inputs, outputs: [out]}}, as protobuf encodes
+    it: Request.id is field 1 (varint), Request.op field 14; Op.op field 1, Op.inputs
+    field 2 and Op.outputs field 3 (packed varints)."""
+    head = _OP_NAMES.get(name)
+    if head is None:
+        b = name.encode()
+        head = _OP_NAMES[name] = b"\x0a" + _varint(len(b)) + b
+    if len(inputs) == 1:
+        ins = _varint(inputs[0])
+    else:
+        ins = b"".join([_varint(h) for h in inputs])
+    o = _varint(out)
+    body = b"".join((head, b"\x12", _SMALL_VARINTS[len(ins)] if len(ins) < 0x80
+                     else _varint(len(ins)), ins, b"\x1a", _SMALL_VARINTS[len(o)], o))
+    return b"".join((b"\x08", _varint(rid), b"\x72", _varint(len(body)), body))
+
+
+def frame_op(rid: int, name: str, inputs, out: int) -> bytes:
+    """The whole frame (16-byte header, no payload) of encode_op's request."""
+    msg = encode_op(rid, name, inputs, out)
+    return _pack_header(_MAGIC, len(msg), 0) + msg
+
+
+def frame_download(rid: int, handle: int) -> bytes:
+    """The frame of Request{id: rid, download: Download{handle}} (field 13)."""
+    h = _varint(handle)
+    msg = b"".join((b"\x08", _varint(rid), b"\x6a", _SMALL_VARINTS[len(h) + 1], b"\x08", h))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
+
+
+def frame_release(rid: int, handles) -> bytes:
+    """The frame of Request{id: rid, release: Release{handles}} (field 15; packed)."""
+    hs = b"".join([_varint(h) for h in handles])
+    if hs:
+        body = b"".join((b"\x0a", _varint(len(hs)), hs))
+    else:
+        body = b""
+    msg = b"".join((b"\x08", _varint(rid), b"\x7a", _varint(len(body)), body))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
+
+
+# Pure Python: replies are decoded by protobuf (a hand-written decoder in Python is
+# no faster than its C++ one); the accelerator decodes the plain ones itself.
+parse_tensor_reply = None
+ACCELERATED = False
+
+if os.environ.get("TENSORDD_PURE", "") in ("", "0"):
+    try:
+        from ._speedups import (encode_op, frame_download, frame_op,  # noqa: F811
+                                frame_release, parse_tensor_reply)
+        ACCELERATED = True
+    except ImportError:
+        pass
