@@ -848,12 +848,13 @@ static int resume_hello(td_client *c, uint64_t *applied, td_error *err)
     req.hello = &hello;
     req.id = c->next_request++;
     size_t mlen = tensordd__v1__request__get_packed_size(&req);
-    uint8_t frame[TD_FRAME_HEADER_SIZE + 256];
-    if (mlen > sizeof frame - TD_FRAME_HEADER_SIZE)
-        return td__fail(err, TD_EINVALID_ARGUMENT, "resume Hello too large (token, name)");
+    uint8_t *frame = malloc(TD_FRAME_HEADER_SIZE + mlen);
+    if (!frame)
+        return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory");
     td_frame_encode(frame, (uint32_t)mlen, 0);
     tensordd__v1__request__pack(&req, frame + TD_FRAME_HEADER_SIZE);
     int rc = td__send_raw(c, frame, TD_FRAME_HEADER_SIZE + mlen, err);
+    free(frame);
     if (rc)
         return rc;
     td__reply r;
