@@ -1566,17 +1566,20 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
             return rc;
         }
         nlisteners++;
-        /* stdout's line is for scripts (port 0); the log's has a time and a level (and is
-         * the only one when stdout is the journal too) */
-        if (!tdd_log_is_journal(STDOUT_FILENO)) {
-            printf("listening on %s\n", l->endpoint);
-            fflush(stdout);
-        }
-        if (strncmp(ep, "fd://", 5))
-            tdd_info("listening on %s", l->endpoint);
-        else
-            tdd_info("listening on %s (%s from systemd)", l->endpoint, ep);
     }
+    /* Announced once every listener is up, so a script that saw the first line may use
+     * any of them. stdout's line is for scripts (port 0); the log's has a time and a
+     * level (and is the only one when stdout is the journal too). */
+    for (int i = 0; i < nlisteners; i++) {
+        const char *ep = cfg->listen[i];
+        if (!tdd_log_is_journal(STDOUT_FILENO))
+            printf("listening on %s\n", listeners[i].endpoint);
+        if (strncmp(ep, "fd://", 5))
+            tdd_info("listening on %s", listeners[i].endpoint);
+        else
+            tdd_info("listening on %s (%s from systemd)", listeners[i].endpoint, ep);
+    }
+    fflush(stdout);
     return 0;
 }
 
