@@ -140,6 +140,7 @@ static const request_row rows[] = {
     ROW(ALL_REDUCE) = {tdd_h_all_reduce, SYNC, TD_HANDLE_NONE, NULL},
     ROW(BROADCAST) = {tdd_h_broadcast, SYNC, TD_HANDLE_NONE, NULL},
     ROW(ALL_GATHER) = {tdd_h_all_gather, SYNC, TD_HANDLE_TENSOR, ids_all_gather},
+    ROW(GROUP_CONNECT) = {tdd_h_group_connect, SYNC, TD_HANDLE_NONE, NULL},
 };
 
 /* The body's field name ("graph_begin"), for messages. */

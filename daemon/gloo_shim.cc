@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include <gloo/allgather.h>
@@ -27,8 +28,69 @@
 
 #include "td_error.h"
 
+// A context whose connections are made in two steps (tdd_gloo_prepare, tdd_gloo_finish),
+// as gloo::rendezvous::Context::connectFullMesh makes them in one with a store.
+class MeshContext : public gloo::Context
+{
+  public:
+    MeshContext(int rank_, int size_) : gloo::Context(rank_, size_)
+    {
+    }
+
+    // This rank's address for each peer: size entries of a 4-byte length and the bytes
+    // (empty for this rank).
+    std::vector<char> prepare(const std::shared_ptr<gloo::transport::Device> &dev)
+    {
+        auto tc = dev->createContext(rank, size);
+        tc->setTimeout(getTimeout());
+        std::vector<char> blob;
+        for (int j = 0; j < size; j++) {
+            std::vector<char> b;
+            if (j != rank)
+                b = tc->createPair(j)->address().bytes();
+            uint32_t n = static_cast<uint32_t>(b.size());
+            const char *np = reinterpret_cast<const char *>(&n);
+            blob.insert(blob.end(), np, np + sizeof n);
+            blob.insert(blob.end(), b.begin(), b.end());
+        }
+        device_ = dev;
+        transportContext_ = std::move(tc);
+        return blob;
+    }
+
+    void finish(const void *const *blobs, const size_t *lens)
+    {
+        for (int j = 0; j < size; j++) {
+            if (j == rank)
+                continue;
+            // rank j's address for this rank: entry `rank` of its blob
+            const char *p = static_cast<const char *>(blobs[j]), *end = p + lens[j];
+            std::vector<char> mine;
+            for (int k = 0; k <= rank; k++) {
+                uint32_t n;
+                if (end - p < static_cast<ptrdiff_t>(sizeof n))
+                    throw std::invalid_argument("rank " + std::to_string(j) +
+                                                "'s address is truncated");
+                memcpy(&n, p, sizeof n);
+                p += sizeof n;
+                if (static_cast<size_t>(end - p) < n)
+                    throw std::invalid_argument("rank " + std::to_string(j) +
+                                                "'s address is truncated");
+                if (k == rank)
+                    mine.assign(p, p + n);
+                p += n;
+            }
+            if (mine.size() != transportContext_->getPair(j)->address().bytes().size())
+                throw std::invalid_argument("rank " + std::to_string(j) +
+                                            "'s address for this rank is not one");
+            transportContext_->getPair(j)->connect(mine);
+        }
+    }
+};
+
 struct tdd_gloo {
-    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    std::shared_ptr<gloo::Context> ctx;
+    std::shared_ptr<MeshContext> mesh; // two-step formation only
     std::chrono::milliseconds timeout;
 };
 
@@ -123,9 +185,10 @@ extern "C" tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int 
         g->timeout = std::chrono::milliseconds(timeout_ms);
         auto d = device_for(address);
         store.reset(new gloo::rendezvous::FileStore(dir));
-        g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-        g->ctx->setTimeout(g->timeout);
-        g->ctx->connectFullMesh(*store, d);
+        auto rc = std::make_shared<gloo::rendezvous::Context>(rank, size);
+        g->ctx = rc;
+        rc->setTimeout(g->timeout);
+        rc->connectFullMesh(*store, d);
         // Every rank has read every address once all are past this: the keys can go.
         gloo::BarrierOptions b(g->ctx);
         b.setTimeout(g->timeout);
@@ -142,6 +205,50 @@ extern "C" tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int 
         }
         delete g;
         return nullptr;
+    }
+}
+
+extern "C" tdd_gloo *tdd_gloo_prepare(const char *address, int rank, int size, long timeout_ms,
+                                      void **blob, size_t *blob_len, int *code, char *msg,
+                                      size_t msglen)
+{
+    tdd_gloo *g = nullptr;
+    try {
+        g = new tdd_gloo;
+        g->timeout = std::chrono::milliseconds(timeout_ms);
+        g->mesh = std::make_shared<MeshContext>(rank, size);
+        g->mesh->setTimeout(g->timeout);
+        g->ctx = g->mesh;
+        std::vector<char> b = g->mesh->prepare(device_for(address));
+        *blob = malloc(b.size() ? b.size() : 1);
+        if (!*blob)
+            throw std::bad_alloc();
+        memcpy(*blob, b.data(), b.size());
+        *blob_len = b.size();
+        *code = 0;
+        return g;
+    } catch (...) {
+        *code = caught(msg, msglen);
+        delete g;
+        return nullptr;
+    }
+}
+
+extern "C" int tdd_gloo_finish(tdd_gloo *g, const void *const *blobs, const size_t *lens, char *msg,
+                               size_t msglen)
+{
+    try {
+        g->mesh->finish(blobs, lens);
+        // Answered once every rank is connected, as a rendezvous through the store is.
+        gloo::BarrierOptions b(g->ctx);
+        b.setTimeout(g->timeout);
+        gloo::barrier(b);
+        return 0;
+    } catch (const std::invalid_argument &e) {
+        say(msg, msglen, e.what());
+        return TD_EINVALID_ARGUMENT;
+    } catch (...) {
+        return caught(msg, msglen);
     }
 }
 

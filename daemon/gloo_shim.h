@@ -25,6 +25,16 @@ tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int rank, int s
                            long timeout_ms, int *code, char *msg, size_t msglen);
 void tdd_gloo_free(tdd_gloo *g);
 
+/* The same in two steps, without a store: the ranks' addresses travel through whoever
+ * calls (tensordd's own connections). tdd_gloo_prepare makes this rank's connections to
+ * each peer, listening on address, and returns their addresses as one blob (*blob, malloc'd,
+ * *blob_len bytes); tdd_gloo_finish connects to every peer, given every rank's blob
+ * (blobs[r], lens[r] from rank r; this rank's own is not read). */
+tdd_gloo *tdd_gloo_prepare(const char *address, int rank, int size, long timeout_ms, void **blob,
+                           size_t *blob_len, int *code, char *msg, size_t msglen);
+int tdd_gloo_finish(tdd_gloo *g, const void *const *blobs, const size_t *lens, char *msg,
+                    size_t msglen);
+
 /* In place over count elements of buf. */
 int tdd_gloo_allreduce(tdd_gloo *g, void *buf, size_t count, tdd_gloo_dtype dt, tdd_gloo_op op,
                        char *msg, size_t msglen);

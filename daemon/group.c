@@ -24,7 +24,7 @@
 
 typedef Tensordd__V1__Request Request;
 
-enum { JOB_CREATE = 1, JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER };
+enum { JOB_CREATE = 1, JOB_ALLREDUCE, JOB_BROADCAST, JOB_ALLGATHER, JOB_PREPARE, JOB_CONNECT };
 enum { SIG_KIND, SIG_OP, SIG_ROOT, SIG_N, SIG_NUMEL, SIG_SHAPES, SIG_DTYPES, SIG_LEN };
 
 typedef struct {
@@ -39,6 +39,11 @@ typedef struct group_job {
     /* GroupCreate */
     char dir[sizeof tdd_cfg.group_store_dir + 72];
     tdd_gloo *gl;
+    void *blob; /* JOB_PREPARE: this rank's addresses (malloc'd) */
+    size_t blob_len;
+    void **peers; /* JOB_CONNECT: every rank's addresses, copied from the request */
+    size_t *peer_lens;
+    int g_size;
     /* collectives */
     job_item *it;
     size_t n;
@@ -55,7 +60,9 @@ typedef struct group_job {
 
 typedef struct tdd_group {
     long refs;
-    tdd_gloo *gl; /* NULL until the rendezvous succeeded */
+    tdd_gloo *gl;   /* NULL until the rendezvous succeeded (or, exchange, was prepared) */
+    bool exchange;  /* addresses through the client: GroupConnect connects */
+    bool connected; /* collectives may run */
     tdd_device *dev;
     char name[72];
     int rank, size;
@@ -92,6 +99,12 @@ static void job_free(group_job *j)
         tdd_value_unref(j->out);
     if (j->gl)
         tdd_gloo_free(j->gl);
+    free(j->blob);
+    if (j->peers)
+        for (int r = 0; r < j->g_size; r++)
+            free(j->peers[r]);
+    free(j->peers);
+    free(j->peer_lens);
     free(j);
 }
 
@@ -288,6 +301,21 @@ static int job_run(void *arg)
 {
     group_job *j = arg;
     tdd_group *g = j->g;
+    if (j->kind == JOB_PREPARE || j->kind == JOB_CONNECT) {
+        char msg[200] = "";
+        int code = 0;
+        const char *addr = tdd_cfg.group_address[0] ? tdd_cfg.group_address : "127.0.0.1";
+        if (j->kind == JOB_PREPARE)
+            j->gl = tdd_gloo_prepare(addr, g->rank, g->size, (long)tdd_cfg.group_timeout_s * 1000,
+                                     &j->blob, &j->blob_len, &code, msg, sizeof msg);
+        else
+            code = tdd_gloo_finish(g->gl, (const void *const *)j->peers, j->peer_lens, msg,
+                                   sizeof msg);
+        if (code)
+            j->rc = tdd_err_set(&j->err, code, "process group '%s', rank %d of %d: %s", g->name,
+                                g->rank, g->size, msg);
+        return j->rc;
+    }
     if (j->kind == JOB_CREATE) {
         char msg[200] = "";
         int code = 0;
@@ -329,11 +357,18 @@ static void job_done(void *arg, int rc)
     group_job *j = arg;
     tdd_group *g = j->g;
     (void)rc;
-    if (j->kind == JOB_CREATE) {
+    if (j->kind == JOB_CREATE || j->kind == JOB_PREPARE) {
         if (j->gl) {
             g->gl = j->gl;
             j->gl = NULL;
+            g->connected = j->kind == JOB_CREATE;
         } else {
+            g->broken = true;
+            g->broke = j->err;
+        }
+    } else if (j->kind == JOB_CONNECT) { /* half-made connections cannot be trusted */
+        g->connected = !j->rc;
+        if (j->rc) {
             g->broken = true;
             g->broke = j->err;
         }
@@ -427,9 +462,23 @@ int tdd_h_group_create(tdd_req *r)
         tdd_group *g = h->obj;
         group_job *j = take_done(g, r->req->id);
         if (j) { /* the rendezvous ran */
-            job_free(j);
-            if (g->broken)
+            if (g->broken) {
+                job_free(j);
                 return tdd_answer_error(r, &g->broke);
+            }
+            if (g->exchange) { /* this rank's addresses, for GroupConnect */
+                Tensordd__V1__GroupAddressReply ga = TENSORDD__V1__GROUP_ADDRESS_REPLY__INIT;
+                ga.address.data = j->blob;
+                ga.address.len = j->blob_len;
+                Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+                resp.id = r->req->id;
+                resp.body_case = TENSORDD__V1__RESPONSE__BODY_GROUP_ADDRESS;
+                resp.group_address = &ga;
+                tdd_conn_send(r->c, &resp, NULL, 0, NULL);
+                job_free(j);
+                return TDD_DISPATCH_DONE;
+            }
+            job_free(j);
             tdd_info("session %llu: group '%s' formed, rank %d of %d on %s",
                      (unsigned long long)s->id, g->name, g->rank, g->size, g->dev->label);
             tdd_answer_ok(r);
@@ -438,10 +487,11 @@ int tdd_h_group_create(tdd_req *r)
     }
     tdd_device *dev = NULL;
     int rc = 0;
-    if (!tdd_cfg.group_store_dir[0])
+    if (!tdd_cfg.group_store_dir[0] && !gc->exchange)
         rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP,
-                         "process groups are off on this daemon (start it with "
-                         "--group-store-dir)");
+                         "process groups through a store are off on this daemon (start it "
+                         "with --group-store-dir, or exchange the addresses: "
+                         "GroupCreate.exchange)");
     else if (!valid_name(gc->name))
         rc = tdd_err_arg(&err, "name",
                          "a group name is 1 to 64 characters of [A-Za-z0-9._-], got '%.64s'",
@@ -488,8 +538,9 @@ int tdd_h_group_create(tdd_req *r)
     snprintf(g->name, sizeof g->name, "%s", gc->name);
     g->pending = true;
     g->pending_req = r->req->id;
+    g->exchange = gc->exchange;
     j->g = g;
-    j->kind = JOB_CREATE;
+    j->kind = gc->exchange ? JOB_PREPARE : JOB_CREATE;
     snprintf(j->dir, sizeof j->dir, "%s/%s", tdd_cfg.group_store_dir, g->name);
     tdd_handle_add(s, gc->group, TD_HANDLE_GROUP, g);
     if (tdd_submit_work(s, dev, job_run, job_done, j)) {
@@ -518,8 +569,9 @@ static int group_for(tdd_req *r, uint64_t id, tdd_group **out, group_job **retry
     if (g->broken)
         return tdd_err_set(err, g->broke.code, "this process group is broken: %s",
                            g->broke.message);
-    if (!g->gl)
-        return tdd_err_set(err, TD_EINTERNAL, "process group '%s' is not formed yet", g->name);
+    if (!g->connected && r->req->body_case != TENSORDD__V1__REQUEST__BODY_GROUP_CONNECT)
+        return tdd_err_arg(err, "group", "process group '%s' is not connected yet (GroupConnect)",
+                           g->name);
     return 0;
 }
 
@@ -834,4 +886,51 @@ int tdd_h_all_gather(tdd_req *r)
         return tdd_answer_error(r, &err);
     }
     return TDD_DISPATCH_BLOCK;
+}
+
+int tdd_h_group_connect(tdd_req *r)
+{
+    const Tensordd__V1__GroupConnect *gc = r->req->group_connect;
+    td_error err;
+    tdd_group *g;
+    group_job *j = NULL;
+    int rc = group_for(r, gc->group, &g, &j, &err);
+    if (rc)
+        return tdd_answer_error(r, &err);
+    if (j)
+        return answer_job(r, j);
+    /* each rank's blob: a length and an address per rank (gloo_shim.cc) */
+    size_t most = (size_t)g->size * 260;
+    if (!g->exchange || g->connected)
+        rc = tdd_err_arg(&err, "group", "process group '%s' %s", g->name,
+                         g->exchange ? "is connected already"
+                                     : "was formed through the store (no GroupConnect)");
+    else if (gc->n_addresses != (size_t)g->size)
+        rc = tdd_err_arg(&err, "addresses", "%zu address(es) for a group of %d", gc->n_addresses,
+                         g->size);
+    for (size_t i = 0; !rc && i < gc->n_addresses; i++)
+        if (gc->addresses[i].len > most)
+            rc = tdd_err_arg(&err, "addresses", "rank %zu's address is %zu bytes, at most %zu", i,
+                             gc->addresses[i].len, most);
+    if (!rc && !(j = job_new(JOB_CONNECT, 0, &err)))
+        rc = err.code;
+    if (!rc) {
+        j->g_size = g->size;
+        j->peers = calloc((size_t)g->size, sizeof *j->peers);
+        j->peer_lens = calloc((size_t)g->size, sizeof *j->peer_lens);
+        for (int i = 0; j->peers && j->peer_lens && i < g->size; i++) {
+            size_t n = gc->addresses[i].len;
+            if (!(j->peers[i] = malloc(n ? n : 1)))
+                break;
+            memcpy(j->peers[i], gc->addresses[i].data, n);
+            j->peer_lens[i] = n;
+        }
+        if (!j->peers || !j->peer_lens || !j->peers[g->size - 1]) {
+            job_free(j);
+            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        }
+    }
+    if (!rc)
+        rc = job_submit(r, g, j, &err);
+    return rc ? tdd_answer_error(r, &err) : TDD_DISPATCH_BLOCK;
 }

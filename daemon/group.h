@@ -6,6 +6,7 @@
 #include "reply.h"
 
 int tdd_h_group_create(tdd_req *r);
+int tdd_h_group_connect(tdd_req *r);
 int tdd_h_all_reduce(tdd_req *r);
 int tdd_h_broadcast(tdd_req *r);
 int tdd_h_all_gather(tdd_req *r);

@@ -208,7 +208,7 @@ def run_ranks(fns):
 
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_all_reduce_matches_numpy(sessions, op):
-    pg = parallel.init_process_group(sessions)
+    pg = parallel.init_process_group(sessions, rendezvous="store")  # Gloo's file store
     rng = np.random.default_rng(1)
     # several tensors and dtypes: packed into 8 KiB buckets, one alone (16 KiB), dtype runs
     shapes = [(3, 5), (4096,), (7,), (2, 3, 4), ()]
@@ -236,7 +236,7 @@ def test_all_reduce_matches_numpy(sessions, op):
 
 
 def test_broadcast_and_all_gather(sessions):
-    pg = parallel.init_process_group(sessions)
+    pg = parallel.init_process_group(sessions)  # addresses through the client
     rng = np.random.default_rng(2)
     data = [[rng.standard_normal((4, 6)).astype(np.float32), np.arange(5) * (r + 1)]
             for r in range(3)]
@@ -390,6 +390,31 @@ def test_missing_rank_times_out(daemons):
             s.close(raise_errors=False)
 
 
+@pytest.mark.parametrize("waiting", [0, 1])
+def test_rank_that_never_connects_times_out(hosts, store, waiting):
+    """Addresses through the client, and one rank never sends GroupConnect: the other's
+    GroupConnect answers TIMEOUT (Gloo retries a connection a few times: within about
+    five --group-timeout; these daemons' is 1 s), and the group is broken."""
+    ds = [RankDaemon(hosts, k, ["--group-timeout", "1", "--token-file",
+                                os.path.join(store, ".token")]) for k in range(2)]
+    try:
+        ss = connect_all(ds)
+        made = [parallel.prepare_group(s, "never-connects", r, 2) for r, s in enumerate(ss)]
+        g, _ = made[waiting]
+        with pytest.raises(tensordd.TimedOutError):
+            g.connect([a for _, a in made])
+        t = ss[waiting].tensor(np.ones(2, np.float32))
+        with pytest.raises(tensordd.TimedOutError, match="broken"):
+            g.all_reduce(t)
+        for s in ss:
+            s.close()
+        for d in ds:
+            assert d.stop() == 0, d.log()
+    finally:
+        for d in ds:
+            d.kill()
+
+
 # ---------------------------------------------------------------- bad arguments
 
 def _group_create(s, handle, **fields):
@@ -437,6 +462,28 @@ def test_one_rank_of_a_group_per_daemon(daemons):
     finally:
         for s in ss:
             s.close(raise_errors=False)
+
+
+def test_group_connect_bad_arguments(sessions):
+    s0, s1 = sessions[:2]
+    g0, a0 = parallel.prepare_group(s0, "bad-connect", 0, 2)
+    g1, a1 = parallel.prepare_group(s1, "bad-connect", 1, 2)
+    t = s0.tensor(np.ones(2, np.float32))
+    with pytest.raises(tensordd.InvalidArgumentError, match="not connected") as ei:
+        g0.all_reduce(t)  # before GroupConnect
+    assert ei.value.argument == "group"
+    with pytest.raises(tensordd.InvalidArgumentError) as ei:
+        g0.connect([a0])  # one address for a group of two
+    assert ei.value.argument == "addresses"
+    with pytest.raises(tensordd.InvalidArgumentError, match="truncated"):
+        g0.connect([a0, a1[:7]])  # a garbled address: typed, and the group is broken
+    with pytest.raises(tensordd.InvalidArgumentError):
+        g0.all_reduce(t)
+    # a group formed through the store takes no GroupConnect
+    pg = parallel.init_process_group(sessions, rendezvous="store")
+    with pytest.raises(tensordd.InvalidArgumentError, match="store"):
+        pg.groups[0].connect([a0, a1])
+    np.testing.assert_array_equal(t.numpy(), np.ones(2, np.float32))
 
 
 def test_bad_collective_arguments(sessions):
@@ -505,7 +552,11 @@ def test_groups_need_a_store_dir_and_a_host_memory_device(start_daemon, store):
     with tensordd.connect(plain.endpoint, timeout=60) as s:
         with pytest.raises(tensordd.UnsupportedOpError, match="--group-store-dir"):
             parallel.create_group(s, "g", 0, 1)
-        s.sync()
+        # without a store the addresses can still go through the client
+        pg = parallel.init_process_group([s])
+        t = s.tensor(np.arange(3.0))
+        pg.all_reduce([[t]], "sum")
+        np.testing.assert_array_equal(t.numpy(), np.arange(3.0))
     sim = start_daemon("--sim-devices", "1", "--group-store-dir", store)
     with tensordd.connect(sim.endpoint, timeout=60) as s:
         with pytest.raises(tensordd.UnsupportedOpError, match="host-memory"):

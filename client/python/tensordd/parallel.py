@@ -12,9 +12,13 @@ their own connections (the bytes never pass through this client)::
     grads = [loss.backward() for loss in losses]             # one per rank
     tensordd.parallel.all_reduce_gradients(pg, grads, params, op="avg")
 
-Each daemon must be started with ``--group-store-dir DIR`` where the ranks meet (one
-host: any directory; several hosts: a shared filesystem) and ``--group-address`` set to
-an address the others reach it on. A collective is synchronising: every rank must call
+The ranks meet one of two ways. By default their daemons' addresses travel through this
+client (``rendezvous="client"``: GroupCreate answers with a rank's addresses, GroupConnect
+hands every rank's to each): nothing is shared but the client. With
+``rendezvous="store"`` they meet in Gloo's file store, each daemon started with
+``--group-store-dir DIR`` (one host: any directory; several hosts: a shared
+filesystem). Either way each daemon listens for its peers on ``--group-address``
+(default 127.0.0.1: set an address the others reach). A collective is synchronising: every rank must call
 it, with the same tensor shapes and dtypes (else every rank gets SHAPE_MISMATCH or
 DTYPE_MISMATCH and the group stays usable). A rank that dies, or does not take part
 within the daemons' ``--group-timeout``, gives the others TimedOutError and breaks the
@@ -38,7 +42,7 @@ from .device import Device
 from .session import Session, _Call, connect
 from .tensor import Tensor
 
-__all__ = ["connect_many", "create_group", "Group", "ProcessGroup", "init_process_group",
+__all__ = ["connect_many", "create_group", "prepare_group", "Group", "ProcessGroup", "init_process_group",
            "broadcast_parameters", "all_reduce_gradients", "DataParallel"]
 
 _OPS = {"sum": pb.REDUCE_SUM, "avg": pb.REDUCE_AVG, "mean": pb.REDUCE_AVG, "max": pb.REDUCE_MAX}
@@ -110,6 +114,15 @@ class Group:
     def _call(self, req, what: str, handles=()) -> None:
         self.session._roundtrip(req, _Call(what, (self._handle, *handles)))
 
+    def connect(self, addresses) -> None:
+        """Connects a group made by :func:`prepare_group` to its peers: addresses[r] is
+        rank r's (every rank's, this one's included). Returns once every peer is
+        connected; TimedOutError when one does not come within --group-timeout."""
+        req = self.session._new_request()
+        req.group_connect.group = self._handle
+        req.group_connect.addresses.extend(bytes(a) for a in addresses)
+        self._call(req, "group_connect")
+
     def all_reduce(self, tensors, op: str = "sum") -> None:
         """Reduces tensors (a Tensor or a list) across the ranks, in place: op is "sum",
         "avg" (floats) or "max". Tensors must be contiguous, on the group's device."""
@@ -163,12 +176,7 @@ class Group:
         return out
 
 
-def create_group(session: Session, name: str, rank: int, world_size: int,
-                 device="cpu:0") -> Group:
-    """Joins session's daemon to the group name as rank of world_size: returns once every
-    rank has joined (each rank's script calls it with the same name), or raises
-    TimedOutError after the daemon's --group-timeout. device: where the group's tensors
-    live (a cpu device; cuda devices would need NCCL, which tensordd does not build)."""
+def _group_create(session, name, rank, world_size, device, exchange):
     dev = Device.parse(device) if isinstance(device, str) else device
     req = session._new_request()
     g = req.group_create
@@ -178,10 +186,29 @@ def create_group(session: Session, name: str, rank: int, world_size: int,
     g.world_size = int(world_size)
     g.device.backend = dev.backend
     g.device.ordinal = dev.ordinal
+    g.exchange = exchange
     group = Group(session, g.group, name, int(rank), int(world_size))
-    session._roundtrip(req, _Call("group_create", (), f"-> group #{g.group} {name!r} rank "
-                                                      f"{rank}/{world_size}"))
-    return group
+    resp, _ = session._roundtrip(req, _Call("group_create", (), f"-> group #{g.group} {name!r} "
+                                                                f"rank {rank}/{world_size}"))
+    return group, resp
+
+
+def prepare_group(session: Session, name: str, rank: int, world_size: int,
+                  device="cpu:0") -> tuple[Group, bytes]:
+    """The first step of a group whose addresses travel through the caller: returns the
+    Group (not connected yet) and this rank's addresses. Once every rank's script has
+    them all, each calls ``group.connect(addresses)`` (rank order)."""
+    group, resp = _group_create(session, name, rank, world_size, device, True)
+    return group, resp.group_address.address
+
+
+def create_group(session: Session, name: str, rank: int, world_size: int,
+                 device="cpu:0") -> Group:
+    """Joins session's daemon to the group name as rank of world_size, meeting the others
+    in the daemons' store (--group-store-dir): returns once every rank has joined (each rank's script calls it with the same name), or raises
+    TimedOutError after the daemon's --group-timeout. device: where the group's tensors
+    live (a cpu device; cuda devices would need NCCL, which tensordd does not build)."""
+    return _group_create(session, name, rank, world_size, device, False)[0]
 
 
 def _run_all(fns) -> list:
@@ -209,15 +236,24 @@ def _run_all(fns) -> list:
 class ProcessGroup:
     """Every rank of a group, driven from this script: rank i is sessions[i]."""
 
-    def __init__(self, sessions, name: str | None = None, device="cpu:0"):
+    def __init__(self, sessions, name: str | None = None, device="cpu:0",
+                 rendezvous: str = "client"):
         self.sessions = list(sessions)
         if not self.sessions:
             raise ValueError("a process group needs at least one session")
+        if rendezvous not in ("client", "store"):
+            raise ValueError(f"rendezvous is 'client' or 'store', not {rendezvous!r}")
         self.name = name or f"tdd-{uuid.uuid4().hex}"
         n = len(self.sessions)
-        self.groups: list[Group] = _run_all([
-            (lambda r=r, s=s: create_group(s, self.name, r, n, device))
-            for r, s in enumerate(self.sessions)])
+        if rendezvous == "store":
+            self.groups: list[Group] = _run_all([
+                (lambda r=r, s=s: create_group(s, self.name, r, n, device))
+                for r, s in enumerate(self.sessions)])
+            return
+        made = [prepare_group(s, self.name, r, n, device) for r, s in enumerate(self.sessions)]
+        self.groups = [g for g, _ in made]
+        addresses = [a for _, a in made]
+        _run_all([(lambda g=g: g.connect(addresses)) for g in self.groups])
 
     @property
     def world_size(self) -> int:
@@ -243,10 +279,12 @@ class ProcessGroup:
             g.release()
 
 
-def init_process_group(sessions, name: str | None = None, device="cpu:0") -> ProcessGroup:
+def init_process_group(sessions, name: str | None = None, device="cpu:0",
+                       rendezvous: str = "client") -> ProcessGroup:
     """Forms a group of the sessions' daemons (rank i: sessions[i]); name defaults to a
-    fresh unique one."""
-    return ProcessGroup(sessions, name, device)
+    fresh unique one; rendezvous: "client" (addresses through this client) or "store"
+    (the daemons' --group-store-dir)."""
+    return ProcessGroup(sessions, name, device, rendezvous)
 
 
 def broadcast_parameters(pg: ProcessGroup, params_per_rank, root: int = 0) -> None:
