@@ -28,3 +28,6 @@ wait "$pid"
 echo
 # its own daemons, one queue per device against the default lanes
 PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/fairness.py "$BUILD"
+echo
+# TLS next to plaintext, its own daemon (certificates made and thrown away by the script)
+BUILD="$BUILD" bash bench/tls.sh 64
