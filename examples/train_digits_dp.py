@@ -7,12 +7,15 @@ no gradient crosses this client), and each replica takes the same Adam step.
     PYTHONPATH=client/python /usr/bin/python3 examples/train_digits_dp.py ENDPOINT ENDPOINT...
         [--epochs N]
 
-Each daemon must be started with --group-store-dir (the same directory for daemons of one
-host, a shared filesystem across hosts), e.g. on one host:
+The daemons' addresses for each other travel through this script (GroupCreate with
+exchange, then GroupConnect); each daemon listens for its peers on --group-address
+(default 127.0.0.1, so on one host nothing else is needed):
 
-    build/tensordd --listen tcp://127.0.0.1:7071 --group-store-dir /tmp/tdd-groups &
-    build/tensordd --listen tcp://127.0.0.1:7072 --group-store-dir /tmp/tdd-groups &
+    build/tensordd --listen tcp://127.0.0.1:7071 &
+    build/tensordd --listen tcp://127.0.0.1:7072 &
     examples/train_digits_dp.py tcp://127.0.0.1:7071 tcp://127.0.0.1:7072
+
+Across hosts, start each with --group-address set to an address the others reach.
 
 The global batch (96) is split into equal shards, one per daemon.
 """
