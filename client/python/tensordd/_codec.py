@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import struct
 
-__all__ = ["ACCELERATED", "encode_op", "frame_op", "frame_download", "frame_release",
-           "parse_tensor_reply"]
+__all__ = ["ACCELERATED", "append_op", "copy_into", "py_append_op", "py_copy_into", "encode_op", "frame_op", "frame_download", "frame_release",
+           "parse_tensor_reply", "py_encode_op", "py_frame_op", "py_frame_download",
+           "py_frame_release"]
 
 _MAGIC = 0x01444454  # _wire.MAGIC
 _pack_header = struct.Struct("<IIQ").pack
@@ -44,7 +45,7 @@ _SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
 _OP_NAMES: dict = {}  # op name -> its encoded Op.op field
 
 
-def encode_op(rid: int, name: str, inputs, out: int) -> bytes:
+def py_encode_op(rid: int, name: str, inputs, out: int) -> bytes:
     """Request{id: rid, op: Op{op: name, inputs, outputs: [out]}}, as protobuf encodes
     it: Request.id is field 1 (varint), Request.op field 14; Op.op field 1, Op.inputs
     field 2 and Op.outputs field 3 (packed varints)."""
@@ -62,20 +63,20 @@ def encode_op(rid: int, name: str, inputs, out: int) -> bytes:
     return b"".join((b"\x08", _varint(rid), b"\x72", _varint(len(body)), body))
 
 
-def frame_op(rid: int, name: str, inputs, out: int) -> bytes:
+def py_frame_op(rid: int, name: str, inputs, out: int) -> bytes:
     """The whole frame (16-byte header, no payload) of encode_op's request."""
-    msg = encode_op(rid, name, inputs, out)
+    msg = py_encode_op(rid, name, inputs, out)
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
-def frame_download(rid: int, handle: int) -> bytes:
+def py_frame_download(rid: int, handle: int) -> bytes:
     """The frame of Request{id: rid, download: Download{handle}} (field 13)."""
     h = _varint(handle)
     msg = b"".join((b"\x08", _varint(rid), b"\x6a", _SMALL_VARINTS[len(h) + 1], b"\x08", h))
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
-def frame_release(rid: int, handles) -> bytes:
+def py_frame_release(rid: int, handles) -> bytes:
     """The frame of Request{id: rid, release: Release{handles}} (field 15; packed)."""
     hs = b"".join([_varint(h) for h in handles])
     if hs:
@@ -86,6 +87,32 @@ def frame_release(rid: int, handles) -> bytes:
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
+def py_append_op(wbuf: bytearray, rid: int, name: str, inputs, out: int) -> int:
+    """frame_op's bytes appended to wbuf; its new length."""
+    wbuf += py_frame_op(rid, name, inputs, out)
+    return len(wbuf)
+
+
+def py_copy_into(dest, src, pos: int) -> tuple:
+    """Copies src[pos:] into dest (a writable C-contiguous buffer) as far as it fits;
+    returns (bytes copied, bytes of dest left to fill)."""
+    view = memoryview(dest)
+    if view.readonly or not view.c_contiguous:
+        raise ValueError("payload buffer must be a writable C-contiguous buffer")
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B") if view.nbytes else memoryview(bytearray())
+    n = max(min(view.nbytes, len(src) - pos), 0)
+    if n:
+        view[:n] = src[pos:pos + n]
+    return n, view.nbytes - n
+
+
+encode_op = py_encode_op
+frame_op = py_frame_op
+append_op = py_append_op
+copy_into = py_copy_into
+frame_download = py_frame_download
+frame_release = py_frame_release
 # Pure Python: replies are decoded by protobuf (a hand-written decoder in Python is
 # no faster than its C++ one); the accelerator decodes the plain ones itself.
 parse_tensor_reply = None
@@ -93,8 +120,9 @@ ACCELERATED = False
 
 if os.environ.get("TENSORDD_PURE", "") in ("", "0"):
     try:
-        from ._speedups import (encode_op, frame_download, frame_op,  # noqa: F811
-                                frame_release, parse_tensor_reply)
+        from ._speedups import (append_op, copy_into, encode_op,  # noqa: F811
+                                frame_download, frame_op, frame_release,
+                                parse_tensor_reply)
         ACCELERATED = True
     except ImportError:
         pass

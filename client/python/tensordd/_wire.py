@@ -25,6 +25,8 @@ import ssl
 import struct
 import time
 
+from ._codec import copy_into as _copy_into
+
 __all__ = [
     "HEADER",
     "HEADER_SIZE",
@@ -473,6 +475,8 @@ class Connection:
 
         The payload, if any, is left in the stream for read_into/skip.
         """
+        if self._journal is None:  # (resume off: nothing to track)
+            return self._read_head_plain()
         while True:
             try:
                 msg_len, payload_len = decode_header(self.read_exact(HEADER_SIZE))
@@ -489,6 +493,28 @@ class Connection:
                 else:
                     self._last_received = rid
         return msg, payload_len
+
+    def _read_head_plain(self) -> tuple[bytes, int]:
+        """read_frame_head without resume: the header parsed in place in the read buffer."""
+        rbuf = self._rbuf
+        pos = self._rpos
+        try:
+            if len(rbuf) - pos < HEADER_SIZE:
+                self._fill(HEADER_SIZE)
+                pos = self._rpos
+            magic, msg_len, payload_len = _unpack_header_from(rbuf, pos)
+            if magic != MAGIC or msg_len > MAX_MESSAGE:
+                decode_header(bytes(rbuf[pos:pos + HEADER_SIZE]))  # (raises FrameError)
+            end = pos + HEADER_SIZE + msg_len
+            if len(rbuf) < end:
+                self._fill(HEADER_SIZE + msg_len)
+                pos = self._rpos
+                end = pos + HEADER_SIZE + msg_len
+        except OSError as e:
+            self._recover(e)  # (resume off: raises it)
+            raise
+        self._rpos = end
+        return bytes(rbuf[pos + HEADER_SIZE:end]), payload_len
 
     def _payload_done(self, n: int) -> None:
         if self._payload_left:
@@ -536,12 +562,12 @@ class Connection:
             n -= k
 
     def _read_into(self, dest) -> None:
+        got, left = _copy_into(dest, self._rbuf, self._rpos)  # what is buffered first
+        self._rpos += got
+        if not left:
+            return
         view = _byte_view(dest)
         n = view.nbytes
-        got = min(n, len(self._rbuf) - self._rpos)
-        if got:
-            view[:got] = self._rbuf[self._rpos: self._rpos + got]
-            self._rpos += got
         while got < n:
             try:
                 r = self.sock.recv_into(view[got:], n - got)

@@ -28,12 +28,13 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import tensordd_pb2 as pb
+from ._codec import append_op as _append_op
 from ._codec import encode_op as _encode_op  # noqa: F401 (tests hold it to protobuf's)
 from ._codec import frame_download as _frame_download
 from ._codec import frame_op as _frame_op
 from ._codec import frame_release as _frame_release
 from ._codec import parse_tensor_reply as _parse_tensor_reply
-from ._wire import ZERO_COPY_THRESHOLD, Connection, FrameError
+from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
 from .errors import Error, error_from_proto, local_error
@@ -174,7 +175,10 @@ class _Call:
 def _as_call(call) -> _Call:
     """A _Call from a request description: the hot paths keep a plain tuple
     (what, handles, outputs) and leave the formatting to an error, if any."""
-    return call if isinstance(call, _Call) else _Call(call[0], call[1], outputs=call[2])
+    if isinstance(call, _Call):
+        return call
+    name, inputs, out = call  # an op of the fast path
+    return _Call("op " + name, tuple(inputs), outputs=(out,))
 
 
 # Devices named by replies: immutable, so one object per (backend, ordinal) is shared.
@@ -365,7 +369,7 @@ class Session:
             return
         handles, self._pending_release = self._pending_release, []
         rid = next(self._ids)
-        self._calls[rid] = ("release", handles, ())
+        self._calls[rid] = _Call("release", handles)
         self._conn.write_frame(_frame_release(rid, handles), rid)
 
     def _check_open(self) -> None:
@@ -412,9 +416,14 @@ class Session:
             self._emit_releases()
         out = next(self._handles)
         rid = next(self._ids)
-        call = self._calls[rid] = ("op " + name, inputs, (out,))
+        self._calls[rid] = call = (name, inputs, out)
+        conn = self._conn
         try:
-            self._conn.write_frame(_frame_op(rid, name, inputs, out), rid)
+            if conn._journal is None:  # (resume on: the frame goes to the journal too)
+                if _append_op(conn._wbuf, rid, name, inputs, out) >= WRITE_HIGH_WATER:
+                    conn.flush()
+            else:
+                conn.write_frame(_frame_op(rid, name, inputs, out), rid)
         except (OSError, FrameError) as e:
             self._fail_io(e, _as_call(call))
         except BaseException:  # interrupted mid-frame: the stream is unusable
@@ -817,7 +826,7 @@ class Session:
         if self._pending_release:
             self._emit_releases()
         rid = next(self._ids)
-        call = self._calls[rid] = ("download", (h,), ())
+        call = self._calls[rid] = _Call("download", (h,))
         conn = self._conn
         self._busy = True
         try:
@@ -853,7 +862,10 @@ class Session:
             t._dtype = dtype_name(wire)
             t._device = _device(backend or "?", ordinal)
             t._requires_grad = bool(rgrad)
-            arr = np.empty(shape, dtype=to_numpy(wire))
+            np_dtype = _NP_DTYPES.get(wire)
+            if np_dtype is None:
+                np_dtype = _NP_DTYPES[wire] = to_numpy(wire)
+            arr = np.empty(shape, dtype=np_dtype)
             bad = arr.nbytes != payload_len
         except Exception as e:  # never leave the payload in the stream
             call = _as_call(call)
@@ -904,6 +916,7 @@ class Session:
 
 
 _BF16 = pb.DTYPE_BF16
+_NP_DTYPES: dict = {}  # wire dtype -> the numpy dtype its payload is read into
 
 
 def _is_torch_tensor(x) -> bool:

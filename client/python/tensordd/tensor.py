@@ -374,6 +374,8 @@ class Tensor:
     # ------------------------------------------------------------ plumbing
 
     def _op(self, name: str, *others, **attrs) -> "Tensor":
+        if not others and not attrs:  # what Session.op does for one tensor input
+            return self._session._op_fast(name, [self._handle])
         return self._session.op(name, self, *others, **attrs)
 
     def _binary(self, name: str, other) -> "Tensor":
