@@ -163,23 +163,28 @@ int tdd_h_graph_end(tdd_req *r)
     tdd_session *s = r->c->s;
     const Tensordd__V1__GraphEnd *ge = r->req->graph_end;
     td_error err;
-    tdd_graph *g = s->capture;
-    if (!g) {
-        tdd_err_arg(&err, "graph_end", "no graph is being recorded (GraphBegin first)");
-        return tdd_answer_error(r, &err);
-    }
-    if (s->inflight) /* the recorded work decides whether the graph is good */
+    /* Synchronising (docs/protocol.md), handled here rather than by the generic path,
+     * which would skip this handler on a pending error and leave the recording on. */
+    if (s->inflight)
         return TDD_DISPATCH_BLOCK;
+    tdd_graph *g = s->capture;
     s->capture = NULL;
     /* The session's pending error first: a refused request put its own there. */
     if (!tdd_report_pending(r)) {
-        if (g->broken)
-            tdd_answer_error(r, &g->err);
-        else if (tdd_handle_check_new(s, ge->graph, &err))
+        int rc;
+        if (!g)
+            rc = tdd_err_arg(&err, "graph_end", "no graph is being recorded (GraphBegin first)");
+        else if (g->broken) {
+            err = g->err;
+            rc = err.code;
+        } else
+            rc = tdd_handle_check_new(s, ge->graph, &err);
+        if (rc)
             tdd_answer_error(r, &err);
     }
     if (r->failed) {
-        graph_unref(g);
+        if (g)
+            graph_unref(g);
         return TDD_DISPATCH_DONE; /* the generic path binds a failed placeholder */
     }
     tdd_handle_add(s, ge->graph, TD_HANDLE_GRAPH, g);
