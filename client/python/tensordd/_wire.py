@@ -412,6 +412,25 @@ class Connection:
         if len(wbuf) >= WRITE_HIGH_WATER:
             self.flush()
 
+    def send_frame(self, frame, rid: int) -> None:
+        """write_frame, then flush: a synchronising request and what was queued before
+        it go out in one send."""
+        if self._journal is not None:
+            self._journal_add(rid, frame)
+            self._wbuf += frame
+            self.flush()
+            return
+        buf = self._wbuf
+        buf += frame
+        self._wbuf = bytearray()
+        try:
+            try:
+                self.sock.sendall(buf)
+            except BlockingIOError:
+                raise _timed_out() from None
+        except OSError as e:
+            self._recover(e)  # (resume off: raises it)
+
     def flush(self) -> None:
         """Sends everything queued."""
         if self._wbuf:
@@ -475,8 +494,26 @@ class Connection:
 
         The payload, if any, is left in the stream for read_into/skip.
         """
-        if self._journal is None:  # (resume off: nothing to track)
-            return self._read_head_plain()
+        if self._journal is None:  # (resume off: nothing to track; parsed in place)
+            rbuf = self._rbuf
+            pos = self._rpos
+            try:
+                if len(rbuf) - pos < HEADER_SIZE:
+                    self._fill(HEADER_SIZE)
+                    pos = self._rpos
+                magic, msg_len, payload_len = _unpack_header_from(rbuf, pos)
+                if magic != MAGIC or msg_len > MAX_MESSAGE:
+                    decode_header(bytes(rbuf[pos:pos + HEADER_SIZE]))  # (raises FrameError)
+                end = pos + HEADER_SIZE + msg_len
+                if len(rbuf) < end:
+                    self._fill(HEADER_SIZE + msg_len)
+                    pos = self._rpos
+                    end = pos + HEADER_SIZE + msg_len
+            except OSError as e:
+                self._recover(e)  # (resume off: raises it)
+                raise
+            self._rpos = end
+            return bytes(rbuf[pos + HEADER_SIZE:end]), payload_len
         while True:
             try:
                 msg_len, payload_len = decode_header(self.read_exact(HEADER_SIZE))
@@ -493,28 +530,6 @@ class Connection:
                 else:
                     self._last_received = rid
         return msg, payload_len
-
-    def _read_head_plain(self) -> tuple[bytes, int]:
-        """read_frame_head without resume: the header parsed in place in the read buffer."""
-        rbuf = self._rbuf
-        pos = self._rpos
-        try:
-            if len(rbuf) - pos < HEADER_SIZE:
-                self._fill(HEADER_SIZE)
-                pos = self._rpos
-            magic, msg_len, payload_len = _unpack_header_from(rbuf, pos)
-            if magic != MAGIC or msg_len > MAX_MESSAGE:
-                decode_header(bytes(rbuf[pos:pos + HEADER_SIZE]))  # (raises FrameError)
-            end = pos + HEADER_SIZE + msg_len
-            if len(rbuf) < end:
-                self._fill(HEADER_SIZE + msg_len)
-                pos = self._rpos
-                end = pos + HEADER_SIZE + msg_len
-        except OSError as e:
-            self._recover(e)  # (resume off: raises it)
-            raise
-        self._rpos = end
-        return bytes(rbuf[pos + HEADER_SIZE:end]), payload_len
 
     def _payload_done(self, n: int) -> None:
         if self._payload_left:

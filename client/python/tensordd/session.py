@@ -177,6 +177,8 @@ def _as_call(call) -> _Call:
     (what, handles, outputs) and leave the formatting to an error, if any."""
     if isinstance(call, _Call):
         return call
+    if len(call) == 2:  # (what, handles)
+        return _Call(call[0], call[1])
     name, inputs, out = call  # an op of the fast path
     return _Call("op " + name, tuple(inputs), outputs=(out,))
 
@@ -186,6 +188,7 @@ _DEVICES: dict = {}
 
 
 def _device(backend: str, ordinal: int) -> Device:
+    """The Device a reply names (as Device._from_proto reads it: "?" for no backend)."""
     dev = _DEVICES.get((backend, ordinal))
     if dev is None:
         dev = _DEVICES[(backend, ordinal)] = Device._from_proto(
@@ -369,7 +372,7 @@ class Session:
             return
         handles, self._pending_release = self._pending_release, []
         rid = next(self._ids)
-        self._calls[rid] = _Call("release", handles)
+        self._calls[rid] = ("release", handles)
         self._conn.write_frame(_frame_release(rid, handles), rid)
 
     def _check_open(self) -> None:
@@ -826,13 +829,12 @@ class Session:
         if self._pending_release:
             self._emit_releases()
         rid = next(self._ids)
-        call = self._calls[rid] = _Call("download", (h,))
+        call = self._calls[rid] = ("download", (h,))
         conn = self._conn
         self._busy = True
         try:
             try:
-                conn.write_frame(_frame_download(rid, h), rid)
-                conn.flush()
+                conn.send_frame(_frame_download(rid, h), rid)
                 raw_msg, payload_len = conn.read_frame_head()
             except (OSError, FrameError) as e:
                 self._fail_io(e, _as_call(call))
@@ -846,7 +848,8 @@ class Session:
         plain = _parse_tensor_reply(raw_msg) if _parse_tensor_reply is not None else None
         if plain is not None and plain[0] == rid:
             _, _, wire, shape, backend, ordinal, rgrad = plain
-            self._forget_calls()
+            if len(self._calls) > _CALL_MEMORY:
+                self._forget_calls()
         else:  # protobuf's decoding, and every check of _roundtrip
             call = _as_call(call)
             resp, payload_len = self._reply(raw_msg, rid, payload_len, call)
@@ -860,7 +863,7 @@ class Session:
         try:
             t._shape = shape
             t._dtype = dtype_name(wire)
-            t._device = _device(backend or "?", ordinal)
+            t._device = _DEVICES.get((backend, ordinal)) or _device(backend, ordinal)
             t._requires_grad = bool(rgrad)
             np_dtype = _NP_DTYPES.get(wire)
             if np_dtype is None:
