@@ -75,7 +75,13 @@ static inline bool tdd_dtype_is_float(td_dtype dt)
 
 static inline bool tdd_dtype_is_int(td_dtype dt)
 {
-    return dt == TD_I32 || dt == TD_I64;
+    return dt == TD_I32 || dt == TD_I64 || dt == TD_U8 || dt == TD_I8 || dt == TD_I16;
+}
+
+/* uint8, int8, int16: the small integers (most kernels take them through the reference). */
+static inline bool tdd_dtype_is_small_int(td_dtype dt)
+{
+    return dt == TD_U8 || dt == TD_I8 || dt == TD_I16;
 }
 
 /* C leaves out-of-range float->int conversion undefined; we saturate (NaN -> 0). */
@@ -108,6 +114,12 @@ static inline double tdd_load_f(const void *base, td_dtype dt, int64_t i)
         return (double)((const int64_t *)base)[i];
     case TD_BOOL:
         return ((const uint8_t *)base)[i] ? 1.0 : 0.0;
+    case TD_U8:
+        return ((const uint8_t *)base)[i];
+    case TD_I8:
+        return ((const int8_t *)base)[i];
+    case TD_I16:
+        return ((const int16_t *)base)[i];
     case TD_DTYPE_INVALID:
     case TD_DTYPE_COUNT:
         break;
@@ -125,6 +137,12 @@ static inline int64_t tdd_load_i(const void *base, td_dtype dt, int64_t i)
         return ((const int64_t *)base)[i];
     case TD_BOOL:
         return ((const uint8_t *)base)[i] ? 1 : 0;
+    case TD_U8:
+        return ((const uint8_t *)base)[i];
+    case TD_I8:
+        return ((const int8_t *)base)[i];
+    case TD_I16:
+        return ((const int16_t *)base)[i];
     case TD_F32:
     case TD_F64:
     case TD_F16:
@@ -159,6 +177,9 @@ static inline void tdd_store_f(void *base, td_dtype dt, int64_t i, double v)
         return;
     case TD_I32:
     case TD_I64:
+    case TD_U8:
+    case TD_I8:
+    case TD_I16:
         tdd_store_i(base, dt, i, tdd_sat_i64(v));
         return;
     case TD_DTYPE_INVALID:
@@ -178,6 +199,15 @@ static inline void tdd_store_i(void *base, td_dtype dt, int64_t i, int64_t v)
         return;
     case TD_BOOL:
         ((uint8_t *)base)[i] = v != 0;
+        return;
+    case TD_U8: /* the narrow integers wrap, like a C cast of the int64 */
+        ((uint8_t *)base)[i] = (uint8_t)(uint64_t)v;
+        return;
+    case TD_I8:
+        ((int8_t *)base)[i] = (int8_t)(uint8_t)(uint64_t)v;
+        return;
+    case TD_I16:
+        ((int16_t *)base)[i] = (int16_t)(uint16_t)(uint64_t)v;
         return;
     case TD_F32:
     case TD_F64:

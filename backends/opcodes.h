@@ -72,6 +72,9 @@ typedef enum {
     X(TRIL, "tril", 1, 1, INDEX)                                                                   \
     X(TRIU, "triu", 1, 1, INDEX)                                                                   \
     X(PAD, "pad", 1, 1, INDEX)                                                                     \
+    X(SORT, "sort", 1, 1, INDEX)                                                                   \
+    X(ARGSORT, "argsort", 1, 1, INDEX)                                                             \
+    X(TOPK, "topk", 1, 1, INDEX)                                                                   \
     X(CROSS_ENTROPY, "cross_entropy", 2, 3, NN)                                                    \
     X(NLL_LOSS, "nll_loss", 2, 3, NN)                                                              \
     X(MSE_LOSS, "mse_loss", 2, 2, NN)                                                              \
@@ -97,6 +100,29 @@ typedef enum {
 #undef TDD__OP_ENUM
         TDD_OP_COUNT
 } tdd_op;
+
+/* sort/argsort/topk's order: whether a sorts before b (value, then position: stable), NaN
+ * last ascending and first descending, as PyTorch's. */
+TDD_HD int tdd_sort_before(double a, int64_t ia, double b, int64_t ib, int descending)
+{
+    int an = a != a, bn = b != b;
+    if (an || bn) {
+        if (an && bn)
+            return ia < ib;
+        return descending ? an : bn; /* NaN is the largest */
+    }
+    if (a == b)
+        return ia < ib;
+    return descending ? a > b : a < b;
+}
+
+/* The same on integers (exact beyond 2^53). */
+TDD_HD int tdd_sort_before_i(int64_t a, int64_t ia, int64_t b, int64_t ib, int descending)
+{
+    if (a == b)
+        return ia < ib;
+    return descending ? a > b : a < b;
+}
 
 /* pad's source index for position k (counted from the input's start) of a dim of size n > 0,
  * in mode 1 reflect, 2 replicate, 3 circular (tdd_op_prepare keeps reflect within one

@@ -35,7 +35,9 @@ const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
     {                                                                                              \
         nm, TDD_AT_##ty, false, def, bnd, true                                                     \
     }
-#define DTYPE_NAMES "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool"
+#define DTYPE_NAMES                                                                                \
+    "float32|float|float64|double|float16|half|bfloat16|int32|int|int64|long|bool|uint8|int8|"     \
+    "int16|short"
 /* creation ops: the dtype as a numpy name, when the request's dtype field is not set */
 #define DTYPE_ATTR(def) AX("dtype", STR, def, DTYPE_NAMES)
 #define REDUCTION_ATTR A("reduction", STR, "\"mean\"", "mean|sum|none")
@@ -93,6 +95,12 @@ static const tdd_attrdef s_pad[] = {
     A("mode", STR, "\"constant\"",
       "constant|reflect|replicate|circular (these pad the last 1-3 dims of a (batched) input)"),
     A("value", NUM, "0", "fits the input's dtype; mode constant only")};
+static const tdd_attrdef s_sort[] = {A("dim", INT, "-1", "[-ndim, ndim)"),
+                                     A("descending", BOOL, "false", NULL),
+                                     A("stable", BOOL, "false", "every sort here is stable")};
+static const tdd_attrdef s_topk[] = {
+    R("k", INT, "[0, the dim's size]"), A("dim", INT, "-1", "[-ndim, ndim)"),
+    A("largest", BOOL, "true", NULL), A("sorted", BOOL, "true", "the k come sorted either way")};
 static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
                                               A("label_smoothing", NUM, "0", "[0, 1]")};
 static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
@@ -244,6 +252,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_TRIL] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_TRIU] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_PAD] = S("input", s_pad),
+    [TDD_OP_SORT] = S("input (outputs: values, int64 indices)", s_sort),
+    [TDD_OP_ARGSORT] = S("input (output: int64 indices)", s_sort),
+    [TDD_OP_TOPK] = S("input (outputs: values, int64 indices)", s_topk),
     [TDD_OP_CROSS_ENTROPY] =
         S("input [N, C, d...] or [C], target (int64 [N, d...] or []; or class probabilities "
           "shaped as the input), weight [C] (optional)",
@@ -627,7 +638,8 @@ static td_dtype dtype_by_name(const char *s)
         td_dtype dt;
     } names[] = {{"float32", TD_F32}, {"float", TD_F32}, {"float64", TD_F64},   {"double", TD_F64},
                  {"float16", TD_F16}, {"half", TD_F16},  {"bfloat16", TD_BF16}, {"int32", TD_I32},
-                 {"int", TD_I32},     {"int64", TD_I64}, {"long", TD_I64},      {"bool", TD_BOOL}};
+                 {"int", TD_I32},     {"int64", TD_I64}, {"long", TD_I64},      {"bool", TD_BOOL},
+                 {"uint8", TD_U8},    {"int8", TD_I8},   {"int16", TD_I16},     {"short", TD_I16}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(names[i].name, s) == 0)
             return names[i].dt;
@@ -682,7 +694,8 @@ int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt)
                                a->f, td_dtype_name(dt));
         return 0;
     }
-    int64_t lo = dt == TD_I32 ? INT32_MIN : INT64_MIN, hi = dt == TD_I32 ? INT32_MAX : INT64_MAX;
+    int64_t lo, hi;
+    tdd_int_range(dt, &lo, &hi);
     if (a->kind == TD_ATTR_INT) {
         if (a->i < lo || a->i > hi)
             return tdd_err_arg(p->err, a->name, "%s: %s = %lld does not fit in %s", p->name,
@@ -690,7 +703,7 @@ int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt)
         return 0;
     }
     /* [lo, hi] as doubles: lo is exact; hi + 1 is a power of two, exact too */
-    if (!(a->f >= (double)lo && (dt == TD_I32 ? a->f <= (double)hi : a->f < -(double)lo)))
+    if (!(a->f >= (double)lo && (dt != TD_I64 ? a->f <= (double)hi : a->f < -(double)lo)))
         return tdd_err_arg(p->err, a->name, "%s: %s = %g does not fit in %s", p->name, a->name,
                            a->f, td_dtype_name(dt));
     return 0;
@@ -701,6 +714,35 @@ int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt)
 static int fl_rank(td_dtype d)
 {
     return d == TD_F64 ? 3 : d == TD_F32 ? 2 : 1; /* f16 and bf16 */
+}
+
+static int int_rank(td_dtype d)
+{
+    return d == TD_I64 ? 4 : d == TD_I32 ? 3 : d == TD_I16 ? 2 : 1; /* int8 */
+}
+
+void tdd_int_range(td_dtype dt, int64_t *lo, int64_t *hi)
+{
+    switch (dt) {
+    case TD_U8:
+        *lo = 0, *hi = UINT8_MAX;
+        return;
+    case TD_I8:
+        *lo = INT8_MIN, *hi = INT8_MAX;
+        return;
+    case TD_I16:
+        *lo = INT16_MIN, *hi = INT16_MAX;
+        return;
+    case TD_I32:
+        *lo = INT32_MIN, *hi = INT32_MAX;
+        return;
+    case TD_BOOL:
+        *lo = 0, *hi = 1;
+        return;
+    default:
+        *lo = INT64_MIN, *hi = INT64_MAX;
+        return;
+    }
 }
 
 td_dtype tdd_promote(td_dtype a, td_dtype b)
@@ -719,9 +761,13 @@ td_dtype tdd_promote(td_dtype a, td_dtype b)
         return a;
     if (fb)
         return b;
-    if (a == TD_I64 || b == TD_I64)
-        return TD_I64;
-    return TD_I32; /* i32 with bool */
+    if (a == TD_BOOL || b == TD_BOOL)
+        return a == TD_BOOL ? b : a;
+    if (a == TD_U8 || b == TD_U8) { /* uint8 with int8 needs int16; the wider signed hold it */
+        td_dtype o = a == TD_U8 ? b : a;
+        return o == TD_I8 ? TD_I16 : o;
+    }
+    return int_rank(a) >= int_rank(b) ? a : b;
 }
 
 /* PyTorch's combine_categories: the lower-priority group (0-dim tensors,

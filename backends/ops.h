@@ -122,6 +122,8 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      flags bit 0/1 = a/b was 1-D, bit 2 = linear has bias
  *  views: out_view (the output is a view: kernels do nothing); a copy otherwise
  *  cat/stack/gather/scatter_add/index_select/split/chunk/tril/triu: i[0] dim or diagonal
+ *  sort/argsort/topk: i[0] dim, i[1] descending (topk: largest), i[2] how many of each line
+ *      are written (the dim's size; topk: k)
  *  one_hot: i[0] classes   pad: ints[0] per-dim before-pad, f[0] value, i[0] mode (0 constant,
  *      1 reflect, 2 replicate, 3 circular; circular: ints[1], ints[2] the kept input range's
  *      start and length, tdd_pad_at)
@@ -206,7 +208,11 @@ int tdd_err_dtypes(td_error *err, td_dtype expected, td_dtype got, const char *f
 int tdd_err_resource(td_error *err, const char *resource, uint64_t requested, uint64_t available,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* PyTorch's type promotion of two dtypes (bool < ints < floats; f16+bf16 = f32). */
+/* The values integer dtype dt holds (bool: 0, 1; int64 and the floats: int64's). */
+void tdd_int_range(td_dtype dt, int64_t *lo, int64_t *hi);
+
+/* PyTorch's type promotion of two dtypes (bool < ints < floats; uint8+int8 = int16;
+ * f16+bf16 = f32). */
 td_dtype tdd_promote(td_dtype a, td_dtype b);
 
 #endif

@@ -505,8 +505,9 @@ int tdd_prep_create(tdd_prep *p)
         g->n[0] = g->f[0] != 0.0; /* nonzero (NaN too) is true: 0.5 is not truncated to 0 */
     if (p->op == TDD_OP_RANDINT && dt != TD_F32 && dt != TD_F64) {
         /* every draw in [low, high) must fit the dtype, as PyTorch's check */
-        int64_t lo = dt == TD_I32 ? INT32_MIN : dt == TD_I64 ? INT64_MIN : -65504;
-        int64_t hi = dt == TD_I32 ? INT32_MAX : dt == TD_I64 ? INT64_MAX : 65504;
+        int64_t lo = -65504, hi = 65504; /* float16 */
+        if (tdd_dtype_is_int(dt))
+            tdd_int_range(dt, &lo, &hi);
         if (dt == TD_BF16)
             lo = INT64_MIN, hi = INT64_MAX; /* bfloat16 holds the int64 range */
         if (g->n[0] < lo)

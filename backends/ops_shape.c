@@ -432,6 +432,37 @@ static int prep_index(tdd_prep *p)
         g->i[0] = d;
         break;
     }
+    case TDD_OP_SORT:
+    case TDD_OP_ARGSORT:
+    case TDD_OP_TOPK: {
+        bool desc, unused;
+        bool topk = p->op == TDD_OP_TOPK;
+        if ((rc = tdd_p_int(p, "dim", -1, &dv)) || (rc = tdd_p_dim(p, "dim", dv, nd, &d)) ||
+            (rc = tdd_p_bool(p, topk ? "largest" : "descending", topk, &desc)) ||
+            (rc = tdd_p_bool(p, topk ? "sorted" : "stable", true, &unused)))
+            return rc;
+        int64_t L = nd ? a->shape[d] : 1, k = L;
+        if (topk) {
+            if (!tdd_p_get(p, "k"))
+                return tdd_p_missing(p, "k");
+            if ((rc = tdd_p_int(p, "k", 0, &k)))
+                return rc;
+            if (k < 0 || k > L)
+                return tdd_err_arg(p->err, "k", "topk: k = %lld is out of range for a dim of %lld",
+                                   (long long)k, (long long)L);
+            if (nd)
+                shape[d] = k;
+        }
+        g->i[0] = d;
+        g->i[1] = desc;
+        g->i[2] = k;
+        if (p->op == TDD_OP_ARGSORT) {
+            g->dtype = TD_I64;
+        } else {
+            tdd_p_out(p, 1, TD_I64, shape, nd);
+        }
+        break;
+    }
     case TDD_OP_INDEX_SELECT: {
         const tdd_tensor *ix = p->in[1];
         if (!tdd_p_get(p, "dim"))

@@ -48,6 +48,9 @@ static const struct {
     [TD_I32] = {"int32", 4},
     [TD_I64] = {"int64", 8},
     [TD_BOOL] = {"bool", 1},
+    [TD_U8] = {"uint8", 1},
+    [TD_I8] = {"int8", 1},
+    [TD_I16] = {"int16", 2},
 };
 
 const char *td_dtype_name(td_dtype dt)

@@ -1222,6 +1222,20 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
     case TDD_OP_GATHER:
         gin[0] = scatter_into_zeros(b, xi, n->in[1].v, g, a->i[0]);
         break;
+    case TDD_OP_SORT:
+    case TDD_OP_TOPK: {
+        /* the values' gradient back to where they came from: the indices again (the sort is
+         * deterministic), scattered into the input's shape */
+        bool tk = n->op == TDD_OP_TOPK;
+        td_attr at[3] = {A_INT(tk ? "k" : "dim", tk ? a->i[2] : a->i[0]),
+                         A_INT(tk ? "dim" : "descending", tk ? a->i[0] : a->i[1]),
+                         A_B("largest", a->i[1] != 0)};
+        tdd_value *x = xi->v, *o[2] = {NULL, NULL};
+        if (!g || tdd_bw_op_n(b, n->op, &x, 1, at, tk ? 3 : 2, o, 2))
+            break;
+        gin[0] = scatter_into_zeros(b, xi, o[1], g, xi->ndim ? a->i[0] : 0);
+        break;
+    }
     case TDD_OP_SCATTER_ADD: {
         gin[0] = g;
         if (n->in[2].needs_grad) {

@@ -23,7 +23,10 @@ typedef enum {
     TD_I32 = 5,
     TD_I64 = 6,
     TD_BOOL = 7,
-    TD_DTYPE_COUNT = 8
+    TD_U8 = 8,
+    TD_I8 = 9,
+    TD_I16 = 10,
+    TD_DTYPE_COUNT = 11
 } td_dtype;
 
 const char *td_dtype_name(td_dtype dt); /* "float32", "int64", ... (numpy's names) */

@@ -495,6 +495,15 @@ bool tdd_cpu_native(const tdd_opcall *c)
     const tdd_opargs *g = c->args;
     td_dtype ct = g->cdtype;
     int arity = (unsigned)c->op < TDD_OP_COUNT ? tdd_ew_arity(c->op) : 0;
+    /* uint8, int8, int16 anywhere: the reference's kernels (documented in docs/ops.md) */
+    for (int k = 0; k < c->n_in; k++)
+        if (tdd_dtype_is_small_int(c->in[k]->dtype))
+            return false;
+    for (int k = 0; k < c->n_out; k++)
+        if (tdd_dtype_is_small_int(c->out[k]->dtype))
+            return false;
+    if (tdd_dtype_is_small_int(g->cdtype))
+        return false;
     if (c->op == TDD_OP_CLAMP && c->n_in > 1)
         return false; /* tensor bounds: the reference's maximum then minimum */
     if (arity)

@@ -396,6 +396,9 @@ static void dropout_run(void *vc, int64_t n, const int64_t *off, const int64_t *
     case TD_I32:
     case TD_I64:
     case TD_BOOL:
+    case TD_U8: /* the small integers run on ref (tdd_cpu_native) */
+    case TD_I8:
+    case TD_I16:
     case TD_DTYPE_INVALID:
     case TD_DTYPE_COUNT:
         break;

@@ -167,6 +167,9 @@ static tdd_iter_fn red_fn(td_dtype dt)
     case TD_I64:
         return red_run_i64;
     case TD_BOOL:
+    case TD_U8: /* the small integers run on ref (tdd_cpu_native) */
+    case TD_I8:
+    case TD_I16:
     case TD_DTYPE_INVALID:
     case TD_DTYPE_COUNT:
         break;

@@ -541,6 +541,10 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
         return 0;
+    case TDD_OP_SORT:
+    case TDD_OP_ARGSORT:
+    case TDD_OP_TOPK: /* ranks of dense lines, any dtype */
+        return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
     case TDD_OP_LINSPACE:
@@ -1346,6 +1350,8 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
         return t->dtype;
     if (c->op == TDD_OP_WHERE) /* a select: both values in the promoted dtype */
         return out || t == c->in[0] ? t->dtype : c->out[0]->dtype;
+    if (c->op == TDD_OP_SCATTER_ADD && t != c->in[1] && tdd_dtype_is_small_int(t->dtype))
+        return TD_I32; /* atomic adds of 4 bytes; the sums wrap back the same way */
     if (c->op == TDD_OP_MASKED_FILL && c->n_in == 3 && !out && t == c->in[2])
         return c->out[0]->dtype; /* the value tensor, converted to the output's dtype */
     switch (c->op) {
@@ -1385,6 +1391,10 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
+        return true;
+    case TDD_OP_SORT:
+    case TDD_OP_ARGSORT:
+    case TDD_OP_TOPK:
         return true;
     case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
     case TDD_OP_NLL_LOSS:
@@ -1588,6 +1598,26 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         return exec_join(dv, c);
     case TDD_OP_PAD:
         return exec_pad(dv, c);
+    case TDD_OP_SORT:
+    case TDD_OP_ARGSORT:
+    case TDD_OP_TOPK: {
+        const tdd_tensor *x = c->in[0];
+        const tdd_opargs *g = c->args;
+        int d = (int)g->i[0];
+        int64_t outer = 1, inner = 1, L = x->ndim ? x->shape[d] : 1;
+        for (int k = 0; k < x->ndim; k++) {
+            if (k < d)
+                outer *= x->shape[k];
+            else if (k > d)
+                inner *= x->shape[k];
+        }
+        bool arg = c->op == TDD_OP_ARGSORT;
+        return cuda_rc(dv,
+                       tdc_sort(&dv->kd, tdd_data(x), (int)x->dtype, (int)td_dtype_size(x->dtype),
+                                outer, L, inner, g->i[2], (int)g->i[1], arg ? NULL : tdd_data(y),
+                                (int64_t *)tdd_data(arg ? y : c->out[1])),
+                       tdd_opdefs[c->op].name);
+    }
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
         return exec_tri(dv, c);

@@ -223,7 +223,8 @@ __global__ void copy_kernel(__grid_constant__ const tdc_layout l, T *y, const T 
     }
 }
 
-// dtype numbers are td_dtype's (tensordd.h): 1 f32, 2 f64, 3 f16, 4 bf16, 5 i32, 6 i64, 7 bool.
+// dtype numbers are td_dtype's (tensordd.h): 1 f32, 2 f64, 3 f16, 4 bf16, 5 i32, 6 i64, 7 bool,
+// 8 u8, 9 i8, 10 i16.
 __device__ __forceinline__ bool dt_is_float(int dt)
 {
     return dt >= 1 && dt <= 4;
@@ -244,6 +245,12 @@ __device__ __forceinline__ double load_f(const void *p, int dt, int64_t i)
         return ((const int32_t *)p)[i];
     case 6:
         return (double)((const int64_t *)p)[i];
+    case 8:
+        return ((const uint8_t *)p)[i];
+    case 9:
+        return ((const int8_t *)p)[i];
+    case 10:
+        return ((const int16_t *)p)[i];
     default:
         return ((const uint8_t *)p)[i] ? 1.0 : 0.0;
     }
@@ -257,6 +264,12 @@ __device__ __forceinline__ int64_t load_i(const void *p, int dt, int64_t i)
         return ((const int64_t *)p)[i];
     if (dt == 7)
         return ((const uint8_t *)p)[i] != 0;
+    if (dt == 8)
+        return ((const uint8_t *)p)[i];
+    if (dt == 9)
+        return ((const int8_t *)p)[i];
+    if (dt == 10)
+        return ((const int16_t *)p)[i];
     double v = load_f(p, dt, i); // saturate, NaN -> 0, as the host backends do
     if (v != v)
         return 0;
@@ -294,6 +307,15 @@ __global__ void cast_kernel(__grid_constant__ const tdc_layout l, void *y, int y
         case 6:
             ((int64_t *)y)[yo] = load_i(x, xdt, xo);
             break;
+        case 8: // the narrow integers wrap too
+            ((uint8_t *)y)[yo] = (uint8_t)(uint64_t)load_i(x, xdt, xo);
+            break;
+        case 9:
+            ((int8_t *)y)[yo] = (int8_t)(uint8_t)(uint64_t)load_i(x, xdt, xo);
+            break;
+        case 10:
+            ((int16_t *)y)[yo] = (int16_t)(uint16_t)(uint64_t)load_i(x, xdt, xo);
+            break;
         default:
             ((uint8_t *)y)[yo] =
                 dt_is_float(xdt) ? load_f(x, xdt, xo) != 0.0 : load_i(x, xdt, xo) != 0;
@@ -320,15 +342,24 @@ __device__ __forceinline__ void store_f(void *y, int dt, int64_t i, double v)
         ((__nv_bfloat16 *)y)[i] = __float2bfloat16_rn((float)v);
         break;
     case 5:
-    case 6: {
+    case 6:
+    case 8:
+    case 9:
+    case 10: {
         int64_t n = v != v                        ? 0
                     : v >= 9223372036854775807.0  ? INT64_MAX
                     : v <= -9223372036854775808.0 ? INT64_MIN
                                                   : (int64_t)v;
         if (dt == 5)
             ((int32_t *)y)[i] = (int32_t)(uint32_t)(uint64_t)n;
-        else
+        else if (dt == 6)
             ((int64_t *)y)[i] = n;
+        else if (dt == 8)
+            ((uint8_t *)y)[i] = (uint8_t)(uint64_t)n;
+        else if (dt == 9)
+            ((int8_t *)y)[i] = (int8_t)(uint8_t)(uint64_t)n;
+        else
+            ((int16_t *)y)[i] = (int16_t)(uint16_t)(uint64_t)n;
         break;
     }
     default:
@@ -348,6 +379,15 @@ __device__ __forceinline__ void store_i(void *y, int dt, int64_t i, int64_t v)
         break;
     case 7:
         ((uint8_t *)y)[i] = v != 0;
+        break;
+    case 8:
+        ((uint8_t *)y)[i] = (uint8_t)(uint64_t)v;
+        break;
+    case 9:
+        ((int8_t *)y)[i] = (int8_t)(uint8_t)(uint64_t)v;
+        break;
+    case 10:
+        ((int16_t *)y)[i] = (int16_t)(uint16_t)(uint64_t)v;
         break;
     default:
         store_f(y, dt, i, (double)v);
@@ -540,6 +580,35 @@ template <typename T> __global__ void eye_kernel(T *y, int64_t rows, int64_t col
 {
     for (int64_t i = gtid(); i < rows * cols; i += gstride())
         y[i] = (i / cols == i % cols) ? one : (T)0;
+}
+
+// sort/argsort/topk: one thread per element counts the line's elements that sort before it
+// (stable; O(L) each) and writes itself at that rank when it is below K.
+template <typename U>
+__global__ void sort_kernel(const U *x, int dt, int64_t outer, int64_t L, int64_t inner, int64_t K,
+                            int desc, U *y, int64_t *idx)
+{
+    const int64_t n = outer * L * inner;
+    const bool fl = dt_is_float(dt);
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t i = e % inner, l = (e / inner) % L, o = e / (inner * L);
+        int64_t base = o * L * inner + i, rank = 0;
+        if (fl) {
+            double v = load_f(x, dt, e);
+            for (int64_t q = 0; q < L; q++)
+                rank += tdd_sort_before(load_f(x, dt, base + q * inner), q, v, l, desc);
+        } else {
+            int64_t v = load_i(x, dt, e);
+            for (int64_t q = 0; q < L; q++)
+                rank += tdd_sort_before_i(load_i(x, dt, base + q * inner), q, v, l, desc);
+        }
+        if (rank < K) {
+            int64_t at = o * K * inner + rank * inner + i;
+            if (y)
+                y[at] = x[e];
+            idx[at] = l;
+        }
+    }
 }
 
 template <typename T>
@@ -1418,6 +1487,38 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
         break;
     case 8:
         tdc_launch(g, kThreads, 0, s, eye_kernel<uint64_t>)((uint64_t *)y, rows, cols, one);
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_sort(const tdc_dev *d, const void *x, int dt, int elsize, int64_t outer,
+                                int64_t L, int64_t inner, int64_t K, int descending, void *y,
+                                int64_t *idx)
+{
+    int64_t n = outer * L * inner;
+    if (n == 0 || K == 0)
+        return cudaSuccess;
+    int g = grid_for(d, n);
+    cudaStream_t s = d->stream;
+    switch (elsize) {
+    case 1:
+        tdc_launch(g, kThreads, 0, s, sort_kernel<uint8_t>)((const uint8_t *)x, dt, outer, L, inner,
+                                                            K, descending, (uint8_t *)y, idx);
+        break;
+    case 2:
+        tdc_launch(g, kThreads, 0, s, sort_kernel<uint16_t>)(
+            (const uint16_t *)x, dt, outer, L, inner, K, descending, (uint16_t *)y, idx);
+        break;
+    case 4:
+        tdc_launch(g, kThreads, 0, s, sort_kernel<uint32_t>)(
+            (const uint32_t *)x, dt, outer, L, inner, K, descending, (uint32_t *)y, idx);
+        break;
+    case 8:
+        tdc_launch(g, kThreads, 0, s, sort_kernel<uint64_t>)(
+            (const uint64_t *)x, dt, outer, L, inner, K, descending, (uint64_t *)y, idx);
         break;
     default:
         return cudaErrorInvalidValue;

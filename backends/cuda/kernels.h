@@ -85,6 +85,11 @@ typedef struct {
 } tdc_padmode;
 cudaError_t tdc_pad_mode(const tdc_dev *d, const tdc_padmode *p, void *y, const void *x,
                          int elsize);
+/* sort/argsort/topk over dense x [outer, L, inner] (dtype dt, elsize bytes): element l of a
+ * line goes to position rank (tdd_sort_before) when rank < K: y (NULL: argsort) and idx
+ * [outer, K, inner]. */
+cudaError_t tdc_sort(const tdc_dev *d, const void *x, int dt, int elsize, int64_t outer, int64_t L,
+                     int64_t inner, int64_t K, int descending, void *y, int64_t *idx);
 cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y, const uint8_t *cond,
                        const void *a, const void *b, int elsize, uint64_t bits);
 

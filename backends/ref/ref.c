@@ -46,6 +46,9 @@ double ref_round(td_dtype dt, double v)
     case TD_I32:
     case TD_I64:
     case TD_BOOL:
+    case TD_U8:
+    case TD_I8:
+    case TD_I16:
     case TD_DTYPE_INVALID:
     case TD_DTYPE_COUNT:
         break;

@@ -181,6 +181,33 @@ int ref_index_op(const tdd_opcall *c)
                 ref_seti(y, ref_index(y, i), 0);
         }
         return 0;
+    case TDD_OP_SORT:
+    case TDD_OP_ARGSORT:
+    case TDD_OP_TOPK: {
+        /* each element's rank in its line (stable, NaN as the largest): element j goes to
+         * position rank when rank < K */
+        bool arg = c->op == TDD_OP_ARGSORT, fl = tdd_dtype_is_float(a->dtype);
+        tdd_tensor *ix = arg ? c->out[0] : c->out[1];
+        int64_t m = tdd_numel(a), L = a->ndim ? a->shape[d] : 1, st = a->ndim ? a->strides[d] : 0;
+        int desc = (int)g->i[1];
+        for (int64_t i = 0; i < m; i++) {
+            ref_unravel(i, a->shape, a->ndim, idx);
+            int64_t j = a->ndim ? idx[d] : 0, ao = at_idx(a, idx), base = ao - j * st, rank = 0;
+            for (int64_t q = 0; q < L; q++) {
+                int64_t qo = base + q * st;
+                rank += fl ? tdd_sort_before(ref_getf(a, qo), q, ref_getf(a, ao), j, desc)
+                           : tdd_sort_before_i(ref_geti(a, qo), q, ref_geti(a, ao), j, desc);
+            }
+            if (rank >= g->i[2])
+                continue;
+            if (a->ndim)
+                idx[d] = rank;
+            if (!arg)
+                move1(y, at_idx(y, idx), a, ao);
+            ref_seti(ix, at_idx(ix, idx), j);
+        }
+        return 0;
+    }
     case TDD_OP_PAD:
         for (int64_t i = 0; i < n && g->i[0]; i++) { /* reflect, replicate, circular */
             ref_unravel(i, y->shape, y->ndim, idx);

@@ -16,8 +16,8 @@ static const struct {
     const char *descr;
     td_dtype dt;
 } descrs[] = {
-    {"<f4", TD_F32}, {"<f8", TD_F64}, {"<f2", TD_F16},
-    {"<i4", TD_I32}, {"<i8", TD_I64}, {"|b1", TD_BOOL},
+    {"<f4", TD_F32},  {"<f8", TD_F64}, {"<f2", TD_F16}, {"<i4", TD_I32}, {"<i8", TD_I64},
+    {"|b1", TD_BOOL}, {"|u1", TD_U8},  {"|i1", TD_I8},  {"<i2", TD_I16},
 };
 
 static int fail(char *why, size_t len, const char *msg, const char *arg)

@@ -677,7 +677,8 @@ static const conf_case *first_row(const char *op)
  * that prepared (an op/dtype prepare refuses with a typed error is not applicable). */
 static int gen_table_case(const conf_case *c, int *failures)
 {
-    static const char dts[] = "sdhbilo";
+    static const char dts[] = "sdhbilouc"
+                              "w"; /* every dtype */
     int ran = 0;
     for (const char *l = dts; *l; l++) {
         td_dtype dt = conf_dtype_of(*l);

@@ -10,10 +10,15 @@
 #include "dtype.h"
 #include "test_conformance.h"
 
-#define F "sd"       /* float dtypes run natively on cpu */
-#define FA "sdhb"    /* every float dtype */
-#define NUM "sdhbil" /* every numeric dtype */
-#define ALL "sdhbilo"
+#define F "sd"    /* float dtypes run natively on cpu */
+#define FA "sdhb" /* every float dtype */
+#define NUM                                                                                        \
+    "sdhbiluc"                                                                                     \
+    "w" /* every numeric dtype */
+#define ALL                                                                                        \
+    "sdhbilouc"                                                                                    \
+    "w"
+#define SNUM "sdhbilcw" /* the dtypes that hold a negative value */
 
 const conf_case conf_cases[] = {
     /* binary: broadcasting edge cases, scalar forms, 0-size, 1-element, large */
@@ -62,7 +67,7 @@ const conf_case conf_cases[] = {
     {"atan2", {"x:300,200", "x:300,200T"}, "", "sdilo", 1},
     {"where", {"b:3,4", "x:3,4", "x:4"}, "", ALL, 1},
     {"where", {"b:3,1", "x:1,4", "x:3,4"}, "", F, 1},
-    {"masked_fill", {"x:3,4", "b:4"}, "value=-1.5", NUM, 1},
+    {"masked_fill", {"x:3,4", "b:4"}, "value=-1.5", SNUM, 1},
     {"masked_fill", {"x:4", "b:3,4"}, "value=2", NUM, 1},  /* the mask broadcasts the input */
     {"masked_fill", {"x:3,1", "b:1,4", "x:"}, "", ALL, 1}, /* a 0-d value tensor */
     {"masked_fill", {"x:4,5T", "b:5", "x:"}, "", F, 1},
@@ -269,7 +274,7 @@ const conf_case conf_cases[] = {
     {"triu", {"x:2,0,3"}, "", F, 1},
     {"tril", {"x:2,300,200"}, "", ALL, 1},
     {"triu", {"x:300,300S"}, "diagonal=3", ALL, 1},
-    {"pad", {"x:2,3,4"}, "pad=[-1,2,1,-1,1,0];value=-2.5", ALL, 1},
+    {"pad", {"x:2,3,4"}, "pad=[-1,2,1,-1,1,0];value=-2.5", SNUM "o", 1},
     {"pad", {"x:3,4"}, "pad=[0,0,-3,1]", F, 1},
     {"pad", {"x:3,4"}, "pad=[-4,1]", F, 1},
     {"pad", {"x:5"}, "pad=[2,3];value=1.75", ALL, 1},
@@ -356,6 +361,13 @@ const conf_case conf_cases[] = {
     {"cross_entropy", {"x:4,5", "p:4,5", "p:5"}, "label_smoothing=0.1", FA, 1},
     {"nll_loss", {"x:2,4,3", "i4:2,3", "p:4"}, "reduction='none'", F, 1},
     {"nll_loss", {"x:5,3", "i3:5", "p:3"}, "ignore_index=0", FA, 1},
+    {"sort", {"x:3,5"}, "", ALL, 1},
+    {"sort", {"x:4,3,2T"}, "dim=1;descending=true", ALL, 1},
+    {"argsort", {"x:2,6"}, "dim=0", ALL, 1},
+    {"argsort", {"x:7"}, "descending=true", NUM, 1},
+    {"topk", {"x:4,6"}, "k=3", ALL, 1},
+    {"topk", {"x:5,3,2"}, "k=2;dim=0;largest=false", NUM, 1},
+    {"topk", {"x:"}, "k=1", F, 1},
 };
 const int conf_ncases = (int)(sizeof conf_cases / sizeof conf_cases[0]);
 
@@ -376,6 +388,12 @@ td_dtype conf_dtype_of(char l)
         return TD_I64;
     case 'o':
         return TD_BOOL;
+    case 'u':
+        return TD_U8;
+    case 'c':
+        return TD_I8;
+    case 'w':
+        return TD_I16;
     default:
         return TD_DTYPE_INVALID;
     }
@@ -576,6 +594,9 @@ static void dtype_tolerances(td_dtype dt, double *rtol, double *atol)
     case TD_I32:
     case TD_I64:
     case TD_BOOL:
+    case TD_U8:
+    case TD_I8:
+    case TD_I16:
     case TD_DTYPE_INVALID:
     case TD_DTYPE_COUNT:
         break;

@@ -26,10 +26,13 @@ _NAMES = {
     pb.DTYPE_I32: "int32",
     pb.DTYPE_I64: "int64",
     pb.DTYPE_BOOL: "bool",
+    pb.DTYPE_U8: "uint8",
+    pb.DTYPE_I8: "int8",
+    pb.DTYPE_I16: "int16",
 }
 _WIRE = {name: code for code, name in _NAMES.items()}
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8,
-             "bool": 1}
+             "bool": 1, "uint8": 1, "int8": 1, "int16": 2}
 
 
 class DType(str):
