@@ -348,3 +348,25 @@ def test_over_mutual_tls_a_token_resumes_only_for_its_client_certificate(start_d
             s.sync()  # alice's session is untouched
     for w, g in zip(want, got):
         np.testing.assert_array_equal(w, g)
+
+
+def test_a_held_session_counts_against_max_sessions_and_its_resume_is_admitted(start_daemon):
+    d = start_daemon("--cpu-devices", "1", "--max-sessions", "2", "--max-resume-window", "30")
+    with FaultProxy(d.port, "pass") as p:
+        a = tensordd.connect(p.endpoint, timeout=30, resume=30)
+        t = a.tensor(np.arange(4, dtype=np.float32))
+        a.sync()
+        a._conn.sock.close()  # a's connection is lost; its next call resumes
+        deadline = time.monotonic() + 20
+        while "held 30s for resume" not in d.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "held 30s for resume" in d.log()
+        # one admitted session and one held: the daemon is full
+        b = tensordd.connect(d.endpoint, timeout=30)
+        with pytest.raises(tensordd.ResourceExhaustedError, match="sessions"):
+            tensordd.connect(d.endpoint, timeout=30)
+        # a resumes into its own held slot
+        np.testing.assert_array_equal(t.numpy(), np.arange(4, dtype=np.float32))
+        assert a._conn.resumes == 1
+        a.close()
+        b.close()
