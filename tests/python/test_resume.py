@@ -370,3 +370,93 @@ def test_a_held_session_counts_against_max_sessions_and_its_resume_is_admitted(s
         assert a._conn.resumes == 1
         a.close()
         b.close()
+
+
+# ---------------------------------------------------------------- the protocol, raw
+
+class Raw:
+    """A raw connection: frames out, frames (with payloads) in."""
+
+    def __init__(self, port):
+        self.c = socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    def send(self, req, payload=b""):
+        msg = req.SerializeToString()
+        self.c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), len(payload)) + msg + payload)
+
+    def exact(self, n):
+        b = b""
+        while len(b) < n:
+            chunk = self.c.recv(n - len(b))
+            assert chunk, "closed"
+            b += chunk
+        return b
+
+    def recv(self):
+        _, n, plen = struct.unpack("<IIQ", self.exact(16))
+        return pb.Response.FromString(self.exact(n)), self.exact(plen)
+
+    def hello(self, **fields):
+        req = pb.Request(id=fields.pop("id", 1))
+        req.hello.min_version = req.hello.max_version = 1
+        for k, v in fields.items():
+            setattr(req.hello, k, v)
+        self.send(req)
+        return self.recv()[0]
+
+    def close(self):
+        self.c.close()
+
+
+def test_raw_resume_sends_the_missed_answer_again_and_says_what_was_applied(rdaemon):
+    a = Raw(rdaemon.port)
+    r = a.hello(resume_window=30)
+    token, sid = r.hello.resume_token, r.hello.session_id
+    assert len(token) == 16 and r.hello.resume_window == 30 and not r.hello.resumed
+    data = np.arange(6, dtype=np.float32).tobytes()
+    a.send(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32, shape=[6])), data)
+    a.send(pb.Request(id=3, download=pb.Download(handle=1)))
+    first, payload = a.recv()
+    assert first.id == 3 and payload == data
+    a.close()  # as if the answer to 3 had been lost on the way
+    # the client says it received up to 2: the daemon applied 3 and sends its answer again
+    b = Raw(rdaemon.port)
+    r = b.hello(id=4, resume_token=token, last_received=2)
+    assert r.hello.resumed and r.hello.session_id == sid and r.hello.last_applied == 3
+    again, payload = b.recv()
+    assert again.id == 3 and again.WhichOneof("body") == "tensor" and payload == data
+    b.close()
+    # received whole this time: nothing is sent again; the next answer is the next request's
+    c = Raw(rdaemon.port)
+    r = c.hello(id=5, resume_token=token, last_received=3)
+    assert r.hello.resumed and r.hello.last_applied == 3
+    c.send(pb.Request(id=6, sync=pb.Sync()))
+    assert c.recv()[0].id == 6
+    c.send(pb.Request(id=7, goodbye=pb.Goodbye()))
+    assert c.recv()[0].id == 7
+    c.close()
+    # after Goodbye the token names nothing
+    assert raw_hello(rdaemon.port, resume_token=token).error.code == pb.CONNECTION_LOST
+
+
+def test_a_token_presented_while_the_old_connection_lives_takes_the_session_over(rdaemon):
+    """A network that went silent: the daemon still thinks the old connection alive. The
+    token (with the same auth) takes the session; the old connection is closed."""
+    old = Raw(rdaemon.port)
+    r = old.hello(resume_window=30)
+    token = r.hello.resume_token
+    old.send(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32, shape=[2])),
+             b"\0" * 8)
+    old.send(pb.Request(id=3, sync=pb.Sync()))
+    assert old.recv()[0].id == 3
+    new = Raw(rdaemon.port)
+    r = new.hello(id=4, resume_token=token, last_received=3)
+    assert r.hello.resumed and r.hello.last_applied == 3
+    old.c.settimeout(10)
+    assert old.c.recv(64) == b""  # the daemon closed the old connection
+    new.send(pb.Request(id=5, describe=pb.Describe(handle=1)))
+    assert list(new.recv()[0].tensor.shape) == [2]
+    new.send(pb.Request(id=6, goodbye=pb.Goodbye()))
+    assert new.recv()[0].id == 6
+    new.close()
+    old.close()
