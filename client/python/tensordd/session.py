@@ -127,7 +127,9 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
             with its connection). With it, a call that finds the connection lost
             reconnects (a few tries, with backoff, within the window), resumes the
             session and sends again what the daemon had not applied; only when that
-            fails does it raise :class:`tensordd.ConnectionLostError`.
+            fails does it raise :class:`tensordd.ConnectionLostError`. A resumable
+            session left without close() (the process exits) is held by the daemon
+            for the window before it is freed.
 
     Raises:
         VersionMismatchError, UnauthenticatedError: the daemon refused the Hello
