@@ -134,13 +134,8 @@ int main(int argc, char **argv)
     }
     tdd_hello_set_note(note);
     tdd_autograd_init();
-    /* metrics first: a port in use stops the daemon before any socket file is made */
-    if (tdd_cfg.metrics_listen[0] && tdd_metrics_start(loop, tdd_cfg.metrics_listen))
-        return 1;
-    if (tdd_server_start(loop, &tdd_cfg, tdd_dispatch))
-        return 1;
-    tdd_notify_ready(loop);
-
+    /* Signals before the listeners: a SIGTERM sent as soon as "listening on" is printed
+     * must drain and stop the daemon, not kill it (libuv runs the handlers in the loop). */
     uv_signal_init(loop, &sigterm);
     uv_signal_init(loop, &sigint);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
@@ -151,6 +146,12 @@ int main(int argc, char **argv)
         uv_signal_start(&sigusr1, on_stall, SIGUSR1);
         uv_unref((uv_handle_t *)&sigusr1);
     }
+    /* metrics first: a port in use stops the daemon before any socket file is made */
+    if (tdd_cfg.metrics_listen[0] && tdd_metrics_start(loop, tdd_cfg.metrics_listen))
+        return 1;
+    if (tdd_server_start(loop, &tdd_cfg, tdd_dispatch))
+        return 1;
+    tdd_notify_ready(loop);
 
     run_loop(loop);
 
