@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -102,6 +105,60 @@ namespace
 std::mutex dev_mu;
 std::shared_ptr<gloo::transport::Device> dev;
 std::string dev_address;
+
+// Closing a group's connections waits for the TCP device's event loop to let go of each
+// (about 10 ms a peer here): tdd_gloo_free hands groups to this thread, so the daemon's
+// loop thread never waits. Declared after dev: destroyed (drained and joined) before it.
+class Reaper
+{
+  public:
+    void push(tdd_gloo *g)
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!th_.joinable())
+                th_ = std::thread(&Reaper::run, this);
+            q_.push_back(g);
+        }
+        cv_.notify_one();
+    }
+    ~Reaper()
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_one();
+        if (th_.joinable())
+            th_.join();
+    }
+
+  private:
+    void run()
+    {
+        for (;;) {
+            tdd_gloo *g;
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [this] { return stop_ || !q_.empty(); });
+                if (q_.empty())
+                    return;
+                g = q_.front();
+                q_.pop_front();
+            }
+            try {
+                delete g;
+            } catch (...) {
+            }
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<tdd_gloo *> q_;
+    bool stop_ = false;
+    std::thread th_;
+};
+Reaper reaper;
 
 void say(char *msg, size_t n, const char *what)
 {
@@ -254,9 +311,12 @@ extern "C" int tdd_gloo_finish(tdd_gloo *g, const void *const *blobs, const size
 
 extern "C" void tdd_gloo_free(tdd_gloo *g)
 {
+    if (!g)
+        return;
     try {
+        reaper.push(g);
+    } catch (...) { // no thread: close them here
         delete g;
-    } catch (...) {
     }
 }
 

@@ -23,6 +23,8 @@ typedef enum { TDD_GLOO_SUM, TDD_GLOO_MAX } tdd_gloo_op;
  * msg set. */
 tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int rank, int size,
                            long timeout_ms, int *code, char *msg, size_t msglen);
+/* Closes g's connections on a thread of the shim's (it may take ~10 ms a peer): returns at
+ * once. NULL is ignored. */
 void tdd_gloo_free(tdd_gloo *g);
 
 /* The same in two steps, without a store: the ranks' addresses travel through whoever
