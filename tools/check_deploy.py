@@ -48,12 +48,16 @@ def option_names():
     return names, env
 
 
+# -dev packages of APT_PKGS that the image's binaries (tensordd, tdctl) do not build with:
+# the unit tests' (check, subunit) and the Python client's C accelerator's (python3-dev).
+NOT_FOR_THE_IMAGE = {"check", "libsubunit-dev", "python3-dev"}
+
+
 def apt_dev_packages():
     text = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
     m = re.search(r"^APT_PKGS\s*:=\s*((?:.*\\\n)*.*)$", text, flags=re.M)
     pkgs = m.group(1).replace("\\\n", " ").split() if m else []
-    test_only = {"check", "libsubunit-dev"}
-    return {p for p in pkgs if p.endswith("-dev") and p not in test_only}
+    return {p for p in pkgs if p.endswith("-dev") and p not in NOT_FOR_THE_IMAGE}
 
 
 def parse_bytes(v):
@@ -110,7 +114,9 @@ def dockerfile(path, env_names):
         fail("Dockerfile: the build stage installs no CUDA compiler (cuda-nvcc)")
     for p in sorted(apt_dev_packages()):
         if not re.search(r"(?<![\w-])%s(?![\w-])" % re.escape(p), build_runs):
-            fail("Dockerfile: the build stage does not install %s (in the Makefile's APT_PKGS)" % p)
+            fail("Dockerfile: the build stage does not install %s (in the Makefile's APT_PKGS): "
+                 "add it there, or to NOT_FOR_THE_IMAGE in tools/check_deploy.py when tensordd "
+                 "and tdctl do not build with it" % p)
     if "slim" not in final["base"]:
         fail("Dockerfile: the final stage's base %s is not a slim image" % final["base"])
     copies = [r for w, r in final["ins"] if w == "COPY"]
