@@ -210,7 +210,10 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
     }
     r.answered = (row->flags & REQ_ANSWERED) != 0;
     int rc;
-    if (c->s && c->s->capture && !(row->flags & (REQ_RECORDED | REQ_READ))) {
+    /* Hello and Goodbye keep their meaning while recording (a second Hello is a protocol
+     * error; Goodbye ends the session, recording and all). */
+    if (c->s && c->s->capture &&
+        !(row->flags & (REQ_RECORDED | REQ_READ | REQ_CLOSES | REQ_BEFORE_HELLO))) {
         td_error err;
         tdd_err_arg(&err, "request", "%s cannot be recorded in a graph (GraphEnd first)",
                     row_name(req));

@@ -136,3 +136,15 @@ def test_replay_checks_its_inputs(session):
     assert e.value.code == "DTYPE_MISMATCH"
     g.replay(np.full((2, 3), 2.0, np.float32))
     np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
+
+
+def test_goodbye_while_recording_ends_the_session(daemon):
+    s = tensordd.connect(daemon.endpoint, timeout=60)
+    x0 = s.tensor(np.ones(3, np.float32))
+    g = s.capture(x0)
+    g.__enter__()
+    x0 * 2.0
+    s.close()  # Goodbye: answered and the connection ends, recording and all
+    assert s.closed
+    with tensordd.connect(daemon.endpoint, timeout=60) as o:
+        assert o.stats()["sessions"] == 1
