@@ -453,8 +453,13 @@ static int apply(tdd_config *c, const option_row *r, const char *val, const orig
     say_where(where, sizeof where, o, r);
     uint64_t v;
     switch (r->kind) {
-    case OPT_LISTEN:
+    case OPT_LISTEN: {
+        static char *kept[TDD_MAX_LISTEN]; /* the copies made here (flags are argv's) */
         if (src != listen_src) {
+            for (int k = 0; k < c->nlisten; k++) {
+                free(kept[k]);
+                kept[k] = NULL;
+            }
             c->nlisten = 0;
             listen_src = src;
         }
@@ -462,10 +467,11 @@ static int apply(tdd_config *c, const option_row *r, const char *val, const orig
             fprintf(stderr, "tensordd: %s: at most %d listen endpoints\n", where, TDD_MAX_LISTEN);
             return -1;
         }
-        if (!(val = src == 3 ? val : keep(val)))
+        if (src != 3 && !(val = kept[c->nlisten] = keep(val)))
             return -1;
         c->listen[c->nlisten++] = val;
         return 0;
+    }
     case OPT_LOG:
         tdd_log_level = tdd_log_parse_level(val);
         if (tdd_log_level >= 0)
