@@ -263,18 +263,21 @@ static int check_inputs(tdd_session *s, const tdd_graph *g, const Tensordd__V1__
         if (rc)
             return rc;
         const graph_input *w = &g->in[i];
+        /* typed details: the recorded input is the target, the replay's the one offered */
         if (v->t.dtype != w->dtype)
-            return tdd_err_set(err, TD_EDTYPE_MISMATCH,
-                               "replay input %zu is %s, the graph was recorded with %s", i,
-                               td_dtype_name(v->t.dtype), td_dtype_name(w->dtype));
+            return tdd_err_dtypes(err, w->dtype, v->t.dtype,
+                                  "replay input %zu is %s, the graph was recorded with %s", i,
+                                  td_dtype_name(v->t.dtype), td_dtype_name(w->dtype));
         if (v->t.ndim != w->ndim ||
             memcmp(v->t.shape, w->shape, (size_t)w->ndim * sizeof w->shape[0]))
-            return tdd_err_set(err, TD_ESHAPE_MISMATCH,
-                               "replay input %zu has another shape than the graph's input", i);
+            return tdd_err_shape(err, w->shape, w->ndim, v->t.shape, v->t.ndim,
+                                 "replay input %zu has another shape than the graph's input", i);
         if (v->dev != w->dev)
-            return tdd_err_set(err, TD_EDEVICE_MISMATCH,
-                               "replay input %zu is on %s, the graph's input was on %s", i,
-                               v->dev->label, w->dev->label);
+            return tdd_err_devices(
+                err, v->dev->be == w->dev->be ? TD_EDEVICE_MISMATCH : TD_EBACKEND_MISMATCH, w->dev,
+                v->dev, (uint32_t)i, (uint32_t)i,
+                "replay input %zu is on %s, the graph's input was on %s", i, v->dev->label,
+                w->dev->label);
     }
     return 0;
 }

@@ -134,6 +134,12 @@ def test_replay_checks_its_inputs(session):
     with pytest.raises(tensordd.Error) as e:
         session.sync()
     assert e.value.code == "DTYPE_MISMATCH"
+    assert (e.value.target, e.value.grad) == ("float32", "float64")  # recorded, offered
+    g.replay(session.tensor(np.ones((2, 3), np.float32), device="cpu:1"))
+    with pytest.raises(tensordd.Error) as e:
+        session.sync()
+    assert e.value.code == "DEVICE_MISMATCH"
+    assert (str(e.value.target), str(e.value.grad)) == ("cpu:0", "cpu:1")
     g.replay(np.full((2, 3), 2.0, np.float32))
     np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 6.0, np.float32))
 
