@@ -47,6 +47,8 @@ typedef enum {
     X(MATMUL, "matmul", 2, 2, LINALG)                                                              \
     X(BMM, "bmm", 2, 2, LINALG)                                                                    \
     X(LINEAR, "linear", 2, 3, LINALG)                                                              \
+    X(ADDMM, "addmm", 3, 3, LINALG)                                                                \
+    X(BADDBMM, "baddbmm", 3, 3, LINALG)                                                            \
     X(TRANSPOSE, "transpose", 1, 1, VIEW)                                                          \
     X(PERMUTE, "permute", 1, 1, VIEW)                                                              \
     X(RESHAPE, "reshape", 1, 1, VIEW)                                                              \

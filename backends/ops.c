@@ -101,6 +101,8 @@ static const tdd_attrdef s_sort[] = {A("dim", INT, "-1", "[-ndim, ndim)"),
 static const tdd_attrdef s_topk[] = {
     R("k", INT, "[0, the dim's size]"), A("dim", INT, "-1", "[-ndim, ndim)"),
     A("largest", BOOL, "true", NULL), A("sorted", BOOL, "true", "the k come sorted either way")};
+static const tdd_attrdef s_addmm[] = {A("beta", NUM, "1", "an int for integral inputs"),
+                                      A("alpha", NUM, "1", "an int for integral inputs")};
 static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
                                               A("label_smoothing", NUM, "0", "[0, 1]")};
 static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
@@ -227,6 +229,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_MATMUL] = S_NONE("input, other"),
     [TDD_OP_BMM] = S_NONE("input [B, N, M], other [B, M, P]"),
     [TDD_OP_LINEAR] = S_NONE("input, weight [out, in], bias [out] (optional)"),
+    [TDD_OP_ADDMM] = S("input (broadcasts to [N, P]), mat1 [N, M], mat2 [M, P]", s_addmm),
+    [TDD_OP_BADDBMM] =
+        S("input (broadcasts to [B, N, P]), batch1 [B, N, M], batch2 [B, M, P]", s_addmm),
     [TDD_OP_TRANSPOSE] = S("input", s_transpose),
     [TDD_OP_PERMUTE] = S("input", s_permute),
     [TDD_OP_RESHAPE] = S("input", s_shape),
@@ -983,6 +988,44 @@ static int prep_clamp_tensors(tdd_prep *p)
     g->flags = p->n_in == 3 ? 3u : 1u;
     tdd_p_out(p, 0, ct, shape, ndim);
     return 0;
+}
+
+int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
+{
+    const tdd_opargs *g = c->args;
+    tdd_opcall s = *c;
+    s.op = c->op == TDD_OP_ADDMM ? TDD_OP_MATMUL : TDD_OP_BMM;
+    s.n_in = 2;
+    s.in[0] = c->in[1];
+    s.in[1] = c->in[2];
+    int rc = run(ctx, ordinal, &s); /* the product, into the output */
+    tdd_opargs e;
+    memset(&e, 0, sizeof e);
+    e.dtype = e.cdtype = g->dtype;
+    e.f[1] = 1.0;
+    e.n[1] = 1;
+    s.args = &e;
+    s.in[0] = c->out[0];
+    if (!rc && (g->f[3] != 1.0 || g->n[3] != 1)) { /* times alpha, in place */
+        e.scalar_form = true;
+        e.f[0] = g->f[3];
+        e.n[0] = g->n[3];
+        s.op = TDD_OP_MUL;
+        s.n_in = 1;
+        rc = run(ctx, ordinal, &s);
+        e.scalar_form = false;
+        e.f[0] = 0;
+        e.n[0] = 0;
+    }
+    if (!rc && (g->f[2] != 0.0 || g->n[2] != 0)) { /* + beta * input (beta 0: input unread) */
+        e.f[1] = g->f[2];
+        e.n[1] = g->n[2];
+        s.op = TDD_OP_ADD;
+        s.n_in = 2;
+        s.in[1] = c->in[0];
+        rc = run(ctx, ordinal, &s);
+    }
+    return rc;
 }
 
 int tdd_clamp_by_tensors(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)

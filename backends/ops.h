@@ -119,7 +119,8 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *  reductions: dims_mask, keepdim, i[0] correction, i[1] reduced element count;
  *      cumsum/softmax/argmax with one dim: i[0] dim (argmax i[0] = -1: flattened)
  *  matmul/bmm/linear: i[0] M, i[1] K, i[2] N, i[3] batch ndim, ints[0] batch shape,
- *      flags bit 0/1 = a/b was 1-D, bit 2 = linear has bias
+ *      flags bit 0/1 = a/b was 1-D, bit 2 = linear has bias; addmm/baddbmm: the same for
+ *      the product, f[2], f[3] beta, alpha (n[2], n[3] as ints)
  *  views: out_view (the output is a view: kernels do nothing); a copy otherwise
  *  cat/stack/gather/scatter_add/index_select/split/chunk/tril/triu: i[0] dim or diagonal
  *  sort/argsort/topk: i[0] dim, i[1] descending (topk: largest), i[2] how many of each line
@@ -194,6 +195,9 @@ typedef struct tdd_opcall {
  * the output, then minimum in place, each through run (a backend's execute). */
 typedef int (*tdd_run_fn)(void *ctx, int ordinal, const tdd_opcall *c);
 int tdd_clamp_by_tensors(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+/* addmm/baddbmm as the backends run them: matmul/bmm into the output, times alpha, plus
+ * beta * input (tdd_opargs f[2], f[3]: beta, alpha; n[2], n[3] the same as exact ints). */
+int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 
 /* Helpers for error filling (printf-style message). */
 int tdd_err_set(td_error *err, int code, const char *fmt, ...)

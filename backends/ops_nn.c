@@ -87,6 +87,43 @@ static int prep_matmul(tdd_prep *p)
     return 0;
 }
 
+/* addmm/baddbmm: the product's rule on inputs 1 and 2, then input 0 broadcast to it */
+static int prep_addmm(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0], *m1 = p->in[1], *m2 = p->in[2];
+    int want = p->op == TDD_OP_ADDMM ? 2 : 3, rc;
+    if (m1->ndim != want || m2->ndim != want)
+        return tdd_err_arg(p->err, "input", "%s: the matrices must be %d-D, got %d-D and %d-D",
+                           p->name, want, m1->ndim, m2->ndim);
+    tdd_prep q = *p;
+    q.op = want == 2 ? TDD_OP_MATMUL : TDD_OP_BMM;
+    q.in = p->in + 1;
+    q.n_in = 2;
+    if ((rc = prep_matmul(&q)) || (rc = same_dtype(p, m1, x)))
+        return rc;
+    const tdd_outdesc *o = &p->out[0];
+    int64_t bs[TD_MAX_NDIM];
+    int bn;
+    if ((rc = tdd_p_bcast(p, o->shape, o->ndim, x->shape, x->ndim, bs, &bn)))
+        return rc;
+    if (bn != o->ndim || memcmp(bs, o->shape, (size_t)bn * sizeof *bs) != 0)
+        return tdd_err_shape(p->err, o->shape, o->ndim, x->shape, x->ndim,
+                             "%s: input does not broadcast to the product's shape", p->name);
+    bool fl = tdd_dtype_is_float(x->dtype);
+    const char *names[2] = {"beta", "alpha"};
+    for (int k = 0; k < 2; k++) {
+        const td_attr *a = tdd_p_get(p, names[k]);
+        if ((rc = tdd_p_float(p, names[k], 1.0, &g->f[2 + k])))
+            return rc;
+        if (a && a->kind == TD_ATTR_FLOAT && !fl)
+            return tdd_err_arg(p->err, names[k], "%s: %s must be an int for integral inputs",
+                               p->name, names[k]);
+        g->n[2 + k] = tdd_sat_i64(g->f[2 + k]);
+    }
+    return 0;
+}
+
 static int get_reduction(tdd_prep *p)
 {
     const char *s;
@@ -327,6 +364,9 @@ int tdd_prep_nn(tdd_prep *p)
     case TDD_OP_BMM:
     case TDD_OP_LINEAR:
         return prep_matmul(p);
+    case TDD_OP_ADDMM:
+    case TDD_OP_BADDBMM:
+        return prep_addmm(p);
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
         return prep_class_loss(p);

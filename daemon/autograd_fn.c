@@ -926,6 +926,18 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
         return f_class_loss(b, n, g, gin);
+    case TDD_OP_ADDMM:
+    case TDD_OP_BADDBMM: { /* beta g; alpha g m2^T; alpha m1^T g */
+        double beta = a->f[2], alpha = a->f[3];
+        tdd_value *m1 = n->in[1].v, *m2 = n->in[2].v;
+        if (xi->needs_grad)
+            gin[0] = sc(b, TDD_OP_MUL, g, beta);
+        if (n->in[1].needs_grad)
+            gin[1] = sc(b, TDD_OP_MUL, bin(b, TDD_OP_MATMUL, g, transpose(b, m2, -1, -2)), alpha);
+        if (n->in[2].needs_grad)
+            gin[2] = sc(b, TDD_OP_MUL, bin(b, TDD_OP_MATMUL, transpose(b, m1, -1, -2), g), alpha);
+        return b->rc;
+    }
     case TDD_OP_MSE_LOSS:
     case TDD_OP_BCE_WITH_LOGITS: {
         tdd_value *y = n->in[1].v;

@@ -545,6 +545,9 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ARGSORT:
     case TDD_OP_TOPK: /* ranks of dense lines, any dtype */
         return 0;
+    case TDD_OP_ADDMM:
+    case TDD_OP_BADDBMM: /* matmul/bmm and elementwise ops (tdd_addmm_by_parts) */
+        return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
     case TDD_OP_LINSPACE:
@@ -1509,6 +1512,8 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return rc;
     if (c->op == TDD_OP_CLAMP && c->n_in > 1) /* tensor bounds: maximum, then minimum */
         return tdd_clamp_by_tensors(c, cuda_execute, ctx, ordinal);
+    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* the product, then elementwise */
+        return tdd_addmm_by_parts(c, cuda_execute, ctx, ordinal);
     if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))

@@ -82,6 +82,8 @@ int tdd_ref_run(const tdd_opcall *c)
         return TD_EUNSUPPORTED_OP;
     if (c->op == TDD_OP_CLAMP && c->n_in > 1)
         return tdd_clamp_by_tensors(c, ref_run_sub, NULL, 0);
+    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM)
+        return tdd_addmm_by_parts(c, ref_run_sub, NULL, 0);
     switch (tdd_opdefs[c->op].kind) {
     case TDD_KIND_BINARY:
     case TDD_KIND_UNARY:
