@@ -384,6 +384,32 @@ static int staged_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
     return TDD_DISPATCH_DONE;
 }
 
+/* A bool payload holds only bytes 0 and 1 (kernels and clients read them as bool):
+ * otherwise the tensor is poisoned with INVALID_ARGUMENT, told to the client now when it
+ * wants a reply, else kept as the session's pending error. Returns nonzero then. */
+static int bool_payload_bad(tdd_conn *c, tdd_value *v, const uint8_t *bytes, size_t n,
+                            uint64_t req_id, bool want_reply)
+{
+    if (v->t.dtype != TD_BOOL)
+        return 0;
+    size_t i = 0;
+    while (i < n && bytes[i] <= 1)
+        i++;
+    if (i == n)
+        return 0;
+    td_error err;
+    tdd_err_arg(&err, "payload", "bool payload byte %zu is %u: bool tensors hold 0 or 1", i,
+                (unsigned)bytes[i]);
+    err.request_id = req_id;
+    tdd_value_poison(v, TD_EINVALID_ARGUMENT, req_id);
+    tdd_count_error(err.code);
+    if (want_reply)
+        tdd_conn_send_error(c, req_id, &err);
+    else if (c->s)
+        tdd_session_fail(c->s, &err);
+    return 1;
+}
+
 /* Worker: host bytes -> device memory. A failure poisons the tensor. */
 static int staged_from_host(void *arg)
 {
@@ -410,8 +436,12 @@ static void staged_upload_done(void *arg, int rc)
 static void staged_upload_landed(tdd_conn *c, void *arg, int status)
 {
     staged *st = arg;
-    (void)c;
     tdd_value *v = st->v;
+    if (!status && c->s &&
+        bool_payload_bad(c, v, st->host->data, st->host->nbytes, st->req_id, st->want_reply)) {
+        staged_free(st);
+        return;
+    }
     if (status || tdd_submit_work(st->s, v->dev, staged_from_host, staged_upload_done, st)) {
         tdd_value_poison(v, status ? status : TD_ERESOURCE_EXHAUSTED, st->req_id);
         staged_free(st);
@@ -433,7 +463,10 @@ typedef struct {
 static void upload_landed(tdd_conn *c, void *arg, int status)
 {
     upload_ctx *u = arg;
-    if (status == 0 && u->want_reply && c->s)
+    if (status == 0 && c->s &&
+        !bool_payload_bad(c, u->v, tdd_data(&u->v->t), (size_t)tdd_numel(&u->v->t), u->req_id,
+                          u->want_reply) &&
+        u->want_reply)
         tdd_conn_send_ok(c, u->req_id);
     tdd_value_unref(u->v);
     free(u);
