@@ -7,7 +7,7 @@
  * Ops are asynchronous: td_op() returns the new tensor's handle at once and
  * sends nothing the daemon must answer. A failed op poisons its outputs; the
  * session's first error is reported by the next synchronising call
- * (td_sync, td_download, td_describe, td_backward, td_grad*, ...).
+ * (td_sync, td_download, td_backward, td_grad*, ...).
  *
  * Threads: a td_client is one session on one connection, and calls on it must
  * not overlap (guard it with a mutex to share it). Clients are independent of
@@ -126,7 +126,8 @@ int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim, c
 int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info *info,
                 td_error *err);
 
-/* Shape, dtype and device of a tensor. Synchronising. */
+/* Shape, dtype and device of a tensor: a round trip, answered at once (it neither waits for
+ * queued work nor reports the session's pending error). */
 int td_describe(td_client *c, td_handle h, td_tensor_info *info, td_error *err);
 
 /* ---- ops */

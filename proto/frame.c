@@ -6,6 +6,13 @@
 
 #include "tensordd.h"
 
+/* Payloads are little-endian (docs/protocol.md) and the daemon and libtensordd move tensor
+ * memory as it is: a big-endian build would answer with swapped bytes. Refused here, in the
+ * one file both link. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "tensordd needs a little-endian host: payloads are sent as tensor memory is laid out"
+#endif
+
 static void put_u32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++)
