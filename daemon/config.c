@@ -559,6 +559,7 @@ typedef struct {
     int lines;    /* lines read to their end */
     bool midline; /* the last chunk read did not end a line */
     int errors;   /* reported so far */
+    int cut_line; /* the last line too long for inih's buffer (reported) */
 } ini_ctx;
 
 /* inih reads through this so that the handler knows the line it is called for; lines
@@ -578,6 +579,14 @@ static char *ini_read(char *str, int num, void *stream)
     if (!starts_line)
         return r;
     int line = x->lines + (x->midline ? 1 : 0);
+    if (x->midline && !feof(x->f)) {
+        /* inih's line buffer: a longer line would be cut, its value silently shortened */
+        fprintf(stderr, "tensordd: %s:%d: line longer than %d characters\n", x->path, line,
+                num - 3);
+        x->errors++;
+        x->cut_line = line;
+        return r;
+    }
     const char *p = r + strspn(r, " \t\r\n");
     if (!*p || *p == ';' || *p == '#')
         return r;
@@ -599,6 +608,10 @@ static int ini_on_value(void *user, const char *section, const char *name, const
     const option_row *r = find_row(name);
     int rc = -1;
     (void)section; /* a section's header was reported where it stands */
+    if (o.line == x->cut_line) {
+        x->errors++;
+        return 0; /* its value was cut: reported already */
+    }
     if (!r || r->kind == OPT_CONFIG || r->kind == OPT_CHECK || r->kind == OPT_HELP ||
         r->kind == OPT_VERSION)
         fprintf(stderr,

@@ -175,3 +175,11 @@ def test_help_lists_the_environment_variables():
     r = subprocess.run([TDD_BIN, "--help"], capture_output=True, text=True, timeout=30)
     for var in ("TENSORDD_LISTEN", "TENSORDD_TOKEN_FILE"):
         assert var in r.stdout
+
+
+def test_a_line_too_long_is_an_error_not_a_cut_value(tmp_path):
+    """inih reads lines into a fixed buffer: a longer one would lose its tail silently."""
+    path = write(tmp_path, "max-frame = 8M\nlisten = unix:///tmp/" + "d" * 300 + ".sock\n")
+    r = run("--config", path, "--check-config")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"tensordd: {path}:2: line longer than 197 characters"]
