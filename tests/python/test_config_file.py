@@ -182,4 +182,7 @@ def test_a_line_too_long_is_an_error_not_a_cut_value(tmp_path):
     path = write(tmp_path, "max-frame = 8M\nlisten = unix:///tmp/" + "d" * 300 + ".sock\n")
     r = run("--config", path, "--check-config")
     assert r.returncode == 1
-    assert r.stderr.strip().splitlines() == [f"tensordd: {path}:2: line longer than 197 characters"]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, lines  # not also a complaint about the cut value
+    assert re.fullmatch(rf"tensordd: {re.escape(path)}:2: line longer than \d+ characters",
+                        lines[0]), lines
