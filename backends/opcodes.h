@@ -86,6 +86,7 @@ typedef enum {
     X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
     X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
     X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \
+    X(ADAPTIVE_AVG_POOL2D, "adaptive_avg_pool2d", 1, 1, NN)                                        \
     X(FULL, "full", 0, 0, CREATE)                                                                  \
     X(ZEROS, "zeros", 0, 0, CREATE)                                                                \
     X(ONES, "ones", 0, 0, CREATE)                                                                  \
@@ -124,6 +125,13 @@ TDD_HD int tdd_sort_before_i(int64_t a, int64_t ia, int64_t b, int64_t ib, int d
     if (a == b)
         return ia < ib;
     return descending ? a > b : a < b;
+}
+
+/* adaptive pooling's window over n inputs for output i of m: [*lo, *hi), PyTorch's */
+TDD_HD void tdd_adaptive_window(int64_t i, int64_t m, int64_t n, int64_t *lo, int64_t *hi)
+{
+    *lo = i * n / m;
+    *hi = ((i + 1) * n + m - 1) / m;
 }
 
 /* pad's source index for position k (counted from the input's start) of a dim of size n > 0,

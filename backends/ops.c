@@ -103,6 +103,7 @@ static const tdd_attrdef s_topk[] = {
     A("largest", BOOL, "true", NULL), A("sorted", BOOL, "true", "the k come sorted either way")};
 static const tdd_attrdef s_addmm[] = {A("beta", NUM, "1", "an int for integral inputs"),
                                       A("alpha", NUM, "1", "an int for integral inputs")};
+static const tdd_attrdef s_adaptive[] = {R("output_size", INT_OR_INTS, ">= 1; an int or (h, w)")};
 static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
                                               A("label_smoothing", NUM, "0", "[0, 1]")};
 static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
@@ -276,6 +277,7 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
           s_conv2d),
     [TDD_OP_MAX_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_max_pool2d),
     [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
+    [TDD_OP_ADAPTIVE_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_adaptive),
     [TDD_OP_FULL] = S("", s_full),
     [TDD_OP_ZEROS] = S("", s_create_shape),
     [TDD_OP_ONES] = S("", s_create_shape),

@@ -428,6 +428,24 @@ int tdd_prep_nn(tdd_prep *p)
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
         return prep_conv_pool(p);
+    case TDD_OP_ADAPTIVE_AVG_POOL2D: {
+        int64_t *os = g->ints[3], shape[4];
+        if ((rc = need_float(p, x)))
+            return rc;
+        if (x->ndim != 3 && x->ndim != 4)
+            return tdd_err_arg(p->err, "input", "%s: input must be [N, C, H, W] or [C, H, W]",
+                               p->name);
+        if (!tdd_p_get(p, "output_size"))
+            return tdd_p_missing(p, "output_size");
+        if ((rc = pair(p, "output_size", 1, 1, os)))
+            return rc;
+        memcpy(shape, x->shape, sizeof shape);
+        shape[x->ndim - 2] = os[0];
+        shape[x->ndim - 1] = os[1];
+        g->dtype = g->cdtype = x->dtype;
+        tdd_p_out(p, 0, x->dtype, shape, x->ndim);
+        return 0;
+    }
     default:
         return tdd_err_set(p->err, TD_EINTERNAL, "%s: not an NN op", p->name);
     }

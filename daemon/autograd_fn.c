@@ -913,6 +913,27 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* adaptive pooling's [m, n] averaging matrix (tdd_adaptive_window): row i holds
+ * 1 / (hi - lo) over [lo, hi), in float64 then dt */
+static tdd_value *adaptive_matrix(tdd_bw *b, int64_t m, int64_t n, td_dtype dt, tdd_device *dev)
+{
+    td_attr ri[2] = {A_INT("start", 0), A_INT("end", m)},
+            rj[2] = {A_INT("start", 0), A_INT("end", n)};
+    tdd_value *i = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, ri, 2, TD_F64, dev);
+    tdd_value *j = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, rj, 2, TD_F64, dev);
+    /* lo = floor(i n / m), hi = ceil((i + 1) n / m): exact in double for these sizes */
+    tdd_value *lo =
+        un(b, TDD_OP_FLOOR, sc(b, TDD_OP_DIV, sc(b, TDD_OP_MUL, i, (double)n), (double)m));
+    tdd_value *hi =
+        un(b, TDD_OP_CEIL,
+           sc(b, TDD_OP_DIV, sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, i, 1.0), (double)n), (double)m));
+    tdd_value *lo1 = unsqueeze(b, lo, 1), *hi1 = unsqueeze(b, hi, 1);
+    tdd_value *in =
+        bin(b, TDD_OP_LOGICAL_AND, bin(b, TDD_OP_GE, j, lo1), bin(b, TDD_OP_LT, j, hi1));
+    tdd_value *p = bin(b, TDD_OP_DIV, cast(b, in, TD_F64), bin(b, TDD_OP_SUB, hi1, lo1));
+    return cast(b, p, dt);
+}
+
 static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -981,6 +1002,13 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     case TDD_OP_CONV2D:
         return f_conv2d(b, n, g, gin);
+    case TDD_OP_ADAPTIVE_AVG_POOL2D: { /* y = Ph x Pw^T per plane, so gx = Ph^T g Pw */
+        int nd = xi->ndim;
+        tdd_value *ph = adaptive_matrix(b, a->ints[3][0], xi->shape[nd - 2], xi->dtype, xi->dev);
+        tdd_value *pw = adaptive_matrix(b, a->ints[3][1], xi->shape[nd - 1], xi->dtype, xi->dev);
+        gin[0] = bin(b, TDD_OP_MATMUL, transpose(b, ph, 0, 1), bin(b, TDD_OP_MATMUL, g, pw));
+        return b->rc;
+    }
     case TDD_OP_AVG_POOL2D: {
         /* Each window's gradient, divided by its divisor, spread evenly over
          * the window: the adjoint of a window sum with a kernel of ones. */

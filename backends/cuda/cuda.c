@@ -548,6 +548,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ADDMM:
     case TDD_OP_BADDBMM: /* matmul/bmm and elementwise ops (tdd_addmm_by_parts) */
         return 0;
+    case TDD_OP_ADAPTIVE_AVG_POOL2D: /* f32/f64 (f16/bf16 widened), dense */
+        return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
     case TDD_OP_LINSPACE:
@@ -1398,6 +1400,7 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_SORT:
     case TDD_OP_ARGSORT:
     case TDD_OP_TOPK:
+    case TDD_OP_ADAPTIVE_AVG_POOL2D:
         return true;
     case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
     case TDD_OP_NLL_LOSS:
@@ -1603,6 +1606,16 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         return exec_join(dv, c);
     case TDD_OP_PAD:
         return exec_pad(dv, c);
+    case TDD_OP_ADAPTIVE_AVG_POOL2D: {
+        const tdd_tensor *x = c->in[0];
+        int nd = x->ndim;
+        int64_t hw = x->shape[nd - 2] * x->shape[nd - 1], planes = hw ? tdd_numel(x) / hw : 0;
+        return cuda_rc(dv,
+                       tdc_adaptive_avg_pool2d(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                                               planes, x->shape[nd - 2], x->shape[nd - 1],
+                                               y->shape[nd - 2], y->shape[nd - 1]),
+                       tdd_opdefs[c->op].name);
+    }
     case TDD_OP_SORT:
     case TDD_OP_ARGSORT:
     case TDD_OP_TOPK: {

@@ -611,6 +611,23 @@ __global__ void sort_kernel(const U *x, int dt, int64_t outer, int64_t L, int64_
     }
 }
 
+// adaptive_avg_pool2d: a thread per output, its window's mean in double.
+__global__ void adaptive_avg_kernel(int dt, const void *x, void *y, int64_t planes, int64_t H,
+                                    int64_t W, int64_t Ho, int64_t Wo)
+{
+    const int64_t n = planes * Ho * Wo;
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t ow = e % Wo, oh = (e / Wo) % Ho, pl = e / (Wo * Ho), h0, h1, w0, w1;
+        tdd_adaptive_window(oh, Ho, H, &h0, &h1);
+        tdd_adaptive_window(ow, Wo, W, &w0, &w1);
+        double s = 0.0;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t w = w0; w < w1; w++)
+                s += load_f(x, dt, pl * H * W + h * W + w);
+        store_f(y, dt, e, s / (double)((h1 - h0) * (w1 - w0)));
+    }
+}
+
 template <typename T>
 __global__ void pad_mode_kernel(__grid_constant__ const tdc_padmode p, T *y, const T *x)
 {
@@ -1491,6 +1508,18 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
     default:
         return cudaErrorInvalidValue;
     }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_adaptive_avg_pool2d(const tdc_dev *d, int dt, const void *x, void *y,
+                                               int64_t planes, int64_t H, int64_t W, int64_t Ho,
+                                               int64_t Wo)
+{
+    int64_t n = planes * Ho * Wo;
+    if (n == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, adaptive_avg_kernel)(dt, x, y, planes, H, W,
+                                                                            Ho, Wo);
     return launched();
 }
 

@@ -90,6 +90,9 @@ cudaError_t tdc_pad_mode(const tdc_dev *d, const tdc_padmode *p, void *y, const 
  * [outer, K, inner]. */
 cudaError_t tdc_sort(const tdc_dev *d, const void *x, int dt, int elsize, int64_t outer, int64_t L,
                      int64_t inner, int64_t K, int descending, void *y, int64_t *idx);
+/* adaptive_avg_pool2d over planes of dense [H, W] into [Ho, Wo] (dt f32 or f64) */
+cudaError_t tdc_adaptive_avg_pool2d(const tdc_dev *d, int dt, const void *x, void *y,
+                                    int64_t planes, int64_t H, int64_t W, int64_t Ho, int64_t Wo);
 cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y, const uint8_t *cond,
                        const void *a, const void *b, int elsize, uint64_t bits);
 

@@ -311,6 +311,23 @@ int ref_nn(const tdd_opcall *c)
         }
         return 0;
     }
+    case TDD_OP_ADAPTIVE_AVG_POOL2D: {
+        int b4 = y->ndim == 4;
+        int64_t C = y->shape[b4], Ho = y->shape[b4 + 1], Wo = y->shape[b4 + 2];
+        int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
+        for (int64_t e = 0; e < n; e++) {
+            int64_t ow = e % Wo, oh = (e / Wo) % Ho, ch = (e / (Wo * Ho)) % C,
+                    nn = e / (Wo * Ho * C), h0, h1, w0, w1;
+            tdd_adaptive_window(oh, Ho, H, &h0, &h1);
+            tdd_adaptive_window(ow, Wo, W, &w0, &w1);
+            double s = 0;
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t w = w0; w < w1; w++)
+                    s += ref_getf(x, at4(x, nn, ch, h, w));
+            ref_setf(y, ref_index(y, e), s / (double)((h1 - h0) * (w1 - w0)));
+        }
+        return 0;
+    }
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D: {
         int b4 = y->ndim == 4;

@@ -202,6 +202,12 @@ CASES = [
     Case("baddbmm", [f32(1, 3), f32(2, 3, 4), f32(2, 4, 3)],
          lambda s, x, a, b: s.op("baddbmm", x, a, b, beta=1.5, alpha=0.5),
          lambda x, a, b: torch.baddbmm(x, a, b, beta=1.5, alpha=0.5), grads=[0, 1, 2]),
+    # adaptive_avg_pool2d (windows of uneven sizes, overlapping)
+    *[Case(f"adaptive_avg_pool2d_{tag}", [f32(*shape)],
+           (lambda os: lambda s, x: s.op("adaptive_avg_pool2d", x, output_size=list(os)))(os),
+           (lambda os: lambda x: F.adaptive_avg_pool2d(x, os))(os), grads=[0])
+      for tag, shape, os in (("global", (2, 3, 5, 4), (1, 1)), ("uneven", (1, 2, 7, 5), (3, 2)),
+                             ("upsample", (2, 3, 3), (5, 4)), ("same", (1, 1, 4, 4), (4, 4)))],
     # conv2d padding="same" (odd and even kernels, dilation) and "valid"
     Case("conv2d_same_3x3", [f32(2, 3, 5, 6), f32(4, 3, 3, 3), f32(4)],
          lambda s, x, w, b: s.op("conv2d", x, w, b, padding="same"),
