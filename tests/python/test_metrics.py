@@ -301,3 +301,38 @@ def test_resume_windows_held_gauge():
                 break
         assert val(m, "tensordd_resume_windows_held") == 1, m
     assert d.proc.returncode == 0, d.log()
+
+
+def test_healthz_is_503_while_draining():
+    """SIGTERM: the daemon stops accepting and drains; a client that does not read its
+    downloads keeps it draining (up to --write-timeout), and /healthz says so."""
+    import signal
+    import socket
+    import time
+    from helpers import frame, hello, pb, read_frame
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--write-timeout", "120"], expect=("listening on", "metrics on")) as d:
+        host, port = d.endpoint[len("tcp://"):].rsplit(":", 1)
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.settimeout(30)
+        c.connect((host, int(port)))
+        c.sendall(hello())
+        assert read_frame(c).WhichOneof("body") == "hello"
+        n = 4 << 20  # 16 MiB of f32
+        c.sendall(frame(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32,
+                                                          shape=[n])), b"\0" * (4 * n)))
+        for i in range(4):  # 64 MiB of answers it will not read
+            c.sendall(frame(pb.Request(id=3 + i, download=pb.Download(handle=1))))
+        assert get(d.metrics + "/healthz")[0] == 200
+        d.proc.send_signal(signal.SIGTERM)
+        for _ in range(400):
+            status, _, body = get(d.metrics + "/healthz")
+            if status == 503:
+                break
+            time.sleep(0.05)
+        assert status == 503 and "shutting down" in body, (status, body)
+        assert val(scrape(d), "tensordd_accepting_sessions") == 0
+        assert d.proc.poll() is None  # still draining: the client holds it
+        c.close()
+        assert d.proc.wait(60) == 0, d.log()
