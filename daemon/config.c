@@ -779,12 +779,15 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
     /* First pass: bad flags, the commands, and which file to read. */
     const char *config = NULL;
     bool check = false;
+    for (int i = 1; i < argc; i++) /* --check-config answers every mistake with 1 */
+        check |= strcmp(argv[i], "--check-config") == 0;
+    int bad = check ? 3 : 2;
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o < OPT_VAL0 || o >= OPT_VAL0 + (int)NROWS) {
-            const char *bad = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
-            fprintf(stderr, "tensordd: unknown option or missing value: '%s' (see --help)\n", bad);
-            return 2;
+            const char *what = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+            fprintf(stderr, "tensordd: unknown option or missing value: '%s' (see --help)\n", what);
+            return bad;
         }
         const option_row *r = &rows[o - OPT_VAL0];
         if (r->kind == OPT_HELP) {
@@ -802,9 +805,8 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
     }
     if (optind < argc) {
         fprintf(stderr, "tensordd: unexpected argument '%s' (see --help)\n", argv[optind]);
-        return 2;
+        return bad;
     }
-    int bad = check ? 3 : 2;
 
     /* The file, then the environment, then the flags: each overrides the one before. */
     if (read_file(c, config ? config : TDD_CONFIG_DEFAULT, config != NULL) || read_env(c))

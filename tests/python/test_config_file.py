@@ -186,3 +186,12 @@ def test_a_line_too_long_is_an_error_not_a_cut_value(tmp_path):
     assert len(lines) == 1, lines  # not also a complaint about the cut value
     assert re.fullmatch(rf"tensordd: {re.escape(path)}:2: line longer than \d+ characters",
                         lines[0]), lines
+
+
+def test_check_config_answers_bad_flags_with_1_too():
+    """--check-config exits 0 or 1 whatever is wrong; a normal start keeps exit 2 for flags."""
+    for args in (["--bogus"], ["--max-frame", "4Q"], ["stray"]):
+        r = run("--check-config", *args)
+        assert r.returncode == 1, (args, r.stderr)
+        assert r.stdout == "" and r.stderr.startswith("tensordd: "), r.stderr
+    assert run("--max-frame", "4Q").returncode == 2
