@@ -1,8 +1,8 @@
-# gloo.mk -- process groups on Gloo (Debian libgloo-dev): daemon/gloo_shim.cc, the one C++
+# gloo.mk -- process groups on Gloo (Debian libgloo-dev and g++, in the Makefile's APT_PKGS
+# where tools/check_deploy.py holds the Dockerfile to them): daemon/gloo_shim.cc, the one C++
 # file of the daemon, compiled with g++ and linked into everything that links the daemon's
 # objects; gloo_direct, the same shim called directly (bench/allreduce.py's baseline).
 #   make bench-allreduce   all-reduce across 2 and 3 local daemons vs Gloo called directly
-APT_PKGS += g++ libgloo-dev
 CXX := g++
 GLOO_OBJ := $(BUILD)/obj/daemon/gloo_shim.cc.o
 GLOO_CXXFLAGS := -std=c++17 $(OPT) -fPIC -pthread -Wall -Wextra -Wpedantic \
