@@ -82,6 +82,7 @@ typedef enum {
     X(MSE_LOSS, "mse_loss", 2, 2, NN)                                                              \
     X(BCE_WITH_LOGITS, "binary_cross_entropy_with_logits", 2, 2, NN)                               \
     X(LAYER_NORM, "layer_norm", 1, 3, NN)                                                          \
+    X(GROUP_NORM, "group_norm", 1, 3, NN)                                                          \
     X(DROPOUT, "dropout", 1, 1, NN)                                                                \
     X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
     X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \

@@ -104,6 +104,8 @@ static const tdd_attrdef s_topk[] = {
 static const tdd_attrdef s_addmm[] = {A("beta", NUM, "1", "an int for integral inputs"),
                                       A("alpha", NUM, "1", "an int for integral inputs")};
 static const tdd_attrdef s_adaptive[] = {R("output_size", INT_OR_INTS, ">= 1; an int or (h, w)")};
+static const tdd_attrdef s_group_norm[] = {R("num_groups", INT, ">= 1, divides the channels"),
+                                           A("eps", NUM, "1e-5", NULL)};
 static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
                                               A("label_smoothing", NUM, "0", "[0, 1]")};
 static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
@@ -271,6 +273,8 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_MSE_LOSS] = S("input, target", s_loss),
     [TDD_OP_BCE_WITH_LOGITS] = S("input, target", s_loss),
     [TDD_OP_LAYER_NORM] = S("input, weight (optional), bias (optional)", s_layer_norm),
+    [TDD_OP_GROUP_NORM] =
+        S("input [N, C, *], weight [C] (optional), bias [C] (optional, with weight)", s_group_norm),
     [TDD_OP_DROPOUT] = S("input", s_dropout),
     [TDD_OP_CONV2D] =
         S("input [N, C, H, W] or [C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional)",

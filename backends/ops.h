@@ -137,6 +137,7 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      ints[2] dilation, ints[3] kernel (pools), i[0] groups, i[1] ceil_mode,
  *      i[2] count_include_pad, flags bit 2 = bias
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
+ *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
  *  creation: f[0..2] value/start/end/step, n[0..2] exact ints, i[0..1] eye n, m */
 typedef struct tdd_opargs {
     td_dtype dtype;  /* output dtype */

@@ -412,6 +412,33 @@ int tdd_prep_nn(tdd_prep *p)
         tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
         return 0;
     }
+    case TDD_OP_GROUP_NORM: {
+        if ((rc = need_float(p, x)) || (rc = tdd_p_int(p, "num_groups", 0, &g->i[0])) ||
+            (rc = tdd_p_float(p, "eps", 1e-5, &g->f[0])))
+            return rc;
+        if (!tdd_p_get(p, "num_groups"))
+            return tdd_p_missing(p, "num_groups");
+        if (x->ndim < 2)
+            return tdd_err_arg(p->err, "input", "group_norm: input must be [N, C, *], got %d-D",
+                               x->ndim);
+        int64_t C = x->shape[1];
+        if (g->i[0] < 1 || C % g->i[0] != 0)
+            return tdd_err_arg(p->err, "num_groups",
+                               "group_norm: num_groups = %lld must divide the %lld channels",
+                               (long long)g->i[0], (long long)C);
+        for (int k = 1; k < p->n_in; k++) {
+            const tdd_tensor *w = p->in[k];
+            if ((rc = same_dtype(p, x, w)))
+                return rc;
+            if (w->ndim != 1 || w->shape[0] != C)
+                return tdd_err_shape(p->err, &C, 1, w->shape, w->ndim, "group_norm: %s must be [C]",
+                                     k == 1 ? "weight" : "bias");
+            g->flags |= 1u << (k - 1);
+        }
+        g->dtype = g->cdtype = x->dtype;
+        tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
+        return 0;
+    }
     case TDD_OP_DROPOUT: {
         bool train;
         if ((rc = need_float(p, x)) || (rc = tdd_p_float(p, "p", 0.5, &g->f[0])) ||

@@ -1002,6 +1002,37 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     case TDD_OP_CONV2D:
         return f_conv2d(b, n, g, gin);
+    case TDD_OP_GROUP_NORM: { /* layer_norm's formula over [N, G, C/G * S] */
+        int nd = xi->ndim;
+        int64_t N = xi->shape[0], C = xi->shape[1], G = a->i[0];
+        int64_t M = N != 0 && G != 0 ? tdd_shape_numel(xi->shape, nd, INT64_MAX) / (N * G) : 0;
+        int64_t s3[3] = {N, G, M}, last[1] = {2}, wshape[TD_MAX_NDIM];
+        for (int d = 0; d < nd; d++)
+            wshape[d] = d == 1 ? C : 1;
+        tdd_value *w = (a->flags & 1u) ? reshape(b, n->in[1].v, wshape, nd) : NULL;
+        tdd_value *xr = reshape(b, x, s3, 3);
+        tdd_value *xc = bin(b, TDD_OP_SUB, xr, mean_dims(b, xr, last, 1));
+        tdd_value *var = mean_dims(b, un(b, TDD_OP_SQUARE, xc), last, 1);
+        tdd_value *rstd = un(b, TDD_OP_RSQRT, sc(b, TDD_OP_ADD, var, a->f[0]));
+        tdd_value *xhat = bin(b, TDD_OP_MUL, xc, rstd);
+        tdd_value *gh = reshape(b, w ? bin(b, TDD_OP_MUL, g, w) : g, s3, 3);
+        tdd_value *m1 = mean_dims(b, gh, last, 1);
+        tdd_value *m2 = mean_dims(b, bin(b, TDD_OP_MUL, gh, xhat), last, 1);
+        gin[0] = reshape(
+            b,
+            bin(b, TDD_OP_MUL, rstd,
+                bin(b, TDD_OP_SUB, bin(b, TDD_OP_SUB, gh, m1), bin(b, TDD_OP_MUL, xhat, m2))),
+            xi->shape, nd);
+        uint32_t others = ((1u << nd) - 1u) & ~2u; /* every dim but the channels */
+        if (w && n->in[1].needs_grad)
+            gin[1] = reshape(
+                b,
+                sum_dims(b, bin(b, TDD_OP_MUL, g, reshape(b, xhat, xi->shape, nd)), others, false),
+                &C, 1);
+        if ((a->flags & 2u) && n->n_in > 2 && n->in[2].needs_grad)
+            gin[2] = reshape(b, sum_dims(b, g, others, false), &C, 1);
+        return b->rc;
+    }
     case TDD_OP_ADAPTIVE_AVG_POOL2D: { /* y = Ph x Pw^T per plane, so gx = Ph^T g Pw */
         int nd = xi->ndim;
         tdd_value *ph = adaptive_matrix(b, a->ints[3][0], xi->shape[nd - 2], xi->dtype, xi->dev);

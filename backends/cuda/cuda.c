@@ -549,6 +549,7 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_BADDBMM: /* matmul/bmm and elementwise ops (tdd_addmm_by_parts) */
         return 0;
     case TDD_OP_ADAPTIVE_AVG_POOL2D: /* f32/f64 (f16/bf16 widened), dense */
+    case TDD_OP_GROUP_NORM:
         return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
@@ -1401,6 +1402,7 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_ARGSORT:
     case TDD_OP_TOPK:
     case TDD_OP_ADAPTIVE_AVG_POOL2D:
+    case TDD_OP_GROUP_NORM:
         return true;
     case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
     case TDD_OP_NLL_LOSS:
@@ -1606,6 +1608,18 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         return exec_join(dv, c);
     case TDD_OP_PAD:
         return exec_pad(dv, c);
+    case TDD_OP_GROUP_NORM: {
+        const tdd_tensor *x = c->in[0];
+        const tdd_opargs *g = c->args;
+        int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
+        int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
+        return cuda_rc(dv,
+                       tdc_group_norm(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                                      (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
+                                      (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, N, C, S, g->i[0],
+                                      g->f[0]),
+                       "group_norm");
+    }
     case TDD_OP_ADAPTIVE_AVG_POOL2D: {
         const tdd_tensor *x = c->in[0];
         int nd = x->ndim;

@@ -611,6 +611,34 @@ __global__ void sort_kernel(const U *x, int dt, int64_t outer, int64_t L, int64_
     }
 }
 
+// group_norm: a thread per (sample, group), two passes in double, then the normalised values.
+__global__ void group_norm_kernel(int dt, const void *x, void *y, const void *w, const void *b,
+                                  int64_t N, int64_t C, int64_t S, int64_t G, double eps)
+{
+    const int64_t Cg = C / G, M = Cg * S;
+    for (int64_t r = gtid(); r < N * G; r += gstride()) {
+        int64_t first = r * M;
+        double s = 0.0, ss = 0.0;
+        for (int64_t j = 0; j < M; j++)
+            s += load_f(x, dt, first + j);
+        double mean = M ? s / (double)M : 0.0;
+        for (int64_t j = 0; j < M; j++) {
+            double dv = load_f(x, dt, first + j) - mean;
+            ss += dv * dv;
+        }
+        double rstd = 1.0 / sqrt((M ? ss / (double)M : 0.0) + eps);
+        for (int64_t j = 0; j < M; j++) {
+            int64_t ch = (r % G) * Cg + j / S;
+            double v = (load_f(x, dt, first + j) - mean) * rstd;
+            if (w)
+                v *= load_f(w, dt, ch);
+            if (b)
+                v += load_f(b, dt, ch);
+            store_f(y, dt, first + j, v);
+        }
+    }
+}
+
 // adaptive_avg_pool2d: a thread per output, its window's mean in double.
 __global__ void adaptive_avg_kernel(int dt, const void *x, void *y, int64_t planes, int64_t H,
                                     int64_t W, int64_t Ho, int64_t Wo)
@@ -1508,6 +1536,17 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
     default:
         return cudaErrorInvalidValue;
     }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_group_norm(const tdc_dev *d, int dt, const void *x, void *y,
+                                      const void *w, const void *b, int64_t N, int64_t C, int64_t S,
+                                      int64_t G, double eps)
+{
+    if (N * G == 0 || S == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, N * G), kThreads, 0, d->stream, group_norm_kernel)(dt, x, y, w, b, N, C,
+                                                                              S, G, eps);
     return launched();
 }
 

@@ -93,6 +93,9 @@ cudaError_t tdc_sort(const tdc_dev *d, const void *x, int dt, int elsize, int64_
 /* adaptive_avg_pool2d over planes of dense [H, W] into [Ho, Wo] (dt f32 or f64) */
 cudaError_t tdc_adaptive_avg_pool2d(const tdc_dev *d, int dt, const void *x, void *y,
                                     int64_t planes, int64_t H, int64_t W, int64_t Ho, int64_t Wo);
+/* group_norm over dense [N, C, S] (dt f32 or f64) in G groups; w, b [C] or NULL */
+cudaError_t tdc_group_norm(const tdc_dev *d, int dt, const void *x, void *y, const void *w,
+                           const void *b, int64_t N, int64_t C, int64_t S, int64_t G, double eps);
 cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y, const uint8_t *cond,
                        const void *a, const void *b, int elsize, uint64_t bits);
 

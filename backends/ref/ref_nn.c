@@ -249,6 +249,32 @@ int ref_nn(const tdd_opcall *c)
     tdd_tensor *y = c->out[0];
     int64_t n = tdd_numel(y);
     switch (c->op) {
+    case TDD_OP_GROUP_NORM: { /* groups of C/G channels x the rest, per sample */
+        int64_t N = x->shape[0], C = x->shape[1], G = g->i[0], Cg = C / G;
+        int64_t S = N != 0 && C != 0 ? n / (N * C) : 0, M = Cg * S;
+        for (int64_t r = 0; r < N * G; r++) {
+            int64_t first = r * M; /* C-order: sample r / G, channels from (r % G) * Cg */
+            double s = 0, ss = 0;
+            for (int64_t j = 0; j < M; j++)
+                s += ref_getf(x, ref_index(x, first + j));
+            double mean = M ? s / (double)M : 0.0;
+            for (int64_t j = 0; j < M; j++) {
+                double dv = ref_getf(x, ref_index(x, first + j)) - mean;
+                ss += dv * dv;
+            }
+            double rstd = 1.0 / sqrt((M ? ss / (double)M : 0.0) + g->f[0]);
+            for (int64_t j = 0; j < M; j++) {
+                int64_t ch = (r % G) * Cg + j / S;
+                double v = (ref_getf(x, ref_index(x, first + j)) - mean) * rstd;
+                if (g->flags & 1u)
+                    v *= ref_getf(c->in[1], ref_index(c->in[1], ch));
+                if (g->flags & 2u)
+                    v += ref_getf(c->in[2], ref_index(c->in[2], ch));
+                ref_setf(y, ref_index(y, first + j), v);
+            }
+        }
+        return 0;
+    }
     case TDD_OP_LAYER_NORM: {
         int64_t D = 1;
         for (int k = 0; k < g->i[0]; k++)

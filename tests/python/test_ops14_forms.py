@@ -208,6 +208,16 @@ CASES = [
            (lambda os: lambda x: F.adaptive_avg_pool2d(x, os))(os), grads=[0])
       for tag, shape, os in (("global", (2, 3, 5, 4), (1, 1)), ("uneven", (1, 2, 7, 5), (3, 2)),
                              ("upsample", (2, 3, 3), (5, 4)), ("same", (1, 1, 4, 4), (4, 4)))],
+    # group_norm
+    Case("group_norm_affine", [f32(2, 6, 3, 2), f32(6), f32(6)],
+         lambda s, x, w, b: s.op("group_norm", x, w, b, num_groups=3),
+         lambda x, w, b: F.group_norm(x, 3, w, b), grads=[0, 1, 2], atol=1e-4),
+    Case("group_norm_plain_1d", [f32(3, 4, 5)],
+         lambda s, x: s.op("group_norm", x, num_groups=2, eps=1e-3),
+         lambda x: F.group_norm(x, 2, eps=1e-3), grads=[0], atol=1e-4),
+    Case("group_norm_weight_only_2d", [f32(4, 6), f32(6)],
+         lambda s, x, w: s.op("group_norm", x, w, num_groups=6),
+         lambda x, w: F.group_norm(x, 6, w), grads=[0, 1], atol=1e-4),
     # conv2d padding="same" (odd and even kernels, dilation) and "valid"
     Case("conv2d_same_3x3", [f32(2, 3, 5, 6), f32(4, 3, 3, 3), f32(4)],
          lambda s, x, w, b: s.op("conv2d", x, w, b, padding="same"),
