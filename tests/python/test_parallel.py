@@ -567,3 +567,20 @@ def test_groups_need_a_store_dir_and_a_host_memory_device(start_daemon, store):
         g.all_reduce(t, "avg")
         np.testing.assert_array_equal(t.numpy(), np.arange(3.0))
         assert pb.HANDLE_GROUP == 5
+
+
+def test_cuda_devices_need_nccl(start_daemon):
+    """Collectives on cuda devices would need NCCL, which is not built: typed, not faked.
+    Runs where the daemon serves a cuda device (the emulated build: TDD_BIN=build/emu/
+    tensordd); skipped elsewhere."""
+    d = start_daemon("--emu-gpus", "1", "--emu-gpu-memory", "64M")
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        if "cuda:0" not in [str(x) for x in s.devices()]:
+            pytest.skip("this daemon serves no cuda device (TDD_BIN=build/emu/tensordd does)")
+        with pytest.raises(tensordd.UnsupportedOpError, match="NCCL"):
+            parallel.prepare_group(s, "gpu-group", 0, 1, device="cuda:0")
+        pg = parallel.init_process_group([s])  # on cpu:0
+        t = s.tensor(np.ones(3, np.float32), device="cuda:0")
+        with pytest.raises(tensordd.BackendMismatchError):
+            pg.all_reduce([[t]])
+        np.testing.assert_array_equal(t.numpy(), np.ones(3, np.float32))
