@@ -116,8 +116,8 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
     }
     Py_DECREF(seq);
     size_t out_len = varint_len(out);
-    size_t body = 1 + varint_len((uint64_t)name_len) + (size_t)name_len + 1 +
-                  varint_len(ins_len) + ins_len + 1 + varint_len(out_len) + out_len;
+    size_t body = 1 + varint_len((uint64_t)name_len) + (size_t)name_len + 1 + varint_len(ins_len) +
+                  ins_len + 1 + varint_len(out_len) + out_len;
     size_t msg = 1 + varint_len(rid) + 1 + varint_len(body) + body;
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
@@ -501,8 +501,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tensordd._speedups", "The Python client's optional accelerator.",
-    -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "tensordd._speedups",
+    "The Python client's optional accelerator.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__speedups(void);
