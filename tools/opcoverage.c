@@ -92,8 +92,10 @@ static void print_schema(void)
     }
 }
 
-static const td_dtype dtypes[] = {TD_F32, TD_F64, TD_F16, TD_BF16, TD_I32, TD_I64, TD_BOOL};
-static const char letters[] = "sdhbilo";
+static const td_dtype dtypes[] = {TD_F32, TD_F64,  TD_F16, TD_BF16, TD_I32,
+                                  TD_I64, TD_BOOL, TD_U8,  TD_I8,   TD_I16};
+static const char letters[] = "sdhbilouc"
+                              "w";
 
 int main(void)
 {
