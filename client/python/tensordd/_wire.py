@@ -545,7 +545,11 @@ class Connection:
         the payload read again from the answer the daemon sends again.
         """
         if self._journal is None or self._recovering:
-            self._read_into(dest)
+            got, left = _copy_into(dest, self._rbuf, self._rpos)  # (a small payload: all here)
+            if left:
+                self._read_into(dest)  # (copies the buffered part again, then receives)
+            else:
+                self._rpos += got
             return
         view = _byte_view(dest)
         start_left = self._payload_left  # of the answer's payload, before this call

@@ -868,7 +868,7 @@ class Session:
             backend, ordinal, rgrad = info.device.backend, info.device.ordinal, info.requires_grad
         try:
             t._shape = shape
-            t._dtype = dtype_name(wire)
+            t._dtype = _DTYPE_NAMES.get(wire) or dtype_name(wire)
             t._device = _DEVICES.get((backend, ordinal)) or _device(backend, ordinal)
             t._requires_grad = bool(rgrad)
             np_dtype = _NP_DTYPES.get(wire)
@@ -926,6 +926,7 @@ class Session:
 
 _BF16 = pb.DTYPE_BF16
 _NP_DTYPES: dict = {}  # wire dtype -> the numpy dtype its payload is read into
+_DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
 
 
 def _is_torch_tensor(x) -> bool:
