@@ -36,6 +36,8 @@ typedef enum {
     X(AMIN, "amin", 1, 1, REDUCE)                                                                  \
     X(ARGMAX, "argmax", 1, 1, REDUCE)                                                              \
     X(ARGMIN, "argmin", 1, 1, REDUCE)                                                              \
+    X(MAX, "max", 1, 1, REDUCE)                                                                    \
+    X(MIN, "min", 1, 1, REDUCE)                                                                    \
     X(VAR, "var", 1, 1, REDUCE)                                                                    \
     X(STD, "std", 1, 1, REDUCE)                                                                    \
     X(LOGSUMEXP, "logsumexp", 1, 1, REDUCE)                                                        \

@@ -64,6 +64,8 @@ static const tdd_attrdef s_varstd[] = {
 static const tdd_attrdef s_argmax[] = {A("dim", INT, "flattened", "[-ndim, ndim)"),
                                        A("keepdim", BOOL, "false", NULL)};
 static const tdd_attrdef s_dim_req[] = {R("dim", INT, "[-ndim, ndim)")};
+static const tdd_attrdef s_max_dim[] = {R("dim", INT, "[-ndim, ndim) (no dim: amax/amin)"),
+                                        A("keepdim", BOOL, "false", NULL)};
 static const tdd_attrdef s_sum_to[] = {R("shape", INTS, "the input broadcasts from it")};
 static const tdd_attrdef s_transpose[] = {R("dim0", INT, "[-ndim, ndim)"),
                                           R("dim1", INT, "[-ndim, ndim)")};
@@ -221,6 +223,8 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_AMIN] = S(RED_IN, s_reduce),
     [TDD_OP_ARGMAX] = S(RED_IN, s_argmax),
     [TDD_OP_ARGMIN] = S(RED_IN, s_argmax),
+    [TDD_OP_MAX] = S("input (outputs: values, int64 indices)", s_max_dim),
+    [TDD_OP_MIN] = S("input (outputs: values, int64 indices)", s_max_dim),
     [TDD_OP_VAR] = S(RED_IN, s_varstd),
     [TDD_OP_STD] = S(RED_IN, s_varstd),
     [TDD_OP_LOGSUMEXP] = S(RED_IN, s_reduce),
@@ -996,6 +1000,31 @@ static int prep_clamp_tensors(tdd_prep *p)
     return 0;
 }
 
+int tdd_max_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
+{
+    bool mx = c->op == TDD_OP_MAX;
+    tdd_opargs a = *c->args;
+    tdd_opcall s = *c;
+    s.args = &a;
+    s.n_out = 1;
+    s.op = mx ? TDD_OP_AMAX : TDD_OP_AMIN;
+    a.dtype = a.cdtype = c->in[0]->dtype;
+    int rc = run(ctx, ordinal, &s);
+    if (rc)
+        return rc;
+    s.op = mx ? TDD_OP_ARGMAX : TDD_OP_ARGMIN;
+    s.out[0] = c->out[1];
+    a.dtype = TD_I64;
+    if (c->in[0]->dtype == TD_BOOL) { /* argmax takes no bool: its uint8 bytes order the same */
+        tdd_tensor u = *c->in[0];
+        u.dtype = TD_U8;
+        s.in[0] = &u;
+        a.cdtype = TD_U8;
+        return run(ctx, ordinal, &s);
+    }
+    return run(ctx, ordinal, &s);
+}
+
 int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
 {
     const tdd_opargs *g = c->args;
@@ -1242,9 +1271,15 @@ static int prep_reduce(tdd_prep *p)
         tdd_p_out(p, 0, dt, ts, tn);
         return 0;
     }
+    case TDD_OP_MAX: /* max/min(dim): amax/amin and argmax/argmin together */
+    case TDD_OP_MIN:
+        if (!tdd_p_get(p, "dim"))
+            return tdd_p_missing(p, "dim");
+        /* fall through */
     case TDD_OP_ARGMAX:
     case TDD_OP_ARGMIN: {
-        if (dt == TD_BOOL)
+        bool two = p->op == TDD_OP_MAX || p->op == TDD_OP_MIN;
+        if (dt == TD_BOOL && !two)
             return tdd_p_unsupported(p, dt);
         const td_attr *da = tdd_p_get(p, "dim");
         if (!da) {
@@ -1263,9 +1298,11 @@ static int prep_reduce(tdd_prep *p)
             return tdd_err_arg(p->err, "dim", "%s: cannot reduce over a zero-size dimension",
                                p->name);
         g->i[1] = count;
-        g->dtype = TD_I64;
+        g->dtype = two ? dt : TD_I64;
         g->cdtype = dt;
-        tdd_p_out(p, 0, TD_I64, shape, ndim);
+        tdd_p_out(p, 0, g->dtype, shape, ndim);
+        if (two)
+            tdd_p_out(p, 1, TD_I64, shape, ndim);
         return 0;
     }
     case TDD_OP_SUM:

@@ -197,6 +197,8 @@ typedef struct tdd_opcall {
  * the output, then minimum in place, each through run (a backend's execute). */
 typedef int (*tdd_run_fn)(void *ctx, int ordinal, const tdd_opcall *c);
 int tdd_clamp_by_tensors(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+/* max/min(dim) as the backends run them: amax/amin into output 0, argmax/argmin into 1. */
+int tdd_max_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 /* addmm/baddbmm as the backends run them: matmul/bmm into the output, times alpha, plus
  * beta * input (tdd_opargs f[2], f[3]: beta, alpha; n[2], n[3] the same as exact ints). */
 int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);

@@ -526,6 +526,9 @@ static int f_unary(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+static tdd_value *scatter_into_zeros(tdd_bw *b, const tdd_node_in *xi, tdd_value *idx,
+                                     tdd_value *src, int64_t dim);
+
 static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -534,6 +537,20 @@ static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     uint32_t m = a->dims_mask;
     bool kd = a->keepdim;
     switch (n->op) {
+    case TDD_OP_MAX:
+    case TDD_OP_MIN: { /* the gradient goes to the index the forward picked (PyTorch's) */
+        int64_t d = a->i[0];
+        td_attr at[2] = {A_INT("dim", d), A_B("keepdim", true)};
+        tdd_value *idx = op1a(b, n->op == TDD_OP_MAX ? TDD_OP_ARGMAX : TDD_OP_ARGMIN,
+                              xi->dtype == TD_BOOL ? cast(b, x, TD_U8) : x, at, 2);
+        tdd_value *gk = kd || !xi->ndim ? g : unsqueeze(b, g, d);
+        if (!xi->ndim) {
+            gin[0] = g;
+            break;
+        }
+        gin[0] = scatter_into_zeros(b, xi, idx, gk, d);
+        break;
+    }
     case TDD_OP_SUM:
         gin[0] = expand_back(b, g, xi, m, kd);
         break;

@@ -748,6 +748,8 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     int nt = cc ? cc->threads : 1;
     if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* sgemm, then elementwise */
         return tdd_addmm_by_parts(c, cpu_execute, ctx, ordinal);
+    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
+        return tdd_max_by_parts(c, cpu_execute, ctx, ordinal);
     (void)ordinal;
     if (!tdd_cpu_native(c))
         return tdd_ref_run(c);

@@ -545,6 +545,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ARGSORT:
     case TDD_OP_TOPK: /* ranks of dense lines, any dtype */
         return 0;
+    case TDD_OP_MAX:
+    case TDD_OP_MIN: /* amax/amin and argmax/argmin (tdd_max_by_parts) */
     case TDD_OP_ADDMM:
     case TDD_OP_BADDBMM: /* matmul/bmm and elementwise ops (tdd_addmm_by_parts) */
         return 0;
@@ -1519,6 +1521,8 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return tdd_clamp_by_tensors(c, cuda_execute, ctx, ordinal);
     if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* the product, then elementwise */
         return tdd_addmm_by_parts(c, cuda_execute, ctx, ordinal);
+    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
+        return tdd_max_by_parts(c, cuda_execute, ctx, ordinal);
     if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))

@@ -187,6 +187,17 @@ CASES = [
     Case("topk_smallest_values_3d", [f32(2, 5, 2)],
          lambda s, x: s.op("topk", x, num_outputs=2, k=4, dim=1, largest=False)[0],
          lambda x: torch.topk(x, 4, dim=1, largest=False)[0], grads=[0]),
+    # max/min with a dim: values (gradient to the picked index) and indices
+    Case("max_dim_values", [f32(3, 5)], lambda s, x: s.op("max", x, num_outputs=2, dim=1)[0],
+         lambda x: torch.max(x, dim=1)[0], grads=[0]),
+    Case("max_dim_indices_keepdim", [f32(4, 3)],
+         lambda s, x: s.op("max", x, num_outputs=2, dim=0, keepdim=True)[1],
+         lambda x: torch.max(x, dim=0, keepdim=True)[1]),
+    Case("min_dim_values_keepdim", [f32(2, 3, 4)],
+         lambda s, x: s.op("min", x, num_outputs=2, dim=-1, keepdim=True)[0],
+         lambda x: torch.min(x, dim=-1, keepdim=True)[0], grads=[0]),
+    Case("min_dim_int_indices", [idx(3, 6, hi=1000)],
+         lambda s, x: s.op("min", x, num_outputs=2, dim=1)[1], lambda x: torch.min(x, dim=1)[1]),
     # addmm, baddbmm (beta 0 leaves the input unread, as torch)
     Case("addmm", [f32(3), f32(2, 4), f32(4, 3)],
          lambda s, x, a, b: s.op("addmm", x, a, b), torch.addmm, grads=[0, 1, 2]),

@@ -362,6 +362,8 @@ const conf_case conf_cases[] = {
     {"nll_loss", {"x:2,4,3", "i4:2,3", "p:4"}, "reduction='none'", F, 1},
     {"nll_loss", {"x:5,3", "i3:5", "p:3"}, "ignore_index=0", FA, 1},
     {"sort", {"x:3,5"}, "", ALL, 1},
+    {"max", {"x:3,5"}, "dim=1", ALL, 1},
+    {"min", {"x:4,3,2T"}, "dim=0;keepdim=true", ALL, 1},
     {"group_norm", {"x:2,6,3,2", "x:6", "x:6"}, "num_groups=3", FA, 4},
     {"group_norm", {"x:3,4,5T"}, "num_groups=2;eps=0.001", F, 4},
     {"adaptive_avg_pool2d", {"x:2,3,7,5"}, "output_size=[3,2]", FA, 4},
