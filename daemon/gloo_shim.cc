@@ -61,32 +61,19 @@ class MeshContext : public gloo::Context
         return blob;
     }
 
-    void finish(const void *const *blobs, const size_t *lens)
+    // addrs[j]: rank j's address for this rank (entry `rank` of rank j's prepare()).
+    void finish(const void *const *addrs, const size_t *lens)
     {
         for (int j = 0; j < size; j++) {
             if (j == rank)
                 continue;
-            // rank j's address for this rank: entry `rank` of its blob
-            const char *p = static_cast<const char *>(blobs[j]), *end = p + lens[j];
-            std::vector<char> mine;
-            for (int k = 0; k <= rank; k++) {
-                uint32_t n;
-                if (end - p < static_cast<ptrdiff_t>(sizeof n))
-                    throw std::invalid_argument("rank " + std::to_string(j) +
-                                                "'s address is truncated");
-                memcpy(&n, p, sizeof n);
-                p += sizeof n;
-                if (static_cast<size_t>(end - p) < n)
-                    throw std::invalid_argument("rank " + std::to_string(j) +
-                                                "'s address is truncated");
-                if (k == rank)
-                    mine.assign(p, p + n);
-                p += n;
-            }
-            if (mine.size() != transportContext_->getPair(j)->address().bytes().size())
+            auto &pair = transportContext_->getPair(j);
+            if (lens[j] != pair->address().bytes().size())
                 throw std::invalid_argument("rank " + std::to_string(j) +
-                                            "'s address for this rank is not one");
-            transportContext_->getPair(j)->connect(mine);
+                                            "'s address for this rank is not one (" +
+                                            std::to_string(lens[j]) + " bytes)");
+            const char *p = static_cast<const char *>(addrs[j]);
+            pair->connect(std::vector<char>(p, p + lens[j]));
         }
     }
 };
@@ -291,11 +278,11 @@ extern "C" tdd_gloo *tdd_gloo_prepare(const char *address, int rank, int size, l
     }
 }
 
-extern "C" int tdd_gloo_finish(tdd_gloo *g, const void *const *blobs, const size_t *lens, char *msg,
+extern "C" int tdd_gloo_finish(tdd_gloo *g, const void *const *addrs, const size_t *lens, char *msg,
                                size_t msglen)
 {
     try {
-        g->mesh->finish(blobs, lens);
+        g->mesh->finish(addrs, lens);
         // Answered once every rank is connected, as a rendezvous through the store is.
         gloo::BarrierOptions b(g->ctx);
         b.setTimeout(g->timeout);

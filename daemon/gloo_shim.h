@@ -29,12 +29,14 @@ void tdd_gloo_free(tdd_gloo *g);
 
 /* The same in two steps, without a store: the ranks' addresses travel through whoever
  * calls (tensordd's own connections). tdd_gloo_prepare makes this rank's connections to
- * each peer, listening on address, and returns their addresses as one blob (*blob, malloc'd,
- * *blob_len bytes); tdd_gloo_finish connects to every peer, given every rank's blob
- * (blobs[r], lens[r] from rank r; this rank's own is not read). */
+ * each peer, listening on address, and returns their addresses in one blob (*blob, malloc'd,
+ * *blob_len bytes): size entries, each a 4-byte length (host order) and the bytes; entry r
+ * is the address for rank r (empty for this rank). tdd_gloo_finish connects to every peer,
+ * given addrs[r], lens[r]: rank r's address for this rank (entry `rank` of rank r's blob;
+ * this rank's own is not read); one that is not an address is TD_EINVALID_ARGUMENT. */
 tdd_gloo *tdd_gloo_prepare(const char *address, int rank, int size, long timeout_ms, void **blob,
                            size_t *blob_len, int *code, char *msg, size_t msglen);
-int tdd_gloo_finish(tdd_gloo *g, const void *const *blobs, const size_t *lens, char *msg,
+int tdd_gloo_finish(tdd_gloo *g, const void *const *addrs, const size_t *lens, char *msg,
                     size_t msglen);
 
 /* In place over count elements of buf. */

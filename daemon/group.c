@@ -451,6 +451,40 @@ static group_job *take_done(tdd_group *g, uint64_t req_id)
     return j;
 }
 
+/* GroupCreate's answer with exchange: the blob of tdd_gloo_prepare (a 4-byte length and
+ * the bytes, per rank) as GroupAddressReply.addresses. Consumes j. */
+static int answer_addresses(tdd_req *r, const tdd_group *g, group_job *j)
+{
+    ProtobufCBinaryData *a = calloc((size_t)g->size, sizeof *a);
+    const uint8_t *p = j->blob, *end = p + j->blob_len;
+    for (int k = 0; a && k < g->size; k++) {
+        uint32_t n = 0;
+        if ((size_t)(end - p) >= sizeof n)
+            memcpy(&n, p, sizeof n);
+        p += (size_t)(end - p) >= sizeof n ? sizeof n : (size_t)(end - p);
+        a[k].len = n <= (size_t)(end - p) ? n : (size_t)(end - p);
+        a[k].data = (uint8_t *)p;
+        p += a[k].len;
+    }
+    if (!a) {
+        job_free(j);
+        td_error err;
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    Tensordd__V1__GroupAddressReply ga = TENSORDD__V1__GROUP_ADDRESS_REPLY__INIT;
+    ga.n_addresses = (size_t)g->size;
+    ga.addresses = a;
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = r->req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_GROUP_ADDRESS;
+    resp.group_address = &ga;
+    tdd_conn_send(r->c, &resp, NULL, 0, NULL);
+    free(a);
+    job_free(j);
+    return TDD_DISPATCH_DONE;
+}
+
 int tdd_h_group_create(tdd_req *r)
 {
     register_kind();
@@ -466,18 +500,8 @@ int tdd_h_group_create(tdd_req *r)
                 job_free(j);
                 return tdd_answer_error(r, &g->broke);
             }
-            if (g->exchange) { /* this rank's addresses, for GroupConnect */
-                Tensordd__V1__GroupAddressReply ga = TENSORDD__V1__GROUP_ADDRESS_REPLY__INIT;
-                ga.address.data = j->blob;
-                ga.address.len = j->blob_len;
-                Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
-                resp.id = r->req->id;
-                resp.body_case = TENSORDD__V1__RESPONSE__BODY_GROUP_ADDRESS;
-                resp.group_address = &ga;
-                tdd_conn_send(r->c, &resp, NULL, 0, NULL);
-                job_free(j);
-                return TDD_DISPATCH_DONE;
-            }
+            if (g->exchange) /* this rank's addresses, for GroupConnect */
+                return answer_addresses(r, g, j);
             job_free(j);
             tdd_info("session %llu: group '%s' formed, rank %d of %d on %s",
                      (unsigned long long)s->id, g->name, g->rank, g->size, g->dev->label);
@@ -899,8 +923,7 @@ int tdd_h_group_connect(tdd_req *r)
         return tdd_answer_error(r, &err);
     if (j)
         return answer_job(r, j);
-    /* each rank's blob: a length and an address per rank (gloo_shim.cc) */
-    size_t most = (size_t)g->size * 260;
+    size_t most = 256; /* a Gloo TCP address is well under it */
     if (!g->exchange || g->connected)
         rc = tdd_err_arg(&err, "group", "process group '%s' %s", g->name,
                          g->exchange ? "is connected already"
@@ -910,7 +933,8 @@ int tdd_h_group_connect(tdd_req *r)
                          g->size);
     for (size_t i = 0; !rc && i < gc->n_addresses; i++)
         if (gc->addresses[i].len > most)
-            rc = tdd_err_arg(&err, "addresses", "rank %zu's address is %zu bytes, at most %zu", i,
+            rc = tdd_err_arg(&err, "addresses",
+                             "rank %zu's address for this rank is %zu bytes, at most %zu", i,
                              gc->addresses[i].len, most);
     if (!rc && !(j = job_new(JOB_CONNECT, 0, &err)))
         rc = err.code;

@@ -472,17 +472,25 @@ def test_group_connect_bad_arguments(sessions):
     with pytest.raises(tensordd.InvalidArgumentError, match="not connected") as ei:
         g0.all_reduce(t)  # before GroupConnect
     assert ei.value.argument == "group"
+    # one address for a group of two (what a client other than this one could send)
+    req = s0._new_request()
+    req.group_connect.group = g0._handle
+    req.group_connect.addresses.append(b"")
+    from tensordd.session import _Call
+
     with pytest.raises(tensordd.InvalidArgumentError) as ei:
-        g0.connect([a0])  # one address for a group of two
+        s0._roundtrip(req, _Call("group_connect"))
     assert ei.value.argument == "addresses"
-    with pytest.raises(tensordd.InvalidArgumentError, match="truncated"):
-        g0.connect([a0, a1[:7]])  # a garbled address: typed, and the group is broken
+    with pytest.raises(tensordd.InvalidArgumentError, match="at most"):
+        g0.connect([a0, [b"x" * 300, b"x" * 300]])  # too long to be one
+    with pytest.raises(tensordd.InvalidArgumentError, match="not one"):
+        g0.connect([a0, [x[:7] for x in a1]])  # a garbled address: typed, the group broken
     with pytest.raises(tensordd.InvalidArgumentError):
         g0.all_reduce(t)
     # a group formed through the store takes no GroupConnect
     pg = parallel.init_process_group(sessions, rendezvous="store")
     with pytest.raises(tensordd.InvalidArgumentError, match="store"):
-        pg.groups[0].connect([a0, a1])
+        pg.groups[0].connect([a0, a1, a1])
     np.testing.assert_array_equal(t.numpy(), np.ones(2, np.float32))
 
 

@@ -116,11 +116,16 @@ class Group:
 
     def connect(self, addresses) -> None:
         """Connects a group made by :func:`prepare_group` to its peers: addresses[r] is
-        rank r's (every rank's, this one's included). Returns once every peer is
+        what prepare_group returned on rank r (every rank's, this one's included; only
+        each one's entry for this rank goes to the daemon). Returns once every rank is
         connected; TimedOutError when one does not come within --group-timeout."""
+        if len(addresses) != self.world_size:
+            raise ValueError(f"{len(addresses)} ranks' addresses for a group of "
+                             f"{self.world_size}")
         req = self.session._new_request()
         req.group_connect.group = self._handle
-        req.group_connect.addresses.extend(bytes(a) for a in addresses)
+        req.group_connect.addresses.extend(
+            bytes(a[self.rank]) if len(a) > self.rank else b"" for a in addresses)
         self._call(req, "group_connect")
 
     def all_reduce(self, tensors, op: str = "sum") -> None:
@@ -194,12 +199,13 @@ def _group_create(session, name, rank, world_size, device, exchange):
 
 
 def prepare_group(session: Session, name: str, rank: int, world_size: int,
-                  device="cpu:0") -> tuple[Group, bytes]:
+                  device="cpu:0") -> tuple[Group, list[bytes]]:
     """The first step of a group whose addresses travel through the caller: returns the
-    Group (not connected yet) and this rank's addresses. Once every rank's script has
-    them all, each calls ``group.connect(addresses)`` (rank order)."""
+    Group (not connected yet) and this rank's addresses (one per rank, opaque bytes).
+    Once every rank's script has every rank's list, each calls
+    ``group.connect(lists)`` (rank order)."""
     group, resp = _group_create(session, name, rank, world_size, device, True)
-    return group, resp.group_address.address
+    return group, list(resp.group_address.addresses)
 
 
 def create_group(session: Session, name: str, rank: int, world_size: int,
