@@ -982,40 +982,6 @@ def _as_int(v, what: str) -> int:
     return int(v)
 
 
-def _varint(n: int) -> bytes:
-    """protobuf's base-128 varint of n >= 0."""
-    if n < 0x80:
-        return _SMALL_VARINTS[n]
-    if n < 0x4000:
-        return bytes(((n & 0x7F) | 0x80, n >> 7))
-    if n < 0x200000:
-        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
-_OP_NAMES: dict = {}  # op name -> its encoded Op.op field
-
-
-def _encode_op(rid: int, name: str, inputs, out: int) -> bytes:
-    """Request{id: rid, op: Op{op: name, inputs, outputs: [out]}}, as protobuf encodes
-    it: Request.id is field 1 (varint), Request.op field 14; Op.op field 1, Op.inputs
-    field 2 and Op.outputs field 3 (packed varints)."""
-    head = _OP_NAMES.get(name)
-    if head is None:
-        b = name.encode()
-        head = _OP_NAMES[name] = b"\x0a" + _varint(len(b)) + b
-    ins = b"".join([_varint(h) for h in inputs])
-    o = _varint(out)
-    body = b"".join((head, b"\x12", _varint(len(ins)), ins, b"\x1a", _SMALL_VARINTS[len(o)], o))
-    return b"".join((b"\x08", _varint(rid), b"\x72", _varint(len(body)), body))
-
-
 def _set_attr(attr: "pb.Attr", name: str, value) -> None:
     """Fills a protobuf Attr from a Python value (bool before int: bool is an int)."""
     attr.name = name
