@@ -147,3 +147,13 @@ def test_tdctl_npy(dd, tmp_path, dt):
                         str(tmp_path / "c.npy")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     check(np.load(tmp_path / "c.npy"), torch.from_numpy(a) + torch.from_numpy(a))
+
+
+def test_small_int_dtypes_are_module_attributes(s):
+    for name, tdt in (("uint8", torch.uint8), ("int8", torch.int8), ("int16", torch.int16)):
+        dt = getattr(tensordd, name)
+        assert dt == name and dt == tdt and dt in tensordd.__all__
+        t = s.tensor([1, 2, 3], dtype=dt)
+        assert t.dtype == name
+        check(t.numpy(), np.array([1, 2, 3], dtype=name))
+    assert tensordd.short == tensordd.int16  # torch's alias

@@ -74,12 +74,16 @@ float16 = _DTYPES["float16"]
 bfloat16 = _DTYPES["bfloat16"]
 int32 = _DTYPES["int32"]
 int64 = _DTYPES["int64"]
+int16 = _DTYPES["int16"]
+int8 = _DTYPES["int8"]
+uint8 = _DTYPES["uint8"]
 bool = _DTYPES["bool"]  # noqa: A001 (torch's name)
 float = float32  # noqa: A001 (torch's aliases)
 double = float64
 half = float16
 long = int64
 int = int32  # noqa: A001
+short = int16
 
 
 # ---- module-level calls on the default session (torch's spelling)
@@ -193,6 +197,7 @@ __all__ = ["connect", "Session", "Tensor", "Device", "DeviceSpecError", "DType",
            "default_session", "set_default_session", "tensor", "as_tensor", "from_numpy",
            "zeros", "ones", "full", "randn", "rand", "arange", "cat", "stack", "where",
            "no_grad", "set_grad_enabled", "is_grad_enabled", "device", "is_tensor",
-           "float32", "float64", "float16", "bfloat16", "int32", "int64", "bool",
+           "float32", "float64", "float16", "bfloat16", "int32", "int64", "int16", "int8",
+           "uint8", "bool",
            *_errors.__all__]
 del _name
