@@ -279,14 +279,16 @@ static int run_buckets(group_job *j)
             size_t o = 0;
             for (size_t m = i; m < k; m++) {
                 size_t b = (size_t)tdd_numel(&j->it[m].dst->t) * es;
-                memcpy(bucket + o, tdd_data(&j->it[m].dst->t), b);
+                if (b) /* (an empty tensor may have no data pointer) */
+                    memcpy(bucket + o, tdd_data(&j->it[m].dst->t), b);
                 o += b;
             }
             if (!collective(j, bucket, bytes / es, dt)) {
                 o = 0;
                 for (size_t m = i; m < k; m++) {
                     size_t b = (size_t)tdd_numel(&j->it[m].dst->t) * es;
-                    memcpy(tdd_data(&j->it[m].dst->t), bucket + o, b);
+                    if (b)
+                        memcpy(tdd_data(&j->it[m].dst->t), bucket + o, b);
                     o += b;
                 }
             }
@@ -946,7 +948,8 @@ int tdd_h_group_connect(tdd_req *r)
             size_t n = gc->addresses[i].len;
             if (!(j->peers[i] = malloc(n ? n : 1)))
                 break;
-            memcpy(j->peers[i], gc->addresses[i].data, n);
+            if (n) /* (an empty entry's data may be NULL) */
+                memcpy(j->peers[i], gc->addresses[i].data, n);
             j->peer_lens[i] = n;
         }
         if (!j->peers || !j->peer_lens || !j->peers[g->size - 1]) {

@@ -211,8 +211,8 @@ def test_all_reduce_matches_numpy(sessions, op):
     pg = parallel.init_process_group(sessions, rendezvous="store")  # Gloo's file store
     rng = np.random.default_rng(1)
     # several tensors and dtypes: packed into 8 KiB buckets, one alone (16 KiB), dtype runs
-    shapes = [(3, 5), (4096,), (7,), (2, 3, 4), ()]
-    dtypes = [np.float32, np.float32, np.float64, np.float64, np.float32]
+    shapes = [(3, 5), (4096,), (7,), (0, 3), (2, 3, 4), ()]
+    dtypes = [np.float32, np.float32, np.float64, np.float64, np.float64, np.float32]
     if op != "avg":
         shapes.append((9,))
         dtypes.append(np.int64)
