@@ -424,27 +424,39 @@ static void copy_done(tdd_task *t)
     free(ct);
 }
 
+tdd_value *tdd_value_alloc(tdd_session *s, tdd_device *dev, td_dtype dt, int ndim,
+                           const int64_t *shape, td_error *err)
+{
+    tdd_value *v = tdd_value_new(dev);
+    if (!v) {
+        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return NULL;
+    }
+    v->t.dtype = dt;
+    v->t.ndim = ndim;
+    memcpy(v->t.shape, shape, (size_t)ndim * sizeof shape[0]);
+    tdd_set_contiguous(&v->t);
+    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(dt);
+    v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
+    if (!v->t.st) {
+        tdd_value_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
 int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device *dst,
                     tdd_value **out, td_error *err)
 {
     if (tdd_value_poisoned(src))
         return tdd_err_poisoned(err, src);
     copy_task *ct = calloc(1, sizeof *ct);
-    tdd_value *v = ct ? tdd_value_new(dst) : NULL;
+    if (!ct)
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    tdd_value *v = tdd_value_alloc(s, dst, src->t.dtype, src->t.ndim, src->t.shape, err);
     if (!v) {
         free(ct);
-        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-    }
-    v->t.dtype = src->t.dtype;
-    v->t.ndim = src->t.ndim;
-    memcpy(v->t.shape, src->t.shape, sizeof v->t.shape);
-    tdd_set_contiguous(&v->t);
-    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
-    v->t.st = tdd_storage_alloc(dst, nbytes, s->acct, err);
-    if (!v->t.st) {
-        tdd_value_unref(v);
-        free(ct);
-        return TD_ERESOURCE_EXHAUSTED;
+        return err->code;
     }
     /* the session's lane on the source orders the read after its producer */
     tdd_queue *q = tdd_device_lane(src->dev, s->id);

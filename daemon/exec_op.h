@@ -34,6 +34,12 @@ int tdd_check_same_device(tdd_value *const *in, int n_in, td_error *err);
 int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value *src,
                       td_error *err);
 
+/* A new contiguous value of dtype dt and shape[0..ndim) on dev, its storage charged to the
+ * session's account; NULL with err set (RESOURCE_EXHAUSTED: host memory, the device's or
+ * the quota). Nothing is queued: the caller fills it. */
+tdd_value *tdd_value_alloc(tdd_session *s, tdd_device *dev, td_dtype dt, int ndim,
+                           const int64_t *shape, td_error *err);
+
 /* Queues a copy of src to a new contiguous value on dst. */
 int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device *dst,
                     tdd_value **out, td_error *err);

@@ -639,28 +639,6 @@ static int reducible(const tdd_value *v, int op, uint64_t id, td_error *err)
     return 0;
 }
 
-/* A new contiguous value like v (shape and dtype) on dev, charged to the session. */
-static tdd_value *new_value(tdd_session *s, tdd_device *dev, td_dtype dt, int ndim,
-                            const int64_t *shape, td_error *err)
-{
-    tdd_value *v = tdd_value_new(dev);
-    if (!v) {
-        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return NULL;
-    }
-    v->t.dtype = dt;
-    v->t.ndim = ndim;
-    memcpy(v->t.shape, shape, (size_t)ndim * sizeof shape[0]);
-    tdd_set_contiguous(&v->t);
-    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(dt);
-    v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
-    if (!v->t.st) {
-        tdd_value_unref(v);
-        return NULL;
-    }
-    return v;
-}
-
 static group_job *job_new(int kind, size_t n, td_error *err)
 {
     group_job *j = calloc(1, sizeof *j);
@@ -800,7 +778,7 @@ int tdd_h_all_reduce(tdd_req *r)
                                      e->grad->dev->label);
             if (!rc) {
                 src = e->grad;
-                dst = new_value(s, g->dev, src->t.dtype, src->t.ndim, src->t.shape, &err);
+                dst = tdd_value_alloc(s, g->dev, src->t.dtype, src->t.ndim, src->t.shape, &err);
                 if (!dst)
                     rc = err.code;
             }
@@ -898,7 +876,7 @@ int tdd_h_all_gather(tdd_req *r)
     int64_t shape[TD_MAX_NDIM];
     shape[0] = g->size;
     memcpy(shape + 1, v->t.shape, (size_t)v->t.ndim * sizeof shape[0]);
-    tdd_value *out = new_value(s, g->dev, v->t.dtype, v->t.ndim + 1, shape, &err);
+    tdd_value *out = tdd_value_alloc(s, g->dev, v->t.dtype, v->t.ndim + 1, shape, &err);
     if (!out || !(j = job_new(JOB_ALLGATHER, 1, &err))) {
         if (out)
             tdd_value_unref(out);

@@ -472,26 +472,6 @@ static int check_grad(const tdd_value *p, const tdd_value *g, td_error *err)
     return 0;
 }
 
-static tdd_value *state_buffer(tdd_session *s, const tdd_value *p, td_error *err)
-{
-    tdd_value *v = tdd_value_new(p->dev);
-    if (!v) {
-        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return NULL;
-    }
-    v->t.dtype = p->t.dtype;
-    v->t.ndim = p->t.ndim;
-    memcpy(v->t.shape, p->t.shape, sizeof v->t.shape);
-    tdd_set_contiguous(&v->t);
-    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
-    v->t.st = tdd_storage_alloc(p->dev, nbytes, s->acct, err);
-    if (!v->t.st) {
-        tdd_value_unref(v);
-        return NULL;
-    }
-    return v;
-}
-
 int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_optim *o,
                        tdd_grads *grads, td_error *err)
 {
@@ -519,7 +499,8 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
             continue;
         rc = check_grad(op->p, e->grad, err);
         for (int k = 0; !rc && k < nbuf; k++)
-            if (!op->buf[k] && !(op->buf[k] = state_buffer(s, op->p, err)))
+            if (!op->buf[k] && !(op->buf[k] = tdd_value_alloc(s, op->p->dev, op->p->t.dtype,
+                                                              op->p->t.ndim, op->p->t.shape, err)))
                 rc = err->code;
     }
     if (rc) {

@@ -360,27 +360,6 @@ static int check_buffer(const tdd_value *p, const tdd_value *b, size_t i, const 
     return 0;
 }
 
-/* A fresh contiguous buffer like p, charged to the session (as optim.c's state buffers). */
-static tdd_value *fresh_buffer(tdd_session *s, const tdd_value *p, td_error *err)
-{
-    tdd_value *v = tdd_value_new(p->dev);
-    if (!v) {
-        tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
-        return NULL;
-    }
-    v->t.dtype = p->t.dtype;
-    v->t.ndim = p->t.ndim;
-    memcpy(v->t.shape, p->t.shape, sizeof v->t.shape);
-    tdd_set_contiguous(&v->t);
-    size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
-    v->t.st = tdd_storage_alloc(p->dev, nbytes, s->acct, err);
-    if (!v->t.st) {
-        tdd_value_unref(v);
-        return NULL;
-    }
-    return v;
-}
-
 /* OptimizerLoadState: every check first, then fresh buffers and a queued copy into
  * each (the tensors named stay the client's), then the state is swapped in. */
 int tdd_h_optimizer_load_state(tdd_req *r)
@@ -426,7 +405,9 @@ int tdd_h_optimizer_load_state(tdd_req *r)
         }
     }
     for (size_t j = 0; !rc && j < nslots; j++)
-        if (src[j] && !(nv[j] = fresh_buffer(s, o->ps[j / 3].p, &err)))
+        if (src[j] &&
+            !(nv[j] = tdd_value_alloc(s, o->ps[j / 3].p->dev, o->ps[j / 3].p->t.dtype,
+                                      o->ps[j / 3].p->t.ndim, o->ps[j / 3].p->t.shape, &err)))
             rc = err.code;
     for (size_t j = 0; !rc && j < nslots; j++)
         if (src[j])
