@@ -31,6 +31,8 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.distributed.optim import DistributedOptimizer
 
+from pingpong import echo_ping
+
 MiB = 1 << 20
 
 
@@ -169,45 +171,10 @@ def timed(fn, reps):
     return v
 
 
-ECHO = """
-import socket, sys
-ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
-print(ls.getsockname()[1], flush=True)
-c, _ = ls.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-n = int(sys.argv[1])
-while True:
-    got = b""
-    while len(got) < n:
-        d = c.recv(n - len(got))
-        if not d:
-            sys.exit(0)
-        got += d
-    c.sendall(got)
-"""
-
-
 def raw_pingpong(reps, n=64):
-    """A raw Python socket ping-pong with an echo process: n bytes each way."""
-    echo = subprocess.Popen([sys.executable, "-c", ECHO, str(n)], stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        port = int(echo.stdout.readline())
-        so = socket.create_connection(("127.0.0.1", port))
-        so.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        msg = b"x" * n
-
-        def once():
-            so.sendall(msg)
-            got = 0
-            while got < n:
-                got += len(so.recv(n - got))
-
-        v = timed(once, reps)
-        so.close()
-        return v
-    finally:
-        echo.kill()
-        echo.wait()
+    """Microseconds of each raw Python socket ping-pong of n bytes (bench/pingpong.py)."""
+    with echo_ping(n) as ping:
+        return timed(ping, reps)
 
 
 def main() -> int:

@@ -11,29 +11,13 @@ ops/s. Each round measures the three in turn; the medians of the rounds are prin
 with every round's figure. Which client runs is PYTHONPATH's (the accelerator
 tensordd._speedups when built; TENSORDD_PURE=1 forces pure Python).
 """
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
-import tensordd
+from pingpong import echo_ping
 
-ECHO = r"""
-import socket, sys
-n = int(sys.argv[1])
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
-print(s.getsockname()[1], flush=True)
-c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-while True:
-    got = b""
-    while len(got) < n:
-        d = c.recv(n - len(got))
-        if not d:
-            sys.exit(0)
-        got += d
-    c.sendall(got)
-"""
+import tensordd
 
 
 def p50(fn, reps):
@@ -49,19 +33,7 @@ def p50(fn, reps):
 def main() -> int:
     endpoint = sys.argv[1]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    echo = subprocess.Popen([sys.executable, "-c", ECHO, "64"], stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        so = socket.create_connection(("127.0.0.1", int(echo.stdout.readline())))
-        so.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        msg = b"x" * 64
-
-        def ping():
-            so.sendall(msg)
-            got = 0
-            while got < 64:
-                got += len(so.recv(64 - got))
-
+    with echo_ping(64) as ping:
         s = tensordd.connect(endpoint, timeout=600)  # (as bench/peers.py connects)
         x4 = s.tensor([-1.0, 2.0, -3.0, 4.0])
         raw, rt, pipe = [], [], []
@@ -75,10 +47,6 @@ def main() -> int:
             s.sync()
             pipe.append(n / (time.perf_counter() - t0))
         s.close()
-        so.close()
-    finally:
-        echo.kill()
-        echo.wait()
     accel = getattr(sys.modules.get("tensordd._codec"), "ACCELERATED", None)
     print(f"python client ({'accelerated' if accel else 'pure Python'}), "
           f"median of {rounds} rounds")
