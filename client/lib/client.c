@@ -567,11 +567,13 @@ static int payload_resync(td_client *c, uint64_t left_before, td_error *err)
     return rc;
 }
 
-int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
+/* Reads len payload bytes into dst (NULL: drops them); where the connection is lost in
+ * the middle, resumes the session (when it can) and reads the answer again. */
+static int take_payload(td_client *c, void *dst, uint64_t len, td_error *err)
 {
     uint64_t before = c->payload_left;
     for (;;) {
-        int rc = read_payload_raw(c, dst, len, err);
+        int rc = dst ? read_payload_raw(c, dst, len, err) : drain_raw(c, len, err);
         if (!rc) {
             payload_read(c, len);
             return 0;
@@ -586,23 +588,14 @@ int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
     }
 }
 
+int td__read_payload(td_client *c, void *dst, uint64_t len, td_error *err)
+{
+    return take_payload(c, dst, len, err);
+}
+
 int td__drain(td_client *c, uint64_t len, td_error *err)
 {
-    uint64_t before = c->payload_left;
-    for (;;) {
-        int rc = drain_raw(c, len, err);
-        if (!rc) {
-            payload_read(c, len);
-            return 0;
-        }
-        if (!td__resumable(c, rc) || !before)
-            return rc;
-        while ((rc = td__resume(c, err)) == 0 && (rc = payload_resync(c, before, err)) != 0 &&
-               td__resumable(c, rc))
-            ;
-        if (rc)
-            return rc;
-    }
+    return take_payload(c, NULL, len, err);
 }
 
 static int read_payload_raw(td_client *c, void *dst, uint64_t len, td_error *err)
