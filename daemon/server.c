@@ -678,6 +678,20 @@ typedef struct tls_chunk {
 static void tls_pump_out(tdd_conn *c);
 static void after_shutdown(uv_shutdown_t *req, int status);
 
+/* The socket's shutdown, once the queued writes are out; where it cannot be started the
+ * connection is closed. Returns whether it was started. */
+static bool shutdown_socket(tdd_conn *c)
+{
+    uv_shutdown_t *req = malloc(sizeof *req);
+    if (!req || uv_shutdown(req, &c->h.stream, after_shutdown) < 0) {
+        free(req);
+        conn_close(c);
+        return false;
+    }
+    req->data = c;
+    return true;
+}
+
 static void tls_fail(tdd_conn *c, const char *what)
 {
     tdd_info("connection from %s: TLS %s: %s; closing", c->s ? c->s->peer : "?", what,
@@ -799,13 +813,7 @@ static void tls_pump_out(tdd_conn *c)
             if (tls_send_out(c, NULL))
                 return;
         }
-        uv_shutdown_t *req = malloc(sizeof *req);
-        if (!req || uv_shutdown(req, &c->h.stream, after_shutdown) < 0) {
-            free(req);
-            conn_close(c);
-            return;
-        }
-        req->data = c;
+        shutdown_socket(c);
     }
 }
 
@@ -1038,13 +1046,8 @@ static void conn_shutdown(tdd_conn *c)
             watch_arm(c);
         return;
     }
-    uv_shutdown_t *req = malloc(sizeof *req);
-    if (!req || uv_shutdown(req, &c->h.stream, after_shutdown) < 0) {
-        free(req);
-        conn_close(c);
+    if (!shutdown_socket(c))
         return;
-    }
-    req->data = c;
     if (tdd_cfg.write_timeout_s && !uv_is_active((uv_handle_t *)&c->watch))
         watch_arm(c); /* a shutdown behind writes that never drain is bounded too */
 }
