@@ -158,20 +158,25 @@ def test_an_expired_window_is_connection_lost_and_frees_the_session(start_daemon
 
 def raw_hello(port, **fields):
     """One Hello on a fresh connection; the Response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        return hello_on(c, **fields)
+
+
+def hello_on(c, **fields):
+    """Sends a Hello with these fields on socket c; its Response."""
     req = pb.Request(id=1)
     req.hello.min_version = req.hello.max_version = 1
     for k, v in fields.items():
         setattr(req.hello, k, v)
     msg = req.SerializeToString()
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
-        c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), 0) + msg)
-        head = b""
-        while len(head) < 16:
-            head += c.recv(16 - len(head))
-        _, n, _ = struct.unpack("<IIQ", head)
-        body = b""
-        while len(body) < n:
-            body += c.recv(n - len(body))
+    c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), 0) + msg)
+    head = b""
+    while len(head) < 16:
+        head += c.recv(16 - len(head))
+    _, n, _ = struct.unpack("<IIQ", head)
+    body = b""
+    while len(body) < n:
+        body += c.recv(n - len(body))
     return pb.Response.FromString(body)
 
 
@@ -329,21 +334,9 @@ def test_over_mutual_tls_a_token_resumes_only_for_its_client_certificate(start_d
             # bob, with a certificate of the same CA, presents alice's token: refused
             ctx = ssl.create_default_context(cafile=mtls("ca.pem"))
             ctx.load_cert_chain(mtls("bob.pem"), mtls("bob.key"))
-            req = pb.Request(id=1)
-            req.hello.min_version = req.hello.max_version = 1
-            req.hello.resume_token = s._resume_token
-            msg = req.SerializeToString()
             with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
                                  server_hostname="127.0.0.1") as c:
-                c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), 0) + msg)
-                head = b""
-                while len(head) < 16:
-                    head += c.recv(16 - len(head))
-                _, n, _ = struct.unpack("<IIQ", head)
-                body = b""
-                while len(body) < n:
-                    body += c.recv(n - len(body))
-            r = pb.Response.FromString(body)
+                r = hello_on(c, resume_token=s._resume_token)
             assert r.error.code == pb.UNAUTHENTICATED, r
             s.sync()  # alice's session is untouched
     for w, g in zip(want, got):
