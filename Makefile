@@ -419,7 +419,7 @@ test-install:
 	@test -f $(abspath $(BUILD)/stage)$(PYDIR)/tensordd-$$(sed -n 's/^__version__ = "\(.*\)"/\1/p' \
 	    client/python/tensordd/_version.py).dist-info/RECORD
 	@echo "install: staged install links a client through pkg-config and imports the Python package"
-	@bash tools/abi/installed_client.sh $(abspath $(BUILD)/stage) /usr/local
+	@CC="$(CC)" LDFLAGS="$(LDFLAGS)" bash tools/abi/installed_client.sh $(abspath $(BUILD)/stage) /usr/local
 	@$(MAKE) --no-print-directory uninstall DESTDIR=$(abspath $(BUILD)/stage) PREFIX=/usr/local >/dev/null
 	@bash tools/abi/uninstall_check.sh verify $(abspath $(BUILD)/stage)
 

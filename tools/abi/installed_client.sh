@@ -15,6 +15,8 @@ PREFIX=$2
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 LIB=$STAGE$PREFIX/lib
 CC=${CC:-cc}
+# the build's link flags: under SAN=... the installed libraries need the sanitizer runtimes
+LDFLAGS=${LDFLAGS:-}
 
 fail() {
     echo "install: $*" >&2
@@ -41,10 +43,10 @@ cp "$ROOT/examples/session.c" "$work/app.c"
 export PKG_CONFIG_PATH=$LIB/pkgconfig PKG_CONFIG_SYSROOT_DIR=$STAGE
 (
     cd "$work"
-    # shellcheck disable=SC2046
-    $CC -std=c11 app.c $(pkg-config --cflags --libs tensordd) -o app
-    # shellcheck disable=SC2046
-    $CC -std=c11 app.c $(pkg-config --cflags tensordd) -L"$LIB" -Wl,-Bstatic -ltensordd \
+    # shellcheck disable=SC2046,SC2086
+    $CC -std=c11 $LDFLAGS app.c $(pkg-config --cflags --libs tensordd) -o app
+    # shellcheck disable=SC2046,SC2086
+    $CC -std=c11 $LDFLAGS app.c $(pkg-config --cflags tensordd) -L"$LIB" -Wl,-Bstatic -ltensordd \
         -Wl,-Bdynamic $(pkg-config --static --libs-only-l tensordd | sed 's/-ltensordd//') \
         -o app-static
 )
@@ -58,8 +60,8 @@ int main(void)
     return td_version() == TD_VERSION_HEX ? 0 : 1;
 }
 C
-# shellcheck disable=SC2046
-(cd "$work" && $CC -std=c11 version.c $(pkg-config --cflags --libs tensordd) -o version)
+# shellcheck disable=SC2046,SC2086
+(cd "$work" && $CC -std=c11 $LDFLAGS version.c $(pkg-config --cflags --libs tensordd) -o version)
 v=$(LD_LIBRARY_PATH=$LIB "$work/version") || fail "td_version() differs from the header's TD_VERSION_HEX"
 [[ $v == "$(pkg-config --modversion tensordd)" ]] ||
     fail "the library says version $v, tensordd.pc $(pkg-config --modversion tensordd)"
