@@ -27,9 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _run(args, **kw):
     if args[0] == "make" and "env" not in kw:
-        # not the outer make's variables (make BUILD=... or SAN=... test): the clone's own
+        # not the outer make's variables (make BUILD=... or SAN=... test: make puts them in
+        # MAKEFLAGS and in the environment too): the clone's own
         kw["env"] = {k: v for k, v in os.environ.items()
-                     if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+                     if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "BUILD",
+                                  "SAN", "WERROR", "OPT", "NVCC", "TDD_EMU")}
     p = subprocess.run(args, capture_output=True, text=True, timeout=120, **kw)
     assert p.returncode == 0, f"{args} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
