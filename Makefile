@@ -41,7 +41,7 @@ APT_PKGS := build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-c
             protobuf-compiler libopenblas-dev check uthash-dev libsubunit-dev python3 python3-numpy \
             python3-protobuf python3-pytest python3-sklearn python3-torch procps \
             libinih-dev libmicrohttpd-dev libsystemd-dev curl systemd python3-yaml \
-            libssl-dev openssl python3-dev g++ libgloo-dev iproute2
+            libssl-dev openssl python3-dev g++ libgloo-dev iproute2 groff-base
 
 CC ?= cc
 PKGS := libuv libprotobuf-c check
