@@ -123,28 +123,6 @@ static void bench_add(const char *ep, int pid, int reps)
 
 /* ---- 1 MiB uploads on 4 connections */
 
-static void recv_all(int fd, char *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = recv(fd, buf + got, n - got, 0);
-        if (r <= 0)
-            _exit(2);
-        got += (size_t)r;
-    }
-}
-
-static void send_all(int fd, const char *buf, size_t n)
-{
-    size_t off = 0;
-    while (off < n) {
-        ssize_t r = send(fd, buf + off, n - off, MSG_NOSIGNAL);
-        if (r <= 0)
-            _exit(2);
-        off += (size_t)r;
-    }
-}
-
 typedef struct {
     const char *ep;
     int raw_fd; /* >= 0: the raw baseline on this socket */
@@ -156,9 +134,9 @@ static void *uploader(void *arg)
     const up_arg *u = arg;
     if (u->raw_fd >= 0) {
         for (int i = 0; i < UPLOADS; i++)
-            send_all(u->raw_fd, (const char *)u->src, UP_BYTES);
+            bench_send_all(u->raw_fd, (const char *)u->src, UP_BYTES);
         char b;
-        recv_all(u->raw_fd, &b, 1); /* the server has it all */
+        bench_recv_all(u->raw_fd, &b, 1); /* the server has it all */
         return NULL;
     }
     td_client *c;
@@ -200,8 +178,8 @@ static double run_uploads(const char *ep, int raw, const float *src)
                     char *buf = malloc(UP_BYTES);
                     memset(buf, 1, UP_BYTES);
                     for (int i = 0; i < UPLOADS; i++)
-                        recv_all(fd, buf, UP_BYTES);
-                    send_all(fd, buf, 1);
+                        bench_recv_all(fd, buf, UP_BYTES);
+                    bench_send_all(fd, buf, 1);
                     _exit(0);
                 }
             }

@@ -39,28 +39,6 @@ static long proc_kb(int pid, const char *field)
 /* ---- the raw TCP baseline: another process that receives n bytes into a buffer
  * it keeps (already faulted in: the best case) and sends them back. */
 
-static void recv_all(int fd, char *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = recv(fd, buf + got, n - got, 0);
-        if (r <= 0)
-            exit(2);
-        got += (size_t)r;
-    }
-}
-
-static void send_all(int fd, const char *buf, size_t n)
-{
-    size_t off = 0;
-    while (off < n) {
-        ssize_t r = send(fd, buf + off, n - off, MSG_NOSIGNAL);
-        if (r <= 0)
-            exit(2);
-        off += (size_t)r;
-    }
-}
-
 static void raw_baseline(size_t n, int reps, double *up_gbs, double *down_gbs)
 {
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -77,10 +55,10 @@ static void raw_baseline(size_t n, int reps, double *up_gbs, double *down_gbs)
         memset(buf, 1, n);
         char b = 0;
         for (int r = 0; r < reps; r++) {
-            recv_all(fd, buf, n);
-            send_all(fd, &b, 1); /* received */
-            recv_all(fd, &b, 1); /* asked for it back */
-            send_all(fd, buf, n);
+            bench_recv_all(fd, buf, n);
+            bench_send_all(fd, &b, 1); /* received */
+            bench_recv_all(fd, &b, 1); /* asked for it back */
+            bench_send_all(fd, buf, n);
         }
         _exit(0);
     }
@@ -97,11 +75,11 @@ static void raw_baseline(size_t n, int reps, double *up_gbs, double *down_gbs)
     for (int r = 0; r < reps; r++) {
         char b = 0;
         double t0 = bench_now();
-        send_all(fd, src, n);
-        recv_all(fd, &b, 1); /* the server has it all */
+        bench_send_all(fd, src, n);
+        bench_recv_all(fd, &b, 1); /* the server has it all */
         double t1 = bench_now();
-        send_all(fd, &b, 1);
-        recv_all(fd, dst, n);
+        bench_send_all(fd, &b, 1);
+        bench_recv_all(fd, dst, n);
         double t2 = bench_now();
         best_up = t1 - t0 < best_up ? t1 - t0 : best_up;
         best_down = t2 - t1 < best_down ? t2 - t1 : best_down;
