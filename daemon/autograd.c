@@ -17,6 +17,8 @@
 #include "log.h"
 
 static uint64_t node_seq;
+/* tdd_node.capture: a bit per output */
+_Static_assert(TDD_MAX_OP_OUTPUTS <= 32, "tdd_node.capture holds a bit per output");
 static uint64_t visit_stamp;
 
 /* ---------------------------------------------------------------- values, nodes */
@@ -33,6 +35,17 @@ tdd_value *tdd_value_alias(const tdd_value *v)
     a->fseq = v->fseq;
     a->poison_req = v->poison_req;
     atomic_store(&a->poison, tdd_value_poisoned(v));
+    return a;
+}
+
+tdd_value *tdd_value_alias_tracked(const tdd_value *v)
+{
+    tdd_value *a = tdd_value_alias(v);
+    if (a && v->grad_fn) {
+        a->grad_fn = v->grad_fn;
+        a->grad_fn->refs++;
+        a->requires_grad = true;
+    }
     return a;
 }
 
@@ -93,10 +106,37 @@ static bool is_float(td_dtype dt)
     return tdd_dtype_is_float(dt);
 }
 
+static bool same_shape(int an, const int64_t *a, int bn, const int64_t *b)
+{
+    if (an != bn)
+        return false;
+    for (int d = 0; d < an; d++)
+        if (a[d] != b[d])
+            return false;
+    return true;
+}
+
 /* The in-place update count of v's data (its storage's, shared by every view of it). */
 static uint64_t storage_version(const tdd_value *v)
 {
     return v->t.st ? v->t.st->version : 0;
+}
+
+/* Which output of fn (v's grad_fn) v is: by address, or, for an alias of an output (a
+ * gradient read back through Grad, a saved output made tracked by a create_graph pass), by
+ * the view it is of that output's storage. */
+static int out_index(const tdd_node *fn, const tdd_value *v)
+{
+    for (int k = 0; k < fn->n_out; k++)
+        if (fn->out[k].id == (uintptr_t)v)
+            return k;
+    for (int k = 0; k < fn->n_out; k++) {
+        const tdd_node_out *o = &fn->out[k];
+        if (o->st == (uintptr_t)v->t.st && o->off == v->t.offset &&
+            same_shape(o->ndim, o->shape, v->t.ndim, v->t.shape))
+            return k;
+    }
+    return 0;
 }
 
 static void note_input(tdd_node *n, int i, tdd_value *v, bool save)
@@ -116,9 +156,7 @@ static void note_input(tdd_node *n, int i, tdd_value *v, bool save)
         return;
     tdd_node *fn = v->grad_fn;
     if (fn) {
-        for (int k = 0; k < fn->n_out; k++)
-            if (fn->out[k].id == (uintptr_t)v)
-                ni->fn_out = k;
+        ni->fn_out = out_index(fn, v);
         fn->refs++;
         ni->fn = fn;
     } else {
@@ -131,6 +169,8 @@ static void note_output(tdd_node *n, int k, tdd_value *v, bool save)
 {
     tdd_node_out *no = &n->out[k];
     no->id = (uintptr_t)v;
+    no->st = (uintptr_t)v->t.st;
+    no->off = v->t.offset;
     no->dtype = v->t.dtype;
     no->ndim = v->t.ndim;
     memcpy(no->shape, v->t.shape, sizeof no->shape);
@@ -185,15 +225,20 @@ static void node_attach(tdd_node *n, tdd_value *const *out, int n_out)
     tdd_node_unref(n);
 }
 
-bool tdd_autograd_tracks(const tdd_session *s, tdd_op op, tdd_value *const *in, int n_in)
+static bool tracks_any(tdd_op op, tdd_value *const *in, int n_in)
 {
     /* detach's output is the same bytes outside the graph (PyTorch's detach) */
-    if (!s->grad_enabled || op == TDD_OP_DETACH)
+    if (op == TDD_OP_DETACH)
         return false;
     for (int i = 0; i < n_in; i++)
         if (in[i]->requires_grad && is_float(in[i]->t.dtype))
             return true;
     return false;
+}
+
+bool tdd_autograd_tracks(const tdd_session *s, tdd_op op, tdd_value *const *in, int n_in)
+{
+    return s->grad_enabled && tracks_any(op, in, n_in);
 }
 
 void tdd_autograd_record(tdd_node *n, tdd_op op, const tdd_opargs *args, const tdd_attrs *attrs,
@@ -365,8 +410,18 @@ static int bw_submit(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const
     tdd_value *o[TDD_MAX_OP_OUTPUTS];
     int got = n_out;
     td_error err;
-    int rc = tdd_submit_op(b->s, b->req_id, false, op, &req, in, n_in, dev, o, &got, NULL, &err);
+    /* create_graph: the formula's ops are recorded as a client's would be, grad mode or not */
+    tdd_node *node = NULL;
+    tdd_opargs args;
+    int rc = 0;
+    if (b->create_graph && tracks_any(op, in, n_in) &&
+        !(node = tdd_autograd_reserve(b->s, n_in, n_out, &err)))
+        rc = err.code;
+    if (!rc)
+        rc = tdd_submit_op(b->s, b->req_id, false, op, &req, in, n_in, dev, o, &got,
+                           node ? &args : NULL, &err);
     if (rc) {
+        tdd_autograd_unreserve(node);
         b->err = err;
         b->rc = rc;
         /* The message says where it came from: a backward formula, not the client's op. */
@@ -375,6 +430,8 @@ static int bw_submit(tdd_bw *b, tdd_op op, tdd_value *const *in, int n_in, const
         memcpy(b->err.message, m, sizeof m);
         return rc;
     }
+    if (node)
+        tdd_autograd_record(node, op, &args, &req.attrs, in, n_in, o, got);
     for (int k = 0; k < got; k++) {
         tdd_bw_keep(b, o[k]);
         out[k] = o[k];
@@ -519,16 +576,6 @@ static int accumulate_leaf(tdd_bw *b, tdd_grads *grads, tdd_value *leaf, tdd_val
     return b->rc;
 }
 
-static bool same_shape(int an, const int64_t *a, int bn, const int64_t *b)
-{
-    if (an != bn)
-        return false;
-    for (int d = 0; d < an; d++)
-        if (a[d] != b[d])
-            return false;
-    return true;
-}
-
 /* Brings a formula's gradient to the input's shape (broadcasting reduced
  * away) and dtype (promotion undone). */
 static tdd_value *fit_to_input(tdd_bw *b, tdd_value *g, const tdd_node_in *ni)
@@ -551,8 +598,90 @@ static tdd_value *zeros_like_out(tdd_bw *b, const tdd_node_out *o, tdd_device *d
     return tdd_bw_op(b, TDD_OP_ZEROS, NULL, 0, &a, 1, o->dtype, dev);
 }
 
+/* What one pass does beyond the formulas: where leaf gradients go, and, for a grad-of
+ * pass, which values are wanted (their stamp in tdd_value.mark). */
+typedef struct {
+    tdd_grads *grads;
+    uint64_t want; /* 0: every tracked leaf; else the stamp of the wanted values */
+    uint64_t need; /* with want: the stamp (tdd_node.visit) of the nodes to run */
+} pass;
+
+static bool wanted(const pass *p, const tdd_value *v)
+{
+    return !p->want || v->mark == p->want;
+}
+
+/* A saved output's stand-in for a create_graph formula: the output again, as a value whose
+ * grad_fn is n, so the formula's result depends on n's inputs through it (d tanh(x)/dx is
+ * written with tanh(x)). n holds none of these (no cycle); they die with the new graph. */
+static void track_saved_outputs(tdd_bw *b, tdd_node *n, tdd_value **keep)
+{
+    for (int k = 0; k < n->n_out && !b->rc; k++) {
+        tdd_value *al = n->out[k].alias;
+        if (!al)
+            continue;
+        tdd_value *t = tdd_value_alias(al);
+        if (!t) {
+            tdd_bw_fail(b, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+            return;
+        }
+        t->grad_fn = n;
+        n->refs++;
+        t->requires_grad = true;
+        tdd_bw_keep(b, t);
+        keep[k] = al;
+        n->out[k].alias = t;
+    }
+}
+
+static void untrack_saved_outputs(tdd_node *n, tdd_value **keep)
+{
+    for (int k = 0; k < n->n_out; k++)
+        if (keep[k])
+            n->out[k].alias = keep[k];
+}
+
+/* A grad-of pass: the finished gradients of n's outputs that are wanted non-leaves (every
+ * user of them was made after n, so has run). */
+static void capture_outputs(tdd_bw *b, tdd_node *n, const pass *p, tdd_value *const *inputs,
+                            size_t n_inputs)
+{
+    for (size_t j = 0; j < n_inputs && !b->rc; j++) {
+        tdd_value *v = inputs[j];
+        if (v->grad_fn != n)
+            continue;
+        tdd_value *g = n->out[out_index(n, v)].grad; /* v's shape and dtype already */
+        if (g && !tdd_grads_find(p->grads, v))
+            b->rc = tdd_grads_set(p->grads, v, g, &b->err);
+    }
+}
+
+/* A ToDevice's gradient: the output's copied back to the source device (recorded as a
+ * ToDevice itself in a create_graph pass). */
+static tdd_value *copy_back(tdd_bw *b, tdd_value *g, tdd_device *dev)
+{
+    tdd_node *node = NULL;
+    tdd_value *c = NULL;
+    td_error err;
+    int rc = 0;
+    if (b->create_graph && g->requires_grad && !(node = tdd_autograd_reserve(b->s, 1, 1, &err)))
+        rc = err.code;
+    if (!rc)
+        rc = tdd_submit_copy(b->s, b->req_id, g, dev, &c, &err);
+    if (rc) {
+        tdd_autograd_unreserve(node);
+        b->err = err;
+        b->rc = rc;
+        return NULL;
+    }
+    if (node)
+        tdd_autograd_record_to_device(node, g, c);
+    tdd_bw_keep(b, c);
+    return b->rc ? NULL : c;
+}
+
 /* Runs one node's formula and hands the input gradients on. */
-static void backward_node(tdd_bw *b, tdd_node *n, tdd_grads *grads)
+static void backward_node(tdd_bw *b, tdd_node *n, const pass *p)
 {
     bool any = false;
     for (int k = 0; k < n->n_out; k++)
@@ -568,23 +697,21 @@ static void backward_node(tdd_bw *b, tdd_node *n, tdd_grads *grads)
     if (b->rc)
         return;
     if (n->to_device) {
-        tdd_value *c = NULL;
-        td_error err;
-        int rc = tdd_submit_copy(b->s, b->req_id, n->out[0].grad, n->in[0].dev, &c, &err);
-        if (rc) {
-            b->err = err;
-            b->rc = rc;
-            return;
-        }
-        tdd_bw_keep(b, c);
-        gin[0] = c;
-    } else if (tdd_backward_formula(b, n, gin)) {
-        return;
+        gin[0] = copy_back(b, n->out[0].grad, n->in[0].dev);
+    } else {
+        tdd_value *keep[TDD_MAX_OP_OUTPUTS] = {0};
+        if (b->create_graph)
+            track_saved_outputs(b, n, keep);
+        if (!b->rc)
+            tdd_backward_formula(b, n, gin);
+        untrack_saved_outputs(n, keep);
     }
     for (int i = 0; i < n->n_in && !b->rc; i++) {
         tdd_node_in *ni = &n->in[i];
-        if (!ni->needs_grad)
-            continue;
+        if (!ni->needs_grad || (ni->leaf && !wanted(p, ni->leaf)) ||
+            (ni->fn && p->want && ni->fn->visit != p->need &&
+             !(ni->fn->capture & (1u << ni->fn_out))))
+            continue; /* leads to nothing wanted */
         if (!gin[i]) {
             tdd_bw_fail(b, TD_EINTERNAL, "backward of %s gave no gradient for input %d",
                         tdd_opdefs[n->op].name, i);
@@ -594,7 +721,7 @@ static void backward_node(tdd_bw *b, tdd_node *n, tdd_grads *grads)
         if (ni->fn)
             accumulate(b, &ni->fn->out[ni->fn_out].grad, g);
         else if (ni->leaf)
-            accumulate_leaf(b, grads, ni->leaf, g);
+            accumulate_leaf(b, p->grads, ni->leaf, g);
     }
     for (int k = 0; k < n->n_out; k++) {
         tdd_value_unref(n->out[k].grad);
@@ -611,62 +738,101 @@ static tdd_value *ones_like(tdd_bw *b, const tdd_value *v)
     return tdd_bw_op(b, TDD_OP_FULL, NULL, 0, a, 2, v->t.dtype, v->dev);
 }
 
-/* The backward pass from loss (seeded with go, or ones when NULL): the gradients of the
- * tracked leaves it reaches, as queued ops. The request's checks are done (loss tracked,
- * go fits it). On failure nothing is left behind but queued ops that already ran. */
+/* A grad-of pass runs only the nodes that lead to a wanted value: those stamped p->need
+ * here (in creation order, so a node's inputs' nodes are decided first). A node with a
+ * wanted output (capture) is kept to read that output's gradient, run or not. */
+static void mark_needed(node_list *order, pass *p, tdd_value *const *inputs, size_t n_inputs,
+                        uint64_t collected)
+{
+    p->need = ++visit_stamp;
+    for (size_t j = 0; j < n_inputs; j++) {
+        tdd_node *fn = inputs[j]->grad_fn;
+        if (fn && fn->visit == collected)
+            fn->capture |= 1u << out_index(fn, inputs[j]);
+    }
+    for (size_t i = order->n; i-- > 0;) {
+        tdd_node *n = order->v[i];
+        for (int k = 0; k < n->n_in && n->visit != p->need; k++) {
+            const tdd_node_in *ni = &n->in[k];
+            if (ni->needs_grad &&
+                ((ni->fn && (ni->fn->visit == p->need || (ni->fn->capture & (1u << ni->fn_out)))) ||
+                 (ni->leaf && wanted(p, ni->leaf))))
+                n->visit = p->need;
+        }
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < order->n; i++)
+        if (order->v[i]->visit == p->need || order->v[i]->capture)
+            order->v[kept++] = order->v[i];
+    order->n = kept;
+}
+
 int tdd_autograd_backward(tdd_session *s, uint64_t req_id, tdd_value *loss, tdd_value *go,
-                          bool retain_graph, tdd_grads **out, td_error *err)
+                          const tdd_backward_opts *o, tdd_grads **out, td_error *err)
 {
     node_list order = {0};
     int rc = 0;
-    if (loss->grad_fn)
+    uint64_t collected = 0;
+    if (loss->grad_fn) {
         rc = collect(loss->grad_fn, &order, err);
-    tdd_grads *grads = NULL;
-    if (!rc && !(grads = grads_new(s)))
+        collected = visit_stamp;
+    }
+    pass p = {0};
+    if (!rc && !(p.grads = grads_new(s)))
         rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         free(order.v);
-        /* grads is NULL here: it is allocated only while rc is 0 */
-        /* cppcheck-suppress memleak */
         return rc;
     }
+    if (o->n_inputs) {
+        static uint64_t want_stamp;
+        p.want = (UINT64_C(1) << 62) | ++want_stamp; /* a range of its own (group.c's) */
+        for (size_t j = 0; j < o->n_inputs; j++)
+            o->inputs[j]->mark = p.want;
+        mark_needed(&order, &p, o->inputs, o->n_inputs, collected);
+    }
 
-    tdd_bw b = {.s = s, .req_id = req_id};
+    tdd_bw b = {.s = s, .req_id = req_id, .create_graph = o->create_graph};
     tdd_value *root = go ? go : ones_like(&b, loss);
     tdd_node *top = loss->grad_fn;
     if (!top) {
         /* The loss is itself a leaf: its gradient is grad_output. */
-        if (root)
-            accumulate_leaf(&b, grads, loss, root);
+        if (root && wanted(&p, loss))
+            accumulate_leaf(&b, p.grads, loss, root);
     } else if (root) {
-        int k = 0;
-        for (int j = 0; j < top->n_out; j++)
-            if (top->out[j].id == (uintptr_t)loss)
-                k = j;
-        accumulate(&b, &top->out[k].grad, root);
+        accumulate(&b, &top->out[out_index(top, loss)].grad, root);
     }
-    for (size_t i = 0; i < order.n && !b.rc; i++)
-        backward_node(&b, order.v[i], grads);
-    for (size_t i = 0; i < order.n; i++)
+    for (size_t i = 0; i < order.n && !b.rc; i++) {
+        if (order.v[i]->capture)
+            capture_outputs(&b, order.v[i], &p, o->inputs, o->n_inputs);
+        if (!p.want || order.v[i]->visit == p.need)
+            backward_node(&b, order.v[i], &p);
+    }
+    for (size_t i = 0; i < order.n; i++) {
+        order.v[i]->capture = 0;
         for (int k = 0; k < order.v[i]->n_out; k++) {
             tdd_value_unref(order.v[i]->out[k].grad);
             order.v[i]->out[k].grad = NULL;
         }
+    }
+    for (size_t j = 0; j < o->n_inputs; j++)
+        if (o->inputs[j]->grad_fn)
+            o->inputs[j]->grad_fn->capture = 0;
     tdd_bw_release(&b, 0);
     free(b.tmp);
     if (b.rc) {
         free(order.v);
-        grads_free(grads);
+        grads_free(p.grads);
         *err = b.err;
         return b.rc;
     }
-    if (!retain_graph)
+    if (!o->retain_graph)
         for (size_t i = 0; i < order.n; i++) {
             node_drop_saved(order.v[i]);
             order.v[i]->freed = true;
         }
     free(order.v);
-    *out = grads;
+    *out = p.grads;
     return 0;
 }
 

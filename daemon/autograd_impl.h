@@ -23,6 +23,8 @@ typedef struct {
 
 typedef struct {
     uintptr_t id;     /* the output value's address: identifies it, never dereferenced */
+    uintptr_t st;     /* its storage's address and offset: identify its aliases (a gradient */
+    int64_t off;      /* read back through Grad, a saved output in a create_graph pass) */
     tdd_value *alias; /* saved output (own value sharing the storage), or NULL */
     uint64_t version; /* the output's storage version when recorded (as for inputs) */
     td_dtype dtype;
@@ -36,8 +38,9 @@ typedef struct tdd_node {
     uint64_t seq;   /* creation order; a node's inputs' nodes were made before it */
     uint64_t visit; /* backward scratch: stamp of the pass that reached it */
     tdd_op op;
-    bool to_device; /* a ToDevice: the gradient is copied back */
-    bool freed;     /* backward ran without retain_graph: saved tensors are gone */
+    bool to_device;   /* a ToDevice: the gradient is copied back */
+    bool freed;       /* backward ran without retain_graph: saved tensors are gone */
+    uint32_t capture; /* backward scratch: the outputs that are a grad-of pass's inputs */
     tdd_opargs args;
     int64_t ex[2 * TD_MAX_NDIM]; /* attributes the formula needs beyond args, normalised */
     int n_in, n_out;
@@ -69,14 +72,30 @@ void tdd_grads_drop(tdd_grads *g, tdd_grad_entry *e);
 /* Sets leaf's gradient to grad (takes a new reference on both); a new entry is
  * charged to the session's memory (RESOURCE_EXHAUSTED in err when it is full). */
 int tdd_grads_set(tdd_grads *g, tdd_value *leaf, tdd_value *grad, td_error *err);
+/* A backward pass's options beyond the loss and its seed. */
+typedef struct {
+    bool retain_graph;
+    /* The pass records itself (its ops become graph nodes, whatever the grad mode), so
+     * the gradients it returns can be differentiated again. */
+    bool create_graph;
+    /* Only these tensors' gradients (leaves or not; torch.autograd.grad's inputs), and only
+     * the part of the graph leading to them; n_inputs 0: every tracked leaf reached. */
+    tdd_value *const *inputs;
+    size_t n_inputs;
+} tdd_backward_opts;
+
 /* The backward pass from loss, seeded with go (ones when NULL): a new Gradients object
- * holding the tracked leaves' gradients, as queued ops (*out), or a TD_E* code with err
- * set. The request's checks are the caller's (loss tracked, go fits it). */
+ * holding the tracked leaves' gradients (or the inputs'), as queued ops (*out), or a TD_E*
+ * code with err set. The request's checks are the caller's (loss tracked, go fits it,
+ * inputs tracked). */
 int tdd_autograd_backward(tdd_session *s, uint64_t req_id, tdd_value *loss, tdd_value *go,
-                          bool retain_graph, tdd_grads **out, td_error *err);
+                          const tdd_backward_opts *o, tdd_grads **out, td_error *err);
 
 /* A value sharing v's storage and readiness, with no autodiff history. */
 tdd_value *tdd_value_alias(const tdd_value *v);
+/* The same keeping v's history (grad_fn, requires_grad): a gradient made by a create_graph
+ * pass, handed to the client, stays differentiable. */
+tdd_value *tdd_value_alias_tracked(const tdd_value *v);
 
 /* ---------------------------------------------------------------- op builder */
 
@@ -86,6 +105,7 @@ tdd_value *tdd_value_alias(const tdd_value *v);
 typedef struct {
     tdd_session *s;
     uint64_t req_id;
+    bool create_graph; /* the ops queued are recorded (tdd_backward_opts) */
     int rc;
     td_error err;
     tdd_value **tmp;

@@ -3,6 +3,8 @@
 #include "autograd_impl.h"
 #include "handlers.h"
 
+#include <stdlib.h>
+
 static int check_grad_output(const tdd_value *loss, const tdd_value *go, td_error *err)
 {
     if (tdd_value_poisoned(go))
@@ -51,9 +53,28 @@ int tdd_h_backward(tdd_req *r)
                          "one has %lld)",
                          (long long)tdd_numel(&loss->t));
     }
+    /* grad-of: the wanted tensors, each tracked (torch: "does not require grad") */
+    tdd_value **inputs = NULL;
+    if (!rc && bw->n_inputs && !(inputs = calloc(bw->n_inputs, sizeof *inputs)))
+        rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    for (size_t j = 0; !rc && j < bw->n_inputs; j++) {
+        rc = tdd_value_get(s, bw->inputs[j], &inputs[j], &err);
+        if (!rc && tdd_value_poisoned(inputs[j]))
+            rc = tdd_err_poisoned(&err, inputs[j]);
+        if (!rc && !inputs[j]->requires_grad)
+            rc = tdd_err_set(&err, TD_ENOT_TRACKED,
+                             "inputs[%zu] (handle %llu) does not require grad: it has no "
+                             "gradient to ask for",
+                             j, (unsigned long long)bw->inputs[j]);
+    }
+    tdd_backward_opts opts = {.retain_graph = bw->retain_graph,
+                              .create_graph = bw->create_graph,
+                              .inputs = inputs,
+                              .n_inputs = inputs ? bw->n_inputs : 0};
     tdd_grads *grads = NULL;
     if (!rc)
-        rc = tdd_autograd_backward(s, r->req->id, loss, go, bw->retain_graph, &grads, &err);
+        rc = tdd_autograd_backward(s, r->req->id, loss, go, &opts, &grads, &err);
+    free(inputs);
     if (rc) {
         tdd_handle_unreserve(s, bw->grads); /* the id's charge, if checked */
         return tdd_answer_error(r, &err);
@@ -99,7 +120,8 @@ static int grad(tdd_req *r, bool remove)
     if (!rc)
         rc = tdd_handle_check_new(s, g->output, &err);
     tdd_value *out = NULL;
-    if (!rc && !(out = tdd_value_alias(e->grad)))
+    /* with its history: a create_graph pass's gradient is differentiable */
+    if (!rc && !(out = tdd_value_alias_tracked(e->grad)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
     if (rc) {
         tdd_handle_unreserve(s, g->output); /* the id's charge, if checked */

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .session import _Call
 from .tensor import Tensor
 
-__all__ = ["Gradients", "backward"]
+__all__ = ["Gradients", "backward", "grad"]
 
 
 def _check_tensor(session, t, what: str) -> None:
@@ -22,13 +22,19 @@ def _check_tensor(session, t, what: str) -> None:
         raise ValueError(f"{what}: tensor #{t._handle} belongs to another session")
 
 
-def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = False,
-             _register: bool = True) -> "Gradients":
+def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None = None,
+             create_graph: bool = False, inputs=None, _register: bool = True) -> "Gradients":
     """Runs the backward pass of loss in the daemon and returns its Gradients.
 
     grad: the gradient of loss (None: loss must have one element; its
-    gradient is 1). retain_graph: keep the graph for another backward.
-    Synchronising: errors of earlier asynchronous requests surface here.
+    gradient is 1). retain_graph: keep the graph for another backward
+    (default: create_graph, as torch). create_graph: record the backward pass
+    itself, so the gradients can be differentiated again (gradient penalties,
+    Hessian-vector products). inputs: only these tensors' gradients (leaves
+    or not), through the part of the graph that leads to them.
+    Pipelined (``session.pipeline_steps``, the default): sent without waiting;
+    its errors, and earlier ones, surface at the next synchronising call.
+    Otherwise synchronising: errors of earlier asynchronous requests surface here.
     """
     session = loss._session
     _check_tensor(session, loss, "backward")
@@ -38,12 +44,18 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = Fals
     if grad is not None:
         _check_tensor(session, grad, "backward grad")
         b.grad_output = grad._handle
-    b.retain_graph = bool(retain_graph)
+    b.retain_graph = bool(create_graph if retain_graph is None else retain_graph)
+    b.create_graph = bool(create_graph)
+    if inputs is not None:
+        for i, t in enumerate(inputs):
+            _check_tensor(session, t, f"backward inputs[{i}]")
+            b.inputs.append(t._handle)
     b.grads = session._new_handle()
     # The Gradients object exists before the round trip so that its handle
     # is released even if the daemon answers with an error.
     grads = Gradients(session, b.grads)
-    session._roundtrip(req, _Call("backward", (loss._handle,), f"-> grads #{b.grads}"))
+    call = _Call("backward", (loss._handle,), f"-> grads #{b.grads}")
+    session._roundtrip(req, call)
     # The torch idiom: param.grad reads these (summed with earlier ones until
     # zero_grad), opt.step() without an argument steps with them.
     if _register and session.retain_grads:
@@ -52,6 +64,67 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool = Fals
     elif _register:
         session._unkept_backward = True
     return grads
+
+
+def _as_tuple(x, what: str) -> tuple:
+    if isinstance(x, Tensor):
+        return (x,)
+    if isinstance(x, (list, tuple)):
+        return tuple(x)
+    raise TypeError(f"grad: {what} must be a Tensor or a sequence of Tensors, "
+                    f"got {type(x).__name__}")
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
+         create_graph: bool = False, allow_unused: bool = False) -> tuple:
+    """The gradients of outputs with respect to inputs, as a tuple of Tensors
+    (torch.autograd.grad): nothing is accumulated into ``.grad``.
+
+    grad_outputs: the gradient of each output (None, or a None entry: the
+    output must have one element; its gradient is 1). retain_graph defaults
+    to create_graph. create_graph: the result is differentiable again.
+    allow_unused: an input the outputs do not depend on gets None instead of
+    raising. Several outputs are one pass over the sum of their products with
+    their grad_outputs. One round trip for the pass, one per input.
+    """
+    outs = _as_tuple(outputs, "outputs")
+    ins = _as_tuple(inputs, "inputs")
+    if not outs or not ins:
+        raise ValueError("grad: outputs and inputs must not be empty")
+    gos = (None,) * len(outs) if grad_outputs is None else _as_tuple(grad_outputs,
+                                                                      "grad_outputs")
+    if len(gos) != len(outs):
+        raise ValueError(f"grad: {len(gos)} grad_outputs for {len(outs)} outputs")
+    session = outs[0]._session
+    for i, t in enumerate(ins):
+        _check_tensor(session, t, f"grad inputs[{i}]")
+        if not t.requires_grad:
+            raise RuntimeError(f"grad: inputs[{i}] does not require grad")
+    for i, o in enumerate(outs):
+        _check_tensor(session, o, f"grad outputs[{i}]")
+        if not o.requires_grad:
+            raise RuntimeError(f"grad: outputs[{i}] does not require grad and has no grad_fn")
+    if len(outs) == 1:
+        loss, go = outs[0], gos[0]
+    else:
+        # d/dx sum_i <o_i, g_i> is sum_i J_i^T g_i: one pass instead of one per output
+        loss, go = None, None
+        for o, g in zip(outs, gos):
+            term = (o * g).sum() if g is not None else o.sum()
+            loss = term if loss is None else loss + term
+    grads = backward(loss, grad=go, retain_graph=retain_graph, create_graph=create_graph,
+                     inputs=ins, _register=False)
+    try:
+        result = []
+        for i, t in enumerate(ins):
+            g = grads._get_or_none(t)
+            if g is None and not allow_unused:
+                raise RuntimeError(f"grad: inputs[{i}] (#{t._handle}) was not used in the "
+                                   f"graph of the outputs (allow_unused=True gives None)")
+            result.append(g)
+        return tuple(result)
+    finally:
+        grads.release()
 
 
 class Gradients:

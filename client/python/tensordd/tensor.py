@@ -1250,15 +1250,19 @@ class Tensor:
         """A tensor sharing the data, outside the autodiff graph."""
         return self._op("detach")
 
-    def backward(self, grad: "Tensor | None" = None, retain_graph: bool = False):
+    def backward(self, grad: "Tensor | None" = None, retain_graph: "bool | None" = None,
+                 create_graph: bool = False, inputs=None):
         """Runs the backward pass of self in the daemon; returns the Gradients.
 
         grad is the gradient of self (None: self must hold one element and
-        its gradient is 1). Synchronising.
+        its gradient is 1). retain_graph defaults to create_graph; with
+        create_graph the gradients are differentiable again (tensordd.autograd
+        has grad()). inputs: only these tensors' gradients. Synchronising.
         """
         from .autograd import backward
 
-        return backward(self, grad=grad, retain_graph=retain_graph)
+        return backward(self, grad=grad, retain_graph=retain_graph, create_graph=create_graph,
+                        inputs=inputs)
 
 
 def _element_strings(arr: np.ndarray) -> list:
