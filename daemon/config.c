@@ -155,6 +155,17 @@ static const option_row rows[] = {
      "file"},
     {"check-config", NULL, OPT_CHECK, NOFIELD, 0, 0, 0, NULL,
      "validate the configuration, print the effective one and exit (0 valid, 1 not)"},
+    {"transfer-window", "SECS", OPT_SECONDS, FIELD(transfer_window_s), 10, 1, 600, NULL,
+     "a daemon-to-daemon transfer capability (TransferAccept) expires this long after it was "
+     "issued"},
+    {"transfer-timeout", "SECS", OPT_SECONDS, FIELD(transfer_timeout_s), 30, 1, 86400, NULL,
+     "a push to another daemon (TransferSend) fails with TIMEOUT when its connection makes "
+     "no progress this long"},
+    {"max-transfers", "N", OPT_COUNT, FIELD(max_transfers), 256, 1, 65536, NULL,
+     "transfer capabilities outstanding at once, daemon-wide"},
+    {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, NULL,
+     "CA certificates (PEM) a push to a tls:// daemon checks its certificate against "
+     "(default: the system's)"},
     {"help", NULL, OPT_HELP, NOFIELD, 0, 0, 0, NULL, "this text"},
     {"version", NULL, OPT_VERSION, NOFIELD, 0, 0, 0, NULL, "the daemon's and protocol's versions"},
 };

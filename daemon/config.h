@@ -63,6 +63,11 @@ typedef struct tdd_config {
     uint64_t group_bucket_bytes; /* largest bucket an all-reduce packs tensors into */
 } tdd_config;
 
+    /* daemon-to-daemon transfers (transfer.c) */
+    uint32_t transfer_window_s;  /* a capability's life */
+    uint32_t transfer_timeout_s; /* an outbound push that makes no progress fails */
+    uint32_t max_transfers;      /* capabilities outstanding, daemon-wide */
+    char transfer_ca[512];       /* CAs a source checks tls:// targets against; "" = system */
 extern tdd_config tdd_cfg;
 
 void tdd_config_defaults(tdd_config *c);

@@ -10,6 +10,7 @@
 #include "handlers.h"
 #include "log.h"
 #include "stats.h"
+#include "transfer.h"
 
 typedef Tensordd__V1__Request Request;
 
@@ -141,6 +142,11 @@ static const request_row rows[] = {
     ROW(BROADCAST) = {tdd_h_broadcast, SYNC, TD_HANDLE_NONE, NULL},
     ROW(ALL_GATHER) = {tdd_h_all_gather, SYNC, TD_HANDLE_TENSOR, ids_all_gather},
     ROW(GROUP_CONNECT) = {tdd_h_group_connect, SYNC, TD_HANDLE_NONE, NULL},
+    /* Daemon-to-daemon transfers (transfer.c): TransferSend blocks until its push is
+     * decided; TransferPush comes from another daemon, its payload the tensor's bytes. */
+    ROW(TRANSFER_ACCEPT) = {tdd_h_transfer_accept, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
+    ROW(TRANSFER_SEND) = {tdd_h_transfer_send, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(TRANSFER_PUSH) = {tdd_h_transfer_push, REQ_ANSWERED | REQ_PAYLOAD, TD_HANDLE_NONE, NULL},
 };
 
 /* The body's field name ("graph_begin"), for messages. */

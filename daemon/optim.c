@@ -1,5 +1,5 @@
-/* optim.c -- optimizers in the daemon (SGD, Adam, AdamW with PyTorch's exact
- * update rules): state keyed by parameter, updates in place on the
+/* optim.c -- optimizers in the daemon (SGD, Adam, AdamW, RMSprop, Adagrad with
+ * PyTorch's exact update rules): state keyed by parameter, updates in place on the
  * parameter's device queue, reading a Gradients handle.
  *
  * On host-memory backends (ref, cpu) the update is one loop per parameter
@@ -68,6 +68,22 @@ tdd_optim *tdd_optim_new(tdd_session *s, size_t n_params, td_error *err)
     return o;
 }
 
+unsigned tdd_optim_kept(const opt_hyper *h)
+{
+    switch (h->kind) {
+    case OPT_SGD:
+        return h->momentum != 0.0 ? 1u : 0u;
+    case OPT_ADAM:
+    case OPT_ADAMW:
+        return h->amsgrad ? 7u : 3u;
+    case OPT_RMSPROP:
+        return 1u | (h->momentum > 0.0 ? 2u : 0u) | (h->centered ? 4u : 0u);
+    case OPT_ADAGRAD:
+        return 1u;
+    }
+    return 0u;
+}
+
 void tdd_optim_add_param(tdd_optim *o, tdd_value *p)
 {
     tdd_value_ref(p);
@@ -78,8 +94,9 @@ void tdd_optim_add_param(tdd_optim *o, tdd_value *p)
 
 typedef struct {
     opt_hyper h;
-    int64_t step; /* after this update (Adam's bias correction) */
-    bool init;    /* the state buffers are fresh */
+    int64_t step;   /* after this update (Adam's bias correction, Adagrad's lr decay) */
+    unsigned fresh; /* bit k: buffer k starts with this update (torch's zeros, or Adagrad's
+                     * initial_accumulator_value) */
     tdd_tensor p, g, b0, b1, b2;
     tdd_value *pv, *gv, *bv[3]; /* references keeping the tensors alive */
     tdd_session *s;
@@ -107,6 +124,7 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
         T *SB0 = j->bv[0] ? (T *)tdd_data(&j->b0) : NULL;                                          \
         T *SB1 = j->bv[1] ? (T *)tdd_data(&j->b1) : NULL;                                          \
         T *SB2 = j->bv[2] ? (T *)tdd_data(&j->b2) : NULL;                                          \
+        bool f0 = j->fresh & 1u, f1 = j->fresh & 2u, f2 = j->fresh & 4u;                           \
         int64_t n = tdd_numel(&j->p);                                                              \
         bool pc = tdd_is_contiguous(&j->p), gc = tdd_is_contiguous(&j->g);                         \
         T wd = (T)h->weight_decay, lr = (T)h->lr;                                                  \
@@ -120,10 +138,55 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
                 if (h->weight_decay != 0.0)                                                        \
                     gi = gi + wd * P[po];                                                          \
                 if (h->momentum != 0.0) {                                                          \
-                    SB0[i] = j->init ? gi : SB0[i] * mom + damp * gi;                              \
+                    SB0[i] = f0 ? gi : SB0[i] * mom + damp * gi;                                   \
                     gi = h->nesterov ? gi + mom * SB0[i] : SB0[i];                                 \
                 }                                                                                  \
                 P[po] = P[po] + (-lr) * gi;                                                        \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        if (h->kind == OPT_RMSPROP) {                                                              \
+            T al = (T)h->alpha, oal = (T)(1.0 - h->alpha), mom = (T)h->momentum, eps = (T)h->eps;  \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                            \
+                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                               \
+                if (h->maximize)                                                                   \
+                    gi = -gi;                                                                      \
+                if (h->weight_decay != 0.0)                                                        \
+                    gi = gi + wd * P[po];                                                          \
+                T sa = (f0 ? (T)0 : SB0[i]) * al + oal * (gi * gi), avg;                           \
+                SB0[i] = sa;                                                                       \
+                if (h->centered) {                                                                 \
+                    T ga = (f2 ? (T)0 : SB2[i]) * al + oal * gi;                                   \
+                    SB2[i] = ga;                                                                   \
+                    avg = SQRT_##T(sa - ga * ga);                                                  \
+                } else {                                                                           \
+                    avg = SQRT_##T(sa);                                                            \
+                }                                                                                  \
+                avg = avg + eps;                                                                   \
+                if (h->momentum > 0.0) {                                                           \
+                    T b = (f1 ? (T)0 : SB1[i]) * mom + gi / avg;                                   \
+                    SB1[i] = b;                                                                    \
+                    P[po] = P[po] + (-lr) * b;                                                     \
+                } else {                                                                           \
+                    P[po] = P[po] + (-lr) * (gi / avg);                                            \
+                }                                                                                  \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        if (h->kind == OPT_ADAGRAD) {                                                              \
+            T clr = (T)(h->lr / (1.0 + (double)(j->step - 1) * h->lr_decay)), eps = (T)h->eps,     \
+              acc = (T)h->init_acc;                                                                \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                            \
+                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                               \
+                if (h->maximize)                                                                   \
+                    gi = -gi;                                                                      \
+                if (h->weight_decay != 0.0)                                                        \
+                    gi = gi + wd * P[po];                                                          \
+                T sum = (f0 ? acc : SB0[i]) + gi * gi;                                             \
+                SB0[i] = sum;                                                                      \
+                P[po] = P[po] + (-clr) * (gi / (SQRT_##T(sum) + eps));                             \
             }                                                                                      \
             return;                                                                                \
         }                                                                                          \
@@ -142,14 +205,14 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
                 P[po] = P[po] * decay;                                                             \
             else if (h->weight_decay != 0.0)                                                       \
                 gi = gi + wd * P[po];                                                              \
-            T m = j->init ? (T)0 : SB0[i], v = j->init ? (T)0 : SB1[i];                            \
+            T m = f0 ? (T)0 : SB0[i], v = f1 ? (T)0 : SB1[i];                                      \
             m = m * b1 + ob1 * gi;                                                                 \
             v = v * b2 + ob2 * (gi * gi);                                                          \
             SB0[i] = m;                                                                            \
             SB1[i] = v;                                                                            \
             if (h->amsgrad) {                                                                      \
                 /* torch.maximum (NaN propagates); max(0, v) is v */                               \
-                T mx = j->init ? v : SB2[i];                                                       \
+                T mx = f2 ? v : SB2[i];                                                            \
                 v = mx > v || mx != mx ? mx : v;                                                   \
                 SB2[i] = v;                                                                        \
             }                                                                                      \
@@ -176,12 +239,12 @@ static void adam_dense_f32(step_job *j, int64_t n)
     float *P = tdd_data(&j->p), *M = tdd_data(&j->b0), *V = tdd_data(&j->b1);
     float *X = j->h.amsgrad ? tdd_data(&j->b2) : NULL; /* max_exp_avg_sq */
     const float *G = tdd_data(&j->g);
-    if (j->init) {
+    if (j->fresh & 1u)
         memset(M, 0, (size_t)n * sizeof *M);
+    if (j->fresh & 2u)
         memset(V, 0, (size_t)n * sizeof *V);
-        if (X) /* max(0, v) is v, as the loop's max(v, v) */
-            memset(X, 0, (size_t)n * sizeof *X);
-    }
+    if (X && (j->fresh & 4u)) /* max(0, v) is v, as the loop's max(v, v) */
+        memset(X, 0, (size_t)n * sizeof *X);
     double bc1 = 1.0 - pow(h->beta1, (double)j->step);
     double bc2 = 1.0 - pow(h->beta2, (double)j->step);
     float gsign = h->maximize ? -1.0f : 1.0f, wd = (float)h->weight_decay;
@@ -237,11 +300,11 @@ static void adam_dense_f32(step_job *j, int64_t n)
  * two sharing storage (each element is read before it is written). */
 static bool adam_dense_ok(const step_job *j)
 {
-    bool ok = j->h.kind != OPT_SGD && j->p.dtype == TD_F32 && j->bv[0] && j->bv[1] &&
-              tdd_is_contiguous(&j->p) && tdd_is_contiguous(&j->g) && tdd_is_contiguous(&j->b0) &&
-              tdd_is_contiguous(&j->b1) && j->p.st != j->g.st && j->p.st != j->b0.st &&
-              j->p.st != j->b1.st && j->g.st != j->b0.st && j->g.st != j->b1.st &&
-              j->b0.st != j->b1.st;
+    bool ok = (j->h.kind == OPT_ADAM || j->h.kind == OPT_ADAMW) && j->p.dtype == TD_F32 &&
+              j->bv[0] && j->bv[1] && tdd_is_contiguous(&j->p) && tdd_is_contiguous(&j->g) &&
+              tdd_is_contiguous(&j->b0) && tdd_is_contiguous(&j->b1) && j->p.st != j->g.st &&
+              j->p.st != j->b0.st && j->p.st != j->b1.st && j->g.st != j->b0.st &&
+              j->g.st != j->b1.st && j->b0.st != j->b1.st;
     if (ok && j->h.amsgrad) /* max_exp_avg_sq likewise */
         ok = j->bv[2] && tdd_is_contiguous(&j->b2) && j->b2.st != j->p.st && j->b2.st != j->g.st &&
              j->b2.st != j->b0.st && j->b2.st != j->b1.st;
@@ -275,7 +338,7 @@ static int step_run(void *arg)
 typedef struct {
     tdd_value *pv, *gv, *bv[3]; /* references */
     int64_t step;               /* after this update */
-    bool init;
+    unsigned fresh;
     size_t pi; /* the parameter's index in the optimizer (loop side) */
 } step_item;
 
@@ -294,7 +357,7 @@ static int batch_run(void *arg)
     for (size_t i = 0; i < b->n; i++) {
         const step_item *it = &b->it[i];
         /* The values' tensors are fixed at their creation: reading them here is safe. */
-        step_job j = {.h = b->h, .step = it->step, .init = it->init, .s = b->s};
+        step_job j = {.h = b->h, .step = it->step, .fresh = it->fresh, .s = b->s};
         j.pv = it->pv;
         j.gv = it->gv;
         j.p = it->pv->t;
@@ -386,7 +449,7 @@ static tdd_value *max2(tdd_bw *b, tdd_value *x, tdd_value *y)
     return x && y ? tdd_bw_op(b, TDD_OP_MAXIMUM, in, 2, NULL, 0, 0, NULL) : NULL;
 }
 
-static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *grad)
+static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *grad, unsigned fresh)
 {
     tdd_value *pa = tdd_value_alias(op->p);
     if (!pa)
@@ -394,8 +457,43 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
     tdd_bw_keep(b, pa);
     tdd_value *p = pa, *g = h->maximize ? un(b, TDD_OP_NEG, grad) : grad;
     tdd_value *nb[3] = {NULL, NULL, NULL};
-    bool init = op->step == 0;
-    if (h->kind == OPT_SGD) {
+    bool init = fresh & 1u;
+    if (h->kind == OPT_RMSPROP) {
+        if (h->weight_decay != 0.0)
+            g = axpy(b, g, p, h->weight_decay);
+        tdd_value *gg = mul2(b, g, g);
+        /* Fresh buffers are zeros: 0 * alpha + x is x exactly. */
+        nb[0] = init ? sc(b, TDD_OP_MUL, gg, 1.0 - h->alpha)
+                     : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->alpha), gg, 1.0 - h->alpha);
+        tdd_value *avg;
+        if (h->centered) {
+            nb[2] = (fresh & 4u)
+                        ? sc(b, TDD_OP_MUL, g, 1.0 - h->alpha)
+                        : axpy(b, sc(b, TDD_OP_MUL, op->buf[2], h->alpha), g, 1.0 - h->alpha);
+            avg = un(b, TDD_OP_SQRT, axpy(b, nb[0], mul2(b, nb[2], nb[2]), -1.0));
+        } else {
+            avg = un(b, TDD_OP_SQRT, nb[0]);
+        }
+        avg = sc(b, TDD_OP_ADD, avg, h->eps);
+        if (h->momentum > 0.0) {
+            nb[1] = (fresh & 2u)
+                        ? div2(b, g, avg)
+                        : axpy(b, sc(b, TDD_OP_MUL, op->buf[1], h->momentum), div2(b, g, avg), 1.0);
+            p = axpy(b, p, nb[1], -h->lr);
+        } else {
+            p = axpy(b, p, div2(b, g, avg), -h->lr);
+        }
+    } else if (h->kind == OPT_ADAGRAD) {
+        if (h->weight_decay != 0.0)
+            g = axpy(b, g, p, h->weight_decay);
+        tdd_value *gg = mul2(b, g, g);
+        nb[0] = !init                ? axpy(b, op->buf[0], gg, 1.0)
+                : h->init_acc != 0.0 ? sc(b, TDD_OP_ADD, gg, h->init_acc)
+                                     : gg;
+        double clr = h->lr / (1.0 + (double)op->step * h->lr_decay); /* step before this one */
+        tdd_value *std = sc(b, TDD_OP_ADD, un(b, TDD_OP_SQRT, nb[0]), h->eps);
+        p = axpy(b, p, div2(b, g, std), -clr);
+    } else if (h->kind == OPT_SGD) {
         if (h->weight_decay != 0.0)
             g = axpy(b, g, p, h->weight_decay);
         if (h->momentum != 0.0) {
@@ -417,12 +515,12 @@ static int step_ops(tdd_bw *b, const opt_hyper *h, opt_param *op, tdd_value *gra
         /* Fresh moments are zeros: 0 * beta + alpha * x is alpha * x exactly. */
         nb[0] = init ? sc(b, TDD_OP_MUL, g, 1.0 - h->beta1)
                      : axpy(b, sc(b, TDD_OP_MUL, op->buf[0], h->beta1), g, 1.0 - h->beta1);
-        nb[1] = init ? sc(b, TDD_OP_MUL, gg, 1.0 - h->beta2)
-                     : axpy(b, sc(b, TDD_OP_MUL, op->buf[1], h->beta2), gg, 1.0 - h->beta2);
+        nb[1] = (fresh & 2u) ? sc(b, TDD_OP_MUL, gg, 1.0 - h->beta2)
+                             : axpy(b, sc(b, TDD_OP_MUL, op->buf[1], h->beta2), gg, 1.0 - h->beta2);
         /* amsgrad: torch.maximum(max_exp_avg_sq, exp_avg_sq); the fresh
          * maximum, max(0, exp_avg_sq), is exp_avg_sq itself. */
         if (h->amsgrad)
-            nb[2] = init ? nb[1] : max2(b, op->buf[2], nb[1]);
+            nb[2] = (fresh & 4u) ? nb[1] : max2(b, op->buf[2], nb[1]);
         double bc1 = 1.0 - pow(h->beta1, step), bc2 = 1.0 - pow(h->beta2, step);
         tdd_value *denom = sc(
             b, TDD_OP_ADD,
@@ -478,15 +576,14 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
     int rc = 0;
     /* Everything is checked, and every state buffer allocated, before any
      * update is queued: a failed step changes no parameter. */
-    bool sgd = o->h.kind == OPT_SGD;
-    int nbuf = sgd ? (o->h.momentum != 0.0 ? 1 : 0) : o->h.amsgrad ? 3 : 2;
+    unsigned kept = tdd_optim_kept(&o->h), alloc = kept;
     /* Every parameter steps the same way: as ops when asked, or when one
      * lives where the loop cannot loop over it. */
     bool via_ops = o->h.foreach;
     for (size_t i = 0; i < o->n; i++)
         via_ops |= !o->ps[i].p->dev->be->host_memory;
     if (via_ops)
-        nbuf = 0; /* the ops make their state as results */
+        alloc = 0; /* the ops make their state as results */
     /* Each parameter's gradient is looked up once (a hash lookup is a cache miss or two
      * with 10^5 entries; the passes below used to repeat it). */
     tdd_grad_entry **ge = NULL;
@@ -498,10 +595,15 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
         if (!e)
             continue;
         rc = check_grad(op->p, e->grad, err);
-        for (int k = 0; !rc && k < nbuf; k++)
-            if (!op->buf[k] && !(op->buf[k] = tdd_value_alloc(s, op->p->dev, op->p->t.dtype,
-                                                              op->p->t.ndim, op->p->t.shape, err)))
+        for (int k = 0; !rc && k < 3; k++) {
+            if (!(alloc & (1u << k)) || op->buf[k])
+                continue;
+            if (!(op->buf[k] = tdd_value_alloc(s, op->p->dev, op->p->t.dtype, op->p->t.ndim,
+                                               op->p->t.shape, err)))
                 rc = err->code;
+            else
+                op->fresh |= 1u << k;
+        }
     }
     if (rc) {
         free(ge);
@@ -512,8 +614,22 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
         tdd_bw b = {.s = s, .req_id = req_id};
         for (size_t i = 0; i < o->n && !b.rc; i++) {
             opt_param *op = &o->ps[i];
-            if (!ge[i] || step_ops(&b, &o->h, op, ge[i]->grad))
+            if (!ge[i])
                 continue;
+            unsigned fresh = op->fresh;
+            for (int k = 0; k < 3; k++) {
+                if (!(kept & (1u << k))) {
+                    /* a buffer the options no longer keep is dropped (torch's SGD sets
+                     * its momentum_buffer to None) */
+                    tdd_value_unref(op->buf[k]);
+                    op->buf[k] = NULL;
+                }
+                if (!op->buf[k])
+                    fresh |= 1u << k;
+            }
+            if (step_ops(&b, &o->h, op, ge[i]->grad, fresh))
+                continue;
+            op->fresh = 0;
             op->p->t.st->version++;
             op->step++;
             tdd_bw_release(&b, 0);
@@ -569,13 +685,19 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
         step_batch *b = bat[op->p->dev->index];
         step_item *it = &b->it[b->n++];
         it->pi = i;
-        it->init = op->step == 0;
+        it->fresh = op->fresh;
+        op->fresh = 0;
         it->step = op->step + 1;
         it->pv = op->p;
         it->gv = ge[i]->grad;
         tdd_value_ref(it->pv);
         tdd_value_ref(it->gv);
-        for (int k = 0; k < nbuf; k++) {
+        for (int k = 0; k < 3; k++) {
+            if (!(kept & (1u << k))) { /* see the ops path */
+                tdd_value_unref(op->buf[k]);
+                op->buf[k] = NULL;
+                continue;
+            }
             it->bv[k] = op->buf[k];
             tdd_value_ref(op->buf[k]);
         }

@@ -1,25 +1,30 @@
-/* optim.h -- the optimizer engine (optim.c): SGD, Adam and AdamW state per parameter
- * and the update itself; the requests that drive it are in optim_req.c. */
+/* optim.h -- the optimizer engine (optim.c): SGD, Adam, AdamW, RMSprop and Adagrad state
+ * per parameter and the update itself; the requests that drive it are in optim_req.c. */
 #ifndef TDD_OPTIM_H
 #define TDD_OPTIM_H
 
 #include "autograd_impl.h"
 
-typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW } opt_kind;
+typedef enum { OPT_SGD, OPT_ADAM, OPT_ADAMW, OPT_RMSPROP, OPT_ADAGRAD } opt_kind;
 
 typedef struct {
     opt_kind kind;
     double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+    double alpha;              /* RMSprop: smoothing of square_avg */
+    double lr_decay, init_acc; /* Adagrad: lr / (1 + (step - 1) * lr_decay); sum's start */
     bool nesterov, maximize;
-    bool amsgrad; /* Adam(W): normalise by the largest exp_avg_sq so far */
-    bool foreach; /* update with queued ops (any backend) rather than a host loop */
+    bool amsgrad;  /* Adam(W): normalise by the largest exp_avg_sq so far */
+    bool centered; /* RMSprop: subtract the squared mean gradient (grad_avg) */
+    bool foreach;  /* update with queued ops (any backend) rather than a host loop */
 } opt_hyper;
 
 typedef struct {
     tdd_value *p;      /* ref */
     tdd_value *buf[3]; /* SGD: momentum; Adam: exp_avg, exp_avg_sq (, max_exp_avg_sq with
-                        * amsgrad). NULL before the first step */
+                        * amsgrad); RMSprop: square_avg, momentum_buffer (momentum > 0),
+                        * grad_avg (centered); Adagrad: sum. NULL until a step needs it */
     int64_t step;
+    unsigned fresh; /* bit k: buf[k] holds nothing yet (allocated, its first update not queued) */
 } opt_param;
 
 typedef struct {
@@ -29,6 +34,9 @@ typedef struct {
     tdd_account *acct; /* charged with bytes: the parameter list is memory the client caused */
     uint64_t bytes;
 } tdd_optim;
+
+/* The buffers (bit k: buf[k]) a step with options h keeps per parameter. */
+unsigned tdd_optim_kept(const opt_hyper *h);
 
 /* An optimizer for n_params parameters (none added yet), its bookkeeping charged to the
  * session; NULL with err set (RESOURCE_EXHAUSTED) when it cannot be. */

@@ -2,6 +2,7 @@
  * against each optimizer's attributes) and OptimizerStep, run by optim.c, and the
  * export and import of an optimizer's state (OptimizerState, OptimizerLoadState). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,35 +30,129 @@ static int attr_num(const Tensordd__V1__Attr *a, double *v, td_error *err)
     }
 }
 
-/* The attributes each optimizer takes, as torch.optim names them. */
-static const char *const sgd_attrs[] = {"lr",           "momentum", "dampening", "nesterov",
-                                        "weight_decay", "maximize", "foreach",   NULL};
-static const char *const adam_attrs[] = {"lr",      "betas",    "beta1",   "beta2",        "eps",
-                                         "amsgrad", "maximize", "foreach", "weight_decay", NULL};
+/* The options, as torch.optim names them: each one's field and the optimizers that
+ * take it (a bit per opt_kind). betas (two floats) sets beta1 and beta2. */
+#define K_SGD (1u << OPT_SGD)
+#define K_ADAM ((1u << OPT_ADAM) | (1u << OPT_ADAMW))
+#define K_RMS (1u << OPT_RMSPROP)
+#define K_ADAGRAD (1u << OPT_ADAGRAD)
+#define K_ALL (K_SGD | K_ADAM | K_RMS | K_ADAGRAD)
 
-/* Every attribute is one the optimizer takes, given once: checked before any value
- * is read, with a bit per known name (a request may carry many attributes). */
-static int check_attr_names(const Tensordd__V1__OptimizerCreate *oc, const char *kind,
-                            const char *const *names, td_error *err)
+typedef struct {
+    const char *name;
+    size_t off;   /* a double, or (is_bool) a bool, in opt_hyper */
+    bool is_bool; /* a bool: any non-zero number is true */
+    unsigned kinds;
+} opt_option;
+
+#define OPT_D(nm, field, k)                                                                        \
+    {                                                                                              \
+        nm, offsetof(opt_hyper, field), false, k                                                   \
+    }
+#define OPT_B(nm, field, k)                                                                        \
+    {                                                                                              \
+        nm, offsetof(opt_hyper, field), true, k                                                    \
+    }
+static const opt_option opt_options[] = {
+    OPT_D("lr", lr, K_ALL),
+    OPT_D("betas", beta1, K_ADAM), /* beta1 and beta2 */
+    OPT_D("beta1", beta1, K_ADAM),
+    OPT_D("beta2", beta2, K_ADAM),
+    OPT_D("alpha", alpha, K_RMS),
+    OPT_D("lr_decay", lr_decay, K_ADAGRAD),
+    OPT_D("eps", eps, K_ADAM | K_RMS | K_ADAGRAD),
+    OPT_B("amsgrad", amsgrad, K_ADAM),
+    OPT_D("momentum", momentum, K_SGD | K_RMS),
+    OPT_D("dampening", dampening, K_SGD),
+    OPT_B("nesterov", nesterov, K_SGD),
+    OPT_B("centered", centered, K_RMS),
+    OPT_D("initial_accumulator_value", init_acc, K_ADAGRAD),
+    OPT_D("weight_decay", weight_decay, K_ALL),
+    OPT_B("maximize", maximize, K_ALL),
+    OPT_B("foreach", foreach, K_ALL),
+};
+#define N_OPT_OPTIONS (sizeof opt_options / sizeof opt_options[0])
+
+static const char *const kind_names[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+
+/* Sets h's options from attrs, each one h's optimizer takes, given once (a bit per
+ * known name: a request may carry many attributes). have_lr: lr was given. */
+static int apply_attrs(Tensordd__V1__Attr *const *attrs, size_t n, opt_hyper *h, bool *have_lr,
+                       td_error *err)
 {
-    unsigned seen = 0;
-    for (size_t i = 0; i < oc->n_attrs; i++) {
-        const char *nm = oc->attrs[i]->name ? oc->attrs[i]->name : "";
-        int k = 0;
-        while (names[k] && strcmp(names[k], nm) != 0)
+    const char *kind = kind_names[h->kind];
+    uint32_t seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Tensordd__V1__Attr *a = attrs[i];
+        const char *nm = a->name ? a->name : "";
+        size_t k = 0;
+        while (k < N_OPT_OPTIONS &&
+               (strcmp(opt_options[k].name, nm) != 0 || !(opt_options[k].kinds & (1u << h->kind))))
             k++;
-        if (!names[k]) {
-            char list[160];
+        if (k == N_OPT_OPTIONS) {
+            char list[256];
             size_t o = 0;
-            for (int j = 0; names[j] && o < sizeof list; j++)
-                o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", j ? ", " : "", names[j]);
+            for (size_t j = 0; j < N_OPT_OPTIONS && o < sizeof list; j++)
+                if (opt_options[j].kinds & (1u << h->kind))
+                    o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "",
+                                          opt_options[j].name);
             return tdd_err_arg(err, nm, "%s takes no attribute '%.32s' (accepts: %s)", kind, nm,
                                list);
         }
         if (seen & (1u << k))
             return tdd_err_arg(err, nm, "%s: attribute '%s' given twice", kind, nm);
         seen |= 1u << k;
+        const opt_option *op = &opt_options[k];
+        if (strcmp(nm, "betas") == 0) {
+            if (a->value_case != TENSORDD__V1__ATTR__VALUE_FLOATS || a->floats->n_v != 2)
+                return tdd_err_arg(err, "betas", "betas must be two floats");
+            h->beta1 = a->floats->v[0];
+            h->beta2 = a->floats->v[1];
+            continue;
+        }
+        double v = 0.0;
+        int rc = attr_num(a, &v, err);
+        if (rc)
+            return rc;
+        if (op->is_bool)
+            *(bool *)(void *)((char *)h + op->off) = v != 0.0;
+        else
+            *(double *)(void *)((char *)h + op->off) = v;
+        if (strcmp(nm, "lr") == 0)
+            *have_lr = true;
     }
+    return 0;
+}
+
+/* PyTorch's constructor checks (its ValueErrors), on the options in force. */
+static int check_hyper(const opt_hyper *h, td_error *err)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } nonneg[] = {
+        {"lr", offsetof(opt_hyper, lr)},
+        {"weight_decay", offsetof(opt_hyper, weight_decay)},
+        {"momentum", offsetof(opt_hyper, momentum)},
+        {"eps", offsetof(opt_hyper, eps)},
+        {"alpha", offsetof(opt_hyper, alpha)},
+        {"lr_decay", offsetof(opt_hyper, lr_decay)},
+        {"initial_accumulator_value", offsetof(opt_hyper, init_acc)},
+    };
+    for (size_t i = 0; i < sizeof nonneg / sizeof nonneg[0]; i++) {
+        double v = *(const double *)(const void *)((const char *)h + nonneg[i].off);
+        if (!(v >= 0.0)) /* NaN too */
+            return tdd_err_arg(err, nonneg[i].name, "invalid %s %g (must be >= 0)", nonneg[i].name,
+                               v);
+    }
+    if (h->nesterov && (h->momentum <= 0.0 || h->dampening != 0.0))
+        return tdd_err_arg(err, "nesterov",
+                           "nesterov momentum requires a momentum and zero "
+                           "dampening");
+    if (!(h->beta1 >= 0.0 && h->beta1 < 1.0))
+        return tdd_err_arg(err, "beta1", "invalid beta1 %g (0 <= beta1 < 1)", h->beta1);
+    if (!(h->beta2 >= 0.0 && h->beta2 < 1.0))
+        return tdd_err_arg(err, "beta2", "invalid beta2 %g (0 <= beta2 < 1)", h->beta2);
     return 0;
 }
 
@@ -65,84 +160,43 @@ static int parse_hyper(const Tensordd__V1__OptimizerCreate *oc, opt_hyper *h, td
 {
     memset(h, 0, sizeof *h);
     const char *k = oc->kind ? oc->kind : "";
-    if (strcmp(k, "sgd") == 0)
-        h->kind = OPT_SGD;
-    else if (strcmp(k, "adam") == 0)
-        h->kind = OPT_ADAM;
-    else if (strcmp(k, "adamw") == 0)
-        h->kind = OPT_ADAMW;
-    else
-        return tdd_err_arg(err, "kind", "unknown optimizer '%.32s' (sgd, adam, adamw)", k);
-    bool adam = h->kind != OPT_SGD, have_lr = false;
-    int crc = check_attr_names(oc, k, adam ? adam_attrs : sgd_attrs, err);
-    if (crc)
-        return crc;
-    h->lr = 1e-3; /* Adam's and AdamW's default; SGD has none */
+    size_t kind = 0;
+    while (kind < sizeof kind_names / sizeof kind_names[0] && strcmp(kind_names[kind], k) != 0)
+        kind++;
+    if (kind == sizeof kind_names / sizeof kind_names[0])
+        return tdd_err_arg(err, "kind",
+                           "unknown optimizer '%.32s' (sgd, adam, adamw, rmsprop, adagrad)", k);
+    h->kind = (opt_kind)kind;
+    /* torch.optim's defaults (SGD has no lr default) */
+    bool have_lr = false;
+    h->lr = h->kind == OPT_RMSPROP || h->kind == OPT_ADAGRAD ? 1e-2 : 1e-3;
     h->beta1 = 0.9;
     h->beta2 = 0.999;
-    h->eps = 1e-8;
+    h->eps = h->kind == OPT_ADAGRAD ? 1e-10 : 1e-8;
+    h->alpha = 0.99;
     h->weight_decay = h->kind == OPT_ADAMW ? 1e-2 : 0.0;
-    for (size_t i = 0; i < oc->n_attrs; i++) {
-        const Tensordd__V1__Attr *a = oc->attrs[i];
-        const char *nm = a->name ? a->name : "";
-        double v = 0.0;
-        if (strcmp(nm, "betas") == 0 && adam) {
-            if (a->value_case != TENSORDD__V1__ATTR__VALUE_FLOATS || a->floats->n_v != 2)
-                return tdd_err_arg(err, "betas", "betas must be two floats");
-            h->beta1 = a->floats->v[0];
-            h->beta2 = a->floats->v[1];
-            continue;
-        }
-        int rc = attr_num(a, &v, err);
-        if (rc)
-            return rc;
-        if (strcmp(nm, "lr") == 0) {
-            h->lr = v;
-            have_lr = true;
-        } else if (strcmp(nm, "weight_decay") == 0) {
-            h->weight_decay = v;
-        } else if (strcmp(nm, "maximize") == 0) {
-            h->maximize = v != 0.0;
-        } else if (strcmp(nm, "foreach") == 0) {
-            h->foreach = v != 0.0;
-        } else if (!adam && strcmp(nm, "momentum") == 0) {
-            h->momentum = v;
-        } else if (!adam && strcmp(nm, "dampening") == 0) {
-            h->dampening = v;
-        } else if (!adam && strcmp(nm, "nesterov") == 0) {
-            h->nesterov = v != 0.0;
-        } else if (adam && strcmp(nm, "beta1") == 0) {
-            h->beta1 = v;
-        } else if (adam && strcmp(nm, "beta2") == 0) {
-            h->beta2 = v;
-        } else if (adam && strcmp(nm, "eps") == 0) {
-            h->eps = v;
-        } else if (adam && strcmp(nm, "amsgrad") == 0) {
-            h->amsgrad = v != 0.0;
-        } else {
-            return tdd_err_arg(err, nm, "%s takes no attribute '%.32s'", k, nm);
-        }
-    }
-    /* PyTorch's constructor checks. */
+    int rc = apply_attrs(oc->attrs, oc->n_attrs, h, &have_lr, err);
+    if (rc)
+        return rc;
     if (h->kind == OPT_SGD && !have_lr)
         return tdd_err_arg(err, "lr", "sgd needs lr");
-    if (!(h->lr >= 0.0))
-        return tdd_err_arg(err, "lr", "invalid learning rate %g", h->lr);
-    if (!(h->weight_decay >= 0.0))
-        return tdd_err_arg(err, "weight_decay", "invalid weight_decay %g", h->weight_decay);
-    if (!(h->momentum >= 0.0))
-        return tdd_err_arg(err, "momentum", "invalid momentum %g", h->momentum);
-    if (h->nesterov && (h->momentum <= 0.0 || h->dampening != 0.0))
-        return tdd_err_arg(err, "nesterov",
-                           "nesterov momentum requires a momentum and zero "
-                           "dampening");
-    if (!(h->eps >= 0.0))
-        return tdd_err_arg(err, "eps", "invalid epsilon %g", h->eps);
-    if (!(h->beta1 >= 0.0 && h->beta1 < 1.0))
-        return tdd_err_arg(err, "beta1", "invalid beta1 %g (0 <= beta1 < 1)", h->beta1);
-    if (!(h->beta2 >= 0.0 && h->beta2 < 1.0))
-        return tdd_err_arg(err, "beta2", "invalid beta2 %g (0 <= beta2 < 1)", h->beta2);
-    return 0;
+    return check_hyper(h, err);
+}
+
+/* OptimizerStep's attrs: options changed from this step on (a param group's dict edited
+ * in torch), checked as at creation; nothing changes on an error. */
+static int step_options(tdd_optim *o, const Tensordd__V1__OptimizerStep *st, td_error *err)
+{
+    if (st->n_attrs == 0)
+        return 0;
+    opt_hyper h = o->h;
+    bool have_lr = false;
+    int rc = apply_attrs(st->attrs, st->n_attrs, &h, &have_lr, err);
+    if (!rc)
+        rc = check_hyper(&h, err);
+    if (!rc)
+        o->h = h;
+    return rc;
 }
 
 static int check_param(tdd_session *s, uint64_t id, tdd_value **out, td_error *err)
@@ -240,10 +294,16 @@ int tdd_h_optimizer_step(tdd_req *r)
     int rc = tdd_handle_get(s, st->optimizer, TD_HANDLE_OPTIMIZER, (void **)&o, &err);
     if (!rc)
         rc = tdd_handle_get(s, st->grads, TD_HANDLE_GRADIENTS, (void **)&grads, &err);
+    opt_hyper before = o ? o->h : (opt_hyper){0};
+    if (!rc)
+        rc = step_options(o, st, &err);
     if (!rc)
         rc = tdd_optim_step_run(s, ag, req->id, o, grads, &err);
-    if (rc < 0)
+    if (rc < 0) {
+        if (o) /* a refused step changes no option either */
+            o->h = before;
         return tdd_answer_error(r, &err);
+    }
     if (rc == 0) {
         if (!tdd_report_pending(r)) /* else an update that ran inline failed */
             tdd_conn_send_ok(c, req->id);
@@ -256,22 +316,20 @@ int tdd_h_optimizer_step(tdd_req *r)
 
 /* ---------------------------------------------------------------- state export and import */
 
-/* The buffers an optimizer keeps per parameter that has stepped (slots 0..n-1). */
-static int kept_buffers(const opt_hyper *h)
-{
-    if (h->kind == OPT_SGD)
-        return h->momentum != 0.0 ? 1 : 0;
-    return h->amsgrad ? 3 : 2;
-}
-
 /* Steps above this are refused by OptimizerLoadState: Adam's bias correction takes
  * step + 1 as a double, exact up to 2^53. */
 #define OPTIM_MAX_STEPS (INT64_C(1) << 53)
 
 static const char *slot_name(const opt_hyper *h, int k)
 {
-    static const char *const adam[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-    return h->kind == OPT_SGD ? "momentum_buffer" : adam[k];
+    static const char *const names[][3] = {
+        [OPT_SGD] = {"momentum_buffer", "", ""},
+        [OPT_ADAM] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+        [OPT_ADAMW] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+        [OPT_RMSPROP] = {"square_avg", "momentum_buffer", "grad_avg"},
+        [OPT_ADAGRAD] = {"sum", "", ""},
+    };
+    return names[h->kind][k];
 }
 
 /* OptimizerState: every buffer bound to a new handle (a view of the buffer, which later
@@ -295,8 +353,8 @@ int tdd_h_optimizer_state(tdd_req *r)
     for (size_t i = 0; !rc && i < o->n; i++) {
         const opt_param *op = &o->ps[i];
         steps[i] = op->step;
-        for (int k = 0; !rc && op->step > 0 && k < kept_buffers(&o->h); k++) {
-            if (!op->buf[k])
+        for (int k = 0; !rc && op->step > 0 && k < 3; k++) {
+            if (!(tdd_optim_kept(&o->h) & (1u << k)) || !op->buf[k] || (op->fresh & (1u << k)))
                 continue;
             uint64_t id = os->first_output + 3 * i + (uint64_t)k;
             tdd_value *a = NULL;
@@ -376,7 +434,7 @@ int tdd_h_optimizer_load_state(tdd_req *r)
         rc = tdd_err_arg(&err, "buffers",
                          "%zu buffers for an optimizer of %zu parameters (3 per parameter)",
                          ls->n_buffers, o->n);
-    int keep = rc ? 0 : kept_buffers(&o->h);
+    unsigned keep = rc ? 0 : tdd_optim_kept(&o->h);
     tdd_value **src = NULL, **nv = NULL;
     size_t nslots = rc ? 0 : 3 * o->n;
     if (!rc && (!(src = calloc(nslots ? nslots : 1, sizeof *src)) ||
@@ -391,7 +449,7 @@ int tdd_h_optimizer_load_state(tdd_req *r)
         }
         for (int k = 0; !rc && k < 3; k++) {
             uint64_t id = ls->buffers[3 * i + (size_t)k];
-            bool want = step > 0 && k < keep;
+            bool want = step > 0 && (keep & (1u << k));
             if (id && !want)
                 rc = tdd_err_arg(&err, "buffers",
                                  step > 0 ? "parameter %zu: this optimizer keeps no buffer %d"
@@ -421,6 +479,7 @@ int tdd_h_optimizer_load_state(tdd_req *r)
     }
     for (size_t i = 0; i < o->n; i++) {
         o->ps[i].step = ls->steps[i];
+        o->ps[i].fresh = 0;
         for (int k = 0; k < 3; k++) {
             tdd_value_unref(o->ps[i].buf[k]);
             o->ps[i].buf[k] = nv[3 * i + (size_t)k];

@@ -228,3 +228,81 @@ const char *tdd_tls_version(const tdd_tls *t)
 {
     return SSL_get_version(t->ssl);
 }
+
+/* ---------------------------------------------------------------- client side */
+
+tdd_tls_ctx *tdd_tls_client_ctx_new(const char *ca, const char *cert, const char *key, char *why,
+                                    size_t wn)
+{
+    char what[600] = "";
+    tdd_tls_ctx *x = calloc(1, sizeof *x);
+    SSL_CTX *ctx = x ? SSL_CTX_new(TLS_client_method()) : NULL;
+    if (!ctx) {
+        free(x);
+        openssl_why(why, wn, "cannot create a TLS client context");
+        return NULL;
+    }
+    x->ctx = ctx;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_cipher_list(ctx, "ECDHE+AESGCM:ECDHE+CHACHA20");
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (ca && ca[0] ? SSL_CTX_load_verify_locations(ctx, ca, NULL) != 1
+                    : SSL_CTX_set_default_verify_paths(ctx) != 1) {
+        snprintf(what, sizeof what, "--transfer-ca %s", ca && ca[0] ? ca : "(the system's)");
+        goto fail;
+    }
+    /* A target that asks for a client certificate gets this daemon's own. */
+    if (cert && cert[0] && key && key[0] &&
+        (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1 ||
+         SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)) {
+        snprintf(what, sizeof what, "--tls-cert %s / --tls-key %s", cert, key);
+        goto fail;
+    }
+    return x;
+fail:
+    openssl_why(why, wn, what);
+    tdd_tls_ctx_free(x);
+    return NULL;
+}
+
+tdd_tls *tdd_tls_client_new(tdd_tls_ctx *x, const char *host)
+{
+    tdd_tls *t = tdd_tls_new(x);
+    if (!t)
+        return NULL;
+    SSL_set_connect_state(t->ssl);
+    /* The target's certificate must name the host the client gave: an address as an IP
+     * SAN, a name as a DNS SAN (and as SNI). */
+    X509_VERIFY_PARAM *vp = SSL_get0_param(t->ssl);
+    X509_VERIFY_PARAM_set_hostflags(vp, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    int ok = X509_VERIFY_PARAM_set1_ip_asc(vp, host) == 1;
+    if (!ok)
+        ok = SSL_set_tlsext_host_name(t->ssl, host) == 1 && SSL_set1_host(t->ssl, host) == 1;
+    if (!ok) {
+        tdd_tls_free(t);
+        ERR_clear_error();
+        return NULL;
+    }
+    return t;
+}
+
+int tdd_tls_handshake(tdd_tls *t)
+{
+    ERR_clear_error();
+    int r = SSL_do_handshake(t->ssl);
+    if (r == 1)
+        return 1;
+    int e = SSL_get_error(t->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+        return 0;
+    long vr = SSL_get_verify_result(t->ssl);
+    if (vr != X509_V_OK) {
+        snprintf(t->why, sizeof t->why, "the target's certificate: %s",
+                 X509_verify_cert_error_string(vr));
+        ERR_clear_error();
+    } else
+        openssl_why(t->why, sizeof t->why, "handshake");
+    return -1;
+}

@@ -48,4 +48,16 @@ const char *tdd_tls_why(const tdd_tls *t);
 const char *tdd_tls_peer(tdd_tls *t);
 const char *tdd_tls_version(const tdd_tls *t);
 
+/* The client side, for this daemon's own outbound connections (transfer.c): a context
+ * that checks servers against the CA certificates in ca (PEM; NULL or "": the system's)
+ * and, with cert and key, presents that certificate when a server asks for one. NULL on
+ * failure, with why[]. */
+tdd_tls_ctx *tdd_tls_client_ctx_new(const char *ca, const char *cert, const char *key, char *why,
+                                    size_t wn);
+/* A client session to host (its certificate must name it: an IP address or a DNS name). */
+tdd_tls *tdd_tls_client_new(tdd_tls_ctx *x, const char *host);
+/* Drives the client handshake: 1 done, 0 wants more ciphertext (what to send waits in
+ * tdd_tls_out_pending), -1 failed (tdd_tls_why). */
+int tdd_tls_handshake(tdd_tls *t);
+
 #endif

@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 4
+#define TD_VERSION_MINOR 5
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -218,11 +218,19 @@ int td_grad_replace(td_client *c, td_handle grads, td_handle t, td_handle g, td_
 /* Enables or disables graph recording for the session (no-grad mode). */
 int td_set_grad_enabled(td_client *c, int enabled, td_error *err);
 
-/* kind: "sgd", "adam", "adamw"; attrs: lr, momentum, dampening, nesterov, weight_decay,
- * beta1, beta2, eps, amsgrad (bool, adam and adamw only; a third state buffer). */
+/* kind: "sgd", "adam", "adamw", "rmsprop", "adagrad"; attrs, torch.optim's names: lr,
+ * weight_decay, maximize, foreach; sgd: momentum, dampening, nesterov; adam, adamw: beta1,
+ * beta2 (or betas, two floats), eps, amsgrad (a third state buffer); rmsprop: alpha, eps,
+ * momentum, centered; adagrad: lr_decay, initial_accumulator_value, eps. A parameter group
+ * with its own options is an optimizer of its own. */
 int td_optimizer_create(td_client *c, const char *kind, const td_handle *params, size_t n,
                         const td_attr *attrs, size_t nattrs, td_handle *out, td_error *err);
 int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_error *err);
+/* td_optimizer_step after changing the options in attrs (as td_optimizer_create's: an lr
+ * schedule, a new momentum), for this step and later ones; the state is kept. A refused
+ * option changes nothing and steps nothing. */
+int td_optimizer_step_attrs(td_client *c, td_handle optimizer, td_handle grads,
+                            const td_attr *attrs, size_t nattrs, td_error *err);
 /* An optimizer's state (torch.optim's state_dict()["state"]) for its n parameters, in
  * the order td_optimizer_create named them: steps[i], and buffer k of parameter i in
  * bufs[3 * i + k] (0: none) -- sgd: 0 momentum_buffer; adam, adamw: 0 exp_avg,

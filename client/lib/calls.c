@@ -792,6 +792,30 @@ int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_err
     return call_ok(c, &req, err);
 }
 
+int td_optimizer_step_attrs(td_client *c, td_handle optimizer, td_handle grads,
+                            const td_attr *attrs, size_t nattrs, td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (nattrs && !attrs)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "attrs is NULL with nattrs %zu", nattrs);
+    attr_block ab;
+    if ((rc = attrs_to_pb(attrs, nattrs, &ab, err)) != 0) {
+        attrs_free(&ab);
+        return rc;
+    }
+    Tensordd__V1__OptimizerStep s = TENSORDD__V1__OPTIMIZER_STEP__INIT;
+    s.optimizer = optimizer;
+    s.grads = grads;
+    s.n_attrs = nattrs;
+    s.attrs = ab.ptrs;
+    REQ(req, optimizer_step, OPTIMIZER_STEP, &s);
+    rc = call_ok(c, &req, err);
+    attrs_free(&ab);
+    return rc;
+}
+
 int td_optimizer_state(td_client *c, td_handle optimizer, size_t n, int64_t *steps, td_handle *bufs,
                        td_error *err)
 {

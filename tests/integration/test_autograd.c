@@ -345,7 +345,7 @@ START_TEST(test_optimizer_errors)
     } bad[] = {
         {"sgd", plain, {lr}, 1, TD_ENOT_TRACKED},
         {"sgd", nonleaf, {lr}, 1, TD_EINVALID_ARGUMENT},
-        {"rmsprop", p, {lr}, 1, TD_EINVALID_ARGUMENT},
+        {"lbfgs", p, {lr}, 1, TD_EINVALID_ARGUMENT},
         {"sgd", p, {td_attr_bool("nesterov", 1), lr}, 2, TD_EINVALID_ARGUMENT},
         {"sgd", p, {td_attr_float("momentum", 0.9)}, 1, TD_EINVALID_ARGUMENT}, /* no lr */
         {"adam", p, {td_attr_float("beta1", 1.0)}, 1, TD_EINVALID_ARGUMENT},
@@ -373,6 +373,39 @@ START_TEST(test_optimizer_errors)
     down(c, p, got, sizeof got);
     for (int i = 0; i < 2; i++)
         ck_assert_msg(fabsf(got[i] - (v[i] - 0.1f)) < 1e-6f, "p[%d] = %g", i, got[i]);
+    td_close(c);
+}
+END_TEST
+
+/* td_optimizer_step_attrs: RMSprop's lr changed for its second step (the state kept: the
+ * square average goes on from the first step), and a refused option steps nothing.
+ * p = [1, 2], loss sum(p): g = 1. Step 1 (lr 0.1, alpha 0.99): square_avg 0.01, p -= 0.1 *
+ * 1 / (0.1 + 1e-8). Step 2 at lr 0.01: square_avg 0.0199, p -= 0.01 / sqrt(0.0199). */
+START_TEST(test_optimizer_step_attrs)
+{
+    td_client *c = it_client("optimizer-step-attrs");
+    td_error e;
+    int64_t s2[1] = {2};
+    float v[2] = {1, 2}, got[2];
+    td_handle p = up(c, "cpu:0", TD_F32, 1, s2, v, 1), o = 0;
+    td_attr lr = td_attr_float("lr", 0.1);
+    ck_assert_int_eq(td_optimizer_create(c, "rmsprop", &p, 1, &lr, 1, &o, &e), 0);
+    td_handle g = backward(c, op1(c, "sum", p, 0, NULL, 0), 0);
+    ck_assert_int_eq(td_optimizer_step(c, o, g, &e), 0);
+    td_attr bad[2] = {td_attr_float("lr", 0.01), td_attr_float("alpha", -1.0)};
+    ck_assert_int_eq(td_optimizer_step_attrs(c, o, g, bad, 2, &e), TD_EINVALID_ARGUMENT);
+    td_attr other = td_attr_float("momentum", 0.5); /* sgd's and rmsprop's, not adagrad's */
+    td_attr lr2 = td_attr_float("lr", 0.01);
+    ck_assert_int_eq(td_optimizer_step_attrs(c, o, g, &lr2, 1, &e), 0);
+    down(c, p, got, sizeof got);
+    double step2 = 0.01 / sqrt(0.0199);
+    for (int i = 0; i < 2; i++) {
+        double want = v[i] - 0.1 / (0.1 + 1e-8) - step2;
+        ck_assert_msg(fabs(got[i] - want) < 1e-5, "p[%d] = %g, want %g", i, got[i], want);
+    }
+    td_handle a = 0;
+    ck_assert_int_eq(td_optimizer_create(c, "adagrad", &p, 1, &lr, 1, &a, &e), 0);
+    ck_assert_int_eq(td_optimizer_step_attrs(c, a, g, &other, 1, &e), TD_EINVALID_ARGUMENT);
     td_close(c);
 }
 END_TEST
@@ -866,6 +899,7 @@ Suite *it_autograd_suite(void)
     tcase_add_test(tc, test_to_device_gradient);
     tcase_add_test(tc, test_optimizer_errors);
     tcase_add_test(tc, test_optimizer_state);
+    tcase_add_test(tc, test_optimizer_step_attrs);
     tcase_add_test(tc, test_graph_replay);
     tcase_add_loop_test(tc, test_gradcheck_f64, 0, (int)(sizeof grad_cases / sizeof grad_cases[0]));
     suite_add_tcase(s, tc);

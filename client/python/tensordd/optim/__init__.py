@@ -1,10 +1,11 @@
-"""optim -- optimizers that run in the daemon (SGD, Adam, AdamW).
+"""optim -- optimizers that run in the daemon (SGD, Adam, AdamW, RMSprop, Adagrad).
 
 An optimizer is created once with its parameters (OptimizerCreate, a round
 trip, so a bad hyperparameter or a full quota raises in the constructor as in
 PyTorch; the C client's td_optimizer_create is asynchronous and reports it at
 the next synchronising call); its state (momentum buffers,
-Adam moments, amsgrad's maxima) lives in the daemon, keyed by parameter, and
+Adam moments, amsgrad's maxima, RMSprop's averages, Adagrad's sums) lives in
+the daemon, keyed by parameter, and
 ``state_dict()``/``load_state_dict()`` download and upload it in torch's layout
 (OptimizerState, OptimizerLoadState). ``step(grads)`` reads a Gradients handle
 and updates the parameters in place in one synchronising request.
@@ -21,7 +22,7 @@ from ..errors import Error
 from ..session import _Call, _set_attr
 from ..tensor import Tensor
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad"]
 
 
 class Optimizer:
@@ -36,75 +37,86 @@ class Optimizer:
       assigned by hand.
 
     params is a list of Tensors or, as in torch, of param groups (dicts with
-    ``"params"`` and per-group hyperparameters such as ``"lr"``).
-    ``param_groups[i]["lr"]`` may be changed at any time (the schedulers of
-    :mod:`tensordd.optim.lr_scheduler` do): the daemon's optimizer keeps the
-    lr it was created with, and a step at another lr is rescaled in place
-    (the update of every optimizer here is linear in lr, so
-    ``p_old + lr/lr0 * (p_stepped - p_old)`` is exactly torch's step; it costs
-    one more backward and step round trip).
+    ``"params"`` and per-group options such as ``"lr"``); each group gets the
+    defaults for the options it does not set, and its own optimizer in the
+    daemon. Any option of ``param_groups[i]`` may be changed at any time (the
+    schedulers of :mod:`tensordd.optim.lr_scheduler` change ``"lr"``): the next
+    ``step()`` sends the options that changed with the step (OptimizerStep's
+    attrs), and the daemon keeps the state. ``add_param_group`` adds a group.
     """
 
     kind = ""
+    # the options the daemon takes for this optimizer, by torch's names; other
+    # keys of a group (initial_lr, a user's own) stay on the client. None (a
+    # subclass naming only its kind): every key but params and initial_lr.
+    _OPTIONS = None
 
-    def __init__(self, params, **hyper):
+    def __init__(self, params, **defaults):
         params = list(params)
         if not params:
             raise ValueError("optimizer got an empty parameter list")
         groups = params if isinstance(params[0], dict) else [{"params": params}]
-        session = None
-        checked = []
-        for g in groups:
-            if not isinstance(g, dict) or "params" not in g:
-                raise TypeError("param groups must all be dicts with 'params'")
-            ps = g["params"]
-            ps = [ps] if isinstance(ps, Tensor) else list(ps)
-            for p in ps:
-                if not isinstance(p, Tensor):
-                    raise TypeError(f"parameters must be Tensors, got {type(p).__name__}")
-                if session is None:
-                    session = p._session
-                if p._session is not session:
-                    raise ValueError("all parameters must belong to one session")
-            if not ps:
-                raise ValueError("optimizer got an empty parameter list")
-            extra = {k: v for k, v in g.items() if k != "params"}
-            checked.append((ps, {**hyper, **self._wire_hyper(extra)}))
-        self._session = session
-        session.retain_grads = True  # the torch idiom: backward() feeds step()
-        self.params = [p for ps, _ in checked for p in ps]
-        self.hyper = dict(checked[0][1])
+        self._session = None
+        self.defaults = dict(defaults)
+        self.hyper = dict(defaults)
+        self.params = []
         self.param_groups = []
         self._handles = []
-        self._base_lrs = []
-        self._fixers = []
+        self._sent = []  # per group: the wire options its daemon optimizer has
         self._made_with = []  # per group: the parameter handles its daemon optimizer has
         self._steps = 0
-        for ps, h in checked:
-            lr = h.get("lr")
-            if isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr >= 0:
-                # the daemon's optimizer runs at base; other lrs are rescaled steps
-                base = float(lr) if lr > 0 else 1.0
-                self._handles.append(self._create(ps, {**h, "lr": base}))
-            else:  # no lr, or one the daemon is to judge: sent as given
-                base = None
-                self._handles.append(self._create(ps, h))
-            self._base_lrs.append(base)
-            self._fixers.append(None)
-            self._made_with.append(tuple(p._handle for p in ps))
-            self.param_groups.append({"params": ps, **h})
+        for g in groups:
+            self.add_param_group(g)
+        self._session.retain_grads = True  # the torch idiom: backward() feeds step()
         self._handle = self._handles[0]
-        self.defaults = dict(hyper)
 
-    @staticmethod
-    def _wire_hyper(group: dict) -> dict:
-        """A group's torch-named hyperparameters as the daemon's attributes."""
-        out = dict(group)
-        if "betas" in out:
-            out["beta1"], out["beta2"] = (float(b) for b in out.pop("betas"))
-        for k in ("lr", "momentum", "weight_decay", "dampening", "eps"):
-            if k in out:
-                out[k] = float(out[k])
+    def add_param_group(self, param_group: dict) -> None:
+        """Adds a group (torch's ``add_param_group``): the options it does not
+        set are the defaults; a parameter may be in one group only. Its
+        optimizer is created in the daemon at once (a bad option raises here)."""
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError("param groups must all be dicts with 'params'")
+        ps = param_group["params"]
+        ps = [ps] if isinstance(ps, Tensor) else list(ps)
+        for p in ps:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"parameters must be Tensors, got {type(p).__name__}")
+            if self._session is None:
+                self._session = p._session
+            if p._session is not self._session:
+                raise ValueError("all parameters must belong to one session")
+        if not ps:
+            raise ValueError("optimizer got an empty parameter list")
+        seen = {id(p) for p in self.params}
+        if any(id(p) in seen for p in ps) or len({id(p) for p in ps}) != len(ps):
+            raise ValueError("some parameters appear in more than one parameter group")
+        group = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        wire = self._wire_hyper(group)
+        self._handles.append(self._create(ps, {k: v for k, v in wire.items()
+                                               if v is not False and v is not None}))
+        self._sent.append(wire)
+        self._made_with.append(tuple(p._handle for p in ps))
+        self.param_groups.append({"params": ps, **group})
+        self.params.extend(ps)
+
+    def _wire_hyper(self, group: dict) -> dict:
+        """A group's options (torch's names) as the daemon's attributes."""
+        out = {}
+        keys = self._OPTIONS or [k for k in group if k not in ("params", "initial_lr")]
+        for k in keys:
+            v = group.get(k)
+            if k not in group or (k == "foreach" and v is None):
+                continue
+            if k == "betas":
+                out["beta1"], out["beta2"] = (float(b) for b in v)
+            elif k in ("beta1", "beta2"):
+                out[k] = float(v)
+            elif isinstance(v, (bool, np.bool_)):
+                out[k] = bool(v)
+            elif isinstance(v, (int, float, np.integer, np.floating)):
+                out[k] = float(v)
+            else:
+                out[k] = v  # the daemon says what is wrong with it
         return out
 
     def _create(self, params, hyper, kind=None) -> int:
@@ -132,20 +144,19 @@ class Optimizer:
         if session is not None:
             for h in getattr(self, "_handles", ()):
                 session._release_later(h)
-            for h in getattr(self, "_fixers", ()):
-                if h is not None:
-                    session._release_later(h)
 
     @property
     def handle(self) -> int:
         """The daemon handle of the (first group's) optimizer."""
         return self._handle
 
-    def _step_handle(self, handle: int, grads: Gradients) -> None:
+    def _step_handle(self, handle: int, grads: Gradients, attrs=None) -> None:
         session = self._session
         req = session._new_request()
         req.optimizer_step.optimizer = handle
         req.optimizer_step.grads = grads._handle
+        for name, value in (attrs or {}).items():  # options changed since the last step
+            _set_attr(req.optimizer_step.attrs.add(), name, value)
         session._roundtrip(req, _Call("optimizer_step", (handle, grads._handle)))
 
     def step(self, grads: Gradients | None = None, closure=None) -> None:
@@ -178,12 +189,10 @@ class Optimizer:
         self._sync_params()
         try:
             for i, group in enumerate(self.param_groups):
-                base = self._base_lrs[i]
-                lr = group.get("lr", base)
-                if base is None or lr == base:
-                    self._step_handle(self._handles[i], grads)
-                else:
-                    self._step_rescaled(i, grads, float(lr) / base)
+                wire = self._wire_hyper(group)
+                changed = {k: v for k, v in wire.items() if self._sent[i].get(k) != v}
+                self._step_handle(self._handles[i], grads, changed)
+                self._sent[i] = wire
         finally:
             if temp is not None:
                 temp.release()
@@ -211,24 +220,6 @@ class Optimizer:
             return None, False
         return _gradients_of(session, pairs), True
 
-    def _step_rescaled(self, i: int, grads: Gradients, ratio: float) -> None:
-        """The group's step at lr = ratio * base lr: step at the base lr, then
-        move each parameter back by (1 - ratio) of its update."""
-        session = self._session
-        ps = self.param_groups[i]["params"]
-        with _grad_mode(session, False):
-            olds = [p.detach().clone() for p in ps]
-        self._step_handle(self._handles[i], grads)
-        with _grad_mode(session, False):
-            deltas = [(p.detach() - old) * (1.0 - ratio) for p, old in zip(ps, olds)]
-        if self._fixers[i] is None:  # p -= delta: plain SGD at lr 1
-            self._fixers[i] = self._create(ps, {"lr": 1.0}, kind="sgd")
-        fix = _gradients_of(session, list(zip(ps, deltas)))
-        try:
-            self._step_handle(self._fixers[i], fix)
-        finally:
-            fix.release()
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forgets the gradients of the backward() calls so far (``p.grad`` is
         None again). Note: the gradients live per session, so this clears them
@@ -239,13 +230,21 @@ class Optimizer:
 
     _SLOTS = {"sgd": ("momentum_buffer",),
               "adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
-              "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")}
+              "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+              "rmsprop": ("square_avg", "momentum_buffer", "grad_avg"),
+              "adagrad": ("sum",)}
 
-    def _kept(self) -> tuple:
-        """The buffer names this optimizer keeps per parameter (the daemon's slots)."""
+    def _kept(self, group: dict) -> tuple:
+        """The buffer names a group's options keep per parameter (the daemon's slots)."""
         if self.kind == "sgd":
-            return ("momentum_buffer",) if self.hyper.get("momentum", 0.0) else ()
-        return self._SLOTS[self.kind][:3 if self.hyper.get("amsgrad") else 2]
+            return ("momentum_buffer",) if group.get("momentum", 0.0) else ()
+        if self.kind == "rmsprop":
+            return tuple(n for n, on in (("square_avg", True),
+                                         ("momentum_buffer", group.get("momentum", 0.0) > 0),
+                                         ("grad_avg", group.get("centered", False))) if on)
+        if self.kind == "adagrad":
+            return ("sum",)
+        return self._SLOTS[self.kind][:3 if group.get("amsgrad") else 2]
 
     def _export(self, handle: int, n: int) -> list:
         """[(step, {slot: numpy array})] of the n parameters of the daemon optimizer
@@ -267,12 +266,12 @@ class Optimizer:
             out.append((int(st.steps[i]), bufs))
         return [(step, {k: t.numpy() for k, t in bufs.items()}) for step, bufs in out]
 
-    def _import(self, handle: int, params, entries) -> None:
+    def _import(self, handle: int, params, entries, group: dict) -> None:
         """Replaces the state of the daemon optimizer `handle` (OptimizerLoadState):
         entries is [(step, {slot: values})] per parameter; values are uploaded to the
         parameter's device and dtype (the daemon copies them)."""
         session = self._session
-        kept = self._kept()
+        kept = self._kept(group)
         uploads = []
         req = session._new_request()
         ls = req.optimizer_load_state
@@ -296,10 +295,10 @@ class Optimizer:
         session._roundtrip(req, _Call("optimizer_load_state", (handle,)))
         del uploads  # released with the next request: the daemon holds copies
 
-    def _group_entries(self, state: dict, first: int, params) -> list:
+    def _group_entries(self, state: dict, first: int, params, group: dict) -> list:
         """[(step, {slot: values})] for the params of a group from a torch-layout
         ``state`` dict (keyed by the global parameter index); checked locally."""
-        kept = self._kept()
+        kept = self._kept(group)
         entries = []
         for j, p in enumerate(params):
             s = state.get(first + j)
@@ -343,18 +342,20 @@ class Optimizer:
                 continue
             old = self._handles[i]
             entries = self._export(old, len(ps))
-            h = {k: v for k, v in group.items() if k not in ("params", "initial_lr")}
-            h = self._wire_hyper(h)
-            if self._base_lrs[i] is not None:
-                h["lr"] = self._base_lrs[i]
-            self._handles[i] = self._create(ps, h)
-            self._made_with[i] = now
-            self._session._release_later(old)
-            if self._fixers[i] is not None:
-                self._session._release_later(self._fixers[i])
-                self._fixers[i] = None
+            self._recreate(i, self._sent[i])
             if any(step for step, _ in entries):
-                self._import(self._handles[i], ps, entries)
+                self._import(self._handles[i], ps, entries, group)
+        self._handle = self._handles[0]
+
+    def _recreate(self, i: int, wire: dict) -> None:
+        """A new daemon optimizer for group i (with no state) in place of its old one."""
+        ps = self.param_groups[i]["params"]
+        old = self._handles[i]
+        self._handles[i] = self._create(ps, {k: v for k, v in wire.items()
+                                             if v is not False and v is not None})
+        self._sent[i] = wire
+        self._made_with[i] = tuple(p._handle for p in ps)
+        self._session._release_later(old)
         self._handle = self._handles[0]
 
     def state_dict(self) -> dict:
@@ -364,7 +365,10 @@ class Optimizer:
         been stepped, the optimizer's state downloaded from the daemon as numpy
         arrays: SGD ``{"momentum_buffer": array or None}``; Adam and AdamW
         ``{"step": int, "exp_avg": array, "exp_avg_sq": array}`` (and
-        ``"max_exp_avg_sq"`` with amsgrad). Each group holds its hyperparameters
+        ``"max_exp_avg_sq"`` with amsgrad); RMSprop ``{"step": int, "square_avg":
+        array}`` (and ``"momentum_buffer"``, ``"grad_avg"`` when kept); Adagrad
+        ``{"step": int, "sum": array}`` for every parameter (step 0: the initial
+        accumulator, as torch makes it at construction). Each group holds its options
         and its parameters' indices. One synchronising request per group and a
         download per buffer; the arrays are copies (the checkpoint is independent
         of the session, e.g. for pickle/torch.save).
@@ -380,6 +384,12 @@ class Optimizer:
                 self._sync_params()
                 handle = self._handles[i]
             for j, (step, bufs) in enumerate(self._export(handle, n)):
+                if step == 0 and self.kind == "adagrad":
+                    p = ps[j]
+                    state[k + j] = {"step": 0, "sum": np.full(
+                        tuple(p.shape), g.get("initial_accumulator_value", 0.0),
+                        np.dtype(str(p.dtype)))}
+                    continue
                 if step == 0:
                     continue
                 if self.kind == "sgd":
@@ -391,14 +401,15 @@ class Optimizer:
 
     def load_state_dict(self, state: dict) -> None:
         """Loads a state_dict (ours, or torch.optim's of the same optimizer: torch
-        tensors are taken as they are): the per-parameter state is uploaded to the
-        parameters' devices and copied into the daemon's optimizer (replacing what
-        it had), and the lr (and initial_lr) of each group are taken.
+        tensors are taken as they are), as torch does: each group takes the
+        saved group's options (all but its params), and the per-parameter state
+        is uploaded to the parameters' devices and copied into the daemon's
+        optimizer (replacing what it had). A group whose options changed gets a
+        new daemon optimizer first (the buffers it keeps may differ).
 
-        Raises ValueError if the groups do not match, if a hyperparameter other
-        than the lr differs (the daemon's optimizer is created with them), or if
-        an entry of ``state`` lacks a buffer or has another shape; nothing is
-        changed then. The daemon checks devices and dtypes as well (typed errors).
+        Raises ValueError if the groups do not match or an entry of ``state``
+        lacks a buffer or has another shape; nothing is changed then. The
+        daemon checks devices, dtypes and options as well (typed errors).
         """
         groups = state.get("param_groups", [])
         if len(groups) != len(self.param_groups):
@@ -407,12 +418,9 @@ class Optimizer:
         for mine, theirs in zip(self.param_groups, groups):
             if len(theirs.get("params", ())) != len(mine["params"]):
                 raise ValueError("a param group of the state_dict has another size")
-            for k, v in theirs.items():
-                if k in ("params", "lr", "initial_lr"):
-                    continue
-                if k in mine and mine[k] != v:
-                    raise ValueError(f"hyperparameter {k}={v!r} differs from the optimizer's "
-                                     f"{mine[k]!r} (only lr can change after creation)")
+        new_groups = [{**{k: v for k, v in theirs.items() if k != "params"},
+                       "params": mine["params"]}
+                      for mine, theirs in zip(self.param_groups, groups)]
         per_state = state.get("state") or {}
         # torch's state_dict keys its groups' params by index: map ours in order
         index = {}
@@ -424,19 +432,20 @@ class Optimizer:
         remapped = {mine_i: per_state[their_i] for mine_i, their_i in index.items()
                     if their_i in per_state}
         all_entries, k = [], 0
-        for g in self.param_groups:
-            all_entries.append(self._group_entries(remapped, k, g["params"]))
+        for g in new_groups:
+            all_entries.append(self._group_entries(remapped, k, g["params"], g))
             k += len(g["params"])
         self._sync_params()
-        for i, g in enumerate(self.param_groups):
-            self._import(self._handles[i], g["params"], all_entries[i])
-        for mine, theirs in zip(self.param_groups, groups):
-            for key in ("lr", "initial_lr"):
-                if key in theirs:
-                    mine[key] = theirs[key]
+        for i, g in enumerate(new_groups):
+            wire = self._wire_hyper(g)
+            if wire != self._sent[i]:
+                self._recreate(i, wire)
+            self._import(self._handles[i], g["params"], all_entries[i], g)
+            self.param_groups[i].clear()
+            self.param_groups[i].update(g)
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self.hyper.items())
+        args = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
         return f"tensordd.optim.{type(self).__name__}(#{self._handle}, {len(self.params)} params, {args})"
 
 
@@ -462,21 +471,30 @@ def _gradients_of(session, pairs) -> Gradients:
     return backward(loss, _register=False)
 
 
+def _check(**values) -> None:
+    """torch.optim's constructor checks: each value >= 0 (NaN is not)."""
+    for name, v in values.items():
+        if not v >= 0:
+            raise ValueError(f"Invalid {name}: {v}")
+
+
 class SGD(Optimizer):
     """Stochastic gradient descent with momentum, dampening, Nesterov and weight decay
     (PyTorch's ``torch.optim.SGD`` semantics)."""
 
     kind = "sgd"
+    _OPTIONS = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize",
+                "foreach")
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 nesterov: bool = False, dampening: float = 0.0):
+                 nesterov: bool = False, dampening: float = 0.0, maximize: bool = False):
         if lr < 0 or momentum < 0 or weight_decay < 0:
             raise ValueError("lr, momentum and weight_decay must be >= 0")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         super().__init__(params, lr=float(lr), momentum=float(momentum),
                          weight_decay=float(weight_decay), nesterov=bool(nesterov),
-                         dampening=float(dampening))
+                         dampening=float(dampening), maximize=bool(maximize))
 
 
 class Adam(Optimizer):
@@ -484,17 +502,19 @@ class Adam(Optimizer):
     ``amsgrad`` normalises by the largest second moment so far."""
 
     kind = "adam"
+    _OPTIONS = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize",
+                "foreach")
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False):
+                 weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False):
         beta1, beta2 = betas
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError("invalid Adam hyperparameters")
-        # amsgrad goes only when set (the daemon's default is off), so a plain
-        # Adam's request is what it was.
-        extra = {"amsgrad": True} if amsgrad else {}
-        super().__init__(params, lr=float(lr), beta1=float(beta1), beta2=float(beta2),
-                         eps=float(eps), weight_decay=float(weight_decay), **extra)
+        # amsgrad and maximize go only when set (the daemon's defaults are off), so a
+        # plain Adam's request is what it was.
+        super().__init__(params, lr=float(lr), betas=(float(beta1), float(beta2)),
+                         eps=float(eps), weight_decay=float(weight_decay),
+                         amsgrad=bool(amsgrad), maximize=bool(maximize))
 
 
 class AdamW(Adam):
@@ -503,9 +523,48 @@ class AdamW(Adam):
     kind = "adamw"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False):
+                 weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad)
+                         amsgrad=amsgrad, maximize=maximize)
+
+
+class RMSprop(Optimizer):
+    """RMSprop (``torch.optim.RMSprop``): the gradient divided by the root of a
+    running mean of its square (``alpha`` its smoothing); ``centered`` subtracts
+    the squared running mean of the gradient; ``momentum`` > 0 keeps a buffer."""
+
+    kind = "rmsprop"
+    _OPTIONS = ("lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize",
+                "foreach")
+
+    def __init__(self, params, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+                 maximize: bool = False):
+        _check(learning_rate=lr, epsilon=eps, momentum=momentum, weight_decay=weight_decay,
+               alpha=alpha)
+        super().__init__(params, lr=float(lr), alpha=float(alpha), eps=float(eps),
+                         weight_decay=float(weight_decay), momentum=float(momentum),
+                         centered=bool(centered), maximize=bool(maximize))
+
+
+class Adagrad(Optimizer):
+    """Adagrad (``torch.optim.Adagrad``): the gradient divided by the root of the
+    sum of its squares so far (starting at ``initial_accumulator_value``), at
+    ``lr / (1 + (step - 1) * lr_decay)``."""
+
+    kind = "adagrad"
+    _OPTIONS = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps",
+                "maximize", "foreach")
+
+    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0,
+                 weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
+                 eps: float = 1e-10, maximize: bool = False):
+        _check(learning_rate=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+               initial_accumulator_value=initial_accumulator_value, epsilon=eps)
+        super().__init__(params, lr=float(lr), lr_decay=float(lr_decay),
+                         weight_decay=float(weight_decay),
+                         initial_accumulator_value=float(initial_accumulator_value),
+                         eps=float(eps), maximize=bool(maximize))
 
 
 from . import lr_scheduler  # noqa: E402,F401 (tensordd.optim.lr_scheduler, as in torch)
