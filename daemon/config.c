@@ -140,6 +140,13 @@ static const option_row rows[] = {
      "process groups meet in directories under it (Gloo's FileStore; shared by the "
      "ranks' daemons: one host, or a shared filesystem); default: groups off"},
     {"group-address", "ADDR", OPT_PATH, FIELD(group_address), 0, 0, 0, NULL,
+    {"max-conn-fds", "N", OPT_COUNT, FIELD(max_conn_fds), 8, 0, 253, "no fd passing",
+     "file descriptors (memfd uploads) a Unix-socket connection may have sent and the daemon "
+     "not yet taken; more is a protocol error that closes the connection"},
+    {"max-memfd-keep", "N", OPT_COUNT, FIELD(max_memfd_keep), 256, 0, 1u << 20, "none",
+     "memfds of uploaded tensors kept open daemon-wide, so that a download hands the same "
+     "memfd back without a copy; past it a memfd is closed once mapped and its tensor's "
+     "downloads are copied"},
      "the address this daemon's process-group peers connect to (unauthenticated Gloo "
      "TCP: a private network only; default 127.0.0.1)"},
     {"group-timeout", "SECS", OPT_SECONDS, FIELD(group_timeout_s), 60, 1, 86400, NULL,

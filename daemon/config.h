@@ -43,6 +43,10 @@ typedef struct tdd_config {
     uint64_t
         max_write_queue; /* reply bytes (with their bookkeeping) queued before reading pauses */
     uint32_t shutdown_grace_s;
+    /* same-host zero copy (memfd.c): the fds a Unix-socket connection may have sent and
+     * not had taken (0: no fd passing), and the uploaded memfds kept open daemon-wide */
+    uint32_t max_conn_fds;
+    uint32_t max_memfd_keep;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;
     char token_file[512];    /* where it came from */

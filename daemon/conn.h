@@ -10,6 +10,12 @@
 #include "tensordd.pb-c.h"
 
 typedef struct tdd_conn tdd_conn;
+
+/* An fd a peer sent, with the stream bytes [from, to) it came with. */
+struct tdd_conn_fd {
+    int fd;
+    uint64_t from, to;
+};
 typedef void (*tdd_payload_cb)(tdd_conn *c, void *arg, int status);
 
 struct tdd_conn {
@@ -64,6 +70,19 @@ struct tdd_conn {
     bool tls_dead;              /* conn_close ran */
     bool sniffed;               /* the first bytes were looked at (TLS vs plaintext) */
     uint64_t linger_ms;         /* after a TLS failure: the peer's bytes dropped until then */
+    /* Same-host zero copy (a Unix-socket connection with --max-conn-fds > 0): the fds the
+     * peer sent that no request took yet, oldest first, each with the stream bytes
+     * [from, to) it arrived with; rx_total counts the bytes received so far and frame_at
+     * is where the frame being handled began. req_fd: the fd that came with the request
+     * being handled (an Upload with payload_fd; -1: none; req_nfds: how many came), which
+     * its handler takes (setting it to -1) or the server closes after it. send_fd: the
+     * transport's, a frame (Response msg[0..mlen), no payload) with fd attached; it takes
+     * fd, closing it once sent (or not). */
+    bool fd_passing;
+    int nfds, req_fd, req_nfds;
+    struct tdd_conn_fd *fds;
+    uint64_t rx_total, frame_at;
+    void (*send_fd)(tdd_conn *c, const uint8_t *msg, size_t mlen, int fd);
 };
 
 /* How dispatch tells the connection what to do with a request. */

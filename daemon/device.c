@@ -27,6 +27,9 @@ static uint64_t global_in_use;
 typedef struct {
     tdd_storage st;
     tdd_account *acct;
+    /* Memory the backend did not allocate (tdd_storage_adopt): given back through this. */
+    tdd_storage_release release;
+    void *release_arg;
 } dstorage;
 
 int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
@@ -198,6 +201,38 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     return &ds->st;
 }
 
+tdd_storage *tdd_storage_adopt(tdd_device *dev, void *data, size_t nbytes, tdd_account *acct,
+                               tdd_storage_release release, void *arg, td_error *err)
+{
+    if (tdd_account_charge(acct, nbytes, err))
+        return NULL;
+    dstorage *ds = calloc(1, sizeof *ds);
+    if (!ds) {
+        tdd_account_credit(acct, nbytes);
+        exhausted(err, "host memory", nbytes, 0);
+        return NULL;
+    }
+    atomic_init(&ds->st.refs, 1);
+    ds->st.data = data;
+    ds->st.nbytes = nbytes;
+    ds->st.dev = dev;
+    ds->acct = acct;
+    ds->release = release;
+    ds->release_arg = arg;
+    if (acct)
+        acct->refs++;
+    dev->in_use += nbytes;
+    if (dev->in_use > dev->peak)
+        dev->peak = dev->in_use;
+    return &ds->st;
+}
+
+void *tdd_storage_adopted(const tdd_storage *st, tdd_storage_release release)
+{
+    const dstorage *ds = (const dstorage *)st;
+    return st && ds->release == release ? ds->release_arg : NULL;
+}
+
 void tdd_storage_ref(tdd_storage *st)
 {
     atomic_fetch_add(&st->refs, 1);
@@ -209,7 +244,10 @@ void tdd_storage_unref(tdd_storage *st)
         return;
     dstorage *ds = (dstorage *)st;
     tdd_device *dev = st->dev;
-    dev->be->free(dev->ctx, dev->ordinal, st->data, st->nbytes);
+    if (ds->release)
+        ds->release(ds->release_arg);
+    else
+        dev->be->free(dev->ctx, dev->ordinal, st->data, st->nbytes);
     dev->in_use -= st->nbytes;
     tdd_account_credit(ds->acct, st->nbytes);
     tdd_account_unref(ds->acct);

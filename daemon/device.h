@@ -48,6 +48,14 @@ tdd_device *tdd_device_find(const char *backend, uint32_t ordinal, int *backend_
 /* Allocates nbytes on dev charged to acct (may be NULL). On failure returns
  * NULL with RESOURCE_EXHAUSTED in err. Loop thread only. */
 tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err);
+/* Storage over memory the caller owns (a mapping of a client's memfd), charged to acct as
+ * tdd_storage_alloc charges; release(arg) gives the memory back when the last reference
+ * goes, on whichever thread drops it. The caller keeps data and arg on failure. */
+typedef void (*tdd_storage_release)(void *arg);
+tdd_storage *tdd_storage_adopt(tdd_device *dev, void *data, size_t nbytes, tdd_account *acct,
+                               tdd_storage_release release, void *arg, td_error *err);
+/* The arg st was adopted with when its release is release, else NULL. */
+void *tdd_storage_adopted(const tdd_storage *st, tdd_storage_release release);
 void tdd_storage_ref(tdd_storage *st);
 void tdd_storage_unref(tdd_storage *st);
 

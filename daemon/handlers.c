@@ -1,8 +1,10 @@
 /* handlers.c -- the core requests' handlers: Hello, devices, Stats, Upload, Download,
  * Describe, Op, ToDevice, Release, Sync, Goodbye (rows of dispatch.c's table). */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd.h"
 #include "dtype.h"
@@ -10,6 +12,7 @@
 #include "exec_op.h"
 #include "handlers.h"
 #include "log.h"
+#include "memfd.h"
 #include "resume.h"
 #include "stats.h"
 #include "tls.h"
@@ -452,6 +455,188 @@ static void staged_upload_landed(tdd_conn *c, void *arg, int status)
     v->fseq = tdd_queue_next_seq(v->fq) - 1;
 }
 
+/* ---------------------------------------------------------------- same-host zero copy */
+
+/* A client's sealed memfd as a tensor's storage (memfd.h says what is checked): mapped
+ * copy-on-write and charged as tdd_storage_alloc charges. Takes *fd (set to -1) whatever
+ * the outcome. A 0-byte tensor maps nothing: the fd is checked, closed, and the storage
+ * allocated as any other. */
+static void memfd_release(void *arg)
+{
+    tdd_memfd_map_free(arg);
+}
+
+static tdd_storage *memfd_storage(tdd_device *dev, int *fd, uint64_t offset, uint64_t nbytes,
+                                  tdd_account *acct, td_error *err)
+{
+    int f = *fd;
+    *fd = -1;
+    tdd_storage *st = NULL;
+    if (nbytes == 0) {
+        if (!tdd_memfd_check(f, offset, 0, err))
+            st = tdd_storage_alloc(dev, 0, acct, err);
+        close(f);
+        return st;
+    }
+    tdd_memfd_map *m = tdd_memfd_map_new(f, offset, nbytes, err);
+    if (!m) {
+        close(f);
+        return NULL;
+    }
+    st = tdd_storage_adopt(dev, m->data, (size_t)nbytes, acct, memfd_release, m, err);
+    if (!st)
+        tdd_memfd_map_free(m);
+    return st;
+}
+
+/* Why an Upload with payload_fd has no fd to take (0 when it has one). */
+static int memfd_upload_fd_check(tdd_conn *c, uint64_t plen, int nfd, td_error *err)
+{
+    if (!c->fd_passing)
+        return tdd_err_arg(err, "payload_fd", "%s",
+                           c->h.handle.type == UV_NAMED_PIPE
+                               ? "this daemon takes no file descriptors (--max-conn-fds 0)"
+                               : "file descriptors cannot cross a TCP or TLS connection: "
+                                 "connect to the daemon's unix:// socket");
+    if (plen)
+        return tdd_err_arg(err, "payload_fd",
+                           "an Upload with payload_fd carries no payload (this one has %llu "
+                           "bytes)",
+                           (unsigned long long)plen);
+    if (nfd == 0)
+        return tdd_err_arg(err, "payload_fd", "no file descriptor came with this Upload");
+    if (nfd > 1)
+        return tdd_err_arg(err, "payload_fd",
+                           "%d file descriptors came with this Upload; it takes one", nfd);
+    return 0;
+}
+
+/* The Download answer whose bytes are in memfd fd from offset on (taken). */
+static void memfd_send_reply(tdd_conn *c, uint64_t id, const tdd_value *v, int fd, uint64_t offset)
+{
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    Tensordd__V1__TensorInfo ti = TENSORDD__V1__TENSOR_INFO__INIT;
+    Tensordd__V1__Device d = TENSORDD__V1__DEVICE__INIT;
+    char be[32];
+    tdd_wire_device(&d, be, sizeof be, v->dev);
+    ti.handle = v->handle;
+    ti.dtype = (Tensordd__V1__DType)v->t.dtype;
+    ti.n_shape = (size_t)v->t.ndim;
+    ti.shape = (int64_t *)(uintptr_t)v->t.shape;
+    ti.device = &d;
+    ti.requires_grad = v->requires_grad;
+    ti.payload_fd = true;
+    ti.fd_offset = offset;
+    resp.id = id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_TENSOR;
+    resp.tensor = &ti;
+    uint8_t msg[512]; /* TensorInfo: a handful of varints and at most TD_MAX_NDIM dims */
+    size_t n = protobuf_c_message_get_packed_size(&resp.base);
+    if (n > sizeof msg) {
+        close(fd);
+        return;
+    }
+    protobuf_c_message_pack(&resp.base, msg);
+    c->send_fd(c, msg, n, fd);
+}
+
+typedef struct {
+    tdd_session *s;
+    tdd_value *v;
+    uint64_t req_id;
+    int fd;
+    td_error err;
+} memfd_copy;
+
+/* Worker: the tensor's bytes into a new sealed memfd (one copy). */
+static int memfd_copy_work(void *arg)
+{
+    memfd_copy *j = arg;
+    if (tdd_value_poisoned(j->v))
+        return TD_EPOISONED;
+    size_t n = (size_t)tdd_numel(&j->v->t) * td_dtype_size(j->v->t.dtype);
+    j->fd = tdd_memfd_sealed_copy(n ? tdd_data(&j->v->t) : "", n, &j->err);
+    return j->fd < 0 ? j->fd : 0;
+}
+
+static void memfd_copy_done(void *arg, int rc)
+{
+    memfd_copy *j = arg;
+    tdd_session *s = j->s;
+    tdd_conn *c = s->closed ? NULL : s->conn;
+    if (c) {
+        if (rc == TD_EPOISONED)
+            tdd_err_poisoned(&j->err, j->v);
+        if (rc)
+            tdd_reply_done(s, j->req_id, true, rc, &j->err, NULL, false);
+        else
+            memfd_send_reply(c, j->req_id, j->v, j->fd, 0);
+        tdd_conn_resume(c);
+    } else if (!rc) {
+        close(j->fd);
+    }
+    tdd_value_unref(j->v);
+    tdd_session_unref(s);
+    free(j);
+}
+
+/* Download with as_fd: the storage itself when it is a client's memfd the daemon has not
+ * written to (no copy), else a sealed copy made on the tensor's worker (one copy). -1:
+ * not here (a tensor in device memory, or a strided view): the answer carries the bytes as
+ * a payload, as without as_fd. */
+static int memfd_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
+{
+    tdd_conn *c = r->c;
+    tdd_session *s = c->s;
+    td_error err;
+    if (!c->fd_passing) {
+        tdd_err_arg(&err, "as_fd", "%s",
+                    c->h.handle.type == UV_NAMED_PIPE
+                        ? "this daemon passes no file descriptors (--max-conn-fds 0)"
+                        : "file descriptors cannot cross a TCP or TLS connection: connect to "
+                          "the daemon's unix:// socket");
+        return tdd_answer_error(r, &err);
+    }
+    if (s->resume) {
+        tdd_err_arg(&err, "as_fd",
+                    "a resumable session's answers are kept to be sent again, and a file "
+                    "descriptor cannot be: download without as_fd");
+        return tdd_answer_error(r, &err);
+    }
+    if (!v->dev->be->host_memory || !tdd_is_contiguous(&v->t))
+        return -1;
+    tdd_memfd_map *m = tdd_storage_adopted(v->t.st, memfd_release);
+    if (m && m->fd >= 0 && nbytes && tdd_memfd_map_clean(m)) {
+        int fd = fcntl(m->fd, F_DUPFD_CLOEXEC, 3);
+        if (fd >= 0) {
+            uint64_t at = m->offset + (uint64_t)((char *)tdd_data(&v->t) - (char *)m->data);
+            memfd_send_reply(c, r->req->id, v, fd, at);
+            return TDD_DISPATCH_DONE;
+        }
+    }
+    memfd_copy *j = calloc(1, sizeof *j);
+    if (!j) {
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    j->s = s;
+    tdd_session_ref(s);
+    j->v = v;
+    tdd_value_ref(v);
+    j->req_id = r->req->id;
+    j->fd = -1;
+    tdd_conn_pause(c); /* later requests wait for this reply */
+    if (tdd_submit_work(s, v->dev, memfd_copy_work, memfd_copy_done, j)) {
+        tdd_conn_resume(c);
+        tdd_value_unref(v);
+        tdd_session_unref(s);
+        free(j);
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_answer_error(r, &err);
+    }
+    return TDD_DISPATCH_DONE;
+}
+
 /* ---------------------------------------------------------------- upload */
 
 typedef struct {
@@ -480,6 +665,11 @@ int tdd_h_upload(tdd_req *r)
     Tensordd__V1__Upload *up = req->upload;
     tdd_session *s = c->s;
     td_error err;
+    /* payload_fd: the fd that came with this frame is the handler's (closed on every path) */
+    int fd = up->payload_fd && c->req_nfds ? c->req_fd : -1;
+    int nfd = up->payload_fd ? c->req_nfds : 0;
+    if (up->payload_fd)
+        c->req_nfds = 0;
     int rc = tdd_handle_check_new(s, up->handle, &err);
     tdd_resume_upload_handle(s, rc ? 0 : up->handle); /* bound by this request, if it fails */
     tdd_device *dev = NULL;
@@ -495,7 +685,9 @@ int tdd_h_upload(tdd_req *r)
             rc = tdd_err_arg(&err, "shape", "negative or too large (limit %lld elements)",
                              (long long)tdd_cfg.max_numel);
     }
-    if (!rc && (uint64_t)numel * isz != plen)
+    if (!rc && up->payload_fd)
+        rc = memfd_upload_fd_check(c, plen, nfd, &err);
+    if (!rc && !up->payload_fd && (uint64_t)numel * isz != plen)
         rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, shape and dtype need %llu",
                          (unsigned long long)plen, (unsigned long long)((uint64_t)numel * isz));
     td_dtype udt = (td_dtype)up->dtype;
@@ -518,13 +710,37 @@ int tdd_h_upload(tdd_req *r)
             memcpy(v->t.shape, up->shape, up->n_shape * sizeof(int64_t));
         tdd_set_contiguous(&v->t);
         v->requires_grad = up->requires_grad;
-        v->t.st = tdd_storage_alloc(dev, (size_t)plen, s->acct, &err);
+        uint64_t nbytes = (uint64_t)numel * isz;
+        if (up->payload_fd && dev->be->host_memory) /* the client's memfd is the storage */
+            v->t.st = memfd_storage(dev, &fd, up->fd_offset, nbytes, s->acct, &err);
+        else
+            v->t.st = tdd_storage_alloc(dev, (size_t)nbytes, s->acct, &err);
         if (!v->t.st)
-            rc = TD_ERESOURCE_EXHAUSTED;
+            rc = err.code;
     }
     staged *stg = NULL;
-    if (!rc && !dev->be->host_memory && !(stg = staged_new(s, v, (size_t)plen, req->id, &err)))
+    if (!rc && !dev->be->host_memory && up->payload_fd) {
+        /* Device memory: one copy from the mapping of the client's memfd, on the worker. */
+        stg = staged_new(s, v, 0, req->id, &err);
+        tdd_storage *host = stg ? memfd_storage(tdd_default_device(), &fd, up->fd_offset,
+                                                (uint64_t)numel * isz, s->acct, &err)
+                                : NULL;
+        if (host) {
+            tdd_storage_unref(stg->host);
+            stg->host = host;
+        } else if (stg) {
+            staged_free(stg);
+            stg = NULL;
+        }
+        if (!stg)
+            rc = err.code;
+    } else if (!rc && !dev->be->host_memory &&
+               !(stg = staged_new(s, v, (size_t)plen, req->id, &err)))
         rc = err.code;
+    if (fd >= 0) {
+        close(fd);
+        fd = -1;
+    }
     if (rc) {
         tdd_value_unref(v);
         free(u);
@@ -534,6 +750,20 @@ int tdd_h_upload(tdd_req *r)
         return TDD_DISPATCH_PAYLOAD;
     }
     tdd_handle_add(s, up->handle, TD_HANDLE_TENSOR, v);
+    if (up->payload_fd) { /* no payload: the bytes are in place already */
+        if (stg) {
+            free(u);
+            stg->want_reply = req->want_reply;
+            staged_upload_landed(c, stg, 0);
+            return TDD_DISPATCH_DONE;
+        }
+        tdd_value_ref(v);
+        u->v = v;
+        u->req_id = req->id;
+        u->want_reply = req->want_reply;
+        upload_landed(c, u, 0);
+        return TDD_DISPATCH_DONE;
+    }
     if (stg) {
         /* Device memory: the payload lands in host staging, a worker copies it over. */
         free(u);
@@ -570,6 +800,11 @@ int tdd_h_download(tdd_req *r)
         return tdd_answer_error(r, &err);
     }
     uint64_t nbytes = (uint64_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+    if (req->download->as_fd) {
+        int rc = memfd_download(r, v, nbytes);
+        if (rc >= 0)
+            return rc;
+    }
     if (v->dev->be->host_memory && tdd_is_contiguous(&v->t)) {
         /* Straight from the tensor's memory: no staging copy. */
         tdd_send_tensor(c, req->id, v, tdd_data(&v->t), nbytes, v->t.st);

@@ -1,6 +1,7 @@
 /* server.c -- libuv listeners and connections: frames in, payloads straight
  * into tensor storage, responses out, backpressure and graceful shutdown. */
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <malloc.h>
 #include <stddef.h>
@@ -77,6 +78,7 @@ typedef struct write_req {
     const uint8_t *payload;
     size_t flen;
     uint64_t plen, off;
+    uv_pipe_t *fdpipe;   /* a memfd sent with this frame (conn_send_fd), closed when written */
     max_align_t bytes[]; /* the part of the frame not yet written */
 } write_req;
 
@@ -86,9 +88,16 @@ static void tls_enqueue(tdd_conn *c, write_req *wr);
  * queued ahead of it then costs no allocation at all. */
 #define SMALL_FRAME 512
 
+static void free_handle(uv_handle_t *h)
+{
+    free(h);
+}
+
 static void write_done(write_req *wr, int status)
 {
     tdd_conn *c = wr->c;
+    if (wr->fdpipe)
+        uv_close((uv_handle_t *)wr->fdpipe, free_handle); /* closes the memfd */
     c->wq_bytes -= wr->total;
     c->active_ms = c->wq_moved_ms = uv_now(loop);
     tdd_storage_unref(wr->hold);
@@ -178,6 +187,7 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
     wr->total = flen - sent + plen + WRITE_COST;
     wr->hold = hold;
     wr->resume = resume;
+    wr->fdpipe = NULL;
     if (hold)
         tdd_storage_ref(hold);
     uv_buf_t bufs[2] = {uv_buf_init((char *)rest, (unsigned)(flen - sent)),
@@ -255,6 +265,149 @@ static void conn_send_encoded(tdd_conn *c, const uint8_t *msg, size_t mlen, cons
         return;
     memcpy(frame + TD_FRAME_HEADER_SIZE, msg, mlen);
     send_frame(c, frame, TD_FRAME_HEADER_SIZE + mlen, wr, payload, plen, hold, pause);
+}
+
+/* A frame with a memfd attached (SCM_RIGHTS on its first byte: libuv's uv_write2 sends
+ * a handle's fd, so the memfd is wrapped in a pipe handle for the write). Takes fd. */
+static void conn_send_fd(tdd_conn *c, const uint8_t *msg, size_t mlen, int fd)
+{
+    size_t flen = TD_FRAME_HEADER_SIZE + mlen;
+    write_req *wr = c->closing || !c->fd_passing ? NULL : calloc(1, sizeof *wr + flen);
+    uv_pipe_t *p = wr ? malloc(sizeof *p) : NULL;
+    if (!p || uv_pipe_init(loop, p, 0) != 0) {
+        free(p);
+        free(wr);
+        close(fd);
+        if (!c->closing)
+            out_of_memory(c, false);
+        return;
+    }
+    if (uv_pipe_open(p, fd) != 0) {
+        close(fd);
+        uv_close((uv_handle_t *)p, free_handle);
+        free(wr);
+        out_of_memory(c, false);
+        return;
+    }
+    uint8_t *frame = (uint8_t *)wr->bytes;
+    td_frame_encode(frame, (uint32_t)mlen, 0);
+    memcpy(frame + TD_FRAME_HEADER_SIZE, msg, mlen);
+    wr->c = c;
+    wr->total = flen + WRITE_COST;
+    wr->fdpipe = p;
+    if (c->wq_bytes == 0) {
+        c->wq_moved_ms = uv_now(loop);
+        c->wq_seen = 0;
+    }
+    c->wq_bytes += wr->total;
+    if (c->wq_bytes > c->wq_peak)
+        c->wq_peak = c->wq_bytes;
+    tdd_stats.bytes_sent += flen;
+    uv_buf_t b = uv_buf_init((char *)frame, (unsigned)flen);
+    if (uv_write2(&wr->req, &c->h.stream, &b, 1, (uv_stream_t *)p, after_write) < 0) {
+        c->wq_bytes -= wr->total;
+        uv_close((uv_handle_t *)p, free_handle);
+        free(wr);
+        conn_close(c);
+        return;
+    }
+    if (tdd_cfg.write_timeout_s && !uv_is_active((uv_handle_t *)&c->watch))
+        watch_arm(c);
+}
+
+/* ---------------------------------------------------------------- passed fds */
+
+static void fail_protocol(tdd_conn *c, int code, const char *what);
+
+/* Takes the fds libuv received with the bytes [from, to) of the stream into c->fds.
+ * libuv hands a received fd out only into a handle (uv_accept): a pipe handle takes it,
+ * the daemon keeps a duplicate, and closing the handle closes the original. More than
+ * --max-conn-fds waiting is a protocol error. Returns 0, or -1 when c was failed. */
+static int take_fds(tdd_conn *c, uint64_t from, uint64_t to)
+{
+    bool over = false;
+    while (uv_pipe_pending_count(&c->h.pipe) > 0) {
+        uv_pipe_t *p = malloc(sizeof *p);
+        if (!p || uv_pipe_init(loop, p, 0) != 0) {
+            free(p);
+            fail_protocol(c, TD_ERESOURCE_EXHAUSTED, "out of memory taking a file descriptor");
+            return -1;
+        }
+        int fd = -1;
+        uv_os_fd_t ofd = -1;
+        if (uv_accept(&c->h.stream, (uv_stream_t *)p) == 0 &&
+            uv_fileno((uv_handle_t *)p, &ofd) == 0)
+            fd = fcntl(ofd, F_DUPFD_CLOEXEC, 3);
+        uv_close((uv_handle_t *)p, free_handle);
+        if (ofd >= 0 && ofd <= STDERR_FILENO) /* (libuv leaves fds 0..2 open on close) */
+            close(ofd);
+        if (fd < 0)
+            continue;
+        if (c->nfds >= (int)tdd_cfg.max_conn_fds) {
+            close(fd);
+            over = true;
+            continue;
+        }
+        c->fds[c->nfds++] = (struct tdd_conn_fd){fd, from, to};
+    }
+    if (over) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "more than %u file descriptors sent and not yet taken by a request "
+                 "(--max-conn-fds)",
+                 tdd_cfg.max_conn_fds);
+        fail_protocol(c, TD_EPROTOCOL_ERROR, why);
+        return -1;
+    }
+    return 0;
+}
+
+static void drop_fds(tdd_conn *c, int n)
+{
+    if (n <= 0)
+        return;
+    for (int i = 0; i < n; i++)
+        close(c->fds[i].fd);
+    memmove(c->fds, c->fds + n, (size_t)(c->nfds - n) * sizeof c->fds[0]);
+    c->nfds -= n;
+}
+
+/* At a frame boundary at stream byte at: an fd that arrived with bytes before it was
+ * taken by no request of its own read (a request that takes none, or an extra one).
+ * Returns -1 when the connection was failed for it. */
+static int check_stray_fds(tdd_conn *c, uint64_t at)
+{
+    if (!c->nfds || c->fds[0].to > at)
+        return 0;
+    int n = 0;
+    while (n < c->nfds && c->fds[n].to <= at)
+        n++;
+    drop_fds(c, n);
+    fail_protocol(c, TD_EPROTOCOL_ERROR,
+                  "a file descriptor came with a request that takes none (only an Upload "
+                  "with payload_fd does, one each); it was closed");
+    return -1;
+}
+
+/* An Upload with payload_fd starting at stream byte at takes the fds that arrived with
+ * the read holding its first byte: c->req_fd, the others closed (the handler refuses
+ * the Upload when req_nfds is not 1). */
+static void claim_fds(tdd_conn *c, uint64_t at)
+{
+    int i = 0;
+    while (i < c->nfds && !(c->fds[i].from <= at && at < c->fds[i].to))
+        i++;
+    int n = 0;
+    while (i + n < c->nfds && c->fds[i + n].from <= at && at < c->fds[i + n].to)
+        n++;
+    if (!n)
+        return;
+    c->req_fd = c->fds[i].fd;
+    c->req_nfds = n;
+    for (int k = 1; k < n; k++)
+        close(c->fds[i + k].fd);
+    memmove(c->fds + i, c->fds + i + n, (size_t)(c->nfds - i - n) * sizeof c->fds[0]);
+    c->nfds -= n;
 }
 
 /* ---------------------------------------------------------------- reads */
@@ -503,7 +656,14 @@ static void handle_frame(tdd_conn *c)
     uint64_t sid = c->s ? c->s->id : 0;
     tdd_log_ctx prev;
     tdd_log_set_ctx((tdd_log_ctx){sid, c->hello_done ? sid : 0}, &prev);
+    if (c->nfds && req->body_case == TENSORDD__V1__REQUEST__BODY_UPLOAD && req->upload &&
+        req->upload->payload_fd)
+        claim_fds(c, c->frame_at);
     int rc = on_request(c, req, hdr.payload_len);
+    if (c->req_nfds) { /* the handler did not take it */
+        close(c->req_fd);
+        c->req_nfds = 0;
+    }
     tdd_log_set_ctx(prev, NULL);
     /* resume: the requests this session has applied (a resumed Hello's is not its own) */
     if (req->body_case != TENSORDD__V1__REQUEST__BODY_HELLO && rc != TDD_DISPATCH_PAYLOAD)
@@ -545,6 +705,11 @@ static void conn_process(tdd_conn *c)
         }
         if (!can_process(c))
             break;
+        if (c->fp.hgot == 0 && !c->fp.in_msg) { /* a frame begins here */
+            c->frame_at = c->rx_total - (c->rlen - c->rpos);
+            if (check_stray_fds(c, c->frame_at))
+                return;
+        }
         size_t used;
         int rc = td_frame_feed(&c->fp, c->rbuf + c->rpos, c->rlen - c->rpos, &used);
         c->rpos += used;
@@ -559,6 +724,10 @@ static void conn_process(tdd_conn *c)
         if (rc == TD_FRAME_READY)
             handle_frame(c);
     }
+    /* Every byte taken and no frame begun: an fd that came with them is a stray. */
+    if (c->nfds && !c->closing && c->rpos == c->rlen && !c->in_payload && c->fp.hgot == 0 &&
+        !c->fp.in_msg && check_stray_fds(c, c->rx_total))
+        return;
     reading_policy(c);
 }
 
@@ -577,6 +746,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (nread == 0)
+        return;
+    if (c->fd_passing && take_fds(c, c->rx_total, c->rx_total + (uint64_t)nread))
         return;
     conn_received(c, buf, (size_t)nread);
 }
@@ -601,6 +772,7 @@ static void conn_received(tdd_conn *c, const uv_buf_t *buf, size_t n)
     if (!c->sniffed && !c->tls && sniff_tls(c, buf, n))
         return;
     tdd_stats.bytes_received += (uint64_t)nread;
+    c->rx_total += (uint64_t)nread;
     c->active_ms = uv_now(loop);
     if (c->in_payload && c->pdst && buf->base == (char *)c->pdst + c->pgot) {
         c->pgot += (uint64_t)nread;
@@ -904,6 +1076,8 @@ static void after_close(uv_handle_t *h)
     arena_destroy(c->arena);
     td_frame_parser_free(&c->fp);
     free(c->rbuf);
+    drop_fds(c, c->nfds);
+    free(c->fds);
     /* TLS: replies never encrypted (their ciphertext chunks were cancelled already) */
     while (c->tls_q) {
         write_req *wr = c->tls_q;
@@ -1211,10 +1385,16 @@ static void on_connection(uv_stream_t *server, int status)
         c->tls_rbuf = malloc(TLS_RBUF);
     }
     c->arena = arena_new(); /* NULL: requests are unpacked with malloc */
+    /* A Unix socket passes fds (memfd uploads, downloads as_fd) when --max-conn-fds allows:
+     * libuv's IPC mode reads with recvmsg and keeps what came. */
+    c->fd_passing = !is_tcp && !l->tls && tdd_cfg.max_conn_fds > 0;
+    if (c->fd_passing && !(c->fds = calloc(tdd_cfg.max_conn_fds, sizeof *c->fds)))
+        c->fd_passing = false;
+    c->send_fd = conn_send_fd;
     if (is_tcp)
         uv_tcp_init(loop, &c->h.tcp);
     else
-        uv_pipe_init(loop, &c->h.pipe, 0);
+        uv_pipe_init(loop, &c->h.pipe, c->fd_passing);
     c->h.handle.data = c;
     uv_timer_init(loop, &c->watch);
     c->watch.data = c;

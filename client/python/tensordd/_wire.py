@@ -19,7 +19,9 @@ through the TLS layer record by record: nothing stages a whole tensor.
 
 from __future__ import annotations
 
+import array
 import collections
+import os
 import socket
 import ssl
 import struct
@@ -53,6 +55,7 @@ ZERO_COPY_THRESHOLD = 64 << 10
 # The write buffer is flushed once it grows past this, even between syncs.
 WRITE_HIGH_WATER = 1 << 20
 _READ_CHUNK = 64 << 10
+_MAX_FDS = 8  # file descriptors one read may bring (the daemon sends one per answer)
 # Resume: reconnections tried after a connection is lost, and the first wait between two
 # (doubled each time, at most a second; all within the session's resume window).
 RESUME_TRIES = 8
@@ -275,6 +278,11 @@ class Connection:
         self._cur_id = 0
         self._payload_left = 0
         self.resumes = 0  # connections resumed so far
+        # Same-host zero copy (a unix:// endpoint): while want_fds, reads take the file
+        # descriptors the daemon sends (a Download's memfd) into fds, oldest first.
+        self.unix = family == socket.AF_UNIX and ctx is None
+        self.want_fds = 0
+        self.fds: list[int] = []
 
     def _connect(self):
         endpoint, timeout, family, address, ctx = self._where
@@ -475,12 +483,41 @@ class Connection:
             self._rpos = 0
         while len(self._rbuf) < need:
             try:
-                chunk = self.sock.recv(max(_READ_CHUNK, need - len(self._rbuf)))
+                if self.want_fds:
+                    chunk = self._recv_fds(max(_READ_CHUNK, need - len(self._rbuf)))
+                else:
+                    chunk = self.sock.recv(max(_READ_CHUNK, need - len(self._rbuf)))
             except BlockingIOError:
                 raise _timed_out() from None
             if not chunk:
                 raise ConnectionResetError("connection closed by the daemon")
             self._rbuf += chunk
+
+    def _recv_fds(self, n: int) -> bytes:
+        """recv that keeps the file descriptors that came with the bytes."""
+        data, anc, _flags, _addr = self.sock.recvmsg(n, socket.CMSG_SPACE(4 * _MAX_FDS))
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                self.fds.extend(array.array("i", raw[: len(raw) - len(raw) % 4]))
+        return data
+
+    def send_with_fd(self, msg: bytes, fd: int, rid: int = 0) -> None:
+        """Sends what is queued, then one frame (no payload) with fd attached to its first
+        byte, in a sendmsg of its own (the daemon gives the fd to the frame that begins in
+        the read it came with)."""
+        self.flush()
+        frame = HEADER.pack(MAGIC, len(msg), 0) + msg
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
+        try:
+            sent = self.sock.sendmsg([frame], anc)
+            if sent < len(frame):
+                self.sock.sendall(frame[sent:])
+        except BlockingIOError:
+            raise _timed_out() from None
+
+    def take_fd(self) -> int:
+        """The oldest fd received, or -1."""
+        return self.fds.pop(0) if self.fds else -1
 
     def read_exact(self, n: int) -> bytes:
         """The next n bytes of the stream."""
@@ -606,6 +643,9 @@ class Connection:
 
     def close(self) -> None:
         try:
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = []
             self.sock.close()
         finally:
             self._wbuf = bytearray()

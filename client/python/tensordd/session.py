@@ -37,7 +37,7 @@ from ._codec import parse_tensor_reply as _parse_tensor_reply
 from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
-from .errors import Error, error_from_proto, local_error
+from .errors import Error, InvalidArgumentError, error_from_proto, local_error
 from .tensor import Tensor
 
 __all__ = ["connect", "Session", "PROTOCOL_VERSION", "default_session", "set_default_session",
@@ -105,7 +105,8 @@ _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICA
 def connect(endpoint: str | None = None, token: str | None = None, timeout: float | None = None,
             *, token_file: str | None = None, ca_file: str | None = None,
             cert: str | None = None, key: str | None = None, verify: bool = True,
-            resume: float | None = None) -> "Session":
+            resume: float | None = None, memfd: bool = True,
+            memfd_threshold: int = 1 << 20) -> "Session":
     """Opens a session with the daemon at endpoint; it becomes the default session.
 
     Args:
@@ -131,6 +132,14 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
             fails does it raise :class:`tensordd.ConnectionLostError`. A resumable
             session left without close() (the process exits) is held by the daemon
             for the window before it is freed.
+        memfd, memfd_threshold: on a ``unix://`` endpoint (the daemon's host), tensors
+            of memfd_threshold bytes or more are uploaded and downloaded as sealed
+            memfds passed over the socket (SCM_RIGHTS) instead of through it: the
+            daemon maps an upload as the tensor's storage, and a download comes back
+            as a mapping, not a copy through the socket. memfd=False turns it off; a
+            daemon that refuses (``--max-conn-fds 0``) turns it off for the session,
+            which then sends through the socket. Off with resume (a resumable
+            session's answers are kept to be sent again; a file descriptor cannot be).
 
     Raises:
         VersionMismatchError, UnauthenticatedError: the daemon refused the Hello
@@ -152,6 +161,8 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
     except OSError as e:
         raise local_error("IO", f"cannot connect to {endpoint}: {e}") from e
     session = Session(conn, endpoint, token, resume=resume)
+    session._memfd = bool(memfd) and conn.unix and not resume and hasattr(os, "memfd_create")
+    session.memfd_threshold = int(memfd_threshold)
     _default = session
     return session
 
@@ -215,6 +226,12 @@ class Session:
     def __init__(self, conn: Connection, endpoint: str, token: str | None,
                  resume: float | None = None):
         self._conn = conn
+        # Same-host zero copy (connect's memfd): on, the threshold, and whether the daemon
+        # has taken a memfd upload yet (the first one waits for its answer: a refusal
+        # turns memfd off and the tensor goes through the socket).
+        self._memfd = False
+        self.memfd_threshold = 1 << 20
+        self._memfd_checked = False
         self._token = token or ""
         self._resume_token = b""
         self.endpoint = endpoint
@@ -603,8 +620,17 @@ class Session:
         up.shape.extend(arr.shape)
         dev._to_proto(up.device)
         up.requires_grad = requires_grad
-        self._send(req, _Call(f"upload #{up.handle}",
-                              suffix=f"{dtype_name(wire)}{tuple(arr.shape)} on {dev}"), arr)
+        call = _Call(f"upload #{up.handle}", suffix=f"{dtype_name(wire)}{tuple(arr.shape)} on {dev}")
+        if self._memfd and arr.nbytes >= self.memfd_threshold:
+            if self._upload_fd(req, arr, call):
+                return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=dtype_name(wire),
+                              device=dev, requires_grad=requires_grad)
+            up.handle = self._new_handle()  # refused: through the socket, as a new handle
+            up.payload_fd = False
+            req.want_reply = False
+            call = _Call(f"upload #{up.handle}",
+                         suffix=f"{dtype_name(wire)}{tuple(arr.shape)} on {dev}")
+        self._send(req, call, arr)
         return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=dtype_name(wire),
                       device=dev, requires_grad=requires_grad)
 
@@ -619,6 +645,93 @@ class Session:
         Returns the output Tensor, or a tuple of num_outputs Tensors.
         """
         try:
+    def _upload_fd(self, req: "pb.Request", arr: np.ndarray, call: _Call) -> bool:
+        """Sends Upload req with arr's bytes in a new sealed memfd. The first one of the
+        session waits for its answer: False when the daemon refused the fd (memfd is then
+        off for the session, and the refused handle released)."""
+        fd = _memfd_of(arr)
+        up = req.upload
+        up.payload_fd = True
+        probe = not self._memfd_checked
+        self._check_open()
+        self._emit_releases()
+        req.id = next(self._ids)
+        req.want_reply = probe
+        self._calls[req.id] = call
+        try:
+            try:
+                self._conn.send_with_fd(req.SerializeToString(), fd, req.id)
+            finally:
+                os.close(fd)
+            if probe:
+                raw, plen = self._conn.read_frame_head()
+        except (OSError, FrameError) as e:
+            self._fail_io(e, call)
+        if not probe:
+            return True
+        try:
+            self._reply(raw, req.id, plen, call)
+        except InvalidArgumentError as e:
+            if e.argument != "payload_fd":
+                raise
+            self._memfd = False
+            self._release_later(up.handle)  # the placeholder the refusal bound
+            return False
+        self._memfd_checked = True
+        return True
+
+    def _download_fd(self, t: "Tensor"):
+        """t's values through a memfd the daemon sends (Download.as_fd), mapped
+        copy-on-write; None when the daemon refuses to pass fds (memfd is then off)."""
+        conn = self._conn
+        req = self._new_request()
+        req.download.handle = t._handle
+        req.download.as_fd = True
+        call = _Call(f"download #{t._handle}")
+        conn.want_fds += 1
+        try:
+            resp, payload_len = self._roundtrip(req, call)
+        except InvalidArgumentError as e:
+            if e.argument != "as_fd":
+                raise
+            self._memfd = False
+            return None
+        finally:
+            conn.want_fds -= 1
+        if resp.WhichOneof("body") != "tensor":
+            self._skip_payload(payload_len, call)
+            raise local_error("PROTOCOL_ERROR",
+                              f"download answered with {resp.WhichOneof('body')}", str(call))
+        info = resp.tensor
+        shape = tuple(info.shape)
+        t._shape = shape
+        t._dtype = dtype_name(info.dtype)
+        t._device = _device(info.device.backend, info.device.ordinal)
+        t._requires_grad = bool(info.requires_grad)
+        np_dtype = to_numpy(info.dtype)
+        if not info.payload_fd:  # (a device tensor, a strided view: the bytes follow)
+            arr = np.empty(shape, dtype=np_dtype)
+            if arr.nbytes != payload_len:
+                self._skip_payload(payload_len, call)
+                raise local_error("PROTOCOL_ERROR", f"payload of {payload_len} bytes for "
+                                  f"{arr.nbytes}", str(call))
+            try:
+                conn.read_into(arr)
+            except (OSError, FrameError) as e:
+                self._fail_io(e, call)
+            return arr
+        fd = conn.take_fd()
+        if fd < 0:
+            self._shutdown("a download's memfd did not come")
+            raise local_error("PROTOCOL_ERROR", "the answer said payload_fd but no file "
+                              "descriptor came with it", str(call))
+        try:
+            return _map_memfd(fd, info.fd_offset, shape, np_dtype)
+        except (OSError, ValueError) as e:
+            raise local_error("IO", f"mapping the download's memfd: {e}", str(call)) from e
+        finally:
+            os.close(fd)
+
             inputs = [t._handle for t in tensors if t._session is self]
         except AttributeError:
             inputs = ()
@@ -844,6 +957,12 @@ class Session:
                 raw_msg, payload_len = conn.read_frame_head()
             except (OSError, FrameError) as e:
                 self._fail_io(e, _as_call(call))
+        if self._memfd and (t._shape is None or _nbytes_of(t) >= self.memfd_threshold):
+            arr = self._download_fd(t)
+            if arr is not None:
+                if t._dtype == "bfloat16" and not raw:
+                    arr = bf16_bits_to_f32(arr)
+                return arr
         except Error:
             raise
         except BaseException:
@@ -971,6 +1090,55 @@ def _number(v, what: str):
         return bool(v)
     if isinstance(v, (int, np.integer)):
         return int(v)
+def _memfd_of(arr: np.ndarray) -> int:
+    """A new memfd holding arr's bytes (C order), sealed against shrinking, growing and
+    writing, as the daemon requires of an Upload's payload_fd."""
+    import fcntl
+    fd = os.memfd_create("tensordd-upload", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        n = view.nbytes
+        off = 0
+        while off < n:
+            off += os.write(fd, view[off:])
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _map_memfd(fd: int, offset: int, shape, np_dtype) -> np.ndarray:
+    """The array in memfd fd from byte offset on, mapped copy-on-write (writes to it stay
+    in this process)."""
+    import mmap
+    itemsize = np.dtype(np_dtype).itemsize
+    count = 1
+    for d in shape:
+        count *= int(d)
+    n = count * itemsize
+    if n == 0:
+        return np.empty(shape, dtype=np_dtype)
+    if offset + n > os.fstat(fd).st_size:
+        raise ValueError(f"the memfd holds {os.fstat(fd).st_size} bytes, not {offset + n}")
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    mm = mmap.mmap(fd, offset - start + n, flags=mmap.MAP_PRIVATE,
+                   prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    return np.frombuffer(mm, dtype=np_dtype, count=count, offset=offset - start).reshape(shape)
+
+
+def _nbytes_of(t: "Tensor") -> int:
+    """t's size in bytes from what the client knows (its shape and dtype)."""
+    n = 1
+    for d in t._shape:
+        n *= int(d)
+    try:
+        return n * np.dtype(to_numpy(to_wire(t._dtype))).itemsize
+    except (TypeError, ValueError, KeyError):
+        return n * 8
+
+
     if isinstance(v, (float, np.floating)):
         return float(v)
     raise TypeError(f"{what}: expected a number, got {v!r}")
