@@ -680,6 +680,18 @@ static tdd_value *copy_back(tdd_bw *b, tdd_value *g, tdd_device *dev)
     return b->rc ? NULL : c;
 }
 
+/* A formula's refusal names its op: in a second pass the op is one the first pass recorded
+ * (conv2d for conv2d's own gradient), not one the client wrote. */
+static void name_the_op(tdd_bw *b, const tdd_node *n)
+{
+    const char *name = tdd_opdefs[n->op].name;
+    if (strstr(b->err.message, name))
+        return;
+    char m[sizeof b->err.message];
+    snprintf(m, sizeof m, "backward of %.24s: %.200s", name, b->err.message);
+    memcpy(b->err.message, m, sizeof m);
+}
+
 /* Runs one node's formula and hands the input gradients on. */
 static void backward_node(tdd_bw *b, tdd_node *n, const pass *p)
 {
@@ -702,8 +714,8 @@ static void backward_node(tdd_bw *b, tdd_node *n, const pass *p)
         tdd_value *keep[TDD_MAX_OP_OUTPUTS] = {0};
         if (b->create_graph)
             track_saved_outputs(b, n, keep);
-        if (!b->rc)
-            tdd_backward_formula(b, n, gin);
+        if (!b->rc && tdd_backward_formula(b, n, gin))
+            name_the_op(b, n);
         untrack_saved_outputs(n, keep);
     }
     for (int i = 0; i < n->n_in && !b->rc; i++) {
@@ -828,6 +840,8 @@ int tdd_autograd_backward(tdd_session *s, uint64_t req_id, tdd_value *loss, tdd_
     }
     if (!o->retain_graph)
         for (size_t i = 0; i < order.n; i++) {
+            if (p.want && order.v[i]->visit != p.need)
+                continue; /* read, not run (a wanted output's node): its graph stays */
             node_drop_saved(order.v[i]);
             order.v[i]->freed = true;
         }

@@ -371,6 +371,10 @@ static tdd_value *gelu_grad(tdd_bw *b, tdd_value *x)
     tdd_value *pdf =
         sc(b, TDD_OP_MUL, un(b, TDD_OP_EXP, sc(b, TDD_OP_MUL, un(b, TDD_OP_SQUARE, x), -0.5)),
            0.3989422804014327 /* 1/sqrt(2 pi) */);
+    /* At 0 the fill is a constant: + x * pdf there (0 in value) gives it Phi's slope, so a
+     * create_graph pass differentiates it as PyTorch does. */
+    tdd_value *at0 = x ? cast(b, zero, x->t.dtype) : NULL;
+    cdf = bin(b, TDD_OP_ADD, cdf, bin(b, TDD_OP_MUL, bin(b, TDD_OP_MUL, x, pdf), at0));
     return bin(b, TDD_OP_ADD, cdf, bin(b, TDD_OP_MUL, x, pdf));
 }
 
@@ -592,6 +596,11 @@ static int f_reduce(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         tdd_value *ge = expand_back(b, g, xi, m, kd);
         tdd_value *a0 =
             bin(b, TDD_OP_DIV, bin(b, TDD_OP_MUL, ge, expand_back(b, out, xi, m, kd)), x1);
+        /* 0 where x is 0 (out is 0 there), but as a constant: out's slope must not leak into
+         * a create_graph pass's second derivative at the zero itself */
+        td_attr zv = A_F("value", 0.0);
+        in[0] = a0;
+        a0 = a0 ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &zv, 1, 0, NULL) : NULL;
         int64_t dims[TD_MAX_NDIM];
         int nd = 0;
         for (int d = 0; d < xi->ndim; d++)

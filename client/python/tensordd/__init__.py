@@ -59,6 +59,7 @@ from .errors import Error, error_class  # noqa: F401 (re-exported)
 from .session import (DEFAULT_ENDPOINT, PROTOCOL_VERSION, Session, connect, default_session,
                       set_default_session)
 from .tensor import Tensor
+from .multi import MultiSession, connect_many  # noqa: E402 (after session and tensor)
 from . import optim  # noqa: E402 (after Tensor: optim imports it)
 
 from ._version import __version__  # noqa: E402,F401

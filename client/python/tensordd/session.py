@@ -97,7 +97,7 @@ _CALL_TRIM = 2 * _CALL_MEMORY
 # (synchronising: dispatch.c's REQ_SYNC rows, docs/protocol.md section 3).
 _SYNC_BODIES = frozenset({"download", "sync", "backward", "grad", "grad_remove", "grad_replace",
                           "optimizer_step", "goodbye", "optimizer_state",
-                          "optimizer_load_state", "graph_end"})
+                          "optimizer_load_state", "graph_end", "transfer_send"})
 # Codes after which the daemon closes the connection.
 _FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICATED"}
 
@@ -235,6 +235,10 @@ class Session:
         self._token = token or ""
         self._resume_token = b""
         self.endpoint = endpoint
+        #: where other daemons reach this one (a push to it, tensordd.multi): the endpoint
+        #: unless set (a client behind a proxy or NAT sees the daemon at another address)
+        self.peer_endpoint = endpoint
+        self._multi = None  # the tensordd.multi.MultiSession this session is part of
         self._ids = itertools.count(1)
         self._handles = itertools.count(1)
         self._calls: dict[int, _Call] = {}
@@ -521,7 +525,10 @@ class Session:
 
     def _raise_error(self, err: "pb.Error"):
         exc = error_from_proto(err, self._describe(err.request_id))
-        if exc.code in _FATAL:
+        call = self._calls.get(err.request_id)
+        # A transfer's target refused the source (its token, say): this session goes on.
+        pushed = isinstance(call, _Call) and call.what == "transfer_send"
+        if exc.code in _FATAL and not pushed:
             self._shutdown(f"the daemon closed the session after {exc}")
         raise exc
 
@@ -747,6 +754,8 @@ class Session:
         req = pb.Request()
         o = req.op
         o.op = name
+            if self._multi is not None:  # daemons of one client: as between devices
+                self._multi._mismatch(name, tensors)
         o.inputs.extend(inputs)
         if num_outputs == 1:
             outputs = (next(self._handles),)
@@ -1047,6 +1056,35 @@ _BF16 = pb.DTYPE_BF16
 _NP_DTYPES: dict = {}  # wire dtype -> the numpy dtype its payload is read into
 _DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
 
+    def _transfer(self, t: "Tensor", target: "Session", device=None) -> "Tensor":
+        """t (on this session's daemon) copied to target's daemon, daemon to daemon: the
+        target issues a one-time capability (TransferAccept), this daemon pushes the bytes
+        to target.peer_endpoint with target's token (TransferSend, synchronising). Lands
+        in target's device (cpu:0 by default; a device that is not host memory gets it
+        through the target's cpu:0)."""
+        dev = Device.parse(device if device is not None else "cpu:0")
+        src = t if t.device.backend in _HOST_BACKENDS else t.to("cpu:0")
+        land = dev if dev.backend in _HOST_BACKENDS else Device("cpu", 0)
+        req = target._new_request()
+        ta = req.transfer_accept
+        ta.handle = target._new_handle()
+        ta.dtype = to_wire(src.dtype)
+        ta.shape.extend(src.shape)
+        land._to_proto(ta.device)
+        resp, _ = target._roundtrip(req, _Call("transfer_accept", (), f"#{ta.handle} on {land}"))
+        capability = resp.transfer_capability.capability
+        req = self._new_request()
+        ts = req.transfer_send
+        ts.tensor = src._handle
+        ts.endpoint = target.peer_endpoint
+        ts.token = target._token
+        ts.capability = capability
+        self._roundtrip(req, _Call("transfer_send", (src._handle,), f"-> {target.peer_endpoint}"))
+        out = Tensor(target, ta.handle, shape=tuple(src.shape), dtype=src._dtype, device=land)
+        return out if land == dev else out.to(dev)
+
+
+_HOST_BACKENDS = frozenset({"cpu", "ref"})  # host-memory devices: a transfer's ends
 
 def _is_torch_tensor(x) -> bool:
     """Whether x is a torch.Tensor (torch is never imported for the check)."""

@@ -1161,6 +1161,13 @@ class Tensor:
         Moving a tracked tensor keeps it in the autodiff graph. Returns self
         when nothing would change.
         """
+        other = _other_daemon(self, target if target is not None else device)
+        if other is not None:
+            session, dev = other
+            if session is self._session:  # "alias/cpu:1" naming this tensor's own daemon
+                return self.to(dev if dev is not None else self.device, dtype=dtype)
+            out = self if dtype is None else self.to(dtype=dtype)
+            return out._session._transfer(out, session, dev)  # daemon to daemon
         if target is not None:
             if isinstance(target, Tensor):  # t.to(other): other's dtype and device
                 dtype, device = target.dtype, target.device
@@ -1325,6 +1332,23 @@ def _dim_attr(dim):
     if isinstance(dim, (tuple, list)):
         return [int(d) for d in dim]
     return [int(dim)]
+
+
+def _other_daemon(t, target):
+    """(session, device or None) when target names a daemon rather than a device: a
+    Session, or "alias/cpu:0" / "ENDPOINT/cpu:0" of the tensordd.connect_many client t's
+    session belongs to; else None."""
+    if target is None or isinstance(target, (Tensor, Device)):
+        return None
+    if hasattr(target, "_transfer") and hasattr(target, "peer_endpoint"):  # a Session
+        return target, None
+    if isinstance(target, str) and "/" in target:
+        multi = getattr(t._session, "_multi", None)
+        if multi is None:
+            raise DeviceSpecError(f"to({target!r}): a device on another daemon needs a client "
+                                  "of several daemons (tensordd.connect_many)")
+        return multi._resolve(target)
+    return None
 
 
 def _is_dtype(x) -> bool:

@@ -1,0 +1,444 @@
+"""Double backward (issue 14, item 3): backward(create_graph=True) and
+tensordd.autograd.grad against torch 1.13's torch.autograd.grad(..., create_graph=True)
+on CPU, the same computation on the same random inputs on both sides.
+
+- the sweep: every gradient case of test_grad_torch.py (each op with a backward
+  formula, its argument forms, views, broadcasting, reuse) differentiated twice: the
+  first gradients g_i of loss = sum(op(x) * w) with create_graph, then the
+  Hessian-vector product d/dx_j sum_i <g_i, v_i> for random v_i, on cpu:0 in float32
+  and float64 and on ref:0 in float64;
+- a WGAN-GP gradient penalty ||grad_x D(x)||: its value and its gradient to D's
+  parameters, through grad() and through backward(create_graph=True) + Gradients.get;
+- Hessian-vector products of MLP losses (linear, relu/tanh/gelu/sigmoid,
+  softmax/log_softmax, cross_entropy, mse_loss, layer_norm, conv2d);
+- grad-of: non-leaf inputs, allow_unused, several outputs with grad_outputs;
+- what is refused: a formula the daemon cannot differentiate (a typed
+  UNSUPPORTED_OP naming the op, no gradients bound, the session goes on), an input
+  that does not require grad (NOT_TRACKED), a parameter updated in place between the
+  two passes (the version counter), a second pass through a freed graph;
+- memory: the session's bytes return to where they were once the graphs are dropped.
+
+Tolerances (assert_allclose, |got - want| <= atol + rtol * |want|), scaled by
+sqrt(k) as in test_grad_torch.py (k: terms summed into one element):
+  float64: rtol 1e-9, atol 1e-11 (two passes of chained ops, each rounded);
+  float32: rtol 1e-4, atol 1e-4 (a second derivative cancels more than a first).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+import tensordd
+from helpers import require_autodiff
+from test_grad_torch import CASES
+
+torch = pytest.importorskip("torch")
+FN = torch.nn.functional
+agrad = tensordd.autograd.grad
+
+TOLS = {"float32": (1e-4, 1e-4), "float64": (1e-9, 1e-11)}
+
+
+@pytest.fixture
+def ad(session):
+    require_autodiff(session)
+    return session
+
+
+def _tol(dtype, k=1):
+    rtol, atol = TOLS[dtype]
+    scale = max(1.0, math.sqrt(k))
+    return rtol * scale, atol * scale
+
+
+def _np(t):
+    # clone: torch 1.13 answers some zero gradients (sgn's, abs's second derivative) with
+    # a ZeroTensor, whose numpy() reads memory it does not own
+    return None if t is None else t.detach().clone().numpy()
+
+
+# ---------------------------------------------------------------- the sweep
+
+def _sweep_params():
+    out = []
+    for c in CASES:
+        if c.xfail:
+            continue  # no first-order formula: nothing to differentiate twice
+        for device, dtype in (("cpu:0", "float32"), ("cpu:0", "float64"), ("ref:0", "float64")):
+            out.append(pytest.param(c, device, dtype, id=f"{c.name}-{device}-{dtype}"))
+    return out
+
+
+SWEEP = _sweep_params()
+
+
+@pytest.mark.parametrize("c,device,dtype", SWEEP)
+def test_hvp_matches_torch(ad, c, device, dtype):
+    rng = np.random.default_rng(zlib.crc32(f"dbl/{c.name}/{dtype}".encode()))
+    arrays = [(make(rng, dtype), g) for make, g in c.inputs]
+    ts = [ad.tensor(a, device=device, requires_grad=g) for a, g in arrays]
+    tts = [torch.tensor(a, requires_grad=g) for a, g in arrays]
+    leaves = [i for i, (_, g) in enumerate(arrays) if g]
+
+    tout = c.tfn(*tts)
+    w = rng.uniform(0.5, 1.5, tuple(tout.shape)).astype(str(tout.dtype).replace("torch.", ""))
+    tloss = (tout * torch.from_numpy(w)).sum()
+    tg = torch.autograd.grad(tloss, [tts[i] for i in leaves], create_graph=True)
+    vs = [rng.uniform(-1.0, 1.0, tuple(tts[i].shape)).astype(dtype) for i in leaves]
+    ts2 = sum((g * torch.from_numpy(v)).sum() for g, v in zip(tg, vs))
+    if ts2.requires_grad:
+        th = torch.autograd.grad(ts2, [tts[i] for i in leaves], allow_unused=True)
+    else:
+        th = (None,) * len(leaves)
+
+    out = c.fn(ad, *ts)
+    loss = (out * ad.tensor(w, device=device)).sum()
+    g = agrad(loss, [ts[i] for i in leaves], create_graph=True)
+    s2 = None
+    for gi, v in zip(g, vs):
+        term = (gi * ad.tensor(v, device=device)).sum()
+        s2 = term if s2 is None else s2 + term
+    if s2.requires_grad:
+        h = agrad(s2, [ts[i] for i in leaves], allow_unused=True)
+    else:
+        h = (None,) * len(leaves)
+
+    rtol, atol = _tol("float32" if tout.dtype == torch.float32 else dtype, c.k)
+    what = f"{c.name} {dtype} on {device}"
+    for n, (a, b) in enumerate(zip(g, tg)):
+        np.testing.assert_allclose(a.numpy(), _np(b), rtol=rtol, atol=atol,
+                                   err_msg=f"{what}: first gradient {n}")
+    for n, (a, b) in enumerate(zip(h, th)):
+        shape = tuple(tts[leaves[n]].shape)
+        want = np.zeros(shape) if b is None else _np(b)
+        got = np.zeros(shape) if a is None else a.numpy()
+        if a is not None:
+            assert a.device == device and a.dtype == dtype, what
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol,
+                                   err_msg=f"{what}: Hessian-vector product {n}")
+
+
+def test_sweep_covers_the_ops():
+    """The sweep's count, stated: the op-table ops it differentiates twice."""
+    ops = {c.name.split("-")[0] for c in CASES if not c.xfail}
+    assert len(SWEEP) == 3 * sum(1 for c in CASES if not c.xfail)
+    # the ops named by the sweep's cases (composites such as "mlp" count once)
+    assert len(ops) >= 60, sorted(ops)
+
+
+# ---------------------------------------------------------------- gradient penalty
+
+def _disc(lib, x, p, act):
+    h = lib["linear"](x, p[0], p[1])
+    h = lib[act](h)
+    return lib["linear"](h, p[2], p[3])
+
+
+def _tlib():
+    return {"linear": FN.linear, "tanh": torch.tanh, "relu": torch.relu, "gelu": FN.gelu,
+            "sigmoid": torch.sigmoid, "sqrt": torch.sqrt}
+
+
+def _slib(s):
+    return {"linear": lambda x, w, b: s.op("linear", x, w, b), "tanh": lambda x: x.tanh(),
+            "relu": lambda x: x.relu(), "gelu": lambda x: x.gelu(),
+            "sigmoid": lambda x: x.sigmoid(), "sqrt": lambda x: x.sqrt()}
+
+
+def _gp_arrays(dtype, seed=3):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((5, 4)).astype(dtype)
+    ps = [rng.standard_normal(sh).astype(dtype) * 0.7 for sh in ((6, 4), (6,), (1, 6), (1,))]
+    return x, ps
+
+
+@pytest.mark.parametrize("act", ["tanh", "relu", "gelu", "sigmoid"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gradient_penalty_matches_torch(ad, act, dtype):
+    x0, ps0 = _gp_arrays(dtype)
+    tx = torch.tensor(x0, requires_grad=True)
+    tps = [torch.tensor(p, requires_grad=True) for p in ps0]
+    (tgx,) = torch.autograd.grad(_disc(_tlib(), tx, tps, act).sum(), tx, create_graph=True)
+    tgp = ((tgx.square().sum(1).sqrt() - 1.0).square()).mean()
+    tgrads = torch.autograd.grad(tgp, tps[:3])  # (the output bias does not reach grad_x)
+
+    x = ad.tensor(x0, requires_grad=True)
+    ps = [ad.tensor(p, requires_grad=True) for p in ps0]
+    (gx,) = agrad(_disc(_slib(ad), x, ps, act).sum(), x, create_graph=True)
+    assert gx.requires_grad
+    gp = ((gx.square().sum(1).sqrt() - 1.0).square()).mean()
+    grads = agrad(gp, ps[:3])
+    rtol, atol = _tol(dtype, 6)
+    np.testing.assert_allclose(gp.numpy(), _np(tgp), rtol=rtol, atol=atol)
+    for n, (a, b) in enumerate(zip(grads, tgrads)):
+        np.testing.assert_allclose(a.numpy(), _np(b), rtol=rtol, atol=atol,
+                                   err_msg=f"gradient penalty ({act}): parameter {n}")
+
+
+def test_gradient_penalty_through_backward_and_gradients(ad):
+    """The same through Tensor.backward(create_graph=True) and Gradients.get, then
+    a plain backward() of the penalty plus the loss (retain_graph defaulted to True)."""
+    x0, ps0 = _gp_arrays("float64", seed=11)
+    tx = torch.tensor(x0, requires_grad=True)
+    tps = [torch.tensor(p, requires_grad=True) for p in ps0]
+    tloss = _disc(_tlib(), tx, tps, "tanh").sum()
+    tloss.backward(create_graph=True)
+    ttotal = tloss + (tx.grad.square().sum(1) - 1.0).square().mean()
+    tgrads = torch.autograd.grad(ttotal, tps)  # (the output bias through the loss only)
+
+    x = ad.tensor(x0, requires_grad=True)
+    ps = [ad.tensor(p, requires_grad=True) for p in ps0]
+    loss = _disc(_slib(ad), x, ps, "tanh").sum()
+    first = loss.backward(create_graph=True)
+    gx = first.get(x)
+    assert gx.requires_grad
+    total = loss + (gx.square().sum(1) - 1.0).square().mean()
+    second = total.backward()  # the first graph was retained (create_graph's default)
+    for n, (p, tp) in enumerate(zip(ps, tgrads)):
+        np.testing.assert_allclose(second.get(p).numpy(), _np(tp), rtol=1e-9, atol=1e-11,
+                                   err_msg=f"parameter {n}")
+
+
+# ---------------------------------------------------------------- HVPs of models
+
+def _hvp_case(ad, build_s, build_t, arrays, params, dtype, k, device="cpu:0"):
+    rng = np.random.default_rng(17)
+    tin = [torch.tensor(a, requires_grad=i in params) for i, a in enumerate(arrays)]
+    sin = [ad.tensor(a, device=device, requires_grad=i in params) for i, a in enumerate(arrays)]
+    vs = [rng.uniform(-1, 1, arrays[i].shape).astype(dtype) for i in params]
+    tloss = build_t(*tin)
+    tg = torch.autograd.grad(tloss, [tin[i] for i in params], create_graph=True)
+    th = torch.autograd.grad(sum((g * torch.from_numpy(v)).sum() for g, v in zip(tg, vs)),
+                             [tin[i] for i in params])
+    loss = build_s(ad, *sin)
+    g = agrad(loss, [sin[i] for i in params], create_graph=True)
+    dot = None
+    for gi, v in zip(g, vs):
+        term = (gi * ad.tensor(v, device=device)).sum()
+        dot = term if dot is None else dot + term
+    h = agrad(dot, [sin[i] for i in params])
+    rtol, atol = _tol(dtype, k)
+    np.testing.assert_allclose(loss.numpy(), _np(tloss), rtol=rtol, atol=atol)
+    for n, (a, b) in enumerate(zip(g, tg)):
+        np.testing.assert_allclose(a.numpy(), _np(b), rtol=rtol, atol=atol,
+                                   err_msg=f"first gradient {n}")
+    for n, (a, b) in enumerate(zip(h, th)):
+        np.testing.assert_allclose(a.numpy(), _np(b), rtol=rtol, atol=atol,
+                                   err_msg=f"Hessian-vector product {n}")
+
+
+def _mlp_arrays(dtype, seed=5):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(sh).astype(dtype) * sc for sh, sc in
+            (((8, 6), 1.0), ((7, 6), 0.5), ((7,), 0.5), ((4, 7), 0.5), ((4,), 0.5))]
+
+
+MLP_HEADS = {
+    "cross_entropy": (lambda s, y, t: s.op("cross_entropy", y, t),
+                      lambda y, t: FN.cross_entropy(y, t)),
+    "log_softmax-nll": (lambda s, y, t: s.op("nll_loss", y.log_softmax(1), t),
+                        lambda y, t: FN.nll_loss(y.log_softmax(1), t)),
+    "softmax-mse": (lambda s, y, t: s.op("mse_loss", y.softmax(1), s.op("one_hot", t,
+                                                                       num_classes=4)
+                                         .to(dtype=y.dtype)),
+                    lambda y, t: FN.mse_loss(y.softmax(1), FN.one_hot(t, 4).to(y.dtype))),
+}
+
+
+@pytest.mark.parametrize("act", ["relu", "tanh", "gelu", "sigmoid"])
+@pytest.mark.parametrize("head", sorted(MLP_HEADS))
+def test_mlp_hvp_matches_torch(ad, act, head):
+    dtype = "float64"
+    arrays = _mlp_arrays(dtype)
+    t = np.random.default_rng(1).integers(0, 4, 8)
+    sh, th = MLP_HEADS[head]
+    sl, tl = _slib(ad), _tlib()
+
+    def build_s(s, x, w1, b1, w2, b2):
+        return sh(s, _disc(sl, x, [w1, b1, w2, b2], act), s.tensor(t))
+
+    def build_t(x, w1, b1, w2, b2):
+        return th(_disc(tl, x, [w1, b1, w2, b2], act), torch.tensor(t))
+
+    _hvp_case(ad, build_s, build_t, arrays, [1, 2, 3, 4], dtype, k=7)
+
+
+def test_layer_norm_and_conv2d_hvp_match_torch(ad):
+    dtype = "float64"
+    rng = np.random.default_rng(9)
+    arrays = [rng.standard_normal(sh).astype(dtype) for sh in
+              ((2, 3, 6, 5), (4, 3, 3, 3), (4,), (5,), (5,))]
+
+    def build_s(s, x, w, b, lw, lb):
+        y = s.op("conv2d", x, w, b, padding=1).gelu()
+        return s.op("layer_norm", y, lw, lb, normalized_shape=[5]).square().mean()
+
+    def build_t(x, w, b, lw, lb):
+        y = FN.gelu(FN.conv2d(x, w, b, padding=1))
+        return FN.layer_norm(y, [5], lw, lb).square().mean()
+
+    _hvp_case(ad, build_s, build_t, arrays, [0, 1, 2, 3, 4], dtype, k=30)
+
+
+# ---------------------------------------------------------------- grad-of forms
+
+def test_grad_of_non_leaf_unused_and_several_outputs(ad):
+    rng = np.random.default_rng(2)
+    a0, b0 = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    ta, tb = torch.tensor(a0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    a, b = ad.tensor(a0, requires_grad=True), ad.tensor(b0, requires_grad=True)
+    th = (ta * tb).tanh()
+    h = (a * b).tanh()
+    # a non-leaf input: the gradient at h, not past it
+    (tgh,) = torch.autograd.grad((th.exp() * 2).sum(), th)
+    (gh,) = agrad((h.exp() * 2).sum(), h)
+    np.testing.assert_allclose(gh.numpy(), tgh.numpy(), rtol=1e-12)
+    # an unused input
+    th = (ta * tb).tanh()
+    c = ad.tensor(np.ones(2), requires_grad=True)
+    with pytest.raises(RuntimeError, match="not used"):
+        agrad(h.sum(), [a, c])
+    h = (a * b).tanh()  # (that pass freed h's graph: retain_graph defaults to False)
+    ga, gc_ = agrad(h.sum(), [a, c], allow_unused=True)
+    assert gc_ is None
+    np.testing.assert_allclose(ga.numpy(), torch.autograd.grad(th.sum(), ta)[0].numpy(),
+                               rtol=1e-12)
+    # several outputs, with grad_outputs
+    th = (ta * tb).tanh()
+    go = rng.standard_normal((3, 4))
+    touts = torch.autograd.grad([th, (ta ** 2).sum()], [ta, tb],
+                                grad_outputs=[torch.tensor(go), None])
+    h = (a * b).tanh()
+    outs = agrad([h, (a ** 2).sum()], [a, b], grad_outputs=[ad.tensor(go), None])
+    for x, y in zip(outs, touts):
+        np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-12, atol=1e-14)
+    # a gradient of a gradient of a gradient (third order): d3/da3 sum(a^4) = 24 a
+    (g1,) = agrad((a ** 4).sum(), a, create_graph=True)
+    (g2,) = agrad(g1.sum(), a, create_graph=True)
+    (g3,) = agrad(g2.sum(), a)
+    np.testing.assert_allclose(g3.numpy(), 24 * a0, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- refusals
+
+def test_input_not_requiring_grad_is_refused(ad):
+    a = ad.tensor(np.ones(3), requires_grad=True)
+    k = ad.tensor(np.ones(3))
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        agrad((a * k).sum(), k)
+    # the daemon's own check (the Backward request's inputs)
+    with pytest.raises(tensordd.NotTrackedError, match="inputs\\[0\\]"):
+        tensordd.autograd.backward((a * k).sum(), inputs=[k])
+
+
+def test_formula_without_a_derivative_is_a_typed_error(ad):
+    """conv2d's weight gradient is itself a conv2d whose kernel is the output gradient:
+    with a 1x1 output and padding 1 its own input gradient needs a padding larger
+    than that kernel, which the daemon's formula does not implement. The second pass
+    fails with UNSUPPORTED_OP naming conv2d; nothing is bound; the session goes on."""
+    rng = np.random.default_rng(4)
+    x = ad.tensor(rng.standard_normal((1, 1, 1, 1)), requires_grad=True)
+    w = ad.tensor(rng.standard_normal((1, 1, 3, 3)), requires_grad=True)
+    y = ad.op("conv2d", x, w, padding=1)
+    gx, gw = agrad(y.square().sum(), [x, w], create_graph=True)
+    pen = gw.square().sum()
+    ad.sync()
+    gc.collect()
+    before = ad.stats()["handles"]
+    with pytest.raises(tensordd.UnsupportedOpError, match="conv2d") as e:
+        agrad(pen, [x, w])
+    assert e.value.code == "UNSUPPORTED_OP"
+    # still usable, and the first-order gradients still right
+    ty = torch.tensor(np.asarray(x.numpy()), requires_grad=True)
+    tw = torch.tensor(np.asarray(w.numpy()), requires_grad=True)
+    tg = torch.autograd.grad(FN.conv2d(ty, tw, padding=1).square().sum(), [ty, tw])
+    np.testing.assert_allclose(gx.numpy(), tg[0].numpy(), rtol=1e-12)
+    np.testing.assert_allclose(gw.numpy(), tg[1].numpy(), rtol=1e-12)
+    del e
+    gc.collect()
+    ad.sync()  # (carries the releases of the failed pass's ids)
+    assert ad.stats()["handles"] == before  # no Gradients left bound by the failed pass
+    (h,) = agrad((x * x).sum(), x)
+    np.testing.assert_allclose(h.numpy(), 2 * x.numpy(), rtol=1e-12)
+
+
+def test_inplace_update_between_passes_is_refused(ad):
+    """The version counter still guards the graph a create_graph pass made: an
+    optimizer step on w after the first pass makes the second one fail, as in torch."""
+    w0 = np.array([[1.0, -2.0], [0.5, 3.0]], np.float32)
+    tw = torch.tensor(w0, requires_grad=True)
+    (tg,) = torch.autograd.grad((tw * tw * tw).sum(), tw, create_graph=True)
+    topt = torch.optim.SGD([tw], lr=0.1)
+    tw.grad = torch.ones_like(tw)
+    topt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(tg.sum(), tw)
+
+    w = ad.tensor(w0, requires_grad=True)
+    (g,) = agrad((w * w * w).sum(), w, create_graph=True)
+    opt = tensordd.optim.SGD([w], lr=0.1)
+    opt.step((w * 1.0).sum().backward())
+    with pytest.raises(tensordd.InvalidArgumentError, match="modified by an inplace operation"):
+        agrad(g.sum(), w)
+
+
+def test_second_pass_through_a_freed_graph_is_refused(ad):
+    """create_graph with retain_graph=False: the first graph's saved tensors are freed,
+    and g's graph leads through the first one (exp's output), so a pass through either
+    is refused, as torch refuses it."""
+    a0 = np.array([0.5, 1.5])
+    ta = torch.tensor(a0, requires_grad=True)
+    (tg,) = torch.autograd.grad((ta.exp() * ta).sum(), ta, create_graph=True,
+                                retain_graph=False)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(tg.sum(), ta)
+
+    a = ad.tensor(a0, requires_grad=True)
+    y = (a.exp() * a).sum()
+    (g,) = agrad(y, a, create_graph=True, retain_graph=False)
+    with pytest.raises(tensordd.InvalidArgumentError, match="second time"):
+        agrad(y, a)
+    with pytest.raises(tensordd.InvalidArgumentError, match="second time"):
+        agrad(g.sum(), a)
+    # retained (create_graph's default), the same second derivative works
+    y = (a.exp() * a).sum()
+    (g,) = agrad(y, a, create_graph=True)
+    (h,) = agrad(g.sum(), a)
+    np.testing.assert_allclose(h.numpy(), np.exp(a0) * (a0 + 2), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- memory
+
+def _bytes(s):
+    for e in s.stats()["session_list"]:
+        if e["session_id"] == s.session_id:
+            return e["bytes_in_use"]
+    raise AssertionError("own session not in the stats")
+
+
+def test_graphs_of_both_passes_are_freed(ad):
+    """The session's bytes (tensors, graph nodes, gradients) return to their level
+    before the passes once every tensor of them is dropped."""
+    rng = np.random.default_rng(8)
+    ps = [ad.tensor(rng.standard_normal(sh), requires_grad=True) for sh in ((16, 8), (16,))]
+    x = ad.tensor(rng.standard_normal((32, 8)))
+    ad.sync()
+    gc.collect()
+    base = _bytes(ad)
+    for _ in range(3):
+        y = ad.op("linear", x, ps[0], ps[1]).tanh()
+        g = agrad(y.square().mean(), ps, create_graph=True)
+        pen = sum((gi * gi).sum() for gi in g)
+        grads = pen.backward()
+        assert grads.get(ps[0]).shape == (16, 8)
+        mid = _bytes(ad)
+        assert mid > base
+        del y, g, pen, grads
+        gc.collect()
+        ad.sync()
+        assert _bytes(ad) == base

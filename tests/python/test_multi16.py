@@ -1,0 +1,324 @@
+"""Daemon-to-daemon transfers (TransferAccept, TransferSend, TransferPush) and one client
+over several daemons (tensordd.connect_many): the bytes go source to target, never through
+the client, and every way a transfer can go wrong is a typed error.
+
+The daemons run as separate hosts would, each in a network namespace of its own joined by
+a bridge (test_parallel.Hosts), when this process may make them (root); otherwise on
+distinct loopback ports of this host. The output says which. The client reaches each
+daemon through a counting proxy (faultproxy.FaultProxy), so the bytes it moved are
+counted; the daemons reach each other directly (Session.peer_endpoint), except where a
+test puts a slow proxy between them to kill one mid-transfer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensordd
+from faultproxy import FaultProxy
+from tensordd import tensordd_pb2 as pb
+from tensordd.session import _Call
+from test_parallel import Hosts, RankDaemon
+
+TOKEN = "test-multi16-token"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def hosts(pytestconfig):
+    h = Hosts(3)
+    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    if tr is not None and capman is not None:
+        with capman.global_and_fixture_disabled():
+            tr.write_line(f"\ntest_multi16: daemons in {h.how}")
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def token_file():
+    with tempfile.TemporaryDirectory(prefix="tdd-multi16-") as d:
+        path = os.path.join(d, "token")
+        with open(path, "w") as f:
+            f.write(TOKEN + "\n")
+        yield path
+
+
+class Daemons:
+    """Daemons k = 0..n-1 on hosts k, each behind a counting proxy on this host."""
+
+    def __init__(self, hosts, token_file, n, *extra):
+        self.hosts = hosts
+        self.ds = []
+        self.proxies = []
+        try:
+            for k in range(n):
+                d = RankDaemon(hosts, k, ["--token-file", token_file, "--cpu-devices", "2",
+                                         *extra])
+                self.ds.append(d)
+                host, port = d.endpoint[len("tcp://"):].rsplit(":", 1)
+                p = FaultProxy(int(port))
+                p.target = (host, int(port))
+                self.proxies.append(p)
+        except BaseException:
+            self.close()
+            raise
+
+    def connect(self, **kw):
+        return tensordd.connect_many([p.endpoint for p in self.proxies],
+                                     aliases=[chr(ord("a") + k) for k in range(len(self.ds))],
+                                     peer_endpoints=[d.endpoint for d in self.ds],
+                                     token=TOKEN, timeout=60, **kw)
+
+    def traffic(self) -> int:
+        return sum(p.up + p.down for p in self.proxies)
+
+    def close(self):
+        for p in self.proxies:
+            p.stop()
+        for d in self.ds:
+            d.kill()
+
+
+def bridge_proxy(hosts, target_endpoint, **kw):
+    """A FaultProxy the daemons can reach (the bridge's address, or loopback) in front of
+    target_endpoint."""
+    host, port = target_endpoint[len("tcp://"):].rsplit(":", 1)
+    bind = hosts.addrs[0].rsplit(".", 1)[0] + ".1" if hosts.ns else "127.0.0.1"
+    p = FaultProxy(int(port), **kw)
+    p.target = (host, int(port))
+    old = p._lsock
+    new = socket.socket()
+    new.bind((bind, 0))
+    new.listen(8)
+    new.settimeout(0.2)
+    p._lsock = new  # the accept loop takes the new socket on its next turn
+    old.close()
+    p.port = new.getsockname()[1]
+    p.endpoint = f"tcp://{bind}:{p.port}"
+    return p
+
+
+def vm_hwm(pid) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def accept(target, shape, dtype=pb.DTYPE_F32):
+    """TransferAccept by hand: (handle, capability)."""
+    req = target._new_request()
+    ta = req.transfer_accept
+    ta.handle = target._new_handle()
+    ta.dtype = dtype
+    ta.shape.extend(shape)
+    resp, _ = target._roundtrip(req, _Call("transfer_accept"))
+    assert len(resp.transfer_capability.capability) == 16
+    return ta.handle, resp.transfer_capability.capability
+
+
+def send(source, t, endpoint, token, capability):
+    req = source._new_request()
+    ts = req.transfer_send
+    ts.tensor = t._handle
+    ts.endpoint = endpoint
+    ts.token = token
+    ts.capability = capability
+    source._roundtrip(req, _Call("transfer_send"))
+
+
+def describe(session, handle):
+    req = session._new_request()
+    req.describe.handle = handle
+    return session._roundtrip(req, _Call("describe"))[0]
+
+
+# ---------------------------------------------------------------- the transfer itself
+
+def test_256mib_daemon_to_daemon_bit_exact_small_rss_and_no_client_bytes(hosts, token_file):
+    n = 64 * MiB  # int32: 256 MiB, every element its own index (a misplaced byte shows)
+    ds = Daemons(hosts, token_file, 2)
+    try:
+        with ds.connect() as m:
+            x = m.arange(n, dtype="int32", device="a/cpu:0")
+            m["a"].sync()
+            before = ds.traffic()
+            y = x.to("b/cpu:0")
+            moved = ds.traffic() - before
+            assert y._session is m["b"] and y.shape == (n,) and y.dtype == "int32"
+            hwm = [vm_hwm(d.proc.pid) for d in ds.ds]
+            print(f"client bytes for the transfer: {moved}; daemons' VmHWM: "
+                  f"{[round(h / MiB, 1) for h in hwm]} MiB for a {n * 4 / MiB:.0f} MiB tensor")
+            assert moved < MiB
+            for h in hwm:
+                assert h <= 1.3 * n * 4
+            assert np.array_equal(y.numpy(), np.arange(n, dtype=np.int32))
+    finally:
+        ds.close()
+
+
+def test_to_between_daemons_by_alias_session_and_endpoint(hosts, token_file):
+    ds = Daemons(hosts, token_file, 3)
+    try:
+        with ds.connect() as m:
+            src = np.arange(24, dtype=np.float64).reshape(4, 6)
+            x = m.tensor(src, device="a/cpu:0")
+            y = x.to("b/cpu:0")  # by alias
+            z = y.t().to(m["c"])  # a strided view, by session
+            w = z.to(f"{m['a'].endpoint}/cpu:1")  # by endpoint
+            np.testing.assert_array_equal(y.numpy(), src)
+            np.testing.assert_array_equal(z.numpy(), src.T)
+            np.testing.assert_array_equal(w.numpy(), src.T)
+            assert str(w.device) == "cpu:1" and w._session is m["a"]
+            assert x.to("a/cpu:0") is x
+            assert "b/cpu:0" in m.devices()
+            # inputs on two daemons: DEVICE_MISMATCH naming both, as between devices
+            with pytest.raises(tensordd.DeviceMismatchError, match=r"a/cpu:0.*b/cpu:0"):
+                x + y
+            with pytest.raises(tensordd.DeviceSpecError, match="no daemon"):
+                x.to("nowhere/cpu:0")
+            np.testing.assert_array_equal((x + y.to("a/cpu:0")).numpy(), 2 * src)
+    finally:
+        ds.close()
+
+
+# ---------------------------------------------------------------- what goes wrong, typed
+
+def test_replayed_expired_and_wrongly_tokened_capabilities(hosts, token_file):
+    ds = Daemons(hosts, token_file, 2, "--transfer-window", "1")
+    try:
+        with ds.connect() as m:
+            a, b = m["a"], m["b"]
+            x = a.tensor(np.arange(8, dtype=np.float32))
+            h, cap = accept(b, [8])
+            with pytest.raises(tensordd.UnknownHandleError):
+                describe(b, h)  # nothing bound before the bytes arrived
+            with pytest.raises(tensordd.UnauthenticatedError):
+                send(a, x, b.peer_endpoint, "not-the-token", cap)
+            # refused at Hello: the capability was not spent
+            send(a, x, b.peer_endpoint, TOKEN, cap)
+            assert describe(b, h).tensor.shape == [8]
+            with pytest.raises(tensordd.InvalidArgumentError, match="used already") as e:
+                send(a, x, b.peer_endpoint, TOKEN, cap)  # replayed
+            assert e.value.argument == "capability"
+            with pytest.raises(tensordd.InvalidArgumentError, match="not a capability"):
+                send(a, x, b.peer_endpoint, TOKEN, bytes(16))  # never issued
+            h2, cap2 = accept(b, [8])
+            time.sleep(1.3)  # past --transfer-window 1
+            with pytest.raises(tensordd.TimedOutError, match="expired"):
+                send(a, x, b.peer_endpoint, TOKEN, cap2)
+            with pytest.raises(tensordd.UnknownHandleError):
+                describe(b, h2)
+            h3, cap3 = accept(b, [4])  # the wrong size
+            with pytest.raises(tensordd.InvalidArgumentError, match="payload"):
+                send(a, x, b.peer_endpoint, TOKEN, cap3)
+            with pytest.raises(tensordd.InvalidArgumentError, match="HOST:PORT") as e:
+                send(a, x, "http://x", TOKEN, cap3)
+            assert e.value.argument == "endpoint"
+            # a target nobody listens at: IO, the source's session goes on
+            dead = socket.socket()
+            dead.bind(("127.0.0.1", 0))
+            port = dead.getsockname()[1]
+            dead.close()
+            with pytest.raises(tensordd.IOFailureError, match="cannot connect"):
+                send(a, x, f"tcp://127.0.0.1:{port}", TOKEN, cap3)
+            np.testing.assert_array_equal(x.numpy(), np.arange(8, dtype=np.float32))
+            m.sync()
+    finally:
+        ds.close()
+
+
+def _kill_when(proxy, daemon, nbytes):
+    """Kills daemon once proxy forwarded nbytes upstream (bounded)."""
+    def run():
+        deadline = time.monotonic() + 30
+        while proxy.up < nbytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        daemon.kill()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_target_that_vanishes_mid_transfer(hosts, token_file):
+    ds = Daemons(hosts, token_file, 2)
+    m, slow = ds.connect(), None  # (closed below without raising: one daemon is killed)
+    try:
+        a, b = m["a"], m["b"]
+        x = a.randn(4 * MiB)  # 16 MiB through a proxy at ~10 MB/s
+        h, cap = accept(b, [4 * MiB])
+        slow = bridge_proxy(ds.hosts, ds.ds[1].endpoint, mode="delay", delay=0.005)
+        killer = _kill_when(slow, ds.ds[1], 2 * MiB)
+        with pytest.raises(tensordd.IOFailureError, match="target's connection") as e:
+            send(a, x, slow.endpoint, TOKEN, cap)
+        killer.join(30)
+        assert "of 16777216 bytes" in str(e.value)
+        assert x.numpy().shape == (4 * MiB,)  # the source's session goes on
+    finally:
+        m.close(raise_errors=False)
+        if slow:
+            slow.stop()
+        ds.close()
+
+
+def test_source_that_vanishes_mid_transfer(hosts, token_file):
+    ds = Daemons(hosts, token_file, 2)
+    m, slow = ds.connect(), None  # (closed below without raising: one daemon is killed)
+    try:
+        a, b = m["a"], m["b"]
+        x = a.randn(4 * MiB)
+        h, cap = accept(b, [4 * MiB])
+        slow = bridge_proxy(ds.hosts, ds.ds[1].endpoint, mode="delay", delay=0.005)
+        killer = _kill_when(slow, ds.ds[0], 2 * MiB)
+        with pytest.raises((tensordd.ConnectionClosedError, tensordd.IOFailureError)):
+            send(a, x, slow.endpoint, TOKEN, cap)
+        killer.join(30)
+        # the target: nothing bound, and the break is its next synchronising call's error
+        deadline = time.monotonic() + 20
+        while slow.up < slow.down and time.monotonic() < deadline:
+            time.sleep(0.01)  # (the proxy passing the end of stream on)
+        err = None
+        for _ in range(200):
+            try:
+                b.sync()
+            except tensordd.IOFailureError as e:
+                err = e
+                break
+            time.sleep(0.05)
+        assert err is not None and "broke off" in str(err), err
+        with pytest.raises(tensordd.UnknownHandleError):
+            describe(b, h)
+        b.sync()  # reported once; the session goes on
+        np.testing.assert_array_equal(b.tensor(np.ones(3)).numpy(), np.ones(3))
+    finally:
+        m.close(raise_errors=False)
+        if slow:
+            slow.stop()
+        ds.close()
+
+
+def test_transfer_accept_bad_arguments(hosts, token_file):
+    ds = Daemons(hosts, token_file, 1, "--max-transfers", "2")
+    try:
+        with ds.connect() as m:
+            s = m["a"]
+            for shape, dtype, kind in (([-1], pb.DTYPE_F32, tensordd.InvalidArgumentError),
+                                       ([2], 99, tensordd.InvalidArgumentError),
+                                       ([1] * 9, pb.DTYPE_F32, tensordd.InvalidArgumentError)):
+                with pytest.raises(kind):
+                    accept(s, shape, dtype)
+            accept(s, [1])
+            accept(s, [1])
+            with pytest.raises(tensordd.ResourceExhaustedError):
+                accept(s, [1])  # --max-transfers 2
+    finally:
+        ds.close()
