@@ -34,6 +34,7 @@ typedef Tensordd__V1__Request Request;
 #define PUSH_CHUNK (4u << 20)       /* plaintext bytes per write on plain TCP */
 #define PUSH_TLS_CHUNK (256u << 10) /* plaintext encrypted per write */
 #define REPLY_MAX (64u << 10)       /* the target's answers: Hello's reply, Ok or an Error */
+#define PUSH_INFLIGHT 2
 #define WATCH_MS 250
 
 static uint64_t now_ms(void)
@@ -300,7 +301,8 @@ typedef struct push {
     char token[1024];
     uint8_t cap[CAP_LEN];
     int state;
-    bool writing; /* a payload chunk is being written */
+    uint64_t queued; /* payload bytes handed to the socket (sent: written) */
+    int writing;     /* payload chunks being written (PUSH_INFLIGHT at most) */
     uint64_t moved_ms;
     uv_getaddrinfo_t gai;
     uv_connect_t conn_req;
@@ -415,7 +417,7 @@ static void after_write(uv_write_t *w, int status)
         fail(p, TD_EIO, "the target's connection failed after %llu of %llu bytes: %s",
              (unsigned long long)p->sent, (unsigned long long)p->nbytes, uv_strerror(status));
     if (chunk)
-        p->writing = false;
+        p->writing--;
     if (p->decided) {
         push_maybe_free(p);
         return;
@@ -468,16 +470,18 @@ static int out(push *p, const void *buf, size_t len, bool chunk)
 
 static void send_next_chunk(push *p)
 {
-    if (p->decided || p->writing || p->state != P_PUSH)
-        return;
-    uint64_t queued = p->sent;
-    if (queued >= p->nbytes)
-        return; /* all written: the target's answer decides */
-    uint64_t n = p->nbytes - queued, cap_n = p->t ? PUSH_TLS_CHUNK : PUSH_CHUNK;
-    if (n > cap_n)
-        n = cap_n;
-    p->writing = true;
-    out(p, p->data + queued, (size_t)n, true);
+    /* Two chunks queued, so the socket has the next while the loop hears of the last.
+     * When all are written, the target's answer decides. */
+    while (!p->decided && p->state == P_PUSH && p->writing < PUSH_INFLIGHT &&
+           p->queued < p->nbytes) {
+        uint64_t n = p->nbytes - p->queued, cap_n = p->t ? PUSH_TLS_CHUNK : PUSH_CHUNK;
+        if (n > cap_n)
+            n = cap_n;
+        p->writing++;
+        p->queued += n;
+        if (out(p, p->data + p->queued - n, (size_t)n, true))
+            return;
+    }
 }
 
 static int send_frame(push *p, Request *req, uint64_t plen)
