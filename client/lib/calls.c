@@ -931,3 +931,59 @@ int td_replay(td_client *c, td_handle graph, const td_handle *inputs, size_t n, 
     REQ(req, replay, REPLAY, &rp);
     return td__call(c, &req, NULL, 0, NULL, err);
 }
+
+/* ---------------------------------------------------------------- daemon to daemon */
+
+int td_transfer_accept(td_client *target, const td_device *device, td_dtype dtype, int ndim,
+                       const int64_t *shape, uint8_t capability[TD_CAPABILITY_SIZE], td_handle *out,
+                       td_error *err)
+{
+    int rc = check_client(target, err);
+    if (rc)
+        return rc;
+    uint64_t bytes;
+    if (!capability || tensor_bytes(dtype, ndim, shape, &bytes) != 0)
+        return td__fail(err, TD_EINVALID_ARGUMENT,
+                        "bad dtype (%d), shape (ndim %d) or no "
+                        "capability buffer",
+                        (int)dtype, ndim);
+    Tensordd__V1__Device dev;
+    device_to_pb(device ? device : &default_device, &dev);
+    Tensordd__V1__TransferAccept ta = TENSORDD__V1__TRANSFER_ACCEPT__INIT;
+    ta.handle = target->next_handle++;
+    ta.dtype = (Tensordd__V1__DType)dtype;
+    ta.n_shape = (size_t)ndim;
+    ta.shape = (int64_t *)(uintptr_t)shape;
+    ta.device = &dev;
+    REQ(req, transfer_accept, TRANSFER_ACCEPT, &ta);
+    td__reply r;
+    if ((rc = td__call(target, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    const Tensordd__V1__TransferCapability *tc = r.msg->transfer_capability;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_TRANSFER_CAPABILITY || !tc ||
+        tc->capability.len != TD_CAPABILITY_SIZE || r.payload_len)
+        return unexpected(target, &r, "TransferAccept", err);
+    memcpy(capability, tc->capability.data, TD_CAPABILITY_SIZE);
+    td__reply_free(&r);
+    if (out)
+        *out = ta.handle;
+    return td__take_early(target, err);
+}
+
+int td_transfer_send(td_client *source, td_handle h, const char *endpoint, const char *token,
+                     const uint8_t capability[TD_CAPABILITY_SIZE], td_error *err)
+{
+    int rc = check_client(source, err);
+    if (rc)
+        return rc;
+    if (!endpoint || !capability)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no endpoint or capability");
+    Tensordd__V1__TransferSend ts = TENSORDD__V1__TRANSFER_SEND__INIT;
+    ts.tensor = h;
+    ts.endpoint = (char *)(uintptr_t)endpoint;
+    ts.token = (char *)(uintptr_t)(token ? token : "");
+    ts.capability.len = TD_CAPABILITY_SIZE;
+    ts.capability.data = (uint8_t *)(uintptr_t)capability;
+    REQ(req, transfer_send, TRANSFER_SEND, &ts);
+    return call_ok(source, &req, err);
+}
