@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 5
+#define TD_VERSION_MINOR 6
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -125,6 +125,23 @@ int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim, c
 /* Downloads a tensor into buf (cap bytes). Synchronising. info may be NULL. */
 int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info *info,
                 td_error *err);
+
+/* Same-host zero copy (a unix:// connection to a daemon with --max-conn-fds > 0): the
+ * tensor's bytes (C order) are in memfd fd from byte offset on (a multiple of 64), sealed
+ * with F_SEAL_SHRINK|F_SEAL_WRITE. The fd travels over the socket (SCM_RIGHTS) and the
+ * daemon maps it copy-on-write as the tensor's storage: no copy. fd stays the caller's.
+ * Asynchronous as td_upload: a refused fd (not a sealed memfd, too small, a TCP or TLS
+ * connection) poisons the handle and surfaces at the next synchronising call. */
+int td_upload_fd(td_client *c, const td_device *device, td_dtype dtype, int ndim,
+                 const int64_t *shape, int fd, uint64_t offset, int requires_grad, td_handle *out,
+                 td_error *err);
+
+/* Downloads tensor h as a sealed memfd: *fd (the caller's to close) holds its bytes from
+ * *offset on; mmap it. The daemon's own memfd when it has one for the tensor (an untouched
+ * td_upload_fd: no copy), else one it wrote once; for tensors it answers with a payload
+ * (device memory, strided views), a memfd this library wrote. Synchronising. */
+int td_download_fd(td_client *c, td_handle h, int *fd, uint64_t *offset, td_tensor_info *info,
+                   td_error *err);
 
 /* Shape, dtype and device of a tensor: a round trip, answered at once (it neither waits for
  * queued work nor reports the session's pending error). */

@@ -1,7 +1,11 @@
 /* calls.c -- libtensordd's API calls: each builds one Request and reads its Response. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -168,6 +172,8 @@ void td_close(td_client *c)
             td__reply_free(&r);
     }
     td__close_stream(c);
+    for (int i = 0; i < c->nrfds; i++)
+        close(c->rfds[i]);
     free(c->wbuf);
     free(c->rbuf);
     free(c->rel);
@@ -422,6 +428,146 @@ int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info
     }
     if ((rc = td__read_payload(c, buf, pl, err)) != 0)
         return rc;
+    if (info)
+        *info = ti;
+    return td__take_early(c, err);
+}
+
+int td_upload_fd(td_client *c, const td_device *device, td_dtype dtype, int ndim,
+                 const int64_t *shape, int fd, uint64_t offset, int requires_grad, td_handle *out,
+                 td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    uint64_t bytes;
+    if (tensor_bytes(dtype, ndim, shape, &bytes) != 0)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "bad dtype (%d) or shape (ndim %d)", (int)dtype,
+                        ndim);
+    if (c->tls || c->resume_window_s)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "%s",
+                        c->tls ? "file descriptors cannot cross a TLS connection"
+                               : "a resumable session cannot send a file descriptor again");
+    Tensordd__V1__Device dev;
+    device_to_pb(device ? device : &default_device, &dev);
+    Tensordd__V1__Upload up = TENSORDD__V1__UPLOAD__INIT;
+    up.handle = c->next_handle++;
+    up.dtype = (Tensordd__V1__DType)dtype;
+    up.n_shape = (size_t)ndim;
+    up.shape = (int64_t *)(uintptr_t)shape;
+    up.device = &dev;
+    up.requires_grad = requires_grad ? 1 : 0;
+    up.payload_fd = 1;
+    up.fd_offset = offset;
+    REQ(req, upload, UPLOAD, &up);
+    req.id = c->next_request++;
+    /* What is queued goes first; then this frame alone, the fd on its first byte. */
+    if ((rc = td__flush(c, err)) != 0)
+        return rc;
+    size_t mlen = tensordd__v1__request__get_packed_size(&req);
+    uint8_t *frame = malloc(TD_FRAME_HEADER_SIZE + mlen);
+    if (!frame)
+        return td__fail(err, TD_ERESOURCE_EXHAUSTED, "out of memory");
+    td_frame_encode(frame, (uint32_t)mlen, 0);
+    tensordd__v1__request__pack(&req, frame + TD_FRAME_HEADER_SIZE);
+    union {
+        char b[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {.iov_base = frame, .iov_len = TD_FRAME_HEADER_SIZE + mlen};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    ssize_t k;
+    do
+        k = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    while (k < 0 && errno == EINTR);
+    if (k < 0) {
+        int e = errno;
+        free(frame);
+        c->dead = TD_EIO;
+        return td__fail(err, TD_EIO, "sending an fd to the daemon: %s", strerror(e));
+    }
+    if ((size_t)k < iov.iov_len)
+        rc = td__send_raw(c, frame + k, iov.iov_len - (size_t)k, err);
+    free(frame);
+    if (rc == 0 && out)
+        *out = up.handle;
+    return rc;
+}
+
+int td_download_fd(td_client *c, td_handle h, int *fd, uint64_t *offset, td_tensor_info *info,
+                   td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    *fd = -1;
+    *offset = 0;
+    Tensordd__V1__Download dl = TENSORDD__V1__DOWNLOAD__INIT;
+    dl.handle = h;
+    dl.as_fd = 1;
+    REQ(req, download, DOWNLOAD, &dl);
+    td__reply r;
+    c->want_fds++;
+    rc = td__call(c, &req, NULL, 0, &r, err);
+    c->want_fds--;
+    if (rc)
+        return rc;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_TENSOR || !r.msg->tensor)
+        return unexpected(c, &r, "Download", err);
+    td_tensor_info ti;
+    info_from_pb(r.msg->tensor, &ti);
+    int as_fd = r.msg->tensor->payload_fd;
+    uint64_t at = r.msg->tensor->fd_offset, want = 0, pl = r.payload_len;
+    int shape_ok = r.msg->tensor->n_shape <= TD_MAX_NDIM &&
+                   tensor_bytes(ti.dtype, ti.ndim, ti.shape, &want) == 0;
+    td__reply_free(&r);
+    if (!shape_ok || (!as_fd && want != pl) || (as_fd && pl)) {
+        rc = td__drain(c, pl, err);
+        return rc ? rc
+                  : td__fail(err, TD_EPROTOCOL_ERROR,
+                             "download answer does not match its "
+                             "tensor info");
+    }
+    if (as_fd) {
+        if (!c->nrfds) {
+            c->dead = TD_EPROTOCOL_ERROR;
+            return td__fail(err, TD_EPROTOCOL_ERROR,
+                            "the answer said payload_fd but no file descriptor came with it");
+        }
+        *fd = c->rfds[0];
+        memmove(c->rfds, c->rfds + 1, (size_t)(--c->nrfds) * sizeof c->rfds[0]);
+        *offset = at;
+    } else {
+        /* The daemon sent the bytes (device memory, a strided view): into a sealed memfd. */
+        int m = memfd_create("tensordd-download", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        void *p = m >= 0 && ftruncate(m, (off_t)pl) == 0 && pl
+                      ? mmap(NULL, (size_t)pl, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0)
+                      : NULL;
+        if (m < 0 || (pl && (p == NULL || p == MAP_FAILED))) {
+            int e = errno;
+            if (m >= 0)
+                close(m);
+            rc = td__drain(c, pl, err);
+            return rc ? rc : td__fail(err, TD_EIO, "a memfd for the download: %s", strerror(e));
+        }
+        rc = td__read_payload(c, p, pl, err);
+        if (pl)
+            munmap(p, (size_t)pl);
+        if (rc == 0 && fcntl(m, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) != 0)
+            rc = td__fail(err, TD_EIO, "sealing the download's memfd: %s", strerror(errno));
+        if (rc) {
+            close(m);
+            return rc;
+        }
+        *fd = m;
+    }
     if (info)
         *info = ti;
     return td__take_early(c, err);

@@ -50,6 +50,33 @@ static int wait_fd(td_client *c, short ev)
 #define RECV_POLL_FAILED TD__RECV_POLL_FAILED
 #define RECV_TLS_FAILED TD__RECV_TLS_FAILED
 
+/* recv that keeps the file descriptors that came with the bytes (td_download_fd). */
+static ssize_t recv_fds(td_client *c, void *buf, size_t len)
+{
+    union {
+        char b[CMSG_SPACE(8 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+    ssize_t k = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *cm = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (c->nrfds < (int)(sizeof c->rfds / sizeof c->rfds[0]))
+                c->rfds[c->nrfds++] = fd;
+            else
+                close(fd);
+        }
+    }
+    return k;
+}
+
 /* Receives into buf, sleeping in recv(2) itself: one system call per reply
  * instead of three (a MSG_DONTWAIT recv that finds nothing, poll, recv again).
  * The per-wait timeout is the socket's SO_RCVTIMEO (td__set_timeout), so a
@@ -58,7 +85,7 @@ static int wait_fd(td_client *c, short ev)
 ssize_t td__recv_raw(td_client *c, void *buf, size_t len)
 {
     for (;;) {
-        ssize_t k = recv(c->fd, buf, len, 0);
+        ssize_t k = c->want_fds ? recv_fds(c, buf, len) : recv(c->fd, buf, len, 0);
         if (k >= 0 || errno == EINTR)
             return k;
         if (errno != EAGAIN && errno != EWOULDBLOCK)

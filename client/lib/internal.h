@@ -69,6 +69,12 @@ struct td_client {
     uint64_t last_received, cur_id, payload_left;
     int recovering;
     unsigned resumes;
+
+    /* Same-host zero copy (td_download_fd): while want_fds, reads keep the file
+     * descriptors the daemon sends, oldest first. */
+    int want_fds;
+    int rfds[8];
+    int nrfds;
 };
 
 /* Resume: reconnections tried after a lost connection, and the first wait between two

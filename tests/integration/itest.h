@@ -30,6 +30,8 @@ Suite *it_ops_wire_suite(void);
 Suite *it_failed_binds_suite(void);
 Suite *it_resume_suite(void);
 Suite *it_tls_suite(void);
+Suite *it_memfd_suite(void);
+Suite *it_handles_suite(void);
 Suite *it_transfer_suite(void);
 
 #endif

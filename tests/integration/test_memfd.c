@@ -1,0 +1,143 @@
+/* test_memfd.c -- same-host zero copy through libtensordd: td_upload_fd / td_download_fd
+ * over a Unix socket are bit-exact, hand the same memfd back when the daemon never wrote
+ * to it, refuse a memfd that is not sealed (nothing kept: the daemon's open fds are
+ * counted), and are refused over TCP. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+#define N 3000
+#define OFF 4096
+
+static int open_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* A memfd holding OFF zero bytes then data, sealed with seals (0: none). */
+static int memfd_of(const float *data, size_t n, int seals)
+{
+    int fd = memfd_create("itest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, OFF), 0);
+    ck_assert_int_eq(pwrite(fd, data, n * sizeof *data, OFF), (ssize_t)(n * sizeof *data));
+    if (seals)
+        ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, seals), 0);
+    return fd;
+}
+
+/* The bytes of fd at offset, compared with want. */
+static void check_fd(int fd, uint64_t offset, const float *want, size_t n)
+{
+    ck_assert_int_ne(fcntl(fd, F_GET_SEALS) & F_SEAL_WRITE, 0);
+    float *got = malloc(n * sizeof *got);
+    ck_assert_int_eq(pread(fd, got, n * sizeof *got, (off_t)offset), (ssize_t)(n * sizeof *got));
+    ck_assert_mem_eq(got, want, n * sizeof *got);
+    free(got);
+}
+
+START_TEST(test_memfd_unix)
+{
+    tdt_daemon d;
+    ck_assert_int_eq(tdt_daemon_start(&d, NULL, 1), 0);
+    char ep[160];
+    snprintf(ep, sizeof ep, "unix://%s", d.unix_path);
+    td_client *c = tdt_connect(ep, "memfd");
+    ck_assert_ptr_nonnull(c);
+    uint64_t seed = 11;
+    static float x[N], negx[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = it_randf(&seed, -5, 5);
+        negx[i] = -x[i];
+    }
+    int64_t shape[2] = {30, N / 30};
+    td_error e;
+    td_device cpu = it_dev("cpu:0");
+
+    /* up and back: the same file, no copy */
+    int fd = memfd_of(x, N, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE);
+    td_handle h = 0;
+    ck_assert_int_eq(td_upload_fd(c, &cpu, TD_F32, 2, shape, fd, OFF, 0, &h, &e), 0);
+    int back = -1;
+    uint64_t at = 0;
+    td_tensor_info info;
+    ck_assert_msg(td_download_fd(c, h, &back, &at, &info, &e) == 0, "%s", e.message);
+    struct stat a, b;
+    ck_assert_int_eq(fstat(fd, &a), 0);
+    ck_assert_int_eq(fstat(back, &b), 0);
+    ck_assert_msg(a.st_ino == b.st_ino, "the download is not the uploaded memfd");
+    ck_assert_uint_eq(at, OFF);
+    ck_assert_int_eq(info.ndim, 2);
+    ck_assert_int_eq(info.shape[1], N / 30);
+    check_fd(back, at, x, N);
+    close(back);
+    static float y[N];
+    it_download_f32(c, h, y, N);
+    ck_assert_mem_eq(x, y, sizeof y);
+
+    /* a computed tensor: a sealed memfd the daemon wrote */
+    td_handle n = td_op1(c, "neg", &h, 1, NULL, &e);
+    ck_assert_uint_ne(n, 0);
+    ck_assert_msg(td_download_fd(c, n, &back, &at, NULL, &e) == 0, "%s", e.message);
+    check_fd(back, at, negx, N);
+    close(back);
+    close(fd);
+
+    /* an unsealed memfd: refused, typed, and not kept */
+    ck_assert_int_eq(td_sync(c, &e), 0); /* (the memfd sent above is closed once written) */
+    int before = open_fds(d.pid);
+    fd = memfd_of(x, N, 0);
+    ck_assert_int_eq(td_upload_fd(c, &cpu, TD_F32, 2, shape, fd, OFF, 0, &h, &e), 0);
+    close(fd);
+    ck_assert_int_eq(td_sync(c, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_msg(strstr(e.message, "not sealed") != NULL, "%s", e.message);
+    ck_assert_int_eq(open_fds(d.pid), before);
+    td_close(c);
+    ck_assert_int_eq(tdt_daemon_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_memfd_tcp_refused)
+{
+    td_client *c = it_client("memfd-tcp");
+    float x[4] = {1, 2, 3, 4};
+    int64_t shape[1] = {4};
+    td_handle h = it_upload_f32(c, "cpu:0", 1, shape, x);
+    td_error e;
+    int fd = -1;
+    uint64_t at = 0;
+    ck_assert_int_eq(td_download_fd(c, h, &fd, &at, NULL, &e), TD_EINVALID_ARGUMENT);
+    ck_assert_msg(strstr(e.message, "TCP") != NULL, "%s", e.message);
+    ck_assert_int_eq(fd, -1);
+    float y[4];
+    it_download_f32(c, h, y, 4); /* the session goes on */
+    ck_assert_mem_eq(x, y, sizeof y);
+    td_close(c);
+}
+END_TEST
+
+Suite *it_memfd_suite(void)
+{
+    Suite *s = suite_create("memfd");
+    TCase *tc = tcase_create("memfd");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_memfd_unix);
+    tcase_add_test(tc, test_memfd_tcp_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
