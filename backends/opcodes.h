@@ -86,6 +86,7 @@ typedef enum {
     X(LAYER_NORM, "layer_norm", 1, 3, NN)                                                          \
     X(GROUP_NORM, "group_norm", 1, 3, NN)                                                          \
     X(DROPOUT, "dropout", 1, 1, NN)                                                                \
+    X(SDPA, "scaled_dot_product_attention", 3, 4, NN)                                              \
     X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
     X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
     X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \

@@ -116,6 +116,9 @@ static const tdd_attrdef s_layer_norm[] = {R("normalized_shape", INTS, "the inpu
                                            A("eps", NUM, "1e-5", NULL)};
 static const tdd_attrdef s_dropout[] = {A("p", NUM, "0.5", "[0, 1]"),
                                         A("train", BOOL, "true", NULL)};
+static const tdd_attrdef s_sdpa[] = {
+    A("dropout_p", NUM, "0", "[0, 1]; draws from the session's random stream"),
+    A("is_causal", BOOL, "false", "not with attn_mask"), AX("scale", NUM, "1/sqrt(E)", "finite")};
 static const tdd_attrdef s_conv2d[] = {
     A("stride", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
     A("padding", INTS_OR_STR, "0", ">= 0; an int, (h, w), \"same\" (stride 1) or \"valid\""),
@@ -280,6 +283,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_GROUP_NORM] =
         S("input [N, C, *], weight [C] (optional), bias [C] (optional, with weight)", s_group_norm),
     [TDD_OP_DROPOUT] = S("input", s_dropout),
+    [TDD_OP_SDPA] = S("query [..., L, E], key [..., S, E], value [..., S, Ev], attn_mask "
+                      "(optional: bool, True attends, or added; broadcasts to [..., L, S])",
+                      s_sdpa),
     [TDD_OP_CONV2D] =
         S("input [N, C, H, W] or [C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional)",
           s_conv2d),

@@ -138,6 +138,10 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      i[2] count_include_pad, flags bit 2 = bias
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
+ *  scaled_dot_product_attention: f[0] dropout_p, f[1] scale, i[0] is_causal, i[1] mask (0 none,
+ *      1 bool, 2 added), i[2..5] L, S, E, Ev, i[6] batch ndim, ints[0] the batch shape; the
+ *      dropout draw of weight (b, l, s) is tdd_rng_uniform(seed, its C-order index in
+ *      [batch..., L, S]), as dropout's over that shape
  *  creation: f[0..2] value/start/end/step, n[0..2] exact ints, i[0..1] eye n, m */
 typedef struct tdd_opargs {
     td_dtype dtype;  /* output dtype */

@@ -354,6 +354,83 @@ static int prep_conv_pool(tdd_prep *p)
     return 0;
 }
 
+/* scaled_dot_product_attention: q [..., L, E], k [..., S, E], v [..., S, Ev], mask (bool or
+ * q's dtype) broadcasting to [..., L, S]; the batch dims of all four broadcast together. */
+static int prep_sdpa(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *q = p->in[0], *k = p->in[1], *v = p->in[2];
+    const tdd_tensor *m = p->n_in > 3 ? p->in[3] : NULL;
+    bool causal;
+    int rc;
+    if ((rc = need_float(p, q)) || (rc = same_dtype(p, q, k)) || (rc = same_dtype(p, q, v)) ||
+        (rc = tdd_p_float(p, "dropout_p", 0.0, &g->f[0])) ||
+        (rc = tdd_p_bool(p, "is_causal", false, &causal)))
+        return rc;
+    static const char *const names[3] = {"query", "key", "value"};
+    for (int t = 0; t < 3; t++)
+        if (p->in[t]->ndim < 2)
+            return tdd_err_arg(p->err, names[t],
+                               "%s: query, key and value must be at least 2-D, got %d-D", p->name,
+                               p->in[t]->ndim);
+    int64_t L = q->shape[q->ndim - 2], E = q->shape[q->ndim - 1];
+    int64_t S = k->shape[k->ndim - 2], Ev = v->shape[v->ndim - 1];
+    if (k->shape[k->ndim - 1] != E)
+        return tdd_err_shape(p->err, q->shape, q->ndim, k->shape, k->ndim,
+                             "%s: key's last dim %lld must match query's %lld", p->name,
+                             (long long)k->shape[k->ndim - 1], (long long)E);
+    if (v->shape[v->ndim - 2] != S)
+        return tdd_err_shape(p->err, k->shape, k->ndim, v->shape, v->ndim,
+                             "%s: value has %lld positions, key %lld", p->name,
+                             (long long)v->shape[v->ndim - 2], (long long)S);
+    if (!(g->f[0] >= 0.0 && g->f[0] <= 1.0))
+        return tdd_err_arg(p->err, "dropout_p", "%s: dropout_p must be in [0, 1]", p->name);
+    g->f[1] = E > 0 ? 1.0 / sqrt((double)E) : 1.0; /* torch's default; E = 0 sums nothing */
+    if (tdd_p_get(p, "scale") && (rc = tdd_p_float(p, "scale", 0.0, &g->f[1])))
+        return rc;
+    if (!isfinite(g->f[1]))
+        return tdd_err_arg(p->err, "scale", "%s: scale must be finite", p->name);
+    if (causal && m)
+        return tdd_err_arg(p->err, "is_causal", "%s: is_causal and attn_mask exclude each other",
+                           p->name);
+    int64_t bs[TD_MAX_NDIM], tmp[TD_MAX_NDIM];
+    int nb = q->ndim - 2, nt;
+    memcpy(bs, q->shape, (size_t)nb * sizeof *bs);
+    for (int t = 1; t < p->n_in; t++) {
+        const tdd_tensor *x = p->in[t];
+        int xn = x->ndim > 2 ? x->ndim - 2 : 0;
+        if ((rc = tdd_p_bcast(p, bs, nb, x->shape, xn, tmp, &nt)))
+            return rc;
+        memcpy(bs, tmp, (size_t)nt * sizeof *bs);
+        nb = nt;
+    }
+    if (m) {
+        if (m->dtype != TD_BOOL && (rc = same_dtype(p, q, m)))
+            return rc;
+        int64_t ls[2] = {L, S};
+        int mn = m->ndim < 2 ? m->ndim : 2;
+        if ((rc = tdd_p_bcast(p, ls, 2, m->shape + (m->ndim - mn), mn, tmp, &nt)))
+            return rc;
+        if (tmp[0] != L || tmp[1] != S)
+            return tdd_err_shape(p->err, ls, 2, m->shape, m->ndim,
+                                 "%s: attn_mask must broadcast to [..., L, S]", p->name);
+    }
+    if (nb + 2 > TD_MAX_NDIM)
+        return tdd_err_arg(p->err, "query", "%s: more than %d dims", p->name, TD_MAX_NDIM);
+    g->i[0] = causal;
+    g->i[1] = !m ? 0 : m->dtype == TD_BOOL ? 1 : 2;
+    g->i[2] = L;
+    g->i[3] = S;
+    g->i[4] = E;
+    g->i[5] = Ev;
+    g->i[6] = nb;
+    memcpy(g->ints[0], bs, (size_t)nb * sizeof *bs);
+    g->dtype = g->cdtype = q->dtype;
+    bs[nb] = L;
+    bs[nb + 1] = Ev;
+    tdd_p_out(p, 0, q->dtype, bs, nb + 2);
+    return 0;
+}
 int tdd_prep_nn(tdd_prep *p)
 {
     tdd_opargs *g = p->args;
@@ -451,6 +528,8 @@ int tdd_prep_nn(tdd_prep *p)
         tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
         return 0;
     }
+    case TDD_OP_SDPA:
+        return prep_sdpa(p);
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:

@@ -3,6 +3,7 @@
  *
  * A formula may return gradients in the broadcast shape and a promoted dtype;
  * autograd.c reduces them (sum_to) and casts them to each input's. */
+#include <math.h>
 #include <string.h>
 
 #include "autograd_impl.h"
@@ -949,6 +950,91 @@ static tdd_value *adaptive_matrix(tdd_bw *b, int64_t m, int64_t n, td_dtype dt, 
     return cast(b, p, dt);
 }
 
+/* scaled_dot_product_attention's dropout multipliers (0 or 1/(1-p)) over shape: dropout of
+ * ones with the forward's seed, so the same draws (ops.h: both index [batch..., L, S]). */
+static tdd_value *sdpa_keep(tdd_bw *b, const tdd_opargs *a, const int64_t *shape, int nd,
+                            td_dtype dt, tdd_device *dev)
+{
+    td_attr sa = A_INTS("shape", shape, nd);
+    tdd_value *ones = tdd_bw_op(b, TDD_OP_ONES, NULL, 0, &sa, 1, dt, dev);
+    if (!ones)
+        return NULL;
+    td_attr pa = A_F("p", a->f[0]);
+    tdd_opreq req = {.attrs = {.a = &pa, .n = 1}, .dtype = 0, .seed = a->seed};
+    tdd_value *o = NULL;
+    int got = 1;
+    td_error err;
+    int rc = tdd_submit_op(b->s, b->req_id, false, TDD_OP_DROPOUT, &req, &ones, 1, NULL, &o, &got,
+                           NULL, &err);
+    if (rc) {
+        tdd_bw_fail(b, rc, "backward (scaled_dot_product_attention): %.200s", err.message);
+        return NULL;
+    }
+    tdd_bw_keep(b, o);
+    return o;
+}
+
+static tdd_value *masked(tdd_bw *b, tdd_value *x, tdd_value *mask, double v)
+{
+    td_attr va = A_F("value", v);
+    tdd_value *in[2] = {x, mask};
+    return x && mask ? tdd_bw_op(b, TDD_OP_MASKED_FILL, in, 2, &va, 1, 0, NULL) : NULL;
+}
+
+/* scaled_dot_product_attention: the weights P recomputed by ordinary ops (scores, mask,
+ * softmax), then y = (P * keep) v differentiated as the matmuls and softmax are. */
+static int f_sdpa(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *qi = &n->in[0];
+    tdd_value *q = qi->v, *k = n->in[1].v, *v = n->in[2].v;
+    tdd_value *m = n->n_in > 3 ? n->in[3].v : NULL;
+    int nb = (int)a->i[6];
+    int64_t ls[TD_MAX_NDIM];
+    memcpy(ls, a->ints[0], (size_t)nb * sizeof *ls);
+    ls[nb] = a->i[2];
+    ls[nb + 1] = a->i[3];
+    tdd_value *s = sc(b, TDD_OP_MUL, bin(b, TDD_OP_MATMUL, q, transpose(b, k, -2, -1)), a->f[1]);
+    tdd_value *hide = NULL; /* bool: the positions not attended (causal, or a bool mask) */
+    if (a->i[0]) {
+        td_attr fa[2] = {A_INTS("shape", ls + nb, 2), A_F("value", 1.0)};
+        hide = un(b, TDD_OP_LOGICAL_NOT,
+                  op1a(b, TDD_OP_TRIL, tdd_bw_op(b, TDD_OP_FULL, NULL, 0, fa, 2, TD_BOOL, qi->dev),
+                       NULL, 0));
+    } else if (a->i[1] == 1) {
+        hide = un(b, TDD_OP_LOGICAL_NOT, m);
+    }
+    if (hide) {
+        s = masked(b, s, hide, -INFINITY);
+    } else if (a->i[1] == 2) {
+        s = bin(b, TDD_OP_ADD, s, m);
+    }
+    td_attr last = A_INT("dim", -1);
+    tdd_value *P = op1a(b, TDD_OP_SOFTMAX, s, &last, 1);
+    tdd_value *keep = a->f[0] > 0.0 ? sdpa_keep(b, a, ls, nb + 2, qi->dtype, qi->dev) : NULL;
+    tdd_value *Pd = keep ? bin(b, TDD_OP_MUL, P, keep) : P;
+    if (n->in[2].needs_grad)
+        gin[2] = bin(b, TDD_OP_MATMUL, transpose(b, Pd, -2, -1), g);
+    bool mg = a->i[1] == 2 && n->in[3].needs_grad;
+    if (!qi->needs_grad && !n->in[1].needs_grad && !mg)
+        return b->rc;
+    tdd_value *gP = bin(b, TDD_OP_MATMUL, g, transpose(b, v, -2, -1));
+    if (keep)
+        gP = bin(b, TDD_OP_MUL, gP, keep);
+    tdd_value *dot = sum_dim(b, bin(b, TDD_OP_MUL, gP, P), -1, true);
+    tdd_value *gs = bin(b, TDD_OP_MUL, P, bin(b, TDD_OP_SUB, gP, dot));
+    if (hide) /* masked_fill's gradient: none where filled (a row attending nothing: 0, not NaN) */
+        gs = masked(b, gs, hide, 0.0);
+    if (mg)
+        gin[3] = gs;
+    gs = sc(b, TDD_OP_MUL, gs, a->f[1]);
+    if (qi->needs_grad)
+        gin[0] = bin(b, TDD_OP_MATMUL, gs, k);
+    if (n->in[1].needs_grad)
+        gin[1] = bin(b, TDD_OP_MATMUL, transpose(b, gs, -2, -1), q);
+    return b->rc;
+}
+
 static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -1017,6 +1103,8 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     }
     case TDD_OP_CONV2D:
         return f_conv2d(b, n, g, gin);
+    case TDD_OP_SDPA:
+        return f_sdpa(b, n, g, gin);
     case TDD_OP_GROUP_NORM: { /* layer_norm's formula over [N, G, C/G * S] */
         int nd = xi->ndim;
         int64_t N = xi->shape[0], C = xi->shape[1], G = a->i[0];

@@ -553,6 +553,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ADAPTIVE_AVG_POOL2D: /* f32/f64 (f16/bf16 widened), dense */
     case TDD_OP_GROUP_NORM:
         return 0;
+    case TDD_OP_SDPA: /* strided operands, f16/bf16 widened; a bool mask as bytes */
+        return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
     case TDD_OP_LINSPACE:
@@ -1536,6 +1538,45 @@ static bool fast_f32(const tdd_opcall *c)
     return c->args->cdtype == TD_F32 && inputs_are(c, 0, TD_F32);
 }
 
+/* scaled_dot_product_attention: each operand's batch strides over the broadcast batch shape
+ * (0 where it broadcasts), then its last two; f16/bf16 arrive widened (kernel_dtype). */
+static int exec_sdpa(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *y = c->out[0];
+    tdc_sdpa_args a;
+    memset(&a, 0, sizeof a);
+    a.nb = (int)g->i[6];
+    a.mask = (int)g->i[1];
+    a.causal = (int)g->i[0];
+    a.L = g->i[2];
+    a.S = g->i[3];
+    a.E = g->i[4];
+    a.Ev = g->i[5];
+    a.rows = a.Ev ? tdd_numel(y) / a.Ev : 0;
+    a.scale = g->f[1];
+    a.p = g->f[0];
+    a.seed = g->seed;
+    memcpy(a.bshape, g->ints[0], (size_t)a.nb * sizeof *a.bshape);
+    for (int o = 0; o < c->n_in; o++) {
+        const tdd_tensor *t = c->in[o];
+        int tn = t->ndim;
+        for (int d = 0; d < a.nb; d++) {
+            int td = d - (a.nb + 2 - tn);
+            a.bst[o][d] = td < 0 || t->shape[td] == 1 ? 0 : t->strides[td];
+        }
+        for (int d = 0; d < 2; d++) {
+            int td = tn - 2 + d;
+            a.rst[o][d] = td < 0 || t->shape[td] == 1 ? 0 : t->strides[td];
+        }
+    }
+    const tdd_tensor *m = c->n_in > 3 ? c->in[3] : NULL;
+    return cuda_rc(dv,
+                   tdc_sdpa(&dv->kd, &a, (int)y->dtype, tdd_data(c->in[0]), tdd_data(c->in[1]),
+                            tdd_data(c->in[2]), m ? tdd_data(m) : NULL, tdd_data(y)),
+                   tdd_opdefs[c->op].name);
+}
+
 static int execute_op(cuda_dev *dv, const tdd_opcall *c)
 {
     if (tdd_ew_arity(c->op) == 2)
@@ -1654,6 +1695,8 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
                                 (int64_t *)tdd_data(arg ? y : c->out[1])),
                        tdd_opdefs[c->op].name);
     }
+    case TDD_OP_SDPA:
+        return exec_sdpa(dv, c);
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
         return exec_tri(dv, c);

@@ -1175,6 +1175,58 @@ __global__ void dropout_kernel(__grid_constant__ const tdc_layout l, void *y, in
     }
 }
 
+// scaled_dot_product_attention: a thread per output element (row, e), one pass over the keys
+// with the softmax's running max and sum in registers (the scores are recomputed for each e:
+// L*S*E*Ev work, fine for the small heads it serves; no [L, S] buffer). Dropout draws as ref's.
+__global__ void sdpa_kernel(__grid_constant__ const tdc_sdpa_args a, int dt, const void *q,
+                            const void *k, const void *v, const void *m, void *y)
+{
+    const int64_t n = a.rows * a.Ev;
+    const double keep = a.p < 1.0 ? 1.0 / (1.0 - a.p) : 0.0;
+    for (int64_t t = gtid(); t < n; t += gstride()) {
+        int64_t e = t % a.Ev, r = t / a.Ev, i = r % a.L, rest = r / a.L;
+        int64_t off[4] = {0, 0, 0, 0};
+        for (int d = a.nb - 1; d >= 0; d--) {
+            int64_t b = rest % a.bshape[d];
+            rest /= a.bshape[d];
+            for (int o = 0; o < 4; o++)
+                off[o] += b * a.bst[o][d];
+        }
+        double mx = -INFINITY, z = 0.0, acc = 0.0;
+        for (int64_t j = 0; j < a.S; j++) {
+            if (a.causal && j > i)
+                break;
+            int64_t mo = off[3] + i * a.rst[3][0] + j * a.rst[3][1];
+            if (a.mask == 1 && !((const uint8_t *)m)[mo])
+                continue;
+            double s = 0.0;
+            for (int64_t c = 0; c < a.E; c++)
+                s += load_f(q, dt, off[0] + i * a.rst[0][0] + c * a.rst[0][1]) *
+                     load_f(k, dt, off[1] + j * a.rst[1][0] + c * a.rst[1][1]);
+            s *= a.scale;
+            if (a.mask == 2)
+                s += load_f(m, dt, mo);
+            if (s == -INFINITY)
+                continue;
+            if (s > mx) {
+                double f = exp(mx - s);
+                z *= f;
+                acc *= f;
+                mx = s;
+            }
+            double w = exp(s - mx);
+            z += w;
+            if (a.p > 0.0) {
+                double u = (double)(rng_u64(a.seed, (uint64_t)(r * a.S + j)) >> 11) * 0x1.0p-53;
+                w *= u >= a.p ? keep : 0.0;
+            }
+            acc += w * load_f(v, dt, off[2] + j * a.rst[2][0] + e * a.rst[2][1]);
+        }
+        // nothing attended: 0 / 0, NaN as softmax over -inf; no keys at all: an empty sum
+        store_f(y, dt, t, a.S ? acc / z : 0.0);
+    }
+}
+
 // layer_norm over dense rows of D: one block per row, mean then the squared deviations (two
 // passes, as var), then the write with the optional weight and bias.
 template <typename T>
@@ -2016,6 +2068,16 @@ extern "C" cudaError_t tdc_dropout(const tdc_dev *d, const tdc_layout *l, void *
         return cudaSuccess;
     tdc_launch(grid_for(d, l->numel), kThreads, 0, d->stream, dropout_kernel)(*l, y, dt, x, p,
                                                                               seed);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_sdpa(const tdc_dev *d, const tdc_sdpa_args *a, int dt, const void *q,
+                                const void *k, const void *v, const void *m, void *y)
+{
+    if (a->rows * a->Ev == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, a->rows * a->Ev), kThreads, 0, d->stream, sdpa_kernel)(*a, dt, q, k, v,
+                                                                                  m, y);
     return launched();
 }
 

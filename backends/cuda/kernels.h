@@ -93,6 +93,19 @@ cudaError_t tdc_sort(const tdc_dev *d, const void *x, int dt, int elsize, int64_
 /* adaptive_avg_pool2d over planes of dense [H, W] into [Ho, Wo] (dt f32 or f64) */
 cudaError_t tdc_adaptive_avg_pool2d(const tdc_dev *d, int dt, const void *x, void *y,
                                     int64_t planes, int64_t H, int64_t W, int64_t Ho, int64_t Wo);
+/* scaled_dot_product_attention (tdd_opargs of ops.h): operands q, k, v, mask at element 0;
+ * strides in elements, batch dims (0: broadcast) then the last two; y dense [rows, Ev]. */
+typedef struct {
+    int nb, mask, causal; /* mask: 0 none, 1 bool bytes, 2 added (dt) */
+    int64_t rows, L, S, E, Ev;
+    int64_t bshape[TDC_MAX_DIMS];
+    int64_t bst[4][TDC_MAX_DIMS]; /* q, k, v, mask */
+    int64_t rst[4][2];            /* q (L, E), k (S, E), v (S, Ev), mask (L, S) */
+    double scale, p;
+    uint64_t seed;
+} tdc_sdpa_args;
+cudaError_t tdc_sdpa(const tdc_dev *d, const tdc_sdpa_args *a, int dt, const void *q, const void *k,
+                     const void *v, const void *m, void *y);
 /* group_norm over dense [N, C, S] (dt f32 or f64) in G groups; w, b [C] or NULL */
 cudaError_t tdc_group_norm(const tdc_dev *d, int dt, const void *x, void *y, const void *w,
                            const void *b, int64_t N, int64_t C, int64_t S, int64_t G, double eps);

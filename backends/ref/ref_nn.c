@@ -1,6 +1,7 @@
 /* ref_nn.c -- reference matmul/bmm/linear, joins and indexing ops, and the
  * NN ops (layer_norm, dropout, conv2d, pooling) as direct loops. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "iter.h"
@@ -242,6 +243,71 @@ static int64_t at4(const tdd_tensor *x, int64_t n, int64_t ch, int64_t h, int64_
            w * x->strides[b + 2];
 }
 
+/* scaled_dot_product_attention, row by row in double: the scores, their softmax over the
+ * attended positions (none attended: NaN, as softmax over -inf), dropout, then the weighted
+ * sum of the values. */
+static int ref_sdpa(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
+    const tdd_tensor *m = c->n_in > 3 ? c->in[3] : NULL;
+    tdd_tensor *y = c->out[0];
+    int nd = y->ndim, nb = (int)g->i[6];
+    int64_t S = g->i[3], E = g->i[4], Ev = g->i[5];
+    int64_t rows = Ev ? tdd_numel(y) / Ev : 0, idx[TD_MAX_NDIM];
+    double p = g->f[0], keep = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    double *w = malloc((size_t)(S ? S : 1) * sizeof *w);
+    if (!w)
+        return TD_ERESOURCE_EXHAUSTED;
+    for (int64_t r = 0; r < rows; r++) {
+        ref_unravel(r * Ev, y->shape, nd, idx);
+        int64_t i = idx[nb];
+        double mx = -INFINITY, z = 0.0;
+        for (int64_t j = 0; j < S; j++) {
+            double s = 0.0;
+            for (int64_t e = 0; e < E; e++) {
+                idx[nb] = i;
+                idx[nb + 1] = e;
+                double qv = ref_getf(q, ref_at(q, idx, nd));
+                idx[nb] = j;
+                s += qv * ref_getf(k, ref_at(k, idx, nd));
+            }
+            s *= g->f[1];
+            idx[nb] = i;
+            idx[nb + 1] = j;
+            if (g->i[0] && j > i)
+                s = -INFINITY;
+            else if (g->i[1] == 1 && !ref_geti(m, ref_at(m, idx, nd)))
+                s = -INFINITY;
+            else if (g->i[1] == 2)
+                s += ref_getf(m, ref_at(m, idx, nd));
+            w[j] = s;
+            if (s > mx || s != s)
+                mx = s;
+        }
+        for (int64_t j = 0; j < S; j++) {
+            w[j] = exp(w[j] - mx); /* mx = -inf (nothing attended): NaN throughout */
+            z += w[j];
+        }
+        for (int64_t j = 0; j < S; j++) {
+            w[j] /= z;
+            if (p > 0.0)
+                w[j] *= tdd_rng_uniform(g->seed, (uint64_t)(r * S + j)) >= p ? keep : 0.0;
+        }
+        for (int64_t e = 0; e < Ev; e++) {
+            double acc = 0.0;
+            idx[nb + 1] = e;
+            for (int64_t j = 0; j < S; j++) {
+                idx[nb] = j;
+                acc += w[j] * ref_getf(v, ref_at(v, idx, nd));
+            }
+            ref_setf(y, ref_index(y, r * Ev + e), acc);
+        }
+    }
+    free(w);
+    return 0;
+}
+
 int ref_nn(const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
@@ -249,6 +315,8 @@ int ref_nn(const tdd_opcall *c)
     tdd_tensor *y = c->out[0];
     int64_t n = tdd_numel(y);
     switch (c->op) {
+    case TDD_OP_SDPA:
+        return ref_sdpa(c);
     case TDD_OP_GROUP_NORM: { /* groups of C/G channels x the rest, per sample */
         int64_t N = x->shape[0], C = x->shape[1], G = g->i[0], Cg = C / G;
         int64_t S = N != 0 && C != 0 ? n / (N * C) : 0, M = Cg * S;

@@ -378,6 +378,13 @@ const conf_case conf_cases[] = {
     {"topk", {"x:4,6"}, "k=3", ALL, 1},
     {"topk", {"x:5,3,2"}, "k=2;dim=0;largest=false", NUM, 1},
     {"topk", {"x:"}, "k=1", F, 1},
+    /* scaled_dot_product_attention: batch dims that broadcast, L != S, bool and added masks,
+     * strided operands, causal, scale, dropout (the same draws on every backend) */
+    {"scaled_dot_product_attention", {"x:2,3,4", "x:2,5,4", "x:2,5,3"}, "", FA, 4},
+    {"scaled_dot_product_attention", {"x:2,1,3,4", "x:1,2,5,4", "x:5,3T", "b:3,5"}, "", FA, 4},
+    {"scaled_dot_product_attention", {"x:2,4,3", "x:6,3T", "x:6,2", "x:4,6"}, "scale=0.5", F, 4},
+    {"scaled_dot_product_attention", {"x:3,6,4", "x:3,6,4", "x:3,6,5"}, "is_causal=true", FA, 4},
+    {"scaled_dot_product_attention", {"x:2,6,4", "x:2,7,4", "x:2,7,4"}, "dropout_p=0.3", F, 4},
 };
 const int conf_ncases = (int)(sizeof conf_cases / sizeof conf_cases[0]);
 

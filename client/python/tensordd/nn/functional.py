@@ -136,3 +136,19 @@ def one_hot(tensor, num_classes=-1):
 
 def _pair(v):
     return [int(v), int(v)] if isinstance(v, int) else [int(x) for x in v]
+
+
+__all__ += ["scaled_dot_product_attention"]
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None):
+    """softmax(query @ key^T * scale + mask) @ value, with dropout on the weights
+    (``torch.nn.functional.scaled_dot_product_attention``, torch 2.x): a bool attn_mask
+    marks the positions that take part, a float one is added; is_causal masks the positions
+    after each query's. Fused into one op in the daemon; its dropout draws from the
+    session's random stream."""
+    attrs = {"dropout_p": float(dropout_p), "is_causal": bool(is_causal)}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    return _op("scaled_dot_product_attention", query, key, value, attn_mask, **attrs)

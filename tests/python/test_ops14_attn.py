@@ -1,0 +1,199 @@
+"""scaled_dot_product_attention, einsum and interpolate (issue 14) against torch 1.13.
+
+torch 1.13 has no F.scaled_dot_product_attention, so the oracle is torch 2.x's definition
+written out: softmax(q @ k^T * scale + mask) @ v, the mask a masked_fill of -inf where a bool
+mask is False (or above the diagonal for is_causal) or added when float. Forward values and
+the gradients of sum(out * w) (w random) are compared with torch autograd's through that
+formula, rtol 1e-5 and the case's atol, on cpu:0 and ref:0, or on cuda:0 when TDD_GPU_ARGS
+is set (the GPU suites). Dropout is checked by its statistics and by its seed: the same seed
+draws the same weights, forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import tensordd
+import tensordd.nn.functional as TF
+from conftest import Daemon
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+DEVICES = ["cuda:0"] if GPU_ARGS is not None else ["cpu:0", "ref:0"]
+
+
+@pytest.fixture(scope="module")
+def fd():
+    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture
+def s(fd):
+    sess = tensordd.connect(fd.endpoint, timeout=120)
+    yield sess
+    sess.close(raise_errors=False)
+
+
+def f32(*shape, lo=-2.0, hi=2.0):
+    return lambda rng: rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+def const(a):
+    return lambda rng: np.asarray(a)
+
+
+def bmask(*shape, p=0.7):
+    return lambda rng: rng.random(shape) < p
+
+
+def torch_sdpa(q, k, v, mask=None, causal=False, scale=None):
+    """torch 2.x's scaled_dot_product_attention, dropout aside, as its documentation writes it."""
+    L, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    att = q @ k.transpose(-2, -1) * scale
+    if causal:
+        att = att.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
+    return torch.softmax(att, dim=-1) @ v
+
+
+class Case:
+    def __init__(self, name, inputs, fn, tfn, grads=None, atol=1e-5):
+        self.name, self.inputs, self.fn, self.tfn = name, inputs, fn, tfn
+        self.grads = grads or []  # indices of the inputs that require grad
+        self.atol = atol
+
+
+def _sdpa(**kw):
+    return lambda s, *t: TF.scaled_dot_product_attention(*t, **kw)
+
+
+def _tsdpa(**kw):
+    tkw = {"causal": kw.get("is_causal", False), "scale": kw.get("scale")}
+    return lambda *t: torch_sdpa(*t, **tkw)
+
+
+SDPA = [
+    ("plain", [f32(2, 3, 4, 8), f32(2, 3, 4, 8), f32(2, 3, 4, 8)], {}, [0, 1, 2]),
+    ("l_ne_s_ev", [f32(2, 5, 4), f32(2, 7, 4), f32(2, 7, 3)], {}, [0, 1, 2]),
+    ("causal", [f32(2, 6, 4), f32(2, 6, 4), f32(2, 6, 5)], {"is_causal": True}, [0, 1, 2]),
+    ("causal_l_lt_s", [f32(3, 5), f32(6, 5), f32(6, 2)], {"is_causal": True}, [0, 1, 2]),
+    ("scale", [f32(1, 4, 3), f32(1, 5, 3), f32(1, 5, 3)], {"scale": 0.3}, [0, 1, 2]),
+    ("batch_broadcast", [f32(2, 1, 4, 3), f32(1, 3, 5, 3), f32(5, 2)], {}, [0, 1, 2]),
+    ("bool_mask", [f32(2, 4, 3), f32(2, 6, 3), f32(2, 6, 3), bmask(4, 6)], {}, [0, 1, 2]),
+    ("bool_mask_batched", [f32(2, 2, 3, 4), f32(2, 2, 5, 4), f32(2, 2, 5, 4), bmask(2, 1, 3, 5)],
+     {}, [0, 1, 2]),
+    ("float_mask", [f32(2, 4, 3), f32(2, 5, 3), f32(2, 5, 2), f32(4, 5)], {}, [0, 1, 2, 3]),
+    ("float_mask_row", [f32(3, 4, 3), f32(3, 5, 3), f32(3, 5, 2), f32(5)], {}, [0, 1, 2, 3]),
+    ("mask_grows_batch", [f32(4, 3), f32(5, 3), f32(5, 2), f32(2, 4, 5)], {}, [0, 1, 2, 3]),
+    # a row that attends nothing: NaN out, as softmax over -inf; its q gradient is masked_fill's
+    ("fully_masked_row", [f32(3, 2), f32(4, 2), f32(4, 2),
+                          const(np.array([[True, False, True, True], [False] * 4,
+                                          [True, True, False, False]]))], {}, [0, 1]),
+    ("empty_keys", [f32(2, 3, 4), f32(2, 0, 4), f32(2, 0, 2)], {}, []),
+]
+
+CASES = [Case(f"sdpa_{tag}", ins, _sdpa(**kw), _tsdpa(**kw), grads=gr, atol=2e-5)
+         for tag, ins, kw, gr in SDPA]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
+def test_matches_torch(s, c, dev):
+    rng = np.random.default_rng(zlib.crc32(c.name.encode()))
+    arrays = [np.asarray(make(rng)) for make in c.inputs]
+    tts = [torch.tensor(a, requires_grad=(k in c.grads)) for k, a in enumerate(arrays)]
+    tout = c.tfn(*tts)
+    ts = [s.tensor(a, device=dev, requires_grad=(k in c.grads)) for k, a in enumerate(arrays)]
+    out = c.fn(s, *ts)
+    got = out.numpy()
+    want = tout.detach().numpy()
+    assert got.dtype == want.dtype, f"{c.name}: dtype {got.dtype}, torch {want.dtype}"
+    assert got.shape == want.shape, f"{c.name}: shape {got.shape}, torch {want.shape}"
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=c.atol, err_msg=f"{c.name}: forward")
+    if not c.grads:
+        return
+    w = rng.uniform(0.5, 1.5, want.shape).astype(want.dtype)
+    (tout * torch.from_numpy(w)).sum().backward()
+    grads = (out * s.tensor(w, device=dev)).sum().backward()
+    for k in c.grads:
+        np.testing.assert_allclose(grads.get(ts[k]).numpy(), tts[k].grad.numpy(), rtol=1e-5,
+                                   atol=c.atol, err_msg=f"{c.name}: gradient of input {k}")
+
+
+def _dropout_run(dev, q, k, v, w, p):
+    """One fresh daemon, one session, the same ops: the session's random stream starts at
+    the same seed, so the draws must be the same."""
+    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
+    try:
+        sess = tensordd.connect(d.endpoint, timeout=120)
+        qq = sess.tensor(q, device=dev, requires_grad=True)
+        kk, vv = sess.tensor(k, device=dev), sess.tensor(v, device=dev)
+        out = TF.scaled_dot_product_attention(qq, kk, vv, dropout_p=p)
+        again = TF.scaled_dot_product_attention(qq, kk, vv, dropout_p=p)  # the stream moved on
+        g = (out * sess.tensor(w, device=dev)).sum().backward().get(qq).numpy()
+        res = out.numpy(), again.numpy(), g
+        sess.close(raise_errors=False)
+    finally:
+        assert d.stop() == 0
+    return res
+
+
+@pytest.mark.parametrize("dev", DEVICES[:1])
+def test_sdpa_dropout_statistics_and_seed(dev):
+    """Dropout on the weights: with v = I each output row is its row of weights, so the
+    dropped fraction, the 1/(1-p) scale of the kept ones, the seed's reproduction (a fresh
+    session on ref:0 and on dev draw the same) and the gradient through the forward's own
+    draws are all visible."""
+    L, S, E, p = 48, 64, 8, 0.25
+    rng = np.random.default_rng(5)
+    q = rng.uniform(-1, 1, (2, L, E)).astype(np.float32)
+    k = rng.uniform(-1, 1, (2, S, E)).astype(np.float32)
+    eye = np.eye(S, dtype=np.float32)
+    w = rng.uniform(0.5, 1.5, (2, L, S)).astype(np.float32)
+    tq, tk = torch.tensor(q, requires_grad=True), torch.tensor(k)
+    weights = torch_sdpa(tq, tk, torch.tensor(eye)).detach().numpy()  # the softmax itself
+    a, a2, g = _dropout_run(dev, q, k, eye, w, p)
+    r, r2, _ = _dropout_run("ref:0", q, k, eye, w, p)
+    kept = a != 0
+    np.testing.assert_array_equal(kept, r != 0)  # the same seed, the same draws
+    np.testing.assert_array_equal(a2 != 0, r2 != 0)
+    assert (kept != (a2 != 0)).any(), "the next op drew the same weights"
+    frac = 1.0 - kept.mean()
+    assert abs(frac - p) < 0.02, f"dropped {frac:.3f} of the weights, p = {p}"
+    np.testing.assert_allclose(a[kept], weights[kept] / (1 - p), rtol=1e-5, atol=1e-7)
+    # the gradient: the explicit formula with the forward's own keep mask, in torch
+    keep = torch.tensor(kept.astype(np.float32) / (1 - p))
+    tout = (torch.softmax(tq @ tk.transpose(-2, -1) / math.sqrt(E), -1) * keep) @ torch.tensor(eye)
+    (tout * torch.from_numpy(w)).sum().backward()
+    np.testing.assert_allclose(g, tq.grad.numpy(), rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dev", DEVICES[:1])
+def test_sdpa_refusals(s, dev):
+    x = s.tensor(np.zeros((2, 3, 4), np.float32), device=dev)
+    m = s.tensor(np.ones((3, 3), bool), device=dev)
+    with pytest.raises(tensordd.InvalidArgumentError):
+        TF.scaled_dot_product_attention(x, x, x, m, is_causal=True).numpy()
+    with pytest.raises(tensordd.InvalidArgumentError):
+        TF.scaled_dot_product_attention(x, x, x, dropout_p=1.5).numpy()
+    with pytest.raises(tensordd.ShapeMismatchError):
+        y = s.tensor(np.zeros((2, 3, 5), np.float32), device=dev)
+        TF.scaled_dot_product_attention(x, y, y).numpy()
+    with pytest.raises(tensordd.ShapeMismatchError):
+        bad = s.tensor(np.ones((2, 3), bool), device=dev)  # [L, S] is [3, 3]
+        TF.scaled_dot_product_attention(x, x, x, bad).numpy()
+    with pytest.raises(tensordd.Error):
+        i = s.tensor(np.zeros((2, 3, 4), np.int64), device=dev)
+        TF.scaled_dot_product_attention(i, i, i).numpy()
