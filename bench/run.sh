@@ -15,6 +15,7 @@ for b in "$BUILD"/bench/*; do
     case "$(basename "$b")" in
     transfer) "$b" "$ep" "$pid" 64 --reps 5 ;;
     alloc) "$b" "$ep" "$pid" ;;
+    memfd) "$b" "$BUILD/tensordd" 1024 --reps 3 ;; # its own daemon (tcp:// and unix://)
     *) "$b" "$ep" ;;
     esac
     echo

@@ -1,0 +1,251 @@
+/* memfd.c -- same-host zero copy: upload and download through sealed memfds against the
+ * same transfers through the Unix socket and through loopback TCP, one daemon of its own
+ * (tcp:// and unix:// listeners), ratios of the same run.
+ *
+ *   bench/memfd TENSORDD_BIN [MIB] [--reps N]
+ *
+ * Upload: td_upload + td_sync of MIB MiB of f32 from a buffer already faulted in, against
+ * td_upload_fd + td_sync of a sealed memfd holding the same bytes (writing the memfd is
+ * timed apart: it is what a client pays when its data is not in a memfd already).
+ * Download: td_download into a buffer already faulted in, against td_download_fd of the
+ * uploaded tensor (the daemon hands the memfd back) with the mmap of it, and with a read
+ * of every page of the mapping; and td_download_fd of a computed tensor (neg: the daemon
+ * writes a sealed memfd once). Best of N; every result is checked bit for bit. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+static pid_t daemon_pid;
+static char tcp_ep[128], unix_ep[160], sock_dir[64];
+
+static void stop_daemon(void)
+{
+    if (daemon_pid > 0) {
+        kill(daemon_pid, SIGTERM);
+        waitpid(daemon_pid, NULL, 0);
+        daemon_pid = 0;
+    }
+    if (sock_dir[0]) {
+        char p[96];
+        snprintf(p, sizeof p, "%s/s", sock_dir);
+        unlink(p);
+        rmdir(sock_dir);
+    }
+}
+
+/* Starts bin with a tcp:// and a unix:// listener; fills tcp_ep and unix_ep. */
+static int start_daemon(const char *bin)
+{
+    snprintf(sock_dir, sizeof sock_dir, "/tmp/tdd-memfd-XXXXXX");
+    if (!mkdtemp(sock_dir))
+        return -1;
+    char unix_arg[sizeof unix_ep];
+    snprintf(unix_ep, sizeof unix_ep, "unix://%s/s", sock_dir);
+    snprintf(unix_arg, sizeof unix_arg, "%s", unix_ep);
+    int out[2];
+    if (pipe(out))
+        return -1;
+    daemon_pid = fork();
+    if (daemon_pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        close(out[1]);
+        execl(bin, bin, "--listen", "tcp://127.0.0.1:0", "--listen", unix_arg, "--log-level",
+              "warn", (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    FILE *f = fdopen(out[0], "r");
+    char line[256];
+    int seen = 0;
+    while (seen < 2 && f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "listening on tcp://");
+        if (p)
+            sscanf(p + 13, "%127s", tcp_ep);
+        seen += strstr(line, "listening on") != NULL;
+    }
+    if (seen < 2)
+        return -1;
+    /* (the daemon writes nothing more to stdout at --log-level warn; the pipe stays open) */
+    return 0;
+}
+
+static int fail(const char *what, const td_error *e)
+{
+    fprintf(stderr, "memfd: %s: %s: %s\n", what, td_err_name(e->code), e->message);
+    stop_daemon();
+    return 1;
+}
+
+static double best(double a, double b)
+{
+    return b < a ? b : a;
+}
+
+/* Upload and download of n bytes over ep with the socket path; best seconds each. */
+static int socket_path(const char *ep, const float *src, float *dst, size_t n, int reps, double *up,
+                       double *down)
+{
+    td_client *c;
+    td_error e;
+    if (bench_connect(ep, &c, &e))
+        return fail("connect", &e);
+    int64_t shape[1] = {(int64_t)(n / sizeof(float))};
+    *up = *down = 1e9;
+    for (int r = 0; r < reps; r++) {
+        td_handle h;
+        double t0 = bench_now();
+        if (td_upload(c, NULL, TD_F32, 1, shape, src, 0, &h, &e) || td_sync(c, &e))
+            return fail("upload", &e);
+        double t1 = bench_now();
+        if (td_download(c, h, dst, n, NULL, &e))
+            return fail("download", &e);
+        double t2 = bench_now();
+        if (memcmp(src, dst, n)) {
+            fprintf(stderr, "memfd: %s round trip differs\n", ep);
+            return 1;
+        }
+        td_release(c, &h, 1, &e);
+        td_sync(c, &e);
+        *up = best(*up, t1 - t0);
+        *down = best(*down, t2 - t1);
+    }
+    td_close(c);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: memfd TENSORDD_BIN [MIB] [--reps N]\n");
+        return 2;
+    }
+    size_t mib = 1024;
+    int reps = 3;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else
+            mib = (size_t)atol(argv[i]);
+    }
+    size_t n = mib << 20, count = n / sizeof(float);
+    float *src = malloc(n), *dst = malloc(n), *neg = malloc(n);
+    if (!src || !dst || !neg)
+        return 2;
+    uint32_t x = 2463534242u;
+    for (size_t i = 0; i < count; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        float v = (float)(x >> 8) / 16777216.0f - 0.5f; /* finite: neg is checked bitwise */
+        src[i] = v;
+        neg[i] = -v;
+    }
+    memset(dst, 0, n);
+    if (start_daemon(argv[1])) {
+        fprintf(stderr, "memfd: cannot start %s\n", argv[1]);
+        stop_daemon();
+        return 2;
+    }
+
+    double tcp_up, tcp_down, unix_up, unix_down;
+    if (socket_path(tcp_ep, src, dst, n, reps, &tcp_up, &tcp_down) ||
+        socket_path(unix_ep, src, dst, n, reps, &unix_up, &unix_down)) {
+        stop_daemon();
+        return 1;
+    }
+    free(dst);
+
+    td_client *c;
+    td_error e;
+    if (bench_connect(unix_ep, &c, &e))
+        return fail("connect", &e);
+    int64_t shape[1] = {(int64_t)count};
+    double fill = 1e9, up = 1e9, down = 1e9, down_touch = 1e9, down_copy = 1e9;
+    int exact = 1;
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        int fd = memfd_create("bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        for (size_t off = 0; fd >= 0 && off < n;) {
+            ssize_t w = pwrite(fd, (const char *)src + off, n - off, (off_t)off);
+            if (w <= 0) {
+                fprintf(stderr, "memfd: writing the memfd: %s\n", strerror(errno));
+                stop_daemon();
+                return 1;
+            }
+            off += (size_t)w;
+        }
+        if (fd < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)) {
+            fprintf(stderr, "memfd: a sealed memfd: %s\n", strerror(errno));
+            stop_daemon();
+            return 1;
+        }
+        double t1 = bench_now();
+        td_handle h, hn;
+        if (td_upload_fd(c, NULL, TD_F32, 1, shape, fd, 0, 0, &h, &e) || td_sync(c, &e))
+            return fail("upload_fd", &e);
+        double t2 = bench_now();
+        int back;
+        uint64_t at;
+        if (td_download_fd(c, h, &back, &at, NULL, &e))
+            return fail("download_fd", &e);
+        void *m = mmap(NULL, n, PROT_READ, MAP_SHARED, back, (off_t)at);
+        double t3 = bench_now();
+        volatile unsigned sum = 0;
+        for (size_t off = 0; m != MAP_FAILED && off < n; off += 4096)
+            sum += ((const unsigned char *)m)[off]; /* every page once */
+        double t4 = bench_now();
+        exact &= m != MAP_FAILED && memcmp(m, src, n) == 0;
+        if (m != MAP_FAILED)
+            munmap(m, n);
+        close(back);
+        /* a computed tensor: the daemon writes a sealed memfd once */
+        if (td_op(c, "neg", &h, 1, NULL, &hn, 1, &e) || td_sync(c, &e))
+            return fail("neg", &e);
+        double t5 = bench_now();
+        if (td_download_fd(c, hn, &back, &at, NULL, &e))
+            return fail("download_fd", &e);
+        m = mmap(NULL, n, PROT_READ, MAP_SHARED, back, (off_t)at);
+        double t6 = bench_now();
+        exact &= m != MAP_FAILED && memcmp(m, neg, n) == 0;
+        if (m != MAP_FAILED)
+            munmap(m, n);
+        close(back);
+        close(fd);
+        td_handle both[2] = {h, hn};
+        td_release(c, both, 2, &e);
+        td_sync(c, &e);
+        fill = best(fill, t1 - t0);
+        up = best(up, t2 - t1);
+        down = best(down, t3 - t2);
+        down_touch = best(down_touch, t4 - t2);
+        down_copy = best(down_copy, t6 - t5);
+    }
+    td_close(c);
+    stop_daemon();
+    double g = (double)n / 1e9;
+    printf("memfd: same-host transfers of %zu MiB f32 (best of %d), one daemon, its own\n", mib,
+           reps);
+    printf("  upload    tcp %7.3f s  unix %7.3f s  memfd %7.4f s: %6.1fx tcp, %6.1fx unix\n",
+           tcp_up, unix_up, up, tcp_up / up, unix_up / up);
+    printf("  upload incl. writing the memfd %7.3f s: %6.2fx tcp\n", fill + up,
+           tcp_up / (fill + up));
+    printf("  download  tcp %7.3f s  unix %7.3f s  memfd %7.4f s: %6.1fx tcp, %6.1fx unix\n",
+           tcp_down, unix_down, down, tcp_down / down, unix_down / down);
+    printf("  download incl. a read of every page %7.3f s: %6.2fx tcp\n", down_touch,
+           tcp_down / down_touch);
+    printf("  download of a computed tensor (one copy) %7.3f s: %6.2fx tcp\n", down_copy,
+           tcp_down / down_copy);
+    printf("  (GB/s: tcp up %.2f down %.2f; unix up %.2f down %.2f)\n", g / tcp_up, g / tcp_down,
+           g / unix_up, g / unix_down);
+    printf("  bit-exact: %s\n", exact ? "yes" : "NO");
+    free(src);
+    free(neg);
+    return exact ? 0 : 1;
+}
