@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 6
+#define TD_VERSION_MINOR 7
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -243,6 +243,15 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err);
  * grad_output 0: loss must be a single element and its gradient is 1. */
 int td_backward(td_client *c, td_handle loss, td_handle grad_output, int retain_graph,
                 td_handle *grads, td_error *err);
+/* td_backward_ex's flags. TD_BACKWARD_CREATE_GRAPH: the pass records itself, so the
+ * gradients td_grad reads are tracked tensors, differentiable by another pass (gradient
+ * penalties, Hessian-vector products); it does not imply TD_BACKWARD_RETAIN_GRAPH. */
+enum { TD_BACKWARD_RETAIN_GRAPH = 1, TD_BACKWARD_CREATE_GRAPH = 2 };
+/* td_backward with flags (TD_BACKWARD_*) and, for n_inputs > 0, only the gradients of
+ * inputs[0..n_inputs) (tracked tensors, leaves or not: torch.autograd.grad's inputs),
+ * through the part of the graph that leads to them. */
+int td_backward_ex(td_client *c, td_handle loss, td_handle grad_output, unsigned flags,
+                   const td_handle *inputs, size_t n_inputs, td_handle *grads, td_error *err);
 /* A new tensor handle holding t's gradient in grads. */
 int td_grad(td_client *c, td_handle grads, td_handle t, td_handle *out, td_error *err);
 /* Takes t's gradient out of grads and returns it as a new handle. */

@@ -825,13 +825,28 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err)
 int td_backward(td_client *c, td_handle loss, td_handle grad_output, int retain_graph,
                 td_handle *grads, td_error *err)
 {
+    return td_backward_ex(c, loss, grad_output, retain_graph ? TD_BACKWARD_RETAIN_GRAPH : 0u, NULL,
+                          0, grads, err);
+}
+
+int td_backward_ex(td_client *c, td_handle loss, td_handle grad_output, unsigned flags,
+                   const td_handle *inputs, size_t n_inputs, td_handle *grads, td_error *err)
+{
     int rc = check_client(c, err);
     if (rc)
         return rc;
+    if (flags & ~(unsigned)(TD_BACKWARD_RETAIN_GRAPH | TD_BACKWARD_CREATE_GRAPH))
+        return td__fail(err, TD_EINVALID_ARGUMENT, "td_backward_ex: unknown flags 0x%x", flags);
+    if (n_inputs && !inputs)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "td_backward_ex: %zu inputs but no array",
+                        n_inputs);
     Tensordd__V1__Backward b = TENSORDD__V1__BACKWARD__INIT;
     b.loss = loss;
     b.grad_output = grad_output;
-    b.retain_graph = retain_graph ? 1 : 0;
+    b.retain_graph = (flags & TD_BACKWARD_RETAIN_GRAPH) ? 1 : 0;
+    b.create_graph = (flags & TD_BACKWARD_CREATE_GRAPH) ? 1 : 0;
+    b.n_inputs = n_inputs;
+    b.inputs = (uint64_t *)(uintptr_t)inputs; /* protobuf-c's field is not const; not written */
     b.grads = c->next_handle++;
     REQ(req, backward, BACKWARD, &b);
     rc = call_ok(c, &req, err);

@@ -26,6 +26,7 @@ int it_raw_session(void);
 Suite *it_data_suite(void);
 Suite *it_error_suite(void);
 Suite *it_autograd_suite(void);
+Suite *it_double_backward_suite(void);
 Suite *it_ops_wire_suite(void);
 Suite *it_failed_binds_suite(void);
 Suite *it_resume_suite(void);

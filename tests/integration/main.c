@@ -195,6 +195,7 @@ int main(void)
     srunner_add_suite(sr, it_data_suite());
     srunner_add_suite(sr, it_error_suite());
     srunner_add_suite(sr, it_autograd_suite());
+    srunner_add_suite(sr, it_double_backward_suite());
     srunner_add_suite(sr, it_ops_wire_suite());
     srunner_add_suite(sr, it_failed_binds_suite());
     srunner_add_suite(sr, it_resume_suite());
