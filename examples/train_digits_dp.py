@@ -16,6 +16,11 @@ exchange, then GroupConnect); each daemon listens for its peers on --group-addre
     examples/train_digits_dp.py tcp://127.0.0.1:7071 tcp://127.0.0.1:7072
 
 Across hosts, start each with --group-address set to an address the others reach.
+On Kubernetes (deploy/k8s), the ranks are the DaemonSet's pods, found through the headless
+Service: --ranks-from-dns tensordd-ranks.tensordd.svc.cluster.local:7070 --world 3 waits
+until the name resolves to 3 pod addresses and trains on them, in address order
+(examples/k8s/train-digits-dp-job.yaml runs it as a Job; the token comes from
+$TENSORDD_TOKEN_FILE).
 
 The global batch (96) is split into equal shards, one per daemon.
 """
@@ -56,11 +61,41 @@ def loss_fn(session, params, xb, yb):
     return session.op("cross_entropy", forward(params, xb), yb)
 
 
+def ranks_from_dns(name_port, world, wait):
+    """tcp://ADDR:PORT for every address name resolves to, sorted (every client that asks
+    sees the same rank order); with world, polls until there are that many."""
+    import socket
+    name, _, port = name_port.rpartition(":")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            addrs = sorted({ai[4][0] for ai in socket.getaddrinfo(name, int(port),
+                                                                 type=socket.SOCK_STREAM)})
+        except socket.gaierror:
+            addrs = []
+        if addrs and (not world or len(addrs) >= world):
+            addrs = addrs[:world] if world else addrs
+            return [f"tcp://[{a}]:{port}" if ":" in a else f"tcp://{a}:{port}" for a in addrs]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"train_digits_dp: {name} resolved to {len(addrs)} addresses, "
+                             f"not {world or 'any'}, within {wait:.0f} s")
+        time.sleep(2)
+
+
 def main():
     ap = argparse.ArgumentParser(description="data-parallel digits MLP across daemons")
-    ap.add_argument("endpoints", nargs="+")
+    ap.add_argument("endpoints", nargs="*")
     ap.add_argument("--epochs", type=int, default=EPOCHS)
+    ap.add_argument("--ranks-from-dns", metavar="NAME:PORT",
+                    help="the ranks: every address NAME resolves to (a headless Service)")
+    ap.add_argument("--world", type=int, default=0,
+                    help="with --ranks-from-dns: wait (up to --wait s) for this many addresses")
+    ap.add_argument("--wait", type=float, default=300.0)
     args = ap.parse_args()
+    if args.ranks_from_dns:
+        args.endpoints += ranks_from_dns(args.ranks_from_dns, args.world, args.wait)
+    if not args.endpoints:
+        ap.error("no endpoints (give them, or --ranks-from-dns)")
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
     y = digits.target.astype(np.int64)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_deploy.py DEPLOY_DIR [--tensordd BIN] -- deploy/Dockerfile and deploy/k8s/*.yaml
+"""check_deploy.py DEPLOY_DIR [--tensordd BIN] [--job FILE]... -- deploy/Dockerfile and deploy/k8s/*.yaml
 say what they must, checked offline (no docker, no cluster: parsed, and cross-checked
 against each other, the Makefile and the daemon's option table in daemon/config.c).
 
@@ -17,7 +17,11 @@ readiness and liveness probes ask /healthz on the metrics address of that file (
 not failing on a 503: a daemon at --max-sessions is alive); the image's TENSORDD_*
 variables, which override the file, are cleared or agree; memory-cap is below the memory
 limit; the Service selects the pods and targets the port the file listens on; the
-kustomization lists every manifest. With --tensordd, the daemon itself checks the file
+kustomization lists every manifest. Process groups across the pods: a headless Service
+(clusterIP: None) so ranks find the pods by DNS, and the DaemonSet's --group-address is the
+pod's own address (status.podIP). Each --job FILE (default: examples/k8s/*.yaml) is a Job in
+the daemons' namespace that names a headless Service and its port, mounts the token Secret
+where its TENSORDD_TOKEN_FILE says, and does not run as root. With --tensordd, the daemon itself checks the file
 (--check-config), with the token file pointed at a temporary one.
 """
 import os
@@ -329,17 +333,17 @@ def k8s(kdir, options, docker, tensordd):
         fail("DaemonSet: memory-cap (%s) must be set and below the memory limit (%s)"
              % (cfg.get("memory-cap"), lim.get("memory")))
 
-    svc = by_kind["Service"][0]
-    if svc["spec"].get("selector", {}).items() - labels.items():
-        fail("Service: its selector does not match the DaemonSet's pods")
     listen = host_port(cfg.get("listen", ""))
     ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
-    for sp in svc["spec"].get("ports", []):
-        tp = sp.get("targetPort", sp.get("port"))
-        cport = ports.get(tp, tp)
-        if not listen or cport != listen[1]:
-            fail("Service: targets port %s, the daemon listens on %s" % (cport, listen))
-
+    for svc in by_kind["Service"]:
+        what = "Service %s" % svc["metadata"].get("name")
+        if svc["spec"].get("selector", {}).items() - labels.items():
+            fail("%s: its selector does not match the DaemonSet's pods" % what)
+        for sp in svc["spec"].get("ports", []):
+            tp = sp.get("targetPort", sp.get("port"))
+            cport = ports.get(tp, tp)
+            if not listen or cport != listen[1]:
+                fail("%s: targets port %s, the daemon listens on %s" % (what, cport, listen))
     if tensordd and token_file:
         with tempfile.TemporaryDirectory() as tmp:
             tok = os.path.join(tmp, "token")
@@ -355,11 +359,84 @@ def k8s(kdir, options, docker, tensordd):
             if r.returncode != 0:
                 fail("ConfigMap: tensordd --check-config rejects tensordd.conf: %s"
                      % (r.stderr.strip() or r.stdout.strip()))
+    # process groups across the pods: ranks found by DNS, peers reaching each pod's address
+    ns = ds["metadata"].get("namespace", "default")
+    headless = {(svc["metadata"]["name"], sp["port"]) for svc in by_kind["Service"]
+                if svc["spec"].get("clusterIP") == "None" for sp in svc["spec"].get("ports", [])}
+    if not headless:
+        fail("k8s: no headless Service (clusterIP: None): process-group ranks cannot find the "
+             "daemon pods by DNS")
+    env_from = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                for e in c.get("env", [])}
+    ga = args[args.index("--group-address") + 1] if "--group-address" in args[:-1] else ""
+    m = re.fullmatch(r"\$\((\w+)\)", ga)
+    if not m or env_from.get(m.group(1)) != "status.podIP":
+        fail("DaemonSet: no --group-address $(VAR) with VAR the pod's status.podIP: the "
+             "daemons of a process group could not reach each other")
+    return {"ns": ns, "headless": headless, "secret": sec["metadata"]["name"],
+            "token_path": token_file, "mounted_path": mounted_path}
+
+def job(path, ctx):
+    """A Job of examples/k8s that trains across the DaemonSet's pods: in its namespace,
+    finding the ranks through a headless Service (NAME[.NS.svc...]:PORT in its command), with
+    the daemons' token Secret mounted where TENSORDD_TOKEN_FILE says, not as root."""
+    name = os.path.relpath(path, ROOT)
+    try:
+        docs = [d for d in yaml.safe_load_all(open(path, encoding="utf-8")) if d]
+    except yaml.YAMLError as e:
+        fail("%s: does not parse: %s" % (name, e))
+        return
+    for d in docs:
+        if d.get("kind") != "Job":
+            continue
+        if d["metadata"].get("namespace", "default") != ctx["ns"]:
+            fail("%s: Job in namespace %s, the daemons are in %s"
+                 % (name, d["metadata"].get("namespace"), ctx["ns"]))
+        pod = d["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        words = " ".join(str(a) for a in c.get("command", []) + c.get("args", []))
+        found = False
+        for svc, port in ctx["headless"]:
+            pat = r"(?<![\w.-])%s(\.%s(\.svc(\.cluster\.local)?)?)?:%d(?!\d)" % (
+                re.escape(svc), re.escape(ctx["ns"]), port)
+            found = found or re.search(pat, words) is not None
+        if not found:
+            fail("%s: its command names no headless Service of the daemons with its port (%s)"
+                 % (name, ", ".join("%s:%d" % h for h in sorted(ctx["headless"]))))
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        want = env.get("TENSORDD_TOKEN_FILE")
+        mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+        have = None
+        for v in pod.get("volumes", []):
+            src = v.get("secret")
+            if src and src.get("secretName") == ctx["secret"] and v["name"] in mounts:
+                items = src.get("items")
+                key_path = next((i["path"] for i in items if i["key"] == "token"), None) \
+                    if items else "token"
+                if key_path:
+                    have = os.path.join(mounts[v["name"]], key_path)
+        if not want or want != have:
+            fail("%s: TENSORDD_TOKEN_FILE %s is not where the Secret %s's token is mounted (%s)"
+                 % (name, want, ctx["secret"], have))
+        psc, csc = pod.get("securityContext", {}), c.get("securityContext", {})
+        if not csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            fail("%s: runAsNonRoot is not set" % name)
+        return
+    fail("%s: no Job" % name)
 
 
 def main():
     args = sys.argv[1:]
     tensordd = None
+    jobs = []
+    while "--job" in args:
+        i = args.index("--job")
+        jobs.append(args[i + 1])
+        del args[i:i + 2]
+    if not jobs:
+        kdir = os.path.join(ROOT, "examples", "k8s")
+        jobs = sorted(os.path.join(kdir, f) for f in os.listdir(kdir) if f.endswith(".yaml")) \
+            if os.path.isdir(kdir) else []
     if "--tensordd" in args:
         i = args.index("--tensordd")
         tensordd = args[i + 1]
@@ -372,14 +449,17 @@ def main():
     deploy = args[0]
     options, env_names = option_names()
     docker = dockerfile(os.path.join(deploy, "Dockerfile"), env_names)
-    k8s(os.path.join(deploy, "k8s"), options, docker, tensordd)
+    ctx = k8s(os.path.join(deploy, "k8s"), options, docker, tensordd)
+    for j in jobs if ctx else []:
+        job(j, ctx)
     for b in bad:
         print("deploy: " + b, file=sys.stderr)
     if bad:
         return 1
     print("deploy: Dockerfile (multi-stage, non-root, HEALTHCHECK on /healthz) and k8s "
-          "manifests (GPU DaemonSet, probes on /healthz, token Secret, ConfigMap of options%s) "
-          "agree" % (", checked by tensordd --check-config" if tensordd else ""))
+          "manifests (GPU DaemonSet, probes on /healthz, token Secret, ConfigMap of options%s, "
+          "headless Service for process groups, %d training Job(s)) agree"
+          % (", checked by tensordd --check-config" if tensordd else "", len(jobs)))
     return 0
 
 

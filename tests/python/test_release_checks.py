@@ -88,9 +88,27 @@ def test_deploy_passes(tmp_path):
     ("k8s/configmap.yaml", "max-sessions = 64", "max-session = 64",
      "'max-session' is not an option"),
     ("k8s/configmap.yaml", "127.0.0.1:9470", "127.0.0.1:9471", "not /healthz on the metrics"),
+    ("k8s/service.yaml", "  clusterIP: None\n", "", "no headless Service"),
+    ("k8s/daemonset.yaml", '"--group-address", "$(POD_IP)"', '"--group-address", "0.0.0.0"',
+     "no --group-address $(VAR)"),
 ])
 def test_deploy_catches(tmp_path, rel, old, new, why):
     r = run("tools/check_deploy.py", deploy_copy(tmp_path, rel, old, new))
+    assert r.returncode == 1 and why in r.stderr, r.stderr
+
+
+JOB = "examples/k8s/train-digits-dp-job.yaml"
+
+
+@pytest.mark.parametrize("old,new,why", [
+    ("tensordd-ranks.tensordd.svc.cluster.local:7070", "tensordd.tensordd.svc.cluster.local:7070",
+     "names no headless Service"),
+    ("value: /run/secrets/tensordd/token", "value: /run/secrets/x/token",
+     "TENSORDD_TOKEN_FILE /run/secrets/x/token is not where"),
+    ("namespace: tensordd", "namespace: default", "Job in namespace default"),
+])
+def test_deploy_catches_a_training_job_that_cannot_reach_the_ranks(tmp_path, old, new, why):
+    r = run("tools/check_deploy.py", deploy_copy(tmp_path), "--job", mutated(tmp_path, JOB, old, new))
     assert r.returncode == 1 and why in r.stderr, r.stderr
 
 
