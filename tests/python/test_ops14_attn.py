@@ -104,8 +104,25 @@ SDPA = [
     ("empty_keys", [f32(2, 3, 4), f32(2, 0, 4), f32(2, 0, 2)], {}, []),
 ]
 
+# einsum: torch's grammar (implicit output, '...', diagonals, size-1 broadcast, 3 operands)
+EINSUM = [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]), ("i,i->", [(4,), (4,)]),
+    ("ij->ji", [(3, 4)]), ("ij->", [(3, 4)]), ("ii->i", [(3, 3)]), ("ij,jk", [(3, 4), (4, 5)]),
+    ("bhld,bhsd->bhls", [(2, 2, 3, 4), (2, 2, 5, 4)]), ("ijk,jil->kl", [(2, 3, 4), (3, 2, 5)]),
+    ("i,j->ij", [(3,), (4,)]), ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),
+    ("zA,Ba", [(2, 3), (4, 5)]), ("ij,ij->ij", [(3, 1), (1, 4)]), ("...ij,jk", [(5, 2, 3), (3, 4)]),
+    ("ij...,jk", [(2, 3, 5), (3, 4)]), ("iij->ij", [(3, 3, 2)]), ("ii", [(3, 3)]),
+    ("b i , b i -> b", [(3, 4), (3, 4)]), ("i,i,i->i", [(3,), (3,), (3,)]),
+    ("ab,cd->", [(2, 3), (4, 5)]), ("ij,j->i", [(0, 3), (3,)]), ("...i,...i->i", [(2, 3), (3,)]),
+]
+
 CASES = [Case(f"sdpa_{tag}", ins, _sdpa(**kw), _tsdpa(**kw), grads=gr, atol=2e-5)
-         for tag, ins, kw, gr in SDPA]
+         for tag, ins, kw, gr in SDPA] + [
+    Case(f"einsum_{eq.replace(' ', '')}", [f32(*sh) for sh in shapes],
+         (lambda eq: lambda s, *t: tensordd.einsum(eq, *t))(eq),
+         (lambda eq: lambda *t: torch.einsum(eq, *t))(eq), grads=list(range(len(shapes))))
+    for eq, shapes in EINSUM]
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -197,3 +214,15 @@ def test_sdpa_refusals(s, dev):
     with pytest.raises(tensordd.Error):
         i = s.tensor(np.zeros((2, 3, 4), np.int64), device=dev)
         TF.scaled_dot_product_attention(i, i, i).numpy()
+
+
+@pytest.mark.parametrize("dev", DEVICES[:1])
+def test_einsum_refusals(s, dev):
+    a = s.tensor(np.zeros((2, 3), np.float32), device=dev)
+    b = s.tensor(np.zeros((4, 5), np.float32), device=dev)
+    for eq, ops in (("ij,jk->ik", (a, b)), ("ij->k", (a,)), ("ij", (a, b)), ("ijk", (a,)),
+                    ("i...j...", (a,)), ("ij->ii", (a,)), ("i1", (a,))):
+        with pytest.raises(tensordd.InvalidArgumentError, match="einsum"):
+            tensordd.einsum(eq, *ops).numpy()
+    list_form = tensordd.einsum("ij->j", [a]).numpy()  # operands as one list, as torch allows
+    np.testing.assert_array_equal(list_form, np.zeros(3, np.float32))

@@ -192,6 +192,7 @@ def is_tensor(x) -> "bool":
 
 
 from . import nn  # noqa: E402 (uses the calls above)
+from ._einsum import einsum  # noqa: E402 (torch.einsum, planned as the ops)
 
 __all__ = ["connect", "Session", "Tensor", "Device", "DeviceSpecError", "DType", "Gradients",
            "optim", "nn", "error_class", "PROTOCOL_VERSION", "DEFAULT_ENDPOINT",
@@ -201,4 +202,5 @@ __all__ = ["connect", "Session", "Tensor", "Device", "DeviceSpecError", "DType",
            "float32", "float64", "float16", "bfloat16", "int32", "int64", "int16", "int8",
            "uint8", "bool",
            *_errors.__all__]
+__all__ += ["einsum"]
 del _name
