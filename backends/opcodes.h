@@ -85,6 +85,7 @@ typedef enum {
     X(BCE_WITH_LOGITS, "binary_cross_entropy_with_logits", 2, 2, NN)                               \
     X(LAYER_NORM, "layer_norm", 1, 3, NN)                                                          \
     X(GROUP_NORM, "group_norm", 1, 3, NN)                                                          \
+    X(BATCH_NORM, "batch_norm", 1, 5, NN)                                                          \
     X(DROPOUT, "dropout", 1, 1, NN)                                                                \
     X(SDPA, "scaled_dot_product_attention", 3, 4, NN)                                              \
     X(CONV2D, "conv2d", 2, 3, NN)                                                                  \

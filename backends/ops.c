@@ -108,6 +108,9 @@ static const tdd_attrdef s_addmm[] = {A("beta", NUM, "1", "an int for integral i
 static const tdd_attrdef s_adaptive[] = {R("output_size", INT_OR_INTS, ">= 1; an int or (h, w)")};
 static const tdd_attrdef s_group_norm[] = {R("num_groups", INT, ">= 1, divides the channels"),
                                            A("eps", NUM, "1e-5", NULL)};
+static const tdd_attrdef s_batch_norm[] = {
+    A("training", BOOL, "false", "true: the batch's statistics (and the running ones updated)"),
+    A("momentum", NUM, "0.1", "the running stats' update factor"), A("eps", NUM, "1e-5", NULL)};
 static const tdd_attrdef s_cross_entropy[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL),
                                               A("label_smoothing", NUM, "0", "[0, 1]")};
 static const tdd_attrdef s_nll_loss[] = {REDUCTION_ATTR, A("ignore_index", INT, "-100", NULL)};
@@ -282,6 +285,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_LAYER_NORM] = S("input, weight (optional), bias (optional)", s_layer_norm),
     [TDD_OP_GROUP_NORM] =
         S("input [N, C, *], weight [C] (optional), bias [C] (optional, with weight)", s_group_norm),
+    [TDD_OP_BATCH_NORM] = S("input [N, C, *], running_mean [C], running_var [C] (optional: "
+                            "training), weight [C] (optional), bias [C] (optional, with weight)",
+                            s_batch_norm),
     [TDD_OP_DROPOUT] = S("input", s_dropout),
     [TDD_OP_SDPA] = S("query [..., L, E], key [..., S, E], value [..., S, Ev], attn_mask "
                       "(optional: bool, True attends, or added; broadcasts to [..., L, S])",

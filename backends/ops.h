@@ -142,6 +142,10 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      1 bool, 2 added), i[2..5] L, S, E, Ev, i[6] batch ndim, ints[0] the batch shape; the
  *      dropout draw of weight (b, l, s) is tdd_rng_uniform(seed, its C-order index in
  *      [batch..., L, S]), as dropout's over that shape
+ *  batch_norm: inputs input, running_mean, running_var, weight, bias (the last four
+ *      optional, in that order); i[0] training, f[0] eps, f[1] momentum, flags bit 0/1/2
+ *      running stats/weight/bias; training with running stats updates inputs 1, 2 in place
+ *      (inplace_in)
  *  creation: f[0..2] value/start/end/step, n[0..2] exact ints, i[0..1] eye n, m */
 typedef struct tdd_opargs {
     td_dtype dtype;  /* output dtype */
@@ -156,6 +160,9 @@ typedef struct tdd_opargs {
     int64_t i[8];
     int64_t ints[4][TD_MAX_NDIM];
     uint64_t seed;
+    /* bit k: the kernel also writes input k in place (dense; batch_norm's running stats):
+     * the daemon counts it as an in-place update of that input and orders its readers */
+    uint32_t inplace_in;
 } tdd_opargs;
 
 /* What the daemon passes to tdd_op_prepare. */

@@ -431,6 +431,61 @@ static int prep_sdpa(tdd_prep *p)
     tdd_p_out(p, 0, q->dtype, bs, nb + 2);
     return 0;
 }
+
+/* batch_norm(input [N, C, *], running_mean, running_var, weight, bias): the four [C] inputs
+ * optional in that order; training with running stats writes them in place (inplace_in). */
+static int prep_batch_norm(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0];
+    bool train;
+    int rc;
+    if ((rc = need_float(p, x)) || (rc = tdd_p_bool(p, "training", false, &train)) ||
+        (rc = tdd_p_float(p, "momentum", 0.1, &g->f[1])) ||
+        (rc = tdd_p_float(p, "eps", 1e-5, &g->f[0])))
+        return rc;
+    if (x->ndim < 2)
+        return tdd_err_arg(p->err, "input", "batch_norm: input must be [N, C, *], got %d-D",
+                           x->ndim);
+    if (p->n_in == 2)
+        return tdd_err_arg(p->err, "running_var",
+                           "batch_norm: running_mean given without running_var");
+    int64_t C = x->shape[1];
+    static const char *const role[5] = {"input", "running_mean", "running_var", "weight", "bias"};
+    for (int k = 1; k < p->n_in; k++) {
+        const tdd_tensor *w = p->in[k];
+        if ((rc = same_dtype(p, x, w)))
+            return rc;
+        if (w->ndim != 1 || w->shape[0] != C)
+            return tdd_err_shape(p->err, &C, 1, w->shape, w->ndim, "batch_norm: %s must be [C]",
+                                 role[k]);
+    }
+    bool stats = p->n_in >= 3;
+    if (!train && !stats)
+        return tdd_err_arg(p->err, "training",
+                           "batch_norm: running_mean and running_var are required in eval mode "
+                           "(training=false)");
+    int64_t n = tdd_numel(x), M = C ? n / C : 0;
+    if (train && M == 1)
+        return tdd_err_arg(p->err, "input",
+                           "batch_norm: expected more than 1 value per channel when training, "
+                           "got input of shape [%lld, %lld, ...]",
+                           (long long)x->shape[0], (long long)C);
+    if (train && stats) {
+        for (int k = 1; k < 3; k++)
+            if (!tdd_is_contiguous(p->in[k]))
+                return tdd_err_arg(p->err, role[k],
+                                   "batch_norm: %s is updated in place and must be contiguous",
+                                   role[k]);
+        g->inplace_in = 6u;
+    }
+    g->i[0] = train;
+    g->flags = (stats ? 1u : 0u) | (p->n_in >= 4 ? 2u : 0u) | (p->n_in >= 5 ? 4u : 0u);
+    g->dtype = g->cdtype = x->dtype;
+    tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
+    return 0;
+}
+
 int tdd_prep_nn(tdd_prep *p)
 {
     tdd_opargs *g = p->args;
@@ -489,6 +544,8 @@ int tdd_prep_nn(tdd_prep *p)
         tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
         return 0;
     }
+    case TDD_OP_BATCH_NORM:
+        return prep_batch_norm(p);
     case TDD_OP_GROUP_NORM: {
         if ((rc = need_float(p, x)) || (rc = tdd_p_int(p, "num_groups", 0, &g->i[0])) ||
             (rc = tdd_p_float(p, "eps", 1e-5, &g->f[0])))

@@ -929,6 +929,58 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* batch_norm per channel over every dim but 1: training through the batch's statistics
+ * (layer_norm's formula), eval through the running ones (an affine map of x). */
+static int f_batch_norm(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0];
+    tdd_value *x = xi->v;
+    int nd = xi->ndim, k = 0;
+    int64_t C = xi->shape[1], od[TD_MAX_NDIM], cshape[TD_MAX_NDIM];
+    for (int d = 0; d < nd; d++) {
+        cshape[d] = d == 1 ? C : 1;
+        if (d != 1)
+            od[k++] = d;
+    }
+    uint32_t others = ((1u << nd) - 1u) & ~2u;
+    for (int i = 1; i < 3 && i < n->n_in; i++)
+        if (n->in[i].needs_grad)
+            return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                               "batch_norm: the derivative for %s is not implemented",
+                               i == 1 ? "running_mean" : "running_var");
+    bool wg = (a->flags & 2u) && n->in[3].needs_grad, bg = (a->flags & 4u) && n->in[4].needs_grad;
+    tdd_value *w = (a->flags & 2u) ? reshape(b, n->in[3].v, cshape, nd) : NULL;
+    tdd_value *xhat = NULL;
+    if (a->i[0]) {
+        tdd_value *xc = bin(b, TDD_OP_SUB, x, mean_dims(b, x, od, k));
+        tdd_value *var = mean_dims(b, un(b, TDD_OP_SQUARE, xc), od, k);
+        tdd_value *rstd = un(b, TDD_OP_RSQRT, sc(b, TDD_OP_ADD, var, a->f[0]));
+        xhat = bin(b, TDD_OP_MUL, xc, rstd);
+        if (xi->needs_grad) {
+            tdd_value *gh = w ? bin(b, TDD_OP_MUL, g, w) : g;
+            tdd_value *m1 = mean_dims(b, gh, od, k);
+            tdd_value *m2 = mean_dims(b, bin(b, TDD_OP_MUL, gh, xhat), od, k);
+            gin[0] =
+                bin(b, TDD_OP_MUL, rstd,
+                    bin(b, TDD_OP_SUB, bin(b, TDD_OP_SUB, gh, m1), bin(b, TDD_OP_MUL, xhat, m2)));
+        }
+    } else {
+        tdd_value *rm = reshape(b, n->in[1].v, cshape, nd);
+        tdd_value *rstd =
+            un(b, TDD_OP_RSQRT, sc(b, TDD_OP_ADD, reshape(b, n->in[2].v, cshape, nd), a->f[0]));
+        if (xi->needs_grad)
+            gin[0] = bin(b, TDD_OP_MUL, g, w ? bin(b, TDD_OP_MUL, rstd, w) : rstd);
+        if (wg)
+            xhat = bin(b, TDD_OP_MUL, bin(b, TDD_OP_SUB, x, rm), rstd);
+    }
+    if (wg)
+        gin[3] = reshape(b, sum_dims(b, bin(b, TDD_OP_MUL, g, xhat), others, false), &C, 1);
+    if (bg)
+        gin[4] = reshape(b, sum_dims(b, g, others, false), &C, 1);
+    return b->rc;
+}
+
 /* adaptive pooling's [m, n] averaging matrix (tdd_adaptive_window): row i holds
  * 1 / (hi - lo) over [lo, hi), in float64 then dt */
 static tdd_value *adaptive_matrix(tdd_bw *b, int64_t m, int64_t n, td_dtype dt, tdd_device *dev)
@@ -1105,6 +1157,8 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         return f_conv2d(b, n, g, gin);
     case TDD_OP_SDPA:
         return f_sdpa(b, n, g, gin);
+    case TDD_OP_BATCH_NORM:
+        return f_batch_norm(b, n, g, gin);
     case TDD_OP_GROUP_NORM: { /* layer_norm's formula over [N, G, C/G * S] */
         int nd = xi->ndim;
         int64_t N = xi->shape[0], C = xi->shape[1], G = a->i[0];

@@ -87,12 +87,21 @@ typedef struct {
     int n_in, n_out;
     uint64_t t0; /* submitted (uv_hrtime), for the op latency histogram */
     tdd_value *in[TDD_MAX_OP_INPUTS], *out[TDD_MAX_OP_OUTPUTS];
+    /* the producers of the inputs it writes in place (their readiness now names this op) */
+    struct {
+        tdd_queue *q;
+        uint64_t seq;
+    } was[2];
+    int n_was;
 } op_task;
 
 static void op_run(tdd_task *t)
 {
     op_task *ot = (op_task *)t;
     session_task *st = &ot->st;
+    for (int k = 0; k < ot->n_was; k++)
+        if (ot->was[k].q && ot->was[k].q != t->q)
+            tdd_queue_wait(ot->was[k].q, ot->was[k].seq);
     st->rc = inputs_ready(t, ot->in, ot->n_in, &st->err);
     if (!st->rc && ot->run_kernel) {
         tdd_opcall call = {.op = ot->op, .args = &ot->args, .n_in = ot->n_in, .n_out = ot->n_out};
@@ -292,6 +301,12 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     *n_out = nout;
     if (args_out)
         *args_out = ot->args;
+    /* inputs the kernel writes (batch_norm's running stats): an in-place update, counted as
+     * the optimizers' are (autodiff refuses a backward through what it saved before), and
+     * their readers wait for this op */
+    for (int i = 0; i < n_in; i++)
+        if (ot->args.inplace_in & (1u << i))
+            in[i]->t.st->version++;
     session_task_begin(&ot->st, s, req_id, want_reply);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
@@ -305,6 +320,13 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
         op_release(ot);
         return 0;
     }
+    for (int i = 0; i < n_in; i++)
+        if ((ot->args.inplace_in & (1u << i)) && ot->n_was < 2) {
+            ot->was[ot->n_was].q = in[i]->fq;
+            ot->was[ot->n_was++].seq = in[i]->fseq;
+            in[i]->fq = lane;
+            in[i]->fseq = seq;
+        }
     tdd_queue_submit(lane, &ot->st.base);
     return 0;
 }

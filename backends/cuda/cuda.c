@@ -553,6 +553,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ADAPTIVE_AVG_POOL2D: /* f32/f64 (f16/bf16 widened), dense */
     case TDD_OP_GROUP_NORM:
         return 0;
+    case TDD_OP_BATCH_NORM: /* any float dtype as it is (the running stats written in place) */
+        return 0;
     case TDD_OP_SDPA: /* strided operands, f16/bf16 widened; a bool mask as bytes */
         return 0;
     case TDD_OP_RAND:
@@ -1378,6 +1380,7 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
     case TDD_OP_DROPOUT:
+    case TDD_OP_BATCH_NORM:
         return t->dtype; /* any dtype as it is */
     default:
         break;
@@ -1407,6 +1410,7 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_TOPK:
     case TDD_OP_ADAPTIVE_AVG_POOL2D:
     case TDD_OP_GROUP_NORM:
+    case TDD_OP_BATCH_NORM: /* the running stats updated in place are dense (prepare) */
         return true;
     case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
     case TDD_OP_NLL_LOSS:
@@ -1653,6 +1657,21 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         return exec_join(dv, c);
     case TDD_OP_PAD:
         return exec_pad(dv, c);
+    case TDD_OP_BATCH_NORM: {
+        const tdd_tensor *x = c->in[0];
+        const tdd_opargs *g = c->args;
+        int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
+        int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
+        bool stats = g->flags & 1u;
+        return cuda_rc(dv,
+                       tdc_batch_norm(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                                      stats ? tdd_data(c->in[1]) : NULL,
+                                      stats ? tdd_data(c->in[2]) : NULL,
+                                      (g->flags & 2u) ? tdd_data(c->in[3]) : NULL,
+                                      (g->flags & 4u) ? tdd_data(c->in[4]) : NULL, N, C, S,
+                                      (int)g->i[0], g->f[1], g->f[0]),
+                       "batch_norm");
+    }
     case TDD_OP_GROUP_NORM: {
         const tdd_tensor *x = c->in[0];
         const tdd_opargs *g = c->args;

@@ -107,6 +107,11 @@ typedef struct {
 cudaError_t tdc_sdpa(const tdc_dev *d, const tdc_sdpa_args *a, int dt, const void *q, const void *k,
                      const void *v, const void *m, void *y);
 /* group_norm over dense [N, C, S] (dt f32 or f64) in G groups; w, b [C] or NULL */
+/* batch_norm over dense [N, C, S] of any float dt; rm, rv [C] (NULL: none), read in eval and
+ * updated in place when training; w, b [C] or NULL */
+cudaError_t tdc_batch_norm(const tdc_dev *d, int dt, const void *x, void *y, void *rm, void *rv,
+                           const void *w, const void *b, int64_t N, int64_t C, int64_t S, int train,
+                           double momentum, double eps);
 cudaError_t tdc_group_norm(const tdc_dev *d, int dt, const void *x, void *y, const void *w,
                            const void *b, int64_t N, int64_t C, int64_t S, int64_t G, double eps);
 cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y, const uint8_t *cond,

@@ -51,5 +51,6 @@ int ref_loss(const tdd_opcall *c);        /* ref_reduce.c */
 int ref_matmul(const tdd_opcall *c);      /* ref_nn.c */
 int ref_index_op(const tdd_opcall *c);    /* ref_nn.c: cat ... pad */
 int ref_nn(const tdd_opcall *c);          /* ref_nn.c: layer_norm, dropout, conv, pools */
+int ref_batch_norm(const tdd_opcall *c);  /* ref_norm.c */
 
 #endif

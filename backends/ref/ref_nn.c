@@ -315,6 +315,8 @@ int ref_nn(const tdd_opcall *c)
     tdd_tensor *y = c->out[0];
     int64_t n = tdd_numel(y);
     switch (c->op) {
+    case TDD_OP_BATCH_NORM:
+        return ref_batch_norm(c);
     case TDD_OP_SDPA:
         return ref_sdpa(c);
     case TDD_OP_GROUP_NORM: { /* groups of C/G channels x the rest, per sample */

@@ -29,7 +29,8 @@ from . import functional as F
 __all__ = ["Module", "Parameter", "Sequential", "ModuleList", "Linear", "Embedding",
            "LayerNorm", "Conv2d", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU",
            "Identity", "Flatten", "Dropout", "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d",
-           "MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss", "functional", "init_seed"]
+           "MSELoss", "CrossEntropyLoss", "BCEWithLogitsLoss", "functional", "init_seed",
+           "BatchNorm1d", "BatchNorm2d", "AdaptiveAvgPool2d"]
 
 _rng = np.random.default_rng(0)
 
@@ -84,12 +85,16 @@ class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         params = self.__dict__.get("_parameters")
         if params is None:
             raise AttributeError("call Module.__init__() before assigning attributes")
+        if name in self.__dict__.get("_buffers", {}):
+            self._buffers[name] = value
+            return
         if isinstance(value, Parameter):
             params[name] = value
             self._modules.pop(name, None)
@@ -111,11 +116,43 @@ class Module:
             return d["_parameters"][name]
         if name in d.get("_modules", {}):
             return d["_modules"][name]
+        if name in d.get("_buffers", {}):
+            return d["_buffers"][name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def register_parameter(self, name: str, param) -> None:
         """Registers param (a Parameter or None) under name."""
         self._parameters[name] = param
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        """Registers tensor (a Tensor that is not a parameter: batch norm's running stats, or
+        None) under name; state_dict holds it and ``to`` moves it."""
+        self._buffers[name] = tensor
+
+    def named_buffers(self, prefix: str = ""):
+        """(dotted name, Tensor) of every buffer here and below, as torch names them."""
+        for name, b in self._buffers.items():
+            if b is not None:
+                yield prefix + name, b
+        for mname, m in self._modules.items():
+            if m is not None:
+                yield from m.named_buffers(prefix + mname + ".")
+
+    def buffers(self, recurse: bool = True):
+        """Every buffer here and below."""
+        for _, b in self.named_buffers():
+            yield b
+
+    def _state_members(self, prefix):
+        # torch's order: a module's parameters, its buffers, then its submodules'
+        for name, p in self._parameters.items():
+            yield prefix + name, p
+        for name, b in self._buffers.items():
+            if b is not None:
+                yield prefix + name, b
+        for mname, m in self._modules.items():
+            if m is not None:
+                yield from m._state_members(prefix + mname + ".")
 
     def add_module(self, name: str, module) -> None:
         """Registers module under name (as assigning it as an attribute does)."""
@@ -175,8 +212,8 @@ class Module:
             return
 
     def state_dict(self) -> "OrderedDict":
-        """{name: Tensor} of the parameters (handles; ``.numpy()`` downloads)."""
-        return OrderedDict(self._named_members(""))
+        """{name: Tensor} of the parameters and buffers (handles; ``.numpy()`` downloads)."""
+        return OrderedDict(self._state_members(""))
 
     def load_state_dict(self, state, strict: bool = True):
         """Sets the parameters from {name: values}: tensordd Tensors, numpy arrays
@@ -184,20 +221,24 @@ class Module:
         as a new leaf that the same Parameter object then names (as torch copies in
         place): an optimizer made before keeps optimizing it, state included."""
         own = dict(self._named_members(""))
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
+        bufs = dict(self.named_buffers())
+        missing = [k for k in list(own) + list(bufs) if k not in state]
+        unexpected = [k for k in state if k not in own and k not in bufs]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
         for name, value in state.items():
-            if name not in own:
+            if name not in own and name not in bufs:
                 continue
-            old = own[name]
             mod = self
             *path, leaf = name.split(".")
             for part in path:
                 mod = mod._modules[part]
             if isinstance(value, Tensor):
                 value = value.numpy()
+            if name in bufs:
+                mod._set_buffer(leaf, value)
+                continue
+            old = own[name]
             new = Parameter(_host(value), requires_grad=old.requires_grad if old is not None
                             else True, device=old.device if old is not None else None)
             if old is not None and tuple(new.shape) != tuple(old.shape):
@@ -214,6 +255,10 @@ class Module:
         object names a new leaf with the moved values (an optimizer made before keeps
         optimizing it and moves its state along at its next call); returns self."""
         for m in self.modules():
+            for name, b in list(m._buffers.items()):
+                if b is not None:  # floats follow dtype; integer buffers keep theirs
+                    bt = dtype if b.is_floating_point() else None
+                    m._buffers[name] = b.to(device=device, dtype=bt)
             for name, p in list(m._parameters.items()):
                 if p is None:
                     continue
@@ -238,6 +283,11 @@ class Module:
     def extra_repr(self) -> str:
         """The layer's settings as repr shows them (torch's hook)."""
         return ""
+
+    def _set_buffer(self, name, value):
+        old = self._buffers[name]
+        self._buffers[name] = old.session.tensor(_host(value), device=old.device,
+                                                 dtype=old.dtype)
 
     def __repr__(self) -> str:
         lines = [f"({k}): {m!r}".replace("\n", "\n  ") for k, m in self._modules.items()]
@@ -549,3 +599,111 @@ class BCEWithLogitsLoss(MSELoss):
     def forward(self, input, target):  # noqa: A002
         """The layer applied to its input (what calling the module does)."""
         return F.binary_cross_entropy_with_logits(input, target, self.reduction)
+
+
+class _BatchNorm(Module):
+    """Batch normalisation over dim 1 (torch's _BatchNorm): an affine weight and bias, and
+    running_mean, running_var and num_batches_tracked as buffers that train() mode updates
+    (in place, in the daemon); eval() mode normalises with the running stats."""
+    _dims = ()
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum=0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        dev = device or "cpu:0"
+        if affine:
+            self.weight = Parameter(np.ones(num_features, np.float32), device=dev)
+            self.bias = Parameter(np.zeros(num_features, np.float32), device=dev)
+        else:
+            self.weight = self.bias = None
+        if track_running_stats:
+            s = default_session()
+            self.register_buffer("running_mean", s.tensor(np.zeros(num_features, np.float32),
+                                                          device=dev))
+            self.register_buffer("running_var", s.tensor(np.ones(num_features, np.float32),
+                                                         device=dev))
+            self.register_buffer("num_batches_tracked", s.tensor(np.array(0, np.int64),
+                                                                 device=dev))
+            object.__setattr__(self, "_tracked", 0)  # num_batches_tracked's value, on the host
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        if dtype is not None:
+            self.to(dtype=dtype)
+
+    def _set_buffer(self, name, value):
+        super()._set_buffer(name, value)
+        if name == "num_batches_tracked":
+            object.__setattr__(self, "_tracked", int(np.asarray(_numpy(value))))
+            object.__setattr__(self, "_nbt_at", self._tracked)
+
+    def _sync_tracked(self):
+        # num_batches_tracked counts on the host; its tensor is made when it is looked at
+        nbt = self._buffers.get("num_batches_tracked")
+        if nbt is not None and getattr(self, "_nbt_at", 0) != self._tracked:
+            self._buffers["num_batches_tracked"] = nbt.session.tensor(
+                np.array(self._tracked, np.int64), device=nbt.device)
+            object.__setattr__(self, "_nbt_at", self._tracked)
+
+    def __getattr__(self, name):
+        if name == "num_batches_tracked":
+            self._sync_tracked()
+        return super().__getattr__(name)
+
+    def named_buffers(self, prefix: str = ""):
+        """(dotted name, Tensor) of every buffer here and below, as torch names them."""
+        self._sync_tracked()
+        return super().named_buffers(prefix)
+
+    def _state_members(self, prefix):
+        self._sync_tracked()
+        return super()._state_members(prefix)
+
+    def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
+        if len(x.shape) not in self._dims:
+            raise ValueError(f"{type(self).__name__}: expected {' or '.join(map(str, self._dims))}"
+                             f"-D input (got {len(x.shape)}-D input)")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            object.__setattr__(self, "_tracked", self._tracked + 1)
+            if self.momentum is None:  # a cumulative moving average
+                factor = 1.0 / self._tracked
+        use_batch = self.training or self.running_mean is None
+        track = not self.training or self.track_running_stats
+        return F.batch_norm(x, self.running_mean if track else None,
+                            self.running_var if track else None, self.weight, self.bias,
+                            use_batch, factor, self.eps)
+
+    def extra_repr(self):
+        """The layer's settings as repr shows them (torch's hook)."""
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, " \
+               f"affine={self.affine}, track_running_stats={self.track_running_stats}"
+
+
+def _numpy(value):
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of [N, C] or [N, C, L] inputs (``torch.nn.BatchNorm1d``)."""
+    _dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of [N, C, H, W] inputs (``torch.nn.BatchNorm2d``)."""
+    _dims = (4,)
+
+
+class AdaptiveAvgPool2d(Module):
+    """Adaptive 2-D average pooling to output_size (``torch.nn.AdaptiveAvgPool2d``)."""
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
+        return F.adaptive_avg_pool2d(x, self.output_size)

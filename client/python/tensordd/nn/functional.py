@@ -7,7 +7,7 @@ from ..tensor import Tensor
 __all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "softmax",
            "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
            "binary_cross_entropy_with_logits", "layer_norm", "embedding", "dropout", "conv2d",
-           "max_pool2d", "avg_pool2d", "one_hot"]
+           "max_pool2d", "avg_pool2d", "one_hot", "batch_norm", "adaptive_avg_pool2d"]
 
 
 def _op(name, *inputs, **attrs):
@@ -94,6 +94,36 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
     if weight is None and bias is not None:
         raise ValueError("layer_norm: a bias without a weight is not supported")
     return _op("layer_norm", input, weight, bias, normalized_shape=shape, eps=float(eps))
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None,  # noqa: A002
+               training=False, momentum=0.1, eps=1e-5):
+    """Batch normalisation over every dim but dim 1 (``torch.nn.functional.batch_norm``):
+    training uses the batch's statistics and, when given, updates running_mean and
+    running_var in place in the daemon (momentum; the running variance unbiased, as torch's);
+    eval mode uses the running ones."""
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("batch_norm: running_mean and running_var are given together")
+    if not training and running_mean is None:
+        raise ValueError("batch_norm: running_mean and running_var are required in eval mode")
+    attrs = dict(training=bool(training), momentum=float(0.0 if momentum is None else momentum),
+                 eps=float(eps))
+    if running_mean is not None and (weight is not None or bias is None):
+        return _op("batch_norm", input, running_mean, running_var, weight, bias, **attrs)
+    # The op's optional inputs come in order; other forms apply the affine map outside.
+    stats = () if running_mean is None else (running_mean, running_var)
+    y = _op("batch_norm", input, *stats, **attrs)
+    shape = [1, -1] + [1] * (len(input.shape) - 2)
+    if weight is not None:
+        y = y * weight.reshape(*shape)
+    if bias is not None:
+        y = y + bias.reshape(*shape)
+    return y
+
+
+def adaptive_avg_pool2d(input, output_size):  # noqa: A002
+    """Adaptive 2-D average pooling (``torch.nn.functional.adaptive_avg_pool2d``)."""
+    return _op("adaptive_avg_pool2d", input, output_size=_pair(output_size))
 
 
 def embedding(input, weight):  # noqa: A002

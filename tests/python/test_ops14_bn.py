@@ -1,0 +1,197 @@
+"""batch_norm (issue 14) against torch 1.13: F.batch_norm's forms and nn.BatchNorm1d/2d.
+
+Forward values, the running stats the daemon updates in place, and the gradients of
+sum(out * g) (g random) are compared with torch's, on cpu:0 and ref:0, or on cuda:0 when
+TDD_GPU_ARGS is set (the GPU suites: make test-emu, tests/gpu/run.sh). Tolerances: float32
+rtol 1e-4, atol 1e-4 (the daemon works the statistics in double, torch in float); float64
+1e-10. Edge forms: C = 1, a batch of 1 in eval mode, no affine, a bias without a weight, no
+running stats, momentum=None (the cumulative average), [N, C] and [N, C, L] inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tensordd
+from conftest import Daemon
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+TF = tensordd.nn.functional
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+DEVICES = ["cuda:0"] if GPU_ARGS is not None else ["cpu:0", "ref:0"]
+TOL = {np.float32: 1e-4, np.float64: 1e-10}
+
+
+@pytest.fixture(scope="module")
+def fd():
+    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture
+def s(fd):
+    sess = tensordd.connect(fd.endpoint, timeout=120)
+    yield sess
+    sess.close(raise_errors=False)
+
+
+def close(got, want, dt, what):
+    tol = TOL[dt]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol,
+                               err_msg=what)
+
+
+# (name, x shape, stats, weight, bias, training, momentum, dtype)
+FORMS = [
+    ("train_4d_affine", (4, 3, 5, 2), True, True, True, True, 0.1, np.float32),
+    ("train_2d_plain", (6, 4), True, False, False, True, 0.3, np.float32),
+    ("train_3d_weight_only", (3, 2, 7), True, True, False, True, 0.1, np.float64),
+    ("train_c1", (5, 1, 3, 3), True, True, True, True, 0.5, np.float32),
+    ("train_no_stats_affine", (4, 3, 2, 2), False, True, True, True, 0.1, np.float32),
+    ("train_bias_only", (4, 3, 2), True, False, True, True, 0.1, np.float32),
+    ("eval_4d_affine", (2, 3, 4, 4), True, True, True, False, 0.1, np.float32),
+    ("eval_batch_of_1", (1, 5, 3, 2), True, True, True, False, 0.1, np.float32),
+    ("eval_2d_batch_of_1_plain", (1, 4), True, False, False, False, 0.1, np.float64),
+]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("form", FORMS, ids=[f[0] for f in FORMS])
+def test_batch_norm_forms(s, dev, form):
+    name, shape, stats, has_w, has_b, training, momentum, dt = form
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    C = shape[1]
+    x = rng.uniform(-2, 2, shape).astype(dt)
+    w = rng.uniform(0.5, 1.5, C).astype(dt)
+    b = rng.uniform(-1, 1, C).astype(dt)
+    rm = rng.uniform(-0.5, 0.5, C).astype(dt)
+    rv = rng.uniform(0.5, 2.0, C).astype(dt)
+    g = rng.uniform(-1, 1, shape).astype(dt)
+
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True) if has_w else None
+    tb = torch.tensor(b, requires_grad=True) if has_b else None
+    trm, trv = (torch.tensor(rm), torch.tensor(rv)) if stats else (None, None)
+    ty = F.batch_norm(tx, trm, trv, tw, tb, training=training, momentum=momentum, eps=1e-5)
+    (ty * torch.tensor(g)).sum().backward()
+
+    X = s.tensor(x, device=dev, requires_grad=True)
+    W = s.tensor(w, device=dev, requires_grad=True) if has_w else None
+    B = s.tensor(b, device=dev, requires_grad=True) if has_b else None
+    RM, RV = (s.tensor(rm, device=dev), s.tensor(rv, device=dev)) if stats else (None, None)
+    Y = TF.batch_norm(X, RM, RV, W, B, training=training, momentum=momentum, eps=1e-5)
+    close(Y.numpy(), ty.detach().numpy(), dt, f"{name}: forward")
+    if stats:
+        close(RM.numpy(), trm.numpy(), dt, f"{name}: running_mean")
+        close(RV.numpy(), trv.numpy(), dt, f"{name}: running_var")
+    grads = (Y * s.tensor(g, device=dev)).sum().backward()
+    close(grads.get(X).numpy(), tx.grad.numpy(), dt, f"{name}: input grad")
+    if has_w:
+        close(grads.get(W).numpy(), tw.grad.numpy(), dt, f"{name}: weight grad")
+    if has_b:
+        close(grads.get(B).numpy(), tb.grad.numpy(), dt, f"{name}: bias grad")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_running_stats_accumulate(s, dev):
+    """Three training batches then eval: the running stats follow torch's every step."""
+    rng = np.random.default_rng(3)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    RM, RV = s.tensor(np.zeros(3, np.float32), device=dev), s.tensor(np.ones(3, np.float32),
+                                                                        device=dev)
+    for step in range(3):
+        x = rng.normal(step, 1 + step, (5, 3, 2)).astype(np.float32)
+        F.batch_norm(torch.tensor(x), rm, rv, training=True, momentum=0.25)
+        TF.batch_norm(s.tensor(x, device=dev), RM, RV, training=True, momentum=0.25)
+        close(RM.numpy(), rm.numpy(), np.float32, f"step {step}: running_mean")
+        close(RV.numpy(), rv.numpy(), np.float32, f"step {step}: running_var")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_inplace_update_of_saved_stats_fails_backward(s, dev):
+    """An eval forward saves the running stats; a training forward updates them in place;
+    the first one's backward is then a typed error, as for any saved tensor updated in place.
+    (torch 1.13 does not count batch_norm's running-stat updates: its backward silently
+    reads the updated stats.) Without the second forward, the backward runs."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(4, 2, 3)).astype(np.float32)
+    X = s.tensor(x, device=dev, requires_grad=True)
+    RM, RV = s.tensor(np.zeros(2, np.float32), device=dev), s.tensor(np.ones(2, np.float32),
+                                                                        device=dev)
+    TF.batch_norm(X, RM, RV, training=False).sum().backward().get(X).numpy()
+    y = TF.batch_norm(X, RM, RV, training=False)
+    TF.batch_norm(s.tensor(x, device=dev), RM, RV, training=True)
+    with pytest.raises(tensordd.InvalidArgumentError, match="modified by an inplace operation"):
+        y.sum().backward().get(X).numpy()  # the backward's error surfaces at the next sync
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_typed_errors(s, dev):
+    X1 = s.tensor(np.ones((1, 3), np.float32), device=dev)
+    RM, RV = s.tensor(np.zeros(3, np.float32), device=dev), s.tensor(np.ones(3, np.float32),
+                                                                        device=dev)
+    with pytest.raises(tensordd.InvalidArgumentError, match="more than 1 value per channel"):
+        s.op("batch_norm", X1, RM, RV, training=True).numpy()
+    X = s.tensor(np.ones((2, 4), np.float32), device=dev)
+    with pytest.raises(tensordd.ShapeMismatchError):
+        s.op("batch_norm", X, RM, RV).numpy()
+    with pytest.raises(tensordd.InvalidArgumentError, match="required in eval mode"):
+        s.op("batch_norm", X).numpy()
+    with pytest.raises(tensordd.InvalidArgumentError, match="without running_var"):
+        s.op("batch_norm", X, s.tensor(np.zeros(4, np.float32), device=dev)).numpy()
+    with pytest.raises(tensordd.Error):  # integer input
+        s.op("batch_norm", s.tensor(np.ones((2, 3), np.int64), device=dev), RM, RV).numpy()
+
+
+def _pair_modules(s, dev, cls, tcls, **kw):
+    tensordd.nn.init_seed(0)
+    m = cls(**kw)
+    t = tcls(**kw)
+    with torch.no_grad():
+        if t.weight is not None:
+            t.weight.uniform_(0.5, 1.5)
+            t.bias.uniform_(-1, 1)
+    m.load_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()})
+    return m.to(dev), t
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("kw,cls,shape", [
+    (dict(num_features=3), "BatchNorm2d", (4, 3, 3, 2)),
+    (dict(num_features=3, momentum=None), "BatchNorm2d", (4, 3, 3, 2)),
+    (dict(num_features=4, affine=False), "BatchNorm1d", (5, 4)),
+    (dict(num_features=2, track_running_stats=False), "BatchNorm1d", (3, 2, 4)),
+], ids=["bn2d", "bn2d_cumulative", "bn1d_no_affine", "bn1d_untracked"])
+def test_batchnorm_modules(s, dev, kw, cls, shape):
+    """Modules: three train() steps and an eval() forward; outputs, parameters' gradients,
+    running stats and num_batches_tracked as torch's; state_dict names as torch's."""
+    rng = np.random.default_rng(5)
+    m, t = _pair_modules(s, dev, getattr(tensordd.nn, cls), getattr(torch.nn, cls), **kw)
+    assert list(m.state_dict()) == list(t.state_dict())
+    for step in range(3):
+        x = rng.normal(0.5 * step, 1.0, shape).astype(np.float32)
+        g = rng.uniform(-1, 1, shape).astype(np.float32)
+        ty = t(torch.tensor(x))
+        y = m(s.tensor(x, device=dev))
+        close(y.numpy(), ty.detach().numpy(), np.float32, f"step {step}: forward")
+        if t.weight is not None:
+            t.zero_grad()
+            (ty * torch.tensor(g)).sum().backward()
+            grads = (y * s.tensor(g, device=dev)).sum().backward()
+            close(grads.get(m.weight).numpy(), t.weight.grad.numpy(), np.float32, "weight grad")
+            close(grads.get(m.bias).numpy(), t.bias.grad.numpy(), np.float32, "bias grad")
+    got, want = m.state_dict(), t.state_dict()
+    for k in want:
+        close(got[k].numpy(), want[k].detach().numpy(), np.float32, f"state_dict {k}")
+    m.eval()
+    t.eval()
+    x = rng.normal(size=(1,) + shape[1:]).astype(np.float32)
+    close(m(s.tensor(x, device=dev)).numpy(), t(torch.tensor(x)).detach().numpy(), np.float32,
+          "eval forward, batch of 1")
