@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run.sh -- the GPU suites on a real GPU (a few minutes on one H200): the normal nvcc build,
 # then the same suites `make test-emu` runs on the emulator (tests/gpu/suites.sh: the
-# conformance table on cuda:0 held to ref, the pytest op and gradient checks on cuda:0
-# against PyTorch, the grad_replace mismatch matrix with GPU devices (cuda:1 cases need a
+# conformance table on cuda:0 held to ref, the pytest op, gradient and double-backward
+# checks on cuda:0 against PyTorch, the grad_replace mismatch matrix with GPU devices (cuda:1 cases need a
 # second GPU), and the digits training on cuda:0 held to 95% test accuracy), then
 # bench/gpu_check.sh (every op the cuda backend claims vs ref:0, remote sgemm vs cuBLAS,
 # remote add vs cudaMemcpy). The emulator-only fault injections are skipped here.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # suites.sh -- the GPU suites on cuda:N of one build: (emulated build) the emulator's
-# self-test, the conformance table on cuda:0 held to ref, the pytest op and gradient checks
-# on cuda:0 against PyTorch, the grad_replace mismatch matrix with GPU devices, and (emulated build)
+# self-test, the conformance table on cuda:0 held to ref, the pytest op, gradient and
+# double-backward checks on cuda:0 against PyTorch, the grad_replace mismatch matrix with GPU devices, and (emulated build)
 # the fault injections.
 #
 #   BUILD=build/emu TDD_GPU_ARGS="--emu-gpus 2" bash tests/gpu/suites.sh   (make test-emu)
@@ -29,6 +29,7 @@ if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BU
     "$PY" -m pytest -q -p no:cacheprovider -rA tests/python/test_cuda_ops.py \
     tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py \
     tests/python/test_ops14_bn.py \
+    tests/python/test_cuda_double_backward.py \
     tests/python/test_ops14_forms.py tests/python/test_ops14_dtypes.py \
     tests/python/test_ops14_attn.py tests/python/test_transformer14.py >"$out" 2>&1; then
     grep -v '^PASSED\|^SKIPPED' "$out"
