@@ -21,6 +21,7 @@
 #include "exec_op.h"
 #include "gloo_shim.h"
 #include "log.h"
+#include "nccl.h"
 
 typedef Tensordd__V1__Request Request;
 
@@ -429,9 +430,9 @@ static tdd_device *group_device(const Tensordd__V1__Device *d, td_error *err)
         }
     }
     if (strcmp(dev->be->name, "cuda") == 0) {
-        tdd_err_set(err, TD_EUNSUPPORTED_OP,
-                    "collectives on cuda devices need NCCL, which this daemon was not built "
-                    "with; groups run on host-memory devices (cpu, ref)");
+        char why[400];
+        int rc = tdd_nccl_load(why, sizeof why);
+        tdd_err_set(err, rc ? rc : TD_EINTERNAL, "%s: %s", dev->label, why);
         return NULL;
     }
     if (!dev->be->host_memory) {
