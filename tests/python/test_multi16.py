@@ -25,6 +25,7 @@ from faultproxy import FaultProxy
 from tensordd import tensordd_pb2 as pb
 from tensordd.session import _Call
 from test_parallel import Hosts, RankDaemon
+from test_tls import pki  # noqa: F401 (the fixture: a CA, another CA, server certificates)
 
 TOKEN = "test-multi16-token"
 MiB = 1 << 20
@@ -322,3 +323,34 @@ def test_transfer_accept_bad_arguments(hosts, token_file):
                 accept(s, [1])  # --max-transfers 2
     finally:
         ds.close()
+
+
+# ---------------------------------------------------------------- over TLS
+
+def _tls_listener(d):
+    for line in d.output:
+        if "listening on tls://" in line:
+            return line.split("listening on", 1)[1].split()[0]
+    raise AssertionError(f"no tls:// listener in {d.output}")
+
+
+def test_push_to_a_tls_target_checks_its_certificate(start_daemon, pki):
+    """The source speaks TLS to a tls:// target, checking its certificate against
+    --transfer-ca; a source that does not trust the target's CA refuses it, typed."""
+    target = start_daemon("--listen", "tls://127.0.0.1:0", "--tls-cert", pki("server.pem"),
+                          "--tls-key", pki("server.key"))
+    trusting = start_daemon("--transfer-ca", pki("ca.pem"))
+    wary = start_daemon("--transfer-ca", pki("otherca.pem"))
+    m = tensordd.connect_many([trusting.endpoint, wary.endpoint, target.endpoint],
+                              aliases=["src", "wary", "dst"], timeout=60,
+                              peer_endpoints=[trusting.endpoint, wary.endpoint,
+                                              _tls_listener(target)])
+    try:
+        data = np.random.default_rng(1).standard_normal((300, 1000)).astype(np.float32)
+        y = m.tensor(data, device="src/cpu:0").to("dst/cpu:0")  # 1.2 MB: several records
+        np.testing.assert_array_equal(y.numpy(), data)
+        with pytest.raises(tensordd.UnauthenticatedError, match="certificate"):
+            m.tensor(data[:2], device="wary/cpu:0").to("dst/cpu:0")
+        m["wary"].sync()  # the source's session goes on
+    finally:
+        m.close(raise_errors=False)
