@@ -582,8 +582,8 @@ static void memfd_copy_done(void *arg, int rc)
 
 /* Download with as_fd: the storage itself when it is a client's memfd the daemon has not
  * written to (no copy), else a sealed copy made on the tensor's worker (one copy). -1:
- * not here (a tensor in device memory, or a strided view): the answer carries the bytes as
- * a payload, as without as_fd. */
+ * not here (a tensor in device memory, a strided view, one under fd_min_bytes): the answer
+ * carries the bytes as a payload, as without as_fd. */
 static int memfd_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
 {
     tdd_conn *c = r->c;
@@ -603,7 +603,8 @@ static int memfd_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
                     "descriptor cannot be: download without as_fd");
         return tdd_answer_error(r, &err);
     }
-    if (!v->dev->be->host_memory || !tdd_is_contiguous(&v->t))
+    if (!v->dev->be->host_memory || !tdd_is_contiguous(&v->t) ||
+        nbytes < r->req->download->fd_min_bytes)
         return -1;
     tdd_memfd_map *m = tdd_storage_adopted(v->t.st, memfd_release);
     if (m && m->fd >= 0 && nbytes && tdd_memfd_map_clean(m)) {

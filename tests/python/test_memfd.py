@@ -195,6 +195,13 @@ def test_threshold_and_off(unix_daemon, monkeypatch):
     with tensordd.connect(unix_daemon.unix, timeout=30, memfd_threshold=8001) as s:
         assert same_bytes(a, s.tensor(a).numpy())
         assert not made  # 8000 bytes: under the threshold
+        u = s.tensor(a) * 2  # (a shape the client does not know: the daemon decides)
+        b = u.numpy()
+        assert same_bytes(a * 2, b) and not mapped(b)
+        w = s.tensor(np.arange(1001, dtype=np.float64)) * 2
+        b = w.numpy()
+        assert same_bytes(np.arange(1001, dtype=np.float64) * 2, b) and mapped(b)
+    made.clear()
     with tensordd.connect(unix_daemon.unix, timeout=30, memfd=False, memfd_threshold=0) as s:
         assert same_bytes(a, s.tensor(a).numpy())
         assert not made

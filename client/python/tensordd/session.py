@@ -694,6 +694,7 @@ class Session:
         req = self._new_request()
         req.download.handle = t._handle
         req.download.as_fd = True
+        req.download.fd_min_bytes = self.memfd_threshold  # (small ones: through the socket)
         call = _Call(f"download #{t._handle}")
         conn.want_fds += 1
         try:
@@ -953,6 +954,12 @@ class Session:
             raise local_error("CLOSED", self._closed_why)
         if self._deferred:
             raise self._deferred.pop(0)  # the daemon would have answered this request with it
+        if self._memfd and (t._shape is None or _nbytes_of(t) >= self.memfd_threshold):
+            arr = self._download_fd(t)
+            if arr is not None:
+                if t._dtype == "bfloat16" and not raw:
+                    arr = bf16_bits_to_f32(arr)
+                return arr
         h = t._handle
         if self._pending_release:
             self._emit_releases()
@@ -966,12 +973,6 @@ class Session:
                 raw_msg, payload_len = conn.read_frame_head()
             except (OSError, FrameError) as e:
                 self._fail_io(e, _as_call(call))
-        if self._memfd and (t._shape is None or _nbytes_of(t) >= self.memfd_threshold):
-            arr = self._download_fd(t)
-            if arr is not None:
-                if t._dtype == "bfloat16" and not raw:
-                    arr = bf16_bits_to_f32(arr)
-                return arr
         except Error:
             raise
         except BaseException:
