@@ -641,17 +641,6 @@ class Session:
         return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=dtype_name(wire),
                       device=dev, requires_grad=requires_grad)
 
-    def op(self, name: str, *tensors: "Tensor", num_outputs: int = 1, dtype=None,
-           device=None, requires_grad: bool = False, **attrs):
-        """Runs the op `name` (PyTorch's names) on tensors, asynchronously.
-
-        Keyword arguments become op attributes (int, float, bool, str, lists
-        of ints or floats; None is left out), except ``dtype`` (creation ops
-        and casts), ``device`` (where creation ops run), ``requires_grad``
-        (creation ops) and ``num_outputs`` (ops with several results).
-        Returns the output Tensor, or a tuple of num_outputs Tensors.
-        """
-        try:
     def _upload_fd(self, req: "pb.Request", arr: np.ndarray, call: _Call) -> bool:
         """Sends Upload req with arr's bytes in a new sealed memfd. The first one of the
         session waits for its answer: False when the daemon refused the fd (memfd is then
@@ -740,6 +729,17 @@ class Session:
         finally:
             os.close(fd)
 
+    def op(self, name: str, *tensors: "Tensor", num_outputs: int = 1, dtype=None,
+           device=None, requires_grad: bool = False, **attrs):
+        """Runs the op `name` (PyTorch's names) on tensors, asynchronously.
+
+        Keyword arguments become op attributes (int, float, bool, str, lists
+        of ints or floats; None is left out), except ``dtype`` (creation ops
+        and casts), ``device`` (where creation ops run), ``requires_grad``
+        (creation ops) and ``num_outputs`` (ops with several results).
+        Returns the output Tensor, or a tuple of num_outputs Tensors.
+        """
+        try:
             inputs = [t._handle for t in tensors if t._session is self]
         except AttributeError:
             inputs = ()
@@ -751,12 +751,12 @@ class Session:
             for t in tensors:
                 if not isinstance(t, Tensor):
                     raise TypeError(f"op {name}: inputs must be Tensors, got {type(t).__name__}")
+            if self._multi is not None:  # daemons of one client: as between devices
+                self._multi._mismatch(name, tensors)
             raise ValueError(f"op {name}: an input belongs to another session")
         req = pb.Request()
         o = req.op
         o.op = name
-            if self._multi is not None:  # daemons of one client: as between devices
-                self._multi._mismatch(name, tensors)
         o.inputs.extend(inputs)
         if num_outputs == 1:
             outputs = (next(self._handles),)
@@ -1053,10 +1053,6 @@ class Session:
         return Tensor(self, td.output, shape=t._shape, dtype=t._dtype, device=device)
 
 
-_BF16 = pb.DTYPE_BF16
-_NP_DTYPES: dict = {}  # wire dtype -> the numpy dtype its payload is read into
-_DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
-
     def _transfer(self, t: "Tensor", target: "Session", device=None) -> "Tensor":
         """t (on this session's daemon) copied to target's daemon, daemon to daemon: the
         target issues a one-time capability (TransferAccept), this daemon pushes the bytes
@@ -1086,49 +1082,11 @@ _DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype 
 
 
 _HOST_BACKENDS = frozenset({"cpu", "ref"})  # host-memory devices: a transfer's ends
-
-def _is_torch_tensor(x) -> bool:
-    """Whether x is a torch.Tensor (torch is never imported for the check)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+_BF16 = pb.DTYPE_BF16
+_NP_DTYPES: dict = {}  # wire dtype -> the numpy dtype its payload is read into
+_DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
 
 
-def _torch_to_numpy(t):
-    """(host numpy array, wire dtype) of a torch tensor: detached, on the host;
-    bfloat16 as its uint16 bit patterns."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    torch = sys.modules["torch"]
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16), pb.DTYPE_BF16
-    arr = t.numpy()
-    return arr, to_wire(arr.dtype)
-
-
-def _code_name(code: int) -> str:
-    try:
-        return pb.ErrorCode.Name(code)
-    except ValueError:
-        return f"UNKNOWN({code})"
-
-
-def _shape_arg(shape) -> list:
-    """(2, 3) from zeros(2, 3), zeros((2, 3)) or zeros([2, 3])."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = shape[0]
-    elif len(shape) == 1 and isinstance(shape[0], np.ndarray):
-        shape = shape[0].tolist()
-    return [_as_int(d, "shape") for d in shape]
-
-
-def _number(v, what: str):
-    """v as a Python bool, int or float (numpy scalars included)."""
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, (int, np.integer)):
-        return int(v)
 def _memfd_of(arr: np.ndarray) -> int:
     """A new memfd holding arr's bytes (C order), sealed against shrinking, growing and
     writing, as the daemon requires of an Upload's payload_fd."""
@@ -1178,6 +1136,48 @@ def _nbytes_of(t: "Tensor") -> int:
         return n * 8
 
 
+def _is_torch_tensor(x) -> bool:
+    """Whether x is a torch.Tensor (torch is never imported for the check)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch_to_numpy(t):
+    """(host numpy array, wire dtype) of a torch tensor: detached, on the host;
+    bfloat16 as its uint16 bit patterns."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    torch = sys.modules["torch"]
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), pb.DTYPE_BF16
+    arr = t.numpy()
+    return arr, to_wire(arr.dtype)
+
+
+def _code_name(code: int) -> str:
+    try:
+        return pb.ErrorCode.Name(code)
+    except ValueError:
+        return f"UNKNOWN({code})"
+
+
+def _shape_arg(shape) -> list:
+    """(2, 3) from zeros(2, 3), zeros((2, 3)) or zeros([2, 3])."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    elif len(shape) == 1 and isinstance(shape[0], np.ndarray):
+        shape = shape[0].tolist()
+    return [_as_int(d, "shape") for d in shape]
+
+
+def _number(v, what: str):
+    """v as a Python bool, int or float (numpy scalars included)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
     if isinstance(v, (float, np.floating)):
         return float(v)
     raise TypeError(f"{what}: expected a number, got {v!r}")
