@@ -136,10 +136,6 @@ static const option_row rows[] = {
      "close connections whose replies make no progress (a client that stopped reading)"},
     {"max-write-queue", "BYTES", OPT_BYTES, FIELD(max_write_queue), 64 * M, 4 * K, UINT64_MAX, NULL,
      "replies queued per connection, with their bookkeeping, before it stops reading"},
-    {"group-store-dir", "PATH", OPT_PATH, FIELD(group_store_dir), 0, 0, 0, NULL,
-     "process groups meet in directories under it (Gloo's FileStore; shared by the "
-     "ranks' daemons: one host, or a shared filesystem); default: groups off"},
-    {"group-address", "ADDR", OPT_PATH, FIELD(group_address), 0, 0, 0, NULL,
     {"max-conn-fds", "N", OPT_COUNT, FIELD(max_conn_fds), 8, 0, 253, "no fd passing",
      "file descriptors (memfd uploads) a Unix-socket connection may have sent and the daemon "
      "not yet taken; more is a protocol error that closes the connection"},
@@ -147,6 +143,10 @@ static const option_row rows[] = {
      "memfds of uploaded tensors kept open daemon-wide, so that a download hands the same "
      "memfd back without a copy; past it a memfd is closed once mapped and its tensor's "
      "downloads are copied"},
+    {"group-store-dir", "PATH", OPT_PATH, FIELD(group_store_dir), 0, 0, 0, NULL,
+     "process groups meet in directories under it (Gloo's FileStore; shared by the "
+     "ranks' daemons: one host, or a shared filesystem); default: groups off"},
+    {"group-address", "ADDR", OPT_PATH, FIELD(group_address), 0, 0, 0, NULL,
      "the address this daemon's process-group peers connect to (unauthenticated Gloo "
      "TCP: a private network only; default 127.0.0.1)"},
     {"group-timeout", "SECS", OPT_SECONDS, FIELD(group_timeout_s), 60, 1, 86400, NULL,
@@ -155,13 +155,6 @@ static const option_row rows[] = {
      "largest world size of a process group (each rank keeps a connection to every other)"},
     {"group-bucket-bytes", "BYTES", OPT_BYTES, FIELD(group_bucket_bytes), 32 * M, 4 * K, 4 * G,
      NULL, "an all-reduce packs tensors into buckets of at most this size"},
-    {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
-     "read options from this INI file (default " TDD_CONFIG_DEFAULT
-     " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
-     "named as the long options here; flags override the environment, which overrides the "
-     "file"},
-    {"check-config", NULL, OPT_CHECK, NOFIELD, 0, 0, 0, NULL,
-     "validate the configuration, print the effective one and exit (0 valid, 1 not)"},
     {"transfer-window", "SECS", OPT_SECONDS, FIELD(transfer_window_s), 10, 1, 600, NULL,
      "a daemon-to-daemon transfer capability (TransferAccept) expires this long after it was "
      "issued"},
@@ -173,6 +166,13 @@ static const option_row rows[] = {
     {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, NULL,
      "CA certificates (PEM) a push to a tls:// daemon checks its certificate against "
      "(default: the system's)"},
+    {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
+     "read options from this INI file (default " TDD_CONFIG_DEFAULT
+     " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
+     "named as the long options here; flags override the environment, which overrides the "
+     "file"},
+    {"check-config", NULL, OPT_CHECK, NOFIELD, 0, 0, 0, NULL,
+     "validate the configuration, print the effective one and exit (0 valid, 1 not)"},
     {"help", NULL, OPT_HELP, NOFIELD, 0, 0, 0, NULL, "this text"},
     {"version", NULL, OPT_VERSION, NOFIELD, 0, 0, 0, NULL, "the daemon's and protocol's versions"},
 };

@@ -42,11 +42,11 @@ typedef struct tdd_config {
     uint32_t poll_us;         /* after a request, poll this long before blocking; 0 = never */
     uint64_t
         max_write_queue; /* reply bytes (with their bookkeeping) queued before reading pauses */
-    uint32_t shutdown_grace_s;
     /* same-host zero copy (memfd.c): the fds a Unix-socket connection may have sent and
      * not had taken (0: no fd passing), and the uploaded memfds kept open daemon-wide */
     uint32_t max_conn_fds;
     uint32_t max_memfd_keep;
+    uint32_t shutdown_grace_s;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;
     char token_file[512];    /* where it came from */
@@ -65,13 +65,13 @@ typedef struct tdd_config {
     uint32_t group_timeout_s;    /* rendezvous and each collective */
     uint32_t group_max_ranks;    /* a group's world size */
     uint64_t group_bucket_bytes; /* largest bucket an all-reduce packs tensors into */
-} tdd_config;
-
     /* daemon-to-daemon transfers (transfer.c) */
     uint32_t transfer_window_s;  /* a capability's life */
     uint32_t transfer_timeout_s; /* an outbound push that makes no progress fails */
     uint32_t max_transfers;      /* capabilities outstanding, daemon-wide */
     char transfer_ca[512];       /* CAs a source checks tls:// targets against; "" = system */
+} tdd_config;
+
 extern tdd_config tdd_cfg;
 
 void tdd_config_defaults(tdd_config *c);
