@@ -1,0 +1,44 @@
+"""test_resnet14.py's ResNet on cuda:0 (issue 14's must-show on the GPU path).
+
+Runs only when TDD_GPU_ARGS is set (make test-emu, tests/gpu/run.sh): the same model text,
+torch's initial weights, 4 SGD or Adam steps and an eval forward, moved to cuda:0 with
+model.to; losses, parameters, running stats and eval logits held to torch's (CPU) with
+test_resnet14.py's tolerances.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tensordd
+from conftest import Daemon
+from test_resnet14 import check_resnet_matches_torch
+
+pytest.importorskip("torch")
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+pytestmark = pytest.mark.skipif(GPU_ARGS is None,
+                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+
+
+@pytest.fixture(scope="module")
+def gpu_daemon():
+    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture
+def gs(gpu_daemon):
+    s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
+    yield s
+    s.close(raise_errors=False)
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_resnet_matches_torch_on_cuda(gs, opt_name):
+    assert tensordd.default_session() is gs
+    check_resnet_matches_torch(opt_name, "cuda:0")
