@@ -128,6 +128,7 @@ class MultiSession:
 
     # ---- tensors on a named device
     def tensor(self, data, device: str, **kwargs):
+        """Uploads data to device ("alias/cpu:0"); kwargs as :meth:`Session.tensor`."""
         s, dev = self._resolve(device)
         return s.tensor(data, device=dev, **kwargs)
 
@@ -136,22 +137,28 @@ class MultiSession:
         return getattr(s, method)(*shape, device=dev, **kwargs)
 
     def zeros(self, *shape, device: str, **kwargs):
+        """Zeros on device ("alias/cpu:0"), as :meth:`Session.zeros`."""
         return self._create("zeros", shape, device, kwargs)
 
     def ones(self, *shape, device: str, **kwargs):
+        """Ones on device ("alias/cpu:0"), as :meth:`Session.ones`."""
         return self._create("ones", shape, device, kwargs)
 
     def randn(self, *shape, device: str, **kwargs):
+        """Normal random numbers on device ("alias/cpu:0"), as :meth:`Session.randn`."""
         return self._create("randn", shape, device, kwargs)
 
     def rand(self, *shape, device: str, **kwargs):
+        """Uniform random numbers on device ("alias/cpu:0"), as :meth:`Session.rand`."""
         return self._create("rand", shape, device, kwargs)
 
     def arange(self, *args, device: str, **kwargs):
+        """A range on device ("alias/cpu:0"), as :meth:`Session.arange`."""
         s, dev = self._resolve(device)
         return s.arange(*args, device=dev, **kwargs)
 
     def full(self, shape, fill_value, *, device: str, **kwargs):
+        """fill_value everywhere on device ("alias/cpu:0"), as :meth:`Session.full`."""
         s, dev = self._resolve(device)
         return s.full(shape, fill_value, device=dev, **kwargs)
 
@@ -167,6 +174,8 @@ class MultiSession:
             raise first
 
     def close(self, raise_errors: bool = True) -> None:
+        """Closes every session (each as :meth:`Session.close`; the first error raised
+        after all were closed)."""
         first = None
         for s in self._sessions:
             try:
