@@ -195,11 +195,13 @@ def test_threshold_and_off(unix_daemon, monkeypatch):
     with tensordd.connect(unix_daemon.unix, timeout=30, memfd_threshold=8001) as s:
         assert same_bytes(a, s.tensor(a).numpy())
         assert not made  # 8000 bytes: under the threshold
-        u = s.tensor(a) * 2  # (a shape the client does not know: the daemon decides)
+        u = s.tensor(a) * 2  # (a size the client does not know: through the socket)
         b = u.numpy()
         assert same_bytes(a * 2, b) and not mapped(b)
         w = s.tensor(np.arange(1001, dtype=np.float64)) * 2
         b = w.numpy()
+        assert same_bytes(np.arange(1001, dtype=np.float64) * 2, b) and not mapped(b)
+        b = w.numpy()  # (known now: a sealed copy)
         assert same_bytes(np.arange(1001, dtype=np.float64) * 2, b) and mapped(b)
     made.clear()
     with tensordd.connect(unix_daemon.unix, timeout=30, memfd=False, memfd_threshold=0) as s:
@@ -261,9 +263,8 @@ def test_refused_fds_fall_back(start_daemon, tmp_path):
         assert same_bytes(a, t.numpy())
         assert same_bytes(a * 2, (s.tensor(a) * 2).numpy())
     with tensordd.connect(f"unix://{path}", timeout=30, memfd_threshold=0) as s:
-        t = s.tensor(a, requires_grad=False) if False else None
-        s._memfd_checked = True  # (skip the upload probe: the download's own refusal)
         u = s.zeros(3000)
+        u._shape, u._dtype = (3000,), "float32"  # (a size the client knows: it asks as_fd)
         assert same_bytes(np.zeros(3000, np.float32), u.numpy())
         assert not s._memfd
     d.stop()
@@ -309,6 +310,12 @@ def test_zero_copy_both_ways(unix_daemon):
         assert resp.tensor.fd_offset == 4096
         b = r.download(1, as_fd=False)[1]
         assert b == a.tobytes()
+        req = pb.Request()
+        req.download.handle = 1
+        req.download.as_fd = True
+        req.download.fd_min_bytes = a.nbytes + 1  # under it: a payload, no fd
+        resp, b = r.read_after(req)
+        assert not resp.tensor.payload_fd and b == a.tobytes() and not r.fds
         os.close(got)
         os.close(fd)
         # a computed tensor: a new sealed memfd (one copy)

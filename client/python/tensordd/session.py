@@ -133,10 +133,11 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
             session left without close() (the process exits) is held by the daemon
             for the window before it is freed.
         memfd, memfd_threshold: on a ``unix://`` endpoint (the daemon's host), tensors
-            of memfd_threshold bytes or more are uploaded and downloaded as sealed
-            memfds passed over the socket (SCM_RIGHTS) instead of through it: the
-            daemon maps an upload as the tensor's storage, and a download comes back
-            as a mapping, not a copy through the socket. memfd=False turns it off; a
+            of memfd_threshold bytes or more are uploaded, and downloaded when the
+            client knows their size (uploads, tensors downloaded or described before),
+            as sealed memfds passed over the socket (SCM_RIGHTS) instead of through
+            it: the daemon maps an upload as the tensor's storage, and a download
+            comes back as a mapping, not a copy through the socket. memfd=False turns it off; a
             daemon that refuses (``--max-conn-fds 0``) turns it off for the session,
             which then sends through the socket. Off with resume (a resumable
             session's answers are kept to be sent again; a file descriptor cannot be).
@@ -954,7 +955,8 @@ class Session:
             raise local_error("CLOSED", self._closed_why)
         if self._deferred:
             raise self._deferred.pop(0)  # the daemon would have answered this request with it
-        if self._memfd and (t._shape is None or _nbytes_of(t) >= self.memfd_threshold):
+        # (a size the client does not know: the socket, whose small answers are cheaper)
+        if self._memfd and t._shape is not None and _nbytes_of(t) >= self.memfd_threshold:
             arr = self._download_fd(t)
             if arr is not None:
                 if t._dtype == "bfloat16" and not raw:
