@@ -131,6 +131,92 @@ def test_sweep_covers_the_ops():
     assert len(ops) >= 60, sorted(ops)
 
 
+# ---------------------------------------------------------------- issue 14's ops and forms
+
+def _issue14_cases():
+    """The gradient cases of test_ops14_forms.py and test_ops14_attn.py (their inputs made
+    float64 here), and batch_norm's forms: (id, makers, grads, fn, tfn)."""
+    import importlib
+    TF = tensordd.nn.functional
+    out = []
+    for name in ("test_ops14_forms", "test_ops14_attn"):
+        mod = importlib.import_module(name)
+        out += [(c.name, c.inputs, c.grads, c.fn, c.tfn) for c in mod.CASES if c.grads]
+
+    def bn(training, stats, affine):
+        def fn(s, x, w, b, rm, rv):
+            return TF.batch_norm(x, rm if stats else None, rv if stats else None,
+                                 w if affine else None, b if affine else None,
+                                 training=training, momentum=0.1, eps=1e-5)
+
+        def tfn(x, w, b, rm, rv):
+            return FN.batch_norm(x, rm if stats else None, rv if stats else None,
+                                 w if affine else None, b if affine else None,
+                                 training=training, momentum=0.1, eps=1e-5)
+        return fn, tfn
+
+    mk = [lambda rng: rng.uniform(-2, 2, (4, 3, 2, 2)), lambda rng: rng.uniform(0.5, 1.5, 3),
+          lambda rng: rng.uniform(-1, 1, 3), lambda rng: rng.uniform(-0.5, 0.5, 3),
+          lambda rng: rng.uniform(0.5, 2.0, 3)]
+    for tag, training, stats, affine in (("train_affine", True, True, True),
+                                         ("train_plain_no_stats", True, False, False),
+                                         ("eval_affine", False, True, True)):
+        out.append((f"batch_norm_{tag}", mk, [0, 1, 2] if affine else [0], *bn(training, stats,
+                                                                               affine)))
+    return out
+
+
+def _issue14_params():
+    try:
+        return [pytest.param(c, id=c[0]) for c in _issue14_cases()]
+    except ImportError as e:  # a module of the cases missing from this tree
+        return [pytest.param(None, id="issue14", marks=pytest.mark.skip(reason=str(e)))]
+
+
+@pytest.mark.parametrize("c", _issue14_params())
+def test_hvp_of_issue14_ops_matches_torch(ad, c):
+    """float64 on cpu:0, rtol 1e-8, atol 1e-9 (these cases' sizes sum up to ~30 terms)."""
+    name, makers, req, fn, tfn = c
+    rng = np.random.default_rng(zlib.crc32(f"dbl14/{name}".encode()))
+    arrays = []
+    for m in makers:
+        a = np.asarray(m(rng))
+        arrays.append(a.astype(np.float64) if a.dtype.kind == "f" else a)
+    tts = [torch.tensor(a, requires_grad=i in req) for i, a in enumerate(arrays)]
+    ts = [ad.tensor(a, requires_grad=i in req) for i, a in enumerate(arrays)]
+    tout = tfn(*tts)
+    w = rng.uniform(0.5, 1.5, tuple(tout.shape))
+    tg = torch.autograd.grad((tout * torch.from_numpy(w)).nan_to_num().sum(),
+                             [tts[i] for i in req], create_graph=True, allow_unused=True)
+    vs = [rng.uniform(-1.0, 1.0, arrays[i].shape) for i in req]
+    ts2 = sum((g * torch.from_numpy(v)).sum() for g, v in zip(tg, vs) if g is not None)
+    th = torch.autograd.grad(ts2, [tts[i] for i in req], allow_unused=True) \
+        if torch.is_tensor(ts2) and ts2.requires_grad else (None,) * len(req)
+
+    out = fn(ad, *ts)
+    prod = out * ad.tensor(w)
+    if np.isnan(tout.detach().numpy()).any():  # (sdpa's fully masked row)
+        prod = prod.masked_fill(ad.tensor(np.isnan(tout.detach().numpy())), 0.0)
+    g = agrad(prod.sum(), [ts[i] for i in req], create_graph=True, allow_unused=True)
+    s2 = None
+    for gi, v in zip(g, vs):
+        if gi is not None:
+            term = (gi * ad.tensor(v)).sum()
+            s2 = term if s2 is None else s2 + term
+    h = agrad(s2, [ts[i] for i in req], allow_unused=True) \
+        if s2 is not None and s2.requires_grad else (None,) * len(req)
+    for n, (a, b, i) in enumerate(zip(g, tg, req)):
+        zero = np.zeros(arrays[i].shape)
+        np.testing.assert_allclose(zero if a is None else a.numpy(),
+                                   zero if b is None else _np(b), rtol=1e-8, atol=1e-9,
+                                   err_msg=f"{name}: first gradient {n}")
+    for n, (a, b, i) in enumerate(zip(h, th, req)):
+        zero = np.zeros(arrays[i].shape)
+        np.testing.assert_allclose(zero if a is None else a.numpy(),
+                                   zero if b is None else _np(b), rtol=1e-8, atol=1e-9,
+                                   err_msg=f"{name}: Hessian-vector product {n}")
+
+
 # ---------------------------------------------------------------- gradient penalty
 
 def _disc(lib, x, p, act):
