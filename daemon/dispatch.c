@@ -179,6 +179,21 @@ int tdd_dispatch_check_table(void)
     return missing ? -1 : 0;
 }
 
+/* A Backward or OptimizerStep sent pipelined: synchronising on the daemon's side (it
+ * waits for the session's queued work and does not run after a pending error), but
+ * answered by nothing, as a replay's requests are: its failure, or the pending error
+ * it met, stays the session's pending error for the client's next synchronising
+ * request, and its new ids are bound poisoned. A training step then costs the client
+ * one write and one read (the loss), not a round trip per request. */
+static bool pipelined(const Request *req)
+{
+    if (req->body_case == TENSORDD__V1__REQUEST__BODY_BACKWARD)
+        return req->backward && req->backward->pipelined;
+    if (req->body_case == TENSORDD__V1__REQUEST__BODY_OPTIMIZER_STEP)
+        return req->optimizer_step && req->optimizer_step->pipelined;
+    return false;
+}
+
 /* The connection closes: the error is told now, whether or not the request wanted a
  * reply (a pending error would never be read). */
 static int refuse(tdd_conn *c, const Request *req, const char *why)
@@ -214,7 +229,10 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
         tdd_err_set(&err, TD_EPROTOCOL_ERROR, "request without a known body");
         return tdd_answer_error(&r, &err);
     }
-    r.answered = (row->flags & REQ_ANSWERED) != 0;
+    bool quiet = (row->flags & REQ_SYNC) && c->s && !c->s->quiet && pipelined(req);
+    r.answered = !quiet && (row->flags & REQ_ANSWERED) != 0;
+    if (quiet)
+        c->s->quiet = true; /* (cleared again below, whatever the path) */
     int rc;
     /* Hello and Goodbye keep their meaning while recording (a second Hello is a protocol
      * error; Goodbye ends the session, recording and all). */
@@ -233,9 +251,12 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
         goto done;
     }
     if ((row->flags & REQ_SYNC) && !c->blocked_ran) {
-        if (c->s->inflight)
+        if (c->s->inflight) {
+            if (quiet)
+                c->s->quiet = false;
             return TDD_DISPATCH_BLOCK;
-        if (tdd_report_pending(&r)) {
+        }
+        if (tdd_report_pending(&r)) { /* quiet: it stays pending, the request fails */
             rc = (row->flags & REQ_CLOSES) ? TDD_DISPATCH_CLOSE : TDD_DISPATCH_DONE;
             goto done;
         }
@@ -247,12 +268,16 @@ int tdd_dispatch(tdd_conn *c, Request *req, uint64_t payload_len)
     c->blocked_ran = false;
     rc = row->handler(&r);
     if (rc == TDD_DISPATCH_BLOCK) {
+        if (quiet && c->s)
+            c->s->quiet = false;
         c->blocked_ran = true;
         return rc;
     }
 done:
     if (r.failed)
         bind_failed(c, row, req, &r.err);
+    if (quiet && c->s)
+        c->s->quiet = false;
     return rc;
 }
 

@@ -44,6 +44,7 @@ def test_issue_reproduction(session):
     x, w = tensors(s)
     try:
         s.op("conv2d", x, w, padding="sideways").sum().backward()  # not a padding
+        s.sync()  # (a pipelined backward reports it here)
     except tensordd.Error:
         pass
     gc.collect()
@@ -118,6 +119,7 @@ def test_failed_backward_releases_cleanly(session, how):
     base = session_state(s)
     with pytest.raises(exc):
         fn(s, x, w)
+        s.sync()  # a pipelined backward's error surfaces here
     then_unrelated_call_works(s, x)
     assert session_state(s) == base  # the placeholder was charged and given back
 
@@ -128,6 +130,7 @@ def test_failed_backward_gradients_say_poisoned(session):
     y = x * 3
     with pytest.raises(tensordd.errors.InvalidArgumentError) as origin:
         grads = tensordd.autograd.backward(y)
+        s.sync()  # a pipelined backward's error surfaces here
     # The Gradients object outlives the failure when the caller kept it.
     req = s._new_request()
     req.backward.loss = y._handle

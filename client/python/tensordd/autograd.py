@@ -32,9 +32,10 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None
     itself, so the gradients can be differentiated again (gradient penalties,
     Hessian-vector products). inputs: only these tensors' gradients (leaves
     or not), through the part of the graph that leads to them.
-    Pipelined (``session.pipeline_steps``, the default): sent without waiting;
-    its errors, and earlier ones, surface at the next synchronising call.
-    Otherwise synchronising: errors of earlier asynchronous requests surface here.
+    Pipelined without inputs (``session.pipeline_steps``, the default): sent
+    without waiting; its errors, and earlier ones, surface at the next
+    synchronising call. Otherwise synchronising: errors of earlier asynchronous
+    requests surface here.
     """
     session = loss._session
     _check_tensor(session, loss, "backward")
@@ -55,7 +56,13 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None
     # is released even if the daemon answers with an error.
     grads = Gradients(session, b.grads)
     call = _Call("backward", (loss._handle,), f"-> grads #{b.grads}")
-    session._roundtrip(req, call)
+    # The training step's form is pipelined; a grad-of (inputs: autograd.grad reads the
+    # gradients at once) and a recording wait for their answer.
+    if session.pipeline_steps and not session._capturing and inputs is None and _register:
+        b.pipelined = True  # not answered: a failure is reported at the next sync
+        session._send(req, call)
+    else:
+        session._roundtrip(req, call)
     # The torch idiom: param.grad reads these (summed with earlier ones until
     # zero_grad), opt.step() without an argument steps with them.
     if _register and session.retain_grads:

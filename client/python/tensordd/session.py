@@ -258,6 +258,10 @@ class Session:
         # requires_grad=True)), so the Gradients API releases as it always did.
         self.retain_grads = False
         self._unkept_backward = False  # a backward ran while retain_grads was off
+        # backward() and Optimizer.step() go out pipelined (Backward.pipelined): no
+        # round trip each; their errors surface at the next synchronising call (a
+        # download, sync(), .grad), first error first. False: each waits for its answer.
+        self.pipeline_steps = True
         # Asynchronous failures that repr() read while downloading (the daemon hands
         # a pending error to the first synchronising request, once): kept here and
         # raised by the next synchronising calls instead, as if repr had not run.

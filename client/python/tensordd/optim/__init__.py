@@ -157,10 +157,16 @@ class Optimizer:
         req.optimizer_step.grads = grads._handle
         for name, value in (attrs or {}).items():  # options changed since the last step
             _set_attr(req.optimizer_step.attrs.add(), name, value)
-        session._roundtrip(req, _Call("optimizer_step", (handle, grads._handle)))
+        call = _Call("optimizer_step", (handle, grads._handle))
+        if session.pipeline_steps and not session._capturing:
+            req.optimizer_step.pipelined = True  # errors: at the next synchronising call
+            session._send(req, call)
+        else:
+            session._roundtrip(req, call)
 
     def step(self, grads: Gradients | None = None, closure=None) -> None:
-        """Updates every parameter (synchronising).
+        """Updates every parameter (pipelined unless ``session.pipeline_steps`` is
+        off: errors surface at the next synchronising call; else synchronising).
 
         grads: a Gradients (the daemon's API); None: the torch idiom, the
         gradients of the backward() calls since zero_grad() (see the class).
