@@ -528,3 +528,39 @@ def test_graphs_of_both_passes_are_freed(ad):
         gc.collect()
         ad.sync()
         assert _bytes(ad) == base
+
+
+def test_create_graph_pass_counts_against_the_quota(start_daemon):
+    """A create_graph pass's graph is charged to --session-memory like the forward's: a
+    pass the quota cannot hold fails with RESOURCE_EXHAUSTED, leaves nothing behind, and
+    the first-order pass of the same graph works on. (400 forward ops take ~370 KB; their
+    create_graph pass ~960 KB more: a 1 MiB quota holds the first, not both.)"""
+    d = start_daemon("--session-memory", str(1 << 20))
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        require_autodiff(s)
+        w0 = np.linspace(-0.5, 0.5, 16)
+        w = s.tensor(w0.astype(np.float32), requires_grad=True)
+        s.sync()
+        base = _bytes(s)
+        y = w
+        for _ in range(200):
+            y = y.tanh() * 1.01
+        loss = y.sum()
+        s.sync()
+        forward = _bytes(s)
+        with pytest.raises(tensordd.ResourceExhaustedError):
+            agrad(loss, w, create_graph=True)
+        gc.collect()
+        s.sync()
+        assert _bytes(s) == forward  # the failed pass's nodes and values are gone
+        (g,) = agrad(loss, w)
+        tw = torch.tensor(w0.astype(np.float32), requires_grad=True)
+        ty = tw
+        for _ in range(200):
+            ty = ty.tanh() * 1.01
+        (tg,) = torch.autograd.grad(ty.sum(), tw)
+        np.testing.assert_allclose(g.numpy(), tg.numpy(), rtol=1e-4, atol=1e-6)
+        del y, loss, g
+        gc.collect()
+        s.sync()
+        assert _bytes(s) == base
