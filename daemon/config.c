@@ -132,6 +132,10 @@ static const option_row rows[] = {
      "after a request, keep polling the sockets this long before sleeping, so a client's "
      "next request finds the daemon awake (a sleeping vCPU took 50-80 us to wake on a "
      "shared VM)"},
+    {"inline-work", "N", OPT_COUNT, FIELD(inline_work), 65536, 0, 1u << 24, "never",
+     "an op on a host-memory device whose lane is idle runs on the loop thread, not its "
+     "worker, when its work is at most this many element passes (a matmul's multiply-adds "
+     "count 1/32, an nn op's elements 16): two thread wake-ups cost more than that"},
     {"write-timeout", "SECS", OPT_SECONDS, FIELD(write_timeout_s), 20, 0, 86400, "never",
      "close connections whose replies make no progress (a client that stopped reading)"},
     {"max-write-queue", "BYTES", OPT_BYTES, FIELD(max_write_queue), 64 * M, 4 * K, UINT64_MAX, NULL,

@@ -168,21 +168,35 @@ static void op_done(tdd_task *t)
 }
 
 /* Ops this small run on the loop thread when their device has nothing queued:
- * handing a few hundred nanoseconds of work to a worker costs two thread
- * wake-ups (tens of microseconds), which is the whole small-op budget. Order
- * is kept: the device's queue is empty and every input is ready. */
-#define INLINE_MAX_ELEMS 4096
+ * handing a few tens of microseconds of work to a worker costs two thread
+ * wake-ups each way (a futex and the completion pipe), which is a small op's
+ * whole budget and most of a small model's training step. Order is kept: the
+ * session's lane is empty and every input is ready. The work is counted in
+ * element passes (elements read and written); a linear-algebra op adds its
+ * multiply-adds at 1/32 each, an NN op (conv, losses, norms) counts 16 per
+ * element; more than --inline-work goes to the device's worker. */
+#define INLINE_MAC_SHARE 32
+#define INLINE_NN_WEIGHT 16
 
 static bool can_run_inline(const op_task *ot)
 {
-    if (!ot->dev->be->host_memory)
+    if (!ot->dev->be->host_memory || !tdd_cfg.inline_work)
         return false;
-    int64_t work = 0;
-    for (int i = 0; i < ot->n_in; i++)
-        work += tdd_numel(&ot->in[i]->t);
+    int64_t work = 0, k = 1;
+    for (int i = 0; i < ot->n_in; i++) {
+        const tdd_tensor *t = &ot->in[i]->t;
+        work += tdd_numel(t);
+        if (t->ndim >= 1 && t->shape[t->ndim - 1] > k)
+            k = t->shape[t->ndim - 1];
+    }
     for (int i = 0; i < ot->n_out; i++)
         work += tdd_numel(&ot->out[i]->t);
-    if (work > INLINE_MAX_ELEMS || ot->op == TDD_OP_MATMUL)
+    tdd_opkind kind = tdd_opdefs[ot->op].kind;
+    if (kind == TDD_KIND_NN)
+        work *= INLINE_NN_WEIGHT;
+    else if (kind == TDD_KIND_LINALG) /* k: the largest last dimension, at least the inner one */
+        work += tdd_numel(&ot->out[0]->t) / INLINE_MAC_SHARE * k;
+    if (work > (int64_t)tdd_cfg.inline_work)
         return false;
     for (int i = 0; i < ot->n_in; i++)
         if (ot->in[i]->fq && !tdd_queue_reached(ot->in[i]->fq, ot->in[i]->fseq))
