@@ -5,9 +5,13 @@
  *     cpu backend against the ref backend (the single-threaded kernel cpu ran before
  *     it had its own), as fractions of memcpy (all count bytes read + written);
  *   - 2048^2 sgemm through the daemon (upload once, matmul, sync) against a
- *     direct OpenBLAS call in this process.
+ *     direct OpenBLAS call in this process;
+ *   - pipelined relu(4) (fire-and-forget, released in batches as it goes, one sync at
+ *     the end) in a fresh session and in one holding 200k live tensors, in ops/s
+ *     against the 1M ops/s target (issue 11): the handle table at scale.
  *
- *   bench/ops ENDPOINT     (a running tensordd; cpu:0 is used)
+ *   bench/ops ENDPOINT [pipelined]   (a running tensordd; cpu:0 is used; `pipelined`:
+ *                                     only the pipelined rows)
  * Blocks of repetitions separated by idle gaps, medians reported: OpenBLAS
  * threads spin after a call and would steal the other core from the daemon. */
 #include <cblas.h>
@@ -315,15 +319,87 @@ static void bench_sgemm(const char *ep)
     free(c);
 }
 
+#define PIPE_OPS 400000
+#define PIPE_LIVE 200000
+#define PIPE_BATCH 1024 /* outputs released per Release request */
+
+/* ops/s of PIPE_OPS pipelined relu(4) in session c, each batch of outputs released. */
+static double pipelined_rate(td_client *c, td_handle x)
+{
+    static td_handle ys[PIPE_BATCH];
+    td_error err;
+    double t0 = bench_now();
+    for (int i = 0; i < PIPE_OPS; i += PIPE_BATCH) {
+        for (int k = 0; k < PIPE_BATCH; k++)
+            ys[k] = td_op1(c, "relu", &x, 1, NULL, &err);
+        td_release(c, ys, PIPE_BATCH, &err);
+    }
+    if (td_sync(c, &err)) {
+        fprintf(stderr, "bench: pipelined relu: %s\n", err.message);
+        exit(1);
+    }
+    return PIPE_OPS / (bench_now() - t0);
+}
+
+static void bench_pipelined(const char *ep)
+{
+    double rate[2][REPS / 3];
+    for (int live = 0; live < 2; live++) {
+        td_client *c;
+        td_error err;
+        if (bench_connect(ep, &c, &err)) {
+            fprintf(stderr, "bench: %s\n", err.message);
+            exit(1);
+        }
+        float v[4] = {-1, 2, -3, 4};
+        int64_t shape[1] = {4};
+        td_handle x = 0;
+        td_upload(c, NULL, TD_F32, 1, shape, v, 0, &x, &err);
+        td_handle *held = NULL;
+        if (live) { /* 200k live tensors first (views of x: no memory of their own) */
+            held = malloc(PIPE_LIVE * sizeof *held);
+            if (!held)
+                exit(1);
+            for (int i = 0; i < PIPE_LIVE; i++)
+                held[i] = td_op1(c, "detach", &x, 1, NULL, &err);
+        }
+        if (td_sync(c, &err)) {
+            fprintf(stderr, "bench: pipelined setup: %s\n", err.message);
+            exit(1);
+        }
+        for (int r = 0; r < REPS / 3; r++) {
+            usleep(100000);
+            rate[live][r] = pipelined_rate(c, x);
+        }
+        if (held) {
+            td_release(c, held, PIPE_LIVE, &err);
+            free(held);
+        }
+        td_close(c);
+    }
+    double r0 = bench_median(rate[0], REPS / 3), r1 = bench_median(rate[1], REPS / 3);
+    printf("pipelined relu(4), %d ops released in batches of %d (median of %d)\n", PIPE_OPS,
+           PIPE_BATCH, REPS / 3);
+    printf("  fresh session        %9.0f ops/s   %.2fx the 1M ops/s target\n", r0, r0 / 1e6);
+    printf("  %dk live handles    %9.0f ops/s   %.2fx the 1M ops/s target, %.2fx fresh\n",
+           PIPE_LIVE / 1000, r1, r1 / 1e6, r1 / r0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: ops ENDPOINT\n");
+        fprintf(stderr, "usage: ops ENDPOINT [pipelined]\n");
         return 2;
+    }
+    if (argc > 2 && strcmp(argv[2], "pipelined") == 0) {
+        bench_pipelined(argv[1]);
+        return 0;
     }
     bench_elementwise();
     bench_index();
     usleep(200000);
     bench_sgemm(argv[1]);
+    usleep(200000);
+    bench_pipelined(argv[1]);
     return 0;
 }

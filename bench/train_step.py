@@ -5,11 +5,15 @@ local PyTorch (CPU), measured in the same run.
     PYTHONPATH=client/python /usr/bin/python3 bench/train_step.py ENDPOINT
 
 The step: upload a 64x64 batch and its labels, forward (64-128-10 MLP, relu,
-cross_entropy), backward and an Adam step, all in the daemon; only the step's
-completion comes back. Local PyTorch does the same with torch.optim.Adam.
+cross_entropy), backward and an Adam step, all in the daemon, then the loss's
+value read back (loss.item()). Local PyTorch does the same with torch.optim.Adam.
+Three ways over the wire: synchronous (backward and step each wait for their
+answer: session.pipeline_steps = False), pipelined (the default: one write and
+one read per step) and a recorded graph replayed.
 Blocks of steps separated by idle gaps, medians reported (OpenBLAS threads
 spin after a call and would take the other core from the other process).
 """
+import os
 import statistics
 import sys
 import time
@@ -34,6 +38,31 @@ def blocks(step, steps=STEPS, nblocks=BLOCKS, warmup=10):
             step()
         per_step.append((time.perf_counter() - t0) / steps)
     return statistics.median(per_step)
+
+
+def cpu_ns(pid):
+    """CPU time the daemon has used so far, in ns (every thread's /proc schedstat), or None."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, TypeError):
+        return None
+    return total
+
+
+def cpu_per_step(step, pid, steps=STEPS * 6):
+    """(client, daemon) CPU microseconds per step over steps steps: less disturbed by
+    other work on the machine than the wall clock (the daemon's: None without pid)."""
+    for _ in range(10):
+        step()
+    d0, c0 = cpu_ns(pid), time.process_time()
+    for _ in range(steps):
+        step()
+    d1, c1 = cpu_ns(pid), time.process_time()
+    daemon = (d1 - d0) / steps / 1e3 if d0 is not None and d1 is not None else None
+    return (c1 - c0) / steps * 1e6, daemon
 
 
 def faults(pid):
@@ -67,6 +96,7 @@ def main():
         topt.zero_grad()
         loss.backward()
         topt.step()
+        loss.item()
 
     local = blocks(torch_step)
 
@@ -79,11 +109,17 @@ def main():
             xb, yb = s.tensor(x), s.tensor(y)
             loss = s.op("cross_entropy", (xb @ W1 + B1).relu() @ W2 + B2, yb)
             opt.step(loss.backward())
+            loss.item()
 
+        s.pipeline_steps = False
+        synchronous = blocks(remote_step)
+        cpu_sync = cpu_per_step(remote_step, pid)
+        s.pipeline_steps = True
         remote = blocks(remote_step)
+        cpu_pipe = cpu_per_step(remote_step, pid)
 
         # the same step recorded once and replayed: one Replay message (and the
-        # batch's two uploads) per step; the replay's completion is waited for
+        # batch's two uploads) per step, then the loss read back
         x0, y0 = s.tensor(x), s.tensor(y)
         with s.capture(x0, y0) as graph:
             loss = s.op("cross_entropy", (x0 @ W1 + B1).relu() @ W2 + B2, y0)
@@ -91,9 +127,10 @@ def main():
 
         def replay_step():
             graph.replay(x, y)
-            s.sync()
+            loss.item()
 
         replayed = blocks(replay_step)
+        cpu_replay = cpu_per_step(replay_step, pid)
         f0 = faults(pid)  # after warm-up: a steady step should map nothing new
         for _ in range(STEPS * 4):
             replay_step()
@@ -102,9 +139,14 @@ def main():
     print("MLP 64-128-10 training step, batch 64, Adam (median of %d blocks of %d)" %
           (BLOCKS, STEPS))
     print("  local PyTorch (1 thread)  %7.3f ms" % (local * 1e3))
-    print("  tensordd over loopback    %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
+    print("  tensordd, synchronous     %7.3f ms   %.2fx local" %
+          (synchronous * 1e3, synchronous / local))
+    print("  tensordd, pipelined       %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
     print("  tensordd, graph replay    %7.3f ms   %.2fx local" %
           (replayed * 1e3, replayed / local))
+    print("  CPU per step, client / daemon (us): synchronous %s, pipelined %s, replay %s" %
+          tuple("%.0f / %s" % (c, "-" if d is None else "%.0f" % d)
+                for c, d in (cpu_sync, cpu_pipe, cpu_replay)))
     if f0 is not None and f1 is not None:
         print("  daemon page faults per replayed step after warm-up: %.2f (%d over %d steps)" %
               ((f1 - f0) / (STEPS * 4), f1 - f0, STEPS * 4))
