@@ -243,13 +243,14 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err);
  * grad_output 0: loss must be a single element and its gradient is 1. */
 int td_backward(td_client *c, td_handle loss, td_handle grad_output, int retain_graph,
                 td_handle *grads, td_error *err);
-/* td_backward_ex's flags. TD_BACKWARD_CREATE_GRAPH: the pass records itself, so the
- * gradients td_grad reads are tracked tensors, differentiable by another pass (gradient
- * penalties, Hessian-vector products); it does not imply TD_BACKWARD_RETAIN_GRAPH. */
+/* td_backward_ex's flags. */
 enum { TD_BACKWARD_RETAIN_GRAPH = 1, TD_BACKWARD_CREATE_GRAPH = 2 };
-/* td_backward with flags (TD_BACKWARD_*) and, for n_inputs > 0, only the gradients of
- * inputs[0..n_inputs) (tracked tensors, leaves or not: torch.autograd.grad's inputs),
- * through the part of the graph that leads to them. */
+/* td_backward with flags and, for n_inputs > 0, only the gradients of inputs[0..n_inputs)
+ * (tracked tensors, leaves or not: torch.autograd.grad's inputs), through the part of the
+ * graph that leads to them. TD_BACKWARD_RETAIN_GRAPH keeps the graph for another pass;
+ * TD_BACKWARD_CREATE_GRAPH records the pass itself, so the gradients td_grad reads are
+ * tracked tensors that another pass differentiates again (gradient penalties,
+ * Hessian-vector products); it does not imply TD_BACKWARD_RETAIN_GRAPH. */
 int td_backward_ex(td_client *c, td_handle loss, td_handle grad_output, unsigned flags,
                    const td_handle *inputs, size_t n_inputs, td_handle *grads, td_error *err);
 /* A new tensor handle holding t's gradient in grads. */
