@@ -73,6 +73,9 @@ typedef enum {
     X(INDEX_SELECT, "index_select", 2, 2, INDEX)                                                   \
     X(ONE_HOT, "one_hot", 1, 1, INDEX)                                                             \
     X(EMBEDDING, "embedding", 2, 2, INDEX)                                                         \
+    X(EMBEDDING_BAG, "embedding_bag", 3, 4, NN)                                                    \
+    X(EMBEDDING_BAG_BACKWARD, "embedding_bag_backward", 4, 5, NN)                                  \
+    X(MULTINOMIAL, "multinomial", 1, 1, NN)                                                        \
     X(TRIL, "tril", 1, 1, INDEX)                                                                   \
     X(TRIU, "triu", 1, 1, INDEX)                                                                   \
     X(PAD, "pad", 1, 1, INDEX)                                                                     \

@@ -91,6 +91,13 @@ static const tdd_attrdef s_cast[] = {
     AX("dtype", STR, "(required: this or the request's dtype field)", DTYPE_NAMES)};
 static const tdd_attrdef s_cat[] = {A("dim", INT, "0", "[-ndim, ndim) (stack: [-ndim-1, ndim])")};
 static const tdd_attrdef s_one_hot[] = {R("num_classes", INT, ">= 1")};
+static const tdd_attrdef s_embedding_bag[] = {
+    A("mode", STR, "\"mean\"", "sum|mean|max"),
+    AX("padding_idx", INT, "none", "[-num, num): its entries are left out (of the mean too)"),
+    A("include_last_offset", BOOL, "false", "offsets has bags + 1 entries, the last one n")};
+static const tdd_attrdef s_multinomial[] = {
+    R("num_samples", INT, ">= 1; at most the categories without replacement"),
+    A("replacement", BOOL, "false", NULL)};
 static const tdd_attrdef s_diagonal[] = {A("diagonal", INT, "0", NULL)};
 static const tdd_attrdef s_pad[] = {
     R("pad", INTS, "pairs, last dim first (left, right, top, bottom, ...)"),
@@ -267,6 +274,17 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_INDEX_SELECT] = S("input, index (int64, 1-D)", s_dim_req),
     [TDD_OP_ONE_HOT] = S("index (int64)", s_one_hot),
     [TDD_OP_EMBEDDING] = S_NONE("indices (int64), weight [num, dim]"),
+    [TDD_OP_EMBEDDING_BAG] = S("input [n] (int64/int32), weight [num, dim], offsets [bags] (bags "
+                               "+ 1 with include_last_offset), per_sample_weights [n] (optional, "
+                               "mode sum)",
+                               s_embedding_bag),
+    [TDD_OP_EMBEDDING_BAG_BACKWARD] = S(
+        "grad [bags, dim], input, offsets, weight, per_sample_weights (optional): embedding_bag's "
+        "weight gradient [num, dim]",
+        s_embedding_bag),
+    [TDD_OP_MULTINOMIAL] = S("input [C] or [R, C]: non-negative weights, each row's sum > 0; "
+                             "int64 [k] or [R, k] drawn from the session's random stream",
+                             s_multinomial),
     [TDD_OP_TRIL] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_TRIU] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_PAD] = S("input", s_pad),

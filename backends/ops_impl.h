@@ -57,5 +57,6 @@ int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt);
 int tdd_prep_shape(tdd_prep *p);  /* ops_shape.c: views, copies, joins, indexing */
 int tdd_prep_nn(tdd_prep *p);     /* ops_nn.c: linalg, NN ops, losses */
 int tdd_prep_create(tdd_prep *p); /* ops_nn.c: creation ops */
+int tdd_prep_bag(tdd_prep *p);    /* ops_bag.c: embedding_bag (and backward), multinomial */
 
 #endif

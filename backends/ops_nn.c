@@ -492,6 +492,10 @@ int tdd_prep_nn(tdd_prep *p)
     const tdd_tensor *x = p->in[0];
     int rc;
     switch (p->op) {
+    case TDD_OP_EMBEDDING_BAG:
+    case TDD_OP_EMBEDDING_BAG_BACKWARD:
+    case TDD_OP_MULTINOMIAL:
+        return tdd_prep_bag(p);
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
     case TDD_OP_LINEAR:

@@ -1093,6 +1093,22 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     const tdd_node_in *xi = &n->in[0];
     tdd_value *x = xi->v;
     switch (n->op) {
+    case TDD_OP_EMBEDDING_BAG: { /* the weight's: embedding_bag_backward, the same attrs */
+        static const char *const modes[] = {"sum", "mean", "max"};
+        if (n->n_in > 3 && n->in[3].needs_grad)
+            return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
+                               "backward of embedding_bag to per_sample_weights is not "
+                               "implemented");
+        if (!n->in[1].needs_grad)
+            return b->rc;
+        tdd_value *in[5] = {g, x, n->in[2].v, n->in[1].v, n->n_in > 3 ? n->in[3].v : NULL};
+        td_attr at[3] = {{.name = "mode", .kind = TD_ATTR_STR, .s = modes[a->i[0]]},
+                         A_B("include_last_offset", a->i[2] != 0),
+                         A_INT("padding_idx", a->i[1])};
+        gin[1] = tdd_bw_op(b, TDD_OP_EMBEDDING_BAG_BACKWARD, in, n->n_in + 1, at,
+                           a->i[1] >= 0 ? 3 : 2, 0, NULL);
+        return b->rc;
+    }
     case TDD_OP_MATMUL:
     case TDD_OP_BMM:
     case TDD_OP_LINEAR:

@@ -494,6 +494,11 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_EMBEDDING:
     case TDD_OP_ONE_HOT: /* element moves of any dtype; integer indices */
         return 0;
+    case TDD_OP_EMBEDDING_BAG:
+    case TDD_OP_EMBEDDING_BAG_BACKWARD: /* f32, f64 (tdc_embedding_bag) */
+        return g->dtype == TD_F32 || g->dtype == TD_F64 ? 0 : dtype;
+    case TDD_OP_MULTINOMIAL: /* f32, f64 weights (tdc_multinomial) */
+        return c->in[0]->dtype == TD_F32 || c->in[0]->dtype == TD_F64 ? 0 : dtype;
     case TDD_OP_SCATTER_ADD: /* f16/bf16 accumulate in f32 copies */
         return 0;
     case TDD_OP_CROSS_ENTROPY: /* f32 and f64 kernels; f16/bf16 through f32 */
@@ -828,6 +833,47 @@ static int exec_index(cuda_dev *dv, const tdd_opcall *c)
     default:
         return TD_EUNSUPPORTED_OP;
     }
+    return checked(dv, e, bad, c);
+}
+
+/* embedding_bag and its backward, multinomial: the reference's loops (ref_bag.c) as
+ * kernels. */
+static int exec_bag(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    tdd_tensor *y = c->out[0];
+    int bad = 0;
+    cudaError_t e;
+    if (!tdd_is_contiguous(y))
+        return TD_EINTERNAL; /* outputs are fresh, dense tensors */
+    if (c->op == TDD_OP_MULTINOMIAL) {
+        tdc_view x = view_of(c->in[0]);
+        e = tdc_multinomial(&dv->kd, &x, tdd_data(c->in[0]), tdd_data(y), g->i[2], g->i[3], g->i[0],
+                            (int)g->i[1], g->seed, &bad);
+        return checked(dv, e, bad, c);
+    }
+    bool bw = c->op == TDD_OP_EMBEDDING_BAG_BACKWARD;
+    int o = bw ? 1 : 0;
+    const tdd_tensor *ix = c->in[o], *off = c->in[o + (bw ? 1 : 2)], *w = c->in[o + (bw ? 2 : 1)];
+    const tdd_tensor *psw = g->flags & 1u ? c->in[o + 3] : NULL, *gy = bw ? c->in[0] : NULL;
+    tdc_view iv = view_of(ix), ov = view_of(off), wv = view_of(w), yv = view_of(y), pv, gv;
+    memset(&pv, 0, sizeof pv);
+    memset(&gv, 0, sizeof gv);
+    if (psw)
+        pv = view_of(psw);
+    if (gy)
+        gv = view_of(gy);
+    tdc_bag b = {.B = g->i[3], .pad = g->i[1], .mode = (int)g->i[0], .last = (int)g->i[2]};
+    if (bw) { /* the gradient accumulates: zeros first */
+        int rc = cuda_rc(
+            dv, tdc_fill(&dv->kd, tdd_data(y), tdd_numel(y), (int)td_dtype_size(y->dtype), 0),
+            "embedding_bag_backward");
+        if (rc)
+            return rc;
+    }
+    e = tdc_embedding_bag(&dv->kd, bw, &b, &iv, tdd_data(ix), &ov, tdd_data(off), &wv, tdd_data(w),
+                          &pv, psw ? tdd_data(psw) : NULL, &gv, gy ? tdd_data(gy) : NULL, &yv,
+                          tdd_data(y), &bad);
     return checked(dv, e, bad, c);
 }
 
@@ -1619,6 +1665,10 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
         return exec_loss(dv, c);
+    case TDD_OP_EMBEDDING_BAG:
+    case TDD_OP_EMBEDDING_BAG_BACKWARD:
+    case TDD_OP_MULTINOMIAL:
+        return exec_bag(dv, c);
     case TDD_OP_MSE_LOSS:
     case TDD_OP_BCE_WITH_LOGITS:
         return exec_pointwise_loss(dv, c);

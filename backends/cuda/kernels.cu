@@ -2217,3 +2217,180 @@ extern "C" cudaError_t tdc_conv2d_f64(const tdc_dev *d, const tdc_pool *p, const
     tdc_launch(grid_for(d, n), kThreads, 0, d->stream, conv_direct)(*p, x, w, bias, y, O, Cg, Og);
     return launched();
 }
+
+// ------------------------------------------------------------------ embedding_bag, multinomial
+// (the reference's loops, ref_bag.c, one thread per output element or row)
+
+// Bag b's entries [lo, hi) of n, false when the offsets break PyTorch's rules.
+__device__ __forceinline__ bool bag_range(const tdc_view &off, const void *op, int64_t b, int64_t B,
+                                          int last, int64_t n, int64_t *lo, int64_t *hi)
+{
+    *lo = load_i(op, off.dt, b * off.strides[0]);
+    *hi = b + 1 < B || last ? load_i(op, off.dt, (b + 1) * off.strides[0]) : n;
+    return !((b == 0 && *lo != 0) || *lo < 0 || *hi < *lo || *hi > n);
+}
+
+// One thread per (bag, column): the forward's output, or (bw) the column's share of the
+// weight's gradient added atomically (bags share rows).
+__global__ void embedding_bag_kernel(int bw, __grid_constant__ const tdc_bag g,
+                                     __grid_constant__ const tdc_view ix, const void *ixp,
+                                     __grid_constant__ const tdc_view off, const void *offp,
+                                     __grid_constant__ const tdc_view w, const void *wp,
+                                     __grid_constant__ const tdc_view psw, const void *pswp,
+                                     __grid_constant__ const tdc_view gy, const void *gyp,
+                                     __grid_constant__ const tdc_view y, void *yp, int *bad)
+{
+    int64_t D = w.shape[1], num = w.shape[0], n = ix.shape[0];
+    for (int64_t i = gtid(); i < g.B * D; i += gstride()) {
+        int64_t b = i / D, d = i - b * D, lo, hi;
+        if (!bag_range(off, offp, b, g.B, g.last, n, &lo, &hi)) {
+            *bad = 1;
+            continue;
+        }
+        double acc = g.mode == 2 ? -INFINITY : 0.0;
+        int64_t cnt = 0, arg = -1;
+        bool ok = true;
+        for (int64_t j = lo; j < hi; j++) {
+            int64_t k = load_i(ixp, ix.dt, j * ix.strides[0]);
+            if (k < 0 || k >= num) {
+                ok = false;
+                break;
+            }
+            if (k == g.pad)
+                continue;
+            double v = load_f(wp, w.dt, k * w.strides[0] + d * w.strides[1]);
+            if (pswp)
+                v *= load_f(pswp, psw.dt, j * psw.strides[0]);
+            if (g.mode == 2) {
+                if (arg < 0 || v > acc || (v != v && acc == acc)) {
+                    acc = v;
+                    arg = k;
+                }
+            } else {
+                acc += v;
+            }
+            cnt++;
+        }
+        if (!ok) {
+            *bad = 1;
+            continue;
+        }
+        if (!bw) {
+            double v = cnt == 0 ? 0.0 : g.mode == 1 ? acc / (double)cnt : acc;
+            store_f(yp, y.dt, b * y.strides[0] + d * y.strides[1], v);
+            continue;
+        }
+        double gv = load_f(gyp, gy.dt, b * gy.strides[0] + d * gy.strides[1]);
+        double scale = g.mode == 1 && cnt > 0 ? 1.0 / (double)cnt : 1.0;
+        for (int64_t j = lo; j < hi; j++) {
+            int64_t k = load_i(ixp, ix.dt, j * ix.strides[0]);
+            if (k == g.pad || (g.mode == 2 && k != arg))
+                continue;
+            double s = g.mode == 2
+                           ? gv
+                           : gv * scale * (pswp ? load_f(pswp, psw.dt, j * psw.strides[0]) : 1.0);
+            int64_t yo = k * y.strides[0] + d * y.strides[1];
+            if (y.dt == 2)
+                atomicAdd((double *)yp + yo, s);
+            else
+                atomicAdd((float *)yp + yo, (float)s);
+            if (g.mode == 2)
+                break; /* the max's one entry */
+        }
+    }
+}
+
+// One thread per row: the reference's draws (ref_bag.c) in the same order.
+__global__ void multinomial_kernel(__grid_constant__ const tdc_view x, const void *xp, int64_t *y,
+                                   int64_t R, int64_t C, int64_t k, int repl, uint64_t seed,
+                                   int *bad)
+{
+    for (int64_t r = gtid(); r < R; r += gstride()) {
+        double total = 0.0;
+        int64_t nz = 0;
+        bool ok = true;
+        for (int64_t i = 0; i < C; i++) {
+            double p = load_f(xp, x.dt, flat_offset(x.shape, x.strides, x.ndim, r * C + i));
+            if (!(p >= 0.0) || p == INFINITY)
+                ok = false;
+            total += p;
+            nz += p > 0.0;
+        }
+        if (!ok || !(total > 0.0) || total == INFINITY || (!repl && nz < k)) {
+            *bad = 1;
+            continue;
+        }
+        double prev = INFINITY;
+        int64_t prev_i = -1;
+        for (int64_t s = 0; s < k; s++) {
+            int64_t pick = -1;
+            if (repl) {
+                double u = (double)(rng_u64(seed, (uint64_t)(r * k + s)) >> 11) * 0x1.0p-53 * total;
+                double acc = 0.0;
+                for (int64_t i = 0; i < C && pick < 0; i++) {
+                    double p = load_f(xp, x.dt, flat_offset(x.shape, x.strides, x.ndim, r * C + i));
+                    if (p <= 0.0)
+                        continue;
+                    acc += p;
+                    if (u < acc)
+                        pick = i;
+                    prev_i = i;
+                }
+                if (pick < 0)
+                    pick = prev_i;
+            } else {
+                double best = -INFINITY;
+                for (int64_t i = 0; i < C; i++) {
+                    double p = load_f(xp, x.dt, flat_offset(x.shape, x.strides, x.ndim, r * C + i));
+                    if (p <= 0.0)
+                        continue;
+                    double u = (double)(rng_u64(seed, (uint64_t)(r * C + i)) >> 11) * 0x1.0p-53;
+                    double key = log(1.0 - u) / p;
+                    bool after = key < prev || (key == prev && i > prev_i);
+                    if (after && (pick < 0 || key > best)) {
+                        best = key;
+                        pick = i;
+                    }
+                }
+                prev = best;
+                prev_i = pick;
+            }
+            y[r * k + s] = pick;
+        }
+    }
+}
+
+extern "C" cudaError_t tdc_embedding_bag(const tdc_dev *d, int bw, const tdc_bag *g,
+                                         const tdc_view *ix, const void *ixp, const tdc_view *off,
+                                         const void *offp, const tdc_view *w, const void *wp,
+                                         const tdc_view *psw, const void *pswp, const tdc_view *gy,
+                                         const void *gyp, const tdc_view *y, void *yp, int *bad)
+{
+    *bad = 0;
+    int64_t n = g->B * w->shape[1];
+    if (n == 0)
+        return cudaSuccess;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, embedding_bag_kernel)(
+        bw, *g, *ix, ixp, *off, offp, *w, wp, *psw, pswp, *gy, gyp, *y, yp, flag);
+    return flag_read(d, flag, launched(), bad);
+}
+
+extern "C" cudaError_t tdc_multinomial(const tdc_dev *d, const tdc_view *x, const void *xp,
+                                       int64_t *y, int64_t R, int64_t C, int64_t k, int repl,
+                                       uint64_t seed, int *bad)
+{
+    *bad = 0;
+    if (R == 0)
+        return cudaSuccess;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    tdc_launch(grid_for(d, R), kThreads, 0, d->stream, multinomial_kernel)(*x, xp, y, R, C, k, repl,
+                                                                           seed, flag);
+    return flag_read(d, flag, launched(), bad);
+}

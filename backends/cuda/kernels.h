@@ -259,6 +259,23 @@ typedef enum { TDC_SOFTMAX, TDC_LOG_SOFTMAX, TDC_CUMSUM } tdc_rowop;
 cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_layout *l, int dt, void *y,
                      const void *x);
 
+/* embedding_bag (bw 0: y [B, D]) or its backward (bw 1: gy [B, D] in, y [num, D] the
+ * weight's gradient, zeroed by the caller); psw/gy NULL when absent. mode 0 sum, 1 mean,
+ * 2 max; pad -1: none. *bad: an index or offset out of PyTorch's rules. f32/f64. */
+typedef struct {
+    int64_t B, pad;
+    int mode, last;
+} tdc_bag;
+cudaError_t tdc_embedding_bag(const tdc_dev *d, int bw, const tdc_bag *g, const tdc_view *ix,
+                              const void *ixp, const tdc_view *off, const void *offp,
+                              const tdc_view *w, const void *wp, const tdc_view *psw,
+                              const void *pswp, const tdc_view *gy, const void *gyp,
+                              const tdc_view *y, void *yp, int *bad);
+/* multinomial of R rows of C weights (x f32/f64) into y [R, k] (dense int64), the draws of
+ * ref_bag.c from seed; *bad: a row the reference refuses. */
+cudaError_t tdc_multinomial(const tdc_dev *d, const tdc_view *x, const void *xp, int64_t *y,
+                            int64_t R, int64_t C, int64_t k, int repl, uint64_t seed, int *bad);
+
 #ifdef __cplusplus
 }
 #endif

@@ -104,6 +104,10 @@ int tdd_ref_run(const tdd_opcall *c)
         return c->op == TDD_OP_CLONE || c->op == TDD_OP_CAST ? ref_copy(c) : ref_index_op(c);
     case TDD_KIND_NN:
         switch (c->op) {
+        case TDD_OP_EMBEDDING_BAG:
+        case TDD_OP_EMBEDDING_BAG_BACKWARD:
+        case TDD_OP_MULTINOMIAL:
+            return ref_bag_op(c);
         case TDD_OP_CROSS_ENTROPY:
         case TDD_OP_NLL_LOSS:
         case TDD_OP_MSE_LOSS:

@@ -51,6 +51,7 @@ int ref_loss(const tdd_opcall *c);        /* ref_reduce.c */
 int ref_matmul(const tdd_opcall *c);      /* ref_nn.c */
 int ref_index_op(const tdd_opcall *c);    /* ref_nn.c: cat ... pad */
 int ref_nn(const tdd_opcall *c);          /* ref_nn.c: layer_norm, dropout, conv, pools */
+int ref_bag_op(const tdd_opcall *c);      /* ref_bag.c: embedding_bag (+ backward), multinomial */
 int ref_batch_norm(const tdd_opcall *c);  /* ref_norm.c */
 
 #endif

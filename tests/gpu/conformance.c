@@ -42,6 +42,14 @@ static const conf_case gpu_cases[] = {
     {"gather", {"x:50,30", "i30:50,60"}, "dim=1", "sho", 1},
     {"index_select", {"x:20,300", "i20:70"}, "dim=0", "sb", 1},
     {"embedding", {"i100:7,9", "x:100,33"}, "", "s", 1},
+    /* embedding_bag (+ backward's atomics on shared rows), multinomial's draws */
+    {"embedding_bag", {"i50:300", "x:50,33", "o300:40"}, "mode='mean';padding_idx=7", "sd", 1},
+    {"embedding_bag", {"i50:300", "x:50,33", "o300:40", "x:300"}, "mode='sum'", "sd", 1},
+    {"embedding_bag", {"i50:300", "x:50,33", "o300:40"}, "mode='max'", "sd", 1},
+    {"embedding_bag_backward", {"x:40,33", "i50:300", "o300:40", "x:50,33"}, "mode='sum'", "sd", 2},
+    {"embedding_bag_backward", {"x:40,33", "i50:300", "o300:40", "x:50,33"}, "mode='max'", "sd", 1},
+    {"multinomial", {"p:40,30"}, "num_samples=20", "sd", 0},
+    {"multinomial", {"p:40,30"}, "num_samples=50;replacement=true", "sd", 0},
     /* im2col + strided-batched GEMM with groups, several batches */
     {"conv2d", {"x:3,6,11,9", "x:8,3,3,3", "x:8"}, "groups=2;padding=1;stride=[1,2]", "s", 30},
     {"max_pool2d", {"x:2,3,17,13"}, "kernel_size=[3,2];stride=2;dilation=[1,2]", "sd", 1},

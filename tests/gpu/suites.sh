@@ -28,6 +28,7 @@ trap 'rm -f "$out"' EXIT
 if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BUILD/python \
     "$PY" -m pytest -q -p no:cacheprovider -rA tests/python/test_cuda_ops.py \
     tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py \
+    tests/python/test_cuda_optim14.py \
     tests/python/test_ops14_bn.py tests/python/test_cuda_resnet14.py \
     tests/python/test_cuda_double_backward.py \
     tests/python/test_ops14_forms.py tests/python/test_ops14_dtypes.py \

@@ -261,6 +261,19 @@ const conf_case conf_cases[] = {
     {"one_hot", {"i10:300,200"}, "num_classes=10", "", 1},
     {"one_hot", {"i10:300,200T"}, "num_classes=10", "", 1},
     {"embedding", {"i10:3,4", "x:10,6"}, "", FA, 1},
+    /* embedding_bag: o<n>:<k> is k offsets into n indices (0 first, never decreasing) */
+    {"embedding_bag", {"i10:12", "x:10,6", "o12:4"}, "mode='sum'", F, 1},
+    {"embedding_bag", {"i10:12", "x:10,6", "o12:5"}, "include_last_offset=true", F, 1},
+    {"embedding_bag", {"i10:12", "x:10,6", "o12:4"}, "padding_idx=3", F, 1},
+    {"embedding_bag", {"i10:12", "x:10,6", "o12:4", "x:12"}, "mode='sum';padding_idx=-2", F, 1},
+    {"embedding_bag", {"i10:12", "x:10,6", "o12:4"}, "mode='max'", F, 1},
+    {"embedding_bag", {"i10:0", "x:10,6", "o0:3"}, "mode='mean'", F, 1}, /* empty bags */
+    {"embedding_bag_backward", {"x:4,6", "i10:12", "o12:4", "x:10,6"}, "mode='mean'", F, 1},
+    {"embedding_bag_backward", {"x:4,6", "i10:12", "o12:4", "x:10,6"}, "mode='max'", F, 1},
+    /* multinomial: the same draws (tdd_opreq.seed) on every backend */
+    {"multinomial", {"p:5,7"}, "num_samples=4", F, 0},
+    {"multinomial", {"p:7"}, "num_samples=7", F, 0},
+    {"multinomial", {"p:3,7"}, "num_samples=9;replacement=true", F, 0},
     {"tril", {"x:4,5"}, "diagonal=1", ALL, 1},
     {"triu", {"x:2,4,5"}, "diagonal=-1", ALL, 1},
     {"pad", {"x:3,4"}, "pad=[1,2,0,1];value=0.5", ALL, 1},
@@ -708,6 +721,18 @@ int conf_inputs(const conf_case *c, td_dtype dt, int variant, conf_input in[4])
             ivals = calloc((size_t)n + 1, sizeof *ivals);
             for (int64_t i = 0; i < n; i++)
                 ivals[i] = (int64_t)(rnd() % (uint64_t)lim);
+        } else if (spec[0] == 'o') { /* offsets into lim indices: 0, then sorted draws */
+            int64_t lim = strtoll(spec + 1, NULL, 10);
+            idt = TD_I64;
+            ivals = calloc((size_t)n + 1, sizeof *ivals);
+            for (int64_t i = 1; i < n; i++)
+                ivals[i] = (int64_t)(rnd() % (uint64_t)(lim + 1));
+            for (int64_t i = 1; i < n; i++) /* insertion sort: a handful of offsets */
+                for (int64_t j = i; j > 1 && ivals[j - 1] > ivals[j]; j--) {
+                    int64_t t = ivals[j];
+                    ivals[j] = ivals[j - 1];
+                    ivals[j - 1] = t;
+                }
         } else if (spec[0] == 'b') {
             idt = TD_BOOL;
             for (int64_t i = 0; i < n; i++)

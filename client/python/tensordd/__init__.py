@@ -142,6 +142,11 @@ def rand(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
                                   requires_grad=requires_grad)
 
 
+def multinomial(input, num_samples: int, replacement: bool = False) -> Tensor:  # noqa: A002
+    """``torch.multinomial``: see :meth:`Tensor.multinomial`."""
+    return input.multinomial(num_samples, replacement)
+
+
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False) -> Tensor:
     """``torch.arange`` on the default session (see the :class:`Session` method of the same name).
     """
@@ -198,6 +203,7 @@ __all__ = ["connect", "Session", "Tensor", "Device", "DeviceSpecError", "DType",
            "optim", "nn", "error_class", "PROTOCOL_VERSION", "DEFAULT_ENDPOINT",
            "default_session", "set_default_session", "tensor", "as_tensor", "from_numpy",
            "zeros", "ones", "full", "randn", "rand", "arange", "cat", "stack", "where",
+           "multinomial",
            "no_grad", "set_grad_enabled", "is_grad_enabled", "device", "is_tensor",
            "float32", "float64", "float16", "bfloat16", "int32", "int64", "int16", "int8",
            "uint8", "bool",

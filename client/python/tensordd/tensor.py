@@ -895,6 +895,12 @@ class Tensor:
         """Cumulative sum along dim (``torch.cumsum``)."""
         return self._op("cumsum", dim=int(dim))
 
+    def multinomial(self, num_samples: int, replacement: bool = False) -> "Tensor":
+        """int64 category draws from the rows of this tensor's non-negative weights
+        (``torch.multinomial``), from the session's random stream."""
+        return self.session.op("multinomial", self, num_samples=int(num_samples),
+                               replacement=bool(replacement))
+
     def softmax(self, dim: int):
         """Softmax along dim (``torch.softmax``)."""
         return self._op("softmax", dim=int(dim))

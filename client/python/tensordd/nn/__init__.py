@@ -402,6 +402,38 @@ class Embedding(Module):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
+class EmbeddingBag(Module):
+    """Bags of embedding rows reduced by sum, mean or max (``torch.nn.EmbeddingBag``);
+    the table drawn from N(0, 1), ``padding_idx``'s row zero."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, mode: str = "mean",
+                 include_last_offset: bool = False, padding_idx=None, device=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.mode, self.include_last_offset = mode, include_last_offset
+        if padding_idx is not None and padding_idx < 0:
+            padding_idx += num_embeddings
+        self.padding_idx = padding_idx
+        w = _rng.standard_normal((num_embeddings, embedding_dim)).astype(np.float32)
+        if padding_idx is not None:
+            w[padding_idx] = 0
+        self.weight = Parameter(w, device=device)
+
+    def forward(self, input, offsets=None, per_sample_weights=None):  # noqa: A002
+        """The layer applied to its input (what calling the module does)."""
+        return F.embedding_bag(input, self.weight, offsets, mode=self.mode,
+                               per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset,
+                               padding_idx=self.padding_idx)
+
+    def extra_repr(self):
+        """The layer's settings as repr shows them (torch's hook)."""
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+
+
+__all__ += ["EmbeddingBag"]
+
+
 class LayerNorm(Module):
     """Layer normalisation over the last dims, with an affine weight and bias
     (``torch.nn.LayerNorm``)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..tensor import Tensor
 
 __all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "softmax",
@@ -143,6 +145,42 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D convolution (``torch.nn.functional.conv2d``)."""
     return _op("conv2d", input, weight, bias, stride=_pair(stride), padding=_pair(padding),
                dilation=_pair(dilation), groups=int(groups))
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0,  # noqa: A002
+                  scale_grad_by_freq=False, mode="mean", sparse=False, per_sample_weights=None,
+                  include_last_offset=False, padding_idx=None):
+    """Sums, means or maxima of bags of embedding rows (``torch.nn.functional.embedding_bag``):
+    input 2-D (each row a bag) or 1-D with ``offsets`` (each bag's start; with
+    ``include_last_offset`` one more, the end). ``per_sample_weights`` (mode "sum") scale
+    the rows; ``padding_idx``'s entries are left out (of the mean's count too); an empty
+    bag is zeros. The gradient reaches ``weight`` (not ``per_sample_weights``)."""
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding_bag: max_norm, scale_grad_by_freq and sparse "
+                                  "are not supported")
+    if input.ndim == 2:
+        if offsets is not None:
+            raise ValueError("if input is 2D, then offsets has to be None, as input is treated "
+                             "is a mini-batch of fixed length sequences")
+        bags, per = input.shape
+        offsets = input.session.arange(0, bags * per, per, device=input.device) if per else \
+            input.session.tensor(np.zeros(bags, np.int64), device=input.device)
+        input = input.reshape(-1)
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1)
+        include_last_offset = False
+    elif input.ndim != 1:
+        raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor of dimension "
+                         f"{input.ndim}")
+    elif offsets is None:
+        raise ValueError("offsets has to be a 1D Tensor but got None")
+    attrs = {"mode": str(mode), "include_last_offset": bool(include_last_offset)}
+    if padding_idx is not None:
+        attrs["padding_idx"] = int(padding_idx)
+    return _op("embedding_bag", input, weight, offsets, per_sample_weights, **attrs)
+
+
+__all__ += ["embedding_bag"]
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
