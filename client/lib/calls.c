@@ -444,10 +444,15 @@ int td_upload_fd(td_client *c, const td_device *device, td_dtype dtype, int ndim
     if (tensor_bytes(dtype, ndim, shape, &bytes) != 0)
         return td__fail(err, TD_EINVALID_ARGUMENT, "bad dtype (%d) or shape (ndim %d)", (int)dtype,
                         ndim);
-    if (c->tls || c->resume_window_s)
-        return td__fail(err, TD_EINVALID_ARGUMENT, "%s",
-                        c->tls ? "file descriptors cannot cross a TLS connection"
-                               : "a resumable session cannot send a file descriptor again");
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (c->tls || getsockname(c->fd, (struct sockaddr *)&ss, &sl) != 0 || ss.ss_family != AF_UNIX)
+        return td__fail(err, TD_EINVALID_ARGUMENT,
+                        "file descriptors cannot cross a TCP or TLS connection: connect to the "
+                        "daemon's unix:// socket");
+    if (c->resume_window_s)
+        return td__fail(err, TD_EINVALID_ARGUMENT,
+                        "a resumable session cannot send a file descriptor again");
     Tensordd__V1__Device dev;
     device_to_pb(device ? device : &default_device, &dev);
     Tensordd__V1__Upload up = TENSORDD__V1__UPLOAD__INIT;

@@ -124,6 +124,12 @@ START_TEST(test_memfd_tcp_refused)
     ck_assert_int_eq(td_download_fd(c, h, &fd, &at, NULL, &e), TD_EINVALID_ARGUMENT);
     ck_assert_msg(strstr(e.message, "TCP") != NULL, "%s", e.message);
     ck_assert_int_eq(fd, -1);
+    fd = memfd_create("itest", MFD_CLOEXEC);
+    td_handle u = 0;
+    ck_assert_int_eq(td_upload_fd(c, NULL, TD_F32, 1, shape, fd, 0, 0, &u, &e),
+                     TD_EINVALID_ARGUMENT); /* refused here: the session goes on */
+    ck_assert_msg(strstr(e.message, "TCP") != NULL, "%s", e.message);
+    close(fd);
     float y[4];
     it_download_f32(c, h, y, 4); /* the session goes on */
     ck_assert_mem_eq(x, y, sizeof y);
