@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 7
+#define TD_VERSION_MINOR 8
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -244,13 +244,16 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err);
 int td_backward(td_client *c, td_handle loss, td_handle grad_output, int retain_graph,
                 td_handle *grads, td_error *err);
 /* td_backward_ex's flags. */
-enum { TD_BACKWARD_RETAIN_GRAPH = 1, TD_BACKWARD_CREATE_GRAPH = 2 };
+enum { TD_BACKWARD_RETAIN_GRAPH = 1, TD_BACKWARD_CREATE_GRAPH = 2, TD_BACKWARD_PIPELINED = 4 };
 /* td_backward with flags and, for n_inputs > 0, only the gradients of inputs[0..n_inputs)
  * (tracked tensors, leaves or not: torch.autograd.grad's inputs), through the part of the
  * graph that leads to them. TD_BACKWARD_RETAIN_GRAPH keeps the graph for another pass;
  * TD_BACKWARD_CREATE_GRAPH records the pass itself, so the gradients td_grad reads are
  * tracked tensors that another pass differentiates again (gradient penalties,
- * Hessian-vector products); it does not imply TD_BACKWARD_RETAIN_GRAPH. */
+ * Hessian-vector products); it does not imply TD_BACKWARD_RETAIN_GRAPH.
+ * TD_BACKWARD_PIPELINED sends it without waiting for an answer (*grads is set at once):
+ * its error, or an earlier one, is reported by the next synchronising call, and a step
+ * with the gradients of a failed pass changes nothing. */
 int td_backward_ex(td_client *c, td_handle loss, td_handle grad_output, unsigned flags,
                    const td_handle *inputs, size_t n_inputs, td_handle *grads, td_error *err);
 /* A new tensor handle holding t's gradient in grads. */
@@ -275,6 +278,14 @@ int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_err
  * option changes nothing and steps nothing. */
 int td_optimizer_step_attrs(td_client *c, td_handle optimizer, td_handle grads,
                             const td_attr *attrs, size_t nattrs, td_error *err);
+/* td_optimizer_step_ex's flags: TD_STEP_PIPELINED sends the step without waiting for its
+ * answer; its error (or an earlier one) is reported by the next synchronising call. A
+ * training step of td_backward_ex and td_optimizer_step_ex, both pipelined, and a
+ * td_download of the loss is one write and one read. */
+enum { TD_STEP_PIPELINED = 1 };
+/* td_optimizer_step_attrs with flags (TD_STEP_*). */
+int td_optimizer_step_ex(td_client *c, td_handle optimizer, td_handle grads, const td_attr *attrs,
+                         size_t nattrs, unsigned flags, td_error *err);
 /* An optimizer's state (torch.optim's state_dict()["state"]) for its n parameters, in
  * the order td_optimizer_create named them: steps[i], and buffer k of parameter i in
  * bufs[3 * i + k] (0: none) -- sgd: 0 momentum_buffer; adam, adamw: 0 exp_avg,

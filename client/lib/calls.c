@@ -840,7 +840,8 @@ int td_backward_ex(td_client *c, td_handle loss, td_handle grad_output, unsigned
     int rc = check_client(c, err);
     if (rc)
         return rc;
-    if (flags & ~(unsigned)(TD_BACKWARD_RETAIN_GRAPH | TD_BACKWARD_CREATE_GRAPH))
+    if (flags &
+        ~(unsigned)(TD_BACKWARD_RETAIN_GRAPH | TD_BACKWARD_CREATE_GRAPH | TD_BACKWARD_PIPELINED))
         return td__fail(err, TD_EINVALID_ARGUMENT, "td_backward_ex: unknown flags 0x%x", flags);
     if (n_inputs && !inputs)
         return td__fail(err, TD_EINVALID_ARGUMENT, "td_backward_ex: %zu inputs but no array",
@@ -853,8 +854,10 @@ int td_backward_ex(td_client *c, td_handle loss, td_handle grad_output, unsigned
     b.n_inputs = n_inputs;
     b.inputs = (uint64_t *)(uintptr_t)inputs; /* protobuf-c's field is not const; not written */
     b.grads = c->next_handle++;
+    b.pipelined = (flags & TD_BACKWARD_PIPELINED) ? 1 : 0;
     REQ(req, backward, BACKWARD, &b);
-    rc = call_ok(c, &req, err);
+    /* pipelined: not answered; a failure is the session's pending error */
+    rc = b.pipelined ? td__call(c, &req, NULL, 0, NULL, err) : call_ok(c, &req, err);
     if (rc == 0 && grads)
         *grads = b.grads;
     return rc;
@@ -961,9 +964,18 @@ int td_optimizer_step(td_client *c, td_handle optimizer, td_handle grads, td_err
 int td_optimizer_step_attrs(td_client *c, td_handle optimizer, td_handle grads,
                             const td_attr *attrs, size_t nattrs, td_error *err)
 {
+    return td_optimizer_step_ex(c, optimizer, grads, attrs, nattrs, 0, err);
+}
+
+int td_optimizer_step_ex(td_client *c, td_handle optimizer, td_handle grads, const td_attr *attrs,
+                         size_t nattrs, unsigned flags, td_error *err)
+{
     int rc = check_client(c, err);
     if (rc)
         return rc;
+    if (flags & ~(unsigned)TD_STEP_PIPELINED)
+        return td__fail(err, TD_EINVALID_ARGUMENT, "td_optimizer_step_ex: unknown flags 0x%x",
+                        flags);
     if (nattrs && !attrs)
         return td__fail(err, TD_EINVALID_ARGUMENT, "attrs is NULL with nattrs %zu", nattrs);
     attr_block ab;
@@ -976,8 +988,9 @@ int td_optimizer_step_attrs(td_client *c, td_handle optimizer, td_handle grads,
     s.grads = grads;
     s.n_attrs = nattrs;
     s.attrs = ab.ptrs;
+    s.pipelined = (flags & TD_STEP_PIPELINED) ? 1 : 0;
     REQ(req, optimizer_step, OPTIMIZER_STEP, &s);
-    rc = call_ok(c, &req, err);
+    rc = s.pipelined ? td__call(c, &req, NULL, 0, NULL, err) : call_ok(c, &req, err);
     attrs_free(&ab);
     return rc;
 }

@@ -33,6 +33,7 @@ Suite *it_resume_suite(void);
 Suite *it_tls_suite(void);
 Suite *it_memfd_suite(void);
 Suite *it_handles_suite(void);
+Suite *it_pipeline_step_suite(void);
 Suite *it_transfer_suite(void);
 
 #endif
