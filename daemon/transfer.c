@@ -190,6 +190,21 @@ typedef struct {
     tdd_value *v;
 } landing;
 
+/* A bool tensor holds 0 or 1 in each byte, as an Upload's must. */
+static int bool_bad(const tdd_value *v, td_error *err)
+{
+    if (v->t.dtype != TD_BOOL)
+        return 0;
+    const uint8_t *b = tdd_data(&v->t);
+    size_t n = (size_t)tdd_numel(&v->t);
+    for (size_t i = 0; i < n; i++)
+        if (b[i] > 1)
+            return tdd_err_arg(err, "payload",
+                               "bool payload byte %zu is %u: bool tensors hold 0 or 1", i,
+                               (unsigned)b[i]);
+    return 0;
+}
+
 static void landed(tdd_conn *c, void *arg, int status)
 {
     landing *l = arg;
@@ -207,6 +222,10 @@ static void landed(tdd_conn *c, void *arg, int status)
             tdd_session_fail(l->s, &err);
     } else if (l->s->closed) {
         tdd_err_set(&err, TD_ECLOSED, "the session that accepted the transfer has ended");
+        err.request_id = l->push_req;
+        tdd_count_error(err.code);
+        tdd_conn_send_error(c, l->push_req, &err);
+    } else if (bool_bad(l->v, &err)) { /* a pusher is a client: its bytes are checked */
         err.request_id = l->push_req;
         tdd_count_error(err.code);
         tdd_conn_send_error(c, l->push_req, &err);

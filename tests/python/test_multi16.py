@@ -354,3 +354,26 @@ def test_push_to_a_tls_target_checks_its_certificate(start_daemon, pki):
         m["wary"].sync()  # the source's session goes on
     finally:
         m.close(raise_errors=False)
+
+
+def test_a_pushed_bool_tensor_is_checked_as_an_upload(hosts, token_file):
+    """A pusher is a client: its bool bytes are held to 0 or 1, and nothing is bound."""
+    ds = Daemons(hosts, token_file, 1)
+    try:
+        with ds.connect() as m:
+            b = m["a"]
+            h, cap = accept(b, [4], pb.DTYPE_BOOL)
+            pusher = tensordd.connect(ds.proxies[0].endpoint, token=TOKEN, timeout=60)
+            try:
+                req = pusher._new_request()
+                req.transfer_push.capability = cap
+                req.want_reply = True
+                pusher._send(req, _Call("transfer_push"), payload=np.array([0, 1, 2, 1], np.uint8))
+                with pytest.raises(tensordd.InvalidArgumentError, match="byte 2 is 2"):
+                    pusher.sync()  # (the push's own answer: an error, read first)
+            finally:
+                pusher.close(raise_errors=False)
+            with pytest.raises(tensordd.UnknownHandleError):
+                describe(b, h)
+    finally:
+        ds.close()
