@@ -130,8 +130,9 @@ int td_download(td_client *c, td_handle h, void *buf, size_t cap, td_tensor_info
  * tensor's bytes (C order) are in memfd fd from byte offset on (a multiple of 64), sealed
  * with F_SEAL_SHRINK|F_SEAL_WRITE. The fd travels over the socket (SCM_RIGHTS) and the
  * daemon maps it copy-on-write as the tensor's storage: no copy. fd stays the caller's.
- * Asynchronous as td_upload: a refused fd (not a sealed memfd, too small, a TCP or TLS
- * connection) poisons the handle and surfaces at the next synchronising call. */
+ * Asynchronous as td_upload: a refused fd (not a sealed memfd, too small) poisons the
+ * handle and surfaces at the next synchronising call; on a TCP or TLS connection, or a
+ * resumable session, the call itself fails with TD_EINVALID_ARGUMENT. */
 int td_upload_fd(td_client *c, const td_device *device, td_dtype dtype, int ndim,
                  const int64_t *shape, int fd, uint64_t offset, int requires_grad, td_handle *out,
                  td_error *err);
