@@ -321,3 +321,29 @@ def test_classes_refuse_as_torch():
             getattr(torch.optim, kind)([torch.zeros(1, requires_grad=True)], **bad)
         with pytest.raises(ValueError):
             getattr(tensordd.optim, kind)([object()], **bad)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["loop", "ops"])
+@pytest.mark.parametrize("kind,opts", [
+    ("RMSprop", dict(lr=0.01, alpha=0.9, momentum=0.5, centered=True, weight_decay=0.1,
+                     maximize=True)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.05, initial_accumulator_value=0.3, weight_decay=0.1,
+                     maximize=True)),
+])
+def test_float64_and_maximize(session, kind, opts, foreach):
+    """float64 parameters follow torch's arithmetic to the last bits (rtol 1e-12): the
+    update is torch's, op for op, on either path."""
+    w0 = np.random.default_rng(64).standard_normal((7, 3))
+    w = session.tensor(w0, requires_grad=True)
+    opt = getattr(tensordd.optim, kind)([w], **opts)
+    opt.param_groups[0]["foreach"] = foreach
+    tw = torch.tensor(w0, requires_grad=True)
+    topt = getattr(torch.optim, kind)([tw], **opts)
+    for _ in range(10):
+        opt.zero_grad()
+        (w * w * w).sum().backward()
+        opt.step()
+        topt.zero_grad()
+        (tw * tw * tw).sum().backward()
+        topt.step()
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-12, atol=1e-15)
