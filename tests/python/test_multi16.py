@@ -82,10 +82,17 @@ class Daemons:
         return sum(p.up + p.down for p in self.proxies)
 
     def close(self):
+        """Stops every daemon (SIGTERM); one the test did not kill must exit 0 (under
+        sanitizers: no error, no leak)."""
         for p in self.proxies:
             p.stop()
+        bad = []
         for d in self.ds:
-            d.kill()
+            killed = d.proc.poll() is not None
+            rc = d.stop()
+            if not killed and rc != 0:
+                bad.append(f"{d.endpoint} exited {rc}:\n{d.log()}")
+        assert not bad, "\n".join(bad)
 
 
 def bridge_proxy(hosts, target_endpoint, **kw):
