@@ -91,6 +91,7 @@ typedef enum {
     X(BATCH_NORM, "batch_norm", 1, 5, NN)                                                          \
     X(DROPOUT, "dropout", 1, 1, NN)                                                                \
     X(SDPA, "scaled_dot_product_attention", 3, 4, NN)                                              \
+    X(INTERPOLATE, "interpolate", 1, 1, NN)                                                        \
     X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
     X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
     X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \
@@ -140,6 +141,35 @@ TDD_HD void tdd_adaptive_window(int64_t i, int64_t m, int64_t n, int64_t *lo, in
 {
     *lo = i * n / m;
     *hi = ((i + 1) * n + m - 1) / m;
+}
+
+/* interpolate's source along one dim for output index o (in and out the dim's sizes, scale the
+ * ratio tdd_opargs holds), as PyTorch's CPU kernels compute it: mode 0 nearest (*i1 = *i0,
+ * *l1 = 0; float math), 1 linear (the two neighbours and the second's weight; float math, or
+ * double for f64 inputs). Sources are >= 0, so the casts truncate as floor. */
+TDD_HD void tdd_interp_src(int mode, int align_corners, int dbl, double scale, int64_t o,
+                           int64_t in, int64_t out, int64_t *i0, int64_t *i1, double *l1)
+{
+    if (mode == 0) {
+        int64_t k = out == in ? o : out == 2 * in ? o >> 1 : (int64_t)((float)o * (float)scale);
+        *i0 = *i1 = k < in - 1 ? k : in - 1;
+        *l1 = 0.0;
+        return;
+    }
+    double src;
+    if (dbl) {
+        src = align_corners ? scale * (double)o : scale * ((double)o + 0.5) - 0.5;
+    } else {
+        float s = (float)scale, t = align_corners ? s * (float)o : s * ((float)o + 0.5f) - 0.5f;
+        src = (double)t;
+    }
+    if (src < 0.0)
+        src = 0.0;
+    int64_t k = (int64_t)src;
+    double l = src - (double)k;
+    *i0 = k;
+    *i1 = k < in - 1 ? k + 1 : k;
+    *l1 = l < 0.0 ? 0.0 : l > 1.0 ? 1.0 : l;
 }
 
 /* pad's source index for position k (counted from the input's start) of a dim of size n > 0,

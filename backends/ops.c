@@ -129,6 +129,11 @@ static const tdd_attrdef s_dropout[] = {A("p", NUM, "0.5", "[0, 1]"),
 static const tdd_attrdef s_sdpa[] = {
     A("dropout_p", NUM, "0", "[0, 1]; draws from the session's random stream"),
     A("is_causal", BOOL, "false", "not with attn_mask"), AX("scale", NUM, "1/sqrt(E)", "finite")};
+static const tdd_attrdef s_interp[] = {
+    A("size", INT_OR_INTS, "(from scale_factor)", ">= 1 each; one per spatial dim"),
+    A("scale_factor", FLOATS, "(from size)", "> 0, one per spatial dim; not with size"),
+    A("mode", STR, "\"nearest\"", "nearest|linear (3-D)|bilinear (4-D)"),
+    A("align_corners", BOOL, "false", "linear modes only")};
 static const tdd_attrdef s_conv2d[] = {
     A("stride", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
     A("padding", INTS_OR_STR, "0", ">= 0; an int, (h, w), \"same\" (stride 1) or \"valid\""),
@@ -310,6 +315,7 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_SDPA] = S("query [..., L, E], key [..., S, E], value [..., S, Ev], attn_mask "
                       "(optional: bool, True attends, or added; broadcasts to [..., L, S])",
                       s_sdpa),
+    [TDD_OP_INTERPOLATE] = S("input [N, C, W] or [N, C, H, W]", s_interp),
     [TDD_OP_CONV2D] =
         S("input [N, C, H, W] or [C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional)",
           s_conv2d),

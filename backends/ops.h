@@ -146,6 +146,9 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      optional, in that order); i[0] training, f[0] eps, f[1] momentum, flags bit 0/1/2
  *      running stats/weight/bias; training with running stats updates inputs 1, 2 in place
  *      (inplace_in)
+ *  interpolate: i[0] mode (0 nearest, 1 linear/bilinear), i[1] align_corners, i[2] spatial
+ *      dims (1 or 2), ints[0] the output's spatial sizes, f[0..1] each dim's scale as
+ *      tdd_interp_src takes it (PyTorch's: in/out, 1/scale_factor, or (in-1)/(out-1))
  *  creation: f[0..2] value/start/end/step, n[0..2] exact ints, i[0..1] eye n, m */
 typedef struct tdd_opargs {
     td_dtype dtype;  /* output dtype */

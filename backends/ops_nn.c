@@ -486,6 +486,74 @@ static int prep_batch_norm(tdd_prep *p)
     return 0;
 }
 
+/* interpolate (F.interpolate): [N, C, W] or [N, C, H, W], nearest or (bi)linear, the output
+ * from size or scale_factor (floor(in * factor), which then also sets the scale, as
+ * PyTorch's does when it is not recomputed). */
+static int prep_interp(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0];
+    const char *mode;
+    bool align;
+    int rc, nd = x->ndim - 2, n;
+    if ((rc = need_float(p, x)) || (rc = tdd_p_str(p, "mode", "nearest", &mode)) ||
+        (rc = tdd_p_bool(p, "align_corners", false, &align)))
+        return rc;
+    if (nd != 1 && nd != 2)
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C, W] or [N, C, H, W], got %d-D",
+                           p->name, x->ndim);
+    if (strcmp(mode, "nearest") == 0)
+        g->i[0] = 0;
+    else if (strcmp(mode, nd == 1 ? "linear" : "bilinear") == 0)
+        g->i[0] = 1;
+    else
+        return tdd_err_arg(p->err, "mode", "%s: mode '%.32s' on a %d-D input; nearest or %s",
+                           p->name, mode, x->ndim, nd == 1 ? "linear" : "bilinear");
+    if (g->i[0] == 0 && tdd_p_get(p, "align_corners"))
+        return tdd_err_arg(p->err, "align_corners", "%s: align_corners is for the linear modes",
+                           p->name);
+    const td_attr *sf = tdd_p_get(p, "scale_factor");
+    int64_t size[2];
+    if ((rc = tdd_p_ints(p, "size", size, 2, &n)))
+        return rc;
+    if ((n < 0) == !sf)
+        return tdd_err_arg(p->err, n < 0 ? "size" : "scale_factor",
+                           "%s: exactly one of size and scale_factor", p->name);
+    if (sf && sf->n != (size_t)nd && sf->n != 1)
+        return tdd_err_arg(p->err, "scale_factor", "%s: %zu scale factors for %d spatial dims",
+                           p->name, sf->n, nd);
+    if (n >= 0 && n != nd && n != 1)
+        return tdd_err_arg(p->err, "size", "%s: %d sizes for %d spatial dims", p->name, n, nd);
+    int64_t shape[4];
+    memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
+    for (int d = 0; d < nd; d++) {
+        int64_t in = x->shape[2 + d], out;
+        double f = sf ? sf->floats[sf->n == 1 ? 0 : d] : 0.0;
+        if (sf) {
+            if (!(f > 0.0) || !(f * (double)(in ? in : 1) < 1e15))
+                return tdd_err_arg(p->err, "scale_factor",
+                                   "%s: scale factors must be > 0 and finite", p->name);
+            out = (int64_t)floor((double)in * f);
+        } else {
+            out = size[n == 1 ? 0 : d];
+        }
+        if (in < 1 || out < 1)
+            return tdd_err_arg(p->err, sf ? "scale_factor" : "size",
+                               "%s: input and output sizes must be > 0 (dim %d: %lld -> %lld)",
+                               p->name, 2 + d, (long long)in, (long long)out);
+        if (g->i[0] == 1 && align)
+            g->f[d] = out > 1 ? (double)(in - 1) / (double)(out - 1) : 0.0;
+        else
+            g->f[d] = sf ? 1.0 / f : (double)in / (double)out;
+        g->ints[0][d] = shape[2 + d] = out;
+    }
+    g->i[1] = align;
+    g->i[2] = nd;
+    g->dtype = g->cdtype = x->dtype;
+    tdd_p_out(p, 0, x->dtype, shape, x->ndim);
+    return 0;
+}
+
 int tdd_prep_nn(tdd_prep *p)
 {
     tdd_opargs *g = p->args;
@@ -591,6 +659,8 @@ int tdd_prep_nn(tdd_prep *p)
     }
     case TDD_OP_SDPA:
         return prep_sdpa(p);
+    case TDD_OP_INTERPOLATE:
+        return prep_interp(p);
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:

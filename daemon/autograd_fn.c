@@ -1087,6 +1087,59 @@ static int f_sdpa(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* interpolate's weights along dim d as a matrix [out, in] (row o: its sources' weights), built
+ * by ops in the forward kernel's arithmetic (tdd_interp_src): float, or double for f64. */
+static tdd_value *interp_matrix(tdd_bw *b, const tdd_opargs *a, int d, int64_t in, int64_t out,
+                                td_dtype dt, tdd_device *dev)
+{
+    int mode = (int)a->i[0];
+    td_dtype mt = dt == TD_F64 && mode == 1 ? TD_F64 : TD_F32;
+    double s = mt == TD_F32 ? (double)(float)a->f[d] : a->f[d];
+    td_attr ro[2] = {A_INT("start", 0), A_INT("end", out)},
+            ri[2] = {A_INT("start", 0), A_INT("end", in)};
+    tdd_value *o = tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, ro, 2, mt, dev);
+    tdd_value *j = unsqueeze(b, tdd_bw_op(b, TDD_OP_ARANGE, NULL, 0, ri, 2, mt, dev), 0);
+    tdd_value *w;
+    if (mode == 0) {
+        tdd_value *k = out == in       ? o
+                       : out == 2 * in ? un(b, TDD_OP_FLOOR, sc(b, TDD_OP_MUL, o, 0.5))
+                                       : un(b, TDD_OP_FLOOR, sc(b, TDD_OP_MUL, o, s));
+        k = unsqueeze(b, sc(b, TDD_OP_MINIMUM, k, (double)(in - 1)), 1);
+        w = cast(b, bin(b, TDD_OP_EQ, j, k), dt);
+    } else {
+        tdd_value *src =
+            a->i[1] ? sc(b, TDD_OP_MUL, o, s)
+                    : sc(b, TDD_OP_SUB, sc(b, TDD_OP_MUL, sc(b, TDD_OP_ADD, o, 0.5), s), 0.5);
+        src = unsqueeze(b, sc(b, TDD_OP_MAXIMUM, src, 0.0), 1);
+        tdd_value *k0 = un(b, TDD_OP_FLOOR, src);
+        tdd_value *l1 = bin(b, TDD_OP_SUB, src, k0);
+        tdd_value *k1 = sc(b, TDD_OP_MINIMUM, sc(b, TDD_OP_ADD, k0, 1.0), (double)(in - 1));
+        tdd_value *w0 = bin(b, TDD_OP_MUL, cast(b, bin(b, TDD_OP_EQ, j, k0), mt),
+                            sc(b, TDD_OP_ADD, sc(b, TDD_OP_MUL, l1, -1.0), 1.0));
+        tdd_value *w1 = bin(b, TDD_OP_MUL, cast(b, bin(b, TDD_OP_EQ, j, k1), mt), l1);
+        w = cast(b, bin(b, TDD_OP_ADD, w0, w1), dt);
+    }
+    return w;
+}
+
+/* interpolate is linear per spatial dim, y = Wh x Ww^T, so gx = Wh^T g Ww. */
+static int f_interp(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0];
+    int nd = (int)a->i[2], last = xi->ndim - 1;
+    tdd_value *ww =
+        interp_matrix(b, a, nd - 1, xi->shape[last], n->out[0].shape[last], xi->dtype, xi->dev);
+    tdd_value *gx = bin(b, TDD_OP_MATMUL, g, ww);
+    if (nd == 2) {
+        tdd_value *wh =
+            interp_matrix(b, a, 0, xi->shape[2], n->out[0].shape[2], xi->dtype, xi->dev);
+        gx = bin(b, TDD_OP_MATMUL, transpose(b, wh, 0, 1), gx);
+    }
+    gin[0] = gx;
+    return b->rc;
+}
+
 static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -1175,6 +1228,8 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         return f_sdpa(b, n, g, gin);
     case TDD_OP_BATCH_NORM:
         return f_batch_norm(b, n, g, gin);
+    case TDD_OP_INTERPOLATE:
+        return f_interp(b, n, g, gin);
     case TDD_OP_GROUP_NORM: { /* layer_norm's formula over [N, G, C/G * S] */
         int nd = xi->ndim;
         int64_t N = xi->shape[0], C = xi->shape[1], G = a->i[0];

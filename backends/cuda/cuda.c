@@ -560,7 +560,8 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return 0;
     case TDD_OP_BATCH_NORM: /* any float dtype as it is (the running stats written in place) */
         return 0;
-    case TDD_OP_SDPA: /* strided operands, f16/bf16 widened; a bool mask as bytes */
+    case TDD_OP_SDPA:        /* strided operands, f16/bf16 widened; a bool mask as bytes */
+    case TDD_OP_INTERPOLATE: /* dense planes, f16/bf16 widened */
         return 0;
     case TDD_OP_RAND:
     case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
@@ -1457,6 +1458,7 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_ADAPTIVE_AVG_POOL2D:
     case TDD_OP_GROUP_NORM:
     case TDD_OP_BATCH_NORM: /* the running stats updated in place are dense (prepare) */
+    case TDD_OP_INTERPOLATE:
         return true;
     case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
     case TDD_OP_NLL_LOSS:
@@ -1627,6 +1629,21 @@ static int exec_sdpa(cuda_dev *dv, const tdd_opcall *c)
                    tdd_opdefs[c->op].name);
 }
 
+/* interpolate: dense planes of [H, W] (H = 1 for 3-D inputs) */
+static int exec_interp(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    int nd = (int)g->i[2];
+    int64_t H = nd == 2 ? x->shape[2] : 1, W = x->shape[x->ndim - 1];
+    int64_t Ho = nd == 2 ? y->shape[2] : 1, Wo = y->shape[y->ndim - 1];
+    return cuda_rc(dv,
+                   tdc_interpolate(&dv->kd, (int)y->dtype, tdd_data(x), tdd_data(y),
+                                   x->shape[0] * x->shape[1], H, W, Ho, Wo, nd, (int)g->i[0],
+                                   (int)g->i[1], g->f[0], g->f[nd - 1]),
+                   tdd_opdefs[c->op].name);
+}
+
 static int execute_op(cuda_dev *dv, const tdd_opcall *c)
 {
     if (tdd_ew_arity(c->op) == 2)
@@ -1766,6 +1783,8 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
     }
     case TDD_OP_SDPA:
         return exec_sdpa(dv, c);
+    case TDD_OP_INTERPOLATE:
+        return exec_interp(dv, c);
     case TDD_OP_TRIL:
     case TDD_OP_TRIU:
         return exec_tri(dv, c);

@@ -1267,6 +1267,31 @@ __global__ void sdpa_kernel(__grid_constant__ const tdc_sdpa_args a, int dt, con
     }
 }
 
+// interpolate over dense planes: a thread per output element, its sources by tdd_interp_src
+// (opcodes.h, as ref's); dt f32 or f64 (f16/bf16 widened).
+__global__ void interp_kernel(int dt, const void *x, void *y, int64_t planes, int64_t H, int64_t W,
+                              int64_t Ho, int64_t Wo, int nd, int mode, int align, double sh,
+                              double sw)
+{
+    const int dbl = dt == 2;
+    for (int64_t e = gtid(); e < planes * Ho * Wo; e += gstride()) {
+        int64_t ow = e % Wo, oh = (e / Wo) % Ho, p = e / (Wo * Ho);
+        int64_t h0 = 0, h1 = 0, w0, w1;
+        double lh = 0.0, lw;
+        if (nd == 2)
+            tdd_interp_src(mode, align, dbl, sh, oh, H, Ho, &h0, &h1, &lh);
+        tdd_interp_src(mode, align, dbl, sw, ow, W, Wo, &w0, &w1, &lw);
+        const int64_t r0 = (p * H + h0) * W, r1 = (p * H + h1) * W;
+        double v = load_f(x, dt, r0 + w0);
+        if (mode == 1) {
+            double top = (1.0 - lw) * v + lw * load_f(x, dt, r0 + w1);
+            double bot = (1.0 - lw) * load_f(x, dt, r1 + w0) + lw * load_f(x, dt, r1 + w1);
+            v = nd == 2 ? (1.0 - lh) * top + lh * bot : top;
+        }
+        store_f(y, dt, e, v);
+    }
+}
+
 // layer_norm over dense rows of D: one block per row, mean then the squared deviations (two
 // passes, as var), then the write with the optional weight and bias.
 template <typename T>
@@ -2129,6 +2154,17 @@ extern "C" cudaError_t tdc_sdpa(const tdc_dev *d, const tdc_sdpa_args *a, int dt
         return cudaSuccess;
     tdc_launch(grid_for(d, a->rows * a->Ev), kThreads, 0, d->stream, sdpa_kernel)(*a, dt, q, k, v,
                                                                                   m, y);
+    return launched();
+}
+
+extern "C" cudaError_t tdc_interpolate(const tdc_dev *d, int dt, const void *x, void *y,
+                                       int64_t planes, int64_t H, int64_t W, int64_t Ho, int64_t Wo,
+                                       int nd, int mode, int align, double sh, double sw)
+{
+    if (planes * Ho * Wo == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, planes * Ho * Wo), kThreads, 0, d->stream,
+               interp_kernel)(dt, x, y, planes, H, W, Ho, Wo, nd, mode, align, sh, sw);
     return launched();
 }
 

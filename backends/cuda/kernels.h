@@ -106,6 +106,11 @@ typedef struct {
 } tdc_sdpa_args;
 cudaError_t tdc_sdpa(const tdc_dev *d, const tdc_sdpa_args *a, int dt, const void *q, const void *k,
                      const void *v, const void *m, void *y);
+/* interpolate over dense planes [H, W] into [Ho, Wo] (nd 1: H = Ho = 1); dt f32 or f64;
+ * mode, align, sh, sw as tdd_opargs (ops.h) */
+cudaError_t tdc_interpolate(const tdc_dev *d, int dt, const void *x, void *y, int64_t planes,
+                            int64_t H, int64_t W, int64_t Ho, int64_t Wo, int nd, int mode,
+                            int align, double sh, double sw);
 /* group_norm over dense [N, C, S] (dt f32 or f64) in G groups; w, b [C] or NULL */
 /* batch_norm over dense [N, C, S] of any float dt; rm, rv [C] (NULL: none), read in eval and
  * updated in place when training; w, b [C] or NULL */

@@ -308,6 +308,47 @@ static int ref_sdpa(const tdd_opcall *c)
     return 0;
 }
 
+/* interpolate: each output element from its (up to) four sources (tdd_interp_src). */
+static int ref_interp(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *x = c->in[0];
+    tdd_tensor *y = c->out[0];
+    int nd = (int)g->i[2], mode = (int)g->i[0], dbl = x->dtype == TD_F64;
+    int64_t n = tdd_numel(y), idx[4], src[4];
+    int64_t H = nd == 2 ? x->shape[2] : 1, W = x->shape[x->ndim - 1];
+    int64_t Ho = nd == 2 ? y->shape[2] : 1, Wo = y->shape[y->ndim - 1];
+    for (int64_t e = 0; e < n; e++) {
+        ref_unravel(e, y->shape, y->ndim, idx);
+        int64_t h0 = 0, h1 = 0, w0, w1;
+        double lh = 0.0, lw;
+        if (nd == 2)
+            tdd_interp_src(mode, (int)g->i[1], dbl, g->f[0], idx[2], H, Ho, &h0, &h1, &lh);
+        tdd_interp_src(mode, (int)g->i[1], dbl, g->f[nd - 1], idx[y->ndim - 1], W, Wo, &w0, &w1,
+                       &lw);
+        memcpy(src, idx, sizeof src);
+        if (nd == 2)
+            src[2] = h0;
+        src[y->ndim - 1] = w0;
+        double v = ref_getf(x, ref_at(x, src, x->ndim));
+        if (mode == 1) {
+            src[y->ndim - 1] = w1;
+            double top = (1.0 - lw) * v + lw * ref_getf(x, ref_at(x, src, x->ndim));
+            v = top;
+            if (nd == 2) {
+                src[2] = h1;
+                src[3] = w0;
+                double b0 = ref_getf(x, ref_at(x, src, x->ndim));
+                src[3] = w1;
+                double bot = (1.0 - lw) * b0 + lw * ref_getf(x, ref_at(x, src, x->ndim));
+                v = (1.0 - lh) * top + lh * bot;
+            }
+        }
+        ref_setf(y, ref_index(y, e), v);
+    }
+    return 0;
+}
+
 int ref_nn(const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
@@ -319,6 +360,8 @@ int ref_nn(const tdd_opcall *c)
         return ref_batch_norm(c);
     case TDD_OP_SDPA:
         return ref_sdpa(c);
+    case TDD_OP_INTERPOLATE:
+        return ref_interp(c);
     case TDD_OP_GROUP_NORM: { /* groups of C/G channels x the rest, per sample */
         int64_t N = x->shape[0], C = x->shape[1], G = g->i[0], Cg = C / G;
         int64_t S = N != 0 && C != 0 ? n / (N * C) : 0, M = Cg * S;

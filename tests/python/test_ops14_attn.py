@@ -117,12 +117,38 @@ EINSUM = [
     ("ab,cd->", [(2, 3), (4, 5)]), ("ij,j->i", [(0, 3), (3,)]), ("...i,...i->i", [(2, 3), (3,)]),
 ]
 
+# interpolate: nearest / (bi)linear, align_corners, size or scale_factor, up and down
+INTERP = [
+    ("nearest_size", (2, 3, 4, 5), {"size": (7, 3)}),
+    ("nearest_x2", (1, 2, 3, 4), {"scale_factor": 2}),
+    ("nearest_sf", (1, 2, 5, 4), {"scale_factor": (1.5, 0.7)}),
+    ("nearest_3d", (2, 3, 5), {"size": 8}),
+    ("nearest_3d_sf_down", (2, 2, 9), {"scale_factor": 0.4}),
+    ("bilinear_size", (2, 2, 4, 5), {"size": (7, 9), "mode": "bilinear"}),
+    ("bilinear_align", (1, 3, 4, 3), {"size": (6, 7), "mode": "bilinear", "align_corners": True}),
+    ("bilinear_sf", (1, 2, 3, 4), {"scale_factor": 2, "mode": "bilinear"}),
+    ("bilinear_down", (2, 1, 7, 6), {"size": (3, 4), "mode": "bilinear"}),
+    ("bilinear_sf_align", (1, 1, 5, 4), {"scale_factor": (1.7, 2.5), "mode": "bilinear",
+                                         "align_corners": True}),
+    ("bilinear_to_1", (1, 2, 4, 4), {"size": (1, 3), "mode": "bilinear", "align_corners": True}),
+    ("linear_3d", (2, 3, 5), {"size": 9, "mode": "linear"}),
+    ("linear_3d_align_sf", (1, 2, 4), {"scale_factor": 2.5, "mode": "linear",
+                                       "align_corners": True}),
+]
+
 CASES = [Case(f"sdpa_{tag}", ins, _sdpa(**kw), _tsdpa(**kw), grads=gr, atol=2e-5)
          for tag, ins, kw, gr in SDPA] + [
     Case(f"einsum_{eq.replace(' ', '')}", [f32(*sh) for sh in shapes],
          (lambda eq: lambda s, *t: tensordd.einsum(eq, *t))(eq),
          (lambda eq: lambda *t: torch.einsum(eq, *t))(eq), grads=list(range(len(shapes))))
-    for eq, shapes in EINSUM]
+    for eq, shapes in EINSUM] + [
+    Case(f"interpolate_{tag}", [f32(*shape)],
+         (lambda kw: lambda s, x: TF.interpolate(x, **kw))(kw),
+         (lambda kw: lambda x: F.interpolate(x, **kw))(kw), grads=[0])
+    for tag, shape, kw in INTERP] + [
+    Case("upsample_module", [f32(2, 3, 4, 4)],
+         lambda s, x: tensordd.nn.Upsample(scale_factor=2, mode="bilinear")(x),
+         lambda x: torch.nn.Upsample(scale_factor=2, mode="bilinear")(x), grads=[0])]
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -226,3 +252,15 @@ def test_einsum_refusals(s, dev):
             tensordd.einsum(eq, *ops).numpy()
     list_form = tensordd.einsum("ij->j", [a]).numpy()  # operands as one list, as torch allows
     np.testing.assert_array_equal(list_form, np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("dev", DEVICES[:1])
+def test_interpolate_refusals(s, dev):
+    x = s.tensor(np.zeros((1, 2, 3, 4), np.float32), device=dev)
+    for kw in ({"size": 4, "scale_factor": 2.0}, {}, {"size": (2, 2), "mode": "linear"},
+               {"size": (2, 2), "mode": "bicubic"}, {"size": (2, 2), "align_corners": True},
+               {"scale_factor": 0.1}, {"scale_factor": -1.0}, {"size": (2, 2, 2)}):
+        with pytest.raises(tensordd.InvalidArgumentError):
+            TF.interpolate(x, **kw).numpy()
+    with pytest.raises(tensordd.InvalidArgumentError):
+        TF.interpolate(s.tensor(np.zeros(4, np.float32), device=dev), size=2).numpy()

@@ -220,3 +220,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if scale is not None:
         attrs["scale"] = float(scale)
     return _op("scaled_dot_product_attention", query, key, value, attn_mask, **attrs)
+
+
+__all__ += ["interpolate"]
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest",  # noqa: A002
+                align_corners=None):
+    """Resizes [N, C, W] or [N, C, H, W] by size or scale_factor, mode "nearest", "linear"
+    (3-D) or "bilinear" (4-D) (``torch.nn.functional.interpolate``; the scale factor sets the
+    sampling as torch's does when recompute_scale_factor is not given)."""
+    attrs = {"mode": mode}
+    if size is not None:
+        attrs["size"] = [int(size)] if isinstance(size, int) else [int(v) for v in size]
+    if scale_factor is not None:
+        attrs["scale_factor"] = [float(scale_factor)] if isinstance(scale_factor, (int, float)) \
+            else [float(v) for v in scale_factor]
+    if align_corners is not None:
+        attrs["align_corners"] = bool(align_corners)
+    return _op("interpolate", input, **attrs)
