@@ -1140,6 +1140,43 @@ static int f_interp(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* embedding_bag's gradient to per_sample_weights (mode sum): entry j gets
+ * dot(g[bag(j)], weight[input[j]]), 0 for padding_idx and entries past the last bag. bag(j)
+ * counts the bag starts after the first at or before j: a scatter of ones at offsets[1..]
+ * and a cumulative sum. */
+static tdd_value *bag_psw_grad(tdd_bw *b, tdd_node *n, tdd_value *g)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *pi = &n->in[3];
+    int64_t N = n->in[0].shape[0], B = a->i[3], nb = a->i[2] ? B : B - 1, n1[1] = {N + 1},
+            nbs[1] = {nb > 0 ? nb : 0};
+    if (B == 0 || N == 0)
+        return zeros_in(b, pi);
+    tdd_value *ix = cast(b, n->in[0].v, TD_I64), *bag = zeros(b, n1, 1, TD_I64, pi->dev);
+    if (nb > 0) {
+        td_attr sl[3] = {A_INT("dim", 0), A_INT("start", 1), A_INT("stop", 1 + nb)};
+        td_attr one = A_INT("other", 1);
+        tdd_value *in[3] = {bag, op1a(b, TDD_OP_SLICE, cast(b, n->in[2].v, TD_I64), sl, 3),
+                            op1a(b, TDD_OP_ADD, zeros(b, nbs, 1, TD_I64, pi->dev), &one, 1)};
+        td_attr d0 = A_INT("dim", 0);
+        bag = in[0] && in[1] && in[2] ? tdd_bw_op(b, TDD_OP_SCATTER_ADD, in, 3, &d0, 1, 0, NULL)
+                                      : NULL;
+        bag = op1a(b, TDD_OP_CUMSUM, bag, &d0, 1);
+    }
+    td_attr sl[3] = {A_INT("dim", 0), A_INT("start", 0), A_INT("stop", N)};
+    td_attr last = A_INT("other", B - 1), lim = A_INT("other", B), pad = A_INT("other", a->i[1]);
+    bag = op1a(b, TDD_OP_SLICE, bag, sl, 3);
+    /* entries after the last bag (include_last_offset) get nothing */
+    tdd_value *keep = cast(b, op1a(b, TDD_OP_LT, bag, &lim, 1), pi->dtype);
+    if (a->i[1] >= 0)
+        keep = bin(b, TDD_OP_MUL, keep, cast(b, op1a(b, TDD_OP_NE, ix, &pad, 1), pi->dtype));
+    tdd_value *rows[2] = {op1a(b, TDD_OP_MINIMUM, bag, &last, 1), g};
+    tdd_value *gsel = rows[0] ? tdd_bw_op(b, TDD_OP_EMBEDDING, rows, 2, NULL, 0, 0, NULL) : NULL;
+    tdd_value *wrow[2] = {ix, n->in[1].v};
+    tdd_value *wsel = ix ? tdd_bw_op(b, TDD_OP_EMBEDDING, wrow, 2, NULL, 0, 0, NULL) : NULL;
+    return bin(b, TDD_OP_MUL, sum_dim(b, bin(b, TDD_OP_MUL, gsel, wsel), 1, false), keep);
+}
+
 static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
     const tdd_opargs *a = &n->args;
@@ -1149,9 +1186,7 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     case TDD_OP_EMBEDDING_BAG: { /* the weight's: embedding_bag_backward, the same attrs */
         static const char *const modes[] = {"sum", "mean", "max"};
         if (n->n_in > 3 && n->in[3].needs_grad)
-            return tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
-                               "backward of embedding_bag to per_sample_weights is not "
-                               "implemented");
+            gin[3] = bag_psw_grad(b, n, g);
         if (!n->in[1].needs_grad)
             return b->rc;
         tdd_value *in[5] = {g, x, n->in[2].v, n->in[1].v, n->n_in > 3 ? n->in[3].v : NULL};

@@ -64,24 +64,29 @@ def test_optimizers_on_cuda(gs, kind):
                                            atol=o14.ATOL)
 
 
-@pytest.mark.parametrize("case", [0, 2, 3, 5])
+@pytest.mark.parametrize("case", [0, 2, 3, 5, 6])
 def test_embedding_bag_on_cuda(gs, case):
     import test_ops14_bag as b14
     mode, ix, off, last, pad, psw = b14.CASES[case]
     w = gs.tensor(b14.W, device=DEV, requires_grad=True)
     i, o, p = b14._ours(gs, DEV, ix, off, psw)
+    if p is not None:
+        p.requires_grad_()
     out = F.embedding_bag(i, w, o, mode=mode, per_sample_weights=p, include_last_offset=last,
                           padding_idx=pad)
     tw = torch.tensor(b14.W, requires_grad=True)
+    tp = torch.tensor(psw, requires_grad=True) if psw is not None else None
     tout = torch.nn.functional.embedding_bag(
-        torch.tensor(ix), tw, torch.tensor(off), mode=mode,
-        per_sample_weights=torch.tensor(psw) if psw is not None else None,
+        torch.tensor(ix), tw, torch.tensor(off), mode=mode, per_sample_weights=tp,
         include_last_offset=last, padding_idx=pad)
     np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=b14.RTOL, atol=b14.ATOL)
     grads = (out * out).sum().backward()
     (tout * tout).sum().backward()
     np.testing.assert_allclose(grads.get(w).numpy(), tw.grad.numpy(), rtol=b14.RTOL,
                                atol=b14.ATOL)
+    if p is not None:
+        np.testing.assert_allclose(grads.get(p).numpy(), tp.grad.numpy(), rtol=b14.RTOL,
+                                   atol=b14.ATOL)
 
 
 def test_multinomial_on_cuda_draws_as_ref():

@@ -1,10 +1,11 @@
-"""Issue 14: embedding_bag (forward and the weight's gradient) against torch 1.13,
+"""Issue 14: embedding_bag (forward, and the gradients of weight and per_sample_weights)
+against torch 1.13,
 and multinomial's draws: their law (chi-square), no repeats without replacement,
 the same samples for the same seed, and the typed refusals.
 
 embedding_bag: every mode x (1-D input with offsets, 2-D input, include_last_offset,
 padding_idx, per_sample_weights, empty bags) on cpu:0 and ref:0, forward and the
-weight's gradient of a weighted sum of the output, within rtol 1e-5, atol 1e-6
+gradients of a weighted sum of the output, within rtol 1e-5, atol 1e-6
 (float32; the daemon sums in double and rounds once, torch in float).
 
 multinomial: the session's random stream is the daemon's (seeded per session), so a
@@ -46,6 +47,9 @@ CASES = [
     ("mean", IX, OFF, False, 2, None),
     ("max", IX, OFF, False, -8, None),
     ("sum", IX, OFF, False, 4, RNG.standard_normal(11).astype(np.float32)),
+    ("sum", IX, np.array([0, 3, 7, 11], np.int64), True, None,
+     RNG.standard_normal(11).astype(np.float32)),
+    ("sum", IX[:10].reshape(2, 5), None, False, 9, RNG.standard_normal((2, 5)).astype(np.float32)),
     ("mean", IX, np.array([0, 4, 4, 9, 11], np.int64), True, None, None),
     ("sum", IX[:10].reshape(2, 5), None, False, None, None),
     ("max", IX[:10].reshape(5, 2), None, False, 2, None),
@@ -59,18 +63,22 @@ def test_embedding_bag_matches_torch(session, device, case):
     mode, ix, off, last, pad, psw = CASES[case]
     w = session.tensor(W, device=device, requires_grad=True)
     i, o, p = _ours(session, device, ix, off, psw)
+    if p is not None:
+        p.requires_grad_()
     out = F.embedding_bag(i, w, o, mode=mode, per_sample_weights=p, include_last_offset=last,
                           padding_idx=pad)
     tw = torch.tensor(W, requires_grad=True)
+    tp = torch.tensor(psw, requires_grad=True) if psw is not None else None
     tout = torch.nn.functional.embedding_bag(
         torch.tensor(ix), tw, torch.tensor(off) if off is not None else None, mode=mode,
-        per_sample_weights=torch.tensor(psw) if psw is not None else None,
-        include_last_offset=last, padding_idx=pad)
+        per_sample_weights=tp, include_last_offset=last, padding_idx=pad)
     np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=RTOL, atol=ATOL)
     scale = RNG.standard_normal(tuple(tout.shape)).astype(np.float32)
     grads = (out * session.tensor(scale, device=device)).sum().backward()
     (tout * torch.tensor(scale)).sum().backward()
     np.testing.assert_allclose(grads.get(w).numpy(), tw.grad.numpy(), rtol=RTOL, atol=ATOL)
+    if p is not None:  # per_sample_weights' gradient too
+        np.testing.assert_allclose(grads.get(p).numpy(), tp.grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
 def test_embedding_bag_module(session):

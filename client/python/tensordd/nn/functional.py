@@ -154,7 +154,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0,  # 
     input 2-D (each row a bag) or 1-D with ``offsets`` (each bag's start; with
     ``include_last_offset`` one more, the end). ``per_sample_weights`` (mode "sum") scale
     the rows; ``padding_idx``'s entries are left out (of the mean's count too); an empty
-    bag is zeros. The gradient reaches ``weight`` (not ``per_sample_weights``)."""
+    bag is zeros. Differentiable in ``weight`` and ``per_sample_weights``."""
     if max_norm is not None or scale_grad_by_freq or sparse:
         raise NotImplementedError("embedding_bag: max_norm, scale_grad_by_freq and sparse "
                                   "are not supported")
