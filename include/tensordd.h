@@ -192,6 +192,10 @@ int td_ping(td_client *c, td_error *err);
  * Called from inside td_upload/td_download on the caller's thread. */
 typedef void (*td_progress_fn)(void *arg, uint64_t done, uint64_t total);
 /* Installs (or with NULL removes) the progress callback for this client. */
+/* Both for a tensor h of source: its dtype and shape asked (td_describe), a capability
+ * from target, the push from source; *out is the new handle in target's session. */
+int td_transfer(td_client *source, td_handle h, td_client *target, const char *endpoint,
+                const char *token, const td_device *device, td_handle *out, td_error *err);
 void td_set_progress(td_client *c, td_progress_fn fn, void *arg);
 /* Daemon-to-daemon transfers: a tensor copied from one daemon (the source) straight into
  * another (the target), the client sending two small requests. td_transfer_accept asks

@@ -1166,3 +1166,20 @@ int td_transfer_send(td_client *source, td_handle h, const char *endpoint, const
     REQ(req, transfer_send, TRANSFER_SEND, &ts);
     return call_ok(source, &req, err);
 }
+
+int td_transfer(td_client *source, td_handle h, td_client *target, const char *endpoint,
+                const char *token, const td_device *device, td_handle *out, td_error *err)
+{
+    td_tensor_info info;
+    uint8_t cap[TD_CAPABILITY_SIZE];
+    td_handle landed = 0;
+    int rc = td_describe(source, h, &info, err);
+    if (rc == 0)
+        rc = td_transfer_accept(target, device, info.dtype, info.ndim, info.shape, cap, &landed,
+                                err);
+    if (rc == 0)
+        rc = td_transfer_send(source, h, endpoint, token, cap, err);
+    if (rc == 0 && out)
+        *out = landed;
+    return rc;
+}

@@ -38,6 +38,20 @@ START_TEST(test_transfer_between_sessions)
                      TD_EINVALID_ARGUMENT);
     /* a bad endpoint, before any connection */
     ck_assert_int_eq(td_transfer_send(src, x, "udp://x:1", "", cap, &e), TD_EINVALID_ARGUMENT);
+    /* td_transfer: describe, accept and send in one; a strided view lands contiguous */
+    td_attr dims[2] = {td_attr_int("dim0", 0), td_attr_int("dim1", 1)};
+    td_op_opts tr = {.attrs = dims, .nattrs = 2};
+    td_handle xt = td_op1(src, "transpose", &x, 1, &tr, &e), z = 0;
+    ck_assert_uint_ne(xt, 0);
+    rc = td_transfer(src, xt, dst, it_daemon.endpoint, "", NULL, &z, &e);
+    ck_assert_msg(rc == 0, "td_transfer: %s", e.message);
+    rc = td_download(dst, z, out, sizeof out, &info, &e);
+    ck_assert_msg(rc == 0, "download: %s", e.message);
+    ck_assert_int_eq(info.shape[0], 4);
+    ck_assert_int_eq(info.shape[1], 3);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++)
+            ck_assert_float_eq(out[i * 3 + j], in[j * 4 + i]);
     ck_assert_int_eq(td_sync(src, &e), 0);
     ck_assert_int_eq(td_sync(dst, &e), 0);
     td_close(src);
