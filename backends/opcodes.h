@@ -93,6 +93,8 @@ typedef enum {
     X(SDPA, "scaled_dot_product_attention", 3, 4, NN)                                              \
     X(INTERPOLATE, "interpolate", 1, 1, NN)                                                        \
     X(CONV2D, "conv2d", 2, 3, NN)                                                                  \
+    X(CONV1D, "conv1d", 2, 3, NN)                                                                  \
+    X(CONV_TRANSPOSE2D, "conv_transpose2d", 2, 3, NN)                                              \
     X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
     X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \
     X(ADAPTIVE_AVG_POOL2D, "adaptive_avg_pool2d", 1, 1, NN)                                        \

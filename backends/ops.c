@@ -139,6 +139,17 @@ static const tdd_attrdef s_conv2d[] = {
     A("padding", INTS_OR_STR, "0", ">= 0; an int, (h, w), \"same\" (stride 1) or \"valid\""),
     A("dilation", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
     A("groups", INT, "1", "divides the channels")};
+static const tdd_attrdef s_conv1d[] = {
+    A("stride", INT_OR_INTS, "1", ">= 1; an int or (l,)"),
+    A("padding", INTS_OR_STR, "0", ">= 0; an int, (l,), \"same\" (stride 1) or \"valid\""),
+    A("dilation", INT_OR_INTS, "1", ">= 1; an int or (l,)"),
+    A("groups", INT, "1", "divides the channels")};
+static const tdd_attrdef s_conv_transpose2d[] = {
+    A("stride", INT_OR_INTS, "1", ">= 1; an int or (h, w)"),
+    A("padding", INT_OR_INTS, "0", ">= 0; an int or (h, w)"),
+    A("output_padding", INT_OR_INTS, "0", "smaller than stride or dilation; an int or (h, w)"),
+    A("groups", INT, "1", "divides the channels"),
+    A("dilation", INT_OR_INTS, "1", ">= 1; an int or (h, w)")};
 static const tdd_attrdef s_max_pool2d[] = {
     R("kernel_size", INT_OR_INTS, ">= 1; an int or (h, w)"),
     A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (h, w)"),
@@ -319,6 +330,11 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_CONV2D] =
         S("input [N, C, H, W] or [C, H, W], weight [O, C/groups, kh, kw], bias [O] (optional)",
           s_conv2d),
+    [TDD_OP_CONV1D] =
+        S("input [N, C, L] or [C, L], weight [O, C/groups, k], bias [O] (optional)", s_conv1d),
+    [TDD_OP_CONV_TRANSPOSE2D] = S("input [N, C, H, W] or [C, H, W], weight [C, O/groups, kh, "
+                                  "kw], bias [O] (optional)",
+                                  s_conv_transpose2d),
     [TDD_OP_MAX_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_max_pool2d),
     [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_adaptive),

@@ -138,6 +138,9 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      i[2] count_include_pad, flags bit 2 = bias
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
+ *  conv1d: conv2d's, for the input seen as [N, C, 1, L] (tdd_conv1d_by_parts)
+ *  conv_transpose2d: ints[0] stride, ints[1] padding, ints[2] dilation, ints[3] output_padding,
+ *      i[0] groups, flags bit 2 = bias
  *  scaled_dot_product_attention: f[0] dropout_p, f[1] scale, i[0] is_causal, i[1] mask (0 none,
  *      1 bool, 2 added), i[2..5] L, S, E, Ev, i[6] batch ndim, ints[0] the batch shape; the
  *      dropout draw of weight (b, l, s) is tdd_rng_uniform(seed, its C-order index in
@@ -216,6 +219,8 @@ int tdd_max_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal
 /* addmm/baddbmm as the backends run them: matmul/bmm into the output, times alpha, plus
  * beta * input (tdd_opargs f[2], f[3]: beta, alpha; n[2], n[3] the same as exact ints). */
 int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+/* conv1d as the backends run it: conv2d on [N, C, 1, L] views (the arguments are conv2d's). */
+int tdd_conv1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 
 /* Helpers for error filling (printf-style message). */
 int tdd_err_set(td_error *err, int code, const char *fmt, ...)

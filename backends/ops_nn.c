@@ -354,6 +354,147 @@ static int prep_conv_pool(tdd_prep *p)
     return 0;
 }
 
+/* t with a dim of size 1 inserted before its last (conv1d's [N, C, L] as [N, C, 1, L]). */
+static tdd_tensor with_unit_row(const tdd_tensor *t)
+{
+    tdd_tensor u = *t;
+    int nd = t->ndim;
+    if (nd < 1 || nd >= TD_MAX_NDIM)
+        return u;
+    u.shape[nd] = t->shape[nd - 1];
+    u.strides[nd] = t->strides[nd - 1];
+    u.shape[nd - 1] = 1;
+    u.strides[nd - 1] = t->shape[nd - 1] * t->strides[nd - 1];
+    u.ndim = nd + 1;
+    return u;
+}
+
+/* conv1d: conv2d's rule on [N, C, 1, L] and [O, C/groups, 1, k] (the backends run it as that
+ * conv2d: tdd_conv1d_by_parts), its attributes widened to (1, s), (0, p), (1, d); the output
+ * [N, O, Lo] or [O, Lo]. */
+static int prep_conv1d(tdd_prep *p)
+{
+    const tdd_tensor *x = p->in[0], *w = p->in[1];
+    if (x->ndim != 2 && x->ndim != 3)
+        return tdd_err_arg(p->err, "input", "conv1d: input must be [N, C, L] or [C, L], got %d-D",
+                           x->ndim);
+    if (w->ndim != 3)
+        return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
+                             "conv1d: weight must be [O, C/groups, k]");
+    static const char *const names[3] = {"stride", "padding", "dilation"};
+    static const int64_t lead[3] = {1, 0, 1};
+    int64_t pairs[3][2];
+    td_attr as[4];
+    size_t n = 0;
+    for (int k = 0; k < 3; k++) {
+        const td_attr *a = tdd_p_get(p, names[k]);
+        if (!a)
+            continue;
+        as[n] = *a;
+        if (a->kind == TD_ATTR_INT || a->kind == TD_ATTR_BOOL ||
+            (a->kind == TD_ATTR_INTS && a->n == 1)) {
+            pairs[k][0] = lead[k];
+            pairs[k][1] = a->kind == TD_ATTR_INTS ? a->ints[0] : a->i;
+            as[n].kind = TD_ATTR_INTS;
+            as[n].ints = pairs[k];
+            as[n].n = 2;
+        } else if (a->kind != TD_ATTR_STR || k != 1) {
+            return tdd_err_arg(p->err, names[k], "conv1d: %s must be an int or (l,)%s", names[k],
+                               k == 1 ? ", \"same\" or \"valid\"" : "");
+        }
+        n++;
+    }
+    const td_attr *ga = tdd_p_get(p, "groups");
+    if (ga)
+        as[n++] = *ga;
+    tdd_opreq req = *p->req;
+    req.attrs.a = as;
+    req.attrs.n = n;
+    tdd_tensor t[2] = {with_unit_row(x), with_unit_row(w)};
+    const tdd_tensor *in[3] = {&t[0], &t[1], p->n_in > 2 ? p->in[2] : NULL};
+    tdd_prep q = *p;
+    q.op = TDD_OP_CONV2D;
+    q.in = in;
+    q.req = &req;
+    int rc = prep_conv_pool(&q);
+    if (rc)
+        return rc;
+    tdd_outdesc *o = &p->out[0]; /* drop the unit row */
+    o->shape[o->ndim - 2] = o->shape[o->ndim - 1];
+    o->ndim--;
+    return 0;
+}
+
+/* conv_transpose2d(input [N, Ci, H, W] or [Ci, H, W], weight [Ci, Co/groups, kh, kw], bias
+ * [Co]): the adjoint of conv2d; out = (in - 1) s - 2 p + d (k - 1) + output_padding + 1. */
+static int prep_conv_transpose2d(tdd_prep *p)
+{
+    tdd_opargs *g = p->args;
+    const tdd_tensor *x = p->in[0], *w = p->in[1];
+    int64_t *st = g->ints[0], *pd = g->ints[1], *dl = g->ints[2], *op = g->ints[3];
+    int rc;
+    if ((rc = need_float(p, x)) || (rc = same_dtype(p, x, w)) ||
+        (rc = tdd_p_int(p, "groups", 1, &g->i[0])) || (rc = pair(p, "stride", 1, 1, st)) ||
+        (rc = pair(p, "padding", 0, 0, pd)) || (rc = pair(p, "output_padding", 0, 0, op)) ||
+        (rc = pair(p, "dilation", 1, 1, dl)))
+        return rc;
+    if (x->ndim != 3 && x->ndim != 4)
+        return tdd_err_arg(p->err, "input",
+                           "conv_transpose2d: input must be [N, C, H, W] or [C, H, W], got %d-D",
+                           x->ndim);
+    bool batched = x->ndim == 4;
+    int64_t G = g->i[0], C = x->shape[x->ndim - 3];
+    if (G < 1 || C % G != 0)
+        return tdd_err_arg(p->err, "groups", "conv_transpose2d: groups must divide the channels");
+    if (w->ndim != 4 || w->shape[0] != C || w->shape[2] > INT32_MAX || w->shape[3] > INT32_MAX)
+        return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
+                             "conv_transpose2d: weight must be [C, O/groups, kh, kw]");
+    int64_t O = w->shape[1] * G, out[2];
+    for (int k = 0; k < 2; k++) {
+        if (op[k] >= st[k] && op[k] >= dl[k])
+            return tdd_err_arg(p->err, "output_padding",
+                               "conv_transpose2d: output_padding must be smaller than either "
+                               "stride or dilation");
+        int64_t in = x->shape[x->ndim - 2 + k];
+        out[k] = (in - 1) * st[k] - 2 * pd[k] + dl[k] * (w->shape[2 + k] - 1) + op[k] + 1;
+        if (in == 0 || out[k] < 1)
+            return tdd_err_arg(p->err, "padding",
+                               "conv_transpose2d: the output would have size %lld in dim %d",
+                               (long long)out[k], x->ndim - 2 + k);
+    }
+    if (p->n_in == 3) {
+        const tdd_tensor *b = p->in[2];
+        if ((rc = same_dtype(p, x, b)))
+            return rc;
+        if (b->ndim != 1 || b->shape[0] != O)
+            return tdd_err_shape(p->err, &O, 1, b->shape, b->ndim,
+                                 "conv_transpose2d: bias must be [out_channels]");
+        g->flags |= 4u;
+    }
+    int64_t shape[4];
+    int nd = 0;
+    if (batched)
+        shape[nd++] = x->shape[0];
+    shape[nd++] = O;
+    shape[nd++] = out[0];
+    shape[nd++] = out[1];
+    g->dtype = g->cdtype = x->dtype;
+    tdd_p_out(p, 0, x->dtype, shape, nd);
+    return 0;
+}
+
+int tdd_conv1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
+{
+    tdd_tensor x = with_unit_row(c->in[0]), w = with_unit_row(c->in[1]);
+    tdd_tensor y = with_unit_row(c->out[0]);
+    tdd_opcall s = *c;
+    s.op = TDD_OP_CONV2D;
+    s.in[0] = &x;
+    s.in[1] = &w;
+    s.out[0] = &y;
+    return run(ctx, ordinal, &s);
+}
+
 /* scaled_dot_product_attention: q [..., L, E], k [..., S, E], v [..., S, Ev], mask (bool or
  * q's dtype) broadcasting to [..., L, S]; the batch dims of all four broadcast together. */
 static int prep_sdpa(tdd_prep *p)
@@ -661,6 +802,10 @@ int tdd_prep_nn(tdd_prep *p)
         return prep_sdpa(p);
     case TDD_OP_INTERPOLATE:
         return prep_interp(p);
+    case TDD_OP_CONV1D:
+        return prep_conv1d(p);
+    case TDD_OP_CONV_TRANSPOSE2D:
+        return prep_conv_transpose2d(p);
     case TDD_OP_CONV2D:
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:

@@ -929,6 +929,96 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     return b->rc;
 }
 
+/* v with a unit dim inserted before its last: conv1d's operands as conv2d's. */
+static tdd_value *unit_row(tdd_bw *b, tdd_value *v, const tdd_node_in *like, tdd_node_in *as)
+{
+    *as = *like;
+    int nd = like->ndim;
+    as->shape[nd] = like->shape[nd - 1];
+    as->shape[nd - 1] = 1;
+    as->ndim = nd + 1;
+    as->v = v ? unsqueeze(b, v, nd - 1) : NULL;
+    return as->v;
+}
+
+/* conv1d is conv2d on [N, C, 1, L] (its arguments are conv2d's): conv2d's formula on the
+ * widened operands, the gradients narrowed back. */
+static int f_conv1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    tdd_node_in in[3];
+    tdd_node_out out = n->out[0];
+    tdd_node m = *n;
+    m.op = TDD_OP_CONV2D;
+    m.in = in;
+    m.out = &out;
+    unit_row(b, n->in[0].v, &n->in[0], &in[0]);
+    unit_row(b, n->in[1].v, &n->in[1], &in[1]);
+    if (n->n_in > 2)
+        in[2] = n->in[2];
+    int nd = out.ndim;
+    out.shape[nd] = out.shape[nd - 1];
+    out.shape[nd - 1] = 1;
+    out.ndim = nd + 1;
+    tdd_value *g4 = unsqueeze(b, g, nd - 1);
+    if (b->rc)
+        return b->rc;
+    int rc = f_conv2d(b, &m, g4, gin);
+    for (int k = 0; k < 2 && !rc; k++)
+        if (gin[k])
+            gin[k] = reshape(b, gin[k], n->in[k].shape, n->in[k].ndim);
+    return rc ? rc : b->rc;
+}
+
+/* conv_transpose2d is conv2d's adjoint in its input: gx = conv2d(g, w) (the same stride,
+ * padding, dilation and groups), and gw is conv2d's weight gradient with g as that conv's
+ * input and x as its output's gradient (conv2d's formula on such a node). */
+static int f_conv_transpose2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const tdd_node_in *xi = &n->in[0], *wi = &n->in[1];
+    int nd = xi->ndim;
+    if (n->n_in == 3 && n->in[2].needs_grad) {
+        int64_t dims[3] = {0, 2, 3}, udims[2] = {1, 2};
+        td_attr at = nd == 4 ? A_INTS("dim", dims, 3) : A_INTS("dim", udims, 2);
+        gin[2] = op1a(b, TDD_OP_SUM, g, &at, 1);
+    }
+    if (xi->needs_grad) {
+        td_attr ca[4] = {A_INTS("stride", a->ints[0], 2), A_INTS("padding", a->ints[1], 2),
+                         A_INTS("dilation", a->ints[2], 2), A_INT("groups", a->i[0])};
+        tdd_value *in[2] = {g, wi->v};
+        tdd_value *gx = tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 4, 0, NULL);
+        for (int k = 0; k < 2 && gx; k++) /* output_padding >= stride: one more row/column */
+            if (gx->t.shape[nd - 2 + k] != xi->shape[nd - 2 + k]) {
+                td_attr sl[3] = {A_INT("dim", nd - 2 + k), A_INT("start", 0),
+                                 A_INT("stop", xi->shape[nd - 2 + k])};
+                gx = op1a(b, TDD_OP_SLICE, gx, sl, 3);
+            }
+        gin[0] = gx;
+    }
+    if (wi->needs_grad) {
+        tdd_node_in in[2] = {n->in[0], n->in[1]};
+        tdd_node_out out = n->out[0];
+        tdd_node m = *n;
+        m.op = TDD_OP_CONV2D;
+        m.n_in = 2;
+        m.in = in;
+        m.out = &out;
+        in[0].v = g; /* the conv's input: g, shaped as this op's output */
+        in[0].ndim = n->out[0].ndim;
+        memcpy(in[0].shape, n->out[0].shape, sizeof in[0].shape);
+        in[0].needs_grad = false;
+        out.ndim = xi->ndim; /* its output: x's shape */
+        memcpy(out.shape, xi->shape, sizeof out.shape);
+        memset(m.args.ints[1] + 2, 0, 2 * sizeof(int64_t)); /* no padding="same" extra */
+        tdd_value *gw[TDD_MAX_OP_INPUTS] = {0};
+        int rc = f_conv2d(b, &m, xi->v, gw);
+        if (rc)
+            return rc;
+        gin[1] = gw[1];
+    }
+    return b->rc;
+}
+
 /* batch_norm per channel over every dim but 1: training through the batch's statistics
  * (layer_norm's formula), eval through the running ones (an affine map of x). */
 static int f_batch_norm(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
@@ -1265,6 +1355,10 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         return f_batch_norm(b, n, g, gin);
     case TDD_OP_INTERPOLATE:
         return f_interp(b, n, g, gin);
+    case TDD_OP_CONV1D:
+        return f_conv1d(b, n, g, gin);
+    case TDD_OP_CONV_TRANSPOSE2D:
+        return f_conv_transpose2d(b, n, g, gin);
     case TDD_OP_GROUP_NORM: { /* layer_norm's formula over [N, G, C/G * S] */
         int nd = xi->ndim;
         int64_t N = xi->shape[0], C = xi->shape[1], G = a->i[0];

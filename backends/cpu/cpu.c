@@ -574,6 +574,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_LAYER_NORM:
         return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
     case TDD_OP_CONV2D:
+    case TDD_OP_CONV1D: /* conv2d's kernel (tdd_conv1d_by_parts) */
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D: /* f16/bf16 through f32 copies */
         return tdd_dtype_is_float(c->in[0]->dtype);
@@ -750,6 +751,8 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return tdd_addmm_by_parts(c, cpu_execute, ctx, ordinal);
     if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
         return tdd_max_by_parts(c, cpu_execute, ctx, ordinal);
+    if (c->op == TDD_OP_CONV1D) /* conv2d's kernel on [N, C, 1, L] views */
+        return tdd_conv1d_by_parts(c, cpu_execute, ctx, ordinal);
     (void)ordinal;
     if (!tdd_cpu_native(c))
         return tdd_ref_run(c);

@@ -560,6 +560,10 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return 0;
     case TDD_OP_BATCH_NORM: /* any float dtype as it is (the running stats written in place) */
         return 0;
+    case TDD_OP_CONV1D: /* conv2d's (tdd_conv1d_by_parts) */
+        return 0;
+    case TDD_OP_CONV_TRANSPOSE2D: /* f32/f64 (f16/bf16 widened), dense */
+        return 0;
     case TDD_OP_SDPA:        /* strided operands, f16/bf16 widened; a bool mask as bytes */
     case TDD_OP_INTERPOLATE: /* dense planes, f16/bf16 widened */
         return 0;
@@ -1459,6 +1463,7 @@ static bool wants_dense(const tdd_opcall *c)
     case TDD_OP_GROUP_NORM:
     case TDD_OP_BATCH_NORM: /* the running stats updated in place are dense (prepare) */
     case TDD_OP_INTERPOLATE:
+    case TDD_OP_CONV_TRANSPOSE2D:
         return true;
     case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
     case TDD_OP_NLL_LOSS:
@@ -1577,6 +1582,8 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
         return tdd_addmm_by_parts(c, cuda_execute, ctx, ordinal);
     if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
         return tdd_max_by_parts(c, cuda_execute, ctx, ordinal);
+    if (c->op == TDD_OP_CONV1D) /* conv2d on [N, C, 1, L] views */
+        return tdd_conv1d_by_parts(c, cuda_execute, ctx, ordinal);
     if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
@@ -1724,6 +1731,32 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         return exec_join(dv, c);
     case TDD_OP_PAD:
         return exec_pad(dv, c);
+    case TDD_OP_CONV_TRANSPOSE2D: {
+        const tdd_tensor *x = c->in[0], *w = c->in[1];
+        const tdd_opargs *g = c->args;
+        int nd = x->ndim;
+        tdc_convt_args a = {.N = nd == 4 ? x->shape[0] : 1,
+                            .Ci = x->shape[nd - 3],
+                            .H = x->shape[nd - 2],
+                            .W = x->shape[nd - 1],
+                            .Co = y->shape[nd - 3],
+                            .Ho = y->shape[nd - 2],
+                            .Wo = y->shape[nd - 1],
+                            .KH = w->shape[2],
+                            .KW = w->shape[3],
+                            .G = g->i[0],
+                            .sh = g->ints[0][0],
+                            .sw = g->ints[0][1],
+                            .ph = g->ints[1][0],
+                            .pw = g->ints[1][1],
+                            .dh = g->ints[2][0],
+                            .dw = g->ints[2][1]};
+        return cuda_rc(dv,
+                       tdc_conv_transpose2d(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(w),
+                                            (g->flags & 4u) ? tdd_data(c->in[2]) : NULL,
+                                            tdd_data(y), &a),
+                       "conv_transpose2d");
+    }
     case TDD_OP_BATCH_NORM: {
         const tdd_tensor *x = c->in[0];
         const tdd_opargs *g = c->args;

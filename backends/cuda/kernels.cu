@@ -679,6 +679,35 @@ __global__ void batch_norm_kernel(int dt, const void *x, void *y, void *rm, void
     }
 }
 
+// conv_transpose2d on dense operands: a thread per output element, gathering the inputs whose
+// strided, dilated kernel taps land on it (in double).
+__global__ void conv_transpose2d_kernel(int dt, const void *x, const void *w, const void *b,
+                                        void *y, tdc_convt_args a)
+{
+    const int64_t total = a.N * a.Co * a.Ho * a.Wo, Cog = a.Co / a.G, Cig = a.Ci / a.G;
+    for (int64_t o = gtid(); o < total; o += gstride()) {
+        int64_t ow = o % a.Wo, oh = (o / a.Wo) % a.Ho, oc = (o / (a.Wo * a.Ho)) % a.Co;
+        int64_t n = o / (a.Wo * a.Ho * a.Co), grp = oc / Cog, ocl = oc % Cog;
+        double acc = b ? load_f(b, dt, oc) : 0.0;
+        for (int64_t kh = 0; kh < a.KH; kh++) {
+            int64_t th = oh + a.ph - kh * a.dh;
+            if (th < 0 || th % a.sh != 0 || th / a.sh >= a.H)
+                continue;
+            for (int64_t kw = 0; kw < a.KW; kw++) {
+                int64_t tw = ow + a.pw - kw * a.dw;
+                if (tw < 0 || tw % a.sw != 0 || tw / a.sw >= a.W)
+                    continue;
+                for (int64_t icl = 0; icl < Cig; icl++) {
+                    int64_t ic = grp * Cig + icl;
+                    acc += load_f(x, dt, ((n * a.Ci + ic) * a.H + th / a.sh) * a.W + tw / a.sw) *
+                           load_f(w, dt, ((ic * Cog + ocl) * a.KH + kh) * a.KW + kw);
+                }
+            }
+        }
+        store_f(y, dt, o, acc);
+    }
+}
+
 // adaptive_avg_pool2d: a thread per output, its window's mean in double.
 __global__ void adaptive_avg_kernel(int dt, const void *x, void *y, int64_t planes, int64_t H,
                                     int64_t W, int64_t Ho, int64_t Wo)
@@ -1653,6 +1682,17 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
     default:
         return cudaErrorInvalidValue;
     }
+    return launched();
+}
+
+extern "C" cudaError_t tdc_conv_transpose2d(const tdc_dev *d, int dt, const void *x, const void *w,
+                                            const void *b, void *y, const tdc_convt_args *a)
+{
+    int64_t total = a->N * a->Co * a->Ho * a->Wo;
+    if (total == 0)
+        return cudaSuccess;
+    tdc_launch(grid_for(d, total), kThreads, 0, d->stream, conv_transpose2d_kernel)(dt, x, w, b, y,
+                                                                                    *a);
     return launched();
 }
 

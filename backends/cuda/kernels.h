@@ -112,6 +112,13 @@ cudaError_t tdc_interpolate(const tdc_dev *d, int dt, const void *x, void *y, in
                             int64_t H, int64_t W, int64_t Ho, int64_t Wo, int nd, int mode,
                             int align, double sh, double sw);
 /* group_norm over dense [N, C, S] (dt f32 or f64) in G groups; w, b [C] or NULL */
+/* conv_transpose2d's sizes: x [N, Ci, H, W], w [Ci, Co/G, KH, KW], y [N, Co, Ho, Wo] */
+typedef struct {
+    int64_t N, Ci, H, W, Co, Ho, Wo, KH, KW, G, sh, sw, ph, pw, dh, dw;
+} tdc_convt_args;
+/* conv_transpose2d on dense operands (dt f32 or f64); b [Co] or NULL */
+cudaError_t tdc_conv_transpose2d(const tdc_dev *d, int dt, const void *x, const void *w,
+                                 const void *b, void *y, const tdc_convt_args *a);
 /* batch_norm over dense [N, C, S] of any float dt; rm, rv [C] (NULL: none), read in eval and
  * updated in place when training; w, b [C] or NULL */
 cudaError_t tdc_batch_norm(const tdc_dev *d, int dt, const void *x, void *y, void *rm, void *rv,

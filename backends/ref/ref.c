@@ -86,6 +86,8 @@ int tdd_ref_run(const tdd_opcall *c)
         return tdd_addmm_by_parts(c, ref_run_sub, NULL, 0);
     if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN)
         return tdd_max_by_parts(c, ref_run_sub, NULL, 0);
+    if (c->op == TDD_OP_CONV1D)
+        return tdd_conv1d_by_parts(c, ref_run_sub, NULL, 0);
     switch (tdd_opdefs[c->op].kind) {
     case TDD_KIND_BINARY:
     case TDD_KIND_UNARY:

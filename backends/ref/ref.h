@@ -53,5 +53,6 @@ int ref_index_op(const tdd_opcall *c);    /* ref_nn.c: cat ... pad */
 int ref_nn(const tdd_opcall *c);          /* ref_nn.c: layer_norm, dropout, conv, pools */
 int ref_bag_op(const tdd_opcall *c);      /* ref_bag.c: embedding_bag (+ backward), multinomial */
 int ref_batch_norm(const tdd_opcall *c);  /* ref_norm.c */
+int ref_conv_transpose2d(const tdd_opcall *c); /* ref_convt.c */
 
 #endif

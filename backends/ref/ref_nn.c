@@ -358,6 +358,8 @@ int ref_nn(const tdd_opcall *c)
     switch (c->op) {
     case TDD_OP_BATCH_NORM:
         return ref_batch_norm(c);
+    case TDD_OP_CONV_TRANSPOSE2D:
+        return ref_conv_transpose2d(c);
     case TDD_OP_SDPA:
         return ref_sdpa(c);
     case TDD_OP_INTERPOLATE:

@@ -1,11 +1,15 @@
-"""batch_norm (issue 14) against torch 1.13: F.batch_norm's forms and nn.BatchNorm1d/2d.
+"""batch_norm, conv1d and conv_transpose2d (issue 14) against torch 1.13: F.batch_norm's forms
+and nn.BatchNorm1d/2d; F.conv1d/nn.Conv1d and F.conv_transpose2d/nn.ConvTranspose2d.
 
 Forward values, the running stats the daemon updates in place, and the gradients of
 sum(out * g) (g random) are compared with torch's, on cpu:0 and ref:0, or on cuda:0 when
 TDD_GPU_ARGS is set (the GPU suites: make test-emu, tests/gpu/run.sh). Tolerances: float32
 rtol 1e-4, atol 1e-4 (the daemon works the statistics in double, torch in float); float64
 1e-10. Edge forms: C = 1, a batch of 1 in eval mode, no affine, a bias without a weight, no
-running stats, momentum=None (the cumulative average), [N, C] and [N, C, L] inputs.
+running stats, momentum=None (the cumulative average), [N, C] and [N, C, L] inputs. The
+convolutions: stride, padding (conv1d's "same"/"valid"), dilation, groups, bias, unbatched
+inputs, conv_transpose2d's output_padding (also >= stride, below dilation); float32 rtol/atol
+1e-4.
 """
 
 from __future__ import annotations
@@ -195,3 +199,77 @@ def test_batchnorm_modules(s, dev, kw, cls, shape):
     x = rng.normal(size=(1,) + shape[1:]).astype(np.float32)
     close(m(s.tensor(x, device=dev)).numpy(), t(torch.tensor(x)).detach().numpy(), np.float32,
           "eval forward, batch of 1")
+
+
+# (name, fn, input shape, weight shape, bias, kwargs)
+CONVS = [
+    ("conv1d_strided_grouped", "conv1d", (2, 4, 9), (6, 2, 3), True,
+     dict(stride=2, padding=1, dilation=2, groups=2)),
+    ("conv1d_same_even_kernel", "conv1d", (2, 3, 7), (4, 3, 4), True, dict(padding="same")),
+    ("conv1d_valid_unbatched", "conv1d", (3, 8), (2, 3, 3), False, dict(padding="valid")),
+    ("conv_t_stride_output_padding", "conv_transpose2d", (2, 4, 3, 5), (4, 3, 3, 2), True,
+     dict(stride=2, padding=1, output_padding=1)),
+    ("conv_t_grouped_dilated", "conv_transpose2d", (2, 4, 3, 3), (4, 2, 3, 3), True,
+     dict(stride=(1, 2), padding=(0, 1), groups=2, dilation=2)),
+    ("conv_t_unbatched_plain", "conv_transpose2d", (3, 4, 4), (3, 2, 2, 2), False, dict()),
+    ("conv_t_output_padding_over_stride", "conv_transpose2d", (1, 2, 3, 3), (2, 1, 2, 2), True,
+     dict(dilation=3, output_padding=2)),
+]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", CONVS, ids=[c[0] for c in CONVS])
+def test_convolutions(s, dev, case):
+    name, fn, xs, ws, has_b, kw = case
+    rng = np.random.default_rng(len(name))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    co = ws[0] if fn == "conv1d" else ws[1] * kw.get("groups", 1)
+    b = rng.standard_normal(co).astype(np.float32)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = getattr(F, fn)(tx, tw, tb if has_b else None, **kw)
+    X, W, B = (s.tensor(a, device=dev, requires_grad=True) for a in (x, w, b))
+    Y = getattr(TF, fn)(X, W, B if has_b else None, **kw)
+    close(Y.numpy(), ty.detach().numpy(), np.float32, f"{name}: forward")
+    g = rng.uniform(-1, 1, tuple(ty.shape)).astype(np.float32)
+    (ty * torch.tensor(g)).sum().backward()
+    grads = (Y * s.tensor(g, device=dev)).sum().backward()
+    for T, t, what in ((X, tx, "input"), (W, tw, "weight"), (B, tb, "bias")):
+        if what != "bias" or has_b:
+            close(grads.get(T).numpy(), t.grad.numpy(), np.float32, f"{name}: {what} grad")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_conv_modules(s, dev):
+    """nn.Conv1d and nn.ConvTranspose2d with torch's weights give torch's outputs."""
+    rng = np.random.default_rng(9)
+    for cls, kw, shape in ((
+            "Conv1d", dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=1,
+                           groups=2), (2, 4, 10)),
+            ("ConvTranspose2d", dict(in_channels=4, out_channels=2, kernel_size=3, stride=2,
+                                     padding=1, output_padding=1), (2, 4, 3, 3))):
+        t = getattr(torch.nn, cls)(**kw)
+        m = getattr(tensordd.nn, cls)(**kw)
+        assert tuple(m.weight.shape) == tuple(t.weight.shape)
+        m.load_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()})
+        m.to(dev)
+        x = rng.standard_normal(shape).astype(np.float32)
+        close(m(s.tensor(x, device=dev)).numpy(), t(torch.tensor(x)).detach().numpy(),
+              np.float32, cls)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_conv_typed_errors(s, dev):
+    x = s.tensor(np.ones((1, 2, 3, 3), np.float32), device=dev)
+    w = s.tensor(np.ones((2, 1, 2, 2), np.float32), device=dev)
+    with pytest.raises(tensordd.InvalidArgumentError, match="output_padding must be smaller"):
+        TF.conv_transpose2d(x, w, stride=2, output_padding=2).numpy()
+    with pytest.raises(tensordd.ShapeMismatchError):
+        TF.conv_transpose2d(x, s.tensor(np.ones((3, 1, 2, 2), np.float32), device=dev)).numpy()
+    x1 = s.tensor(np.ones((1, 2, 5), np.float32), device=dev)
+    with pytest.raises(tensordd.InvalidArgumentError, match="stride"):
+        s.op("conv1d", x1, s.tensor(np.ones((2, 2, 3), np.float32), device=dev),
+             stride=[1, 2]).numpy()
+    with pytest.raises(tensordd.InvalidArgumentError, match="needs stride 1"):
+        TF.conv1d(x1, s.tensor(np.ones((2, 2, 3), np.float32), device=dev), stride=2,
+                  padding="same").numpy()

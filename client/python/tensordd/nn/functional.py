@@ -9,7 +9,8 @@ from ..tensor import Tensor
 __all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "softmax",
            "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
            "binary_cross_entropy_with_logits", "layer_norm", "embedding", "dropout", "conv2d",
-           "max_pool2d", "avg_pool2d", "one_hot", "batch_norm", "adaptive_avg_pool2d"]
+           "max_pool2d", "avg_pool2d", "one_hot", "batch_norm", "adaptive_avg_pool2d", "conv1d",
+           "conv_transpose2d"]
 
 
 def _op(name, *inputs, **attrs):
@@ -181,6 +182,21 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0,  # 
 
 
 __all__ += ["embedding_bag"]
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
+    """1-D convolution (``torch.nn.functional.conv1d``); padding may be "same" or "valid"."""
+    pad = padding if isinstance(padding, str) else _single(padding)
+    return _op("conv1d", input, weight, bias, stride=_single(stride), padding=pad,
+               dilation=_single(dilation), groups=int(groups))
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0,  # noqa: A002
+                     output_padding=0, groups=1, dilation=1):
+    """2-D transposed convolution (``torch.nn.functional.conv_transpose2d``)."""
+    return _op("conv_transpose2d", input, weight, bias, stride=_pair(stride),
+               padding=_pair(padding), output_padding=_pair(output_padding),
+               groups=int(groups), dilation=_pair(dilation))
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
