@@ -12,6 +12,7 @@ test puts a slow proxy between them to kill one mid-transfer."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -25,7 +26,6 @@ from faultproxy import FaultProxy
 from tensordd import tensordd_pb2 as pb
 from tensordd.session import _Call
 from test_parallel import Hosts, RankDaemon
-from test_tls import pki  # noqa: F401 (the fixture: a CA, another CA, server certificates)
 
 TOKEN = "test-multi16-token"
 MiB = 1 << 20
@@ -339,6 +339,21 @@ def _tls_listener(d):
         if "listening on tls://" in line:
             return line.split("listening on", 1)[1].split()[0]
     raise AssertionError(f"no tls:// listener in {d.output}")
+
+
+@pytest.fixture(scope="module")
+def pki():
+    """A CA, another CA, and a server certificate for 127.0.0.1 signed by the first (made
+    with test_tls's helpers: the openssl command)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    import test_tls
+    with tempfile.TemporaryDirectory(prefix="tdd-multi16-tls-") as d:
+        test_tls._ca(d, "ca")
+        test_tls._ca(d, "otherca")
+        test_tls._leaf(d, "server", "ca", "subjectAltName=IP:127.0.0.1\n"
+                                          "extendedKeyUsage=serverAuth\n")
+        yield lambda name: os.path.join(d, name)
 
 
 def test_push_to_a_tls_target_checks_its_certificate(start_daemon, pki):
