@@ -49,14 +49,13 @@ tdd_value *tdd_value_alias_tracked(const tdd_value *v)
     return a;
 }
 
-/* Drops what a node saved for its formula; metadata and edges stay. */
+/* Drops what a node saved for its formula; metadata and edges stay, leaves included (a
+ * grad-of pass tells by them whether a freed node leads to what it wants). */
 static void node_drop_saved(tdd_node *n)
 {
     for (int i = 0; i < n->n_in; i++) {
         tdd_value_unref(n->in[i].v);
         n->in[i].v = NULL;
-        tdd_value_unref(n->in[i].leaf);
-        n->in[i].leaf = NULL;
     }
     for (int k = 0; k < n->n_out; k++) {
         tdd_value_unref(n->out[k].alias);
@@ -82,6 +81,8 @@ void tdd_node_unref(tdd_node *n)
         tdd_node *m = free_list;
         free_list = m->free_next;
         node_drop_saved(m);
+        for (int i = 0; i < m->n_in; i++)
+            tdd_value_unref(m->in[i].leaf);
         for (int k = 0; k < m->n_out; k++)
             tdd_value_unref(m->out[k].grad);
         for (int i = 0; i < m->n_in; i++)
@@ -479,8 +480,52 @@ static int by_seq_desc(const void *a, const void *b)
     return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
 }
 
-/* Every node the loss leads back to through inputs that need grad, checked
- * before anything is queued so a failing backward queues nothing. */
+/* Whether node n can run its formula: its saved tensors kept, not updated in place since,
+ * not poisoned. Checked for every node a pass runs before anything is queued, so a failing
+ * backward queues nothing. */
+static int check_node(const tdd_node *n, td_error *err)
+{
+    if (n->freed)
+        return tdd_err_arg(err, "retain_graph",
+                           "trying to backward through the graph a second time (%s's saved "
+                           "tensors were freed by an earlier backward without retain_graph)",
+                           n->to_device ? "to_device" : tdd_opdefs[n->op].name);
+    if (!n->to_device && !tdd_formula_exists(n->op))
+        return tdd_err_set(err, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
+                           tdd_opdefs[n->op].name);
+    for (int i = 0; i < n->n_in; i++) {
+        const tdd_node_in *ni = &n->in[i];
+        /* The storage's count, not the value's: a view saved for backward (unsqueeze(w),
+         * transpose(w), detach(w)) sees an update made through w, as in torch. */
+        if (ni->v && storage_version(ni->v) != ni->version)
+            return tdd_err_arg(err, "tensor",
+                               "one of the variables needed for gradient computation has been "
+                               "modified by an inplace operation: input %d of %s (handle %llu) "
+                               "shares storage updated in place (by an optimizer step) after "
+                               "it was saved for backward",
+                               i, tdd_opdefs[n->op].name, (unsigned long long)ni->v->handle);
+        if (ni->v && tdd_value_poisoned(ni->v))
+            return tdd_err_poisoned(err, ni->v);
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        const tdd_value *al = n->out[k].alias;
+        if (al && storage_version(al) != n->out[k].version)
+            return tdd_err_arg(err, "tensor",
+                               "one of the variables needed for gradient computation has been "
+                               "modified by an inplace operation: output %d of %s shares "
+                               "storage updated in place (by an optimizer step) after it was "
+                               "saved for backward",
+                               k, tdd_opdefs[n->op].name);
+        if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) && !al)
+            return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
+                               "a saved output of %s was lost (out of memory)",
+                               tdd_opdefs[n->op].name);
+    }
+    return 0;
+}
+
+/* Every node the loss leads back to through inputs that need grad, latest first (the
+ * edges stay when a pass frees the saved tensors: a grad-of pass may not run them). */
 static int collect(tdd_node *root, node_list *order, td_error *err)
 {
     uint64_t stamp = ++visit_stamp;
@@ -489,54 +534,16 @@ static int collect(tdd_node *root, node_list *order, td_error *err)
     root->visit = stamp;
     while (!rc && stack.n) {
         tdd_node *n = stack.v[--stack.n];
-        if ((rc = list_push(order, n)))
-            break;
-        if (n->freed) {
-            rc = tdd_err_arg(err, "retain_graph",
-                             "trying to backward through the graph a second time (%s's saved "
-                             "tensors were freed by an earlier backward without retain_graph)",
-                             n->to_device ? "to_device" : tdd_opdefs[n->op].name);
-            break;
-        }
-        if (!n->to_device && !tdd_formula_exists(n->op)) {
-            rc = tdd_err_set(err, TD_EUNSUPPORTED_OP, "backward of %s is not implemented",
-                             tdd_opdefs[n->op].name);
-            break;
-        }
+        rc = list_push(order, n);
         for (int i = 0; i < n->n_in && !rc; i++) {
             tdd_node_in *ni = &n->in[i];
-            /* The storage's count, not the value's: a view saved for backward (unsqueeze(w),
-             * transpose(w), detach(w)) sees an update made through w, as in torch. */
-            if (ni->v && storage_version(ni->v) != ni->version)
-                rc = tdd_err_arg(err, "tensor",
-                                 "one of the variables needed for gradient computation has been "
-                                 "modified by an inplace operation: input %d of %s (handle %llu) "
-                                 "shares storage updated in place (by an optimizer step) after "
-                                 "it was saved for backward",
-                                 i, tdd_opdefs[n->op].name, (unsigned long long)ni->v->handle);
-            else if (ni->v && tdd_value_poisoned(ni->v))
-                rc = tdd_err_poisoned(err, ni->v);
-            else if (ni->needs_grad && ni->fn && ni->fn->visit != stamp) {
+            if (ni->needs_grad && ni->fn && ni->fn->visit != stamp) {
                 ni->fn->visit = stamp;
                 rc = list_push(&stack, ni->fn);
             }
         }
-        for (int k = 0; k < n->n_out && !rc; k++) {
-            tdd_value *al = n->out[k].alias;
-            if (al && storage_version(al) != n->out[k].version)
-                rc = tdd_err_arg(err, "tensor",
-                                 "one of the variables needed for gradient computation has been "
-                                 "modified by an inplace operation: output %d of %s shares "
-                                 "storage updated in place (by an optimizer step) after it was "
-                                 "saved for backward",
-                                 k, tdd_opdefs[n->op].name);
-            else if (tdd_formula_saves_output(n->op) && is_float(n->out[k].dtype) && !al)
-                rc = tdd_err_set(err, TD_ERESOURCE_EXHAUSTED,
-                                 "a saved output of %s was lost (out of memory)",
-                                 tdd_opdefs[n->op].name);
-        }
     }
-    if (rc == TD_ERESOURCE_EXHAUSTED && err->code != rc)
+    if (rc)
         tdd_err_set(err, rc, "out of host memory");
     free(stack.v);
     if (!rc)
@@ -802,6 +809,17 @@ int tdd_autograd_backward(tdd_session *s, uint64_t req_id, tdd_value *loss, tdd_
         for (size_t j = 0; j < o->n_inputs; j++)
             o->inputs[j]->mark = p.want;
         mark_needed(&order, &p, o->inputs, o->n_inputs, collected);
+    }
+
+    for (size_t i = 0; i < order.n && !rc; i++)
+        if (!p.want || order.v[i]->visit == p.need)
+            rc = check_node(order.v[i], err);
+    if (rc) {
+        for (size_t i = 0; i < order.n; i++)
+            order.v[i]->capture = 0;
+        free(order.v);
+        grads_free(p.grads);
+        return rc;
     }
 
     tdd_bw b = {.s = s, .req_id = req_id, .create_graph = o->create_graph};

@@ -491,6 +491,14 @@ def test_second_pass_through_a_freed_graph_is_refused(ad):
         agrad(y, a)
     with pytest.raises(tensordd.InvalidArgumentError, match="second time"):
         agrad(g.sum(), a)
+    # a grad-of pass runs only what leads to its inputs: h's own (freed) graph is not needed
+    # for the gradient at h, as in torch; through it to a, it is refused
+    h = (a * 2.0).tanh()
+    agrad(h.sum(), a)
+    (gh,) = agrad(h.exp().sum(), h)
+    np.testing.assert_allclose(gh.numpy(), np.exp(np.tanh(2 * a0)), rtol=1e-12)
+    with pytest.raises(tensordd.InvalidArgumentError, match="second time"):
+        agrad(h.exp().sum(), a)
     # retained (create_graph's default), the same second derivative works
     y = (a.exp() * a).sum()
     (g,) = agrad(y, a, create_graph=True)
