@@ -176,6 +176,27 @@ td_handle td_op1(td_client *c, const char *name, const td_handle *inputs, size_t
 /* Copies a tensor to another device (keeps the autodiff graph). */
 int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *out, td_error *err);
 
+/* Daemon-to-daemon transfers: a tensor copied from one daemon (the source) straight into
+ * another (the target), the client sending two small requests. td_transfer_accept asks
+ * the target for a one-time capability to receive a tensor of dtype and shape into a new
+ * handle (*out) of its session, on device (NULL: cpu:0; a host-memory device); the
+ * handle is bound once the bytes arrived, and the capability expires after the target's
+ * --transfer-window. td_transfer_send has the source push tensor h there: endpoint is where
+ * the source reaches the target (tcp://HOST:PORT or tls://HOST:PORT), token the target's.
+ * Synchronising: returns once the target bound the tensor, else the error that stopped it
+ * (TD_EUNAUTHENTICATED: the token; TD_EINVALID_ARGUMENT: a capability spent already;
+ * TD_ETIMEOUT: expired; TD_EIO: the target could not be reached or went away). */
+#define TD_CAPABILITY_SIZE 16
+int td_transfer_accept(td_client *target, const td_device *device, td_dtype dtype, int ndim,
+                       const int64_t *shape, uint8_t capability[TD_CAPABILITY_SIZE], td_handle *out,
+                       td_error *err);
+int td_transfer_send(td_client *source, td_handle h, const char *endpoint, const char *token,
+                     const uint8_t capability[TD_CAPABILITY_SIZE], td_error *err);
+/* Both for a tensor h of source: its dtype and shape asked (td_describe), a capability
+ * from target, the push from source; *out is the new handle in target's session. */
+int td_transfer(td_client *source, td_handle h, td_client *target, const char *endpoint,
+                const char *token, const td_device *device, td_handle *out, td_error *err);
+
 /* Waits until every earlier request has run; reports the session's first error. */
 int td_sync(td_client *c, td_error *err);
 
