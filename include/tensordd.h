@@ -213,28 +213,7 @@ int td_ping(td_client *c, td_error *err);
  * Called from inside td_upload/td_download on the caller's thread. */
 typedef void (*td_progress_fn)(void *arg, uint64_t done, uint64_t total);
 /* Installs (or with NULL removes) the progress callback for this client. */
-/* Both for a tensor h of source: its dtype and shape asked (td_describe), a capability
- * from target, the push from source; *out is the new handle in target's session. */
-int td_transfer(td_client *source, td_handle h, td_client *target, const char *endpoint,
-                const char *token, const td_device *device, td_handle *out, td_error *err);
 void td_set_progress(td_client *c, td_progress_fn fn, void *arg);
-/* Daemon-to-daemon transfers: a tensor copied from one daemon (the source) straight into
- * another (the target), the client sending two small requests. td_transfer_accept asks
- * the target for a one-time capability to receive a tensor of dtype and shape into a new
- * handle (*out) of its session, on device (NULL: cpu:0; a host-memory device); the
- * handle is bound once the bytes arrived, and the capability expires after the target's
- * --transfer-window. td_transfer_send has the source push tensor h there: endpoint is where
- * the source reaches the target (tcp://HOST:PORT or tls://HOST:PORT), token the target's.
- * Synchronising: returns once the target bound the tensor, else the error that stopped it
- * (TD_EUNAUTHENTICATED: the token; TD_EINVALID_ARGUMENT: a capability spent already;
- * TD_ETIMEOUT: expired; TD_EIO: the target could not be reached or went away). */
-#define TD_CAPABILITY_SIZE 16
-int td_transfer_accept(td_client *target, const td_device *device, td_dtype dtype, int ndim,
-                       const int64_t *shape, uint8_t capability[TD_CAPABILITY_SIZE],
-                       td_handle *out, td_error *err);
-int td_transfer_send(td_client *source, td_handle h, const char *endpoint, const char *token,
-                     const uint8_t capability[TD_CAPABILITY_SIZE], td_error *err);
-
 
 /* The id of the most recent request this client sent or buffered (0: none):
  * an asynchronous error's td_error.request_id can be matched against it. */
