@@ -573,6 +573,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_BCE_WITH_LOGITS:
     case TDD_OP_LAYER_NORM:
         return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
+    case TDD_OP_BATCH_NORM: /* a dense input (cpu_norm.c) */
+        return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]);
     case TDD_OP_CONV2D:
     case TDD_OP_CONV1D: /* conv2d's kernel (tdd_conv1d_by_parts) */
     case TDD_OP_MAX_POOL2D:
@@ -791,6 +793,8 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_OP_PAD:
     case TDD_OP_DROPOUT:
         return cpu_index(c, nt);
+    case TDD_OP_BATCH_NORM: /* in double from any float dtype: never via f32 copies */
+        return cpu_batch_norm(c, nt);
     default: /* gather, scatter_add, index_select, embedding and the nn ops */
         return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
     }

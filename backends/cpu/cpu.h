@@ -66,6 +66,8 @@ void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, doubl
               int64_t ldc);
 extern int tdd_cpu_gemm_threads;
 int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
+/* cpu_norm.c: batch_norm of a dense input, any float dtype (the running stats in place) */
+int cpu_batch_norm(const tdd_opcall *c, int nt);
 /* cpu_index.c: cat, stack, tril, triu, pad (byte moves, any dtype), dropout */
 int cpu_index(const tdd_opcall *c, int nt);
 /* A binary/unary op or logsumexp computing in f32/f64 with integer or bool inputs (the
