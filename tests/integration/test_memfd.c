@@ -54,7 +54,8 @@ static void check_fd(int fd, uint64_t offset, const float *want, size_t n)
 START_TEST(test_memfd_unix)
 {
     tdt_daemon d;
-    ck_assert_int_eq(tdt_daemon_start(&d, NULL, 1), 0);
+    const char *args[] = {"--sim-devices", "1", NULL};
+    ck_assert_int_eq(tdt_daemon_start(&d, args, 1), 0);
     char ep[160];
     snprintf(ep, sizeof ep, "unix://%s", d.unix_path);
     td_client *c = tdt_connect(ep, "memfd");
@@ -97,6 +98,12 @@ START_TEST(test_memfd_unix)
     check_fd(back, at, negx, N);
     close(back);
     close(fd);
+
+    /* device memory (sim:0): the daemon answers with a payload, the library seals it */
+    td_handle hs = it_upload_f32(c, "sim:0", 2, shape, x);
+    ck_assert_msg(td_download_fd(c, hs, &back, &at, NULL, &e) == 0, "%s", e.message);
+    check_fd(back, at, x, N);
+    close(back);
 
     /* an unsealed memfd: refused, typed, and not kept */
     ck_assert_int_eq(td_sync(c, &e), 0); /* (the memfd sent above is closed once written) */
