@@ -259,7 +259,7 @@ void tdd_autograd_record(tdd_node *n, tdd_op op, const tdd_opargs *args, const t
     n->n_out = n_out;
     bool save_in = tdd_formula_saves_inputs(op), save_out = tdd_formula_saves_output(op);
     for (int i = 0; i < n_in; i++)
-        note_input(n, i, in[i], save_in);
+        note_input(n, i, in[i], save_in && !tdd_formula_skips_input(op, args, i));
     for (int k = 0; k < n_out; k++)
         note_output(n, k, out[k], save_out);
     static const tdd_attrs none;
@@ -501,8 +501,8 @@ static int check_node(const tdd_node *n, td_error *err)
             return tdd_err_arg(err, "tensor",
                                "one of the variables needed for gradient computation has been "
                                "modified by an inplace operation: input %d of %s (handle %llu) "
-                               "shares storage updated in place (by an optimizer step) after "
-                               "it was saved for backward",
+                               "shares storage updated in place (an optimizer step, a "
+                               "batch_norm's running stats) after it was saved for backward",
                                i, tdd_opdefs[n->op].name, (unsigned long long)ni->v->handle);
         if (ni->v && tdd_value_poisoned(ni->v))
             return tdd_err_poisoned(err, ni->v);

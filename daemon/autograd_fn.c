@@ -189,6 +189,13 @@ bool tdd_formula_saves_inputs(tdd_op op)
     }
 }
 
+/* batch_norm's running stats in training: the formula recomputes the batch's statistics,
+ * so another training forward updating them before this backward is no error (torch's). */
+bool tdd_formula_skips_input(tdd_op op, const tdd_opargs *args, int i)
+{
+    return op == TDD_OP_BATCH_NORM && args->i[0] && (i == 1 || i == 2);
+}
+
 bool tdd_formula_exists(tdd_op op)
 {
     switch (op) {

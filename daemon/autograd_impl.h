@@ -133,6 +133,8 @@ int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin);
 bool tdd_formula_exists(tdd_op op);
 bool tdd_formula_saves_inputs(tdd_op op);
 bool tdd_formula_saves_output(tdd_op op);
+/* An input of an op that saves its inputs which the formula never reads, for these args. */
+bool tdd_formula_skips_input(tdd_op op, const tdd_opargs *args, int i);
 /* Fills n->ex from the request's attributes at record time (views' dims). */
 void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *attrs);
 

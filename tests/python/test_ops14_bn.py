@@ -137,6 +137,29 @@ def test_inplace_update_of_saved_stats_fails_backward(s, dev):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
+def test_two_training_forwards_then_backward(s, dev):
+    """The same running stats through two training forwards before one backward (a shared
+    BatchNorm applied twice): training does not save them, so this works, as in torch, with
+    torch's gradients and running stats."""
+    rng = np.random.default_rng(6)
+    x1, x2 = (rng.normal(size=(4, 3, 2)).astype(np.float32) for _ in range(2))
+    w = rng.uniform(0.5, 1.5, 3).astype(np.float32)
+    tw, trm, trv = torch.tensor(w, requires_grad=True), torch.zeros(3), torch.ones(3)
+    tl = sum((F.batch_norm(torch.tensor(x), trm, trv, tw, training=True) ** 2 * k).sum()
+             for k, x in ((1.0, x1), (2.0, x2)))
+    tl.backward()
+    W = s.tensor(w, device=dev, requires_grad=True)
+    RM, RV = s.tensor(np.zeros(3, np.float32), device=dev), s.tensor(np.ones(3, np.float32),
+                                                                        device=dev)
+    ys = [(TF.batch_norm(s.tensor(x, device=dev), RM, RV, W, training=True) ** 2 * k).sum()
+          for k, x in ((1.0, x1), (2.0, x2))]
+    grads = (ys[0] + ys[1]).backward()
+    close(grads.get(W).numpy(), tw.grad.numpy(), np.float32, "weight grad")
+    close(RM.numpy(), trm.numpy(), np.float32, "running_mean")
+    close(RV.numpy(), trv.numpy(), np.float32, "running_var")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 def test_typed_errors(s, dev):
     X1 = s.tensor(np.ones((1, 3), np.float32), device=dev)
     RM, RV = s.tensor(np.zeros(3, np.float32), device=dev), s.tensor(np.ones(3, np.float32),
