@@ -158,7 +158,9 @@ class Optimizer:
         for name, value in (attrs or {}).items():  # options changed since the last step
             _set_attr(req.optimizer_step.attrs.add(), name, value)
         call = _Call("optimizer_step", (handle, grads._handle))
-        if session.pipeline_steps and not session._capturing:
+        # A step that changes options is answered: the client must know whether the
+        # daemon took them (a refused one changes nothing, and would not be sent again).
+        if session.pipeline_steps and not session._capturing and not attrs:
             req.optimizer_step.pipelined = True  # errors: at the next synchronising call
             session._send(req, call)
         else:
