@@ -290,6 +290,24 @@ def test_gradient_penalty_through_backward_and_gradients(ad):
                                    err_msg=f"parameter {n}")
 
 
+def test_dot_grad_idiom_accumulates_like_torch(ad):
+    """torch's idiom: loss.backward(create_graph=True), then x.grad is differentiable, and
+    a backward of a function of it adds to x.grad (and to w.grad)."""
+    x0, w0 = np.array([0.3, -1.2, 2.0]), np.array([0.5, 1.5, -0.7])
+    tx, tw = torch.tensor(x0, requires_grad=True), torch.tensor(w0, requires_grad=True)
+    (tx.tanh() * tw).sum().backward(create_graph=True)
+    (tx.grad * tx.grad).sum().backward()
+
+    ad.zero_grad()  # x.grad collects every backward from here on
+    x, w = ad.tensor(x0, requires_grad=True), ad.tensor(w0, requires_grad=True)
+    (x.tanh() * w).sum().backward(create_graph=True)
+    g = x.grad
+    assert g.requires_grad
+    (g * g).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), _np(tx.grad), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(w.grad.numpy(), _np(tw.grad), rtol=1e-12, atol=1e-14)
+
+
 # ---------------------------------------------------------------- HVPs of models
 
 def _hvp_case(ad, build_s, build_t, arrays, params, dtype, k, device="cpu:0"):
