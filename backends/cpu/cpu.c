@@ -588,6 +588,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
         return tdd_is_contiguous(c->out[0]);
     case TDD_OP_PAD: /* the same, mode constant; reflect, replicate, circular: the reference */
         return tdd_is_contiguous(c->out[0]) && c->args->i[0] == 0;
+    case TDD_OP_SDPA: /* rows in double as the reference's (cpu_attn.c); f16/bf16 via f32 */
+        return tdd_dtype_is_float(c->in[0]->dtype);
     case TDD_OP_DROPOUT: /* the reference's draws and rounding: bit-identical */
         return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->out[0]);
     case TDD_OP_ARANGE:

@@ -51,6 +51,8 @@ void cpu_f32_to_half(const float *f, int64_t fs, uint16_t *h, int64_t hs, int64_
 void cpu_load_tensor(const tdd_tensor *t, int64_t lo, int64_t hi, double *dst);
 /* n elements into contiguous t from C-order element lo. */
 void cpu_store_contig(tdd_tensor *t, int64_t lo, int64_t n, const double *src);
+/* scaled_dot_product_attention (cpu_attn.c) */
+int cpu_sdpa(const tdd_opcall *c, int nt);
 
 int cpu_elementwise(const tdd_opcall *c, int nt); /* cpu_elem.c */
 int cpu_copy(const tdd_opcall *c, int nt);        /* cpu_elem.c */

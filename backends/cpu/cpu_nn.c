@@ -726,6 +726,8 @@ int cpu_nn(const tdd_opcall *c, int nt)
         return cpu_gather(c, nt);
     case TDD_OP_SCATTER_ADD:
         return cpu_scatter_add(c, nt);
+    case TDD_OP_SDPA:
+        return cpu_sdpa(c, nt);
     default:
         return TD_EINTERNAL;
     }
