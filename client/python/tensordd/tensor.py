@@ -1270,7 +1270,9 @@ class Tensor:
         grad is the gradient of self (None: self must hold one element and
         its gradient is 1). retain_graph defaults to create_graph; with
         create_graph the gradients are differentiable again (tensordd.autograd
-        has grad()). inputs: only these tensors' gradients. Synchronising.
+        has grad()). inputs: only these tensors' gradients (synchronising).
+        Without inputs it is pipelined (``session.pipeline_steps``): its
+        errors surface at the next synchronising call, such as ``loss.item()``.
         """
         from .autograd import backward
 
