@@ -639,46 +639,6 @@ __global__ void group_norm_kernel(int dt, const void *x, void *y, const void *w,
     }
 }
 
-// batch_norm: a thread per channel of dense [N, C, S]; training: the batch's statistics in
-// double, the running ones (rm, rv, or NULL) updated in place as torch's (unbiased variance).
-__global__ void batch_norm_kernel(int dt, const void *x, void *y, void *rm, void *rv, const void *w,
-                                  const void *b, int64_t N, int64_t C, int64_t S, int train,
-                                  double momentum, double eps)
-{
-    const int64_t M = N * S;
-    for (int64_t ch = gtid(); ch < C; ch += gstride()) {
-        double mean, var;
-        if (train) {
-            double s = 0.0, ss = 0.0;
-            for (int64_t i = 0; i < N; i++)
-                for (int64_t k = 0; k < S; k++)
-                    s += load_f(x, dt, (i * C + ch) * S + k);
-            mean = M ? s / (double)M : 0.0;
-            for (int64_t i = 0; i < N; i++)
-                for (int64_t k = 0; k < S; k++) {
-                    double dv = load_f(x, dt, (i * C + ch) * S + k) - mean;
-                    ss += dv * dv;
-                }
-            var = M ? ss / (double)M : 0.0;
-            if (rm && M > 0) {
-                double unb = M > 1 ? var * (double)M / (double)(M - 1) : var;
-                store_f(rm, dt, ch, (1.0 - momentum) * load_f(rm, dt, ch) + momentum * mean);
-                store_f(rv, dt, ch, (1.0 - momentum) * load_f(rv, dt, ch) + momentum * unb);
-            }
-        } else {
-            mean = load_f(rm, dt, ch);
-            var = load_f(rv, dt, ch);
-        }
-        double rstd = 1.0 / sqrt(var + eps);
-        double scale = w ? rstd * load_f(w, dt, ch) : rstd, shift = b ? load_f(b, dt, ch) : 0.0;
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t k = 0; k < S; k++) {
-                int64_t o = (i * C + ch) * S + k;
-                store_f(y, dt, o, (load_f(x, dt, o) - mean) * scale + shift);
-            }
-    }
-}
-
 // conv_transpose2d on dense operands: a thread per output element, gathering the inputs whose
 // strided, dilated kernel taps land on it (in double).
 __global__ void conv_transpose2d_kernel(int dt, const void *x, const void *w, const void *b,
@@ -965,6 +925,44 @@ template <typename T> __device__ T block_reduce(int comb, T v)
     }
     __syncthreads();
     return result;
+}
+
+// batch_norm: a block per channel of dense [N, C, S], its threads striding the channel's N*S
+// elements (sums in double, block_reduce); training: the batch's statistics, the running ones
+// (rm, rv, or NULL) updated in place by thread 0 as torch's (unbiased variance).
+__global__ void batch_norm_kernel(int dt, const void *x, void *y, void *rm, void *rv, const void *w,
+                                  const void *b, int64_t N, int64_t C, int64_t S, int train,
+                                  double momentum, double eps)
+{
+    const int64_t M = N * S;
+    for (int64_t ch = blockIdx.x; ch < C; ch += gridDim.x) {
+        double mean, var;
+        if (train) {
+            double s = 0.0, ss = 0.0;
+            for (int64_t j = threadIdx.x; j < M; j += blockDim.x)
+                s += load_f(x, dt, ((j / S) * C + ch) * S + j % S);
+            mean = M ? block_reduce(TDC_R_SUM, s) / (double)M : 0.0;
+            for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+                double dv = load_f(x, dt, ((j / S) * C + ch) * S + j % S) - mean;
+                ss += dv * dv;
+            }
+            var = M ? block_reduce(TDC_R_SUM, ss) / (double)M : 0.0;
+            if (rm && M > 0 && threadIdx.x == 0) {
+                double unb = M > 1 ? var * (double)M / (double)(M - 1) : var;
+                store_f(rm, dt, ch, (1.0 - momentum) * load_f(rm, dt, ch) + momentum * mean);
+                store_f(rv, dt, ch, (1.0 - momentum) * load_f(rv, dt, ch) + momentum * unb);
+            }
+        } else {
+            mean = load_f(rm, dt, ch);
+            var = load_f(rv, dt, ch);
+        }
+        double rstd = 1.0 / sqrt(var + eps);
+        double scale = w ? rstd * load_f(w, dt, ch) : rstd, shift = b ? load_f(b, dt, ch) : 0.0;
+        for (int64_t j = threadIdx.x; j < M; j += blockDim.x) {
+            int64_t o = ((j / S) * C + ch) * S + j % S;
+            store_f(y, dt, o, (load_f(x, dt, o) - mean) * scale + shift);
+        }
+    }
 }
 
 // One block per (output, split) work item: threads stride the split's share of the reduced
@@ -1702,8 +1700,9 @@ extern "C" cudaError_t tdc_batch_norm(const tdc_dev *d, int dt, const void *x, v
 {
     if (C == 0)
         return cudaSuccess;
-    tdc_launch(grid_for(d, C), kThreads, 0, d->stream,
-               batch_norm_kernel)(dt, x, y, rm, rv, w, b, N, C, S, train, momentum, eps);
+    int grid = (int)(C < 65535 * 8 ? C : 65535 * 8);
+    tdc_launch(grid, block_for(N * S), 0, d->stream, batch_norm_kernel)(dt, x, y, rm, rv, w, b, N,
+                                                                        C, S, train, momentum, eps);
     return launched();
 }
 

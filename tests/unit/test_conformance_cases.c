@@ -382,6 +382,7 @@ const conf_case conf_cases[] = {
     {"batch_norm", {"x:4,3,2,2", "x:3C", "p:3C", "x:3"}, "training=true;momentum=0.2", FA, 4},
     {"batch_norm", {"x:3,4,5T", "x:4", "p:4", "x:4"}, "eps=0.001", FA, 4},
     {"batch_norm", {"x:5,3"}, "training=true", F, 4},
+    {"batch_norm", {"x:8,3,10,10", "x:3C", "p:3C"}, "training=true", F, 4}, /* whole blocks */
     {"conv1d", {"x:2,4,9", "x:6,2,3", "x:6"}, "stride=2;padding=1;dilation=2;groups=2", FA, 4},
     {"conv1d", {"x:3,7T", "x:2,3,4"}, "padding='same'", F, 4},
     {"conv_transpose2d", {"x:2,4,3,5", "x:4,3,3,2", "x:3"}, "stride=2;padding=[1,0]", FA, 4},
