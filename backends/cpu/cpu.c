@@ -575,6 +575,9 @@ bool tdd_cpu_native(const tdd_opcall *c)
         return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
     case TDD_OP_BATCH_NORM: /* a dense input (cpu_norm.c) */
         return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]);
+    case TDD_OP_CONV_TRANSPOSE2D: /* dense input and weight (cpu_convt.c; f16/bf16 via f32) */
+        return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]) &&
+               tdd_is_contiguous(c->in[1]);
     case TDD_OP_CONV2D:
     case TDD_OP_CONV1D: /* conv2d's kernel (tdd_conv1d_by_parts) */
     case TDD_OP_MAX_POOL2D:

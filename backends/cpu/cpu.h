@@ -70,6 +70,8 @@ extern int tdd_cpu_gemm_threads;
 int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
 /* cpu_norm.c: batch_norm of a dense input, any float dtype (the running stats in place) */
 int cpu_batch_norm(const tdd_opcall *c, int nt);
+/* cpu_convt.c: conv_transpose2d of dense f32/f64 operands (gemm, then col2im) */
+int cpu_conv_transpose2d(const tdd_opcall *c, int nt);
 /* cpu_index.c: cat, stack, tril, triu, pad (byte moves, any dtype), dropout */
 int cpu_index(const tdd_opcall *c, int nt);
 /* A binary/unary op or logsumexp computing in f32/f64 with integer or bool inputs (the

@@ -714,6 +714,8 @@ int cpu_nn(const tdd_opcall *c, int nt)
         return cpu_pool2d(c, nt);
     case TDD_OP_LAYER_NORM:
         return cpu_layer_norm(c, nt);
+    case TDD_OP_CONV_TRANSPOSE2D:
+        return cpu_conv_transpose2d(c, nt);
     case TDD_OP_CROSS_ENTROPY:
     case TDD_OP_NLL_LOSS:
         return cpu_class_loss(c, nt);

@@ -388,6 +388,7 @@ const conf_case conf_cases[] = {
     {"conv_transpose2d", {"x:2,4,3,5", "x:4,3,3,2", "x:3"}, "stride=2;padding=[1,0]", FA, 4},
     {"conv_transpose2d", {"x:1,2,3,4", "x:2,3,2,2"}, "stride=2;output_padding=1", F, 4},
     {"conv_transpose2d", {"x:4,3,3T", "x:4,2,3,3"}, "stride=[1,2];groups=2;dilation=2", F, 4},
+    {"conv_transpose2d", {"x:2,4,3,3", "x:4,2,3,3", "x:4"}, "groups=2;dilation=2", F, 4},
     {"adaptive_avg_pool2d", {"x:2,3,7,5"}, "output_size=[3,2]", FA, 4},
     {"adaptive_avg_pool2d", {"x:3,4,4T"}, "output_size=1", F, 4},
     {"adaptive_avg_pool2d", {"x:1,2,3,3"}, "output_size=[5,4]", F, 4},
