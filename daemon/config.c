@@ -1,6 +1,7 @@
 /* config.c -- the daemon's options as data: one row each drives the defaults,
  * getopt, --help and the error text. */
 #include "config.h"
+#include "cidr.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -31,6 +32,7 @@ typedef enum {
     OPT_LOGFMT,   /* text or json */
     OPT_HOSTPORT, /* HOST:PORT on loopback, into a char[] field ("" = off) */
     OPT_PATH,     /* a string (a path, a group name) into a char[] field ("" = unset) */
+    OPT_CIDRS,    /* ADDR[/BITS],... into a char[] field ("" = any address) */
     OPT_MODE,     /* file permission bits, in octal */
     OPT_FLAG,     /* takes no value on the command line; 1/0, true/false in a file */
     OPT_CONFIG,   /* commands and the config file's own path: flags only */
@@ -170,6 +172,10 @@ static const option_row rows[] = {
     {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, NULL,
      "CA certificates (PEM) a push to a tls:// daemon checks its certificate against "
      "(default: the system's)"},
+    {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0, NULL,
+     "the addresses a push to another daemon (TransferSend) may connect to, e.g. "
+     "10.0.0.0/8,fd00::/8, so that a client holding the token cannot make the daemon reach "
+     "other hosts (default: any address)"},
     {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
      "read options from this INI file (default " TDD_CONFIG_DEFAULT
      " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
@@ -520,6 +526,12 @@ static int apply(tdd_config *c, const option_row *r, const char *val, const orig
         }
         memcpy((char *)c + r->off, val, strlen(val) + 1);
         return 0;
+    case OPT_CIDRS:
+        if (tdd_cidr_check(val, range, sizeof range)) {
+            fprintf(stderr, "tensordd: %s: bad value: %s\n", where, range);
+            return -1;
+        }
+        /* fall through */
     case OPT_PATH:
         if (strlen(val) >= r->size) {
             fprintf(stderr, "tensordd: %s: bad value: longer than %zu bytes\n", where, r->size - 1);
@@ -743,6 +755,12 @@ static void print_config(const tdd_config *c)
                 printf("%s = %s\n", r->name, (const char *)c + r->off);
             else
                 printf("; %s: off\n", r->name);
+            break;
+        case OPT_CIDRS:
+            if (((const char *)c + r->off)[0])
+                printf("%s = %s\n", r->name, (const char *)c + r->off);
+            else
+                printf("; %s: any address\n", r->name);
             break;
         case OPT_PATH:
             if (((const char *)c + r->off)[0])

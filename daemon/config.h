@@ -71,6 +71,7 @@ typedef struct tdd_config {
     uint32_t transfer_timeout_s; /* an outbound push that makes no progress fails */
     uint32_t max_transfers;      /* capabilities outstanding, daemon-wide */
     char transfer_ca[512];       /* CAs a source checks tls:// targets against; "" = system */
+    char transfer_peers[1024];   /* addresses a push may reach (cidr.h); "" = any */
 } tdd_config;
 
 extern tdd_config tdd_cfg;

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "cidr.h"
 #include "config.h"
 #include "log.h"
 #include "stats.h"
@@ -717,6 +718,14 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     if (p->decided || status < 0) {
         if (!p->decided)
             fail(p, TD_EIO, "cannot resolve %s: %s", p->host, uv_strerror(status));
+        uv_freeaddrinfo(res);
+        push_maybe_free(p);
+        return;
+    }
+    if (!tdd_cidr_match(tdd_cfg.transfer_peers, res->ai_addr)) {
+        char addr[64] = "?";
+        uv_ip_name(res->ai_addr, addr, sizeof addr);
+        fail(p, TD_EINVALID_ARGUMENT, "%s (%s) is not among --transfer-peers", p->host, addr);
         uv_freeaddrinfo(res);
         push_maybe_free(p);
         return;

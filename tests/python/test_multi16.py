@@ -245,6 +245,35 @@ def test_replayed_expired_and_wrongly_tokened_capabilities(hosts, token_file):
         ds.close()
 
 
+def test_transfer_peers_limits_where_a_push_may_connect(hosts, token_file):
+    """--transfer-peers: a push to an address outside the list is INVALID_ARGUMENT naming
+    the option, before any connection (the capability is not spent); inside it, it lands."""
+    ds = Daemons(hosts, token_file, 2, "--transfer-peers", "192.0.2.0/24, 2001:db8::/32")
+    try:
+        with ds.connect() as m:
+            a, b = m["a"], m["b"]
+            x = a.tensor(np.arange(8, dtype=np.float32))
+            h, cap = accept(b, [8])
+            with pytest.raises(tensordd.InvalidArgumentError, match="--transfer-peers"):
+                send(a, x, b.peer_endpoint, TOKEN, cap)
+            with pytest.raises(tensordd.UnknownHandleError):
+                describe(b, h)
+            m.sync()
+    finally:
+        ds.close()
+    allowed = ",".join(f"{addr}/32" for addr in hosts.addrs)
+    ds = Daemons(hosts, token_file, 2, "--transfer-peers", allowed)
+    try:
+        with ds.connect() as m:
+            a, b = m["a"], m["b"]
+            x = a.tensor(np.arange(8, dtype=np.float32))
+            h, cap = accept(b, [8])
+            send(a, x, b.peer_endpoint, TOKEN, cap)
+            assert describe(b, h).tensor.shape == [8]
+    finally:
+        ds.close()
+
+
 def _kill_when(proxy, daemon, nbytes):
     """Kills daemon once proxy forwarded nbytes upstream (bounded)."""
     def run():

@@ -37,6 +37,8 @@ def test_help_lists_every_option_with_its_default():
     (["--max-handles", "99999999999999999999999"], "--max-handles"),
     (["--log-level", "loud"], "--log-level"),
     (["--bogus"], "--bogus"),
+    (["--transfer-peers", "10.0.0.0/33"], "--transfer-peers"),
+    (["--transfer-peers", "10.0.0.1,example.org"], "--transfer-peers"),
 ])
 def test_bad_value_is_one_line_naming_the_flag(args, flag):
     r = run(*args)
