@@ -9,7 +9,7 @@ rtol 1e-4, atol 1e-4 (the daemon works the statistics in double, torch in float)
 running stats, momentum=None (the cumulative average), [N, C] and [N, C, L] inputs. The
 convolutions: stride, padding (conv1d's "same"/"valid"), dilation, groups, bias, unbatched
 inputs, conv_transpose2d's output_padding (also >= stride, below dilation); float32 rtol/atol
-1e-4.
+1e-4. Double backward (create_graph) through each op against torch.autograd.grad's.
 """
 
 from __future__ import annotations
@@ -296,3 +296,40 @@ def test_conv_typed_errors(s, dev):
     with pytest.raises(tensordd.InvalidArgumentError, match="needs stride 1"):
         TF.conv1d(x1, s.tensor(np.ones((2, 2, 3), np.float32), device=dev), stride=2,
                   padding="same").numpy()
+
+
+DOUBLE = [
+    ("batch_norm_train", [(4, 3, 2), (3,)],
+     lambda s, dev, x, w: TF.batch_norm(x, None, None, w, None, training=True),
+     lambda x, w: F.batch_norm(x, None, None, w, None, training=True)),
+    ("batch_norm_eval", [(4, 3, 2), (3,)],
+     lambda s, dev, x, w: TF.batch_norm(x, s.tensor(np.full(3, 0.2, np.float32), device=dev),
+                                        s.tensor(np.full(3, 1.5, np.float32), device=dev), w),
+     lambda x, w: F.batch_norm(x, torch.full((3,), 0.2), torch.full((3,), 1.5), w)),
+    ("conv1d", [(2, 3, 6), (4, 3, 3)], lambda s, dev, x, w: TF.conv1d(x, w, padding=1),
+     lambda x, w: F.conv1d(x, w, padding=1)),
+    ("conv_transpose2d", [(2, 3, 3, 3), (3, 2, 3, 3)],
+     lambda s, dev, x, w: TF.conv_transpose2d(x, w, stride=2, padding=1),
+     lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1)),
+]
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("case", DOUBLE, ids=[c[0] for c in DOUBLE])
+def test_double_backward(s, dev, case):
+    """A gradient penalty through each op: grad(sum(y^2), x, create_graph) then the backward
+    of sum(gx^2), against torch's; rtol 1e-4, atol 1e-4 of the largest value."""
+    name, shapes, fn, tfn = case
+    rng = np.random.default_rng(11)
+    x, w = (rng.standard_normal(sh).astype(np.float32) for sh in shapes)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    (tgx,) = torch.autograd.grad((tfn(tx, tw) ** 2).sum(), tx, create_graph=True)
+    (tgx ** 2).sum().backward()
+    X, W = s.tensor(x, device=dev, requires_grad=True), s.tensor(w, device=dev, requires_grad=True)
+    (gx,) = tensordd.autograd.grad((fn(s, dev, X, W) ** 2).sum(), X, create_graph=True)
+    grads = (gx ** 2).sum().backward()
+    for T, t, what in ((X, tx, "input"), (W, tw, "weight")):
+        want = t.grad.numpy()
+        np.testing.assert_allclose(grads.get(T).numpy(), want, rtol=1e-4,
+                                   atol=1e-4 * max(1.0, float(np.abs(want).max())),
+                                   err_msg=f"{name}: second-order {what} grad")
