@@ -119,6 +119,26 @@ def test_running_stats_accumulate(s, dev):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
+def test_running_stats_under_replay(s, dev):
+    """A captured training forward, replayed on two more batches: each replay updates the
+    running stats in place again, as three torch forwards do."""
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal((4, 3, 2)).astype(np.float32) for _ in range(3)]
+    rm, rv = torch.zeros(3), torch.ones(3)
+    for x in xs:
+        F.batch_norm(torch.tensor(x), rm, rv, training=True)
+    RM, RV = s.tensor(np.zeros(3, np.float32), device=dev), s.tensor(np.ones(3, np.float32),
+                                                                        device=dev)
+    X = s.tensor(xs[0], device=dev)
+    with s.capture(X) as step:
+        TF.batch_norm(X, RM, RV, training=True)
+    for x in xs[1:]:
+        step.replay(s.tensor(x, device=dev))
+    close(RM.numpy(), rm.numpy(), np.float32, "running_mean")
+    close(RV.numpy(), rv.numpy(), np.float32, "running_var")
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 def test_inplace_update_of_saved_stats_fails_backward(s, dev):
     """An eval forward saves the running stats; a training forward updates them in place;
     the first one's backward is then a typed error, as for any saved tensor updated in place.
