@@ -33,7 +33,8 @@ if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BU
     tests/python/test_cuda_double_backward.py \
     tests/python/test_ops14_forms.py tests/python/test_ops14_dtypes.py \
     tests/python/test_ops14_attn.py tests/python/test_transformer14.py \
-    tests/python/test_parallel.py::test_cuda_devices_need_nccl >"$out" 2>&1; then
+    tests/python/test_parallel.py::test_cuda_devices_need_nccl \
+    tests/python/test_memfd.py::test_cuda_memfd >"$out" 2>&1; then
     grep -v '^PASSED\|^SKIPPED' "$out"
     exit 1
 fi

@@ -471,3 +471,38 @@ def test_device_memory_one_copy(unix_daemon):
         b = t.numpy()
         assert s._memfd and same_bytes(a, b) and not mapped(b)
         assert same_bytes(a * 3, (t * 3).numpy())
+
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+
+
+@pytest.mark.skipif(GPU_ARGS is None, reason="GPU suite: make test-emu, or tests/gpu/run.sh")
+def test_cuda_memfd(tmp_path):
+    """cuda:0 holds device memory: a memfd upload is one copy from the mapping to the
+    device (on the worker), the download answers with a payload; bit-exact, no fd kept."""
+    path = str(tmp_path / "s")
+    d = Daemon("--listen", f"unix://{path}", *GPU_ARGS.split())
+    try:
+        a = np.random.default_rng(5).standard_normal((64, 33)).astype(np.float32)
+        with tensordd.connect(f"unix://{path}", timeout=120, memfd_threshold=0) as s:
+            t = s.tensor(a, device="cuda:0")
+            b = t.numpy()
+            assert s._memfd and s._memfd_checked and str(t.device) == "cuda:0"
+            assert same_bytes(a, b) and not mapped(b)
+            assert same_bytes(a * 2, (t * 2).numpy())
+            base = nfds(d)
+            fd = memfd_with(a.tobytes(), seals=0)
+            r = Raw(path)
+            req = pb.Request(want_reply=True)
+            req.upload.handle = 1
+            req.upload.dtype = pb.DTYPE_F32
+            req.upload.shape.extend(a.shape)
+            req.upload.device.backend = "cuda"
+            req.upload.payload_fd = True
+            e = error_of(r.call(req, [fd]))
+            os.close(fd)
+            assert "not sealed" in e.message, e
+            assert nfds(d) == base + 1  # (the raw connection's own socket)
+            r.close()
+    finally:
+        assert d.stop() == 0, d.log()
