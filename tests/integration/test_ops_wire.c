@@ -166,8 +166,15 @@ static td_handle put_input(wire_run *w, const td_device *dev, const conf_input *
  * here their outputs are held to what the distribution must satisfy instead. */
 static bool is_random(const conf_case *cs, const conf_attrs *as)
 {
-    if (!strcmp(cs->op, "rand") || !strcmp(cs->op, "randn") || !strcmp(cs->op, "randint"))
+    if (!strcmp(cs->op, "rand") || !strcmp(cs->op, "randn") || !strcmp(cs->op, "randint") ||
+        !strcmp(cs->op, "multinomial"))
         return true;
+    if (!strcmp(cs->op, "scaled_dot_product_attention")) {
+        for (size_t k = 0; k < as->n; k++)
+            if (!strcmp(as->a[k].name, "dropout_p"))
+                return (as->a[k].kind == TD_ATTR_FLOAT ? as->a[k].f : (double)as->a[k].i) > 0;
+        return false;
+    }
     if (strcmp(cs->op, "dropout") != 0)
         return false;
     for (size_t k = 0; k < as->n; k++)
@@ -223,6 +230,43 @@ static int check_random(const conf_case *cs, const conf_attrs *as, const conf_in
         }
         if (n > 8 && !varied)
             return snprintf(msg, len, "all %lld values equal %lld", (long long)n, (long long)first);
+    } else if (!strcmp(cs->op, "multinomial")) {
+        /* each draw a category of its row; without replacement, no category twice */
+        int64_t ncat = in->shape[in->ndim - 1], rows = in->ndim == 2 ? in->shape[0] : 1;
+        int64_t k = rows ? n / rows : 0;
+        bool repl = false;
+        for (size_t a = 0; a < as->n; a++)
+            if (!strcmp(as->a[a].name, "replacement"))
+                repl = as->a[a].b;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < k; i++) {
+                int64_t v = tdd_load_i(d, t->dtype, r * k + i);
+                if (v < 0 || v >= ncat)
+                    return snprintf(msg, len, "row %lld draw %lld = %lld outside [0, %lld)",
+                                    (long long)r, (long long)i, (long long)v, (long long)ncat);
+                if (in->vals[r * ncat + v] == 0)
+                    return snprintf(msg, len, "row %lld drew category %lld of weight 0",
+                                    (long long)r, (long long)v);
+                for (int64_t j = 0; !repl && j < i; j++)
+                    if (tdd_load_i(d, t->dtype, r * k + j) == v)
+                        return snprintf(msg, len, "row %lld drew %lld twice without replacement",
+                                        (long long)r, (long long)v);
+            }
+    } else if (!strcmp(cs->op, "scaled_dot_product_attention")) {
+        /* out = (softmax(q k^T s) * keep / (1 - p)) v: the kept weights of a row sum to at
+         * most 1 / (1 - p), so |out| <= max |v| / (1 - p) */
+        const conf_input *v = &in[2];
+        double p = attr_f(as, "dropout_p", 0), vmax = 0, rtol, atol;
+        conf_tolerances(t->dtype, tol, &rtol, &atol);
+        for (int64_t i = 0; i < v->numel; i++)
+            vmax = fmax(vmax, fabs(v->vals[i]));
+        double bound = vmax / (1 - p);
+        for (int64_t i = 0; i < n; i++) {
+            double o = tdd_load_f(d, t->dtype, i);
+            if (!isfinite(o) || fabs(o) > bound + atol + rtol * bound)
+                return snprintf(msg, len, "element %lld = %.9g beyond max|v|/(1-p) = %.9g",
+                                (long long)i, o, bound);
+        }
     } else { /* dropout in training: each element 0 or x / (1 - p) */
         double p = attr_f(as, "p", 0.5), rtol, atol;
         conf_tolerances(t->dtype, tol, &rtol, &atol);
