@@ -222,6 +222,10 @@ def _pair(v):
     return [int(v), int(v)] if isinstance(v, int) else [int(x) for x in v]
 
 
+def _single(v):
+    return int(v) if isinstance(v, int) else int(tuple(v)[0])
+
+
 __all__ += ["scaled_dot_product_attention"]
 
 
