@@ -129,8 +129,17 @@ int tdd_h_hello(tdd_req *r)
                  c->s->peer, c->s->client_name);
         tdd_resume_enable(c->s, h->resume_window, identity);
     }
+    /* Newer forms a client may use with this daemon (docs/protocol.md, section 7). */
+    static char *features[] = {
+        (char *)"pipelined_steps", /* Backward.pipelined, OptimizerStep.pipelined */
+        (char *)"memfd",           /* Upload.payload_fd, Download.as_fd (Unix sockets) */
+        (char *)"transfer",        /* TransferAccept, TransferSend, TransferPush */
+        (char *)"create_graph",    /* Backward.create_graph and Backward.inputs */
+    };
     Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
     hr.version = TD_PROTOCOL_VERSION;
+    hr.n_features = sizeof features / sizeof features[0];
+    hr.features = features;
     hr.server = (char *)"tensordd " TDD_VERSION;
     hr.session_id = c->s->id;
     hr.note = server_note;

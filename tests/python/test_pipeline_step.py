@@ -186,3 +186,24 @@ def test_first_error_wins_over_the_steps_own(session):
     opt.step()
     assert np.isfinite(loss.item())
     assert any(b.tobytes() != p.numpy().tobytes() for b, p in zip(before, params))
+
+
+def test_steps_are_pipelined_only_with_a_daemon_that_names_it(session, fake):
+    """A daemon from before pipelined steps would answer them, and the client would read
+    those answers as the next requests': HelloReply.features gates the form."""
+    assert {"pipelined_steps", "memfd", "transfer", "create_graph"} <= session.features
+    assert session.pipeline_steps
+    srv = fake()  # answers Hello as a version-1 daemon: no features
+    s = tensordd.connect(srv.endpoint, timeout=10)
+    try:
+        assert s.features == frozenset() and not s.pipeline_steps
+        w = s.tensor(np.ones(3, np.float32), requires_grad=True)
+        loss = w.sum()
+        try:
+            loss.backward()
+        except tensordd.Error:
+            pass  # the fake's answers are not a real Gradients; the form sent is the point
+        sent = [r for r, _ in srv.requests if r.WhichOneof("body") == "backward"]
+        assert sent and not any(r.backward.pipelined for r in sent)
+    finally:
+        s.close(raise_errors=False)

@@ -162,7 +162,8 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
     except OSError as e:
         raise local_error("IO", f"cannot connect to {endpoint}: {e}") from e
     session = Session(conn, endpoint, token, resume=resume)
-    session._memfd = bool(memfd) and conn.unix and not resume and hasattr(os, "memfd_create")
+    session._memfd = (bool(memfd) and conn.unix and not resume and hasattr(os, "memfd_create")
+                      and "memfd" in session.features)
     session.memfd_threshold = int(memfd_threshold)
     _default = session
     return session
@@ -284,6 +285,11 @@ class Session:
             self._shutdown()
             raise local_error("PROTOCOL_ERROR", f"expected a HelloReply, got {resp.WhichOneof('body')}")
         self.version = resp.hello.version
+        #: what the daemon does beyond protocol version 1 (HelloReply.features)
+        self.features = frozenset(resp.hello.features)
+        # A daemon that predates them would answer pipelined steps (and wait for a
+        # memfd upload's bytes): use them only where the daemon names them.
+        self.pipeline_steps = "pipelined_steps" in self.features
         self.server = resp.hello.server
         self.session_id = resp.hello.session_id
         self.note = resp.hello.note
