@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+from gpusuite import GPU_ARGS, gpu_daemon_fixture, only_with_gpu, start_gpu_daemon
+
+pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
 
 
@@ -28,15 +27,10 @@ def start(monkeypatch=None, **env):
     if monkeypatch:
         for k, v in env.items():
             monkeypatch.setenv(k, str(v))
-    return Daemon("--cpu-devices", "2", *(GPU_ARGS or "").split())
+    return start_gpu_daemon(cpu_devices=2)
 
 
-@pytest.fixture(scope="module")
-def gpu_daemon():
-    d = start()
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+gpu_daemon = gpu_daemon_fixture(cpu_devices=2)
 
 
 @pytest.fixture

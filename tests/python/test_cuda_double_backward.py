@@ -11,34 +11,26 @@ each kernel on the host.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
 import test_double_backward as D
 import test_grad_torch as G
 
 torch = pytest.importorskip("torch")
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+from gpusuite import declined, gpu_daemon_fixture, only_with_gpu
+
+pytestmark = only_with_gpu
 DEV = "cuda:0"
-DECLINED = ("UNSUPPORTED_OP", "UNSUPPORTED_DTYPE")
 NAMES = ("tanh", "sigmoid", "gelu", "mul-bcast", "div-bcast", "matmul-2d-2d", "softmax-dim1",
          "log_softmax-dim-1", "logsumexp-dim1", "cross_entropy-mean", "mse_loss-mean",
          "layer_norm-affine", "mlp")
 
 
-@pytest.fixture(scope="module")
-def gpu_daemon():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
 @pytest.fixture
@@ -48,17 +40,11 @@ def ad(gpu_daemon):
     s.close(raise_errors=False)
 
 
-def _declined(e: Exception) -> bool:
-    if isinstance(e, tensordd.PoisonedError):
-        return e.origin_code in DECLINED
-    return getattr(e, "code", None) in DECLINED
-
-
 def _run(fn, *args):
     try:
         fn(*args)
     except tensordd.Error as e:
-        if _declined(e):
+        if declined(e):
             pytest.skip(f"cuda declines an op of a pass: {e}")
         raise
 

@@ -10,31 +10,23 @@ what runs on cuda.
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
 import test_grad_torch as G
 
 torch = pytest.importorskip("torch")
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+from gpusuite import declined, gpu_daemon_fixture, only_with_gpu
+
+pytestmark = only_with_gpu
 DEV = "cuda:0"
-DECLINED = ("UNSUPPORTED_OP", "UNSUPPORTED_DTYPE")
 
 
-@pytest.fixture(scope="module")
-def gpu_daemon():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
 @pytest.fixture
@@ -42,12 +34,6 @@ def gs(gpu_daemon):
     s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
     yield s
     s.close(raise_errors=False)
-
-
-def _declined(e: Exception) -> bool:
-    if isinstance(e, tensordd.PoisonedError):
-        return e.origin_code in DECLINED
-    return getattr(e, "code", None) in DECLINED
 
 
 @pytest.mark.parametrize("c", [pytest.param(c, id=c.name) for c in G.CASES if not c.xfail])
@@ -68,7 +54,7 @@ def test_grad_on_cuda_matches_torch(gs, c):
         got = [(grads.get(t).numpy(), tt) for t, tt in zip(ts, tts) if tt.requires_grad]
         got_loss = loss.numpy()
     except tensordd.Error as e:
-        if _declined(e):
+        if declined(e):
             pytest.skip(f"cuda declines an op of the forward or backward: {e}")
         raise
     rtol, atol = G._tol("float32", c.k)

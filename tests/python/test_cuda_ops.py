@@ -9,30 +9,23 @@ UNSUPPORTED_DTYPE, typed) is skipped, so the summary's passed count is what cuda
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
 import test_ops_torch as T
 
 torch = pytest.importorskip("torch")
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+from gpusuite import gpu_daemon_fixture, only_with_gpu
+
+pytestmark = only_with_gpu
 DEV = "cuda:0"
 DECLINED = (tensordd.UnsupportedOpError, tensordd.UnsupportedDTypeError)
 
 
-@pytest.fixture(scope="module")
-def gpu_daemon():
-    d = Daemon("--cpu-devices", "2", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+gpu_daemon = gpu_daemon_fixture(cpu_devices=2)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ fresh daemon, so the same stream). Tolerances as test_optim14.py and test_ops14_
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -16,21 +15,16 @@ from conftest import Daemon
 from tensordd.nn import functional as F
 
 torch = pytest.importorskip("torch")
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+from gpusuite import GPU_ARGS, gpu_daemon_fixture, only_with_gpu
+
+pytestmark = only_with_gpu
 
 import test_optim14 as o14  # noqa: E402  (the models, cases and helpers of the cpu tests)
 
 DEV = "cuda:0"
 
 
-@pytest.fixture(scope="module")
-def gpu_daemon():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
 @pytest.fixture

@@ -8,27 +8,20 @@ test_resnet14.py's tolerances.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 import tensordd
-from conftest import Daemon
 from test_resnet14 import check_resnet_matches_torch
 
 pytest.importorskip("torch")
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+from gpusuite import gpu_daemon_fixture, only_with_gpu
+
+pytestmark = only_with_gpu
 
 
-@pytest.fixture(scope="module")
-def gpu_daemon():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
 @pytest.fixture
