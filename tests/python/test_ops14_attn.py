@@ -12,7 +12,6 @@ draws the same weights, forward and backward.
 from __future__ import annotations
 
 import math
-import os
 import zlib
 
 import numpy as np
@@ -21,35 +20,10 @@ import pytest
 import tensordd
 import tensordd.nn.functional as TF
 from conftest import Daemon
+from test_ops14_forms import DEVICES, GPU_ARGS, const, f32, fd, s  # noqa: F401 (fixtures)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-DEVICES = ["cuda:0"] if GPU_ARGS is not None else ["cpu:0", "ref:0"]
-
-
-@pytest.fixture(scope="module")
-def fd():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
-
-
-@pytest.fixture
-def s(fd):
-    sess = tensordd.connect(fd.endpoint, timeout=120)
-    yield sess
-    sess.close(raise_errors=False)
-
-
-def f32(*shape, lo=-2.0, hi=2.0):
-    return lambda rng: rng.uniform(lo, hi, shape).astype(np.float32)
-
-
-def const(a):
-    return lambda rng: np.asarray(a)
 
 
 def bmask(*shape, p=0.7):

@@ -14,36 +14,18 @@ inputs, conv_transpose2d's output_padding (also >= stride, below dilation); floa
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
+from test_ops14_forms import DEVICES, fd, s  # noqa: F401 (fixtures)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 TF = tensordd.nn.functional
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-DEVICES = ["cuda:0"] if GPU_ARGS is not None else ["cpu:0", "ref:0"]
 TOL = {np.float32: 1e-4, np.float64: 1e-10}
-
-
-@pytest.fixture(scope="module")
-def fd():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
-
-
-@pytest.fixture
-def s(fd):
-    sess = tensordd.connect(fd.endpoint, timeout=120)
-    yield sess
-    sess.close(raise_errors=False)
 
 
 def close(got, want, dt, what):

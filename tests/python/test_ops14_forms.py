@@ -10,28 +10,22 @@ suites: make test-emu, tests/gpu/run.sh).
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
+from gpusuite import GPU_ARGS, gpu_daemon_fixture
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+# cpu:0 and ref:0 in the main suite; cuda:0 in the GPU suites (TDD_GPU_ARGS set)
 DEVICES = ["cuda:0"] if GPU_ARGS is not None else ["cpu:0", "ref:0"]
 
 
-@pytest.fixture(scope="module")
-def fd():
-    d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split())
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+fd = gpu_daemon_fixture(cpu_devices=1)
 
 
 @pytest.fixture
