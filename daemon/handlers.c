@@ -28,7 +28,7 @@ void tdd_hello_set_note(const char *note)
     snprintf(server_note, sizeof server_note, "%s", note);
 }
 
-static tdd_device *resolve_device(const Tensordd__V1__Device *d, td_error *err)
+tdd_device *tdd_resolve_device(const Tensordd__V1__Device *d, td_error *err)
 {
     if (!d || !d->backend || !d->backend[0])
         return tdd_default_device();
@@ -703,7 +703,7 @@ int tdd_h_upload(tdd_req *r)
     td_dtype udt = (td_dtype)up->dtype;
     if (!rc && up->requires_grad && !tdd_dtype_is_float(udt))
         rc = tdd_err_arg(&err, "requires_grad", "only floating-point tensors can require grad");
-    if (!rc && !(dev = resolve_device(up->device, &err)))
+    if (!rc && !(dev = tdd_resolve_device(up->device, &err)))
         rc = err.code;
     tdd_value *v = NULL;
     upload_ctx *u = NULL;
@@ -924,7 +924,7 @@ int tdd_h_op(tdd_req *r)
     if (!rc)
         rc = convert_attrs(op, attrs, &err);
     tdd_device *dev = NULL;
-    if (!rc && op->n_inputs == 0 && !(dev = resolve_device(op->device, &err)))
+    if (!rc && op->n_inputs == 0 && !(dev = tdd_resolve_device(op->device, &err)))
         rc = err.code;
     if (!rc && (op->dtype < 0 || op->dtype >= (int)TD_DTYPE_COUNT))
         rc = tdd_err_arg(&err, "dtype", "unknown dtype %d", (int)op->dtype);
@@ -981,7 +981,7 @@ int tdd_h_to_device(tdd_req *r)
     int rc = tdd_handle_check_new(s, td->output, &err);
     if (!rc)
         rc = tdd_value_get(s, td->input, &v, &err);
-    if (!rc && !(dev = resolve_device(td->device, &err)))
+    if (!rc && !(dev = tdd_resolve_device(td->device, &err)))
         rc = err.code;
     if (!rc && s->grad_enabled && v->requires_grad && !(node = tdd_autograd_reserve(s, 1, 1, &err)))
         rc = err.code;

@@ -22,6 +22,9 @@ int tdd_h_describe(tdd_req *r);
 int tdd_h_goodbye(tdd_req *r);
 /* The line Hello's reply carries for every client (e.g. no GPU). */
 void tdd_hello_set_note(const char *note);
+/* A request's device field: the default device when unset, else the one served here;
+ * NULL with err set (DEVICE_UNAVAILABLE, or INVALID_ARGUMENT for an unknown backend). */
+struct tdd_device *tdd_resolve_device(const Tensordd__V1__Device *d, td_error *err);
 
 /* autograd_req.c */
 int tdd_h_backward(tdd_req *r);

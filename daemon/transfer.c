@@ -25,6 +25,7 @@
 
 #include "cidr.h"
 #include "config.h"
+#include "handlers.h"
 #include "log.h"
 #include "stats.h"
 #include "tls.h"
@@ -99,22 +100,6 @@ static cap *cap_find(const uint8_t *key)
     return found;
 }
 
-static tdd_device *find_device(const Tensordd__V1__Device *d, td_error *err)
-{
-    if (!d || !d->backend || !d->backend[0])
-        return tdd_default_device();
-    int known = 0;
-    tdd_device *dev = tdd_device_find(d->backend, d->ordinal, &known);
-    if (!dev) {
-        if (known)
-            tdd_err_set(err, TD_EDEVICE_UNAVAILABLE, "device %s:%u is not served here", d->backend,
-                        d->ordinal);
-        else
-            tdd_err_arg(err, "device", "unknown backend '%.32s'", d->backend);
-    }
-    return dev;
-}
-
 int tdd_h_transfer_accept(tdd_req *r)
 {
     tdd_session *s = r->c->s;
@@ -136,7 +121,7 @@ int tdd_h_transfer_accept(tdd_req *r)
         rc = tdd_err_arg(&err, "shape", "%llu bytes, over --max-payload %llu",
                          (unsigned long long)nbytes, (unsigned long long)tdd_cfg.max_payload);
     tdd_device *dev = NULL;
-    if (!rc && !(dev = find_device(ta->device, &err)))
+    if (!rc && !(dev = tdd_resolve_device(ta->device, &err)))
         rc = err.code;
     if (!rc && !dev->be->host_memory)
         rc = tdd_err_set(&err, TD_EUNSUPPORTED_OP,
