@@ -362,6 +362,22 @@ static void info_from_pb(const Tensordd__V1__TensorInfo *t, td_tensor_info *info
     info->requires_grad = t->requires_grad ? 1 : 0;
 }
 
+/* An Upload of a new handle (taken from c) with what td_upload and td_upload_fd share;
+ * dev holds the device message up points to. */
+static void upload_init(td_client *c, Tensordd__V1__Upload *up, Tensordd__V1__Device *dev,
+                        const td_device *device, td_dtype dtype, int ndim, const int64_t *shape,
+                        int requires_grad)
+{
+    device_to_pb(device ? device : &default_device, dev);
+    tensordd__v1__upload__init(up);
+    up->handle = c->next_handle++;
+    up->dtype = (Tensordd__V1__DType)dtype;
+    up->n_shape = (size_t)ndim;
+    up->shape = (int64_t *)(uintptr_t)shape;
+    up->device = dev;
+    up->requires_grad = requires_grad ? 1 : 0;
+}
+
 int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim, const int64_t *shape,
               const void *data, int requires_grad, td_handle *out, td_error *err)
 {
@@ -376,14 +392,8 @@ int td_upload(td_client *c, const td_device *device, td_dtype dtype, int ndim, c
         return td__fail(err, TD_EINVALID_ARGUMENT, "no data for a %llu-byte tensor",
                         (unsigned long long)bytes);
     Tensordd__V1__Device dev;
-    device_to_pb(device ? device : &default_device, &dev);
-    Tensordd__V1__Upload up = TENSORDD__V1__UPLOAD__INIT;
-    up.handle = c->next_handle++;
-    up.dtype = (Tensordd__V1__DType)dtype;
-    up.n_shape = (size_t)ndim;
-    up.shape = (int64_t *)(uintptr_t)shape;
-    up.device = &dev;
-    up.requires_grad = requires_grad ? 1 : 0;
+    Tensordd__V1__Upload up;
+    upload_init(c, &up, &dev, device, dtype, ndim, shape, requires_grad);
     REQ(req, upload, UPLOAD, &up);
     rc = td__call(c, &req, data, bytes, NULL, err);
     if (rc == 0 && out)
@@ -454,14 +464,8 @@ int td_upload_fd(td_client *c, const td_device *device, td_dtype dtype, int ndim
         return td__fail(err, TD_EINVALID_ARGUMENT,
                         "a resumable session cannot send a file descriptor again");
     Tensordd__V1__Device dev;
-    device_to_pb(device ? device : &default_device, &dev);
-    Tensordd__V1__Upload up = TENSORDD__V1__UPLOAD__INIT;
-    up.handle = c->next_handle++;
-    up.dtype = (Tensordd__V1__DType)dtype;
-    up.n_shape = (size_t)ndim;
-    up.shape = (int64_t *)(uintptr_t)shape;
-    up.device = &dev;
-    up.requires_grad = requires_grad ? 1 : 0;
+    Tensordd__V1__Upload up;
+    upload_init(c, &up, &dev, device, dtype, ndim, shape, requires_grad);
     up.payload_fd = 1;
     up.fd_offset = offset;
     REQ(req, upload, UPLOAD, &up);
