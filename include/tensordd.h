@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 8
+#define TD_VERSION_MINOR 9
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 
@@ -218,6 +218,59 @@ void td_set_progress(td_client *c, td_progress_fn fn, void *arg);
 /* The id of the most recent request this client sent or buffered (0: none):
  * an asynchronous error's td_error.request_id can be matched against it. */
 uint64_t td_last_request_id(const td_client *c);
+
+/* ---- several daemons */
+
+typedef struct td_multi td_multi;
+
+/* One client over several daemons (Python's tensordd.connect_many): a session with each,
+ * and their devices named "ALIAS/cpu:0" or "ENDPOINT/cpu:0" ("a/cuda:0",
+ * "tcp://10.0.0.2:7070/cpu:0"). A tensor lives in one daemon's session; td_multi_move
+ * copies it to another daemon daemon to daemon (td_transfer). A name that is malformed or
+ * names no daemon of the set is TD_EINVALID_ARGUMENT, detail.argument saying which
+ * ("device", "name", "src"). The td_client pointers it hands out belong to it: use them as
+ * any client (one thread at a time each), never td_close them.
+ *
+ * td_multi_connect opens a session with each of the n endpoints, in order (td_connect_tls,
+ * with opts for every one; tls, which may be NULL, for the tls:// ones). aliases (NULL, or
+ * n entries each NULL or a name without '/' or ':') name the daemons besides their
+ * endpoints; no two aliases or endpoints may be equal. peer_endpoints (NULL, or n entries,
+ * NULL meaning the endpoint itself) are where the daemons reach each other when that
+ * differs from where this client reaches them (a proxy, NAT, a Kubernetes Service).
+ * opts->token is passed to the target of each move. If one session cannot be opened, the
+ * others are closed and its error returned, its message naming the endpoint. */
+int td_multi_connect(const char *const *endpoints, const char *const *aliases,
+                     const char *const *peer_endpoints, size_t n, const td_connect_opts *opts,
+                     const td_tls_opts *tls, td_multi **out, td_error *err);
+/* Closes every session (td_close) and frees m. m may be NULL. */
+void td_multi_close(td_multi *m);
+/* The number of daemons, and the session with the i-th (connect order; NULL past the end). */
+size_t td_multi_count(const td_multi *m);
+td_client *td_multi_at(const td_multi *m, size_t i);
+/* The session with the daemon named name (an alias or an endpoint). */
+int td_multi_client(const td_multi *m, const char *name, td_client **out, td_error *err);
+/* How this client names c's daemon: its alias, else its endpoint; NULL when c is not
+ * one of m's sessions. */
+const char *td_multi_name(const td_multi *m, const td_client *c);
+/* Splits a device name ("a/cpu:0", "tcp://h:p/cpu:0"; the daemon is everything before
+ * the last '/') into the daemon's session (*client) and the device (*dev). Either output
+ * may be NULL. */
+int td_multi_resolve(const td_multi *m, const char *device_name, td_client **client, td_device *dev,
+                     td_error *err);
+/* 0 when device names a and b are the same device of the same daemon; else
+ * TD_EDEVICE_MISMATCH, whose message names both (as "ALIAS/cpu:0") and says whether the
+ * daemons or only the devices differ, with the two devices in detail.devices (target: a,
+ * grad: b): what an op on inputs from both would meet. */
+int td_multi_check_same(const td_multi *m, const char *a, const char *b, td_error *err);
+/* Copies tensor h of session src to device to_device ("b/cpu:0") as a new handle *out of
+ * that daemon's session. Between daemons, daemon to daemon (td_transfer to the target's
+ * peer endpoint; a tensor off host memory goes through its daemon's cpu:0, and one for a
+ * device off host memory lands in the target's cpu:0 first); the client sends small
+ * requests only. Within one daemon, td_to_device. Synchronising between daemons. */
+int td_multi_move(td_multi *m, td_client *src, td_handle h, const char *to_device, td_handle *out,
+                  td_error *err);
+/* td_sync on every session; the first error after all were asked. */
+int td_multi_sync(td_multi *m, td_error *err);
 
 /* ---- daemon statistics */
 
