@@ -35,5 +35,6 @@ Suite *it_memfd_suite(void);
 Suite *it_handles_suite(void);
 Suite *it_pipeline_step_suite(void);
 Suite *it_transfer_suite(void);
+Suite *it_multi_suite(void);
 
 #endif

@@ -204,6 +204,7 @@ int main(void)
     srunner_add_suite(sr, it_handles_suite());
     srunner_add_suite(sr, it_pipeline_step_suite());
     srunner_add_suite(sr, it_transfer_suite());
+    srunner_add_suite(sr, it_multi_suite());
     srunner_add_suite(sr, final_suite());
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
     int failed = srunner_ntests_failed(sr);
