@@ -114,6 +114,17 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
     return off;
 }
 
+/* In a step loop over element i: the parameter's storage offset po and the gradient gi,
+ * negated for maximize and, when l2, with weight decay added as torch.optim does (AdamW
+ * decays the parameter instead). */
+#define TDD_OPTIM_GRAD(T, po, gi, l2)                                                              \
+    int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                                        \
+    T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                                           \
+    if (h->maximize)                                                                               \
+        gi = -gi;                                                                                  \
+    if ((l2) && h->weight_decay != 0.0)                                                            \
+        gi = gi + wd * P[po];
+
 /* One definition per dtype: arithmetic in the parameter's dtype, scalars
  * rounded to it once, in the order torch.optim applies them. */
 #define TDD_OPTIM_LOOP(T, NAME)                                                                    \
@@ -131,12 +142,7 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
         if (h->kind == OPT_SGD) {                                                                  \
             T mom = (T)h->momentum, damp = (T)(1.0 - h->dampening);                                \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                            \
-                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                               \
-                if (h->maximize)                                                                   \
-                    gi = -gi;                                                                      \
-                if (h->weight_decay != 0.0)                                                        \
-                    gi = gi + wd * P[po];                                                          \
+                TDD_OPTIM_GRAD(T, po, gi, true)                                                    \
                 if (h->momentum != 0.0) {                                                          \
                     SB0[i] = f0 ? gi : SB0[i] * mom + damp * gi;                                   \
                     gi = h->nesterov ? gi + mom * SB0[i] : SB0[i];                                 \
@@ -148,12 +154,7 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
         if (h->kind == OPT_RMSPROP) {                                                              \
             T al = (T)h->alpha, oal = (T)(1.0 - h->alpha), mom = (T)h->momentum, eps = (T)h->eps;  \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                            \
-                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                               \
-                if (h->maximize)                                                                   \
-                    gi = -gi;                                                                      \
-                if (h->weight_decay != 0.0)                                                        \
-                    gi = gi + wd * P[po];                                                          \
+                TDD_OPTIM_GRAD(T, po, gi, true)                                                    \
                 T sa = (f0 ? (T)0 : SB0[i]) * al + oal * (gi * gi), avg;                           \
                 SB0[i] = sa;                                                                       \
                 if (h->centered) {                                                                 \
@@ -178,12 +179,7 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
             T clr = (T)(h->lr / (1.0 + (double)(j->step - 1) * h->lr_decay)), eps = (T)h->eps,     \
               acc = (T)h->init_acc;                                                                \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                            \
-                T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                               \
-                if (h->maximize)                                                                   \
-                    gi = -gi;                                                                      \
-                if (h->weight_decay != 0.0)                                                        \
-                    gi = gi + wd * P[po];                                                          \
+                TDD_OPTIM_GRAD(T, po, gi, true)                                                    \
                 T sum = (f0 ? acc : SB0[i]) + gi * gi;                                             \
                 SB0[i] = sum;                                                                      \
                 P[po] = P[po] + (-clr) * (gi / (SQRT_##T(sum) + eps));                             \
@@ -197,14 +193,9 @@ static int64_t elem_off(const tdd_tensor *t, int64_t i)
         T step_size = (T)(h->lr / bc1), bc2s = (T)sqrt(bc2), eps = (T)h->eps;                      \
         T decay = (T)(1.0 - h->lr * h->weight_decay);                                              \
         for (int64_t i = 0; i < n; i++) {                                                          \
-            int64_t po = pc ? j->p.offset + i : elem_off(&j->p, i);                                \
-            T gi = G[gc ? j->g.offset + i : elem_off(&j->g, i)];                                   \
-            if (h->maximize)                                                                       \
-                gi = -gi;                                                                          \
+            TDD_OPTIM_GRAD(T, po, gi, h->kind != OPT_ADAMW)                                        \
             if (h->kind == OPT_ADAMW)                                                              \
                 P[po] = P[po] * decay;                                                             \
-            else if (h->weight_decay != 0.0)                                                       \
-                gi = gi + wd * P[po];                                                              \
             T m = f0 ? (T)0 : SB0[i], v = f1 ? (T)0 : SB1[i];                                      \
             m = m * b1 + ob1 * gi;                                                                 \
             v = v * b2 + ob2 * (gi * gi);                                                          \
