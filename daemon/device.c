@@ -169,7 +169,8 @@ void tdd_account_credit(tdd_account *acct, uint64_t nbytes)
         acct->in_use -= nbytes;
 }
 
-tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
+/* A storage record charged to acct (NULL: the charge or the record failed, err set). */
+static dstorage *dstorage_new(size_t nbytes, tdd_account *acct, td_error *err)
 {
     if (tdd_account_charge(acct, nbytes, err))
         return NULL;
@@ -177,19 +178,16 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     if (!ds) {
         tdd_account_credit(acct, nbytes);
         exhausted(err, "host memory", nbytes, 0);
-        return NULL;
     }
-    ds->st.data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
-    if (!ds->st.data) {
-        free(ds);
-        tdd_account_credit(acct, nbytes);
-        if (dev->be->alloc_error) /* out of device memory, or a failed device */
-            dev->be->alloc_error(dev->ctx, dev->ordinal, nbytes, err);
-        else
-            exhausted(err, dev->label, nbytes, 0);
-        return NULL;
-    }
+    return ds;
+}
+
+/* ds holds data: it counts on dev, and keeps its account alive. */
+static tdd_storage *dstorage_bind(dstorage *ds, tdd_device *dev, void *data, size_t nbytes,
+                                  tdd_account *acct)
+{
     atomic_init(&ds->st.refs, 1);
+    ds->st.data = data;
     ds->st.nbytes = nbytes;
     ds->st.dev = dev;
     ds->acct = acct;
@@ -201,30 +199,33 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     return &ds->st;
 }
 
+tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
+{
+    dstorage *ds = dstorage_new(nbytes, acct, err);
+    if (!ds)
+        return NULL;
+    void *data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
+    if (!data) {
+        free(ds);
+        tdd_account_credit(acct, nbytes);
+        if (dev->be->alloc_error) /* out of device memory, or a failed device */
+            dev->be->alloc_error(dev->ctx, dev->ordinal, nbytes, err);
+        else
+            exhausted(err, dev->label, nbytes, 0);
+        return NULL;
+    }
+    return dstorage_bind(ds, dev, data, nbytes, acct);
+}
+
 tdd_storage *tdd_storage_adopt(tdd_device *dev, void *data, size_t nbytes, tdd_account *acct,
                                tdd_storage_release release, void *arg, td_error *err)
 {
-    if (tdd_account_charge(acct, nbytes, err))
+    dstorage *ds = dstorage_new(nbytes, acct, err);
+    if (!ds)
         return NULL;
-    dstorage *ds = calloc(1, sizeof *ds);
-    if (!ds) {
-        tdd_account_credit(acct, nbytes);
-        exhausted(err, "host memory", nbytes, 0);
-        return NULL;
-    }
-    atomic_init(&ds->st.refs, 1);
-    ds->st.data = data;
-    ds->st.nbytes = nbytes;
-    ds->st.dev = dev;
-    ds->acct = acct;
     ds->release = release;
     ds->release_arg = arg;
-    if (acct)
-        acct->refs++;
-    dev->in_use += nbytes;
-    if (dev->in_use > dev->peak)
-        dev->peak = dev->in_use;
-    return &ds->st;
+    return dstorage_bind(ds, dev, data, nbytes, acct);
 }
 
 void *tdd_storage_adopted(const tdd_storage *st, tdd_storage_release release)
