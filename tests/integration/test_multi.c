@@ -320,6 +320,44 @@ START_TEST(test_multi_peer_endpoints)
 }
 END_TEST
 
+/* A tensor off host memory: staged through the source's cpu:0, landed in the target's
+ * cpu:0 and copied on to its cuda:0. Runs only where the daemons have a cuda device. */
+START_TEST(test_multi_move_cuda)
+{
+    td_multi *m = open_ab(NULL);
+    td_client *a = td_multi_at(m, 0), *b = td_multi_at(m, 1);
+    td_error e;
+    td_device_info devs[16];
+    size_t n = 0;
+    ck_assert_int_eq(td_list_devices(a, devs, 16, &n, &e), 0);
+    int cuda = 0;
+    for (size_t i = 0; i < n && i < 16; i++)
+        cuda |= strcmp(devs[i].device.backend, "cuda") == 0 && devs[i].device.ordinal == 0 &&
+                !devs[i].failed;
+    if (!cuda) {
+        fprintf(stderr, "multi: no cuda:0 here; moves from and to cuda devices not checked\n");
+        td_multi_close(m);
+        return;
+    }
+    float in[6] = {1.5f, -2.25f, 3.0f, 0.0f, -0.0f, 1e-30f}, out[6];
+    int64_t shape[2] = {2, 3};
+    td_handle x = it_upload_f32(a, "cuda:0", 2, shape, in), y = 0, z = 0;
+    int rc = td_multi_move(m, a, x, "b/cuda:0", &y, &e);
+    ck_assert_msg(rc == 0, "move a/cuda:0 -> b/cuda:0: %s: %s", td_err_name(rc), e.message);
+    td_tensor_info info;
+    ck_assert_int_eq(td_download(b, y, out, sizeof out, &info, &e), 0);
+    ck_assert_mem_eq(in, out, sizeof in);
+    ck_assert_str_eq(info.device.backend, "cuda");
+    rc = td_multi_move(m, b, y, "a/cpu:1", &z, &e);
+    ck_assert_msg(rc == 0, "move b/cuda:0 -> a/cpu:1: %s: %s", td_err_name(rc), e.message);
+    ck_assert_int_eq(td_download(a, z, out, sizeof out, &info, &e), 0);
+    ck_assert_mem_eq(in, out, sizeof in);
+    ck_assert_str_eq(info.device.backend, "cpu");
+    ck_assert_int_eq(td_multi_sync(m, &e), 0);
+    td_multi_close(m);
+}
+END_TEST
+
 Suite *it_multi_suite(void)
 {
     Suite *s = suite_create("multi");
@@ -331,6 +369,7 @@ Suite *it_multi_suite(void)
     tcase_add_test(tc, test_multi_move);
     tcase_add_test(tc, test_multi_mismatch);
     tcase_add_test(tc, test_multi_peer_endpoints);
+    tcase_add_test(tc, test_multi_move_cuda);
     suite_add_tcase(s, tc);
     return s;
 }
