@@ -14,6 +14,22 @@ static int same_dtype(tdd_prep *p, const tdd_tensor *a, const tdd_tensor *b)
     return 0;
 }
 
+/* A convolution's optional third input: a bias of x's dtype, [O] (flag 4 says it is there). */
+static int conv_bias(tdd_prep *p, const tdd_tensor *x, int64_t O)
+{
+    if (p->n_in != 3)
+        return 0;
+    const tdd_tensor *b = p->in[2];
+    int rc = same_dtype(p, x, b);
+    if (rc)
+        return rc;
+    if (b->ndim != 1 || b->shape[0] != O)
+        return tdd_err_shape(p->err, &O, 1, b->shape, b->ndim, "%s: bias must be [out_channels]",
+                             p->name);
+    p->args->flags |= 4u;
+    return 0;
+}
+
 static int need_float(tdd_prep *p, const tdd_tensor *a)
 {
     return tdd_dtype_is_float(a->dtype) ? 0 : tdd_p_unsupported(p, a->dtype);
@@ -266,15 +282,8 @@ static int prep_conv_pool(tdd_prep *p)
         if (ks[0] > INT32_MAX || ks[1] > INT32_MAX) /* keeps dilation * kernel in range */
             return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
                                  "conv2d: kernel too large");
-        if (p->n_in == 3) {
-            const tdd_tensor *b = p->in[2];
-            if ((rc = same_dtype(p, x, b)))
-                return rc;
-            if (b->ndim != 1 || b->shape[0] != O)
-                return tdd_err_shape(p->err, &O, 1, b->shape, b->ndim,
-                                     "conv2d: bias must be [out_channels]");
-            g->flags |= 4u;
-        }
+        if ((rc = conv_bias(p, x, O)))
+            return rc;
         const td_attr *pa = tdd_p_get(p, "padding");
         bool named = pa && pa->kind == TD_ATTR_STR;
         if ((rc = pair(p, "stride", 1, 1, st)) || (!named && (rc = pair(p, "padding", 0, 0, pd))) ||
@@ -462,15 +471,8 @@ static int prep_conv_transpose2d(tdd_prep *p)
                                "conv_transpose2d: the output would have size %lld in dim %d",
                                (long long)out[k], x->ndim - 2 + k);
     }
-    if (p->n_in == 3) {
-        const tdd_tensor *b = p->in[2];
-        if ((rc = same_dtype(p, x, b)))
-            return rc;
-        if (b->ndim != 1 || b->shape[0] != O)
-            return tdd_err_shape(p->err, &O, 1, b->shape, b->ndim,
-                                 "conv_transpose2d: bias must be [out_channels]");
-        g->flags |= 4u;
-    }
+    if ((rc = conv_bias(p, x, O)))
+        return rc;
     int64_t shape[4];
     int nd = 0;
     if (batched)
