@@ -9,7 +9,12 @@
  * (op, root, count, dtypes and shapes) with an allgather, so ranks that disagree all
  * fail with a typed error and the group stays usable. A rank that dies or misses
  * --group-timeout makes Gloo throw: every other rank gets TIMEOUT and the group is
- * broken from then on (later collectives: TIMEOUT at once). The sessions go on. */
+ * broken from then on (later collectives: TIMEOUT at once). The sessions go on.
+ *
+ * On a device whose memory the host cannot touch (cuda, sim) the same Gloo collectives
+ * run on host buffers: the job copies the tensors out in bucket-sized pieces, runs the
+ * collective and copies the result back, all on the device's worker (run_staged). NCCL,
+ * the fast path for cuda devices, is not used yet; nccl.c's probe says what is there. */
 #include "group.h"
 
 #include <stdio.h>
@@ -300,6 +305,131 @@ static int run_buckets(group_job *j)
     return j->rc;
 }
 
+/* ---------------------------------------------------------------- staged (cuda, sim)
+ *
+ * A device whose memory the host cannot touch: each collective runs on host buffers. On
+ * the device's worker, in order with the session's other work there, pieces of the
+ * tensors are copied to a host bucket of at most --group-bucket-bytes, the same Gloo
+ * collective runs on it, and the result is copied back. Pieces are cut the same way on
+ * every rank (the signatures agree), so the ranks make the same calls. */
+
+static int stage(group_job *j, bool to_host, void *dst, const void *src, size_t n)
+{
+    const tdd_device *d = j->g->dev;
+    int rc = to_host ? d->be->to_host(d->ctx, d->ordinal, dst, src, n)
+                     : d->be->from_host(d->ctx, d->ordinal, dst, src, n);
+    if (!rc)
+        return 0;
+    char what[200] = "";
+    if (d->be->error_message)
+        d->be->error_message(d->ctx, d->ordinal, rc, what, sizeof what);
+    j->rc = tdd_err_set(&j->err, rc, "process group '%s': copy %s %s: %s", j->g->name,
+                        to_host ? "from" : "to", d->label, what[0] ? what : td_strerror(rc));
+    return j->rc;
+}
+
+static size_t item_bytes(const tdd_value *v)
+{
+    return (size_t)tdd_numel(&v->t) * td_dtype_size(v->t.dtype);
+}
+
+/* The host bytes a staged AllGather of nbytes a rank takes per piece, and its whole
+ * host buffer (the piece and every rank's piece). */
+static size_t gather_piece(size_t nbytes, size_t es, int size, size_t *host)
+{
+    size_t cap = (size_t)tdd_cfg.group_bucket_bytes;
+    size_t piece = cap / ((size_t)size + 1) / es * es;
+    if (piece < es)
+        piece = es;
+    if (piece > nbytes)
+        piece = nbytes;
+    *host = piece * ((size_t)size + 1);
+    return piece;
+}
+
+/* The host bucket a staged AllReduce or Broadcast of total bytes takes. */
+static size_t staged_bucket(uint64_t total)
+{
+    return (size_t)(total < tdd_cfg.group_bucket_bytes ? total : tdd_cfg.group_bucket_bytes);
+}
+
+static int run_staged(group_job *j)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < j->n; i++)
+        total += item_bytes(j->it[i].src);
+    if (!total)
+        return 0;
+    /* (at least one element of any dtype: a run of empty tensors moves on too) */
+    size_t cap = staged_bucket(total) < 8 ? 8 : staged_bucket(total);
+    uint8_t *bucket = malloc(cap);
+    if (!bucket)
+        return fail(j, TD_ERESOURCE_EXHAUSTED, "out of host memory for a bucket");
+    size_t i = 0, off = 0; /* the next piece: item i from byte off */
+    while (i < j->n && !j->rc) {
+        td_dtype dt = j->it[i].dst->t.dtype;
+        size_t es = td_dtype_size(dt), room = cap / es * es, used = 0;
+        size_t i0 = i, off0 = off;
+        while (i < j->n && j->it[i].dst->t.dtype == dt && used < room && !j->rc) {
+            size_t nb = item_bytes(j->it[i].src), take = nb - off;
+            if (take > room - used)
+                take = room - used;
+            if (take)
+                stage(j, true, bucket + used, (const uint8_t *)tdd_data(&j->it[i].src->t) + off,
+                      take);
+            used += take;
+            off += take;
+            if (off == nb)
+                i++, off = 0;
+        }
+        if (j->rc || !used || collective(j, bucket, used / es, dt))
+            continue;
+        for (size_t k = i0, o = off0, u = 0; u < used && !j->rc;) {
+            size_t nb = item_bytes(j->it[k].dst), take = nb - o;
+            if (take > used - u)
+                take = used - u;
+            if (take)
+                stage(j, false, (uint8_t *)tdd_data(&j->it[k].dst->t) + o, bucket + u, take);
+            u += take;
+            o += take;
+            if (o == nb)
+                k++, o = 0;
+        }
+    }
+    free(bucket);
+    return j->rc;
+}
+
+static int gather_staged(group_job *j)
+{
+    tdd_group *g = j->g;
+    const tdd_tensor *t = &j->it[0].src->t;
+    size_t es = td_dtype_size(t->dtype), nbytes = (size_t)tdd_numel(t) * es, host;
+    size_t piece = gather_piece(nbytes, es, g->size, &host);
+    if (!nbytes)
+        return 0;
+    uint8_t *in = malloc(host);
+    if (!in)
+        return fail(j, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    uint8_t *all = in + piece, *out = tdd_data(&j->out->t);
+    const uint8_t *src = tdd_data(t);
+    for (size_t off = 0; off < nbytes && !j->rc; off += piece) {
+        size_t take = nbytes - off < piece ? nbytes - off : piece;
+        char msg[200] = "";
+        if (stage(j, true, in, src + off, take))
+            break;
+        int rc = tdd_gloo_allgather(g->gl, in, all, take, msg, sizeof msg);
+        if (rc) {
+            fail(j, rc, msg);
+            break;
+        }
+        for (int r = 0; r < g->size && !j->rc; r++)
+            stage(j, false, out + (size_t)r * nbytes + off, all + (size_t)r * take, take);
+    }
+    free(in);
+    return j->rc;
+}
+
 static int job_run(void *arg)
 {
     group_job *j = arg;
@@ -333,6 +463,8 @@ static int job_run(void *arg)
     if (check_signatures(j))
         return j->rc;
     j->wrote = true;
+    if (!g->dev->be->host_memory)
+        return j->kind == JOB_ALLGATHER ? gather_staged(j) : run_staged(j);
     if (j->kind == JOB_ALLGATHER) {
         const tdd_tensor *t = &j->it[0].src->t;
         size_t nbytes = (size_t)tdd_numel(t) * td_dtype_size(t->dtype);
@@ -429,15 +561,11 @@ static tdd_device *group_device(const Tensordd__V1__Device *d, td_error *err)
             return NULL;
         }
     }
-    if (strcmp(dev->be->name, "cuda") == 0) {
-        char why[400];
-        int rc = tdd_nccl_load(why, sizeof why);
-        tdd_err_set(err, rc ? rc : TD_EINTERNAL, "%s: %s", dev->label, why);
-        return NULL;
-    }
-    if (!dev->be->host_memory) {
+    if (!dev->be->host_memory && (!dev->be->to_host || !dev->be->from_host)) {
         tdd_err_set(err, TD_EUNSUPPORTED_OP,
-                    "collectives run on host-memory devices (cpu, ref), not %s", dev->label);
+                    "collectives run on host-memory devices and on devices with copies to "
+                    "and from the host, not %s",
+                    dev->label);
         return NULL;
     }
     return dev;
@@ -488,6 +616,21 @@ static int answer_addresses(tdd_req *r, const tdd_group *g, group_job *j)
     return TDD_DISPATCH_DONE;
 }
 
+/* The log's line for a group that can run collectives, naming the path they take. */
+static void log_formed(uint64_t session, const tdd_group *g)
+{
+    char how[460] = "";
+    if (!g->dev->be->host_memory) { /* cuda, sim */
+        char nccl[400] = "";
+        if (strcmp(g->dev->be->name, "cuda") == 0)
+            tdd_nccl_probe(nccl, sizeof nccl);
+        snprintf(how, sizeof how, "; collectives staged through host memory over Gloo%s%s%s",
+                 nccl[0] ? " (" : "", nccl, nccl[0] ? ")" : "");
+    }
+    tdd_info("session %llu: group '%s' formed, rank %d of %d on %s%s", (unsigned long long)session,
+             g->name, g->rank, g->size, g->dev->label, how);
+}
+
 int tdd_h_group_create(tdd_req *r)
 {
     register_kind();
@@ -506,8 +649,7 @@ int tdd_h_group_create(tdd_req *r)
             if (g->exchange) /* this rank's addresses, for GroupConnect */
                 return answer_addresses(r, g, j);
             job_free(j);
-            tdd_info("session %llu: group '%s' formed, rank %d of %d on %s",
-                     (unsigned long long)s->id, g->name, g->rank, g->size, g->dev->label);
+            log_formed(s->id, g);
             tdd_answer_ok(r);
             return TDD_DISPATCH_DONE;
         }
@@ -640,6 +782,24 @@ static int reducible(const tdd_value *v, int op, uint64_t id, td_error *err)
     return 0;
 }
 
+/* On a device the host cannot read, a strided view is first laid out densely on the
+ * device (an op queued before the collective, on the same lane): *v becomes that value,
+ * *dense too (the caller's reference, to drop). A view on a host-memory device is read
+ * where it lies. */
+static int dense_on_device(tdd_req *r, tdd_value **v, tdd_value **dense, td_error *err)
+{
+    *dense = NULL;
+    if ((*v)->dev->be->host_memory || tdd_is_contiguous(&(*v)->t))
+        return 0;
+    tdd_opreq oreq = {.dtype = TD_DTYPE_INVALID};
+    int n_out = 1;
+    int rc = tdd_submit_op(r->c->s, r->req->id, false, TDD_OP_CONTIGUOUS, &oreq, v, 1, NULL, dense,
+                           &n_out, NULL, err);
+    if (!rc)
+        *v = *dense;
+    return rc;
+}
+
 static group_job *job_new(int kind, size_t n, td_error *err)
 {
     group_job *j = calloc(1, sizeof *j);
@@ -673,12 +833,19 @@ static int job_submit(tdd_req *r, tdd_group *g, group_job *j, td_error *err)
     /* The host memory the worker will take beyond the tensors: a bucket when tensors are
      * packed, a contiguous copy of a gathered view. */
     uint64_t need = 0, total = 0;
+    size_t need_host = 0;
     for (size_t i = 0; i < j->n; i++)
         total += (uint64_t)tdd_numel(&j->it[i].src->t) * td_dtype_size(j->it[i].src->t.dtype);
-    if (j->kind == JOB_ALLGATHER)
+    if (!g->dev->be->host_memory && j->kind == JOB_ALLGATHER)
+        gather_piece((size_t)total, td_dtype_size(j->it[0].src->t.dtype), g->size, &need_host);
+    else if (!g->dev->be->host_memory && j->kind != JOB_CONNECT)
+        need = staged_bucket(total);
+    else if (j->kind == JOB_ALLGATHER)
         need = tdd_is_contiguous(&j->it[0].src->t) ? 0 : total;
     else if (j->n > 1)
         need = total < tdd_cfg.group_bucket_bytes ? total : tdd_cfg.group_bucket_bytes;
+    if (need_host)
+        need = need_host;
     if (need && tdd_account_charge(s->acct, need, err)) {
         job_free(j);
         return err->code;
@@ -760,7 +927,7 @@ int tdd_h_all_reduce(tdd_req *r)
     uint64_t mark = next_mark();
     for (size_t i = 0; i < ar->n_tensors && !rc; i++) {
         uint64_t id = ar->tensors[i];
-        tdd_value *v = NULL, *src = NULL, *dst = NULL;
+        tdd_value *v = NULL, *src = NULL, *dst = NULL, *dense = NULL;
         if (!gr) {
             rc = check_tensor(s, g, id, true, &v, &err);
             src = dst = v;
@@ -782,6 +949,8 @@ int tdd_h_all_reduce(tdd_req *r)
                 dst = tdd_value_alloc(s, g->dev, src->t.dtype, src->t.ndim, src->t.shape, &err);
                 if (!dst)
                     rc = err.code;
+                else
+                    rc = dense_on_device(r, &src, &dense, &err);
             }
         }
         if (!rc && v->mark == mark)
@@ -794,6 +963,8 @@ int tdd_h_all_reduce(tdd_req *r)
         }
         if (dst && dst != src)
             tdd_value_unref(dst); /* the job holds it now, or nobody */
+        if (dense)
+            tdd_value_unref(dense);
     }
     if (!rc)
         rc = job_submit(r, g, j, &err);
@@ -878,13 +1049,18 @@ int tdd_h_all_gather(tdd_req *r)
     shape[0] = g->size;
     memcpy(shape + 1, v->t.shape, (size_t)v->t.ndim * sizeof shape[0]);
     tdd_value *out = tdd_value_alloc(s, g->dev, v->t.dtype, v->t.ndim + 1, shape, &err);
-    if (!out || !(j = job_new(JOB_ALLGATHER, 1, &err))) {
+    tdd_value *dense = NULL;
+    if (!out || dense_on_device(r, &v, &dense, &err) || !(j = job_new(JOB_ALLGATHER, 1, &err))) {
         if (out)
             tdd_value_unref(out);
+        if (dense)
+            tdd_value_unref(dense);
         tdd_handle_unreserve(s, ag->output);
         return tdd_answer_error(r, &err);
     }
     job_add(j, v, v, NULL);
+    if (dense)
+        tdd_value_unref(dense); /* the job holds it */
     j->out = out;
     if (job_submit(r, g, j, &err)) {
         tdd_handle_unreserve(s, ag->output);
@@ -902,8 +1078,11 @@ int tdd_h_group_connect(tdd_req *r)
     int rc = group_for(r, gc->group, &g, &j, &err);
     if (rc)
         return tdd_answer_error(r, &err);
-    if (j)
+    if (j) {
+        if (!j->rc)
+            log_formed(r->c->s->id, g);
         return answer_job(r, j);
+    }
     size_t most = 256; /* a Gloo TCP address is well under it */
     if (!g->exchange || g->connected)
         rc = tdd_err_arg(&err, "group", "process group '%s' %s", g->name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import tempfile
 import threading
@@ -555,7 +556,7 @@ def test_ranks_that_disagree_all_fail_typed_and_the_group_goes_on(sessions):
     np.testing.assert_array_equal(ts[0].numpy(), np.full(3, 3.0, np.float32))
 
 
-def test_groups_need_a_store_dir_and_a_host_memory_device(start_daemon, store):
+def test_groups_need_a_store_dir(start_daemon, store):
     plain = start_daemon()
     with tensordd.connect(plain.endpoint, timeout=60) as s:
         with pytest.raises(tensordd.UnsupportedOpError, match="--group-store-dir"):
@@ -567,8 +568,6 @@ def test_groups_need_a_store_dir_and_a_host_memory_device(start_daemon, store):
         np.testing.assert_array_equal(t.numpy(), np.arange(3.0))
     sim = start_daemon("--sim-devices", "1", "--group-store-dir", store)
     with tensordd.connect(sim.endpoint, timeout=60) as s:
-        with pytest.raises(tensordd.UnsupportedOpError, match="host-memory"):
-            parallel.create_group(s, "g-sim", 0, 1, device="sim:0")
         # a group of one on ref:0 works: its collectives are the identity
         g = parallel.create_group(s, "g-ref", 0, 1, device="ref:0")
         t = s.tensor(np.arange(3.0), device="ref:0")
@@ -577,22 +576,71 @@ def test_groups_need_a_store_dir_and_a_host_memory_device(start_daemon, store):
         assert pb.HANDLE_GROUP == 5
 
 
-def test_cuda_devices_need_nccl(start_daemon):
-    """A group on a cuda device loads NCCL at run time (dlopen): without the library, or
-    without a CUDA driver (the emulated devices, CI), or with both (the collectives on cuda
-    devices are not written yet), GroupCreate is UNSUPPORTED_OP naming NCCL and why; never
-    faked on the host. Runs where the daemon serves a cuda device (the emulated build,
-    TDD_BIN=build/emu/tensordd, tests/gpu/suites.sh; a real GPU, tests/gpu/run.sh); skipped
-    elsewhere."""
+def test_device_memory_groups_are_staged_through_the_host(hosts, store):
+    """sim:0's memory is not the host's, as a GPU's is not: its collectives copy each
+    bucket-sized piece out on the device's worker, run Gloo on it and copy the result back
+    (the path cuda groups take; test_cuda_parallel.py runs it on cuda:0). 4 KiB buckets:
+    the 3000-element tensor goes in three pieces, the gathered 2400 bytes in three."""
+    ds = start(hosts, store, 2, "--sim-devices", "2", "--group-bucket-bytes", "4K")
+    try:
+        ss = connect_all(ds)
+        pg = parallel.init_process_group(ss, device="sim:0")
+        rng = np.random.default_rng(5)
+        data = [[rng.standard_normal(3000).astype(np.float32),
+                 rng.standard_normal((2, 3)), np.arange(4) * (r + 1), np.zeros((0,))]
+                for r in range(2)]
+        ts = [[s.tensor(a, device="sim:0") for a in arrs] for s, arrs in zip(ss, data)]
+        pg.all_reduce(ts, "sum")
+        for k in range(4):
+            want = data[0][k] + data[1][k]
+            for r in range(2):
+                got = ts[r][k].numpy()
+                assert got.dtype == want.dtype and got.shape == want.shape
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        pg.broadcast([[t[0]] for t in ts], root=1)
+        np.testing.assert_array_equal(ts[0][0].numpy(), ts[1][0].numpy())
+        mats = [rng.standard_normal((15, 20)) for _ in range(2)]
+        for g in pg.all_gather([s.tensor(m, device="sim:0").T for s, m in zip(ss, mats)]):
+            np.testing.assert_array_equal(g.numpy(), np.stack([m.T for m in mats]))
+        other = ss[0].tensor(np.ones(2), device="sim:1")
+        with pytest.raises(tensordd.DeviceMismatchError):
+            pg.groups[0].all_reduce(other)
+        with pytest.raises(tensordd.BackendMismatchError):
+            pg.groups[0].all_reduce(ss[0].tensor(np.ones(2)))
+        assert "on sim:0; collectives staged through host memory over Gloo" in ds[0].log()
+        for s in ss:
+            s.close()
+        for d in ds:
+            assert d.stop() == 0, d.log()
+    finally:
+        for d in ds:
+            d.kill()
+
+
+def test_cuda_groups_run_staged_and_say_nccl_is_not_used(start_daemon):
+    """A group on a cuda device runs its collectives staged through host memory over Gloo
+    (test_cuda_parallel.py holds them to numpy across daemons); NCCL is only probed, and
+    the log says what the probe found and that NCCL is not used. Runs where the daemon
+    serves a cuda device (the emulated build, tests/gpu/suites.sh; a real GPU,
+    tests/gpu/run.sh); skipped elsewhere."""
     d = start_daemon("--emu-gpus", "1", "--emu-gpu-memory", "64M")
     with tensordd.connect(d.endpoint, timeout=60) as s:
         if "cuda:0" not in [str(x) for x in s.devices()]:
             pytest.skip("this daemon serves no cuda device (TDD_BIN=build/emu/tensordd does)")
-        with pytest.raises(tensordd.UnsupportedOpError,
-                           match=r"cuda:0: .*NCCL.*(cannot be loaded|no CUDA driver|"
-                                 r"does not run collectives on cuda devices yet)") as e:
-            parallel.prepare_group(s, "gpu-group", 0, 1, device="cuda:0")
-        print(f"GroupCreate on cuda:0: {e.value}")
+        pg = parallel.init_process_group([s], device="cuda:0")
+        t = s.tensor(np.arange(6, dtype=np.float32), device="cuda:0")
+        pg.all_reduce([[t]], "avg")  # a group of one: the identity, through the host
+        np.testing.assert_array_equal(t.numpy(), np.arange(6, dtype=np.float32))
+        (g,) = pg.all_gather([t])
+        np.testing.assert_array_equal(g.numpy(), np.arange(6, dtype=np.float32)[None])
+        s.sync()
+    log = d.log()
+    assert "on cuda:0; collectives staged through host memory over Gloo (NCCL not used: " in log
+    assert re.search(r"NCCL not used: (libnccl\.so\.2 cannot be loaded|NCCL .* loads, but "
+                     r"there is no CUDA driver|NCCL .* and a CUDA driver are here, but this "
+                     r"daemon does not run collectives on NCCL yet)", log), log
+    print(next(line for line in log.splitlines() if "staged" in line))
+    with tensordd.connect(d.endpoint, timeout=60) as s:
         pg = parallel.init_process_group([s])  # on cpu:0
         t = s.tensor(np.ones(3, np.float32), device="cuda:0")
         with pytest.raises(tensordd.BackendMismatchError):

@@ -1,0 +1,272 @@
+"""Process groups on cuda devices: collectives staged through host memory over Gloo (the
+daemon copies each bucket-sized piece device -> host on the device's worker, runs Gloo's
+collective, copies the result back). Held to numpy and to a single daemon's training run
+on the combined batch; broadcast and all-gather bit for bit; a killed rank typed; a cuda
+group given a tensor of another device typed.
+
+Runs only when TDD_GPU_ARGS is set (tests/gpu/suites.sh: the emulated build with
+`--emu-gpus 2` in make test-emu, or a real GPU in tests/gpu/run.sh). The ranks' daemons run
+in network namespaces of their own, or on loopback, as in test_parallel.py."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+
+import tensordd
+from tensordd import parallel
+from test_parallel import TOKEN, Hosts, RankDaemon, run_ranks
+
+GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
+pytestmark = pytest.mark.skipif(GPU_ARGS is None,
+                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+RANKS = 3
+DEV = "cuda:0"
+
+
+@pytest.fixture(scope="module")
+def store():
+    with tempfile.TemporaryDirectory(prefix="tdd-cuda-groups-") as d:
+        with open(os.path.join(d, ".token"), "w") as f:
+            f.write(TOKEN + "\n")
+        yield d
+
+
+@pytest.fixture(scope="module")
+def hosts(pytestconfig):
+    h = Hosts(RANKS)
+    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
+    if tr is not None and capman is not None:
+        with capman.global_and_fixture_disabled():
+            tr.write_line(f"\ntest_cuda_parallel: ranks' daemons in {h.how}")
+    yield h
+    h.close()
+
+
+def start(hosts, store, n, *extra):
+    return [RankDaemon(hosts, k, [*(GPU_ARGS or "").split(), "--cpu-devices", "1",
+                                  "--group-store-dir", store, "--group-timeout", "2",
+                                  "--token-file", os.path.join(store, ".token"), *extra])
+            for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def daemons(hosts, store):
+    """One daemon per rank; 4 KiB buckets (the least), so tensors are staged in pieces."""
+    ds = start(hosts, store, RANKS, "--group-bucket-bytes", "4K")
+    yield ds
+    for d in ds:
+        rc = d.stop()
+        assert rc == 0, f"daemon exited with {rc}:\n{d.log()}"
+
+
+def connect_all(daemons):
+    ss = parallel.connect_many([d.endpoint for d in daemons], timeout=120, token=TOKEN)
+    if DEV not in [str(x) for x in ss[0].devices()]:
+        for s in ss:
+            s.close(raise_errors=False)
+        pytest.skip(f"the daemon serves no {DEV}")
+    return ss
+
+
+@pytest.fixture
+def sessions(daemons):
+    ss = connect_all(daemons)
+    yield ss
+    for s in ss:
+        s.close(raise_errors=False)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_all_reduce_on_cuda_matches_numpy(sessions, world, op):
+    ss = sessions[:world]
+    pg = parallel.init_process_group(ss, device=DEV)
+    rng = np.random.default_rng(world * 10 + len(op))
+    # 3000 float32 (12 KB) crosses three 4 KiB pieces; small ones share a piece; a dtype
+    # run ends a piece; an empty tensor and a 0-d one
+    shapes = [(3, 5), (3000,), (7,), (0, 3), (2, 3, 4), ()]
+    dtypes = [np.float32, np.float32, np.float64, np.float64, np.float64, np.float32]
+    if op != "avg":
+        shapes.append((9,))
+        dtypes.append(np.int64)
+    data = [[(rng.standard_normal(sh) * 100).astype(dt) for sh, dt in zip(shapes, dtypes)]
+            for _ in ss]
+    ts = [[s.tensor(a, device=DEV) for a in arrs] for s, arrs in zip(ss, data)]
+    pg.all_reduce(ts, op)
+    for k in range(len(shapes)):
+        stack = np.stack([data[r][k] for r in range(world)])
+        want = {"sum": stack.sum(0), "avg": stack.sum(0) / world, "max": stack.max(0)}[op]
+        want = np.asarray(want, dtype=stack.dtype)
+        for r in range(world):
+            got = ts[r][k].numpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            if op == "max" or dtypes[k] == np.int64:
+                np.testing.assert_array_equal(got, want)
+            else:  # Gloo's order of additions: float reassociation only
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+        assert all(np.array_equal(ts[0][k].numpy(), ts[r][k].numpy()) for r in range(world))
+
+
+def test_broadcast_and_all_gather_on_cuda_bit_exact(sessions):
+    pg = parallel.init_process_group(sessions, device=DEV)
+    rng = np.random.default_rng(7)
+    data = [[rng.standard_normal((40, 50)).astype(np.float32), np.arange(5) * (r + 1)]
+            for r in range(RANKS)]
+    ts = [[s.tensor(a, device=DEV) for a in arrs] for s, arrs in zip(sessions, data)]
+    pg.broadcast(ts, root=2)
+    for r in range(RANKS):
+        np.testing.assert_array_equal(ts[r][0].numpy(), data[2][0])
+        np.testing.assert_array_equal(ts[r][1].numpy(), data[2][1])
+    # a transposed view (laid out densely on the device first), 2400 bytes a rank: pieces
+    # of 4 KiB / 4 = 1 KiB; and a float32 tensor of 4000 bytes
+    mats = [rng.standard_normal((15, 20)).astype(np.float64) for _ in range(RANKS)]
+    gathered = pg.all_gather([s.tensor(m, device=DEV).T for s, m in zip(sessions, mats)])
+    want = np.stack([m.T for m in mats])
+    for g in gathered:
+        assert tuple(g.shape) == (RANKS, 20, 15) and str(g.device) == DEV
+        np.testing.assert_array_equal(g.numpy(), want)
+    vecs = [rng.standard_normal(1000).astype(np.float32) for _ in range(RANKS)]
+    gathered = pg.all_gather([s.tensor(v, device=DEV) for s, v in zip(sessions, vecs)])
+    for g in gathered:
+        np.testing.assert_array_equal(g.numpy(), np.stack(vecs))
+
+
+def test_cuda_group_logs_the_staged_path(daemons, sessions):
+    parallel.init_process_group(sessions, device=DEV)
+    sessions[0].sync()
+    log = daemons[0].log()
+    assert f"on {DEV}; collectives staged through host memory over Gloo (NCCL not used" in log
+    assert "NCCL collectives" not in log
+
+
+# ---------------------------------------------------------------- gradients, training
+
+def _digits(n):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data[:n] / 16.0).astype(np.float32), d.target[:n].astype(np.int64)
+
+
+def _init(seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for a, b in ((64, 32), (32, 10)):
+        bound = 1.0 / np.sqrt(a)
+        out += [rng.uniform(-bound, bound, (a, b)).astype(np.float32),
+                rng.uniform(-bound, bound, (b,)).astype(np.float32)]
+    return out
+
+
+def _loss(s, ps, xb, yb):
+    w1, b1, w2, b2 = ps
+    return s.op("cross_entropy", (xb @ w1 + b1).relu() @ w2 + b2, yb)
+
+
+STEPS, BATCH, LR = 3, 48, 0.5
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_data_parallel_on_cuda_matches_one_daemon(daemons, world):
+    """Gradients all-reduced (avg, in 4 KiB pieces: w1's 8 KB gradient spans two) on
+    cuda:0 of each daemon; the oracle is one daemon on cuda:0 stepping on the whole
+    batch."""
+    x, y = _digits(STEPS * BATCH)
+    with tensordd.connect(daemons[0].endpoint, timeout=120, token=TOKEN) as s:
+        if DEV not in [str(d) for d in s.devices()]:
+            pytest.skip(f"the daemon serves no {DEV}")
+        ps = [s.tensor(a, device=DEV, requires_grad=True) for a in _init()]
+        opt = tensordd.optim.SGD(ps, lr=LR)
+        for i in range(STEPS):
+            xb = s.tensor(x[i * BATCH:(i + 1) * BATCH], device=DEV)
+            yb = s.tensor(y[i * BATCH:(i + 1) * BATCH], device=DEV)
+            opt.step(_loss(s, ps, xb, yb).backward())
+        want = [p.numpy() for p in ps]
+    ss = connect_all(daemons[:world])
+    try:
+        pg = parallel.init_process_group(ss, device=DEV)
+        dp = parallel.DataParallel(
+            pg, build=lambda s, dev: [s.tensor(a, device=dev, requires_grad=True)
+                                      for a in _init(seed=ss.index(s))],
+            loss_fn=_loss, make_optimizer=lambda ps: tensordd.optim.SGD(ps, lr=LR),
+            device=DEV)
+        for i in range(STEPS):
+            dp.step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
+        got = [dp.parameters(r) for r in range(world)]
+    finally:
+        for s in ss:
+            s.close(raise_errors=False)
+    for r in range(world):
+        for a, b in zip(got[r], got[0]):  # the replicas took the same steps, bit for bit
+            np.testing.assert_array_equal(a, b)
+    # the mean of the shards' mean losses is the batch's: equal up to float32 reassociation
+    for a, b in zip(got[0], want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert any(not np.allclose(a, b) for a, b in zip(want, _init()))  # training moved them
+
+
+# ---------------------------------------------------------------- typed errors
+
+def test_cuda_group_takes_only_its_device(sessions):
+    s0 = sessions[0]
+    pg = parallel.init_process_group(sessions, device=DEV)
+    g0 = pg.groups[0]
+    cpu = s0.tensor(np.ones(2, np.float32), device="cpu:0")
+    with pytest.raises(tensordd.BackendMismatchError, match="cuda:0.*cpu:0"):
+        g0.all_reduce(cpu)
+    with pytest.raises(tensordd.BackendMismatchError):
+        g0.all_gather(cpu)
+    if "cuda:1" in [str(d) for d in s0.devices()]:
+        other = s0.tensor(np.ones(2, np.float32), device="cuda:1")
+        with pytest.raises(tensordd.DeviceMismatchError, match="cuda:0.*cuda:1"):
+            g0.broadcast(other)
+    # none reached the other ranks: the group still works
+    ts = [s.tensor(np.full(2, float(r)), device=DEV) for r, s in enumerate(sessions)]
+    pg.all_reduce([[t] for t in ts], "sum")
+    np.testing.assert_array_equal(ts[1].numpy(), np.full(2, 3.0))
+
+
+def test_killed_rank_on_cuda_gives_the_others_a_typed_error(hosts, store):
+    ds = start(hosts, store, 3)
+    try:
+        ss = connect_all(ds)
+        pg = parallel.init_process_group(ss, device=DEV)
+        ts = [s.tensor(np.ones(1 << 16, np.float32), device=DEV) for s in ss]
+        pending = threading.Event()
+
+        def rank(r):
+            def call():
+                pending.set()
+                pg.groups[r].all_reduce(ts[r])
+            return call
+
+        def killer():
+            pending.wait(30)
+            ds[2].kill()  # rank 2 dies while ranks 0 and 1 are in the all-reduce
+
+        k = threading.Thread(target=killer, daemon=True)
+        k.start()
+        res = run_ranks([rank(0), rank(1)])
+        k.join(30)
+        for e in res:
+            assert isinstance(e, tensordd.TimedOutError), e
+            assert "process group" in e.message
+        for r in (0, 1):
+            with pytest.raises(tensordd.TimedOutError, match="broken"):
+                pg.groups[r].all_reduce(ts[r])
+            # the session and its device go on
+            t = ss[r].tensor(np.arange(4.0), device=DEV)
+            np.testing.assert_array_equal((t * 2.0).numpy(), np.arange(4.0) * 2)
+        for s in ss[:2]:
+            s.close()
+        for d in ds[:2]:
+            assert d.stop() == 0, d.log()
+    finally:
+        for d in ds:
+            d.kill()
