@@ -10,7 +10,8 @@ EMU_BUILD ?= $(if $(filter build,$(BUILD)),build/emu,$(patsubst %-emu,%,$(BUILD)
 # The device code compiled (tests/gpu/mutate.sh points it at a broken copy).
 EMU_KERNELS := backends/cuda/kernels.cu
 EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
-               $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/python/tensordd/tensordd_pb2.py
+               $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/python/tensordd/tensordd_pb2.py \
+               $(EMU_BUILD)/tools/opcoverage
 
 .PHONY: emu test-emu
 emu:
