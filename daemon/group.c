@@ -57,6 +57,7 @@ typedef struct group_job {
     int root;
     tdd_value *out;    /* AllGather's (ref) */
     bool wrote;        /* data moved: in-place tensors may hold partial results on failure */
+    bool astray;       /* a staging copy failed: the other ranks went on without this one */
     tdd_account *acct; /* charged with the host memory the job takes (its bucket) */
     uint64_t charged;
     /* the verdict, from the worker */
@@ -320,6 +321,7 @@ static int stage(group_job *j, bool to_host, void *dst, const void *src, size_t 
                      : d->be->from_host(d->ctx, d->ordinal, dst, src, n);
     if (!rc)
         return 0;
+    j->astray = true;
     char what[200] = "";
     if (d->be->error_message)
         d->be->error_message(d->ctx, d->ordinal, rc, what, sizeof what);
@@ -507,7 +509,9 @@ static void job_done(void *arg, int rc)
             g->broken = true;
             g->broke = j->err;
         }
-    } else if (j->rc == TD_ETIMEOUT) { /* Gloo lost a rank: the group cannot go on */
+    } else if (j->rc == TD_ETIMEOUT || j->astray) {
+        /* Gloo lost a rank, or this rank fell out of step with the others (a staging copy
+         * failed while they went on): the group cannot go on */
         g->broken = true;
         g->broke = j->err;
     }

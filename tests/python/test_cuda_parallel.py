@@ -270,3 +270,42 @@ def test_killed_rank_on_cuda_gives_the_others_a_typed_error(hosts, store):
     finally:
         for d in ds:
             d.kill()
+
+
+@pytest.mark.skipif("--emu-gpus" not in (GPU_ARGS or ""),
+                    reason="the emulator's fault injection (TDD_EMU_STICKY_LAUNCH)")
+def test_failed_device_copy_is_typed_and_breaks_the_group(hosts, store, monkeypatch):
+    """Rank 0's cuda:0 faults (its first kernel launch raises a sticky error), so its copy
+    to the host fails inside the collective: rank 0 gets DEVICE_UNAVAILABLE, rank 1 (left
+    waiting in Gloo) TIMEOUT, and both groups are broken; the sessions go on."""
+    monkeypatch.setenv("TDD_EMU_STICKY_LAUNCH", "1")
+    ds = start(hosts, store, 1)
+    monkeypatch.delenv("TDD_EMU_STICKY_LAUNCH")
+    ds.append(RankDaemon(hosts, 1, [*(GPU_ARGS or "").split(), "--cpu-devices", "1",
+                                    "--group-store-dir", store, "--group-timeout", "2",
+                                    "--token-file", os.path.join(store, ".token")]))
+    try:
+        ss = connect_all(ds)
+        pg = parallel.init_process_group(ss, device=DEV)
+        ts = [s.tensor(np.full(8, r + 1.0, np.float32), device=DEV) for r, s in enumerate(ss)]
+        with pytest.raises(tensordd.DeviceError):
+            (ts[0] * 2.0).numpy()  # the fault
+        res = run_ranks([lambda r=r: pg.groups[r].all_reduce(ts[r]) for r in range(2)])
+        assert isinstance(res[0], tensordd.DeviceUnavailableError), res
+        assert "process group" in res[0].message and "copy from cuda:0" in res[0].message
+        assert isinstance(res[1], tensordd.TimedOutError), res
+        for r in range(2):
+            with pytest.raises(tensordd.Error, match="broken"):
+                pg.groups[r].all_reduce(ts[r])
+        # the sessions go on: rank 0 on its cpu, rank 1 on its cuda:0
+        np.testing.assert_array_equal((ss[0].tensor(np.arange(3.0)) * 2.0).numpy(),
+                                      np.arange(3.0) * 2)
+        np.testing.assert_array_equal((ss[1].tensor(np.arange(3.0), device=DEV) * 2.0).numpy(),
+                                      np.arange(3.0) * 2)
+        for s in ss:
+            s.close(raise_errors=False)
+        for d in ds:
+            assert d.stop() == 0, d.log()
+    finally:
+        for d in ds:
+            d.kill()
