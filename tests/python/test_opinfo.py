@@ -193,6 +193,22 @@ def _einsum(tensors, equation):  # the OpInfo's order: operands first
 
 
 @Fixed
+def _flip(input, dims):  # noqa: A002 (torch.flip(input, dims))
+    return input.flip(*dims)
+
+
+def _alpha(name):
+    @Fixed
+    def call(input, other, alpha=1):  # noqa: A002
+        if alpha == 1:
+            return getattr(input, name)(other)
+        if isinstance(other, tensordd.Tensor):  # the op's alpha attribute
+            return input.session.op(name, input, other, alpha=alpha)
+        return getattr(input, name)(other * alpha)
+    return call
+
+
+@Fixed
 def _masked_fill(input, mask, value):  # noqa: A002
     if isinstance(value, tensordd.Tensor):  # a 0-d tensor value: the op's third input
         return input.session.op("masked_fill", input, mask, value)
@@ -225,8 +241,9 @@ OPS = {
     "nn.functional.leaky_relu": (Fn("leaky_relu"), FLOAT),
     "nn.functional.softplus": (M("softplus"), FLOAT),
     # binary
+    "add": (_alpha("add"), None), "sub": (_alpha("sub"), None),
     **{n: (M(n), None) for n in (
-        "add", "sub", "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne",
+        "mul", "div", "pow", "maximum", "minimum", "remainder", "eq", "ne",
         "lt", "le", "gt", "ge")},
     "atan2": (_atan2, None),
     **{n: (_logical(n), None) for n in ("logical_and", "logical_or", "logical_xor")},
@@ -245,9 +262,9 @@ OPS = {
     # views and copies
     **{n: (M(n), None) for n in (
         "transpose", "permute", "reshape", "view", "flatten", "squeeze", "unsqueeze",
-        "expand", "contiguous", "clone", "split", "chunk", "t", "flip", "tril", "triu",
+        "expand", "contiguous", "clone", "split", "chunk", "t", "tril", "triu",
         "float", "double", "long", "int", "bool")},
-    "cat": (_cat, None), "stack": (_stack, None),
+    "flip": (_flip, None), "cat": (_cat, None), "stack": (_stack, None),
     # indexing
     "gather": (M("gather"), None), "index_select": (M("index_select"), None),
     "scatter_add": (_scatter_add, None),
@@ -290,6 +307,9 @@ REFUSALS = {
         "a float alpha/beta with integer inputs (torch 1.13 truncates it silently)",
     ("baddbmm", "INVALID_ARGUMENT", "must be an int for integral inputs"):
         "a float alpha/beta with integer inputs (torch 1.13 truncates it silently)",
+    ("add", "INVALID_ARGUMENT", "attribute alpha must be a number, got bool"):
+        "alpha=True with bool tensors (the op's alpha is a number; docs/ops.md says a number "
+        "may be a bool: reported)",
     ("gather", "DTYPE_MISMATCH", "indices must be int64"):
         "an empty uint8 index (torch skips its int64 check when the index is empty)",
     ("t", "INVALID_ARGUMENT", "out of range for a"):
@@ -451,7 +471,7 @@ def _left_out(info, call, sample, x, args, kwargs, direction):
     if form and form[0](sample):
         why = form[1]
     elif not _bind_ok(call, x, args, kwargs):
-        why = "an argument or keyword the tensordd call does not take"
+        why = f"{info.name}: an argument or keyword the tensordd call does not take"
     if why:
         COUNTS[f"{direction}_left_out"] += 1
         LEFT_OUT[why] = LEFT_OUT.get(why, 0) + 1
@@ -467,6 +487,25 @@ def _drain(s):
             return
         except tensordd.Error:
             pass
+
+
+def _samples(info, dtype, requires_grad=False):
+    """The first CAP samples; those before a generator that raises part-way (torch 1.13's
+    cross_entropy generator calls random.sample on a set, which Python 3.11 refuses)."""
+    out = []
+    it = None
+    while len(out) < CAP:
+        try:
+            if it is None:
+                it = iter(info.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+            out.append(next(it))
+        except StopIteration:
+            break
+        except TypeError as e:
+            why = f"the rest of a sample generator that raises ({e})"[:90]
+            LEFT_OUT[why] = LEFT_OUT.get(why, 0) + 1
+            break
+    return out
 
 
 def _known_wrong(info, sample):
@@ -508,13 +547,7 @@ def _refused(name, e, direction, s, info, sample):
 def _forward(s, info, call, dtype):
     name = info.name if not info.variant_test_name else f"{info.name}.{info.variant_test_name}"
     torch.manual_seed(zlib.crc32(f"{name}/{dtype}".encode()))
-    try:
-        samples = list(info.sample_inputs("cpu", TORCH_DT[dtype]))
-    except Exception as e:  # torch 1.13's generators on this Python (e.g. random.sample)
-        LEFT_OUT[f"sample generator raises {type(e).__name__}"] = \
-            LEFT_OUT.get(f"sample generator raises {type(e).__name__}", 0) + 1
-        return
-    for n, sample in enumerate(samples[:CAP]):
+    for n, sample in enumerate(_samples(info, TORCH_DT[dtype])):
         what = f"{name} {dtype} sample {n}"
         leaves = {}
         x = _to_td(s, sample.input, leaves)
@@ -555,11 +588,7 @@ def _forward(s, info, call, dtype):
 def _gradient(s, info, call):
     name = info.name if not info.variant_test_name else f"{info.name}.{info.variant_test_name}"
     torch.manual_seed(zlib.crc32(f"{name}/grad".encode()))
-    try:
-        samples = list(info.sample_inputs("cpu", torch.float64, requires_grad=True))
-    except Exception:
-        return
-    for n, sample in enumerate(samples[:CAP]):
+    for n, sample in enumerate(_samples(info, torch.float64, requires_grad=True)):
         what = f"{name} gradient sample {n}"
         tleaves = [t for t in _flat_tensors((sample.input, sample.args, sample.kwargs), [])
                    if t.requires_grad and t.dtype == torch.float64]
