@@ -336,15 +336,7 @@ REFUSALS = {
 # Wrong answers known today, each reported: (OpInfo name, predicate(sample)) -> the bug.
 # Such a sample is still tried; it counts as known-wrong while it fails, and the test fails
 # once it passes (so the entry is removed with the fix).
-KNOWN_WRONG = {
-    ("var", lambda sm: sm.args and isinstance(sm.args[0], bool)):
-        "Tensor.var(True) (torch's var(unbiased)): the client reads the bool as dim=1",
-    ("std", lambda sm: sm.args and isinstance(sm.args[0], bool)):
-        "Tensor.std(True) (torch's std(unbiased)): the client reads the bool as dim=1",
-    ("nn.functional.conv2d", lambda sm: isinstance(sm.kwargs.get("padding"), str)):
-        "F.conv2d(padding='same'|'valid'): the op takes it, the client's F.conv2d makes ints "
-        "of the string (ValueError)",
-}
+KNOWN_WRONG: dict = {}
 
 # Per-sample forms tensordd does not take: OpInfo name -> (predicate(sample), reason).
 SAMPLE_FORMS = {

@@ -878,12 +878,18 @@ class Tensor:
         return self._op("prod", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
 
     def var(self, dim=None, keepdim: bool = False, unbiased: bool = True):
-        """Variance over all elements or dim (unbiased: divided by n - 1), as ``torch.var``."""
+        """Variance over all elements or dim (unbiased: divided by n - 1), as ``torch.var``.
+        ``x.var(False)`` is torch's ``var(unbiased)`` form."""
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
         return self._op("var", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None,
                         unbiased=unbiased)
 
     def std(self, dim=None, keepdim: bool = False, unbiased: bool = True):
-        """Standard deviation over all elements or dim (unbiased: n - 1), as ``torch.std``."""
+        """Standard deviation over all elements or dim (unbiased: n - 1), as ``torch.std``.
+        ``x.std(False)`` is torch's ``std(unbiased)`` form."""
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
         return self._op("std", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None,
                         unbiased=unbiased)
 

@@ -144,7 +144,8 @@ def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):  # noqa: A002
     """2-D convolution (``torch.nn.functional.conv2d``)."""
-    return _op("conv2d", input, weight, bias, stride=_pair(stride), padding=_pair(padding),
+    pad = padding if isinstance(padding, str) else _pair(padding)  # "same", "valid" or ints
+    return _op("conv2d", input, weight, bias, stride=_pair(stride), padding=pad,
                dilation=_pair(dilation), groups=int(groups))
 
 
