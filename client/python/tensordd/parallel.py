@@ -213,7 +213,7 @@ def create_group(session: Session, name: str, rank: int, world_size: int,
     """Joins session's daemon to the group name as rank of world_size, meeting the others
     in the daemons' store (--group-store-dir): returns once every rank has joined (each rank's script calls it with the same name), or raises
     TimedOutError after the daemon's --group-timeout. device: where the group's tensors
-    live (a cpu device; cuda devices would need NCCL, which tensordd does not build)."""
+    live (on a cuda device each collective is staged through host memory over Gloo)."""
     return _group_create(session, name, rank, world_size, device, False)[0]
 
 
