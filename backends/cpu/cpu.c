@@ -573,7 +573,7 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_BCE_WITH_LOGITS:
     case TDD_OP_LAYER_NORM:
         return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
-    case TDD_OP_BATCH_NORM: /* a dense input (cpu_norm.c) */
+    case TDD_OP_BATCH_NORM:                         /* a dense input (cpu_norm.c) */
         return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]);
     case TDD_OP_CONV_TRANSPOSE2D: /* dense input and weight (cpu_convt.c; f16/bf16 via f32) */
         return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]) &&
