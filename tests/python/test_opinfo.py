@@ -320,9 +320,6 @@ REFUSALS = {
         "max(dim) of bool: the client's indices come from argmax, which takes no bool",
     ("min.reduction_with_dim", "UNSUPPORTED_DTYPE", "argmin: dtype bool"):
         "min(dim) of bool: the client's indices come from argmin, which takes no bool",
-    ("einsum", "DTYPE_MISMATCH", "bmm: dtypes differ (int64 and"):
-        "einsum of int32/int16/int8/uint8 operands: the client's planner mixes in an int64 "
-        "operand (reported)",
     ("nn.functional.one_hot", "INVALID_ARGUMENT", "num_classes must be positive"):
         "num_classes=-1 (inferred from the data; the daemon sizes outputs before it runs)",
     ("nn.functional.batch_norm", "INVALID_ARGUMENT", "input must be [N, C, *]"):

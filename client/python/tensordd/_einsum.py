@@ -146,6 +146,10 @@ def _contract(a, la, b, lb, later: set, size: dict) -> tuple[Tensor, list]:
     inner = [x for x in la if x in lb and x not in later]
     rows = [x for x in la if x not in lb]
     cols = [x for x in lb if x not in la]
+    if a.dtype != b.dtype:  # a sum of integers is int64 (torch's sum): the pair widens to it
+        wide = "int64" if "int64" in (a.dtype, b.dtype) else None
+        if wide is not None:
+            a, b = a.to(dtype=wide), b.to(dtype=wide)
     am = _arrange(a, la, [batch, rows, inner], size)
     bm = _arrange(b, lb, [batch, inner, cols], size)
     y = am.bmm(bm)
