@@ -817,12 +817,6 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
         /* Rows past the last window (floor mode: 0 <= rem < stride), or,
          * negative, how far a ceil_mode window reaches past the padding. */
         rem[k] = H[k] + 2 * pd[k] - span[k] - 1 - (Ho[k] - 1) * st[k];
-        if (span[k] < pd[k]) {
-            tdd_bw_fail(b, TD_EUNSUPPORTED_OP,
-                        "backward with padding larger than the dilated kernel is not "
-                        "implemented");
-            return NULL;
-        }
     }
     tdd_value *gz = g;
     if (st[0] > 1 || st[1] > 1) {
@@ -849,11 +843,24 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
     int64_t Cg = wshape[1], Og = O / G;
     int64_t s5[5] = {G, Og, Cg, K[0], K[1]}, s4[4] = {G * Cg, Og, K[0], K[1]};
     tdd_value *wf = reshape(b, transpose(b, reshape(b, flip_hw(b, w, wshape), s5, 5), 1, 2), s4, 4);
-    int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1};
+    /* The full correlation pads by span - pd; where the padding is wider than the dilated
+     * kernel that is negative: no padding, and that much cut from both ends after. */
+    int64_t cp[2] = {span[0] - pd[0], span[1] - pd[1]}, one[2] = {1, 1}, crop[2];
+    for (int k = 0; k < 2; k++) {
+        crop[k] = cp[k] < 0 ? -cp[k] : 0;
+        cp[k] += crop[k];
+    }
     td_attr ca[4] = {A_INTS("padding", cp, 2), A_INTS("dilation", dl, 2), A_INTS("stride", one, 2),
                      A_INT("groups", G)};
     tdd_value *in[2] = {gz, wf};
     tdd_value *gx = gz && wf ? tdd_bw_op(b, TDD_OP_CONV2D, in, 2, ca, 4, 0, NULL) : NULL;
+    for (int k = 0; k < 2; k++)
+        if (crop[k] > 0 && gx) {
+            int64_t len = gx->t.shape[2 + k];
+            td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", crop[k]),
+                             A_INT("stop", len - crop[k])};
+            gx = op1a(b, TDD_OP_SLICE, gx, sl, 3);
+        }
     for (int k = 0; k < 2; k++)
         if (rem[k] < 0) { /* the overhanging window's part beyond the input */
             td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0), A_INT("stop", H[k])};

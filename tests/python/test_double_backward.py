@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 import tensordd
+import tensordd.nn.functional as TF
 from helpers import require_autodiff
 from test_grad_torch import CASES
 
@@ -440,35 +441,57 @@ def test_input_not_requiring_grad_is_refused(ad):
         tensordd.autograd.backward((a * k).sum(), inputs=[k])
 
 
+@pytest.mark.parametrize("k, pad, stride, dil, hw", [
+    (1, 1, 1, 1, 1), (1, 2, 2, 1, 5), (2, 2, 2, 1, 5), (3, 3, 1, 1, 4), (2, 3, 1, 2, 3)])
+def test_conv2d_padding_wider_than_the_kernel_matches_torch(ad, k, pad, stride, dil, hw):
+    """conv2d's input gradient is a full correlation padded by dil*(k-1) - pad; where the
+    padding is wider than the dilated kernel the daemon crops instead (it was refused):
+    first-order gradients, and the gradient of a gradient penalty, against torch (float64,
+    rtol 1e-9, atol 1e-11)."""
+    rng = np.random.default_rng(k * 100 + pad * 10 + stride)
+    xa, wa = rng.standard_normal((2, 3, hw, hw)), rng.standard_normal((4, 3, k, k))
+    x, w = ad.tensor(xa, requires_grad=True), ad.tensor(wa, requires_grad=True)
+    tx, tw = (torch.tensor(a, requires_grad=True) for a in (xa, wa))
+    kw = dict(padding=pad, stride=stride, dilation=dil)
+    gx, gw = agrad(ad.op("conv2d", x, w, **kw).square().sum(), [x, w], create_graph=True)
+    tgx, tgw = torch.autograd.grad(FN.conv2d(tx, tw, **kw).square().sum(), [tx, tw],
+                                   create_graph=True)
+    for got, want in ((gx, tgx), (gw, tgw)):
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-9, atol=1e-11)
+    hx, hw_ = agrad(gx.square().sum() + gw.square().sum(), [x, w])
+    thx, thw = torch.autograd.grad(tgx.square().sum() + tgw.square().sum(), [tx, tw])
+    np.testing.assert_allclose(hx.numpy(), thx.numpy(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(hw_.numpy(), thw.numpy(), rtol=1e-9, atol=1e-11)
+
+
 def test_formula_without_a_derivative_is_a_typed_error(ad):
-    """conv2d's weight gradient is itself a conv2d whose kernel is the output gradient:
-    with a 1x1 output and padding 1 its own input gradient needs a padding larger
-    than that kernel, which the daemon's formula does not implement. The second pass
-    fails with UNSUPPORTED_OP naming conv2d; nothing is bound; the session goes on."""
+    """embedding_bag's weight gradient is an op of its own (embedding_bag_backward) with
+    no formula yet: a second pass through it fails with UNSUPPORTED_OP naming it; nothing
+    is bound; the session goes on, and the first-order gradient is still right."""
     rng = np.random.default_rng(4)
-    x = ad.tensor(rng.standard_normal((1, 1, 1, 1)), requires_grad=True)
-    w = ad.tensor(rng.standard_normal((1, 1, 3, 3)), requires_grad=True)
-    y = ad.op("conv2d", x, w, padding=1)
-    gx, gw = agrad(y.square().sum(), [x, w], create_graph=True)
+    wa = rng.standard_normal((5, 3))
+    w = ad.tensor(wa, requires_grad=True)
+    idx = ad.tensor(np.array([0, 2, 2, 4], np.int64))
+    off = ad.tensor(np.array([0, 2], np.int64))
+    y = TF.embedding_bag(idx, w, off, mode="sum")
+    (gw,) = agrad(y.square().sum(), [w], create_graph=True)
     pen = gw.square().sum()
     ad.sync()
     gc.collect()
     before = ad.stats()["handles"]
-    with pytest.raises(tensordd.UnsupportedOpError, match="conv2d") as e:
-        agrad(pen, [x, w])
+    with pytest.raises(tensordd.UnsupportedOpError, match="embedding_bag_backward") as e:
+        agrad(pen, [w])
     assert e.value.code == "UNSUPPORTED_OP"
-    # still usable, and the first-order gradients still right
-    ty = torch.tensor(np.asarray(x.numpy()), requires_grad=True)
-    tw = torch.tensor(np.asarray(w.numpy()), requires_grad=True)
-    tg = torch.autograd.grad(FN.conv2d(ty, tw, padding=1).square().sum(), [ty, tw])
-    np.testing.assert_allclose(gx.numpy(), tg[0].numpy(), rtol=1e-12)
-    np.testing.assert_allclose(gw.numpy(), tg[1].numpy(), rtol=1e-12)
+    tw = torch.tensor(wa, requires_grad=True)
+    ty = FN.embedding_bag(torch.tensor([0, 2, 2, 4]), tw, torch.tensor([0, 2]), mode="sum")
+    (tg,) = torch.autograd.grad(ty.square().sum(), [tw])
+    np.testing.assert_allclose(gw.numpy(), tg.numpy(), rtol=1e-12)
     del e
     gc.collect()
     ad.sync()  # (carries the releases of the failed pass's ids)
     assert ad.stats()["handles"] == before  # no Gradients left bound by the failed pass
-    (h,) = agrad((x * x).sum(), x)
-    np.testing.assert_allclose(h.numpy(), 2 * x.numpy(), rtol=1e-12)
+    (h,) = agrad((w * w).sum(), w)
+    np.testing.assert_allclose(h.numpy(), 2 * wa, rtol=1e-12)
 
 
 def test_inplace_update_between_passes_is_refused(ad):
