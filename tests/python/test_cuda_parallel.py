@@ -19,7 +19,7 @@ import pytest
 
 import tensordd
 from tensordd import parallel
-from test_parallel import TOKEN, Hosts, RankDaemon, run_ranks
+from test_parallel import TOKEN, Hosts, RankDaemon, _digits, _init, _loss, run_ranks
 
 GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
 pytestmark = pytest.mark.skipif(GPU_ARGS is None,
@@ -147,28 +147,7 @@ def test_cuda_group_logs_the_staged_path(daemons, sessions):
 
 # ---------------------------------------------------------------- gradients, training
 
-def _digits(n):
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return (d.data[:n] / 16.0).astype(np.float32), d.target[:n].astype(np.int64)
-
-
-def _init(seed=0):
-    rng = np.random.default_rng(seed)
-    out = []
-    for a, b in ((64, 32), (32, 10)):
-        bound = 1.0 / np.sqrt(a)
-        out += [rng.uniform(-bound, bound, (a, b)).astype(np.float32),
-                rng.uniform(-bound, bound, (b,)).astype(np.float32)]
-    return out
-
-
-def _loss(s, ps, xb, yb):
-    w1, b1, w2, b2 = ps
-    return s.op("cross_entropy", (xb @ w1 + b1).relu() @ w2 + b2, yb)
-
-
+# the digits shards, initial weights and loss of test_parallel's data-parallel run
 STEPS, BATCH, LR = 3, 48, 0.5
 
 

@@ -20,7 +20,8 @@ import pytest
 import tensordd
 import tensordd.nn.functional as TF
 from conftest import Daemon
-from test_ops14_forms import DEVICES, GPU_ARGS, const, f32, fd, s  # noqa: F401 (fixtures)
+from test_ops14_forms import (  # noqa: F401 (fd and s are fixtures)
+    DEVICES, GPU_ARGS, check_case_matches_torch, const, f32, fd, s)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -128,25 +129,7 @@ CASES = [Case(f"sdpa_{tag}", ins, _sdpa(**kw), _tsdpa(**kw), grads=gr, atol=2e-5
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.name)
 def test_matches_torch(s, c, dev):
-    rng = np.random.default_rng(zlib.crc32(c.name.encode()))
-    arrays = [np.asarray(make(rng)) for make in c.inputs]
-    tts = [torch.tensor(a, requires_grad=(k in c.grads)) for k, a in enumerate(arrays)]
-    tout = c.tfn(*tts)
-    ts = [s.tensor(a, device=dev, requires_grad=(k in c.grads)) for k, a in enumerate(arrays)]
-    out = c.fn(s, *ts)
-    got = out.numpy()
-    want = tout.detach().numpy()
-    assert got.dtype == want.dtype, f"{c.name}: dtype {got.dtype}, torch {want.dtype}"
-    assert got.shape == want.shape, f"{c.name}: shape {got.shape}, torch {want.shape}"
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=c.atol, err_msg=f"{c.name}: forward")
-    if not c.grads:
-        return
-    w = rng.uniform(0.5, 1.5, want.shape).astype(want.dtype)
-    (tout * torch.from_numpy(w)).sum().backward()
-    grads = (out * s.tensor(w, device=dev)).sum().backward()
-    for k in c.grads:
-        np.testing.assert_allclose(grads.get(ts[k]).numpy(), tts[k].grad.numpy(), rtol=1e-5,
-                                   atol=c.atol, err_msg=f"{c.name}: gradient of input {k}")
+    check_case_matches_torch(s, c, dev)
 
 
 def _dropout_run(dev, q, k, v, w, p):
