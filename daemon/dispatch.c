@@ -42,11 +42,15 @@ typedef struct {
     new_ids_fn new_ids;     /* NULL: the request names no new handle */
 } request_row;
 
-static size_t ids_upload(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->upload->handle;
-    return 1;
-}
+/* A request that names one new handle: its field. */
+#define ONE_ID(fn, body, field)                                                                    \
+    static size_t fn(const Request *req, uint64_t *ids)                                            \
+    {                                                                                              \
+        ids[0] = req->body->field;                                                                 \
+        return 1;                                                                                  \
+    }
+
+ONE_ID(ids_upload, upload, handle)
 
 static size_t ids_op(const Request *req, uint64_t *ids)
 {
@@ -56,53 +60,14 @@ static size_t ids_op(const Request *req, uint64_t *ids)
     return n;
 }
 
-static size_t ids_to_device(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->to_device->output;
-    return 1;
-}
-
-static size_t ids_backward(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->backward->grads;
-    return 1;
-}
-
-static size_t ids_grad(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->grad->output;
-    return 1;
-}
-
-static size_t ids_grad_remove(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->grad_remove->output;
-    return 1;
-}
-
-static size_t ids_optimizer_create(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->optimizer_create->handle;
-    return 1;
-}
-
-static size_t ids_graph_end(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->graph_end->graph;
-    return 1;
-}
-
-static size_t ids_group_create(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->group_create->group;
-    return 1;
-}
-
-static size_t ids_all_gather(const Request *req, uint64_t *ids)
-{
-    ids[0] = req->all_gather->output;
-    return 1;
-}
+ONE_ID(ids_to_device, to_device, output)
+ONE_ID(ids_backward, backward, grads)
+ONE_ID(ids_grad, grad, output)
+ONE_ID(ids_grad_remove, grad_remove, output)
+ONE_ID(ids_optimizer_create, optimizer_create, handle)
+ONE_ID(ids_graph_end, graph_end, graph)
+ONE_ID(ids_group_create, group_create, group)
+ONE_ID(ids_all_gather, all_gather, output)
 
 #define ROW(body) [TENSORDD__V1__REQUEST__BODY_##body]
 #define SYNC (REQ_SYNC | REQ_ANSWERED)
