@@ -1552,6 +1552,29 @@ extern "C" cudaError_t tdc_unary(const tdc_dev *d, tdd_op op, const tdc_layout *
     return launched();
 }
 
+/* Runs launch with a value of the unsigned type elsize bytes wide (1, 2, 4 or 8): the
+ * kernels that only move bits are instantiated once per width. */
+template <typename F> static cudaError_t by_width(int elsize, F launch)
+{
+    switch (elsize) {
+    case 1:
+        launch(uint8_t{});
+        break;
+    case 2:
+        launch(uint16_t{});
+        break;
+    case 4:
+        launch(uint32_t{});
+        break;
+    case 8:
+        launch(uint64_t{});
+        break;
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return launched();
+}
+
 extern "C" cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, const void *x,
                                 int elsize)
 {
@@ -1562,26 +1585,10 @@ extern "C" cudaError_t tdc_copy(const tdc_dev *d, const tdc_layout *l, void *y, 
                                d->stream);
     int g = grid_for(d, l->numel);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, copy_kernel<uint8_t>)(*l, (uint8_t *)y, (const uint8_t *)x);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, copy_kernel<uint16_t>)(*l, (uint16_t *)y,
-                                                             (const uint16_t *)x);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, copy_kernel<uint32_t>)(*l, (uint32_t *)y,
-                                                             (const uint32_t *)x);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, copy_kernel<uint64_t>)(*l, (uint64_t *)y,
-                                                             (const uint64_t *)x);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, copy_kernel<T>)(*l, (T *)y, (const T *)x);
+    });
 }
 
 extern "C" cudaError_t tdc_cast(const tdc_dev *d, const tdc_layout *l, void *y, int ydt,
@@ -1599,23 +1606,10 @@ extern "C" cudaError_t tdc_fill(const tdc_dev *d, void *y, int64_t n, int elsize
         return cudaSuccess;
     int g = grid_for(d, n);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, fill_kernel<uint8_t>)((uint8_t *)y, n, (uint8_t)bits);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, fill_kernel<uint16_t>)((uint16_t *)y, n, (uint16_t)bits);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, fill_kernel<uint32_t>)((uint32_t *)y, n, (uint32_t)bits);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, fill_kernel<uint64_t>)((uint64_t *)y, n, bits);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, fill_kernel<T>)((T *)y, n, (T)bits);
+    });
 }
 
 extern "C" cudaError_t tdc_arange_f(const tdc_dev *d, int dt, void *y, int64_t n, double start,
@@ -1662,25 +1656,10 @@ extern "C" cudaError_t tdc_eye(const tdc_dev *d, void *y, int64_t rows, int64_t 
         return cudaSuccess;
     int g = grid_for(d, rows * cols);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, eye_kernel<uint8_t>)((uint8_t *)y, rows, cols, (uint8_t)one);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, eye_kernel<uint16_t>)((uint16_t *)y, rows, cols,
-                                                            (uint16_t)one);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, eye_kernel<uint32_t>)((uint32_t *)y, rows, cols,
-                                                            (uint32_t)one);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, eye_kernel<uint64_t>)((uint64_t *)y, rows, cols, one);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, eye_kernel<T>)((T *)y, rows, cols, (T)one);
+    });
 }
 
 extern "C" cudaError_t tdc_conv_transpose2d(const tdc_dev *d, int dt, const void *x, const void *w,
@@ -1738,27 +1717,11 @@ extern "C" cudaError_t tdc_sort(const tdc_dev *d, const void *x, int dt, int els
         return cudaSuccess;
     int g = grid_for(d, n);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, sort_kernel<uint8_t>)((const uint8_t *)x, dt, outer, L, inner,
-                                                            K, descending, (uint8_t *)y, idx);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, sort_kernel<uint16_t>)(
-            (const uint16_t *)x, dt, outer, L, inner, K, descending, (uint16_t *)y, idx);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, sort_kernel<uint32_t>)(
-            (const uint32_t *)x, dt, outer, L, inner, K, descending, (uint32_t *)y, idx);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, sort_kernel<uint64_t>)(
-            (const uint64_t *)x, dt, outer, L, inner, K, descending, (uint64_t *)y, idx);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, sort_kernel<T>)((const T *)x, dt, outer, L, inner, K,
+                                                      descending, (T *)y, idx);
+    });
 }
 
 extern "C" cudaError_t tdc_pad_mode(const tdc_dev *d, const tdc_padmode *p, void *y, const void *x,
@@ -1768,27 +1731,10 @@ extern "C" cudaError_t tdc_pad_mode(const tdc_dev *d, const tdc_padmode *p, void
         return cudaSuccess;
     int g = grid_for(d, p->numel);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint8_t>)(*p, (uint8_t *)y,
-                                                                (const uint8_t *)x);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint16_t>)(*p, (uint16_t *)y,
-                                                                 (const uint16_t *)x);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint32_t>)(*p, (uint32_t *)y,
-                                                                 (const uint32_t *)x);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<uint64_t>)(*p, (uint64_t *)y,
-                                                                 (const uint64_t *)x);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, pad_mode_kernel<T>)(*p, (T *)y, (const T *)x);
+    });
 }
 
 extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, const void *x,
@@ -1798,27 +1744,11 @@ extern "C" cudaError_t tdc_tri(const tdc_dev *d, const tdc_layout *l, void *y, c
         return cudaSuccess;
     int g = grid_for(d, l->numel);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, tri_kernel<uint8_t>)(*l, (uint8_t *)y, (const uint8_t *)x,
-                                                           rows, cols, diagonal, upper);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, tri_kernel<uint16_t>)(*l, (uint16_t *)y, (const uint16_t *)x,
-                                                            rows, cols, diagonal, upper);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, tri_kernel<uint32_t>)(*l, (uint32_t *)y, (const uint32_t *)x,
-                                                            rows, cols, diagonal, upper);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, tri_kernel<uint64_t>)(*l, (uint64_t *)y, (const uint64_t *)x,
-                                                            rows, cols, diagonal, upper);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, tri_kernel<T>)(*l, (T *)y, (const T *)x, rows, cols, diagonal,
+                                                     upper);
+    });
 }
 
 extern "C" cudaError_t tdc_random_fill(const tdc_dev *d, tdc_random kind, void *y, int dt,
@@ -2031,27 +1961,11 @@ extern "C" cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y
         return cudaSuccess;
     int g = grid_for(d, l->numel);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, select_kernel<uint8_t>)(
-            *l, (uint8_t *)y, cond, (const uint8_t *)a, (const uint8_t *)b, (uint8_t)bits);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, select_kernel<uint16_t>)(
-            *l, (uint16_t *)y, cond, (const uint16_t *)a, (const uint16_t *)b, (uint16_t)bits);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, select_kernel<uint32_t>)(
-            *l, (uint32_t *)y, cond, (const uint32_t *)a, (const uint32_t *)b, (uint32_t)bits);
-        break;
-    case 8:
-        tdc_launch(g, kThreads, 0, s, select_kernel<uint64_t>)(
-            *l, (uint64_t *)y, cond, (const uint64_t *)a, (const uint64_t *)b, bits);
-        break;
-    default:
-        return cudaErrorInvalidValue;
-    }
-    return launched();
+    return by_width(elsize, [&](auto w) {
+        using T = decltype(w);
+        tdc_launch(g, kThreads, 0, s, select_kernel<T>)(*l, (T *)y, cond, (const T *)a,
+                                                        (const T *)b, (T)bits);
+    });
 }
 
 static int64_t view_numel(const tdc_view *v)
