@@ -425,19 +425,8 @@ class Connection:
         it go out in one send."""
         if self._journal is not None:
             self._journal_add(rid, frame)
-            self._wbuf += frame
-            self.flush()
-            return
-        buf = self._wbuf
-        buf += frame
-        self._wbuf = bytearray()
-        try:
-            try:
-                self.sock.sendall(buf)
-            except BlockingIOError:
-                raise _timed_out() from None
-        except OSError as e:
-            self._recover(e)  # (resume off: raises it)
+        self._wbuf += frame
+        self.flush()
 
     def flush(self) -> None:
         """Sends everything queued."""
