@@ -196,6 +196,23 @@ int ref_reduce(const tdd_opcall *c)
 }
 
 /* Writes a loss: per element for "none", else the sum or the mean over count. */
+/* log(sum_k exp(x[base + k * cs])) over a row of C classes, shifted by its maximum (a NaN
+ * wins it); a row of -inf sums to 0, and the log of that, -inf, is the answer. */
+static double row_lse(const tdd_tensor *x, int64_t base, int64_t cs, int64_t C)
+{
+    double m = -INFINITY, s = 0;
+    for (int64_t k = 0; k < C; k++) {
+        double z = ref_getf(x, base + k * cs);
+        if (z > m || z != z)
+            m = z;
+    }
+    double sh = isinf(m) ? 0.0 : m;
+    for (int64_t k = 0; k < C; k++)
+        s += exp(ref_getf(x, base + k * cs) - sh);
+    /* cppcheck-suppress invalidFunctionArg */
+    return log(s) + sh;
+}
+
 static void loss_store(const tdd_opcall *c, int64_t i, double v, double *total)
 {
     if (c->args->i[0] == TDD_RED_NONE)
@@ -251,17 +268,7 @@ int ref_loss(const tdd_opcall *c)
             tbase += ridx[k] * tstr[k];
         }
         if (probs) { /* sum_k w_k q_k (lse - x_k), q smoothed; the mean is over rows */
-            double m = -INFINITY, s = 0, v = 0;
-            for (int64_t k = 0; k < C; k++) {
-                double z = ref_getf(x, base + k * cs);
-                if (z > m || z != z)
-                    m = z;
-            }
-            double sh = isinf(m) ? 0.0 : m;
-            for (int64_t k = 0; k < C; k++)
-                s += exp(ref_getf(x, base + k * cs) - sh);
-            /* cppcheck-suppress invalidFunctionArg */
-            double lse = log(s) + sh;
+            double v = 0, lse = row_lse(x, base, cs, C);
             for (int64_t k = 0; k < C; k++) {
                 double q = (1 - eps) * ref_getf(t, tbase + k * cs) + eps / (double)C;
                 double wk = w ? ref_getf(w, ref_index(w, k)) : 1.0;
@@ -281,18 +288,7 @@ int ref_loss(const tdd_opcall *c)
         double wt = w ? ref_getf(w, ref_index(w, cls)) : 1.0;
         double lse = 0, v;
         if (c->op == TDD_OP_CROSS_ENTROPY) {
-            double m = -INFINITY, s = 0;
-            for (int64_t k = 0; k < C; k++) {
-                double z = ref_getf(x, base + k * cs);
-                if (z > m || z != z)
-                    m = z;
-            }
-            double sh = isinf(m) ? 0.0 : m;
-            for (int64_t k = 0; k < C; k++)
-                s += exp(ref_getf(x, base + k * cs) - sh);
-            /* a row of -inf has s == 0: log gives -inf, the answer */
-            /* cppcheck-suppress invalidFunctionArg */
-            lse = log(s) + sh;
+            lse = row_lse(x, base, cs, C);
             v = wt * (lse - ref_getf(x, base + cls * cs));
             if (eps > 0) {
                 double smooth = 0;
