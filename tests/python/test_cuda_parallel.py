@@ -11,7 +11,6 @@ in network namespaces of their own, or on loopback, as in test_parallel.py."""
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 
 import numpy as np
@@ -19,33 +18,17 @@ import pytest
 
 import tensordd
 from tensordd import parallel
-from test_parallel import TOKEN, Hosts, RankDaemon, _digits, _init, _loss, run_ranks
+from gpusuite import GPU_ARGS, only_with_gpu
+from test_parallel import (TOKEN, RankDaemon, _digits, _init, _loss, hosts_fixture, run_ranks,
+                           store_fixture)
 
-GPU_ARGS = os.environ.get("TDD_GPU_ARGS")
-pytestmark = pytest.mark.skipif(GPU_ARGS is None,
-                                reason="GPU suite: make test-emu, or tests/gpu/run.sh on a GPU")
+pytestmark = only_with_gpu
 RANKS = 3
 DEV = "cuda:0"
 
 
-@pytest.fixture(scope="module")
-def store():
-    with tempfile.TemporaryDirectory(prefix="tdd-cuda-groups-") as d:
-        with open(os.path.join(d, ".token"), "w") as f:
-            f.write(TOKEN + "\n")
-        yield d
-
-
-@pytest.fixture(scope="module")
-def hosts(pytestconfig):
-    h = Hosts(RANKS)
-    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
-    if tr is not None and capman is not None:
-        with capman.global_and_fixture_disabled():
-            tr.write_line(f"\ntest_cuda_parallel: ranks' daemons in {h.how}")
-    yield h
-    h.close()
+store = store_fixture("tdd-cuda-groups-")
+hosts = hosts_fixture(RANKS, "test_cuda_parallel: ranks' daemons")
 
 
 def start(hosts, store, n, *extra):

@@ -25,22 +25,13 @@ import tensordd
 from faultproxy import FaultProxy
 from tensordd import tensordd_pb2 as pb
 from tensordd.session import _Call
-from test_parallel import Hosts, RankDaemon
+from test_parallel import RankDaemon, hosts_fixture
 
 TOKEN = "test-multi16-token"
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def hosts(pytestconfig):
-    h = Hosts(3)
-    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
-    if tr is not None and capman is not None:
-        with capman.global_and_fixture_disabled():
-            tr.write_line(f"\ntest_multi16: daemons in {h.how}")
-    yield h
-    h.close()
+hosts = hosts_fixture(3, "test_multi16: daemons")
 
 
 @pytest.fixture(scope="module")

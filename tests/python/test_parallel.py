@@ -136,24 +136,39 @@ class RankDaemon:
             self.proc.wait()
 
 
-@pytest.fixture(scope="module")
-def store():
-    with tempfile.TemporaryDirectory(prefix="tdd-groups-") as d:
-        with open(os.path.join(d, ".token"), "w") as f:
-            f.write(TOKEN + "\n")
-        yield d
+def store_fixture(prefix):
+    """A module's group store directory, holding the daemons' token file (.token)."""
+
+    @pytest.fixture(scope="module")
+    def store():
+        with tempfile.TemporaryDirectory(prefix=prefix) as d:
+            with open(os.path.join(d, ".token"), "w") as f:
+                f.write(TOKEN + "\n")
+            yield d
+
+    return store
 
 
-@pytest.fixture(scope="module")
-def hosts(pytestconfig):
-    h = Hosts(RANKS)
-    tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
-    if tr is not None and capman is not None:
-        with capman.global_and_fixture_disabled():  # shown even when output is captured
-            tr.write_line(f"\ntest_parallel: ranks' daemons in {h.how}")
-    yield h
-    h.close()
+def hosts_fixture(n, label):
+    """A module's n hosts (namespaces, or loopback), announced as "label in ..." even
+    when output is captured."""
+
+    @pytest.fixture(scope="module")
+    def hosts(pytestconfig):
+        h = Hosts(n)
+        tr = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+        capman = pytestconfig.pluginmanager.get_plugin("capturemanager")
+        if tr is not None and capman is not None:
+            with capman.global_and_fixture_disabled():
+                tr.write_line(f"\n{label} in {h.how}")
+        yield h
+        h.close()
+
+    return hosts
+
+
+store = store_fixture("tdd-groups-")
+hosts = hosts_fixture(RANKS, "test_parallel: ranks' daemons")
 
 
 def start(hosts, store, n, *extra):
