@@ -287,6 +287,60 @@ static void adam_dense_f32(step_job *j, int64_t n)
     }
 }
 
+/* Plain SGD (with weight decay, momentum, dampening, nesterov, maximize) on float32,
+ * dense and unaliased: the loop above four elements at a time, the same operations
+ * in the same order (bit-identical). The scalar loop's index arithmetic and
+ * per-element branches cost ~1.7 ns an element: 8% of a 64-128-10 MLP step. */
+static void sgd_dense_f32(step_job *j, int64_t n)
+{
+    const opt_hyper *h = &j->h;
+    float *P = tdd_data(&j->p), *B = h->momentum != 0.0 ? tdd_data(&j->b0) : NULL;
+    const float *G = tdd_data(&j->g);
+    bool fresh = j->fresh & 1u, l2 = h->weight_decay != 0.0, nesterov = h->nesterov,
+         neg = h->maximize;
+    float wd = (float)h->weight_decay, nlr = -(float)h->lr, mom = (float)h->momentum,
+          damp = (float)(1.0 - h->dampening);
+    /* maximize flips the sign bit, as the loop's negation does (NaNs included) */
+    __m128 vneg = _mm_set1_ps(neg ? -0.0f : 0.0f), vwd = _mm_set1_ps(wd), vnlr = _mm_set1_ps(nlr),
+           vmom = _mm_set1_ps(mom), vdamp = _mm_set1_ps(damp);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 g = _mm_xor_ps(_mm_loadu_ps(G + i), vneg), p = _mm_loadu_ps(P + i);
+        if (l2)
+            g = _mm_add_ps(g, _mm_mul_ps(vwd, p));
+        if (B) {
+            __m128 b =
+                fresh ? g : _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(B + i), vmom), _mm_mul_ps(vdamp, g));
+            _mm_storeu_ps(B + i, b);
+            g = nesterov ? _mm_add_ps(g, _mm_mul_ps(vmom, b)) : b;
+        }
+        _mm_storeu_ps(P + i, _mm_add_ps(p, _mm_mul_ps(vnlr, g)));
+    }
+    for (; i < n; i++) {
+        float g = neg ? -G[i] : G[i], p = P[i];
+        if (l2)
+            g = g + wd * p;
+        if (B) {
+            float b = fresh ? g : B[i] * mom + damp * g;
+            B[i] = b;
+            g = nesterov ? g + mom * b : b;
+        }
+        P[i] = p + nlr * g;
+    }
+}
+
+/* The SGD dense path applies: float32, parameter, gradient (and momentum buffer)
+ * contiguous, none sharing storage with another. */
+static bool sgd_dense_ok(const step_job *j)
+{
+    if (j->h.kind != OPT_SGD || j->p.dtype != TD_F32 || !tdd_is_contiguous(&j->p) ||
+        !tdd_is_contiguous(&j->g) || j->p.st == j->g.st)
+        return false;
+    if (j->h.momentum == 0.0)
+        return true;
+    return j->bv[0] && tdd_is_contiguous(&j->b0) && j->b0.st != j->p.st && j->b0.st != j->g.st;
+}
+
 /* The dense path applies: Adam(W) on float32, every tensor contiguous, no
  * two sharing storage (each element is read before it is written). */
 static bool adam_dense_ok(const step_job *j)
@@ -313,6 +367,10 @@ static int step_run(void *arg)
 #ifdef __SSE2__
     if (adam_dense_ok(j)) {
         adam_dense_f32(j, tdd_numel(&j->p));
+        return 0;
+    }
+    if (sgd_dense_ok(j)) {
+        sgd_dense_f32(j, tdd_numel(&j->p));
         return 0;
     }
 #endif

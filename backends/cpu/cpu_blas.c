@@ -189,17 +189,29 @@ static void fill_bias(const tdd_opcall *c, bool f64)
     const tdd_tensor *bias = c->in[2];
     int64_t n = tdd_numel(y), idx[TD_MAX_NDIM], st[TD_MAX_NDIM];
     tdd_bcast_strides(bias, y->shape, y->ndim, st);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r = i, off = bias->offset;
-        for (int d = y->ndim - 1; d >= 0; d--) {
+    /* Row by row: the bias offset of a row's start costs divisions, its elements
+     * one stride each (a per-element index was 15% of a small MLP step's time). */
+    int last = y->ndim - 1;
+    int64_t cols = y->ndim ? y->shape[last] : 1, cs = y->ndim ? st[last] : 0;
+    size_t esz = f64 ? 8 : 4;
+    char *out = (char *)y->st->data + (size_t)y->offset * esz;
+    const char *src = (const char *)bias->st->data;
+    for (int64_t i = 0; cols > 0 && i < n; i += cols) {
+        int64_t r = i / cols, off = bias->offset;
+        for (int d = last - 1; d >= 0; d--) {
             idx[d] = r % y->shape[d];
             r /= y->shape[d];
             off += idx[d] * st[d];
         }
-        if (f64)
-            ((double *)y->st->data)[y->offset + i] = ((const double *)bias->st->data)[off];
-        else
-            ((float *)y->st->data)[y->offset + i] = ((const float *)bias->st->data)[off];
+        if (cs == 1) {
+            memcpy(out + (size_t)i * esz, src + (size_t)off * esz, (size_t)cols * esz);
+        } else if (f64) {
+            for (int64_t j = 0; j < cols; j++)
+                ((double *)out)[i + j] = ((const double *)src)[off + j * cs];
+        } else {
+            for (int64_t j = 0; j < cols; j++)
+                ((float *)out)[i + j] = ((const float *)src)[off + j * cs];
+        }
     }
 }
 
