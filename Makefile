@@ -356,6 +356,7 @@ include tests/fuzz/fuzz.mk
 include tools/dist.mk
 include tests/leakcheck/leakcheck.mk
 include client/python/speedups.mk
+include bench/bench.mk
 
 # ---------------------------------------------------------------- run
 run: deps
@@ -363,7 +364,7 @@ run: deps
 	@BUILD=$(BUILD) PY=$(PY) bash examples/run.sh
 
 bench: all $(BENCH_BINS)
-	@BUILD=$(BUILD) PY=$(PY) bash bench/run.sh
+	@BUILD=$(BUILD) PY=$(PY) bash bench/run.sh $(BENCH_ARGS)
 
 # ---------------------------------------------------------------- install
 # make install [PREFIX=/usr/local] [DESTDIR=/staging]

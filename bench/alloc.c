@@ -6,6 +6,10 @@
  *     against raw loopback TCP on 4 connections into buffers another process keeps, with
  *     the daemon's page faults per upload.
  *
+ * RESULT lines (bench/summary.py): alloc.upload4 (throughput / raw's, target >= 0.9),
+ * alloc.add16 (time / local's), alloc.faults.add16 and alloc.faults.upload (per add, per
+ * upload; target 0).
+ *
  *   bench/alloc ENDPOINT DAEMON_PID [--reps N]
  */
 #include <arpa/inet.h>
@@ -116,6 +120,8 @@ static void bench_add(const char *ep, int pid, int reps)
     printf("  daemon per add: %.1f minor page faults, %.2f ms CPU (all its threads; with the local "
            "adds' time in between)\n",
            (double)(f1 - f0) / adds, (c1 - c0) / adds * 1e3);
+    printf("RESULT alloc.add16 %.4f -\nRESULT alloc.faults.add16 %.3f <=0\n", rm / lm,
+           (double)(f1 - f0) / adds);
     free(a);
     free(b);
     free(y);
@@ -240,6 +246,8 @@ static void bench_uploads(const char *ep, int pid, int reps)
     printf("  tensordd          %6.2f GB/s   ratio %.2f; daemon: %.1f minor page faults per "
            "upload\n",
            bytes / tm / 1e9, rm / tm, (double)(f1 - f0) / ((double)reps * CONNS * UPLOADS));
+    printf("RESULT alloc.upload4 %.4f >=0.9\nRESULT alloc.faults.upload %.3f <=0\n", rm / tm,
+           (double)(f1 - f0) / ((double)reps * CONNS * UPLOADS));
     free(src);
 }
 

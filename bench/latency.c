@@ -1,7 +1,7 @@
 /* latency.c -- small-op round trips against a raw loopback TCP ping-pong of
  * the same size measured in the same run, and pipelined small ops per second.
  *
- *   bench/latency ENDPOINT
+ *   bench/latency ENDPOINT [--quick]   (--quick: 4 blocks, 20000 pipelined ops: a smoke run)
  *
  * The machine's load drifts from second to second (2 shared cores), so the
  * baselines and the calls are timed in interleaved blocks (raw, raw, Sync,
@@ -9,7 +9,9 @@
  * blocks' rounds: a ratio then compares rounds that saw the same load.
  * Two baselines: the echo in a thread of this process (what this benchmark
  * always used) and in a forked process (as the daemon is: a round trip then
- * also switches address spaces). */
+ * also switches address spaces).
+ * RESULT lines (bench/summary.py): c.relu_reply (relu(4) with reply / the raw ping-pong
+ * with the echo in another process) and c.pipelined_oneshot (ops/s). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -102,10 +104,12 @@ static void pingpong(int fd, double *t, int n)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: latency ENDPOINT\n");
+    if (argc < 2 || (argc > 2 && strcmp(argv[2], "--quick") != 0) || argc > 3) {
+        fprintf(stderr, "usage: latency ENDPOINT [--quick]\n");
         return 2;
     }
+    int blocks = argc > 2 ? 4 : BLOCKS, rounds = blocks * BLOCK;
+    int pipelined = argc > 2 ? PIPELINED / 10 : PIPELINED;
     /* The forked echo first, while this process has one thread. */
     struct sockaddr_in sa_proc, sa_thr;
     int lproc = listen_loopback(&sa_proc);
@@ -137,7 +141,7 @@ int main(int argc, char **argv)
 
     static double t_thr[ROUNDS], t_proc[ROUNDS], t_sync[ROUNDS], t_op[ROUNDS];
     td_op_opts sync_opts = {.want_reply = 1};
-    for (int b = 0; b < BLOCKS; b++) {
+    for (int b = 0; b < blocks; b++) {
         int o = b * BLOCK;
         pingpong(fd_thr, t_thr + o, BLOCK);
         pingpong(fd_proc, t_proc + o, BLOCK);
@@ -164,33 +168,35 @@ int main(int argc, char **argv)
     pthread_join(th, NULL);
     close(lthr);
     waitpid(child, NULL, 0);
-    double thr_us = bench_median(t_thr, ROUNDS) * 1e6;
-    double proc_us = bench_median(t_proc, ROUNDS) * 1e6;
-    double sync_us = bench_median(t_sync, ROUNDS) * 1e6;
-    double op_us = bench_median(t_op, ROUNDS) * 1e6;
+    double thr_us = bench_median(t_thr, rounds) * 1e6;
+    double proc_us = bench_median(t_proc, rounds) * 1e6;
+    double sync_us = bench_median(t_sync, rounds) * 1e6;
+    double op_us = bench_median(t_op, rounds) * 1e6;
 
     /* Pipelined: fire-and-forget ops, one sync at the end. */
     static td_handle ys[PIPELINED];
     double t0 = bench_now();
-    for (int i = 0; i < PIPELINED; i++)
+    for (int i = 0; i < pipelined; i++)
         ys[i] = td_op1(c, "relu", &h, 1, NULL, &err);
     if (td_sync(c, &err)) {
         fprintf(stderr, "latency: pipelined: %s\n", err.message);
         return 1;
     }
     double secs = bench_now() - t0;
-    td_release(c, ys, PIPELINED, &err);
+    td_release(c, ys, (size_t)pipelined, &err);
     td_sync(c, &err);
     td_close(c);
 
-    printf("small ops (medians of %d rounds in %d interleaved blocks)\n", ROUNDS, BLOCKS);
+    printf("small ops (medians of %d rounds in %d interleaved blocks)\n", rounds, blocks);
     printf("  raw TCP ping-pong 64 B   %7.1f us   (echo in a thread of this process)\n", thr_us);
     printf("  raw TCP ping-pong 64 B   %7.1f us   (echo in another process)\n", proc_us);
     printf("  Sync round trip          %7.1f us   %.2fx raw   %.2fx raw (process)\n", sync_us,
            sync_us / thr_us, sync_us / proc_us);
     printf("  relu(4) with reply       %7.1f us   %.2fx raw   %.2fx raw (process)\n", op_us,
            op_us / thr_us, op_us / proc_us);
-    printf("  pipelined relu(4)        %7.0f ops/s (%d ops, one sync)\n", PIPELINED / secs,
-           PIPELINED);
+    printf("  pipelined relu(4)        %7.0f ops/s (%d ops, one sync)\n", pipelined / secs,
+           pipelined);
+    printf("RESULT c.relu_reply %.4f -\nRESULT c.pipelined_oneshot %.0f -\n", op_us / proc_us,
+           pipelined / secs);
     return 0;
 }

@@ -10,8 +10,13 @@
  *     the end) in a fresh session and in one holding 200k live tensors, in ops/s
  *     against the 1M ops/s target (issue 11): the handle table at scale.
  *
- *   bench/ops ENDPOINT [pipelined]   (a running tensordd; cpu:0 is used; `pipelined`:
- *                                     only the pipelined rows)
+ *   - 1024^2 sgemm the same way (issue 11's table row).
+ * RESULT lines (bench/summary.py): sgemm.N (daemon time / local time), c.pipelined and
+ * c.pipelined_200k (ops/s).
+ *
+ *   bench/ops ENDPOINT [pipelined] [--quick]   (a running tensordd; cpu:0 is used;
+ *       `pipelined`: only the pipelined rows; --quick: one repetition of the sgemm and
+ *       pipelined rows, fewer ops, no in-process cpu/ref rows: a smoke run)
  * Blocks of repetitions separated by idle gaps, medians reported: OpenBLAS
  * threads spin after a call and would steal the other core from the daemon. */
 #include <cblas.h>
@@ -265,21 +270,21 @@ static void bench_index(void)
     }
 }
 
-static void bench_sgemm(const char *ep)
+static void bench_sgemm(const char *ep, int N, int reps)
 {
-    enum { N = 2048 };
-    size_t nbytes = (size_t)N * N * sizeof(float);
+    size_t nn = (size_t)N * (size_t)N, nbytes = nn * sizeof(float);
     float *a = malloc(nbytes), *b = malloc(nbytes), *c = malloc(nbytes);
-    for (size_t i = 0; i < (size_t)N * N; i++) {
+    for (size_t i = 0; i < nn; i++) {
         a[i] = (float)(i % 17) * 0.01f;
         b[i] = (float)(i % 13) * 0.02f;
     }
     double flops = 2.0 * N * N * N;
     double tl[REPS], tr[REPS];
+    reps = reps < 1 ? 1 : reps > REPS ? REPS : reps;
     /* The baseline is OpenBLAS as a user would call it: all cores (the cpu backend set it
      * to one thread when bench_elementwise initialised it in this process). */
     openblas_set_num_threads((int)sysconf(_SC_NPROCESSORS_ONLN));
-    for (int r = 0; r < REPS; r++) {
+    for (int r = 0; r < reps; r++) {
         double t0 = bench_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c,
                     N);
@@ -299,7 +304,7 @@ static void bench_sgemm(const char *ep)
     td_upload(cl, NULL, TD_F32, 2, shape, b, 0, &hb, &err);
     td_sync(cl, &err);
     td_handle in[2] = {ha, hb};
-    for (int r = 0; r < REPS; r++) {
+    for (int r = 0; r < reps; r++) {
         double t0 = bench_now();
         td_handle h = td_op1(cl, "matmul", in, 2, NULL, &err);
         if (td_sync(cl, &err)) {
@@ -309,27 +314,31 @@ static void bench_sgemm(const char *ep)
         tr[r] = bench_now() - t0;
         td_release(cl, &h, 1, &err);
     }
+    td_release(cl, in, 2, &err);
     td_close(cl);
-    double gl = flops / bench_median(tl, REPS) / 1e9, gr = flops / bench_median(tr, REPS) / 1e9;
-    printf("sgemm %dx%d (median of %d)\n", N, N, REPS);
-    printf("  local OpenBLAS  %7.1f GFLOP/s\n", gl);
-    printf("  tensordd cpu:0  %7.1f GFLOP/s   ratio %.2f\n", gr, gr / gl);
+    double ml = bench_median(tl, reps), mr = bench_median(tr, reps);
+    double gl = flops / ml / 1e9, gr = flops / mr / 1e9;
+    printf("sgemm %dx%d (median of %d; upload once, then matmul + sync)\n", N, N, reps);
+    printf("  local OpenBLAS  %7.1f GFLOP/s  %8.2f ms\n", gl, ml * 1e3);
+    printf("  tensordd cpu:0  %7.1f GFLOP/s  %8.2f ms   speed ratio %.2f, time ratio %.2f\n", gr,
+           mr * 1e3, gr / gl, mr / ml);
+    printf("RESULT sgemm.%d %.4f -\n", N, mr / ml);
     free(a);
     free(b);
     free(c);
 }
 
-#define PIPE_OPS 400000
+static int pipe_ops = 400000;
 #define PIPE_LIVE 200000
 #define PIPE_BATCH 1024 /* outputs released per Release request */
 
-/* ops/s of PIPE_OPS pipelined relu(4) in session c, each batch of outputs released. */
+/* ops/s of pipe_ops pipelined relu(4) in session c, each batch of outputs released. */
 static double pipelined_rate(td_client *c, td_handle x)
 {
     static td_handle ys[PIPE_BATCH];
     td_error err;
     double t0 = bench_now();
-    for (int i = 0; i < PIPE_OPS; i += PIPE_BATCH) {
+    for (int i = 0; i < pipe_ops; i += PIPE_BATCH) {
         for (int k = 0; k < PIPE_BATCH; k++)
             ys[k] = td_op1(c, "relu", &x, 1, NULL, &err);
         td_release(c, ys, PIPE_BATCH, &err);
@@ -338,12 +347,13 @@ static double pipelined_rate(td_client *c, td_handle x)
         fprintf(stderr, "bench: pipelined relu: %s\n", err.message);
         exit(1);
     }
-    return PIPE_OPS / (bench_now() - t0);
+    return pipe_ops / (bench_now() - t0);
 }
 
-static void bench_pipelined(const char *ep)
+static void bench_pipelined(const char *ep, int reps)
 {
-    double rate[2][REPS / 3];
+    double rate[2][REPS];
+    reps = reps < 1 ? 1 : reps > REPS ? REPS : reps;
     for (int live = 0; live < 2; live++) {
         td_client *c;
         td_error err;
@@ -367,7 +377,7 @@ static void bench_pipelined(const char *ep)
             fprintf(stderr, "bench: pipelined setup: %s\n", err.message);
             exit(1);
         }
-        for (int r = 0; r < REPS / 3; r++) {
+        for (int r = 0; r < reps; r++) {
             usleep(100000);
             rate[live][r] = pipelined_rate(c, x);
         }
@@ -377,29 +387,43 @@ static void bench_pipelined(const char *ep)
         }
         td_close(c);
     }
-    double r0 = bench_median(rate[0], REPS / 3), r1 = bench_median(rate[1], REPS / 3);
-    printf("pipelined relu(4), %d ops released in batches of %d (median of %d)\n", PIPE_OPS,
-           PIPE_BATCH, REPS / 3);
+    double r0 = bench_median(rate[0], reps), r1 = bench_median(rate[1], reps);
+    printf("pipelined relu(4), %d ops released in batches of %d (median of %d)\n", pipe_ops,
+           PIPE_BATCH, reps);
     printf("  fresh session        %9.0f ops/s   %.2fx the 1M ops/s target\n", r0, r0 / 1e6);
     printf("  %dk live handles    %9.0f ops/s   %.2fx the 1M ops/s target, %.2fx fresh\n",
            PIPE_LIVE / 1000, r1, r1 / 1e6, r1 / r0);
+    printf("RESULT c.pipelined %.0f -\nRESULT c.pipelined_200k %.0f >=1000000\n", r0, r1);
 }
 
 int main(int argc, char **argv)
 {
+    int only_pipelined = 0, quick = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "pipelined") == 0)
+            only_pipelined = 1;
+        else if (strcmp(argv[i], "--quick") == 0)
+            quick = 1;
+        else
+            argc = 0;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: ops ENDPOINT [pipelined]\n");
+        fprintf(stderr, "usage: ops ENDPOINT [pipelined] [--quick]\n");
         return 2;
     }
-    if (argc > 2 && strcmp(argv[2], "pipelined") == 0) {
-        bench_pipelined(argv[1]);
-        return 0;
+    if (quick)
+        pipe_ops = 4 * PIPE_BATCH;
+    if (!only_pipelined) {
+        if (!quick) {
+            bench_elementwise();
+            bench_index();
+            usleep(200000);
+        }
+        bench_sgemm(argv[1], 2048, quick ? 1 : REPS);
+        usleep(200000);
+        bench_sgemm(argv[1], 1024, quick ? 1 : REPS);
+        usleep(200000);
     }
-    bench_elementwise();
-    bench_index();
-    usleep(200000);
-    bench_sgemm(argv[1]);
-    usleep(200000);
-    bench_pipelined(argv[1]);
+    bench_pipelined(argv[1], quick ? 1 : REPS / 3);
     return 0;
 }

@@ -2,27 +2,32 @@
 """peers.py -- tensordd against PyTorch RPC (TensorPipe, loopback) and local PyTorch,
 measured in the same run on the same machine.
 
-    PYTHONPATH=client/python /usr/bin/python3 bench/peers.py ENDPOINT [--quick]
+    PYTHONPATH=client/python /usr/bin/python3 bench/peers.py ENDPOINT [--quick] [--pid PID]
+        [--threads N]
 
 PyTorch RPC runs as two processes on 127.0.0.1 (this one, "trainer", and a "ps"
-child it starts): the server holds the tensors and the model, as tensordd's daemon
-does. Rows:
+child it starts; they meet through a file store, and TensorPipe listens on lo only):
+the server holds the tensors and the model, as tensordd's daemon does. Local
+PyTorch, PyTorch RPC's server and (when started with --threads N) the daemon run
+the same number of intra-op threads, --threads (default 1). Rows:
   - tiny op: relu of 4 floats and its result back (p50/p99 round trip);
   - pipelined tiny ops: relu of 4 floats, many in flight, ops/s;
   - 64 MiB upload and download;
   - training steps with the model on the server: MLP 64-128-10 (Adam and SGD),
     MLP 784-1024-1024-10 (SGD), a conv net on 8x1x28x28 (SGD). PyTorch RPC uses
     distributed autograd and DistributedOptimizer; tensordd the same code on
-    tensordd.nn/optim; local PyTorch (1 thread) is the baseline of every ratio.
+    tensordd.nn/optim; local PyTorch is the baseline of every ratio. With --pid
+    (the daemon's), the daemon's page faults per step after warm-up too.
+Every figure is also printed as a RESULT line for bench/summary.py.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -86,17 +91,32 @@ CASES = [  # name, model, batch shape, optimizer, lr
 ]
 
 
-def per_step(step, steps, blocks=3, warmup=3):
-    """Median seconds per step over blocks of steps, after warmup steps."""
+def faults(pid):
+    """pid's page faults so far (minor + major, /proc/PID/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[7]) + int(fields[9])
+    except (OSError, IndexError, ValueError, TypeError):
+        return None
+
+
+def per_step(step, steps, blocks=3, warmup=3, pid=None):
+    """(median seconds per step over blocks of steps after warmup steps, pid's page
+    faults per step over the blocks after the first, or None without pid)."""
     for _ in range(warmup):
         step()
-    out = []
-    for _ in range(blocks):
+    out, f0 = [], None
+    for b in range(blocks):
+        if b == 1:
+            f0 = faults(pid)
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
         out.append((time.perf_counter() - t0) / steps)
-    return statistics.median(out)
+    f1 = faults(pid)
+    per = (f1 - f0) / ((blocks - 1) * steps) if None not in (f0, f1) and blocks > 1 else None
+    return statistics.median(out), per
 
 
 def batch(shape, seed=0):
@@ -177,16 +197,30 @@ def raw_pingpong(reps, n=64):
         return timed(ping, reps)
 
 
+def rpc_options(store):
+    """TensorPipe options: the two processes meet through a file store (no TCP store
+    listening on every interface); TP_SOCKET_IFNAME keeps TensorPipe's own listener on lo."""
+    os.environ["TP_SOCKET_IFNAME"] = "lo"
+    return rpc.TensorPipeRpcBackendOptions(init_method="file://" + store, rpc_timeout=600)
+
+
+def result(name, value, target="-"):
+    print(f"RESULT {name} {value:.6g} {target}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("endpoint")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--ps", type=int, help=argparse.SUPPRESS)  # the RPC server child
+    ap.add_argument("--pid", type=int, help="the daemon's pid: its page faults per step")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads of local PyTorch and PyTorch RPC's server (start "
+                    "the daemon with --threads N to match)")
+    ap.add_argument("--ps", help=argparse.SUPPRESS)  # the RPC server child: the store's path
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     if a.ps:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.ps))
-        rpc.init_rpc("ps", rank=1, world_size=2)
+        rpc.init_rpc("ps", rank=1, world_size=2, rpc_backend_options=rpc_options(a.ps))
         rpc.shutdown()
         return 0
 
@@ -194,28 +228,31 @@ def main() -> int:
                                     "client", "python"))
     import tensordd as td
 
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
-    ps = subprocess.Popen([sys.executable, os.path.abspath(__file__), a.endpoint, "--ps", str(port)])
+    tmp = tempfile.mkdtemp(prefix="tdd-peers-")
+    store = os.path.join(tmp, "store")
+    ps = subprocess.Popen([sys.executable, os.path.abspath(__file__), a.endpoint, "--ps", store,
+                           "--threads", str(a.threads)])
     try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        rpc.init_rpc("trainer", rank=0, world_size=2)
+        rpc.init_rpc("trainer", rank=0, world_size=2, rpc_backend_options=rpc_options(store))
         td.connect(a.endpoint, timeout=600)
-        run(td, a.quick)
+        run(td, a.quick, a.pid, a.threads)
         rpc.shutdown()
     finally:
         try:
             ps.wait(timeout=30)
         except subprocess.TimeoutExpired:
             ps.kill()
+            ps.wait()
+        for f in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, f))
+        os.rmdir(tmp)
     return 0
 
 
-def run(td, quick):
+def run(td, quick, pid, threads):
     reps = 300 if quick else 2000
     print("peers: tensordd vs PyTorch RPC (TensorPipe, 2 processes on loopback) vs local "
-          "PyTorch, 1 intra-op thread")
+          f"PyTorch, {threads} intra-op thread{'s' * (threads != 1)}")
 
     # tiny op round trip
     t4 = torch.tensor([-1.0, 2.0, -3.0, 4.0])
@@ -230,6 +267,7 @@ def run(td, quick):
     print(f"  tensordd      {pct(r_tdd, 50):9.1f} / {pct(r_tdd, 99):9.1f}   "
           f"{pct(r_tdd, 50) / pct(r_raw, 50):.2f}x the raw ping-pong; PyTorch RPC is "
           f"{pct(r_rpc, 50) / pct(r_tdd, 50):.1f}x slower (p50)")
+    result("rpc.tiny", pct(r_rpc, 50) / pct(r_tdd, 50))
 
     # pipelined
     n = 2000 if quick else 20000
@@ -245,6 +283,7 @@ def run(td, quick):
     print("\npipelined tiny ops (relu of 4 floats, many in flight), ops/s")
     print(f"  PyTorch RPC   {rpc_rate:10.0f}")
     print(f"  tensordd      {tdd_rate:10.0f}   {tdd_rate / rpc_rate:.1f}x PyTorch RPC")
+    result("rpc.pipelined", tdd_rate / rpc_rate)
 
     # 64 MiB transfers
     big = np.random.default_rng(0).standard_normal(64 * MiB // 4).astype(np.float32)
@@ -275,20 +314,27 @@ def run(td, quick):
           f"{64 * MiB / up / 1e6:8.0f}   {up_rpc / up:.1f}x")
     print(f"  download  PyTorch RPC {64 * MiB / down_rpc / 1e6:8.0f}   tensordd "
           f"{64 * MiB / down / 1e6:8.0f}   {down_rpc / down:.1f}x")
+    result("rpc.upload64", up_rpc / up)
+    result("rpc.download64", down_rpc / down)
     del holder["t"]
 
     # training steps
     print("\ntraining step, model on the server, ms per step (median of 3 blocks); ratios "
           "to local PyTorch")
     print(f"  {'case':38} {'local':>8} {'tensordd':>9} {'ratio':>6} {'PT RPC':>8} {'ratio':>6} "
-          f"{'RPC/tdd':>8}")
-    for name, kind, shape, opt_name, lr in CASES:
+          f"{'RPC/tdd':>8} {'faults/step':>11}")
+    for (name, kind, shape, opt_name, lr), key in zip(CASES, ("mlp_adam", "mlp_sgd", "big_mlp",
+                                                              "conv")):
         steps = {"mlp": 40, "big": 4, "conv": 20}[kind] // (4 if quick else 1) or 1
-        loc = per_step(local_step(kind, shape, opt_name, lr), steps)
-        rem = per_step(tdd_step(td, kind, shape, opt_name, lr), steps)
-        rp = per_step(rpc_step(kind, shape, opt_name, lr), steps)
+        loc, _ = per_step(local_step(kind, shape, opt_name, lr), steps)
+        rem, flt = per_step(tdd_step(td, kind, shape, opt_name, lr), steps, pid=pid)
+        rp, _ = per_step(rpc_step(kind, shape, opt_name, lr), steps)
         print(f"  {name:38} {loc * 1e3:8.3f} {rem * 1e3:9.3f} {rem / loc:5.2f}x {rp * 1e3:8.3f} "
-              f"{rp / loc:5.2f}x {rp / rem:7.1f}x")
+              f"{rp / loc:5.2f}x {rp / rem:7.1f}x {'-' if flt is None else f'{flt:.2f}':>11}")
+        result(f"train.{key}.local", rem / loc, "<=1.1")
+        result(f"train.{key}.rpc", rp / rem, ">=5")
+        if flt is not None:
+            result(f"alloc.faults.{key}", flt, "<=0")
 
 
 if __name__ == "__main__":

@@ -1,34 +1,137 @@
 #!/usr/bin/env bash
-# run.sh -- every benchmark against one fresh daemon; ratios against baselines of the same run.
+# run.sh -- every benchmark, ratios against baselines of the same run, then bench/summary.py's
+# table of issue 11's targets built from the RESULT lines the benchmarks printed.
+#
+#   BUILD=build PY=/usr/bin/python3 bash bench/run.sh [--quick] [--runs N] [--threads N] [--no-tls]
+#
+#   --runs N     the whole suite N times (default 3), fresh daemons each run; the summary
+#                gives each row's median over the runs
+#   --threads N  intra-op threads of the daemon that runs the Python rows (training, Python
+#                client, PyTorch RPC comparisons) and of local PyTorch and PyTorch RPC's
+#                server: the same on every side (default 1)
+#   --quick      tiny repetitions, one run, no TLS rows: checks that every row is printed
+#                (make bench-smoke), its figures mean nothing
+#   --no-tls     leave out bench/tls.sh (TLS next to plaintext; no issue 11 row)
+# Every daemon and server binds 127.0.0.1 (or a Unix socket) and is stopped before the end.
+# Exit status: non-zero when a benchmark failed or a row of the summary is missing.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-out=$(mktemp)
-"$BUILD/tensordd" --listen tcp://127.0.0.1:0 --log-level warn >"$out" &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; rm -f "$out"' EXIT
-for _ in $(seq 200); do grep -q "listening on" "$out" && break; sleep 0.05; done
-ep=$(sed -n 's/^listening on //p' "$out" | head -1)
-echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-echo "daemon:  $ep (pid $pid)"
-echo
-for b in "$BUILD"/bench/*; do
-    case "$(basename "$b")" in
-    transfer) "$b" "$ep" "$pid" 64 --reps 5 ;;
-    alloc) "$b" "$ep" "$pid" ;;
-    memfd) "$b" "$BUILD/tensordd" 1024 --reps 3 ;; # its own daemon (tcp:// and unix://)
-    *) "$b" "$ep" ;;
+PY=${PY:-/usr/bin/python3}
+runs=3 threads=1 quick=0 tls=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --runs) runs=$2; shift ;;
+    --threads) threads=$2; shift ;;
+    --quick) quick=1 runs=1 tls=0 ;;
+    --no-tls) tls=0 ;;
+    *) echo "usage: bench/run.sh [--quick] [--runs N] [--threads N] [--no-tls]" >&2; exit 2 ;;
     esac
-    echo
+    shift
 done
-PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/train_step.py "$ep" "$pid"
+export PYTHONPATH="client/python:$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+log=$(mktemp) out=$(mktemp)
+pid=
+stop_daemon() {
+    if [ -n "$pid" ]; then
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        pid=
+    fi
+}
+trap 'stop_daemon; rm -f "$log" "$out"' EXIT
+
+# start_daemon ARGS...: a daemon on a free loopback port; sets pid and ep.
+start_daemon() {
+    : >"$out"
+    "$BUILD/tensordd" --listen tcp://127.0.0.1:0 --log-level warn "$@" >"$out" &
+    pid=$!
+    for _ in $(seq 200); do grep -q "listening on" "$out" && break; sleep 0.05; done
+    ep=$(sed -n 's/^listening on //p' "$out" | head -1)
+    if [ -z "$ep" ]; then
+        echo "bench: $BUILD/tensordd did not start" >&2
+        exit 1
+    fi
+}
+
+failed=0
+# bench NAME CMD...: one benchmark, bounded in time (its whole process group), its failure
+# reported and remembered, not fatal: the summary then shows its rows as missing.
+bench() {
+    local name=$1 rc=0
+    shift
+    timeout -k 10 "${BENCH_TIMEOUT:-600}" "$@" || rc=$?
+    if [ "$rc" != 0 ]; then
+        echo "bench: $name failed (exit $rc)"
+        failed=1
+    fi
+    echo
+}
+
+have_torch=1
+"$PY" -c 'import torch' 2>/dev/null || have_torch=0
+q() { [ "$quick" = 1 ] && echo "$1" || echo "$2"; } # the quick value or the full one
+qflag=()
+[ "$quick" = 0 ] || qflag=(--quick)
+
+suite() {
+    # the C rows: one daemon with every core (local OpenBLAS uses them all too)
+    start_daemon
+    echo "daemon:  $ep (pid $pid), all cores"
+    echo
+    bench alloc "$BUILD/bench/alloc" "$ep" "$pid" --reps "$(q 1 9)"
+    bench latency "$BUILD/bench/latency" "$ep" "${qflag[@]}"
+    bench ops "$BUILD/bench/ops" "$ep" "${qflag[@]}"
+    bench transfer "$BUILD/bench/transfer" "$ep" "$pid" "$(q 8 64)" --reps "$(q 1 5)"
+    stop_daemon
+    # same-host transfers: its own daemon (tcp:// and unix://)
+    bench memfd "$BUILD/bench/memfd" "$BUILD/tensordd" "$(q 64 1024)" --reps "$(q 1 3)"
+    # the Python rows: a daemon with as many threads as local PyTorch gets
+    start_daemon --threads "$threads"
+    echo "daemon:  $ep (pid $pid), --threads $threads"
+    echo
+    bench py_client "$PY" bench/py_client.py "$ep" "$(q 1 3)"
+    if [ "$have_torch" = 1 ]; then
+        bench train_step "$PY" bench/train_step.py "$ep" "$pid"
+        bench peers "$PY" bench/peers.py "$ep" --pid "$pid" --threads "$threads" "${qflag[@]}"
+    fi
+    stop_daemon
+    # its own daemons, one queue per device against the default lanes
+    bench fairness "$PY" bench/fairness.py "$BUILD" --reps "$(q 20 200)" --size "$(q 512 2048)"
+}
+
+{
+    trap stop_daemon EXIT # this group is a subshell of its own (the pipe into tee)
+    echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
+    echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo -)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "command: bench/run.sh --runs $runs --threads $threads$(q ' --quick' '')"
+    if [ "$have_torch" = 0 ]; then
+        echo "torch is not installed ($PY -c 'import torch' fails): the PyTorch rows are skipped"
+        for r in 'train.*' 'rpc.*' alloc.faults.mlp_adam alloc.faults.mlp_sgd alloc.faults.big_mlp \
+            alloc.faults.conv alloc.faults.replay; do
+            echo "SKIP $r torch is not installed"
+        done
+    fi
+    for run in $(seq "$runs"); do
+        echo
+        echo "== run $run of $runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo
+        suite
+    done
+    echo "== end $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+} 2>&1 | tee "$log" || failed=1
+# the group's failures come back through the log
+grep -q '^bench: .* failed' "$log" && failed=1
+
+if [ "$tls" = 1 ]; then
+    # TLS next to plaintext, its own daemon; no issue 11 row, so not in the summary
+    echo
+    BUILD="$BUILD" timeout -k 10 "${BENCH_TIMEOUT:-600}" bash bench/tls.sh 64 | grep -v '^RESULT ' ||
+        { echo "bench: tls failed"; failed=1; }
+fi
 echo
-PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/peers.py "$ep"
-echo
-kill -TERM "$pid"
-wait "$pid"
-echo
-# its own daemons, one queue per device against the default lanes
-PYTHONPATH="client/python:$BUILD/python" "${PY:-/usr/bin/python3}" bench/fairness.py "$BUILD"
-echo
-# TLS next to plaintext, its own daemon (certificates made and thrown away by the script)
-BUILD="$BUILD" bash bench/tls.sh 64
+rc=0
+"$PY" bench/summary.py "$log" || rc=$?
+[ "$failed" = 0 ] || echo "bench: a benchmark failed (above)"
+[ "$failed" = 0 ] && exit "$rc"
+exit 1

@@ -4,7 +4,9 @@
  *   bench/transfer ENDPOINT DAEMON_PID [MIB] [--check] [--reps N]
  *
  * --check: exit 1 unless the round trip is bit-exact and the daemon's peak RSS
- * stays under 1.3x the tensor size above its idle RSS (used by `make test`). */
+ * stays under 1.3x the tensor size above its idle RSS (used by `make test`).
+ * RESULT lines (bench/summary.py): transfer.upload and transfer.download (throughput /
+ * raw loopback TCP's). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -165,6 +167,8 @@ int main(int argc, char **argv)
     printf("  round trip bit-exact: %s\n", exact ? "yes" : "NO");
     printf("  daemon RSS idle %ld MiB, peak %ld MiB: %.2fx the tensor above idle\n", idle_kb >> 10,
            peak_kb >> 10, above);
+    printf("RESULT transfer.upload %.4f -\nRESULT transfer.download %.4f -\n", up / raw_up,
+           down / raw_down);
     free(src);
     free(dst);
     if (check && (!exact || above > 1.3 || idle_kb < 0)) {
