@@ -14,6 +14,7 @@ typedef struct {
     int sim_devices;         /* simulated discrete devices (tests); 0 = none */
     int emu_gpus;            /* emulated CUDA devices (`make emu` build only); 0 = none */
     uint64_t emu_gpu_memory; /* bytes each (0: the emulator's default) */
+    uint32_t shm_blocks;     /* host storage blocks in memfds at most (cpu/cpu_shm.h) */
 } tdd_backend_config;
 
 typedef struct tdd_backend {
@@ -30,6 +31,10 @@ typedef struct tdd_backend {
     uint64_t (*memory_total)(void *ctx, int ordinal);
     void *(*alloc)(void *ctx, int ordinal, size_t nbytes);
     void (*free)(void *ctx, int ordinal, void *p, size_t nbytes);
+    /* optional: like alloc, but host memory a memfd holds, which a download to a client on
+     * the same host can hand over sealed without a copy (cpu/cpu_shm.h); freed by free.
+     * NULL: not here (alloc then serves). */
+    void *(*alloc_shared)(void *ctx, int ordinal, size_t nbytes);
     /* optional when host_memory */
     int (*from_host)(void *ctx, int ordinal, void *dst, const void *src, size_t n);
     int (*to_host)(void *ctx, int ordinal, void *dst, const void *src, size_t n);

@@ -254,6 +254,20 @@ void tdd_pool_free(tdd_pool *p, void *ptr, size_t nbytes)
     p->raw.free(p->raw.ctx, ptr, size);
 }
 
+void tdd_pool_release(tdd_pool *p, void *ptr, size_t nbytes)
+{
+    if (!ptr)
+        return;
+    size_t size;
+    class_of(nbytes ? nbytes : 1, &size);
+    pthread_mutex_lock(&p->mu);
+    p->uses++;
+    p->st.live -= size;
+    p->st.raw_frees++;
+    pthread_mutex_unlock(&p->mu);
+    p->raw.free(p->raw.ctx, ptr, size);
+}
+
 uint64_t tdd_pool_trim(tdd_pool *p, uint64_t keep)
 {
     pthread_mutex_lock(&p->mu);

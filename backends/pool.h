@@ -65,6 +65,9 @@ void tdd_pool_destroy(tdd_pool *p);
 void *tdd_pool_alloc(tdd_pool *p, size_t nbytes);
 /* ptr from tdd_pool_alloc with the same nbytes. */
 void tdd_pool_free(tdd_pool *p, void *ptr, size_t nbytes);
+/* Like tdd_pool_free, but the block goes back to the raw allocator, never to the cache
+ * (a block that must not be handed out again as it is). */
+void tdd_pool_release(tdd_pool *p, void *ptr, size_t nbytes);
 /* Releases cached blocks, largest first, until at most keep bytes stay cached; returns
  * the bytes released. */
 uint64_t tdd_pool_trim(tdd_pool *p, uint64_t keep);

@@ -47,6 +47,10 @@ typedef struct tdd_config {
      * not had taken (0: no fd passing), and the uploaded memfds kept open daemon-wide */
     uint32_t max_conn_fds;
     uint32_t max_memfd_keep;
+    /* ... and host storage in memfds, handed to downloads sealed (backends/cpu/cpu_shm.h):
+     * the smallest tensor made so for a session that takes fds (0: none), the most blocks */
+    uint64_t memfd_storage_min;
+    uint32_t max_memfd_storage;
     uint32_t shutdown_grace_s;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;

@@ -38,7 +38,8 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
                              .threads = cfg->threads,
                              .sim_devices = cfg->sim_devices,
                              .emu_gpus = cfg->emu_gpus,
-                             .emu_gpu_memory = cfg->emu_gpu_memory};
+                             .emu_gpu_memory = cfg->emu_gpu_memory,
+                             .shm_blocks = cfg->max_memfd_storage};
     /* every device's caching allocator (pool.h) starts from these */
     tdd_pool_defaults = (tdd_pool_config){.cap = cfg->pool_cap,
                                           .limit = cfg->memory_cap,
@@ -204,7 +205,11 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     dstorage *ds = dstorage_new(nbytes, acct, err);
     if (!ds)
         return NULL;
-    void *data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
+    void *data = NULL;
+    if (acct && acct->shm_min && nbytes >= acct->shm_min && dev->be->alloc_shared)
+        data = dev->be->alloc_shared(dev->ctx, dev->ordinal, nbytes);
+    if (!data)
+        data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
     if (!data) {
         free(ds);
         tdd_account_credit(acct, nbytes);

@@ -33,6 +33,9 @@ struct tdd_queue *tdd_device_lane(const tdd_device *d, uint64_t session_id);
 typedef struct tdd_account {
     long refs;
     uint64_t in_use, limit;
+    /* Host storage of this many bytes and more is made in memfds (the session takes
+     * downloads as fds, which then hand it over without a copy); 0: never. */
+    uint64_t shm_min;
 } tdd_account;
 
 /* Initialises every backend; fills note with a line for clients (e.g. no GPU). */

@@ -554,17 +554,18 @@ typedef struct {
     tdd_value *v;
     uint64_t req_id;
     int fd;
+    uint64_t offset;
     td_error err;
 } memfd_copy;
 
-/* Worker: the tensor's bytes into a new sealed memfd (one copy). */
+/* Worker: the storage's own memfd sealed, or the tensor's bytes copied into a new one. */
 static int memfd_copy_work(void *arg)
 {
     memfd_copy *j = arg;
     if (tdd_value_poisoned(j->v))
         return TD_EPOISONED;
     size_t n = (size_t)tdd_numel(&j->v->t) * td_dtype_size(j->v->t.dtype);
-    j->fd = tdd_memfd_sealed_copy(n ? tdd_data(&j->v->t) : "", n, &j->err);
+    j->fd = tdd_memfd_export(n ? tdd_data(&j->v->t) : "", n, &j->offset, &j->err);
     return j->fd < 0 ? j->fd : 0;
 }
 
@@ -579,7 +580,7 @@ static void memfd_copy_done(void *arg, int rc)
         if (rc)
             tdd_reply_done(s, j->req_id, true, rc, &j->err, NULL, false);
         else
-            memfd_send_reply(c, j->req_id, j->v, j->fd, 0);
+            memfd_send_reply(c, j->req_id, j->v, j->fd, j->offset);
         tdd_conn_resume(c);
     } else if (!rc) {
         close(j->fd);
@@ -589,8 +590,17 @@ static void memfd_copy_done(void *arg, int rc)
     free(j);
 }
 
+/* The session passes memfds: its large host tensors are made in memfds from now on, so
+ * that their downloads need no copy (--memfd-storage-min). */
+static void memfd_session(tdd_session *s)
+{
+    if (s->acct)
+        s->acct->shm_min = tdd_cfg.memfd_storage_min;
+}
+
 /* Download with as_fd: the storage itself when it is a client's memfd the daemon has not
- * written to (no copy), else a sealed copy made on the tensor's worker (one copy). -1:
+ * written to (no copy), else, on the tensor's worker, the storage's own memfd sealed when
+ * it was made in one (no copy: memfd_session), else a sealed copy (one copy). -1:
  * not here (a tensor in device memory, a strided view, one under fd_min_bytes): the answer
  * carries the bytes as a payload, as without as_fd. */
 static int memfd_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
@@ -612,6 +622,7 @@ static int memfd_download(tdd_req *r, tdd_value *v, uint64_t nbytes)
                     "descriptor cannot be: download without as_fd");
         return tdd_answer_error(r, &err);
     }
+    memfd_session(s);
     if (!v->dev->be->host_memory || !tdd_is_contiguous(&v->t) ||
         nbytes < r->req->download->fd_min_bytes)
         return -1;
@@ -721,6 +732,8 @@ int tdd_h_upload(tdd_req *r)
         tdd_set_contiguous(&v->t);
         v->requires_grad = up->requires_grad;
         uint64_t nbytes = (uint64_t)numel * isz;
+        if (up->payload_fd)
+            memfd_session(s);
         if (up->payload_fd && dev->be->host_memory) /* the client's memfd is the storage */
             v->t.st = memfd_storage(dev, &fd, up->fd_offset, nbytes, s->acct, &err);
         else

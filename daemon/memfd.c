@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "cpu/cpu_shm.h"
 #include "ops.h"
 
 /* Client memfds kept open by mappings, daemon-wide (mappings go on any thread). */
@@ -112,37 +113,9 @@ void tdd_memfd_map_free(tdd_memfd_map *m)
     free(m);
 }
 
-/* /proc/self/pagemap: 8 bytes per page; bit 63 present, 62 swapped, 61 a page of a file
- * (or shared anonymous memory). A private page written since the mapping was made is
- * anonymous: present without bit 61, or swapped. */
-#define PM_PRESENT (1ull << 63)
-#define PM_SWAPPED (1ull << 62)
-#define PM_FILE (1ull << 61)
-
 bool tdd_memfd_map_clean(const tdd_memfd_map *m)
 {
-    int pm = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    if (pm < 0)
-        return false;
-    size_t pg = page_size();
-    uint64_t first = (uint64_t)(uintptr_t)m->base / pg;
-    uint64_t npages = (m->maplen + pg - 1) / pg;
-    uint64_t ent[2048];
-    bool clean = true;
-    for (uint64_t i = 0; i < npages && clean;) {
-        size_t k = npages - i < 2048 ? (size_t)(npages - i) : 2048;
-        ssize_t got = pread(pm, ent, k * sizeof ent[0], (off_t)((first + i) * sizeof ent[0]));
-        if (got != (ssize_t)(k * sizeof ent[0])) {
-            clean = false;
-            break;
-        }
-        for (size_t j = 0; j < k; j++)
-            if ((ent[j] & PM_SWAPPED) || ((ent[j] & PM_PRESENT) && !(ent[j] & PM_FILE)))
-                clean = false;
-        i += k;
-    }
-    close(pm);
-    return clean;
+    return tdd_shm_range_clean(m->base, m->maplen);
 }
 
 int tdd_memfd_sealed_copy(const void *data, size_t n, td_error *err)
@@ -172,4 +145,13 @@ int tdd_memfd_sealed_copy(const void *data, size_t n, td_error *err)
                            "writing a memfd of %zu bytes: %s", n, strerror(e));
     }
     return fd;
+}
+
+int tdd_memfd_export(const void *data, size_t n, uint64_t *offset, td_error *err)
+{
+    int fd = n ? tdd_shm_export(data, n, offset) : -1;
+    if (fd >= 0)
+        return fd;
+    *offset = 0;
+    return tdd_memfd_sealed_copy(n ? data : "", n, err);
 }

@@ -47,6 +47,12 @@ void tdd_memfd_map_free(tdd_memfd_map *m);
  * page of the file). false when that cannot be told. */
 bool tdd_memfd_map_clean(const tdd_memfd_map *m);
 
+/* A sealed memfd (its fd, close-on-exec) whose bytes from *offset on are data[0..n): the
+ * memfd holding data itself, sealed (no copy), when data lies in host storage made in a
+ * memfd (backends/cpu/cpu_shm.h) that the daemon has not written since it was sealed;
+ * else tdd_memfd_sealed_copy's, *offset 0. A negative TD_E* with err set on failure. */
+int tdd_memfd_export(const void *data, size_t n, uint64_t *offset, td_error *err);
+
 /* A new memfd holding data[0..n), sealed against every change: its fd (close-on-exec),
  * or a negative TD_E* with err set. One copy (pwrite: the file's pages are not zeroed
  * first); blocks only as memory does, so call it on a worker for large n. */

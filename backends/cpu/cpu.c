@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cpu.h"
+#include "cpu_shm.h"
 #include "dtype.h"
 #include "pool.h"
 #include "ref/ref.h"
@@ -36,6 +37,8 @@ typedef struct {
     /* One caching allocator for every cpu:N: they share the host's memory, and a block
      * freed on one serves the next request on any. */
     tdd_pool *pool;
+    /* Blocks in memfds (cpu_shm.h), for the sessions that take downloads as fds. */
+    tdd_pool *shm_pool;
 } cpu_ctx;
 
 typedef struct {
@@ -670,6 +673,19 @@ static void cpu_raw_trimmed(void *ctx)
 #endif
 }
 
+static void *shm_raw_alloc(void *ctx, size_t n)
+{
+    (void)ctx;
+    return tdd_shm_alloc(n);
+}
+
+static void shm_raw_free(void *ctx, void *p, size_t n)
+{
+    (void)ctx;
+    cpu_release_poison(p, n);
+    tdd_shm_free(p, n);
+}
+
 static uint64_t cpu_memory_total(void *ctx, int ordinal)
 {
     (void)ctx;
@@ -696,12 +712,16 @@ static int cpu_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t
     if (blas_thread_shutdown_)
         blas_thread_shutdown_();
     tdd_cpu_gemm_threads = c->threads;
+    tdd_shm_max_blocks = cfg ? cfg->shm_blocks : 0;
     tdd_pool_config pc = tdd_pool_defaults;
     if (!pc.limit)
         pc.limit = cpu_memory_total(c, 0);
     tdd_pool_raw raw = {.alloc = cpu_raw_alloc, .free = cpu_raw_free, .trimmed = cpu_raw_trimmed};
     c->pool = tdd_pool_new(&raw, &pc);
-    if (!c->pool) {
+    tdd_pool_raw shm_raw = {.alloc = shm_raw_alloc, .free = shm_raw_free};
+    c->shm_pool = c->pool ? tdd_pool_new(&shm_raw, &pc) : NULL;
+    if (!c->shm_pool) {
+        tdd_pool_destroy(c->pool);
         free(c);
         return TD_ERESOURCE_EXHAUSTED;
     }
@@ -713,12 +733,16 @@ static void cpu_shutdown(void *ctx)
 {
     cpu_ctx *c = ctx;
     tdd_pool_stats st;
+    tdd_pool_stats shm;
     tdd_pool_get_stats(c->pool, &st);
-    if (st.live) { /* tensors outlive the devices (freed on the way out): keep the pool */
+    tdd_pool_get_stats(c->shm_pool, &shm);
+    if (st.live || shm.live) { /* tensors outlive the devices (freed on the way out) */
         tdd_pool_trim(c->pool, 0);
+        tdd_pool_trim(c->shm_pool, 0);
         return;
     }
     tdd_pool_destroy(c->pool);
+    tdd_pool_destroy(c->shm_pool);
     free(ctx);
 }
 
@@ -742,12 +766,35 @@ static void *cpu_alloc(void *ctx, int ordinal, size_t nbytes)
     return p;
 }
 
+/* Storage in a memfd (cpu_shm.h): a download as an fd then seals it instead of copying. */
+static void *cpu_alloc_shared(void *ctx, int ordinal, size_t nbytes)
+{
+    (void)ordinal;
+    if (nbytes < TDD_POOL_LARGE)
+        return NULL;
+    void *p = tdd_pool_alloc(((cpu_ctx *)ctx)->shm_pool, nbytes);
+    if (p) {
+        CPU_UNPOISON(p, tdd_pool_block_size(nbytes));
+        CPU_POISON((char *)p + nbytes, tdd_pool_block_size(nbytes) - nbytes);
+    }
+    return p;
+}
+
 static void cpu_free(void *ctx, int ordinal, void *p, size_t nbytes)
 {
     (void)ordinal;
+    cpu_ctx *c = ctx;
     if (p)
         CPU_POISON(p, tdd_pool_block_size(nbytes));
-    tdd_pool_free(((cpu_ctx *)ctx)->pool, p, nbytes);
+    bool sealed = false;
+    if (p && nbytes >= TDD_POOL_LARGE && tdd_shm_is_block(p, &sealed)) {
+        if (sealed) /* its file is a client's now: never written again, never reused */
+            tdd_pool_release(c->shm_pool, p, nbytes);
+        else
+            tdd_pool_free(c->shm_pool, p, nbytes);
+        return;
+    }
+    tdd_pool_free(c->pool, p, nbytes);
 }
 
 static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
@@ -814,5 +861,6 @@ const tdd_backend tdd_backend_cpu = {
     .memory_total = cpu_memory_total,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .alloc_shared = cpu_alloc_shared,
     .execute = cpu_execute,
 };

@@ -294,6 +294,150 @@ def test_quota_holds(start_daemon, tmp_path):
     d.stop()
 
 
+# ---------------------------------------------------------------- computed tensors, no copy
+
+BIG = 1 << 21  # float32 elements: 8 MiB, over --memfd-storage-min (4 MiB)
+
+
+def backing_file(arr: np.ndarray):
+    """(path, inode) of the file mapped where arr's data is (/proc/self/maps); ("", 0) for
+    anonymous memory. A download the daemon sealed in place maps its storage's memfd,
+    "memfd:tensordd-storage"; a sealed copy maps "memfd:tensordd-download"."""
+    addr = arr.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(v, 16) for v in parts[0].split("-"))
+            if lo <= addr < hi:
+                return (parts[5].strip() if len(parts) > 5 else ""), int(parts[4])
+    return "", 0
+
+
+def known(t, shape, dtype="float32"):
+    """t with its shape and dtype told to the client, which otherwise takes a computed
+    tensor's first download through the socket (Session._download)."""
+    t._shape, t._dtype = tuple(shape), dtype
+    return t
+
+
+def test_computed_download_is_the_storage(unix_daemon):
+    """Once the session passed a memfd, a large tensor the daemon computes lives in a memfd
+    of its own, and its downloads hand that memfd over sealed (no copy), bit for bit."""
+    x0 = np.random.default_rng(7).standard_normal(BIG).astype(np.float32)
+    with tensordd.connect(unix_daemon.unix, timeout=30, memfd_threshold=1 << 20) as s:
+        x = s.tensor(x0)  # a memfd upload: the session passes fds
+        y = known(x * 3, x0.shape)
+        a = y.numpy()
+        assert same_bytes(a, x0 * np.float32(3))
+        name, ino = backing_file(a)
+        assert "tensordd-storage" in name, name
+        b = y.numpy()  # (again: the same file)
+        assert same_bytes(b, a) and backing_file(b) == (name, ino)
+        z = known((-x).reshape(1024, BIG // 1024), (1024, BIG // 1024))
+        c = z.numpy()
+        assert same_bytes(c, (-x0).reshape(1024, BIG // 1024))
+        assert "tensordd-storage" in backing_file(c)[0]
+        small = known(x[:1000] * 2, (1000,)).numpy()  # (under --memfd-storage-min: a copy)
+        assert same_bytes(small, x0[:1000] * np.float32(2))
+
+
+def test_inplace_after_zero_copy_download(unix_daemon):
+    """Sealed means sealed: an optimizer step writes the parameter in place after its
+    storage was handed out; the array the client holds keeps the old bytes, the next
+    download shows the new ones (a copy: the storage's pages are no longer the file's)."""
+    w0 = (np.arange(BIG) % 7 - 3).astype(np.float32)
+    with tensordd.connect(unix_daemon.unix, timeout=30, memfd_threshold=1 << 20) as s:
+        w = s.tensor(w0)
+        p = s.zeros(BIG, requires_grad=True)
+        held = known(p.detach(), (BIG,)).numpy()
+        assert "tensordd-storage" in backing_file(held)[0]
+        opt = tensordd.optim.SGD([p], lr=0.25)
+        (p * w).sum().backward()
+        opt.step()
+        got = known(p.detach(), (BIG,)).numpy()
+        p1 = np.float32(0) - np.float32(0.25) * w0  # exact: small integers times 1/4
+        assert same_bytes(got, p1)
+        assert "tensordd-download" in backing_file(got)[0]
+        assert same_bytes(held, np.zeros(BIG, np.float32))
+        opt.step()
+        assert same_bytes(known(p.detach(), (BIG,)).numpy(), p1 - np.float32(0.25) * w0)
+        assert same_bytes(held, np.zeros(BIG, np.float32)) and same_bytes(got, p1)
+
+
+def test_sealed_storage_refuses_writes(start_daemon, tmp_path):
+    """The memfd of a computed tensor comes with every seal: no write, no writable shared
+    mapping, no resize; the daemon closes it when the tensor goes (fds counted, in a daemon
+    of its own: no memfd cached from other tests)."""
+    path = str(tmp_path / "s")
+    d = start_daemon("--listen", f"unix://{path}")
+    a = np.random.default_rng(5).standard_normal(BIG).astype(np.float32)
+    r = Raw(path)
+    try:
+        base = nfds(d)
+        fd = memfd_with(a.tobytes())
+        assert r.upload(1, a, fd).WhichOneof("body") == "ok"
+        os.close(fd)
+        req = pb.Request()
+        req.op.op = "neg"
+        req.op.inputs.append(1)
+        req.op.outputs.append(2)
+        r.send(req)
+        resp, payload = r.download(2)
+        assert resp.tensor.payload_fd and not payload
+        got = r.fds.pop(0)
+        assert "tensordd-storage" in os.readlink(f"/proc/self/fd/{got}")
+        seals = fcntl.fcntl(got, fcntl.F_GET_SEALS)
+        want = SEALS | fcntl.F_SEAL_SEAL
+        assert seals & want == want, seals
+        assert os.pread(got, a.nbytes, resp.tensor.fd_offset) == (-a).tobytes()
+        with pytest.raises(PermissionError):
+            os.pwrite(got, b"x", resp.tensor.fd_offset)
+        with pytest.raises(PermissionError):
+            mmap.mmap(got, 4096, flags=mmap.MAP_SHARED, prot=mmap.PROT_WRITE)
+        with pytest.raises(PermissionError):
+            os.ftruncate(got, 0)
+        assert os.fstat(got).st_size >= resp.tensor.fd_offset + a.nbytes
+        req = pb.Request(want_reply=True)
+        req.release.handles.extend([1, 2])
+        assert r.call(req).WhichOneof("body") == "ok"
+        req = pb.Request()
+        req.sync.SetInParent()
+        r.call(req)
+        assert nfds(d) == base  # the storage's memfd is closed with the tensor
+        assert os.pread(got, a.nbytes, resp.tensor.fd_offset) == (-a).tobytes()  # still ours
+        os.close(got)
+    finally:
+        r.close()
+    d.stop()
+
+
+@pytest.mark.parametrize("opts", [("--memfd-storage-min", "0"), ("--max-memfd-storage", "0")])
+def test_memfd_storage_off(start_daemon, tmp_path, opts):
+    """Off by either option: computed tensors are made in anonymous memory, their downloads
+    are sealed copies."""
+    path = str(tmp_path / "s")
+    d = start_daemon("--listen", f"unix://{path}", *opts)
+    x0 = np.arange(BIG, dtype=np.float32)
+    with tensordd.connect(f"unix://{path}", timeout=30, memfd_threshold=1 << 20) as s:
+        a = known(s.tensor(x0) * 2, x0.shape).numpy()
+        assert same_bytes(a, x0 * 2)
+        assert "tensordd-download" in backing_file(a)[0]
+    d.stop()
+
+
+def test_memfd_storage_quota(start_daemon, tmp_path):
+    """--session-memory counts storage made in memfds as any other."""
+    path = str(tmp_path / "s")
+    d = start_daemon("--listen", f"unix://{path}", "--session-memory", "12M")
+    x0 = np.ones(BIG, np.float32)
+    with tensordd.connect(f"unix://{path}", timeout=30, memfd_threshold=1 << 20) as s:
+        x = s.tensor(x0)  # 8 MiB
+        with pytest.raises(tensordd.ResourceExhaustedError):
+            known(x * 2, x0.shape).numpy()  # 8 more
+        assert same_bytes(x.numpy(), x0)
+    d.stop()
+
+
 # ---------------------------------------------------------------- refusals, raw
 
 def test_zero_copy_both_ways(unix_daemon):
