@@ -68,6 +68,8 @@ void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, doubl
               int64_t ldc);
 extern int tdd_cpu_gemm_threads;
 int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
+/* cpu_pool.c: max_pool2d and avg_pool2d of f32/f64 (f16/bf16 via f32), any strides */
+int cpu_pool2d(const tdd_opcall *c, int nt);
 /* cpu_norm.c: batch_norm of a dense input, any float dtype (the running stats in place) */
 int cpu_batch_norm(const tdd_opcall *c, int nt);
 /* cpu_convt.c: conv_transpose2d of dense f32/f64 operands (gemm, then col2im) */

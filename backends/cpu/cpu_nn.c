@@ -1,5 +1,5 @@
-/* cpu_nn.c -- the cpu backend's NN kernels: conv2d as im2col + OpenBLAS GEMM,
- * threaded pooling, layer_norm and the losses, and the index moves (gather,
+/* cpu_nn.c -- the cpu backend's NN kernels: conv2d as im2col + OpenBLAS GEMM
+ * over blocks of samples, layer_norm and the losses, and the index moves (gather,
  * index_select, embedding, scatter_add). Float kernels handle f32 and f64
  * natively; f16/bf16 reach them through cpu_via_f32 (cpu.c). */
 #include <cblas.h>
@@ -19,6 +19,7 @@ typedef struct {
     int64_t C, H, W, O, Ho, Wo, Cg, Og, kh, kw, groups;
     int64_t sh, sw, ph, pw, dh, dw;
     int64_t xs[4]; /* x strides as [N, C, H, W] (N stride 0 when unbatched) */
+    bool f64;
 } conv_geom;
 
 static void conv_geom_init(const tdd_opcall *c, conv_geom *q)
@@ -46,6 +47,7 @@ static void conv_geom_init(const tdd_opcall *c, conv_geom *q)
     q->xs[0] = b ? x->strides[0] : 0;
     for (int k = 0; k < 3; k++)
         q->xs[k + 1] = x->strides[b + k];
+    q->f64 = x->dtype == TD_F64;
 }
 
 /* The output columns ow in [*lo, *hi) read input columns inside [0, W) for kernel
@@ -60,94 +62,256 @@ static void conv_valid(int64_t w0, int64_t sw, int64_t W, int64_t Wo, int64_t *l
         *hi = *lo;
 }
 
-/* im2col of one image and group: col[(c*kh + i)*kw + j][oh*Wo + ow] = x[c, h, w] or 0,
- * the rows split across threads. F64 picks dgemm over sgemm in cpu_gemm. */
-/* clang-format splits the _Pragma strings below, which must stay whole. */
+/* im2col of samples [n0, n0 + nb) of one group: col[(c*kh + i)*kw + j][n*L + oh*Wo + ow] =
+ * x[n, c, h, w] or 0, so that one GEMM covers the block of samples. The rows split over
+ * the device's team. */
+typedef struct {
+    const conv_geom *q;
+    const char *x; /* the group's first channel of sample n0 */
+    char *col;
+    int64_t nb, K, L;
+} im2col_job;
+
 /* clang-format off */
-#define CONV_FN(NAME, T, F64)                                                                     \
-    static void NAME##_im2col(const conv_geom *q, const T *x, T *restrict col, int nt)            \
+#define IM2COL_FN(NAME, T)                                                                         \
+    static void NAME(const im2col_job *jb, int64_t r0, int64_t r1)                                 \
     {                                                                                              \
-        int64_t K = q->Cg * q->kh * q->kw, L = q->Ho * q->Wo;                                      \
-        _Pragma("omp parallel for num_threads(nt) schedule(static) if (K * L >= CPU_PAR_MIN)")     \
-        for (int64_t r = 0; r < K; r++) {                                                          \
+        const conv_geom *q = jb->q;                                                                \
+        const int64_t L = jb->L, NL = jb->nb * L, Wo = q->Wo, ws = q->xs[3], sw = q->sw;           \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
             int64_t ch = r / (q->kh * q->kw), i = (r / q->kw) % q->kh, j = r % q->kw;              \
             int64_t w0 = j * q->dw - q->pw, lo, hi;                                                \
-            conv_valid(w0, q->sw, q->W, q->Wo, &lo, &hi);                                          \
-            const int64_t ws = q->xs[3], sw = q->sw;                                               \
-            for (int64_t oh = 0; oh < q->Ho; oh++) {                                               \
-                T *restrict d = col + r * L + oh * q->Wo;                                          \
-                int64_t h = oh * q->sh - q->ph + i * q->dh;                                        \
-                if (h < 0 || h >= q->H) {                                                          \
-                    memset(d, 0, (size_t)q->Wo * sizeof(T));                                       \
-                    continue;                                                                      \
+            conv_valid(w0, sw, q->W, Wo, &lo, &hi);                                                \
+            for (int64_t n = 0; n < jb->nb; n++) {                                                 \
+                const T *xn = (const T *)(const void *)jb->x + n * q->xs[0] + ch * q->xs[1];       \
+                T *restrict dn = (T *)(void *)jb->col + r * NL + n * L;                            \
+                for (int64_t oh = 0; oh < q->Ho; oh++) {                                           \
+                    T *restrict d = dn + oh * Wo;                                                  \
+                    int64_t h = oh * q->sh - q->ph + i * q->dh;                                    \
+                    if (h < 0 || h >= q->H) {                                                      \
+                        memset(d, 0, (size_t)Wo * sizeof(T));                                      \
+                        continue;                                                                  \
+                    }                                                                              \
+                    const T *s = xn + h * q->xs[2] + w0 * ws;                                      \
+                    for (int64_t ow = 0; ow < lo; ow++)                                            \
+                        d[ow] = 0;                                                                 \
+                    if (ws == 1 && sw == 1)                                                        \
+                        memcpy(d + lo, s + lo, (size_t)(hi - lo) * sizeof(T));                     \
+                    else if (ws == 1 && sw == 2)                                                   \
+                        for (int64_t ow = lo; ow < hi; ow++)                                       \
+                            d[ow] = s[2 * ow];                                                     \
+                    else                                                                           \
+                        for (int64_t ow = lo; ow < hi; ow++)                                       \
+                            d[ow] = s[ow * sw * ws];                                               \
+                    for (int64_t ow = hi; ow < Wo; ow++)                                           \
+                        d[ow] = 0;                                                                 \
                 }                                                                                  \
-                const T *s = x + ch * q->xs[1] + h * q->xs[2] + w0 * ws;                           \
-                for (int64_t ow = 0; ow < lo; ow++)                                                \
-                    d[ow] = 0;                                                                     \
-                if (ws == 1 && sw == 1)                                                            \
-                    memcpy(d + lo, s + lo, (size_t)(hi - lo) * sizeof(T));                         \
-                else                                                                               \
-                    for (int64_t ow = lo; ow < hi; ow++)                                           \
-                        d[ow] = s[ow * sw * ws];                                                   \
-                for (int64_t ow = hi; ow < q->Wo; ow++)                                            \
-                    d[ow] = 0;                                                                     \
             }                                                                                      \
         }                                                                                          \
-    }                                                                                              \
-    static int NAME(const tdd_opcall *c, const conv_geom *q, int nt)                               \
-    {                                                                                              \
-        const tdd_tensor *x = c->in[0], *w = c->in[1];                                             \
-        tdd_tensor *y = c->out[0];                                                                 \
-        int64_t N = x->ndim == 4 ? x->shape[0] : 1, K = q->Cg * q->kh * q->kw,                     \
-                L = q->Ho * q->Wo;                                                                 \
-        /* a 1x1, stride-1, unpadded conv reads x's planes as they are */                          \
-        bool direct = q->kh == 1 && q->kw == 1 && q->sh == 1 && q->sw == 1 && q->ph == 0 &&        \
-                      q->pw == 0 && q->xs[3] == 1 && q->xs[2] == q->W &&       \
-                      q->xs[1] >= L;                             \
-        bool wpacked = tdd_is_contiguous(w);                                                       \
-        T *col = direct ? NULL : malloc((size_t)(K * L) * sizeof(T));                              \
-        T *wp = wpacked ? NULL : malloc((size_t)(q->O * K) * sizeof(T));                           \
-        if ((!direct && !col) || (!wpacked && !wp)) {                                              \
-            free(col);                                                                             \
-            free(wp);                                                                              \
-            return TD_ERESOURCE_EXHAUSTED;                                                         \
-        }                                                                                          \
-        if (wp)                                                                                    \
-            tdd_copy_contiguous(w, wp);                                                            \
-        const T *W = wp ? wp : (const T *)tdd_data(w);                                             \
-        const T *X = (const T *)tdd_data(x);                                                       \
-        T *Y = (T *)tdd_data(y);                                                                   \
-        const T *bias = (c->args->flags & 4u) ? (const T *)tdd_data(c->in[2]) : NULL;              \
-        int64_t bs = bias ? c->in[2]->strides[0] : 0;                                              \
-        for (int64_t n = 0; n < N; n++) {                                                          \
-            for (int64_t gr = 0; gr < q->groups; gr++) {                                           \
-                const T *xg = X + n * q->xs[0] + gr * q->Cg * q->xs[1];                            \
-                const T *B = xg;                                                                   \
-                int64_t ldb = q->xs[1];                                                            \
-                if (!direct) {                                                                     \
-                    NAME##_im2col(q, xg, col, nt);                                                 \
-                    B = col;                                                                       \
-                    ldb = L;                                                                       \
-                }                                                                                  \
-                T *yg = Y + (n * q->O + gr * q->Og) * L;                                           \
-                cpu_gemm(F64, false, false, q->Og, L, K, 1.0, W + gr * q->Og * K, K, B, ldb, 0.0,  \
-                         yg, L);                                                                   \
-            }                                                                                      \
-            if (!bias)                                                                             \
-                continue;                                                                          \
-            T *yn = Y + n * q->O * L;                                                              \
-            _Pragma("omp parallel for num_threads(nt) schedule(static) if (q->O * L >= CPU_PAR_MIN)") \
-            for (int64_t o = 0; o < q->O; o++) {                                                   \
-                const T bv = bias[o * bs];                                                         \
-                _Pragma("omp simd") for (int64_t l = 0; l < L; l++) yn[o * L + l] += bv;           \
-            }                                                                                      \
-        }                                                                                          \
-        free(col);                                                                                 \
-        free(wp);                                                                                  \
-        return 0;                                                                                  \
     }
-CONV_FN(conv_f32, float, false)
-CONV_FN(conv_f64, double, true)
+/* clang-format on */
+IM2COL_FN(im2col_f32, float)
+IM2COL_FN(im2col_f64, double)
+
+/* The kernel columns j in [*lo, *hi) of output column ow read input columns inside [0, W). */
+static void kernel_valid(const conv_geom *q, int64_t ow, int64_t *lo, int64_t *hi)
+{
+    int64_t w0 = ow * q->sw - q->pw;
+    int64_t l = w0 < 0 ? (-w0 + q->dw - 1) / q->dw : 0;
+    int64_t h = w0 <= q->W - 1 ? (q->W - 1 - w0) / q->dw + 1 : 0;
+    *lo = l < q->kw ? l : q->kw;
+    *hi = h < q->kw ? h : q->kw;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+/* im2col transposed, for an output narrower than the kernel (a weight gradient's conv, whose
+ * "kernel" is an image and whose output is a kernel): colT[n*L + oh*Wo + ow][(c*kh + i)*kw + j],
+ * so the runs copied are a kernel row long instead of an output row. Rows split over the
+ * team. */
+/* clang-format off */
+#define IM2COLT_FN(NAME, T)                                                                        \
+    static void NAME(const im2col_job *jb, int64_t r0, int64_t r1)                                 \
+    {                                                                                              \
+        const conv_geom *q = jb->q;                                                                \
+        const int64_t K = jb->K, L = jb->L, kw = q->kw, ws = q->xs[3], dw = q->dw;                 \
+        for (int64_t r = r0; r < r1; r++) {                                                        \
+            const int64_t n = r / L, oh = (r / q->Wo) % q->Ho, ow = r % q->Wo;                     \
+            const int64_t w0 = ow * q->sw - q->pw;                                                 \
+            int64_t lo, hi;                                                                        \
+            kernel_valid(q, ow, &lo, &hi);                                                         \
+            T *restrict d = (T *)(void *)jb->col + r * K;                                          \
+            const T *xn = (const T *)(const void *)jb->x + n * q->xs[0];                           \
+            for (int64_t ch = 0; ch < q->Cg; ch++)                                                 \
+                for (int64_t i = 0; i < q->kh; i++, d += kw) {                                     \
+                    const int64_t h = oh * q->sh - q->ph + i * q->dh;                              \
+                    if (h < 0 || h >= q->H || lo == hi) {                                          \
+                        memset(d, 0, (size_t)kw * sizeof(T));                                      \
+                        continue;                                                                  \
+                    }                                                                              \
+                    const T *s = xn + ch * q->xs[1] + h * q->xs[2] + w0 * ws;                      \
+                    for (int64_t j = 0; j < lo; j++)                                               \
+                        d[j] = 0;                                                                  \
+                    if (ws == 1 && dw == 1)                                                        \
+                        memcpy(d + lo, s + lo, (size_t)(hi - lo) * sizeof(T));                     \
+                    else                                                                           \
+                        for (int64_t j = lo; j < hi; j++)                                          \
+                            d[j] = s[j * dw * ws];                                                 \
+                    for (int64_t j = hi; j < kw; j++)                                              \
+                        d[j] = 0;                                                                  \
+                }                                                                                  \
+        }                                                                                          \
+    }
+/* clang-format on */
+IM2COLT_FN(im2colt_f32, float)
+IM2COLT_FN(im2colt_f64, double)
+
+static void im2colt_part(void *arg, int t, int nt)
+{
+    const im2col_job *jb = arg;
+    int64_t lo, hi;
+    cpu_split(jb->nb * jb->L, t, nt, &lo, &hi);
+    if (lo >= hi)
+        return;
+    if (jb->q->f64)
+        im2colt_f64(jb, lo, hi);
+    else
+        im2colt_f32(jb, lo, hi);
+}
+
+static void im2col_part(void *arg, int t, int nt)
+{
+    const im2col_job *jb = arg;
+    int64_t lo, hi;
+    cpu_split(jb->K, t, nt, &lo, &hi);
+    if (lo >= hi)
+        return;
+    if (jb->q->f64)
+        im2col_f64(jb, lo, hi);
+    else
+        im2col_f32(jb, lo, hi);
+}
+
+/* Elements below which im2col runs on one thread: it moves memory, ~1 ns an element, so
+ * waking the team (microseconds, more on cores shared with the client) only pays for big
+ * inputs. */
+#define IM2COL_PAR_MIN (256 * 1024)
+
+/* Elements of im2col columns a conv keeps at once: several samples' columns go to one GEMM
+ * while they fit (small images: one call instead of one per sample), a block of samples at
+ * a time past it, one sample at least. */
+#define CONV_COL_BLOCK (1 << 20)
+
+/* y[n, o, l] (+)= v[o, n*L + l] (+ bias[o]): a block's GEMM result into y's layout. */
+static void conv_spread(const conv_geom *q, const char *v, char *y, int64_t nb, const char *bias,
+                        int64_t bs)
+{
+    const int64_t L = q->Ho * q->Wo, NL = nb * L;
+    for (int64_t n = 0; n < nb; n++)
+        for (int64_t o = 0; o < q->Og; o++) {
+            if (q->f64) {
+                const double *s = (const double *)(const void *)v + o * NL + n * L;
+                double *d = (double *)(void *)y + (n * q->O + o) * L;
+                const double b = bias ? ((const double *)(const void *)bias)[o * bs] : 0.0;
+                for (int64_t l = 0; l < L; l++)
+                    d[l] = s[l] + b;
+            } else {
+                const float *s = (const float *)(const void *)v + o * NL + n * L;
+                float *d = (float *)(void *)y + (n * q->O + o) * L;
+                const float b = bias ? ((const float *)(const void *)bias)[o * bs] : 0.0f;
+                for (int64_t l = 0; l < L; l++)
+                    d[l] = s[l] + b;
+            }
+        }
+}
+
+/* y[n, o, :] += bias[o] for the block's samples (the GEMM wrote y in place). */
+static void conv_bias(const conv_geom *q, char *y, int64_t nb, const char *bias, int64_t bs)
+{
+    const int64_t L = q->Ho * q->Wo;
+    for (int64_t n = 0; n < nb; n++)
+        for (int64_t o = 0; o < q->Og; o++) {
+            if (q->f64) {
+                double *d = (double *)(void *)y + (n * q->O + o) * L;
+                const double b = ((const double *)(const void *)bias)[o * bs];
+                for (int64_t l = 0; l < L; l++)
+                    d[l] += b;
+            } else {
+                float *d = (float *)(void *)y + (n * q->O + o) * L;
+                const float b = ((const float *)(const void *)bias)[o * bs];
+                for (int64_t l = 0; l < L; l++)
+                    d[l] += b;
+            }
+        }
+}
+
+/* conv2d of f32/f64 operands, per group and block of samples: im2col, one GEMM
+ * [Og, K] x [K, nb*L], the result spread into y's [N, O, L] with the bias. A 1x1, stride-1,
+ * unpadded conv over planes of unit stride skips im2col and multiplies x's planes as they
+ * are, a GEMM per sample. */
+static int conv_run(const tdd_opcall *c, const conv_geom *q, int nt)
+{
+    const tdd_tensor *x = c->in[0], *w = c->in[1];
+    const size_t esz = q->f64 ? sizeof(double) : sizeof(float);
+    const int64_t N = x->ndim == 4 ? x->shape[0] : 1, K = q->Cg * q->kh * q->kw, L = q->Ho * q->Wo;
+    const bool direct = q->kh == 1 && q->kw == 1 && q->sh == 1 && q->sw == 1 && q->ph == 0 &&
+                        q->pw == 0 && q->xs[3] == 1 && q->xs[2] == q->W && q->xs[1] >= L;
+    /* an output row shorter than a kernel row: im2col transposed (longer runs) */
+    const bool tr = !direct && q->kw > q->Wo;
+    int64_t nb = K * L > 0 ? CONV_COL_BLOCK / (K * L) : N;
+    nb = nb < 1 ? 1 : nb > N ? N : nb;
+    if (direct || nb * L > INT_MAX)
+        nb = 1;
+    char *col = direct ? NULL : malloc((size_t)(K * nb * L) * esz);
+    char *yt = !direct && nb > 1 ? malloc((size_t)(q->Og * nb * L) * esz) : NULL;
+    char *wp = tdd_is_contiguous(w) ? NULL : malloc((size_t)(q->O * K) * esz);
+    if ((!direct && !col) || (!direct && nb > 1 && !yt) || (!tdd_is_contiguous(w) && !wp)) {
+        free(col);
+        free(yt);
+        free(wp);
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    if (wp)
+        tdd_copy_contiguous(w, wp);
+    const char *W = wp ? wp : (const char *)tdd_data(w);
+    const char *X = (const char *)tdd_data(x);
+    char *Y = (char *)tdd_data(c->out[0]);
+    const char *bias = (c->args->flags & 4u) ? (const char *)tdd_data(c->in[2]) : NULL;
+    const int64_t bs = bias ? c->in[2]->strides[0] : 0;
+    for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        const int64_t m = N - n0 < nb ? N - n0 : nb;
+        for (int64_t gr = 0; gr < q->groups; gr++) {
+            const char *xg = X + (size_t)(n0 * q->xs[0] + gr * q->Cg * q->xs[1]) * esz;
+            const char *Wg = W + (size_t)(gr * q->Og * K) * esz;
+            char *yg = Y + (size_t)((n0 * q->O + gr * q->Og) * L) * esz;
+            const char *bg = bias ? bias + (size_t)(gr * q->Og * bs) * esz : NULL;
+            if (direct) {
+                cpu_gemm(q->f64, false, false, q->Og, L, K, 1.0, Wg, K, xg, q->xs[1], 0.0, yg, L);
+                if (bg)
+                    conv_bias(q, yg, 1, bg, bs);
+                continue;
+            }
+            im2col_job jb = {q, xg, col, m, K, L};
+            const int64_t rows = tr ? m * L : K;
+            int use = rows > 1 && K * m * L >= IM2COL_PAR_MIN ? nt : 1;
+            cpu_parallel(use > rows ? (int)rows : use, tr ? im2colt_part : im2col_part, &jb);
+            /* col is [K, m*L] (ld m*L), or transposed [m*L, K] (ld K) */
+            const int64_t ldc = tr ? K : m * L;
+            if (m == 1) {
+                cpu_gemm(q->f64, false, tr, q->Og, L, K, 1.0, Wg, K, col, ldc, 0.0, yg, L);
+                if (bg)
+                    conv_bias(q, yg, 1, bg, bs);
+                continue;
+            }
+            cpu_gemm(q->f64, false, tr, q->Og, m * L, K, 1.0, Wg, K, col, ldc, 0.0, yt, m * L);
+            conv_spread(q, yt, yg, m, bg, bs);
+        }
+    }
+    free(col);
+    free(yt);
+    free(wp);
+    return 0;
+}
 
 static int cpu_conv2d(const tdd_opcall *c, int nt)
 {
@@ -159,96 +323,7 @@ static int cpu_conv2d(const tdd_opcall *c, int nt)
     /* beyond OpenBLAS's 32-bit sizes, or nothing to multiply: the reference loops */
     if (K == 0 || q.Og > INT_MAX || L > INT_MAX || K > INT_MAX || q.xs[1] > INT_MAX)
         return tdd_ref_run(c);
-    return c->in[0]->dtype == TD_F64 ? conv_f64(c, &q, nt) : conv_f32(c, &q, nt);
-}
-
-/* ---------------------------------------------------------------- pooling */
-
-/* One [Ho, Wo] plane per (n, c); planes split across threads. Max pooling keeps the
- * first maximum and lets a NaN win, as the reference does. */
-#define POOL_FN(NAME, T)                                                                           \
-    static void NAME(const tdd_opcall *c, const conv_geom *q, int64_t planes, int nt)              \
-    {                                                                                              \
-        const tdd_opargs *g = c->args;                                                             \
-        const T *X = (const T *)tdd_data(c->in[0]);                                                \
-        T *Y = (T *)tdd_data(c->out[0]);                                                           \
-        int64_t *ind = c->n_out > 1 ? (int64_t *)tdd_data(c->out[1]) : NULL;                         \
-        const int64_t kh = g->ints[3][0], kw = g->ints[3][1], L = q->Ho * q->Wo;                   \
-        const bool mx = c->op == TDD_OP_MAX_POOL2D, cip = g->i[2] != 0;                            \
-        _Pragma("omp parallel for num_threads(nt) schedule(static) if (planes * L * kh * kw >= CPU_PAR_MIN)") \
-        for (int64_t p = 0; p < planes; p++) {                                                     \
-            const T *xp = X + (p / q->C) * q->xs[0] + (p % q->C) * q->xs[1];                       \
-            for (int64_t oh = 0; oh < q->Ho; oh++)                                                 \
-                for (int64_t ow = 0; ow < q->Wo; ow++) {                                           \
-                    int64_t h0 = oh * q->sh - q->ph, w0 = ow * q->sw - q->pw, e = p * L +          \
-                                                                            oh * q->Wo + ow;       \
-                    if (mx) {                                                                      \
-                        T best = -(T)INFINITY;                                                     \
-                        int64_t arg = -1;                                                          \
-                        for (int64_t i = 0; i < kh; i++) {                                         \
-                            int64_t h = h0 + i * q->dh;                                            \
-                            if (h < 0 || h >= q->H)                                                \
-                                continue;                                                          \
-                            for (int64_t j = 0; j < kw; j++) {                                     \
-                                int64_t w = w0 + j * q->dw;                                        \
-                                if (w < 0 || w >= q->W)                                            \
-                                    continue;                                                      \
-                                T v = xp[h * q->xs[2] + w * q->xs[3]];                             \
-                                if (arg < 0 || v > best || (v != v && best == best)) {             \
-                                    best = v;                                                      \
-                                    arg = h * q->W + w;                                            \
-                                }                                                                  \
-                            }                                                                      \
-                        }                                                                          \
-                        Y[e] = best;                                                               \
-                        if (ind)                                                                   \
-                            ind[e] = arg;                                                            \
-                    } else {                                                                       \
-                        int64_t hs = h0 + kh < q->H + q->ph ? h0 + kh : q->H + q->ph;              \
-                        int64_t ws = w0 + kw < q->W + q->pw ? w0 + kw : q->W + q->pw;              \
-                        int64_t ha = h0 < 0 ? 0 : h0, wa = w0 < 0 ? 0 : w0;                        \
-                        int64_t hb = hs < q->H ? hs : q->H, wb = ws < q->W ? ws : q->W;            \
-                        double s = 0;                                                              \
-                        for (int64_t h = ha; h < hb; h++)                                          \
-                            for (int64_t w = wa; w < wb; w++)                                      \
-                                s += xp[h * q->xs[2] + w * q->xs[3]];                              \
-                        int64_t div = cip ? (hs - h0) * (ws - w0) : (hb - ha) * (wb - wa);         \
-                        Y[e] = (T)(s / (double)div);                                               \
-                    }                                                                              \
-                }                                                                                  \
-        }                                                                                          \
-    }
-POOL_FN(pool_f32, float)
-POOL_FN(pool_f64, double)
-/* clang-format on */
-
-static int cpu_pool2d(const tdd_opcall *c, int nt)
-{
-    conv_geom q;
-    memset(&q, 0, sizeof q);
-    const tdd_tensor *x = c->in[0];
-    const tdd_opargs *g = c->args;
-    int b = x->ndim == 4;
-    q.C = x->shape[b];
-    q.H = x->shape[b + 1];
-    q.W = x->shape[b + 2];
-    q.Ho = c->out[0]->shape[b + 1];
-    q.Wo = c->out[0]->shape[b + 2];
-    q.sh = g->ints[0][0];
-    q.sw = g->ints[0][1];
-    q.ph = g->ints[1][0];
-    q.pw = g->ints[1][1];
-    q.dh = g->ints[2][0];
-    q.dw = g->ints[2][1];
-    q.xs[0] = b ? x->strides[0] : 0;
-    for (int k = 0; k < 3; k++)
-        q.xs[k + 1] = x->strides[b + k];
-    int64_t planes = (b ? x->shape[0] : 1) * q.C;
-    if (x->dtype == TD_F64)
-        pool_f64(c, &q, planes, nt);
-    else
-        pool_f32(c, &q, planes, nt);
-    return 0;
+    return conv_run(c, &q, nt);
 }
 
 /* ---------------------------------------------------------------- layer_norm */
