@@ -139,7 +139,8 @@ int td_upload_fd(td_client *c, const td_device *device, td_dtype dtype, int ndim
 
 /* Downloads tensor h as a sealed memfd: *fd (the caller's to close) holds its bytes from
  * *offset on; mmap it. The daemon's own memfd when it has one for the tensor (an untouched
- * td_upload_fd: no copy), else one it wrote once; for tensors it answers with a payload
+ * td_upload_fd, or a tensor it made in a memfd because this session passed one: sealed,
+ * no copy), else one it wrote once; for tensors it answers with a payload
  * (device memory, strided views), a memfd this library wrote. Synchronising. */
 int td_download_fd(td_client *c, td_handle h, int *fd, uint64_t *offset, td_tensor_info *info,
                    td_error *err);

@@ -1,7 +1,8 @@
 /* test_memfd.c -- same-host zero copy through libtensordd: td_upload_fd / td_download_fd
  * over a Unix socket are bit-exact, hand the same memfd back when the daemon never wrote
- * to it, refuse a memfd that is not sealed (nothing kept: the daemon's open fds are
- * counted), and are refused over TCP. */
+ * to it, hand a computed tensor's own memfd over sealed (a later in-place step leaves the
+ * bytes the client holds alone), refuse a memfd that is not sealed (nothing kept: the
+ * daemon's open fds are counted), and are refused over TCP. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -119,6 +120,100 @@ START_TEST(test_memfd_unix)
 }
 END_TEST
 
+/* Whether fd is the daemon's storage memfd (backends/cpu/cpu_shm.c names them). */
+static int is_storage(int fd)
+{
+    char path[64], link[256];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    ck_assert_int_gt(k, 0);
+    link[k] = 0;
+    return strstr(link, "memfd:tensordd-storage") != NULL;
+}
+
+#define BIG (1 << 21) /* floats: 8 MiB, over --memfd-storage-min */
+
+START_TEST(test_memfd_computed_zero_copy)
+{
+    tdt_daemon d;
+    ck_assert_int_eq(tdt_daemon_start(&d, NULL, 1), 0);
+    char ep[160];
+    snprintf(ep, sizeof ep, "unix://%s", d.unix_path);
+    td_client *c = tdt_connect(ep, "memfd-computed");
+    ck_assert_ptr_nonnull(c);
+    float *x = malloc(BIG * sizeof *x), *negx = malloc(BIG * sizeof *x);
+    float *w = malloc(BIG * sizeof *x), *want = malloc(BIG * sizeof *x);
+    ck_assert(x && negx && w && want);
+    uint64_t seed = 12;
+    for (int i = 0; i < BIG; i++) {
+        x[i] = it_randf(&seed, -5, 5);
+        negx[i] = -x[i];
+        w[i] = (float)(i % 9 - 4); /* small integers: the SGD step below is exact */
+    }
+    int64_t shape[1] = {BIG};
+    td_error e;
+
+    /* a memfd upload: the session passes fds, its large tensors are made in memfds */
+    int fd = memfd_create("itest", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    ck_assert_int_eq(pwrite(fd, x, BIG * sizeof *x, 0), (ssize_t)(BIG * sizeof *x));
+    ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE), 0);
+    td_handle h = 0;
+    ck_assert_int_eq(td_upload_fd(c, NULL, TD_F32, 1, shape, fd, 0, 0, &h, &e), 0);
+    close(fd);
+
+    /* neg(x): its storage's memfd, sealed, bit-exact; twice the same file */
+    td_handle n = td_op1(c, "neg", &h, 1, NULL, &e);
+    ck_assert_uint_ne(n, 0);
+    int a = -1, b = -1;
+    uint64_t at = 0, bt = 0;
+    ck_assert_msg(td_download_fd(c, n, &a, &at, NULL, &e) == 0, "%s", e.message);
+    ck_assert_msg(is_storage(a), "the download of a computed tensor is a copy");
+    ck_assert_int_eq(fcntl(a, F_GET_SEALS) & (F_SEAL_WRITE | F_SEAL_SEAL),
+                     F_SEAL_WRITE | F_SEAL_SEAL);
+    check_fd(a, at, negx, BIG);
+    ck_assert_int_lt(pwrite(a, x, 4, (off_t)at), 0);
+    ck_assert_ptr_eq(mmap(NULL, 4096, PROT_WRITE, MAP_SHARED, a, 0), MAP_FAILED);
+    ck_assert_msg(td_download_fd(c, n, &b, &bt, NULL, &e) == 0, "%s", e.message);
+    struct stat sa, sb;
+    ck_assert_int_eq(fstat(a, &sa), 0);
+    ck_assert_int_eq(fstat(b, &sb), 0);
+    ck_assert_msg(sa.st_ino == sb.st_ino && at == bt, "the second download is another file");
+    close(a);
+    close(b);
+
+    /* a parameter uploaded through the socket (made in a memfd too), downloaded, then an
+     * SGD step: the bytes the client holds stay, the next download has the step's */
+    td_handle p = 0, wh = it_upload_f32(c, "cpu:0", 1, shape, w);
+    ck_assert_int_eq(td_upload(c, NULL, TD_F32, 1, shape, x, 1, &p, &e), 0);
+    ck_assert_msg(td_download_fd(c, p, &a, &at, NULL, &e) == 0, "%s", e.message);
+    ck_assert(is_storage(a));
+    const float *held = mmap(NULL, BIG * sizeof *x, PROT_READ, MAP_SHARED, a, (off_t)at);
+    ck_assert_ptr_ne(held, MAP_FAILED);
+    td_handle pw[2] = {p, wh};
+    td_handle prod = td_op1(c, "mul", pw, 2, NULL, &e);
+    td_handle loss = td_op1(c, "sum", &prod, 1, NULL, &e);
+    td_handle grads = 0, opt = 0;
+    ck_assert_msg(td_backward(c, loss, 0, 0, &grads, &e) == 0, "%s", e.message);
+    td_attr lr = td_attr_float("lr", 0.5);
+    ck_assert_int_eq(td_optimizer_create(c, "sgd", &p, 1, &lr, 1, &opt, &e), 0);
+    ck_assert_msg(td_optimizer_step(c, opt, grads, &e) == 0, "%s", e.message);
+    for (int i = 0; i < BIG; i++)
+        want[i] = x[i] + (-0.5f) * w[i];
+    ck_assert_mem_eq(held, x, BIG * sizeof *x); /* sealed: the step wrote new pages */
+    check_fd(a, at, x, BIG);
+    ck_assert_msg(td_download_fd(c, p, &b, &bt, NULL, &e) == 0, "%s", e.message);
+    ck_assert_msg(!is_storage(b), "the storage was written: its download must be a copy");
+    check_fd(b, bt, want, BIG);
+    ck_assert_mem_eq(held, x, BIG * sizeof *x);
+    munmap((void *)held, BIG * sizeof *x);
+    close(a);
+    close(b);
+    free(x), free(negx), free(w), free(want);
+    td_close(c);
+    ck_assert_int_eq(tdt_daemon_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(test_memfd_tcp_refused)
 {
     td_client *c = it_client("memfd-tcp");
@@ -150,6 +245,7 @@ Suite *it_memfd_suite(void)
     TCase *tc = tcase_create("memfd");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_memfd_unix);
+    tcase_add_test(tc, test_memfd_computed_zero_copy);
     tcase_add_test(tc, test_memfd_tcp_refused);
     suite_add_tcase(s, tc);
     return s;
