@@ -102,3 +102,180 @@ def test_linear_bias_layouts(session, xshape, bias_of, dtype):
     want = x @ w.T + b.numpy().astype(dtype)
     got = tensordd.nn.functional.linear(session.tensor(x), session.tensor(w), b).numpy()
     np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------- the client's hand-encoded requests
+
+import random  # noqa: E402
+
+from tensordd import _codec  # noqa: E402
+from tensordd import tensordd_pb2 as pb  # noqa: E402
+from tensordd._wire import HEADER, MAGIC  # noqa: E402
+from tensordd.session import _attr_bytes, _set_attr, _upload_device  # noqa: E402
+
+try:
+    from tensordd import _speedups
+except ImportError:  # not built: the pure-Python encoders are still checked
+    _speedups = None
+
+EDGES = [1, 127, 128, 16383, 16384, 2**21, 2**35, 2**63 - 1, 2**64 - 1]
+
+
+def _u64(r):
+    return r.choice(EDGES + [r.randrange(1, 2**40)])
+
+
+def _unframe(frame, payload_len=0):
+    magic, msg_len, plen = HEADER.unpack(frame[:16])
+    assert magic == MAGIC and plen == payload_len and msg_len == len(frame) - 16
+    return frame[16:]
+
+
+def test_upload_backward_and_step_frames_are_protobufs_encoding():
+    r = random.Random(111)
+    devices = ["cpu:0", "cpu", "cpu:1", "ref:0", "cuda:3", tensordd.Device("cpu", 200)]
+    for _ in range(2000):
+        rid, handle, a, b = _u64(r), _u64(r), _u64(r), _u64(r)
+        wire = r.choice([pb.DTYPE_F32, pb.DTYPE_F64, pb.DTYPE_I64, pb.DTYPE_BOOL, pb.DTYPE_I16])
+        shape = tuple(r.choice([0, 1, 3, 127, 128, 70000]) for _ in range(r.randrange(0, 5)))
+        rg = r.random() < 0.5
+        dev, dev_bytes = _upload_device(r.choice(devices))
+        nbytes = r.randrange(0, 1 << 16)
+        req = pb.Request(id=rid)
+        up = req.upload
+        up.handle, up.dtype, up.requires_grad = handle, wire, rg
+        up.shape.extend(shape)
+        dev._to_proto(up.device)
+        assert _unframe(_codec.py_frame_upload(rid, handle, wire, shape, dev_bytes, rg, nbytes),
+                        nbytes) == req.SerializeToString()
+
+        req = pb.Request(id=rid)
+        req.backward.loss, req.backward.grads, req.backward.pipelined = a, b, True
+        assert _unframe(_codec.frame_backward(rid, a, b)) == req.SerializeToString()
+        req = pb.Request(id=rid)
+        st = req.optimizer_step
+        st.optimizer, st.grads, st.pipelined = a, b, True
+        assert _unframe(_codec.frame_optimizer_step(rid, a, b)) == req.SerializeToString()
+
+
+ATTR_VALUES = [1, True, 1.0, 0, False, 0.0, -0.0, -1, 2**62, 1.5, "mean", "", "é",
+               (1, 2), (), (3,), 1e300, float("inf")]
+
+
+def _attrs_ref(attrs):
+    op = pb.Op()
+    for k, v in attrs.items():
+        if v is not None:
+            _set_attr(op.attrs.add(), k, v)
+    return op.SerializeToString()
+
+
+def test_cached_attributes_are_protobufs_encoding():
+    """Values that compare equal but encode differently (1, True, 1.0; 0.0, -0.0) must not
+    share a cache entry: each is checked right after the others filled the cache."""
+    r = random.Random(112)
+    for _ in range(3):
+        for v in ATTR_VALUES:
+            assert _attr_bytes({"a": v}) == _attrs_ref({"a": v}), v
+    for _ in range(500):
+        attrs = {k: r.choice(ATTR_VALUES + [None]) for k in r.sample("abcdefg", r.randrange(1, 5))}
+        assert _attr_bytes(attrs) == _attrs_ref(attrs)
+    # left to protobuf: lists, numpy scalars, NaN, tuples holding non-ints
+    for v in ([1, 2], np.float32(1), np.int64(2), float("nan"), (1.0, 2.0), (True,)):
+        assert _attr_bytes({"a": v}) is None
+
+
+def _op_encoders():
+    out = [("python", _codec.py_encode_op, _codec.py_frame_op, _codec.py_append_op)]
+    if _speedups is not None:
+        out.append(("c", _speedups.encode_op, _speedups.frame_op, _speedups.append_op))
+    return out
+
+
+@pytest.mark.parametrize("impl", _op_encoders(), ids=lambda i: i[0])
+def test_op_with_cached_attributes_is_protobufs_encoding(impl):
+    _, encode_op, frame_op, append_op = impl
+    r = random.Random(113)
+    for _ in range(1000):
+        rid, out = _u64(r), _u64(r)
+        inputs = [_u64(r) for _ in range(r.choice([1, 2, 3]))]
+        name = r.choice(["cross_entropy", "leaky_relu", "x" * 130])
+        attrs = {k: r.choice(ATTR_VALUES) for k in r.sample("abcd", r.randrange(1, 4))}
+        req = pb.Request(id=rid)
+        req.op.op = name
+        req.op.inputs.extend(inputs)
+        req.op.outputs.append(out)
+        for k, v in attrs.items():
+            _set_attr(req.op.attrs.add(), k, v)
+        want = req.SerializeToString()
+        extra = _attr_bytes(attrs)
+        assert encode_op(rid, name, inputs, out, extra) == want
+        assert _unframe(frame_op(rid, name, tuple(inputs), out, extra)) == want
+        buf = bytearray(b"q")
+        assert append_op(buf, rid, name, inputs, out, extra) == len(buf)
+        assert _unframe(bytes(buf[1:])) == want
+
+
+@pytest.mark.skipif(_speedups is None, reason="tensordd._speedups is not built")
+def test_accelerator_refuses_extra_that_is_not_bytes():
+    for bad in ("attrs", bytearray(b"\x22\x00"), 3):
+        with pytest.raises(TypeError):
+            _speedups.frame_op(1, "relu", [1], 2, bad)
+        with pytest.raises(TypeError):
+            _speedups.append_op(bytearray(), 1, "relu", [1], 2, bad)
+
+
+UPLOAD_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int32, np.int16, np.int8,
+                 np.uint8, np.bool_]
+
+
+@pytest.mark.parametrize("dtype", UPLOAD_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (2, 3, 4)], ids=str)
+def test_small_uploads_round_trip(session, dtype, shape):
+    a = (np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) % 3).astype(dtype)
+    for device in ("cpu", "cpu:0", tensordd.Device("cpu", 0)):
+        t = session.tensor(a, device=device)
+        assert t.shape == shape and t.dtype == np.dtype(dtype).name and t.device == "cpu:0"
+        got = t.numpy()
+        assert got.dtype == a.dtype
+        np.testing.assert_array_equal(got, a)
+
+
+def test_small_uploads_keep_requires_grad_and_non_native_arrays(session):
+    w0 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = session.tensor(w0, requires_grad=True)
+    assert w.requires_grad
+    (g,) = tensordd.autograd.grad((w * w).sum(), w)
+    np.testing.assert_array_equal(g.numpy(), 2 * w0)
+    big_endian = np.arange(4, dtype=">f4")  # the general path: swapped to native first
+    np.testing.assert_array_equal(session.tensor(big_endian).numpy(), np.arange(4.0))
+    strided = np.arange(12, dtype=np.float32)[::3]
+    np.testing.assert_array_equal(session.tensor(strided).numpy(), [0.0, 3.0, 6.0, 9.0])
+
+
+def test_a_failed_small_upload_names_itself(session):
+    with pytest.raises(tensordd.Error) as e:
+        session.tensor(np.ones((2, 3), np.int32), device="cpu:9").numpy()
+    assert "upload #" in str(e.value) and "int32(2, 3) on cpu:9" in str(e.value)
+
+
+def test_ops_with_cached_attributes_run_like_the_protobuf_path(session):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(114)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    y = rng.integers(0, 5, 6)
+    xt, yt = session.tensor(x), session.tensor(y)
+    for _ in range(2):  # the second time from the cache
+        for ls in (0.0, 0.25):
+            got = session.op("cross_entropy", xt, yt, reduction="sum", ignore_index=2,
+                             label_smoothing=ls).numpy()
+            want = torch.nn.functional.cross_entropy(torch.from_numpy(x), torch.from_numpy(y),
+                                                     reduction="sum", ignore_index=2,
+                                                     label_smoothing=ls).numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+        np.testing.assert_array_equal(session.op("sum", xt, dim=(0, 1)).numpy().shape, ())
+        np.testing.assert_allclose(session.op("leaky_relu", xt, negative_slope=-0.0).numpy(),
+                                   np.maximum(x, 0) + np.minimum(x, 0) * -0.0)
+    with pytest.raises(tensordd.Error) as e:
+        session.op("cross_entropy", xt, yt, reduction="nope").numpy()
+    assert "op cross_entropy" in str(e.value)

@@ -1,7 +1,8 @@
 """_codec -- the hot requests encoded by hand, and small replies decoded by hand.
 
 The requests a session sends most (an op with tensor inputs, one output and no
-attributes; a Download; a Release) are encoded here as whole frames (header and
+attributes or with cached ones; a Download; a Release; a small Upload from a numpy
+array; a training step's pipelined Backward and OptimizerStep) are encoded here as whole frames (header and
 message) with the bytes protobuf's own SerializeToString gives; the
 Response of a Download is decoded without building a protobuf message when it
 is the plain ``{id, tensor{...}}`` the daemon sends.
@@ -18,8 +19,8 @@ import os
 import struct
 
 __all__ = ["ACCELERATED", "append_op", "copy_into", "py_append_op", "py_copy_into", "encode_op", "frame_op", "frame_download", "frame_release",
-           "parse_tensor_reply", "py_encode_op", "py_frame_op", "py_frame_download",
-           "py_frame_release"]
+           "frame_upload", "frame_backward", "frame_optimizer_step", "parse_tensor_reply", "py_encode_op", "py_frame_op",
+           "py_frame_download", "py_frame_release", "py_frame_upload"]
 
 _MAGIC = 0x01444454  # _wire.MAGIC
 _pack_header = struct.Struct("<IIQ").pack
@@ -45,10 +46,11 @@ _SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
 _OP_NAMES: dict = {}  # op name -> its encoded Op.op field
 
 
-def py_encode_op(rid: int, name: str, inputs, out: int) -> bytes:
+def py_encode_op(rid: int, name: str, inputs, out: int, extra: bytes = b"") -> bytes:
     """Request{id: rid, op: Op{op: name, inputs, outputs: [out]}}, as protobuf encodes
     it: Request.id is field 1 (varint), Request.op field 14; Op.op field 1, Op.inputs
-    field 2 and Op.outputs field 3 (packed varints)."""
+    field 2 and Op.outputs field 3 (packed varints). extra ends the Op message as it is
+    (Op.attrs, field 4, already encoded)."""
     head = _OP_NAMES.get(name)
     if head is None:
         b = name.encode()
@@ -59,13 +61,13 @@ def py_encode_op(rid: int, name: str, inputs, out: int) -> bytes:
         ins = b"".join([_varint(h) for h in inputs])
     o = _varint(out)
     body = b"".join((head, b"\x12", _SMALL_VARINTS[len(ins)] if len(ins) < 0x80
-                     else _varint(len(ins)), ins, b"\x1a", _SMALL_VARINTS[len(o)], o))
+                     else _varint(len(ins)), ins, b"\x1a", _SMALL_VARINTS[len(o)], o, extra))
     return b"".join((b"\x08", _varint(rid), b"\x72", _varint(len(body)), body))
 
 
-def py_frame_op(rid: int, name: str, inputs, out: int) -> bytes:
+def py_frame_op(rid: int, name: str, inputs, out: int, extra: bytes = b"") -> bytes:
     """The whole frame (16-byte header, no payload) of encode_op's request."""
-    msg = py_encode_op(rid, name, inputs, out)
+    msg = py_encode_op(rid, name, inputs, out, extra)
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
@@ -87,9 +89,47 @@ def py_frame_release(rid: int, handles) -> bytes:
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
-def py_append_op(wbuf: bytearray, rid: int, name: str, inputs, out: int) -> int:
+def py_frame_upload(rid: int, handle: int, wire: int, shape, device: bytes,
+                    requires_grad: bool, nbytes: int) -> bytes:
+    """The header and message of Request{id: rid, upload: Upload{handle, dtype: wire,
+    shape, device, requires_grad}} (field 12; Upload's fields 1-5, shape packed) for a
+    payload of nbytes; device is the Device message already encoded (field 4, tag and
+    length included)."""
+    if shape:
+        dims = b"".join([_varint(d) for d in shape])
+        dims = b"".join((b"\x1a", _varint(len(dims)), dims))
+    else:
+        dims = b""
+    body = b"".join((b"\x08", _varint(handle), b"\x10", _SMALL_VARINTS[wire], dims, device,
+                     b"\x28\x01" if requires_grad else b""))
+    msg = b"".join((b"\x08", _varint(rid), b"\x62", _varint(len(body)), body))
+    return _pack_header(_MAGIC, len(msg), nbytes) + msg
+
+
+def _frame_pipelined(rid: int, tag: bytes, a: int, b_tag: bytes, b: int) -> bytes:
+    """The frame of Request{id: rid, <tag>: {field 1: a, <b_tag>: b, pipelined: true}}:
+    the body's fields in number order, pipelined (field 15, varint) last."""
+    body = b"".join((b"\x08", _varint(a), b_tag, _varint(b), b"\x78\x01"))
+    msg = b"".join((b"\x08", _varint(rid), tag, _varint(len(body)), body))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
+
+
+def frame_backward(rid: int, loss: int, grads: int) -> bytes:
+    """The frame of Request{id: rid, backward: Backward{loss, grads, pipelined: true}}
+    (Request field 20; Backward.loss 1, .grads 4): the training step's backward."""
+    return _frame_pipelined(rid, b"\xa2\x01", loss, b"\x20", grads)
+
+
+def frame_optimizer_step(rid: int, optimizer: int, grads: int) -> bytes:
+    """The frame of Request{id: rid, optimizer_step: OptimizerStep{optimizer, grads,
+    pipelined: true}} (Request field 26; OptimizerStep.optimizer 1, .grads 2)."""
+    return _frame_pipelined(rid, b"\xd2\x01", optimizer, b"\x10", grads)
+
+
+def py_append_op(wbuf: bytearray, rid: int, name: str, inputs, out: int,
+                 extra: bytes = b"") -> int:
     """frame_op's bytes appended to wbuf; its new length."""
-    wbuf += py_frame_op(rid, name, inputs, out)
+    wbuf += py_frame_op(rid, name, inputs, out, extra)
     return len(wbuf)
 
 
@@ -113,6 +153,7 @@ append_op = py_append_op
 copy_into = py_copy_into
 frame_download = py_frame_download
 frame_release = py_frame_release
+frame_upload = py_frame_upload
 # Pure Python: replies are decoded by protobuf (a hand-written decoder in Python is
 # no faster than its C++ one); the accelerator decodes the plain ones itself.
 parse_tensor_reply = None

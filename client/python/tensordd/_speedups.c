@@ -77,11 +77,24 @@ static int nargs_ok(const char *name, Py_ssize_t nargs, Py_ssize_t n)
     return 0;
 }
 
-/* framed: 0 the message, 1 the frame as bytes, 2 the frame appended to wbuf. */
+/* framed: 0 the message, 1 the frame as bytes, 2 the frame appended to wbuf. An
+ * optional fifth argument, bytes, ends the Op message as they are (its attrs, encoded
+ * and cached by the caller: field 4 follows the outputs). */
 static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed, PyObject *wbuf)
 {
-    if (!nargs_ok(framed == 2 ? "append_op" : framed ? "frame_op" : "encode_op", nargs, 4))
+    const char *fn = framed == 2 ? "append_op" : framed ? "frame_op" : "encode_op";
+    if (nargs != 5 && !nargs_ok(fn, nargs, 4))
         return NULL;
+    const char *extra = NULL;
+    Py_ssize_t extra_len = 0;
+    if (nargs == 5) {
+        if (!PyBytes_Check(args[4])) {
+            PyErr_Format(PyExc_TypeError, "%s: extra must be bytes", fn);
+            return NULL;
+        }
+        extra = PyBytes_AS_STRING(args[4]);
+        extra_len = PyBytes_GET_SIZE(args[4]);
+    }
     PyObject *rid_o = args[0], *name_o = args[1], *inputs_o = args[2], *out_o = args[3];
     uint64_t rid, out;
     if (as_u64(rid_o, &rid) < 0 || as_u64(out_o, &out) < 0)
@@ -117,7 +130,7 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
     Py_DECREF(seq);
     size_t out_len = varint_len(out);
     size_t body = 1 + varint_len((uint64_t)name_len) + (size_t)name_len + 1 + varint_len(ins_len) +
-                  ins_len + 1 + varint_len(out_len) + out_len;
+                  ins_len + 1 + varint_len(out_len) + out_len + (size_t)extra_len;
     size_t msg = 1 + varint_len(rid) + 1 + varint_len(body) + body;
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
@@ -156,7 +169,9 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
         p = put_varint(p, ins[i]);
     *p++ = 0x1a; /* Op.outputs, packed */
     p = put_varint(p, out_len);
-    put_varint(p, out);
+    p = put_varint(p, out);
+    if (extra_len)
+        memcpy(p, extra, (size_t)extra_len);
     if (ins != small)
         PyMem_Free(ins);
     return res;
@@ -177,7 +192,7 @@ static PyObject *frame_op(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyObject *append_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (!nargs_ok("append_op", nargs, 5))
+    if (nargs != 6 && !nargs_ok("append_op", nargs, 5))
         return NULL;
     if (!PyByteArray_CheckExact(args[0])) {
         PyErr_SetString(PyExc_TypeError, "append_op: wbuf must be a bytearray");

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import socket
 import sys
@@ -33,8 +34,9 @@ from ._codec import encode_op as _encode_op  # noqa: F401 (tests hold it to prot
 from ._codec import frame_download as _frame_download
 from ._codec import frame_op as _frame_op
 from ._codec import frame_release as _frame_release
+from ._codec import frame_upload as _frame_upload
 from ._codec import parse_tensor_reply as _parse_tensor_reply
-from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError
+from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError, _byte_view
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
 from .errors import Error, InvalidArgumentError, error_from_proto, local_error
@@ -195,6 +197,9 @@ def _as_call(call) -> _Call:
         return call
     if len(call) == 2:  # (what, handles)
         return _Call(call[0], call[1])
+    if len(call) == 5:  # an upload of the fast path
+        _, handle, name, shape, dev = call
+        return _Call(f"upload #{handle}", suffix=f"{name}{tuple(shape)} on {dev}")
     name, inputs, out = call  # an op of the fast path
     return _Call("op " + name, tuple(inputs), outputs=(out,))
 
@@ -210,6 +215,79 @@ def _device(backend: str, ordinal: int) -> Device:
         dev = _DEVICES[(backend, ordinal)] = Device._from_proto(
             pb.Device(backend=backend, ordinal=ordinal))
     return dev
+
+
+# Upload's fast path (Session.tensor of a small numpy array): numpy dtype -> (wire DType,
+# its name), filled for the native dtypes tensordd takes as they are met; device
+# spelling -> (Device, the encoded Upload.device field).
+_UPLOAD_DTYPES: dict = {}
+_UPLOAD_DEVICES: dict = {}
+
+
+def _upload_device(device):
+    """(Device, Upload.device encoded with its tag) for a device spelling (cached)."""
+    try:
+        return _UPLOAD_DEVICES[device]
+    except (KeyError, TypeError):  # (TypeError: an unhashable spelling)
+        pass
+    dev = Device.parse(device)
+    msg = pb.Device()
+    dev._to_proto(msg)
+    raw = msg.SerializeToString()
+    out = (dev, b"\x22" + bytes((len(raw),)) + raw) if len(raw) < 0x80 else (dev, None)
+    if isinstance(device, (str, Device)):
+        _UPLOAD_DEVICES[device] = out
+    return out
+
+
+def _upload_dtype(dt: np.dtype):
+    """(wire, name) of a numpy dtype that is sent as it is, or None."""
+    got = _UPLOAD_DTYPES.get(dt)
+    if got is None:
+        try:
+            wire = to_wire(dt)
+        except TypeError:
+            return None
+        if not dt.isnative or wire == pb.DTYPE_BF16:
+            return None
+        got = _UPLOAD_DTYPES[dt] = (wire, dtype_name(wire))
+    return got
+
+
+# Op attributes encoded once (Op.attrs entries, tag and length included), keyed by
+# (name, type, value): 1, True and 1.0 encode differently and compare equal, hence the
+# type; a zero float also by its sign. Bounded: emptied when full.
+_ATTR_BYTES: dict = {}
+_ATTR_BYTES_MAX = 4096
+
+
+def _attr_bytes(attrs: dict):
+    """attrs (not None values) as the end of an Op message, or None when one of them
+    is of a kind left to protobuf (lists, numpy scalars, NaN, ...)."""
+    parts = []
+    for name, value in attrs.items():
+        t = type(value)
+        if value is None:
+            continue
+        if t is int or t is bool or t is str:
+            key = (name, t, value)
+        elif t is float:
+            if value != value:
+                return None
+            key = (name, t, value, math.copysign(1.0, value)) if value == 0.0 else (name, t, value)
+        elif t is tuple and all(type(v) is int for v in value):
+            key = (name, t, value)
+        else:
+            return None
+        enc = _ATTR_BYTES.get(key)
+        if enc is None:
+            op = pb.Op()
+            _set_attr(op.attrs.add(), name, value)
+            if len(_ATTR_BYTES) >= _ATTR_BYTES_MAX:
+                _ATTR_BYTES.clear()
+            enc = _ATTR_BYTES[key] = op.SerializeToString()
+        parts.append(enc)
+    return b"".join(parts)
 
 
 def _fmt_handles(handles) -> str:
@@ -442,12 +520,28 @@ class Session:
             self._shutdown(f"the session was interrupted while sending {call}")
             raise
 
-    def _op_fast(self, name: str, inputs: list) -> "Tensor":
-        """op() for the common case (tensor inputs, one output, no attributes), its
-        Request encoded by hand: what SerializeToString would give, at a fraction of
-        the cost per op (tests/python/test_wire_fastpath.py and test_speedups.py hold
-        the two equal). The call's description is kept as a tuple, formatted only
-        when an error names it."""
+    def _send_frame(self, rid: int, frame: bytes, call) -> None:
+        """Queues request rid, a whole frame encoded by hand (_codec), described by call."""
+        if not self._open:
+            raise local_error("CLOSED", self._closed_why)
+        if len(self._pending_release) >= _RELEASE_BATCH:
+            self._emit_releases()
+        self._calls[rid] = call
+        try:
+            self._conn.write_frame(frame, rid)
+        except (OSError, FrameError) as e:
+            self._fail_io(e, _as_call(call))
+        except BaseException:  # interrupted mid-frame: the stream is unusable
+            self._shutdown(f"the session was interrupted while sending {_as_call(call)}")
+            raise
+
+    def _op_fast(self, name: str, inputs: list, extra: bytes = b"") -> "Tensor":
+        """op() for the common case (tensor inputs, one output, no attributes or
+        attributes already encoded as extra), its Request encoded by hand: what
+        SerializeToString would give, at a fraction of the cost per op
+        (tests/python/test_wire_fastpath.py and test_speedups.py hold the two equal).
+        The call's description is kept as a tuple, formatted only when an error
+        names it."""
         if not self._open:
             raise local_error("CLOSED", self._closed_why)
         if len(self._pending_release) >= _RELEASE_BATCH:
@@ -458,10 +552,11 @@ class Session:
         conn = self._conn
         try:
             if conn._journal is None:  # (resume on: the frame goes to the journal too)
-                if _append_op(conn._wbuf, rid, name, inputs, out) >= WRITE_HIGH_WATER:
+                if (_append_op(conn._wbuf, rid, name, inputs, out, extra) if extra else
+                        _append_op(conn._wbuf, rid, name, inputs, out)) >= WRITE_HIGH_WATER:
                     conn.flush()
             else:
-                conn.write_frame(_frame_op(rid, name, inputs, out), rid)
+                conn.write_frame(_frame_op(rid, name, inputs, out, extra), rid)
         except (OSError, FrameError) as e:
             self._fail_io(e, _as_call(call))
         except BaseException:  # interrupted mid-frame: the stream is unusable
@@ -601,6 +696,10 @@ class Session:
         the upload is asynchronous but has left the process (or been copied)
         when this returns, so the array may be modified afterwards.
         """
+        if type(data) is np.ndarray and dtype is None:
+            fast = self._upload_fast(data, device, requires_grad)
+            if fast is not None:
+                return fast
         if isinstance(data, Tensor):
             raise TypeError("data is already a Tensor; use .to(device) or .detach()")
         want = to_wire(dtype) if dtype is not None else None
@@ -651,6 +750,42 @@ class Session:
         self._send(req, call, arr)
         return Tensor(self, up.handle, shape=tuple(arr.shape), dtype=dtype_name(wire),
                       device=dev, requires_grad=requires_grad)
+
+    def _upload_fast(self, arr: np.ndarray, device, requires_grad) -> "Tensor | None":
+        """tensor() of a small C-contiguous numpy array of a dtype sent as it is: the
+        frame encoded by hand (test_wire_fastpath.py holds it to protobuf's) and the
+        bytes copied into the write buffer; None when the general path must run."""
+        wd = _upload_dtype(arr.dtype)
+        nbytes = arr.nbytes
+        conn = self._conn
+        if (wd is None or nbytes >= ZERO_COPY_THRESHOLD or not arr.flags.c_contiguous
+                or not self._open or conn._journal is not None
+                or (self._memfd and nbytes >= self.memfd_threshold)):
+            return None
+        dev, dev_bytes = _upload_device(device)
+        if dev_bytes is None:
+            return None
+        if len(self._pending_release) >= _RELEASE_BATCH:
+            self._emit_releases()
+        rg = bool(requires_grad)
+        handle = next(self._handles)
+        rid = next(self._ids)
+        shape = arr.shape
+        self._calls[rid] = ("upload", handle, wd[1], shape, dev)
+        try:
+            wbuf = conn._wbuf
+            wbuf += _frame_upload(rid, handle, wd[0], shape, dev_bytes, rg, nbytes)
+            if nbytes:
+                wbuf += _byte_view(arr)
+            if len(wbuf) >= WRITE_HIGH_WATER:
+                conn.flush()
+        except (OSError, FrameError) as e:
+            self._fail_io(e, _as_call(self._calls[rid]))
+        except BaseException:  # interrupted mid-frame: the stream is unusable
+            self._shutdown(f"the session was interrupted while sending "
+                           f"{_as_call(self._calls[rid])}")
+            raise
+        return Tensor(self, handle, shape=shape, dtype=wd[1], device=dev, requires_grad=rg)
 
     def _upload_fd(self, req: "pb.Request", arr: np.ndarray, call: _Call) -> bool:
         """Sends Upload req with arr's bytes in a new sealed memfd. The first one of the
@@ -754,9 +889,13 @@ class Session:
             inputs = [t._handle for t in tensors if t._session is self]
         except AttributeError:
             inputs = ()
-        if (len(inputs) == len(tensors) and inputs and num_outputs == 1 and not attrs
+        if (len(inputs) == len(tensors) and inputs and num_outputs == 1
                 and dtype is None and device is None and not requires_grad):
-            return self._op_fast(name, inputs)
+            if not attrs:
+                return self._op_fast(name, inputs)
+            extra = _attr_bytes(attrs)
+            if extra is not None:
+                return self._op_fast(name, inputs, extra)
         inputs = tuple(inputs)
         if len(inputs) != len(tensors):
             for t in tensors:
