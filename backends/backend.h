@@ -15,7 +15,13 @@ typedef struct {
     int emu_gpus;            /* emulated CUDA devices (`make emu` build only); 0 = none */
     uint64_t emu_gpu_memory; /* bytes each (0: the emulator's default) */
     uint32_t shm_blocks;     /* host storage blocks in memfds at most (cpu/cpu_shm.h) */
+    int cuda_streams;        /* CUDA streams per GPU for sessions (0: the backend's default) */
 } tdd_backend_config;
+
+/* The session whose work this thread issues now (0: none): the daemon sets it around a
+ * session's allocations and tasks, so a backend with streams (cuda) can put each session's
+ * work on a stream of its own without every call carrying it. */
+extern _Thread_local uint64_t tdd_backend_session;
 
 typedef struct tdd_backend {
     const char *name; /* "ref", "cpu", "cuda" */
@@ -55,6 +61,10 @@ typedef struct tdd_backend {
     /* optional: 0 while the device serves; nonzero when a fault (a sticky CUDA error) took
      * it out of service, why (len > 0) saying which. */
     int (*device_status)(void *ctx, int ordinal, char *why, size_t len);
+    /* optional: the session with this id ended (its tasks are done); what the backend kept
+     * for it (a stream) goes. Its storage may live on. A backend that has it orders each
+     * session's work itself, so the daemon gives its devices several lanes. */
+    void (*session_end)(void *ctx, uint64_t session);
 } tdd_backend;
 
 extern const tdd_backend tdd_backend_ref;

@@ -1,11 +1,23 @@
 /* cuda.c -- the cuda backend: devices, streams, memory, cuBLAS GEMMs, and the dispatch that
  * turns validated op calls into kernels.cu launches.
  *
- * One stream per device carries everything (kernels, cuBLAS, copies, stream-ordered
- * allocation and free), so storage freed by the daemon's loop thread while a kernel still
- * reads it is released only after that kernel: no device-wide synchronisation anywhere
- * except the host copies, which must wait for their bytes. execute() enqueues and returns;
- * a fault inside a kernel surfaces at the next copy or synchronize as DEVICE_UNAVAILABLE.
+ * Streams. Each session issues its work on a device on a stream of its own (a slot: the
+ * stream, its cuBLAS handle and launch parameters), made at the session's first call there
+ * and destroyed when the session ends; past cuda_streams slots, sessions share them round
+ * robin (one issues at a time on a shared slot). Slot 0 is the device's own stream: memory
+ * allocated outside any session, and what an ended session's stream hands on. So two
+ * sessions' kernels may overlap on the GPU while each session's own order holds, and the
+ * daemon gives the device several lanes. Everything of a call (kernels, cuBLAS, copies,
+ * stream-ordered allocation and free of scratch) is on the caller's slot.
+ *
+ * Memory crosses streams through the allocation table: each block remembers the slot that
+ * last issued work on it. A call on another slot first waits (an event recorded on that
+ * slot) for everything it issued, and becomes the block's last user; the free is issued on
+ * the last user's stream, so the stream-ordered allocator reuses the block for anyone only
+ * after every user's work on it. Host order between the users is the daemon's (an op's
+ * inputs are issued before it). No device-wide synchronisation anywhere except the host
+ * copies, which wait for their bytes on their own stream. execute() enqueues and returns; a
+ * fault inside a kernel surfaces at the next copy or synchronize as DEVICE_UNAVAILABLE.
  *
  * Coverage is the op table's, every dtype the cpu backend runs: supports() lists every op
  * (no default case) and names exactly what runs here. Elementwise ops compute in float, double
@@ -15,6 +27,7 @@
  * and class ranges, integer powers) read a device flag back: INVALID_ARGUMENT, synchronously. */
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,11 +99,41 @@ static int blas_load(char *why, size_t why_len)
     return 0;
 }
 
-typedef struct {
-    int id; /* CUDA device number (ordinals skip devices that failed to open) */
-    cudaStream_t stream;
+_Thread_local uint64_t tdd_backend_session;
+
+/* A stream and what issues on it. */
+typedef struct cuda_slot {
+    struct cuda_dev *dev;
+    int idx;
+    cudaStream_t stream; /* NULL: not made (a session slot nobody uses) */
     cublasHandle_t blas;
     tdc_dev kd;
+    int sessions;          /* sessions issuing on it (session slots); under the device's lock */
+    pthread_mutex_t issue; /* the sessions sharing it issue one call at a time */
+} cuda_slot;
+
+/* A live allocation: the slot that last issued work on it (open addressing on base). */
+typedef struct {
+    uintptr_t base; /* 0: empty */
+    size_t size;
+    int last;
+} mem_rec;
+
+typedef struct {
+    uint64_t session;
+    int slot;
+} sess_rec;
+
+typedef struct cuda_dev {
+    int id;               /* CUDA device number (ordinals skip devices that failed to open) */
+    pthread_mutex_t lock; /* slots' sessions and streams, sessions, the allocation table */
+    cuda_slot *slots;     /* [0]: the device's own stream; [1..nslots): sessions' */
+    int nslots;
+    unsigned rr; /* the next shared slot */
+    sess_rec *sess;
+    size_t nsess, sess_cap;
+    mem_rec *mem;
+    size_t nmem, mem_cap; /* a power of two */
     uint64_t mem_total;
     char name[160];
     int ord;            /* the daemon's ordinal: "cuda:<ord>" */
@@ -108,6 +151,15 @@ static cuda_dev *dev_of(void *ctx, int ordinal)
 {
     cuda_ctx *c = ctx;
     return c && ordinal >= 0 && ordinal < c->n ? &c->dev[ordinal] : NULL;
+}
+
+/* The slot this thread issues on during a call (NULL between calls). */
+static _Thread_local cuda_slot *cur_slot;
+
+/* The slot of the call in progress on dv (the device's own outside calls). */
+static cuda_slot *slot_now(cuda_dev *dv)
+{
+    return cur_slot && cur_slot->dev == dv ? cur_slot : &dv->slots[0];
 }
 
 /* What the last failed call on this thread saw (error_message(), alloc_error()). */
@@ -187,18 +239,60 @@ static int blas_rc(cublasStatus_t s)
 
 /* ------------------------------------------------------------------ devices */
 
+static int streams_per_device = 8; /* cuda_streams: slots for sessions per device */
+
+static void slot_close(cuda_slot *sl)
+{
+    if (sl->stream)
+        (void)cudaStreamSynchronize(sl->stream);
+    if (sl->blas)
+        blas_api.destroy(sl->blas);
+    if (sl->stream)
+        (void)cudaStreamDestroy(sl->stream);
+    (void)cudaGetLastError();
+    sl->blas = NULL;
+    sl->stream = NULL;
+}
+
+/* Makes sl's stream and cuBLAS handle (on the current device). */
+static int slot_open(cuda_slot *sl, int sms, char *why, size_t why_len)
+{
+    cudaError_t e = cudaStreamCreateWithFlags(&sl->stream, cudaStreamNonBlocking);
+    if (e) {
+        snprintf(why, why_len, "cudaStreamCreate: %s", cudaGetErrorString(e));
+        (void)cudaGetLastError();
+        sl->stream = NULL;
+        return -1;
+    }
+    cublasStatus_t s = blas_api.create(&sl->blas);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        sl->blas = NULL;
+    else
+        s = blas_api.set_stream(sl->blas, sl->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, why_len, "cuBLAS: %s", blas_api.status_string(s));
+        slot_close(sl);
+        return -1;
+    }
+    sl->kd.stream = sl->stream;
+    sl->kd.sms = sms;
+    return 0;
+}
+
 static void dev_close(cuda_dev *dv)
 {
-    if (cudaSetDevice(dv->id) != cudaSuccess)
+    if (!dv->slots)
         return;
-    if (dv->stream)
-        (void)cudaStreamSynchronize(dv->stream);
-    if (dv->blas)
-        blas_api.destroy(dv->blas);
-    if (dv->stream)
-        cudaStreamDestroy(dv->stream);
-    dv->blas = NULL;
-    dv->stream = NULL;
+    if (cudaSetDevice(dv->id) == cudaSuccess)
+        for (int i = dv->nslots - 1; i >= 0; i--)
+            slot_close(&dv->slots[i]);
+    for (int i = 0; i < dv->nslots; i++)
+        pthread_mutex_destroy(&dv->slots[i].issue);
+    pthread_mutex_destroy(&dv->lock);
+    free(dv->slots);
+    free(dv->sess);
+    free(dv->mem);
+    dv->slots = NULL;
 }
 
 static int dev_open(cuda_dev *dv, int id, char *why, size_t why_len)
@@ -228,32 +322,239 @@ static int dev_open(cuda_dev *dv, int id, char *why, size_t why_len)
     uint64_t keep = UINT64_MAX;
     if (!cudaDeviceGetDefaultMemPool(&pool, id))
         (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    e = cudaStreamCreateWithFlags(&dv->stream, cudaStreamNonBlocking);
-    if (e) {
-        snprintf(why, why_len, "device %d: cudaStreamCreate: %s", id, cudaGetErrorString(e));
-        dv->stream = NULL;
+    dv->nslots = 1 + streams_per_device;
+    dv->slots = calloc((size_t)dv->nslots, sizeof *dv->slots);
+    dv->mem_cap = 1024;
+    dv->mem = calloc(dv->mem_cap, sizeof *dv->mem);
+    if (!dv->slots || !dv->mem) {
+        free(dv->slots);
+        free(dv->mem);
+        dv->slots = NULL;
+        snprintf(why, why_len, "device %d: out of host memory", id);
         return -1;
     }
-    cublasStatus_t s = blas_api.create(&dv->blas);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        dv->blas = NULL;
-    else
-        s = blas_api.set_stream(dv->blas, dv->stream);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-        snprintf(why, why_len, "device %d: cuBLAS: %s", id, blas_api.status_string(s));
+    pthread_mutex_init(&dv->lock, NULL);
+    for (int i = 0; i < dv->nslots; i++) {
+        dv->slots[i].dev = dv;
+        dv->slots[i].idx = i;
+        pthread_mutex_init(&dv->slots[i].issue, NULL);
+    }
+    char sw[128];
+    if (slot_open(&dv->slots[0], p.multiProcessorCount, sw, sizeof sw)) {
+        snprintf(why, why_len, "device %d: %s", id, sw);
         dev_close(dv);
         return -1;
     }
-    dv->kd.stream = dv->stream;
-    dv->kd.sms = p.multiProcessorCount;
     dv->mem_total = (uint64_t)p.totalGlobalMem;
     snprintf(dv->name, sizeof dv->name, "%.96s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major,
              p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1024.0 * 1024 * 1024));
     return 0;
 }
 
+/* ------------------------------------------------------------------ streams */
+
+/* Work issued on `to` from now on runs after everything issued on `from` so far. Under the
+ * device's lock (from's stream stays). */
+static int stream_after(cuda_dev *dv, cuda_slot *from, cuda_slot *to)
+{
+    if (from == to || !from->stream)
+        return 0;
+    cudaEvent_t ev;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e)
+        return cuda_rc(dv, e, "cudaEventCreate");
+    e = cudaEventRecord(ev, from->stream);
+    if (!e)
+        e = cudaStreamWaitEvent(to->stream, ev, 0);
+    (void)cudaEventDestroy(ev); /* the wait keeps what it needs */
+    return cuda_rc(dv, e, "cross-stream event");
+}
+
+static size_t mem_home(const cuda_dev *dv, uintptr_t base)
+{
+    uint64_t h = (uint64_t)(base >> 4) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h >> 20) & (dv->mem_cap - 1);
+}
+
+static mem_rec *mem_find(cuda_dev *dv, uintptr_t base)
+{
+    for (size_t i = mem_home(dv, base);; i = (i + 1) & (dv->mem_cap - 1)) {
+        if (dv->mem[i].base == base)
+            return &dv->mem[i];
+        if (!dv->mem[i].base)
+            return NULL;
+    }
+}
+
+/* The allocation holding [p, p + n): its base exactly, else a walk of the table (copies of
+ * views that start inside their storage). NULL: memory this backend did not hand out. */
+static mem_rec *mem_holding(cuda_dev *dv, const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    mem_rec *r = mem_find(dv, a);
+    if (r)
+        return r;
+    for (size_t i = 0; i < dv->mem_cap; i++)
+        if (dv->mem[i].base && a >= dv->mem[i].base && a - dv->mem[i].base < dv->mem[i].size &&
+            n <= dv->mem[i].size - (a - dv->mem[i].base))
+            return &dv->mem[i];
+    return NULL;
+}
+
+static bool mem_insert(cuda_dev *dv, uintptr_t base, size_t size, int slot)
+{
+    if (2 * (dv->nmem + 1) > dv->mem_cap) {
+        size_t old_cap = dv->mem_cap;
+        mem_rec *old = dv->mem, *grown = calloc(2 * old_cap, sizeof *grown);
+        if (!grown)
+            return false;
+        dv->mem = grown;
+        dv->mem_cap = 2 * old_cap;
+        dv->nmem = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].base)
+                (void)mem_insert(dv, old[i].base, old[i].size, old[i].last);
+        free(old);
+    }
+    size_t i = mem_home(dv, base);
+    while (dv->mem[i].base)
+        i = (i + 1) & (dv->mem_cap - 1);
+    dv->mem[i] = (mem_rec){.base = base, .size = size, .last = slot};
+    dv->nmem++;
+    return true;
+}
+
+/* Removes r, moving back the entries of its probe run that would no longer be found. */
+static void mem_erase(cuda_dev *dv, mem_rec *r)
+{
+    size_t mask = dv->mem_cap - 1, i = (size_t)(r - dv->mem), j = i;
+    dv->mem[i].base = 0;
+    for (;;) {
+        j = (j + 1) & mask;
+        if (!dv->mem[j].base)
+            break;
+        size_t h = mem_home(dv, dv->mem[j].base);
+        /* j stays where it is when its home lies cyclically in (i, j] */
+        if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
+            continue;
+        dv->mem[i] = dv->mem[j];
+        dv->mem[j].base = 0;
+        i = j;
+    }
+    dv->nmem--;
+}
+
+/* The slot of session on dv, made at its first use there (slot 0 for no session, or when a
+ * stream cannot be made: the device's own stream is as correct, only shared). */
+static cuda_slot *slot_for(cuda_dev *dv, uint64_t session)
+{
+    if (!session)
+        return &dv->slots[0];
+    pthread_mutex_lock(&dv->lock);
+    cuda_slot *sl = NULL;
+    for (size_t i = 0; i < dv->nsess && !sl; i++)
+        if (dv->sess[i].session == session)
+            sl = &dv->slots[dv->sess[i].slot];
+    if (sl) {
+        pthread_mutex_unlock(&dv->lock);
+        return sl;
+    }
+    if (dv->nsess == dv->sess_cap) {
+        size_t cap = dv->sess_cap ? 2 * dv->sess_cap : 16;
+        sess_rec *grown = realloc(dv->sess, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&dv->lock);
+            return &dv->slots[0];
+        }
+        dv->sess = grown;
+        dv->sess_cap = cap;
+    }
+    for (int i = 1; i < dv->nslots && !sl; i++)
+        if (dv->slots[i].sessions == 0)
+            sl = &dv->slots[i];
+    if (!sl) /* every slot taken: share them round robin */
+        sl = &dv->slots[1 + (int)(dv->rr++ % (unsigned)(dv->nslots - 1))];
+    if (!sl->stream) {
+        char why[128];
+        if (cudaSetDevice(dv->id) || slot_open(sl, dv->slots[0].kd.sms, why, sizeof why)) {
+            (void)cudaGetLastError();
+            pthread_mutex_unlock(&dv->lock);
+            return &dv->slots[0];
+        }
+    }
+    sl->sessions++;
+    dv->sess[dv->nsess++] = (sess_rec){.session = session, .slot = sl->idx};
+    pthread_mutex_unlock(&dv->lock);
+    return sl;
+}
+
+/* The session ended: its slot goes when no other session issues on it. The device's own
+ * stream waits for the slot's work and takes over as the last user of its blocks. */
+static void cuda_session_end(void *ctx, uint64_t session)
+{
+    cuda_ctx *c = ctx;
+    for (int d = 0; c && d < c->n; d++) {
+        cuda_dev *dv = &c->dev[d];
+        pthread_mutex_lock(&dv->lock);
+        for (size_t i = 0; i < dv->nsess; i++) {
+            if (dv->sess[i].session != session)
+                continue;
+            cuda_slot *sl = &dv->slots[dv->sess[i].slot];
+            dv->sess[i] = dv->sess[--dv->nsess];
+            if (--sl->sessions == 0 && cudaSetDevice(dv->id) == cudaSuccess) {
+                (void)stream_after(dv, sl, &dv->slots[0]);
+                for (size_t k = 0; k < dv->mem_cap; k++)
+                    if (dv->mem[k].base && dv->mem[k].last == sl->idx)
+                        dv->mem[k].last = 0;
+                if (sl->blas)
+                    blas_api.destroy(sl->blas);
+                (void)cudaStreamDestroy(sl->stream); /* its queued work still completes */
+                (void)cudaGetLastError();
+                sl->blas = NULL;
+                sl->stream = NULL;
+            }
+            break;
+        }
+        pthread_mutex_unlock(&dv->lock);
+    }
+}
+
+/* Orders sl's next work on the block holding [p, p + n) after its last user's. */
+static int mem_use(cuda_dev *dv, cuda_slot *sl, const void *p, size_t n)
+{
+    if (!p)
+        return 0;
+    int rc = 0;
+    pthread_mutex_lock(&dv->lock);
+    mem_rec *r = mem_holding(dv, p, n ? n : 1);
+    if (r && r->last != sl->idx) {
+        rc = stream_after(dv, &dv->slots[r->last], sl);
+        if (!rc)
+            r->last = sl->idx;
+    }
+    pthread_mutex_unlock(&dv->lock);
+    return rc;
+}
+
+/* Binds this thread to session's slot on dv for one call (cur_slot; the slot's issue lock). */
+static cuda_slot *call_begin(cuda_dev *dv)
+{
+    cuda_slot *sl = slot_for(dv, tdd_backend_session);
+    pthread_mutex_lock(&sl->issue);
+    cur_slot = sl;
+    return sl;
+}
+
+static void call_end(cuda_slot *sl)
+{
+    cur_slot = NULL;
+    pthread_mutex_unlock(&sl->issue);
+}
+
 static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size_t why_len)
 {
+    if (cfg && cfg->cuda_streams > 0)
+        streams_per_device = cfg->cuda_streams;
 #ifdef TDC_EMU
     tdc_emu_configure(cfg ? cfg->emu_gpus : 0, cfg ? cfg->emu_gpu_memory : 0);
 #else
@@ -338,12 +639,23 @@ static void *cuda_alloc(void *ctx, int ordinal, size_t nbytes)
     if (!dv || dev_failed(dv))
         return NULL;
     cudaError_t e = cudaSetDevice(dv->id);
-    /* Stream-ordered: usable by everything enqueued on the device's stream after this. */
+    /* Stream-ordered: usable by the session's work issued after this (other slots wait for
+     * this one through the table before their first use). */
+    cuda_slot *sl = e ? NULL : slot_for(dv, tdd_backend_session);
     if (!e)
-        e = cudaMallocAsync(&p, nbytes ? nbytes : 1, dv->stream);
+        e = cudaMallocAsync(&p, nbytes ? nbytes : 1, sl->stream);
     last_alloc_error = e;
     if (e) {
         (void)cuda_rc(dv, e, "cudaMallocAsync"); /* a sticky error marks the device failed */
+        return NULL;
+    }
+    pthread_mutex_lock(&dv->lock);
+    bool kept = mem_insert(dv, (uintptr_t)p, nbytes ? nbytes : 1, sl->idx);
+    pthread_mutex_unlock(&dv->lock);
+    if (!kept) {
+        (void)cudaFreeAsync(p, sl->stream);
+        last_alloc_error = cudaErrorMemoryAllocation;
+        snprintf(last_err, sizeof last_err, "no host memory for the allocation table");
         return NULL;
     }
     return p;
@@ -392,8 +704,15 @@ static void cuda_free(void *ctx, int ordinal, void *p, size_t nbytes)
     cuda_dev *dv = dev_of(ctx, ordinal);
     if (!dv || !p || cudaSetDevice(dv->id) != cudaSuccess)
         return;
-    /* Runs after every kernel already enqueued that may still read p. */
-    cuda_rc(dv, cudaFreeAsync(p, dv->stream), "cudaFreeAsync");
+    /* On the last user's stream: after every kernel already enqueued there, which itself
+     * waited for the users before it. */
+    pthread_mutex_lock(&dv->lock);
+    mem_rec *r = mem_find(dv, (uintptr_t)p);
+    cuda_slot *sl = &dv->slots[r ? r->last : 0];
+    if (r)
+        mem_erase(dv, r);
+    cuda_rc(dv, cudaFreeAsync(p, sl->stream), "cudaFreeAsync");
+    pthread_mutex_unlock(&dv->lock);
 }
 
 static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, size_t n,
@@ -406,12 +725,17 @@ static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, si
     int rc = dev_failed(dv);
     if (rc || n == 0)
         return rc;
-    cudaError_t e = cudaSetDevice(dv->id);
-    if (!e)
-        e = cudaMemcpyAsync(dst, src, n, kind, dv->stream);
-    if (!e) /* the host buffer belongs to the caller once we return */
-        e = cudaStreamSynchronize(dv->stream);
-    return cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
+    if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
+        return rc;
+    cuda_slot *sl = call_begin(dv);
+    rc = mem_use(dv, sl, kind == cudaMemcpyHostToDevice ? dst : src, n);
+    cudaError_t e = cudaSuccess;
+    if (!rc)
+        e = cudaMemcpyAsync(dst, src, n, kind, sl->stream);
+    if (!rc && !e) /* the host buffer belongs to the caller once we return */
+        e = cudaStreamSynchronize(sl->stream);
+    call_end(sl);
+    return rc ? rc : cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
 }
 
 static int cuda_from_host(void *ctx, int ordinal, void *dst, const void *src, size_t n)
@@ -435,7 +759,7 @@ static int cuda_synchronize(void *ctx, int ordinal)
         return rc;
     cudaError_t e = cudaSetDevice(dv->id);
     if (!e)
-        e = cudaStreamSynchronize(dv->stream);
+        e = cudaStreamSynchronize(slot_for(dv, tdd_backend_session)->stream);
     return cuda_rc(dv, e, "synchronize");
 }
 
@@ -613,8 +937,9 @@ static int copy_dense(cuda_dev *dv, void *dst, const tdd_tensor *src)
     const tdd_tensor *ts[2] = {&d, src};
     tdc_layout l;
     layout_of(&l, src->shape, src->ndim, 2, ts);
-    return cuda_rc(dv, tdc_copy(&dv->kd, &l, dst, tdd_data(src), (int)td_dtype_size(src->dtype)),
-                   "copy");
+    return cuda_rc(
+        dv, tdc_copy(&slot_now(dv)->kd, &l, dst, tdd_data(src), (int)td_dtype_size(src->dtype)),
+        "copy");
 }
 
 /* Splits x into kept and reduced dims (mask bits), each group coalesced. */
@@ -651,7 +976,7 @@ static int exec_binary(cuda_dev *dv, const tdd_opcall *c)
     layout_of(&l, y->shape, y->ndim, c->n_in + 1, ts);
     const float *b = c->n_in > 1 ? tdd_data(c->in[1]) : NULL;
     return cuda_rc(dv,
-                   tdc_binary(&dv->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]), b,
+                   tdc_binary(&slot_now(dv)->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]), b,
                               (float)c->args->f[0], (float)c->args->f[1]),
                    tdd_opdefs[c->op].name);
 }
@@ -664,8 +989,8 @@ static int exec_unary(cuda_dev *dv, const tdd_opcall *c)
     tdc_layout l;
     layout_of(&l, y->shape, y->ndim, 2, ts);
     return cuda_rc(dv,
-                   tdc_unary(&dv->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]), (float)g->f[0],
-                             (float)g->f[1], g->i[0] != 0),
+                   tdc_unary(&slot_now(dv)->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]),
+                             (float)g->f[0], (float)g->f[1], g->i[0] != 0),
                    tdd_opdefs[c->op].name);
 }
 
@@ -677,7 +1002,7 @@ static int exec_reduce(cuda_dev *dv, const tdd_opcall *c)
     reduce_layout_of(&r, x, g->dims_mask);
     void *y = tdd_data(c->out[0]);
     const void *xp = tdd_data(x);
-    const tdc_dev *kd = &dv->kd;
+    const tdc_dev *kd = &slot_now(dv)->kd;
     int dt = (int)x->dtype; /* f32, f64, or int64 (runs_via_copies widens the rest) */
     double inv_n = 1.0 / (double)r.nred;
     cudaError_t e;
@@ -756,7 +1081,7 @@ static int exec_rows(cuda_dev *dv, const tdd_opcall *c, tdc_rowop op)
         l.kstride[d] = it.strides[0][d];
         l.ostride[d] = it.strides[1][d];
     }
-    return cuda_rc(dv, tdc_rows(&dv->kd, op, &l, (int)x->dtype, tdd_data(y), tdd_data(x)),
+    return cuda_rc(dv, tdc_rows(&slot_now(dv)->kd, op, &l, (int)x->dtype, tdd_data(y), tdd_data(x)),
                    tdd_opdefs[c->op].name);
 }
 
@@ -776,7 +1101,7 @@ static int exec_ew(cuda_dev *dv, const tdd_opcall *c)
                     .f = {g->f[0], g->f[1]},
                     .n = {g->n[0], g->n[1]}};
     int bad = 0;
-    cudaError_t e = tdc_ew(&dv->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]),
+    cudaError_t e = tdc_ew(&slot_now(dv)->kd, c->op, &l, tdd_data(y), tdd_data(c->in[0]),
                            c->n_in > 1 ? tdd_data(c->in[1]) : NULL, &a, &bad);
     int rc = cuda_rc(dv, e, tdd_opdefs[c->op].name);
     return rc ? rc : bad ? TD_EINVALID_ARGUMENT : 0;
@@ -813,25 +1138,25 @@ static int exec_index(cuda_dev *dv, const tdd_opcall *c)
     switch (c->op) {
     case TDD_OP_GATHER:
     case TDD_OP_INDEX_SELECT:
-        e = tdc_index(&dv->kd, c->op == TDD_OP_GATHER ? TDC_GATHER : TDC_INDEX_SELECT, dim, &yv,
-                      tdd_data(y), &a, tdd_data(c->in[0]), &b, tdd_data(c->in[1]),
+        e = tdc_index(&slot_now(dv)->kd, c->op == TDD_OP_GATHER ? TDC_GATHER : TDC_INDEX_SELECT,
+                      dim, &yv, tdd_data(y), &a, tdd_data(c->in[0]), &b, tdd_data(c->in[1]),
                       (int)td_dtype_size(y->dtype), &bad);
         break;
     case TDD_OP_EMBEDDING: /* embedding(indices, weight) */
-        e = tdc_index(&dv->kd, TDC_EMBEDDING, 0, &yv, tdd_data(y), &b, tdd_data(c->in[1]), &a,
-                      tdd_data(c->in[0]), (int)td_dtype_size(y->dtype), &bad);
+        e = tdc_index(&slot_now(dv)->kd, TDC_EMBEDDING, 0, &yv, tdd_data(y), &b, tdd_data(c->in[1]),
+                      &a, tdd_data(c->in[0]), (int)td_dtype_size(y->dtype), &bad);
         break;
     case TDD_OP_ONE_HOT:
         if (y->dtype != TD_I64 || !tdd_is_contiguous(y))
             return TD_EINTERNAL;
-        e = tdc_one_hot(&dv->kd, &a, tdd_data(c->in[0]), tdd_data(y), g->i[0], &bad);
+        e = tdc_one_hot(&slot_now(dv)->kd, &a, tdd_data(c->in[0]), tdd_data(y), g->i[0], &bad);
         break;
     case TDD_OP_SCATTER_ADD: {
         int rc = copy_view(dv, y, c->in[0]);
         if (rc)
             return rc;
         tdc_view src = view_of(c->in[2]);
-        e = tdc_scatter_add(&dv->kd, dim, &yv, tdd_data(y), &b, tdd_data(c->in[1]), &src,
+        e = tdc_scatter_add(&slot_now(dv)->kd, dim, &yv, tdd_data(y), &b, tdd_data(c->in[1]), &src,
                             tdd_data(c->in[2]), &bad);
         break;
     }
@@ -853,8 +1178,8 @@ static int exec_bag(cuda_dev *dv, const tdd_opcall *c)
         return TD_EINTERNAL; /* outputs are fresh, dense tensors */
     if (c->op == TDD_OP_MULTINOMIAL) {
         tdc_view x = view_of(c->in[0]);
-        e = tdc_multinomial(&dv->kd, &x, tdd_data(c->in[0]), tdd_data(y), g->i[2], g->i[3], g->i[0],
-                            (int)g->i[1], g->seed, &bad);
+        e = tdc_multinomial(&slot_now(dv)->kd, &x, tdd_data(c->in[0]), tdd_data(y), g->i[2],
+                            g->i[3], g->i[0], (int)g->i[1], g->seed, &bad);
         return checked(dv, e, bad, c);
     }
     bool bw = c->op == TDD_OP_EMBEDDING_BAG_BACKWARD;
@@ -871,14 +1196,15 @@ static int exec_bag(cuda_dev *dv, const tdd_opcall *c)
     tdc_bag b = {.B = g->i[3], .pad = g->i[1], .mode = (int)g->i[0], .last = (int)g->i[2]};
     if (bw) { /* the gradient accumulates: zeros first */
         int rc = cuda_rc(
-            dv, tdc_fill(&dv->kd, tdd_data(y), tdd_numel(y), (int)td_dtype_size(y->dtype), 0),
+            dv,
+            tdc_fill(&slot_now(dv)->kd, tdd_data(y), tdd_numel(y), (int)td_dtype_size(y->dtype), 0),
             "embedding_bag_backward");
         if (rc)
             return rc;
     }
-    e = tdc_embedding_bag(&dv->kd, bw, &b, &iv, tdd_data(ix), &ov, tdd_data(off), &wv, tdd_data(w),
-                          &pv, psw ? tdd_data(psw) : NULL, &gv, gy ? tdd_data(gy) : NULL, &yv,
-                          tdd_data(y), &bad);
+    e = tdc_embedding_bag(&slot_now(dv)->kd, bw, &b, &iv, tdd_data(ix), &ov, tdd_data(off), &wv,
+                          tdd_data(w), &pv, psw ? tdd_data(psw) : NULL, &gv,
+                          gy ? tdd_data(gy) : NULL, &yv, tdd_data(y), &bad);
     return checked(dv, e, bad, c);
 }
 
@@ -905,7 +1231,7 @@ static int exec_loss(cuda_dev *dv, const tdd_opcall *c)
         }
     }
     int bad = 0;
-    cudaError_t e = tdc_class_loss(&dv->kd, &p, (int)x->dtype, tdd_data(x), tdd_data(t),
+    cudaError_t e = tdc_class_loss(&slot_now(dv)->kd, &p, (int)x->dtype, tdd_data(x), tdd_data(t),
                                    (int)t->dtype, (g->flags & 1u) ? tdd_data(c->in[2]) : NULL,
                                    tdd_data(c->out[0]), (int)g->i[0], &bad);
     return checked(dv, e, bad, c);
@@ -931,21 +1257,23 @@ static int exec_pointwise_loss(cuda_dev *dv, const tdd_opcall *c)
     if (red == TDD_RED_NONE) {
         const tdd_tensor *ts[3] = {y, x, t};
         layout_of(&l, x->shape, x->ndim, 3, ts);
-        return cuda_rc(
-            dv, tdc_pointwise_loss(&dv->kd, bce, dt, &l, tdd_data(y), tdd_data(x), tdd_data(t)),
-            name);
+        return cuda_rc(dv,
+                       tdc_pointwise_loss(&slot_now(dv)->kd, bce, dt, &l, tdd_data(y), tdd_data(x),
+                                          tdd_data(t)),
+                       name);
     }
     int64_t n = tdd_numel(x);
     void *v = NULL;
-    int rc = cuda_rc(
-        dv, cudaMallocAsync(&v, (size_t)(n > 0 ? n : 1) * td_dtype_size(x->dtype), dv->stream),
-        name);
+    int rc = cuda_rc(dv,
+                     cudaMallocAsync(&v, (size_t)(n > 0 ? n : 1) * td_dtype_size(x->dtype),
+                                     slot_now(dv)->stream),
+                     name);
     if (rc)
         return rc;
     tdd_tensor d = dense_like(x, x->dtype);
     const tdd_tensor *ts[3] = {&d, x, t};
     layout_of(&l, x->shape, x->ndim, 3, ts);
-    cudaError_t e = tdc_pointwise_loss(&dv->kd, bce, dt, &l, v, tdd_data(x), tdd_data(t));
+    cudaError_t e = tdc_pointwise_loss(&slot_now(dv)->kd, bce, dt, &l, v, tdd_data(x), tdd_data(t));
     if (!e) { /* the sum (or mean: 0/0 is NaN, as ref) of the n values */
         tdc_reduce_layout r;
         memset(&r, 0, sizeof r);
@@ -954,10 +1282,10 @@ static int exec_pointwise_loss(cuda_dev *dv, const tdd_opcall *c)
         r.nred = r.rshape[0] = n;
         r.rstride[0] = 1;
         double scale = red == TDD_RED_MEAN ? 1.0 / (double)n : 1.0;
-        e = tdc_reduce(&dv->kd, &r, dt, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE, NULL,
-                       scale);
+        e = tdc_reduce(&slot_now(dv)->kd, &r, dt, tdd_data(y), v, TDC_R_SUM, TDC_M_ID, TDC_F_SCALE,
+                       NULL, scale);
     }
-    (void)cudaFreeAsync(v, dv->stream);
+    (void)cudaFreeAsync(v, slot_now(dv)->stream);
     return cuda_rc(dv, e, name);
 }
 
@@ -996,15 +1324,16 @@ static int exec_nn(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {y, x};
         tdc_layout l;
         layout_of(&l, y->shape, y->ndim, 2, ts);
-        e = tdc_dropout(&dv->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), g->f[0], g->seed);
+        e = tdc_dropout(&slot_now(dv)->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), g->f[0],
+                        g->seed);
         break;
     }
     case TDD_OP_LAYER_NORM: {
         int64_t D = 1, n = tdd_numel(x);
         for (int k = 0; k < g->i[0]; k++)
             D *= x->shape[x->ndim - 1 - k];
-        e = tdc_layer_norm(&dv->kd, (int)x->dtype, D ? n / D : 0, D, tdd_data(x), tdd_data(y),
-                           (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
+        e = tdc_layer_norm(&slot_now(dv)->kd, (int)x->dtype, D ? n / D : 0, D, tdd_data(x),
+                           tdd_data(y), (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
                            (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, g->f[0]);
         break;
     }
@@ -1013,7 +1342,7 @@ static int exec_nn(cuda_dev *dv, const tdd_opcall *c)
         tdc_pool p;
         window_of(&p, x, y, g, g->ints[3][0], g->ints[3][1]);
         p.is_max = c->op == TDD_OP_MAX_POOL2D;
-        e = tdc_pool2d(&dv->kd, &p, tdd_data(x), tdd_data(y),
+        e = tdc_pool2d(&slot_now(dv)->kd, &p, tdd_data(x), tdd_data(y),
                        p.is_max && c->n_out > 1 ? tdd_data(c->out[1]) : NULL, (int)x->dtype);
         break;
     }
@@ -1037,7 +1366,7 @@ static int exec_conv2d(cuda_dev *dv, const tdd_opcall *c)
         return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
     if (x->dtype == TD_F64)
         return cuda_rc(dv,
-                       tdc_conv2d_f64(&dv->kd, &p, tdd_data(x), tdd_data(w),
+                       tdc_conv2d_f64(&slot_now(dv)->kd, &p, tdd_data(x), tdd_data(w),
                                       (g->flags & 4u) ? tdd_data(c->in[2]) : NULL, tdd_data(y), O,
                                       Cg, Og),
                        "conv2d");
@@ -1056,27 +1385,28 @@ static int exec_conv2d(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {&yv, &bv};
         tdc_layout l;
         layout_of(&l, yv.shape, 3, 2, ts);
-        rc = cuda_rc(dv, tdc_copy(&dv->kd, &l, yp, tdd_data(bias), 4), "conv2d bias");
+        rc = cuda_rc(dv, tdc_copy(&slot_now(dv)->kd, &l, yp, tdd_data(bias), 4), "conv2d bias");
         beta = 1.0f;
     }
     if (rc || p.N * O * P == 0)
         return rc;
     float *col = NULL;
-    rc = cuda_rc(dv,
-                 cudaMallocAsync((void **)&col, (size_t)(p.N * K * P) * sizeof(float), dv->stream),
-                 "conv2d scratch");
+    rc = cuda_rc(
+        dv,
+        cudaMallocAsync((void **)&col, (size_t)(p.N * K * P) * sizeof(float), slot_now(dv)->stream),
+        "conv2d scratch");
     const float one = 1.0f;
     const float *wp = tdd_data(w);
     for (int64_t grp = 0; grp < G && !rc; grp++) {
-        rc = cuda_rc(dv, tdc_im2col(&dv->kd, &p, tdd_data(x), col, Cg, grp), "conv2d");
+        rc = cuda_rc(dv, tdc_im2col(&slot_now(dv)->kd, &p, tdd_data(x), col, Cg, grp), "conv2d");
         if (!rc)
             rc = blas_rc(blas_api.sgemm_strided_batched(
-                dv->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)P, (int)Og, (int)K, &one, col, (int)P,
-                K * P, wp + grp * Og * K, (int)K, 0, &beta, yp + grp * Og * P, (int)P, O * P,
-                (int)p.N));
+                slot_now(dv)->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)P, (int)Og, (int)K, &one, col,
+                (int)P, K * P, wp + grp * Og * K, (int)K, 0, &beta, yp + grp * Og * P, (int)P,
+                O * P, (int)p.N));
     }
     if (col)
-        (void)cudaFreeAsync(col, dv->stream);
+        (void)cudaFreeAsync(col, slot_now(dv)->stream);
     return rc;
 }
 
@@ -1143,7 +1473,7 @@ static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch
         return 0;
     }
     size_t bytes = (size_t)(batch * R * C) * sizeof(float);
-    cudaError_t e = cudaMallocAsync(tmp, bytes ? bytes : 1, dv->stream);
+    cudaError_t e = cudaMallocAsync(tmp, bytes ? bytes : 1, slot_now(dv)->stream);
     if (e)
         return cuda_rc(dv, e, "matmul scratch");
     int rc = copy_dense(dv, *tmp, v);
@@ -1167,18 +1497,19 @@ static int exec_gemm_naive(cuda_dev *dv, const tdd_opcall *c, const tdd_tensor *
         const tdd_tensor *ts[2] = {y, bias};
         tdc_layout l;
         layout_of(&l, y->shape, y->ndim, 2, ts);
-        rc = cuda_rc(
-            dv, tdc_copy(&dv->kd, &l, tdd_data(y), tdd_data(bias), (int)td_dtype_size(y->dtype)),
-            "linear bias");
+        rc = cuda_rc(dv,
+                     tdc_copy(&slot_now(dv)->kd, &l, tdd_data(y), tdd_data(bias),
+                              (int)td_dtype_size(y->dtype)),
+                     "linear bias");
         acc = 1;
     }
     if (rc)
         return rc;
     tdc_view yv = view_of(y), av = view_of(a), bv = view_of(b);
-    return cuda_rc(
-        dv,
-        tdc_gemm(&dv->kd, &yv, tdd_data(y), &av, tdd_data(a), &bv, tdd_data(b), nb, M, N, K, acc),
-        tdd_opdefs[c->op].name);
+    return cuda_rc(dv,
+                   tdc_gemm(&slot_now(dv)->kd, &yv, tdd_data(y), &av, tdd_data(a), &bv, tdd_data(b),
+                            nb, M, N, K, acc),
+                   tdd_opdefs[c->op].name);
 }
 
 static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
@@ -1205,12 +1536,13 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {&y, bias};
         tdc_layout l;
         layout_of(&l, y.shape, y.ndim, 2, ts);
-        rc = cuda_rc(dv, tdc_copy(&dv->kd, &l, yp, tdd_data(bias), 4), "linear bias");
+        rc = cuda_rc(dv, tdc_copy(&slot_now(dv)->kd, &l, yp, tdd_data(bias), 4), "linear bias");
         beta = 1.0f;
     } else if (K == 0) {
-        rc =
-            cuda_rc(dv, cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), dv->stream),
-                    "matmul");
+        rc = cuda_rc(
+            dv,
+            cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), slot_now(dv)->stream),
+            "matmul");
     }
     if (rc || K == 0)
         return rc;
@@ -1224,18 +1556,18 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         int m = (int)M, n = (int)N, k = (int)K;
         cublasStatus_t s;
         if (batch == 1)
-            s = blas_api.sgemm(dv->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p, A.ld, &beta, yp,
-                               n);
+            s = blas_api.sgemm(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p, A.ld,
+                               &beta, yp, n);
         else
-            s = blas_api.sgemm_strided_batched(dv->blas, B.op, A.op, n, m, k, &one, B.p, B.ld,
-                                               B.bstride, A.p, A.ld, A.bstride, &beta, yp, n, M * N,
-                                               (int)batch);
+            s = blas_api.sgemm_strided_batched(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p,
+                                               B.ld, B.bstride, A.p, A.ld, A.bstride, &beta, yp, n,
+                                               M * N, (int)batch);
         rc = blas_rc(s);
     }
     if (ta)
-        cudaFreeAsync(ta, dv->stream);
+        cudaFreeAsync(ta, slot_now(dv)->stream);
     if (tb)
-        cudaFreeAsync(tb, dv->stream);
+        cudaFreeAsync(tb, slot_now(dv)->stream);
     return rc;
 }
 
@@ -1262,26 +1594,27 @@ static int exec_create(cuda_dev *dv, const tdd_opcall *c)
     case TDD_OP_FULL:
     case TDD_OP_ZEROS:
     case TDD_OP_ONES:
-        e = tdc_fill(&dv->kd, yp, n, es, element_bits(y->dtype, g->f[0], g->n[0]));
+        e = tdc_fill(&slot_now(dv)->kd, yp, n, es, element_bits(y->dtype, g->f[0], g->n[0]));
         break;
     case TDD_OP_EYE:
-        e = tdc_eye(&dv->kd, yp, y->shape[0], y->ndim > 1 ? y->shape[1] : 1, es,
+        e = tdc_eye(&slot_now(dv)->kd, yp, y->shape[0], y->ndim > 1 ? y->shape[1] : 1, es,
                     element_bits(y->dtype, 1.0, 1));
         break;
     case TDD_OP_ARANGE:
-        e = y->dtype == TD_I64 ? tdc_arange_i64(&dv->kd, yp, n, g->n[0], g->n[2])
-                               : tdc_arange_f(&dv->kd, (int)y->dtype, yp, n, g->f[0], g->f[2]);
+        e = y->dtype == TD_I64
+                ? tdc_arange_i64(&slot_now(dv)->kd, yp, n, g->n[0], g->n[2])
+                : tdc_arange_f(&slot_now(dv)->kd, (int)y->dtype, yp, n, g->f[0], g->f[2]);
         break;
     case TDD_OP_LINSPACE:
-        e = tdc_linspace_f(&dv->kd, (int)y->dtype, yp, n, g->f[0], g->f[1]);
+        e = tdc_linspace_f(&slot_now(dv)->kd, (int)y->dtype, yp, n, g->f[0], g->f[1]);
         break;
     case TDD_OP_RAND:
     case TDD_OP_RANDN:
-        e = tdc_random_fill(&dv->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp, (int)y->dtype,
-                            n, g->seed, 0, 0);
+        e = tdc_random_fill(&slot_now(dv)->kd, c->op == TDD_OP_RAND ? TDC_RAND : TDC_RANDN, yp,
+                            (int)y->dtype, n, g->seed, 0, 0);
         break;
     case TDD_OP_RANDINT:
-        e = tdc_random_fill(&dv->kd, TDC_RANDINT, yp, (int)y->dtype, n, g->seed, g->n[0],
+        e = tdc_random_fill(&slot_now(dv)->kd, TDC_RANDINT, yp, (int)y->dtype, n, g->seed, g->n[0],
                             (uint64_t)g->n[1] - (uint64_t)g->n[0]);
         break;
     default:
@@ -1296,9 +1629,10 @@ static int copy_view(cuda_dev *dv, const tdd_tensor *dst, const tdd_tensor *src)
     const tdd_tensor *ts[2] = {dst, src};
     tdc_layout l;
     layout_of(&l, src->shape, src->ndim, 2, ts);
-    return cuda_rc(
-        dv, tdc_copy(&dv->kd, &l, tdd_data(dst), tdd_data(src), (int)td_dtype_size(src->dtype)),
-        "copy");
+    return cuda_rc(dv,
+                   tdc_copy(&slot_now(dv)->kd, &l, tdd_data(dst), tdd_data(src),
+                            (int)td_dtype_size(src->dtype)),
+                   "copy");
 }
 
 /* cat/stack: each input copied into its slice of the output (no kernel of their own). */
@@ -1334,10 +1668,10 @@ static int exec_join(cuda_dev *dv, const tdd_opcall *c)
             const tdd_tensor *ts[2] = {&part, x};
             tdc_layout l;
             layout_of(&l, x->shape, x->ndim, 2, ts);
-            rc = cuda_rc(
-                dv,
-                tdc_cast(&dv->kd, &l, tdd_data(&part), (int)y->dtype, tdd_data(x), (int)x->dtype),
-                "cast");
+            rc = cuda_rc(dv,
+                         tdc_cast(&slot_now(dv)->kd, &l, tdd_data(&part), (int)y->dtype,
+                                  tdd_data(x), (int)x->dtype),
+                         "cast");
         }
     }
     return rc;
@@ -1363,15 +1697,16 @@ static int exec_pad(cuda_dev *dv, const tdd_opcall *c)
             pm.keep_start[d] = g->ints[1][d];
             pm.keep_len[d] = g->ints[2][d];
         }
-        return cuda_rc(
-            dv, tdc_pad_mode(&dv->kd, &pm, tdd_data(y), tdd_data(x), (int)td_dtype_size(y->dtype)),
-            "pad");
+        return cuda_rc(dv,
+                       tdc_pad_mode(&slot_now(dv)->kd, &pm, tdd_data(y), tdd_data(x),
+                                    (int)td_dtype_size(y->dtype)),
+                       "pad");
     }
     /* A bool pad value is its truth (0.5 pads true, as ref), not its integer part. */
     int64_t n = y->dtype == TD_BOOL ? g->f[0] != 0.0 : tdd_sat_i64(g->f[0]);
     int rc = cuda_rc(dv,
-                     tdc_fill(&dv->kd, tdd_data(y), tdd_numel(y), (int)td_dtype_size(y->dtype),
-                              element_bits(y->dtype, g->f[0], n)),
+                     tdc_fill(&slot_now(dv)->kd, tdd_data(y), tdd_numel(y),
+                              (int)td_dtype_size(y->dtype), element_bits(y->dtype, g->f[0], n)),
                      "pad");
     tdd_tensor src = *x, dst = *y;
     for (int d = 0; d < x->ndim; d++) {
@@ -1397,9 +1732,9 @@ static int exec_tri(cuda_dev *dv, const tdd_opcall *c)
     tdc_layout l;
     layout_of(&l, y->shape, y->ndim, 2, ts);
     return cuda_rc(dv,
-                   tdc_tri(&dv->kd, &l, tdd_data(y), tdd_data(x), (int)td_dtype_size(y->dtype),
-                           y->shape[y->ndim - 2], y->shape[y->ndim - 1], c->args->i[0],
-                           c->op == TDD_OP_TRIU),
+                   tdc_tri(&slot_now(dv)->kd, &l, tdd_data(y), tdd_data(x),
+                           (int)td_dtype_size(y->dtype), y->shape[y->ndim - 2],
+                           y->shape[y->ndim - 1], c->args->i[0], c->op == TDD_OP_TRIU),
                    tdd_opdefs[c->op].name);
 }
 
@@ -1523,7 +1858,8 @@ static int via_copies(cuda_dev *dv, const tdd_opcall *c)
         int64_t n = tdd_numel(t);
         memset(st, 0, sizeof *st);
         st->nbytes = (size_t)n * td_dtype_size(f->dtype);
-        rc = cuda_rc(dv, cudaMallocAsync(&st->data, st->nbytes ? st->nbytes : 1, dv->stream),
+        rc = cuda_rc(dv,
+                     cudaMallocAsync(&st->data, st->nbytes ? st->nbytes : 1, slot_now(dv)->stream),
                      "f32 scratch");
         if (rc)
             break;
@@ -1539,8 +1875,9 @@ static int via_copies(cuda_dev *dv, const tdd_opcall *c)
             const tdd_tensor *ts[2] = {f, t};
             tdc_layout l;
             layout_of(&l, t->shape, t->ndim, 2, ts);
-            rc = cuda_rc(dv, tdc_cast(&dv->kd, &l, st->data, (int)kdt, tdd_data(t), (int)t->dtype),
-                         "cast");
+            rc = cuda_rc(
+                dv, tdc_cast(&slot_now(dv)->kd, &l, st->data, (int)kdt, tdd_data(t), (int)t->dtype),
+                "cast");
         }
         fc.in[k] = f;
     }
@@ -1557,21 +1894,46 @@ static int via_copies(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {t, &tout[k]};
         tdc_layout l;
         layout_of(&l, t->shape, t->ndim, 2, ts);
-        rc = cuda_rc(
-            dv,
-            tdc_cast(&dv->kd, &l, tdd_data(t), (int)t->dtype, tout[k].st->data, (int)tout[k].dtype),
-            "cast");
+        rc = cuda_rc(dv,
+                     tdc_cast(&slot_now(dv)->kd, &l, tdd_data(t), (int)t->dtype, tout[k].st->data,
+                              (int)tout[k].dtype),
+                     "cast");
     }
     for (int k = 0; k < nb; k++)
-        (void)cudaFreeAsync(bufs[k], dv->stream);
+        (void)cudaFreeAsync(bufs[k], slot_now(dv)->stream);
     return rc;
 }
 
+static int execute_call(void *ctx, int ordinal, const tdd_opcall *c);
+
+/* One call on the calling session's slot: its operands first wait for their last users on
+ * other slots (tensors of another session: graph values, transfers, collectives). */
 static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
 {
     cuda_dev *dv = dev_of(ctx, ordinal);
     if (!dv)
         return TD_EINTERNAL;
+    if (cur_slot && cur_slot->dev == dv) /* a part of a call (the by_parts helpers) */
+        return execute_call(ctx, ordinal, c);
+    last_err[0] = 0;
+    int rc = dev_failed(dv);
+    if (rc || (rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
+        return rc;
+    cuda_slot *sl = call_begin(dv);
+    for (int i = 0; i < c->n_in + c->n_out && !rc; i++) {
+        const tdd_tensor *t = i < c->n_in ? c->in[i] : c->out[i - c->n_in];
+        if (t && t->st)
+            rc = mem_use(dv, sl, t->st->data, t->st->nbytes);
+    }
+    if (!rc)
+        rc = execute_call(ctx, ordinal, c);
+    call_end(sl);
+    return rc;
+}
+
+static int execute_call(void *ctx, int ordinal, const tdd_opcall *c)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
     last_err[0] = 0;
     int rc = dev_failed(dv);
     if (rc)
@@ -1631,8 +1993,9 @@ static int exec_sdpa(cuda_dev *dv, const tdd_opcall *c)
     }
     const tdd_tensor *m = c->n_in > 3 ? c->in[3] : NULL;
     return cuda_rc(dv,
-                   tdc_sdpa(&dv->kd, &a, (int)y->dtype, tdd_data(c->in[0]), tdd_data(c->in[1]),
-                            tdd_data(c->in[2]), m ? tdd_data(m) : NULL, tdd_data(y)),
+                   tdc_sdpa(&slot_now(dv)->kd, &a, (int)y->dtype, tdd_data(c->in[0]),
+                            tdd_data(c->in[1]), tdd_data(c->in[2]), m ? tdd_data(m) : NULL,
+                            tdd_data(y)),
                    tdd_opdefs[c->op].name);
 }
 
@@ -1645,7 +2008,7 @@ static int exec_interp(cuda_dev *dv, const tdd_opcall *c)
     int64_t H = nd == 2 ? x->shape[2] : 1, W = x->shape[x->ndim - 1];
     int64_t Ho = nd == 2 ? y->shape[2] : 1, Wo = y->shape[y->ndim - 1];
     return cuda_rc(dv,
-                   tdc_interpolate(&dv->kd, (int)y->dtype, tdd_data(x), tdd_data(y),
+                   tdc_interpolate(&slot_now(dv)->kd, (int)y->dtype, tdd_data(x), tdd_data(y),
                                    x->shape[0] * x->shape[1], H, W, Ho, Wo, nd, (int)g->i[0],
                                    (int)g->i[1], g->f[0], g->f[nd - 1]),
                    tdd_opdefs[c->op].name);
@@ -1675,9 +2038,10 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
                                        : NULL};
         tdc_layout l;
         layout_of(&l, y->shape, y->ndim, sel ? 4 : 3, ts);
-        cudaError_t e = tdc_select(&dv->kd, &l, tdd_data(y), tdd_data(ts[1]), tdd_data(ts[2]),
-                                   sel ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
-                                   sel ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
+        cudaError_t e =
+            tdc_select(&slot_now(dv)->kd, &l, tdd_data(y), tdd_data(ts[1]), tdd_data(ts[2]),
+                       sel ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
+                       sel ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
         return cuda_rc(dv, e, tdd_opdefs[c->op].name);
     }
     case TDD_OP_GATHER:
@@ -1723,7 +2087,8 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         tdc_layout l;
         layout_of(&l, y->shape, y->ndim, 2, ts);
         return cuda_rc(
-            dv, tdc_cast(&dv->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), (int)x->dtype),
+            dv,
+            tdc_cast(&slot_now(dv)->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), (int)x->dtype),
             "cast");
     }
     case TDD_OP_CAT:
@@ -1751,11 +2116,11 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
                             .pw = g->ints[1][1],
                             .dh = g->ints[2][0],
                             .dw = g->ints[2][1]};
-        return cuda_rc(dv,
-                       tdc_conv_transpose2d(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(w),
-                                            (g->flags & 4u) ? tdd_data(c->in[2]) : NULL,
-                                            tdd_data(y), &a),
-                       "conv_transpose2d");
+        return cuda_rc(
+            dv,
+            tdc_conv_transpose2d(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(w),
+                                 (g->flags & 4u) ? tdd_data(c->in[2]) : NULL, tdd_data(y), &a),
+            "conv_transpose2d");
     }
     case TDD_OP_BATCH_NORM: {
         const tdd_tensor *x = c->in[0];
@@ -1764,7 +2129,7 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
         bool stats = g->flags & 1u;
         return cuda_rc(dv,
-                       tdc_batch_norm(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                       tdc_batch_norm(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
                                       stats ? tdd_data(c->in[1]) : NULL,
                                       stats ? tdd_data(c->in[2]) : NULL,
                                       (g->flags & 2u) ? tdd_data(c->in[3]) : NULL,
@@ -1778,7 +2143,7 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
         int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
         return cuda_rc(dv,
-                       tdc_group_norm(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                       tdc_group_norm(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
                                       (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
                                       (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, N, C, S, g->i[0],
                                       g->f[0]),
@@ -1789,9 +2154,9 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         int nd = x->ndim;
         int64_t hw = x->shape[nd - 2] * x->shape[nd - 1], planes = hw ? tdd_numel(x) / hw : 0;
         return cuda_rc(dv,
-                       tdc_adaptive_avg_pool2d(&dv->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
-                                               planes, x->shape[nd - 2], x->shape[nd - 1],
-                                               y->shape[nd - 2], y->shape[nd - 1]),
+                       tdc_adaptive_avg_pool2d(
+                           &slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y), planes,
+                           x->shape[nd - 2], x->shape[nd - 1], y->shape[nd - 2], y->shape[nd - 1]),
                        tdd_opdefs[c->op].name);
     }
     case TDD_OP_SORT:
@@ -1809,8 +2174,9 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
         }
         bool arg = c->op == TDD_OP_ARGSORT;
         return cuda_rc(dv,
-                       tdc_sort(&dv->kd, tdd_data(x), (int)x->dtype, (int)td_dtype_size(x->dtype),
-                                outer, L, inner, g->i[2], (int)g->i[1], arg ? NULL : tdd_data(y),
+                       tdc_sort(&slot_now(dv)->kd, tdd_data(x), (int)x->dtype,
+                                (int)td_dtype_size(x->dtype), outer, L, inner, g->i[2],
+                                (int)g->i[1], arg ? NULL : tdd_data(y),
                                 (int64_t *)tdd_data(arg ? y : c->out[1])),
                        tdd_opdefs[c->op].name);
     }
@@ -1850,6 +2216,7 @@ const tdd_backend tdd_backend_cuda = {
     .supports = cuda_supports,
     .execute = cuda_execute,
     .synchronize = cuda_synchronize,
+    .session_end = cuda_session_end,
     .alloc_error = cuda_alloc_error,
     .error_message = cuda_error_message,
     .device_status = cuda_device_status,

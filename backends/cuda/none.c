@@ -3,6 +3,8 @@
 
 #include "backend.h"
 
+_Thread_local uint64_t tdd_backend_session;
+
 static int none_init(const tdd_backend_config *cfg, void **ctx, char *why, size_t why_len)
 {
     *ctx = NULL;

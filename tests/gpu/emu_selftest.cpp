@@ -2,7 +2,9 @@
 // small kernels of its own: shuffles (idx, up, down, xor, width), votes, __syncthreads
 // with shared memory, the seeded random resume order, atomics, launch-configuration and
 // allocation errors, copy-kind checks, deadlock and exited-lane faults (sticky, per
-// device), half/bfloat16 rounding. Built and run by `make test-emu` (emulated build only).
+// device), streams and events (order per stream, deferred streams out of order unless an
+// event orders them, a free on the wrong stream faulting its late user), half/bfloat16
+// rounding. Built and run by `make test-emu` (emulated build only).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +88,30 @@ __global__ void exited_lane(int *out)
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
 }
 
+__global__ void fill(int *out, int v)
+{
+    out[threadIdx.x] = v;
+}
+
+__global__ void add_one(int *out)
+{
+    out[threadIdx.x] += 1;
+}
+
+__global__ void copy_ints(int *dst, const int *src)
+{
+    dst[threadIdx.x] = src[threadIdx.x];
+}
+
+// The first of n ints, when they all equal it; -1 otherwise.
+static int same(const int *h, int n)
+{
+    for (int i = 1; i < n; i++)
+        if (h[i] != h[0])
+            return -1;
+    return h[0];
+}
+
 static bool differs_from_sequential(const int *h, int k)
 {
     for (int t = 1; t < 256; t++)
@@ -96,9 +122,9 @@ static bool differs_from_sequential(const int *h, int k)
 
 int main()
 {
-    tdc_emu_configure(3, 64ull << 20);
+    tdc_emu_configure(4, 64ull << 20);
     int n = 0;
-    CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n == 3, "%d devices", n);
+    CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n == 4, "%d devices", n);
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s) == cudaSuccess, "stream");
 
@@ -176,6 +202,87 @@ int main()
     CHECK(cudaMemcpy(h, hx, 16, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
           "host destination for a host-to-device copy");
     (void)cudaGetLastError();
+
+    // ---- streams and events, on deferred streams (work runs only when forced)
+    {
+        long made = tdc_emu_streams_created();
+        tdc_emu_defer_streams(1);
+        cudaStream_t a, b;
+        CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess, "stream a");
+        CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess, "stream b");
+        tdc_emu_defer_streams(0);
+        CHECK(tdc_emu_streams_created() == made + 2, "two more streams made");
+        CHECK(tdc_emu_streams_live(0) == 3, "%d streams live on device 0", tdc_emu_streams_live(0));
+        int *dx, *dy, hs[256];
+        cudaMalloc((void **)&dx, sizeof hs);
+        cudaMalloc((void **)&dy, sizeof hs);
+        // in order on one stream, run when forced
+        tdc_launch(1, 256, 0, a, fill)(dx, 7);
+        tdc_launch(1, 256, 0, a, add_one)(dx);
+        CHECK(cudaStreamQuery(a) == cudaErrorNotReady, "deferred work is pending");
+        CHECK(cudaMemcpyAsync(hs, dx, sizeof hs, cudaMemcpyDeviceToHost, a) == cudaSuccess, "d2h");
+        CHECK(same(hs, 256) == 8, "fill then add_one on one stream: %d", same(hs, 256));
+        CHECK(cudaStreamQuery(a) == cudaSuccess, "a drained by its download");
+        // no event: b's copy reads x before a's pending fill runs
+        tdc_launch(1, 256, 0, a, fill)(dx, 5);
+        tdc_launch(1, 256, 0, b, copy_ints)(dy, dx);
+        cudaMemcpyAsync(hs, dy, sizeof hs, cudaMemcpyDeviceToHost, b);
+        CHECK(same(hs, 256) == 8, "without an event b reads the stale 8, not %d", same(hs, 256));
+        CHECK(cudaStreamSynchronize(a) == cudaSuccess, "a");
+        // an event orders b's copy after a's fill
+        cudaEvent_t ev;
+        cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        tdc_launch(1, 256, 0, a, fill)(dx, 9);
+        cudaEventRecord(ev, a);
+        tdc_launch(1, 256, 0, a, fill)(dx, 11); // after the record: b must not wait for it
+        CHECK(cudaEventQuery(ev) == cudaErrorNotReady, "event pending");
+        cudaStreamWaitEvent(b, ev, 0);
+        cudaEventDestroy(ev); // the wait keeps the record
+        tdc_launch(1, 256, 0, b, copy_ints)(dy, dx);
+        cudaMemcpyAsync(hs, dy, sizeof hs, cudaMemcpyDeviceToHost, b);
+        CHECK(same(hs, 256) == 9, "after the event b reads 9, not %d", same(hs, 256));
+        CHECK(cudaStreamQuery(a) == cudaErrorNotReady, "the work after the record still pends");
+        // pageable host memory is staged at the call
+        int v = 21;
+        for (int i = 0; i < 256; i++)
+            hs[i] = v;
+        cudaMemcpyAsync(dx, hs, sizeof hs, cudaMemcpyHostToDevice, a);
+        for (int i = 0; i < 256; i++)
+            hs[i] = 0;
+        cudaMemcpyAsync(hs, dx, sizeof hs, cudaMemcpyDeviceToHost, a);
+        CHECK(same(hs, 256) == 21, "staged upload: %d", same(hs, 256));
+        // destroying a stream runs its queued work
+        tdc_launch(1, 256, 0, a, fill)(dx, 13);
+        CHECK(cudaStreamDestroy(a) == cudaSuccess, "destroy a");
+        cudaMemcpy(hs, dx, sizeof hs, cudaMemcpyDeviceToHost);
+        CHECK(same(hs, 256) == 13, "a's last fill ran at its destruction: %d", same(hs, 256));
+        CHECK(cudaStreamDestroy(b) == cudaSuccess, "destroy b");
+        CHECK(tdc_emu_streams_live(0) == 1, "%d live", tdc_emu_streams_live(0));
+        cudaFree(dx);
+        cudaFree(dy);
+
+        // device 3: a free ordered on the user's stream is safe; on another stream the
+        // block goes while the user's kernel still pends, and that kernel faults
+        cudaSetDevice(3);
+        tdc_emu_defer_streams(1);
+        cudaStream_t u, w;
+        cudaStreamCreateWithFlags(&u, cudaStreamNonBlocking);
+        cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking);
+        tdc_emu_defer_streams(0);
+        int *z;
+        cudaMallocAsync((void **)&z, sizeof hs, u);
+        tdc_launch(1, 256, 0, u, fill)(z, 1);
+        CHECK(cudaFreeAsync(z, u) == cudaSuccess, "free on the user's stream");
+        CHECK(cudaStreamSynchronize(u) == cudaSuccess, "ran in order");
+        cudaMallocAsync((void **)&z, sizeof hs, u);
+        tdc_launch(1, 256, 0, u, fill)(z, 2);
+        CHECK(cudaFreeAsync(z, w) == cudaSuccess, "free on another stream");
+        CHECK(cudaStreamSynchronize(w) == cudaSuccess, "the free ran first");
+        CHECK(cudaStreamSynchronize(u) == cudaErrorIllegalAddress,
+              "the late user faults on the freed block");
+        cudaSetDevice(0);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess, "device 0 unaffected");
+    }
 
     // ---- faults: sticky on their device only
     cudaSetDevice(1);

@@ -15,7 +15,17 @@
  *   TDD_EMU_STICKY_LAUNCH=N  the Nth kernel launch of the process raises a sticky error
  *                            (cudaErrorIllegalAddress) on its device, as a faulting kernel
  *                            does: every later call on that device fails with it
- *   TDD_EMU_TRACE=1          one line on stderr per kernel launch (name, grid, block) */
+ *   TDD_EMU_TRACE=1          one line on stderr per kernel launch (name, grid, block,
+ *                            device, stream id; 0 is the legacy stream) and per stream made
+ *                            or destroyed
+ *   TDD_EMU_DEFER=1          deferred streams: the work of created streams runs only when
+ *                            something forces it (runtime.cpp says what), so streams run out
+ *                            of order wherever CUDA lets them: a missing event or a free
+ *                            reused too early shows as a wrong value or an illegal address
+ *   TDD_EMU_DEFER_STREAM=ID  only the stream with this id is deferred (ids count the
+ *                            streams made, from 1: in the daemon, one per device at start,
+ *                            then one per session slot as sessions first use a device)
+ *   TDD_EMU_DEFER_DEPTH=N    a deferred stream runs its queue past N items (default 1024) */
 #ifndef TDC_EMU_H
 #define TDC_EMU_H
 
@@ -133,6 +143,11 @@ void tdc_emu_configure(int gpus, uint64_t memory_per_gpu);
 uint64_t tdc_emu_bytes_in_use(int device);
 /* Raises a sticky error on device (as a faulting kernel would). */
 void tdc_emu_raise_sticky(int device, cudaError_t e);
+/* Streams created from now on are deferred (on != 0) or run their work at once. */
+void tdc_emu_defer_streams(int on);
+/* Streams created and not destroyed on device; streams created in all. */
+int tdc_emu_streams_live(int device);
+long tdc_emu_streams_created(void);
 
 #ifdef __cplusplus
 }

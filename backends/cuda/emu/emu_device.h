@@ -98,9 +98,11 @@ template <class T> T shfl(int kind, unsigned mask, T v, int param, int width)
 }
 
 typedef void (*thread_body)(void *);
-// Runs body(arg) as every thread of every block; the result is also the thread's last error.
+// Runs body(arg) as every thread of every block, in the stream's order (at once, or later on
+// a deferred stream: TDD_EMU_DEFER), then release(arg); the result is also the thread's last
+// error (the launch's own checks: a kernel's fault shows at a later call).
 cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const char *name,
-                   thread_body body, void *arg);
+                   thread_body body, void *arg, void (*release)(void *));
 
 template <class... P> struct launcher {
     dim3 grid, block;
@@ -112,17 +114,19 @@ template <class... P> struct launcher {
     {
         static_assert(sizeof...(A) == sizeof...(P), "kernel argument count");
         // The arguments as the kernel's parameter types, once, as a launch copies them.
+        // On the heap: a deferred stream runs the kernel after this returns.
         struct pack {
             void (*k)(P...);
             std::tuple<typename std::decay<P>::type...> args;
-        } pk{kernel, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
+        } *pk =
+            new pack{kernel, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
         launch(
             grid, block, shmem, stream, name,
             [](void *p) {
                 pack *q = static_cast<pack *>(p);
                 std::apply(q->k, q->args);
             },
-            &pk);
+            pk, [](void *p) { delete static_cast<pack *>(p); });
     }
 };
 

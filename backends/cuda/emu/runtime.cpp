@@ -7,7 +7,18 @@
 // due, or the reverse, is cudaErrorInvalidValue, as it is on a GPU without managed memory).
 // Fresh allocations are filled with 0xff bytes (NaN as floats): a kernel that reads what
 // nobody wrote shows it. Work runs when it is enqueued, under the stream's lock, so stream
-// order holds and a free from another thread waits for the kernel using the memory.
+// order holds and a free from another thread waits for the kernel using the memory; streams
+// run beside each other (two host threads issuing on two streams run their kernels at once).
+//
+// Deferred streams (TDD_EMU_DEFER=1, or tdc_emu_defer_streams): the work of a stream made by
+// cudaStreamCreate* is queued and runs only when something forces it -- a synchronisation of
+// the stream, of one of its events or of the device, another stream reaching a
+// cudaStreamWaitEvent on its event, a device-to-host copy issued on it (pageable memory:
+// the copy waits for the stream), a legacy-stream call (blocking streams only), or more than
+// TDD_EMU_DEFER_DEPTH (default 1024) items queued. Streams so run out of order relative to
+// each other exactly as far as CUDA allows: a missing event shows as a stale read, and a block
+// freed on one stream while another still uses it is unmapped (PROT_NONE, kept from reuse
+// for a while) when the free runs, so the late user faults with cudaErrorIllegalAddress.
 #include <cblas.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,8 +30,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "emu.h"
@@ -33,13 +48,21 @@ thread_local dim3 blockDim;
 thread_local dim3 gridDim;
 
 struct tdc_emu_stream {
-    int device;
-    std::mutex m;
+    int device = 0;
+    int id = 0;            // 0: a device's legacy stream
+    bool deferred = false; // work queued until forced (TDD_EMU_DEFER)
+    bool blocking = true;  // not cudaStreamNonBlocking: the legacy stream waits for it
+    std::mutex m;          // eager: the work runs under it
+    // deferred (under the state's dq lock): the work not run yet, positions issued and run
+    std::deque<std::function<void()>> q;
+    uint64_t issued = 0, done = 0;
 };
 struct tdc_emu_event {
     int device;
     bool recorded;
     struct timespec at;
+    int stream;   // recorded on (id; 0: nothing to wait for)
+    uint64_t seq; // the stream's position when recorded
 };
 struct tdc_emu_pool {
     int device;
@@ -73,6 +96,16 @@ struct state {
     long fail_alloc = 0, sticky_launch = 0;
     bool trace = false;
     std::atomic<long> nalloc{0}, nlaunch{0};
+    // streams
+    std::atomic<bool> defer{false};
+    size_t defer_depth = 1024;
+    int defer_stream = 0; // the one stream deferred (TDD_EMU_DEFER_STREAM; 0: none)
+    std::atomic<bool> any_deferred{false}; // freed memory then stays unmapped a while
+    std::recursive_mutex dq;               // the registry, deferred queues and their running
+    std::map<int, tdc_emu_stream *> live;  // created streams by id
+    int next_id = 1;
+    long created = 0;
+    std::deque<std::pair<void *, size_t>> quarantine; // freed mappings kept PROT_NONE
 };
 
 int cfg_gpus = 0;
@@ -119,6 +152,11 @@ void init_once()
         st->fail_alloc = (long)env_u64("TDD_EMU_FAIL_ALLOC", 0);
         st->sticky_launch = (long)env_u64("TDD_EMU_STICKY_LAUNCH", 0);
         st->trace = env_u64("TDD_EMU_TRACE", 0) != 0;
+        st->defer = env_u64("TDD_EMU_DEFER", 0) != 0;
+        st->defer_depth = (size_t)env_u64("TDD_EMU_DEFER_DEPTH", 1024);
+        st->defer_stream = (int)env_u64("TDD_EMU_DEFER_STREAM", 0);
+        if (st->defer_depth < 1)
+            st->defer_depth = 1;
         install_fault_handler();
     });
 }
@@ -217,9 +255,93 @@ cudaError_t free_on(void *p)
     if (it == st->allocs.end())
         return fail(cudaErrorInvalidDevicePointer);
     st->devs[it->second.device].in_use -= it->second.size;
-    munmap(it->second.map, it->second.map_len);
+    if (st->any_deferred) {
+        // A late user on an unordered stream faults instead of reading reused memory.
+        mprotect(it->second.map, it->second.map_len, PROT_NONE);
+        st->quarantine.emplace_back(it->second.map, it->second.map_len);
+        if (st->quarantine.size() > 4096) {
+            munmap(st->quarantine.front().first, st->quarantine.front().second);
+            st->quarantine.pop_front();
+        }
+    } else {
+        munmap(it->second.map, it->second.map_len);
+    }
     st->allocs.erase(it);
     return cudaSuccess;
+}
+
+// ------------------------------------------------------------------ stream order
+
+// Runs a deferred stream's queued work up to position upto (under dq).
+void drain(tdc_emu_stream *ts, uint64_t upto)
+{
+    while (ts->done < upto && !ts->q.empty()) {
+        std::function<void()> fn = std::move(ts->q.front());
+        ts->q.pop_front();
+        fn();
+        ts->done++;
+    }
+}
+
+// Stream id's work up to position upto has run (a destroyed stream's has).
+void force(int id, uint64_t upto)
+{
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    auto it = st->live.find(id);
+    if (it != st->live.end())
+        drain(it->second, upto);
+}
+
+// Every deferred stream of device d (blocking ones only: a legacy-stream call) has run.
+void drain_device(int d, bool blocking_only)
+{
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    for (auto &kv : st->live)
+        if (kv.second->device == d && (!blocking_only || kv.second->blocking))
+            drain(kv.second, kv.second->issued);
+}
+
+// Runs fn in ts's order: now under the stream's lock, or queued on a deferred stream.
+void submit(tdc_emu_stream *ts, std::function<void()> fn)
+{
+    if (!ts->deferred) {
+        if (ts->id == 0 && (st->defer || st->defer_stream))
+            drain_device(ts->device, true); // the legacy stream waits for blocking streams
+        std::lock_guard<std::mutex> g(ts->m);
+        fn();
+        return;
+    }
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    ts->q.push_back(std::move(fn));
+    ts->issued++;
+    if (ts->q.size() > st->defer_depth)
+        drain(ts, ts->issued);
+}
+
+// Everything issued on ts so far has run.
+void finish(tdc_emu_stream *ts)
+{
+    if (ts->deferred) {
+        std::lock_guard<std::recursive_mutex> g(st->dq);
+        drain(ts, ts->issued);
+    } else {
+        if (ts->id == 0 && (st->defer || st->defer_stream))
+            drain_device(ts->device, true);
+        std::lock_guard<std::mutex> g(ts->m);
+    }
+}
+
+// Work that runs later finds its memory freed: the fault a GPU would take.
+bool still_device(int d, const char *what, const void *p, size_t n)
+{
+    if (n == 0 || is_device(p, n))
+        return true;
+    fprintf(stderr,
+            "cuda emulator: %s on device %d touches %zu bytes at %p that are not "
+            "allocated when it runs (freed too early?)\n",
+            what, d, n, p);
+    st->devs[d].sticky = cudaErrorIllegalAddress;
+    return false;
 }
 
 // ------------------------------------------------------------------ fibers
@@ -615,35 +737,13 @@ uint64_t warp_op(int kind, unsigned mask, uint64_t value, int param, int width)
     return run->f[run->cur].res;
 }
 
-cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const char *name,
-                   thread_body body, void *arg)
+// Runs a launch's blocks one by one on this thread; a fault leaves its sticky error.
+void run_grid(int d, long k, dim3 grid, dim3 block, const char *name, thread_body body, void *arg)
 {
-    init_once();
-    int d = dev_of(s);
-    if (!valid_dev(d))
-        return fail(cudaErrorInvalidDevice);
-    if (cudaError_t e = sticky(d))
-        return fail(e);
-    uint64_t threads = (uint64_t)block.x * block.y * block.z;
-    if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
-        grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
-        shmem > 48 * 1024)
-        return fail(cudaErrorInvalidConfiguration);
-    long k = ++st->nlaunch;
-    if (st->trace)
-        fprintf(stderr, "cuda emulator: launch %ld: %s <<<(%u,%u,%u), (%u,%u,%u)>>> on device %d\n",
-                k, name, grid.x, grid.y, grid.z, block.x, block.y, block.z, d);
-    if (k == st->sticky_launch) {
-        fprintf(stderr,
-                "cuda emulator: launch %ld (%s) on device %d raises a sticky "
-                "cudaErrorIllegalAddress (TDD_EMU_STICKY_LAUNCH)\n",
-                k, name, d);
-        st->devs[d].sticky = cudaErrorIllegalAddress;
-        return cudaSuccess; // as on a GPU: the fault shows at the next call
-    }
-    tdc_emu_stream *ts = stream_of(s);
-    std::lock_guard<std::mutex> g(ts->m);
+    if (sticky(d))
+        return; // a fault before it: the context runs nothing more
     block_run r;
+    uint64_t threads = (uint64_t)block.x * block.y * block.z;
     r.n = (int)threads;
     if (fibers.size() < threads)
         fibers.resize(threads);
@@ -672,6 +772,47 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const ch
                 blockIdx.z, r.fault);
         st->devs[d].sticky = r.code;
     }
+}
+
+cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const char *name,
+                   thread_body body, void *arg, void (*release)(void *))
+{
+    init_once();
+    int d = dev_of(s);
+    cudaError_t e = cudaSuccess;
+    uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (!valid_dev(d))
+        e = cudaErrorInvalidDevice;
+    else if (cudaError_t se = sticky(d))
+        e = se;
+    else if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+             grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
+             shmem > 48 * 1024)
+        e = cudaErrorInvalidConfiguration;
+    if (e) {
+        release(arg);
+        return fail(e);
+    }
+    long k = ++st->nlaunch;
+    tdc_emu_stream *ts = stream_of(s);
+    if (st->trace)
+        fprintf(stderr,
+                "cuda emulator: launch %ld: %s <<<(%u,%u,%u), (%u,%u,%u)>>> on device %d "
+                "stream %d\n",
+                k, name, grid.x, grid.y, grid.z, block.x, block.y, block.z, d, ts->id);
+    if (k == st->sticky_launch) {
+        fprintf(stderr,
+                "cuda emulator: launch %ld (%s) on device %d raises a sticky "
+                "cudaErrorIllegalAddress (TDD_EMU_STICKY_LAUNCH)\n",
+                k, name, d);
+        st->devs[d].sticky = cudaErrorIllegalAddress;
+        release(arg);
+        return cudaSuccess; // as on a GPU: the fault shows at the next call
+    }
+    submit(ts, [=] {
+        run_grid(d, k, grid, block, name, body, arg);
+        release(arg);
+    });
     return cudaSuccess;
 }
 
@@ -701,6 +842,29 @@ void tdc_emu_raise_sticky(int device, cudaError_t e)
 {
     if (valid_dev(device))
         st->devs[device].sticky = e;
+}
+
+void tdc_emu_defer_streams(int on)
+{
+    init_once();
+    st->defer = on != 0;
+}
+
+int tdc_emu_streams_live(int device)
+{
+    init_once();
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    int n = 0;
+    for (auto &kv : st->live)
+        n += kv.second->device == device;
+    return n;
+}
+
+long tdc_emu_streams_created(void)
+{
+    init_once();
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    return st->created;
 }
 
 cudaError_t cudaGetDeviceCount(int *count)
@@ -761,6 +925,8 @@ cudaError_t cudaDeviceSynchronize(void)
 {
     if (!valid_dev(cur_dev))
         return fail(cudaErrorInvalidDevice);
+    drain_device(cur_dev, false);
+    finish(&st->devs[cur_dev].legacy);
     if (cudaError_t e = sticky(cur_dev))
         return fail(e);
     return cudaSuccess;
@@ -875,13 +1041,15 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
     int d = dev_of(s);
     if (!valid_dev(d))
         return fail(cudaErrorInvalidDevice);
-    tdc_emu_stream *ts = stream_of(s);
-    std::lock_guard<std::mutex> g(ts->m); // after whatever runs on the stream now
     if (cudaError_t e = sticky(d)) {
+        finish(stream_of(s));
         (void)free_on(p); // the context is gone with its memory
         return fail(e);
     }
-    return free_on(p);
+    if (p && !is_device(p, 1))
+        return fail(cudaErrorInvalidDevicePointer);
+    submit(stream_of(s), [p] { (void)free_on(p); }); // after the stream's earlier work
+    return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *p)
@@ -924,8 +1092,30 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
         return fail(cudaErrorInvalidValue);
     }
     tdc_emu_stream *ts = stream_of(s);
-    std::lock_guard<std::mutex> g(ts->m);
-    memmove(dst, src, n);
+    if (kind == cudaMemcpyDeviceToHost || (kind == cudaMemcpyDefault && sd && !dd)) {
+        finish(ts); // into pageable memory: the copy waits for the stream's work
+        if (cudaError_t e = sticky(d))
+            return fail(e);
+        if (!still_device(d, "cudaMemcpy", src, n))
+            return fail(cudaErrorIllegalAddress);
+        std::lock_guard<std::mutex> g(ts->m);
+        memmove(dst, src, n);
+        return cudaSuccess;
+    }
+    if (!sd && ts->deferred) { // from pageable memory: staged before the call returns
+        std::shared_ptr<std::string> staged =
+            std::make_shared<std::string>(static_cast<const char *>(src), n);
+        submit(ts, [=] {
+            if (!sticky(d) && still_device(d, "cudaMemcpy", dst, n))
+                memmove(dst, staged->data(), n);
+        });
+        return cudaSuccess;
+    }
+    submit(ts, [=] {
+        if (!sticky(d) && (!dd || still_device(d, "cudaMemcpy", dst, n)) &&
+            (!sd || still_device(d, "cudaMemcpy", src, n)))
+            memmove(dst, src, n);
+    });
     return cudaSuccess;
 }
 
@@ -944,9 +1134,10 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s)
         return fail(e);
     if (n && !is_device(p, n))
         return fail(cudaErrorInvalidValue);
-    tdc_emu_stream *ts = stream_of(s);
-    std::lock_guard<std::mutex> g(ts->m);
-    memset(p, value, n);
+    submit(stream_of(s), [=] {
+        if (!sticky(d) && still_device(d, "cudaMemset", p, n))
+            memset(p, value, n);
+    });
     return cudaSuccess;
 }
 
@@ -957,13 +1148,24 @@ cudaError_t cudaMemset(void *p, int value, size_t n)
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    (void)flags;
     if (!valid_dev(cur_dev))
         return fail(cudaErrorInvalidDevice);
     if (cudaError_t e = sticky(cur_dev))
         return fail(e);
-    *s = new tdc_emu_stream;
-    (*s)->device = cur_dev;
+    tdc_emu_stream *ts = new tdc_emu_stream;
+    ts->device = cur_dev;
+    ts->blocking = !(flags & cudaStreamNonBlocking);
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    ts->id = st->next_id++;
+    ts->deferred = st->defer || ts->id == st->defer_stream;
+    if (ts->deferred)
+        st->any_deferred = true;
+    st->live[ts->id] = ts;
+    st->created++;
+    if (st->trace)
+        fprintf(stderr, "cuda emulator: stream %d created on device %d (%zu live)\n", ts->id,
+                ts->device, st->live.size());
+    *s = ts;
     return cudaSuccess;
 }
 
@@ -976,9 +1178,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     if (!s)
         return fail(cudaErrorInvalidResourceHandle);
-    {
-        std::lock_guard<std::mutex> g(s->m);
-    }
+    std::lock_guard<std::recursive_mutex> g(st->dq);
+    if (!st->live.count(s->id))
+        return fail(cudaErrorInvalidResourceHandle);
+    finish(s); // queued work still completes, as it does on a GPU
+    st->live.erase(s->id);
+    if (st->trace)
+        fprintf(stderr, "cuda emulator: stream %d destroyed on device %d (%zu live)\n", s->id,
+                s->device, st->live.size());
     delete s;
     return cudaSuccess;
 }
@@ -989,9 +1196,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     int d = dev_of(s);
     if (!valid_dev(d))
         return fail(cudaErrorInvalidDevice);
-    {
-        std::lock_guard<std::mutex> g(stream_of(s)->m); // work runs at enqueue: done
-    }
+    finish(stream_of(s));
     if (cudaError_t e = sticky(d))
         return fail(e);
     return cudaSuccess;
@@ -999,20 +1204,43 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
-    return cudaStreamSynchronize(s);
+    init_once();
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    if (cudaError_t e = sticky(d))
+        return fail(e);
+    tdc_emu_stream *ts = stream_of(s);
+    if (ts->deferred) {
+        std::lock_guard<std::recursive_mutex> g(st->dq);
+        if (ts->done < ts->issued)
+            return cudaErrorNotReady; // not an error: nothing is recorded
+    } else {
+        finish(ts);
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
     (void)flags;
-    (void)s;
-    return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+    if (!e)
+        return fail(cudaErrorInvalidResourceHandle);
+    int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
+    if (!e->recorded || e->stream == 0)
+        return cudaSuccess; // nothing recorded, or recorded where work runs at once
+    int id = e->stream;
+    uint64_t seq = e->seq; // the record at the time of the call, as CUDA takes it
+    submit(stream_of(s), [id, seq] { force(id, seq); });
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
     (void)flags;
-    *e = new tdc_emu_event{cur_dev, false, {0, 0}};
+    *e = new tdc_emu_event{cur_dev, false, {0, 0}, 0, 0};
     return cudaSuccess;
 }
 
@@ -1023,7 +1251,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e)
 
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-    delete e;
+    delete e; // a wait already issued keeps its own copy of the record
     return cudaSuccess;
 }
 
@@ -1032,23 +1260,48 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
     if (!e)
         return fail(cudaErrorInvalidResourceHandle);
     int d = dev_of(s);
+    if (!valid_dev(d))
+        return fail(cudaErrorInvalidDevice);
     if (cudaError_t err = sticky(d))
         return fail(err);
-    std::lock_guard<std::mutex> g(stream_of(s)->m); // after the stream's earlier work
+    tdc_emu_stream *ts = stream_of(s);
     e->device = d;
     e->recorded = true;
+    if (ts->deferred) {
+        std::lock_guard<std::recursive_mutex> g(st->dq);
+        e->stream = ts->id;
+        e->seq = ts->issued;
+    } else {
+        std::lock_guard<std::mutex> g(ts->m); // after the stream's earlier work
+        e->stream = 0;
+        e->seq = 0;
+    }
     clock_gettime(CLOCK_MONOTONIC, &e->at);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-    return e ? sticky(e->device) : fail(cudaErrorInvalidResourceHandle);
+    if (!e)
+        return fail(cudaErrorInvalidResourceHandle);
+    if (e->recorded && e->stream)
+        force(e->stream, e->seq);
+    return sticky(e->device);
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e)
 {
-    return cudaEventSynchronize(e);
+    if (!e)
+        return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t err = sticky(e->device))
+        return err;
+    if (e->recorded && e->stream) {
+        std::lock_guard<std::recursive_mutex> g(st->dq);
+        auto it = st->live.find(e->stream);
+        if (it != st->live.end() && it->second->done < e->seq)
+            return cudaErrorNotReady;
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
@@ -1160,10 +1413,22 @@ tdc_emu_cublas_sgemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cub
     if (sticky(h->device))
         return CUBLAS_STATUS_EXECUTION_FAILED;
     tdc_emu_stream *ts = h->stream ? h->stream : &st->devs[h->device].legacy;
-    std::lock_guard<std::mutex> g(ts->m);
-    for (int i = 0; i < batch; i++)
-        cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, *alpha, a + i * sa, lda, b + i * sb,
-                    ldb, *beta, c + i * sc, ldc);
+    float al = *alpha, be = *beta; // host pointer mode: read at the call
+    int d = h->device;
+    submit(ts, [=] {
+        if (sticky(d))
+            return;
+        // operands freed before a deferred GEMM runs: the fault a GPU would take
+        if (gemm_check(h, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch) !=
+            CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cuda emulator: deferred cuBLAS GEMM on freed memory\n");
+            st->devs[d].sticky = cudaErrorIllegalAddress;
+            return;
+        }
+        for (int i = 0; i < batch; i++)
+            cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, a + i * sa, lda, b + i * sb,
+                        ldb, be, c + i * sc, ldc);
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 
