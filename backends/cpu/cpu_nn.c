@@ -89,14 +89,16 @@ typedef struct {
                     T *restrict d = dn + oh * Wo;                                                  \
                     int64_t h = oh * q->sh - q->ph + i * q->dh;                                    \
                     if (h < 0 || h >= q->H) {                                                      \
-                        memset(d, 0, (size_t)Wo * sizeof(T));                                      \
+                        for (int64_t k = 0; k < Wo; k++)                                           \
+                            d[k] = 0;                                                              \
                         continue;                                                                  \
                     }                                                                              \
                     const T *s = xn + h * q->xs[2] + w0 * ws;                                      \
                     for (int64_t ow = 0; ow < lo; ow++)                                            \
                         d[ow] = 0;                                                                 \
                     if (ws == 1 && sw == 1)                                                        \
-                        memcpy(d + lo, s + lo, (size_t)(hi - lo) * sizeof(T));                     \
+                        for (int64_t k = lo; k < hi; k++) /* short runs: no call */                \
+                            d[k] = s[k];                                                           \
                     else if (ws == 1 && sw == 2)                                                   \
                         for (int64_t ow = lo; ow < hi; ow++)                                       \
                             d[ow] = s[2 * ow];                                                     \
@@ -146,14 +148,16 @@ static void kernel_valid(const conv_geom *q, int64_t ow, int64_t *lo, int64_t *h
                 for (int64_t i = 0; i < q->kh; i++, d += kw) {                                     \
                     const int64_t h = oh * q->sh - q->ph + i * q->dh;                              \
                     if (h < 0 || h >= q->H || lo == hi) {                                          \
-                        memset(d, 0, (size_t)kw * sizeof(T));                                      \
+                        for (int64_t k = 0; k < kw; k++)                                           \
+                            d[k] = 0;                                                              \
                         continue;                                                                  \
                     }                                                                              \
                     const T *s = xn + ch * q->xs[1] + h * q->xs[2] + w0 * ws;                      \
                     for (int64_t j = 0; j < lo; j++)                                               \
                         d[j] = 0;                                                                  \
                     if (ws == 1 && dw == 1)                                                        \
-                        memcpy(d + lo, s + lo, (size_t)(hi - lo) * sizeof(T));                     \
+                        for (int64_t k = lo; k < hi; k++) /* short runs: no call */                \
+                            d[k] = s[k];                                                           \
                     else                                                                           \
                         for (int64_t j = lo; j < hi; j++)                                          \
                             d[j] = s[j * dw * ws];                                                 \

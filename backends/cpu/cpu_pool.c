@@ -6,6 +6,7 @@
  * and index -1, and averages are summed in double in the reference's order. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu.h"
 
@@ -42,34 +43,40 @@ static void taps(int64_t s0, int64_t d, int64_t k, int64_t n, int64_t *lo, int64
         arg = t_ ? (a) : arg;                                                                      \
     } while (0)
 
-/* One output row of the 2x2 stride-2 max: the maximum as the reference picks it (a NaN if any
- * tap is one); then, when wanted, the index of the first tap equal to
- * the maximum, or of the first NaN. Branch-free loops: they vectorise. */
-#define POOL22_FN(NAME, T)                                                                         \
+/* One output row of the 2x2 stride-2 max: the maximum as the reference picks it (the first
+ * of equals, the first NaN: taken from the last tap back, an earlier tap wins ties); then,
+ * when wanted, its index: the first tap with the maximum's bits (the maximum is one of the
+ * taps, so its bits are exact). Branch-free loops, integer compares for the index: they
+ * vectorise. */
+#define POOL22_FN(NAME, T, U)                                                                      \
     static void NAME(const T *restrict r0, const T *restrict r1, T *restrict y,                    \
                      int64_t *restrict ind, int64_t a0, int64_t W, int64_t Wo)                     \
     {                                                                                              \
         for (int64_t ow = 0; ow < Wo; ow++) {                                                      \
             const T a = r0[2 * ow], b = r0[2 * ow + 1], e = r1[2 * ow], d = r1[2 * ow + 1];        \
-            T m = a;                                                                               \
-            m = (b > m) | (b != b) ? b : m;                                                        \
-            m = (e > m) | (e != e) ? e : m;                                                        \
-            m = (d > m) | (d != d) ? d : m;                                                        \
+            T m = d;                                                                               \
+            m = (e >= m) | (e != e) ? e : m;                                                       \
+            m = (b >= m) | (b != b) ? b : m;                                                       \
+            m = (a >= m) | (a != a) ? a : m;                                                       \
             y[ow] = m;                                                                             \
         }                                                                                          \
         if (!ind)                                                                                  \
             return;                                                                                \
         for (int64_t ow = 0; ow < Wo; ow++) {                                                      \
-            const T a = r0[2 * ow], b = r0[2 * ow + 1], e = r1[2 * ow], m = y[ow];                 \
-            int32_t off = 3;                                                                       \
-            off = (e == m) | (e != e) ? 2 : off;                                                   \
-            off = (b == m) | (b != b) ? 1 : off;                                                   \
-            off = (a == m) | (a != a) ? 0 : off;                                                   \
-            ind[ow] = a0 + 2 * ow + (off & 1) + (off >> 1) * W;                                    \
+            U ua, ub, ue, um;                                                                      \
+            memcpy(&ua, r0 + 2 * ow, sizeof ua);                                                   \
+            memcpy(&ub, r0 + 2 * ow + 1, sizeof ub);                                               \
+            memcpy(&ue, r1 + 2 * ow, sizeof ue);                                                   \
+            memcpy(&um, y + ow, sizeof um);                                                        \
+            int64_t off = W + 1;                                                                   \
+            off = ue == um ? W : off;                                                              \
+            off = ub == um ? 1 : off;                                                              \
+            off = ua == um ? 0 : off;                                                              \
+            ind[ow] = a0 + 2 * ow + off;                                                           \
         }                                                                                          \
     }
-POOL22_FN(pool_planes_f32_22, float)
-POOL22_FN(pool_planes_f64_22, double)
+POOL22_FN(pool_planes_f32_22, float, uint32_t)
+POOL22_FN(pool_planes_f64_22, double, uint64_t)
 
 #define POOL_PLANES(NAME, T)                                                                       \
     static void NAME(const pool_job *jb, int64_t p0, int64_t p1)                                   \
