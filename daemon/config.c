@@ -66,8 +66,12 @@ static const option_row rows[] = {
     {"threads", "N", OPT_COUNT, FIELD(threads), 0, 0, 1024, "all cores",
      "threads for the cpu backend"},
     {"device-lanes", "N", OPT_COUNT, FIELD(device_lanes), 4, 1, 64, NULL,
-     "worker queues per cpu/ref device: sessions are spread over them, so one session's big "
-     "kernel does not hold up another's small ops (1: one queue, strict device order)"},
+     "worker threads per cpu/ref device: sessions are spread over them, and each lane serves "
+     "its sessions' queues in turn, so one session's work does not hold up another's"},
+    {"chunk-elems", "N", OPT_COUNT, FIELD(chunk_elems), 65536, 0, 1u << 30, "never",
+     "a cpu/ref kernel (matmul, bmm, linear, conv2d, elementwise) whose output has more "
+     "elements runs in pieces of about this many, other sessions' work on its lane running "
+     "between them; results are bit-identical"},
     {"sim-devices", "N", OPT_COUNT, FIELD(sim_devices), 0, 0, 16, NULL,
      "simulated discrete devices sim:0..N-1 with device memory and reference kernels, for "
      "tests"},
@@ -133,7 +137,9 @@ static const option_row rows[] = {
     {"poll-us", "USECS", OPT_COUNT, FIELD(poll_us), 100, 0, 1000000, "never",
      "after a request, keep polling the sockets this long before sleeping, so a client's "
      "next request finds the daemon awake (a sleeping vCPU took 50-80 us to wake on a "
-     "shared VM)"},
+     "shared VM); not while device work is in flight (its workers need the cores) nor for "
+     "20 ms after the loop thread was preempted (the cores are all busy: polling would take "
+     "one from the client)"},
     {"inline-work", "N", OPT_COUNT, FIELD(inline_work), 65536, 0, 1u << 24, "never",
      "an op on a host-memory device whose lane is idle runs on the loop thread, not its "
      "worker, when its work is at most this many element passes (a matmul's multiply-adds "

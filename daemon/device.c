@@ -74,7 +74,7 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
             for (int l = 0; l < d->nlanes; l++) {
                 char name[32];
                 snprintf(name, sizeof name, "%s/%d", d->label, l);
-                d->lanes[l] = tdd_queue_new(name);
+                d->lanes[l] = tdd_lane_new(name, d->be->host_memory);
                 if (!d->lanes[l])
                     return TD_ERESOURCE_EXHAUSTED;
             }
@@ -87,14 +87,14 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
 
 tdd_queue *tdd_device_lane(const tdd_device *d, uint64_t session_id)
 {
-    return d->lanes[session_id % (uint64_t)d->nlanes];
+    return tdd_lane_queue(d->lanes[session_id % (uint64_t)d->nlanes], session_id);
 }
 
 void tdd_devices_shutdown(void)
 {
     for (int i = 0; i < ndevices; i++)
         for (int l = 0; l < devices[i].nlanes; l++)
-            tdd_queue_free(devices[i].lanes[l]);
+            tdd_lane_free(devices[i].lanes[l]);
     for (size_t b = 0; b < NBACKENDS; b++)
         if (backends[b]->shutdown && contexts[b])
             backends[b]->shutdown(contexts[b]);

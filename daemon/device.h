@@ -6,6 +6,7 @@
 #include "config.h"
 
 struct tdd_queue;
+struct tdd_lane;
 
 #define TDD_MAX_LANES 64
 
@@ -18,13 +19,14 @@ typedef struct tdd_device {
     char name[64];
     uint64_t in_use, peak; /* bytes; loop thread only */
     /* The device's workers: a session's work runs on lane (session id % nlanes), in
-     * submission order; other sessions' lanes run beside it, so a long kernel holds up
-     * only its own session. One lane where the backend's kernels must not overlap. */
-    struct tdd_queue *lanes[TDD_MAX_LANES];
+     * submission order, in a queue of its own that the lane serves in turn with its other
+     * sessions' (exec.h); other lanes run beside it. One lane where the backend's kernels
+     * must not overlap. */
+    struct tdd_lane *lanes[TDD_MAX_LANES];
     int nlanes;
 } tdd_device;
 
-/* The lane that orders the work of the session with this id on d. */
+/* The queue that orders the work of the session with this id on d. Loop thread. */
 struct tdd_queue *tdd_device_lane(const tdd_device *d, uint64_t session_id);
 
 /* Who pays for an allocation: a session's quota (limit 0 = none) and the

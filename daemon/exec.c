@@ -1,6 +1,8 @@
-/* exec.c -- one worker thread per queue (a device has one queue per lane: device.c);
- * tasks run in submission order and their completions are handed back to the loop
- * thread through one wake-up pipe. */
+/* exec.c -- one worker thread per lane (a device has --device-lanes of them: device.c).
+ * Each session with work on a lane has a queue of its own there; the worker serves the
+ * queues round-robin, one task (or one piece of a chunked kernel) at a time, so work
+ * keeps its order within a session while one session's long run of work no longer
+ * holds up the others. Completions go back to the loop thread through one wake-up pipe. */
 #include "exec.h"
 
 #include <errno.h>
@@ -14,20 +16,70 @@
 #include "log.h"
 
 struct tdd_queue {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;      /* work arrived / stop */
-    pthread_cond_t done_cv; /* completed advanced (for cross-queue waits) */
-    tdd_task *head, *tail;
-    uint64_t submitted; /* loop thread only */
-    /* Written by the worker under mu; read without it by the loop's checks
-     * (idle, reached), which run per small op and used to contend for mu
-     * with the worker (futex wake-ups on both sides). */
+    tdd_lane *lane;
+    tdd_task *head, *tail;        /* under lane->mu; head stays put while it runs */
+    tdd_queue *prev_on, *next_on; /* the lane's turn order of queues with work, under mu */
+    bool on;                      /* in that order */
+    uint64_t submitted;           /* loop thread only */
+    /* Written by the worker under mu; read without it by the loop's checks (idle,
+     * reached), which run per small op and used to contend for mu with the worker
+     * (futex wake-ups on both sides). */
     _Atomic uint64_t completed;
-    int waiters;
+    /* loop thread only: the session it serves while bound, its hash chain, the lane's
+     * list of every queue (freed with the lane) and of unbound ones */
+    uint64_t session;
+    tdd_queue *hnext, *next_all, *next_free;
+};
+
+struct tdd_lane {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* work arrived / stop */
+    tdd_queue *first_on, *last_on;
+    _Atomic int n_on; /* queues with work (read by tdd_task_contended without mu) */
     int stop;
     pthread_t thread;
+    /* Whether other work may run beside the worker's (host-memory kernels): then a
+     * queue is idle when its own tasks have run, else when the whole lane's have. */
+    bool overlap;
+    uint64_t submitted;         /* loop thread only */
+    _Atomic uint64_t completed; /* tasks, every queue */
+    /* loop thread only: session id -> its queue */
+    tdd_queue **buckets;
+    size_t nbuckets, nbound, sweep_at;
+    tdd_queue *all, *unbound;
+    /* every session's queue when a new one could not be allocated: one FIFO keeps
+     * each session's order, only not the turns */
+    tdd_queue *spare;
     char name[24];
 };
+
+/* A worker whose lane has work but no ready task, and tdd_queue_wait, sleep until some
+ * task completes anywhere (or a lane gets new work): the epoch counts those events. */
+static _Atomic uint64_t dep_epoch;
+static _Atomic int dep_waiters;
+static pthread_mutex_t dep_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dep_cv = PTHREAD_COND_INITIALIZER;
+
+static void dep_bump(void)
+{
+    atomic_fetch_add(&dep_epoch, 1);
+    if (atomic_load(&dep_waiters) > 0) {
+        pthread_mutex_lock(&dep_mu);
+        pthread_cond_broadcast(&dep_cv);
+        pthread_mutex_unlock(&dep_mu);
+    }
+}
+
+/* Sleeps until the epoch has moved past seen. */
+static void dep_wait(uint64_t seen)
+{
+    atomic_fetch_add(&dep_waiters, 1);
+    pthread_mutex_lock(&dep_mu);
+    while (atomic_load(&dep_epoch) == seen)
+        pthread_cond_wait(&dep_cv, &dep_mu);
+    pthread_mutex_unlock(&dep_mu);
+    atomic_fetch_sub(&dep_waiters, 1);
+}
 
 /* Completions wake the loop through a pipe watched by a uv_poll, not a
  * uv_async: libuv 1.44's loop busy-waits (pause, then sched_yield) on an
@@ -137,80 +189,260 @@ static void post_done(tdd_task *t)
     }
 }
 
-static void *worker(void *arg)
+/* ---------------------------------------------------------------- the worker */
+
+static void turn_unlink(tdd_lane *l, tdd_queue *q)
 {
-    tdd_queue *q = arg;
-    pthread_mutex_lock(&q->mu);
-    for (;;) {
-        while (!q->head && !q->stop)
-            pthread_cond_wait(&q->cv, &q->mu);
-        if (!q->head)
-            break;
-        tdd_task *t = q->head;
-        q->head = t->next;
-        if (!q->head)
-            q->tail = NULL;
-        pthread_mutex_unlock(&q->mu);
-        t->run(t);
-        pthread_mutex_lock(&q->mu);
-        atomic_store_explicit(&q->completed, t->seq, memory_order_release);
-        if (q->waiters)
-            pthread_cond_broadcast(&q->done_cv);
-        /* After completed is published (done() may submit again), and
-         * outside mu: the wake-up write must not hold up the loop's submits. */
-        pthread_mutex_unlock(&q->mu);
-        post_done(t);
-        pthread_mutex_lock(&q->mu);
-    }
-    pthread_mutex_unlock(&q->mu);
+    if (q->prev_on)
+        q->prev_on->next_on = q->next_on;
+    else
+        l->first_on = q->next_on;
+    if (q->next_on)
+        q->next_on->prev_on = q->prev_on;
+    else
+        l->last_on = q->prev_on;
+    q->prev_on = q->next_on = NULL;
+}
+
+static void turn_append(tdd_lane *l, tdd_queue *q)
+{
+    q->prev_on = l->last_on;
+    q->next_on = NULL;
+    if (l->last_on)
+        l->last_on->next_on = q;
+    else
+        l->first_on = q;
+    l->last_on = q;
+}
+
+/* The first queue in turn order whose next task can start now. Under mu. */
+static tdd_queue *pick(tdd_lane *l)
+{
+    for (tdd_queue *q = l->first_on; q; q = q->next_on)
+        if (!q->head->ready || q->head->ready(q->head))
+            return q;
     return NULL;
 }
 
-tdd_queue *tdd_queue_new(const char *name)
+static void *worker(void *arg)
+{
+    tdd_lane *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        uint64_t seen = atomic_load(&dep_epoch); /* before looking: a later event wakes us */
+        tdd_queue *q = pick(l);
+        if (!q) {
+            if (!l->first_on) {
+                if (l->stop)
+                    break;
+                pthread_cond_wait(&l->cv, &l->mu);
+            } else { /* every queue waits on another lane's work */
+                pthread_mutex_unlock(&l->mu);
+                dep_wait(seen);
+                pthread_mutex_lock(&l->mu);
+            }
+            continue;
+        }
+        tdd_task *t = q->head;
+        pthread_mutex_unlock(&l->mu);
+        t->more = false;
+        t->run(t);
+        pthread_mutex_lock(&l->mu);
+        /* its turn is over: to the back of the order, or out of it when empty */
+        turn_unlink(l, q);
+        if (t->more) {
+            turn_append(l, q);
+            continue;
+        }
+        q->head = t->next;
+        if (!q->head) {
+            q->tail = NULL;
+            q->on = false;
+            atomic_fetch_sub(&l->n_on, 1);
+        } else {
+            turn_append(l, q);
+        }
+        atomic_store_explicit(&q->completed, t->seq, memory_order_release);
+        atomic_fetch_add_explicit(&l->completed, 1, memory_order_release);
+        /* After completed is published (done() may submit again), and outside mu: the
+         * wake-up write must not hold up the loop's submits. */
+        pthread_mutex_unlock(&l->mu);
+        dep_bump();
+        post_done(t);
+        pthread_mutex_lock(&l->mu);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+bool tdd_task_contended(const tdd_task *t)
+{
+    return t->q && atomic_load_explicit(&t->q->lane->n_on, memory_order_relaxed) > 1;
+}
+
+/* ---------------------------------------------------------------- lanes */
+
+static tdd_queue *queue_new(tdd_lane *l)
 {
     tdd_queue *q = calloc(1, sizeof *q);
     if (!q)
         return NULL;
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
-    pthread_cond_init(&q->done_cv, NULL);
-    strncpy(q->name, name, sizeof q->name - 1);
-    if (pthread_create(&q->thread, NULL, worker, q)) {
-        free(q);
-        return NULL;
-    }
+    q->lane = l;
+    q->next_all = l->all;
+    l->all = q;
     return q;
 }
 
-void tdd_queue_free(tdd_queue *q)
+tdd_lane *tdd_lane_new(const char *name, bool overlap)
 {
-    if (!q)
-        return;
-    pthread_mutex_lock(&q->mu);
-    q->stop = 1;
-    pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-    pthread_join(q->thread, NULL);
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->cv);
-    pthread_cond_destroy(&q->done_cv);
-    free(q);
+    tdd_lane *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->overlap = overlap;
+    l->nbuckets = 64;
+    l->sweep_at = 64;
+    l->buckets = calloc(l->nbuckets, sizeof *l->buckets);
+    l->spare = l->buckets ? queue_new(l) : NULL;
+    if (!l->spare) {
+        free(l->buckets);
+        free(l);
+        return NULL;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    strncpy(l->name, name, sizeof l->name - 1);
+    if (pthread_create(&l->thread, NULL, worker, l)) {
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        free(l->spare);
+        free(l->buckets);
+        free(l);
+        return NULL;
+    }
+    return l;
 }
+
+void tdd_lane_free(tdd_lane *l)
+{
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    for (tdd_queue *q = l->all, *next; q; q = next) {
+        next = q->next_all;
+        free(q);
+    }
+    free(l->buckets);
+    free(l);
+}
+
+static size_t bucket(const tdd_lane *l, uint64_t session_id)
+{
+    return (size_t)(session_id * 0x9E3779B97F4A7C15ull >> 32) & (l->nbuckets - 1);
+}
+
+static bool queue_drained(const tdd_queue *q)
+{
+    return atomic_load_explicit(&q->completed, memory_order_acquire) == q->submitted;
+}
+
+/* Unbinds the queues whose work has all run: any session may take them. */
+static void sweep(tdd_lane *l)
+{
+    for (size_t b = 0; b < l->nbuckets; b++)
+        for (tdd_queue **pq = &l->buckets[b]; *pq;) {
+            tdd_queue *q = *pq;
+            if (!queue_drained(q)) {
+                pq = &q->hnext;
+                continue;
+            }
+            *pq = q->hnext;
+            q->next_free = l->unbound;
+            l->unbound = q;
+            l->nbound--;
+        }
+    l->sweep_at = l->nbound * 2 > 64 ? l->nbound * 2 : 64;
+}
+
+static void grow(tdd_lane *l)
+{
+    size_t n = l->nbuckets * 2;
+    tdd_queue **nb = calloc(n, sizeof *nb);
+    if (!nb)
+        return; /* longer chains */
+    tdd_queue **old = l->buckets;
+    size_t oldn = l->nbuckets;
+    l->buckets = nb;
+    l->nbuckets = n;
+    for (size_t b = 0; b < oldn; b++)
+        for (tdd_queue *q = old[b], *next; q; q = next) {
+            next = q->hnext;
+            size_t k = bucket(l, q->session);
+            q->hnext = nb[k];
+            nb[k] = q;
+        }
+    free(old);
+}
+
+tdd_queue *tdd_lane_queue(tdd_lane *l, uint64_t session_id)
+{
+    for (tdd_queue *q = l->buckets[bucket(l, session_id)]; q; q = q->hnext)
+        if (q->session == session_id)
+            return q;
+    if (l->nbound >= l->sweep_at)
+        sweep(l);
+    tdd_queue *q = l->unbound;
+    if (q)
+        l->unbound = q->next_free;
+    else if (!(q = queue_new(l)))
+        return l->spare;
+    if (l->nbound >= l->nbuckets)
+        grow(l);
+    q->session = session_id;
+    size_t k = bucket(l, session_id);
+    q->hnext = l->buckets[k];
+    l->buckets[k] = q;
+    l->nbound++;
+    return q;
+}
+
+uint64_t tdd_lane_depth(const tdd_lane *l)
+{
+    uint64_t n = 0;
+    for (const tdd_queue *q = l->all; q; q = q->next_all)
+        n += tdd_queue_depth(q);
+    return n;
+}
+
+/* ---------------------------------------------------------------- queues */
 
 uint64_t tdd_queue_submit(tdd_queue *q, tdd_task *t)
 {
+    tdd_lane *l = q->lane;
     t->next = NULL;
     t->q = q;
     pending++;
-    pthread_mutex_lock(&q->mu);
+    l->submitted++;
+    pthread_mutex_lock(&l->mu);
     t->seq = ++q->submitted;
     if (q->tail)
         q->tail->next = t;
     else
         q->head = t;
     q->tail = t;
-    pthread_cond_signal(&q->cv);
-    pthread_mutex_unlock(&q->mu);
+    if (!q->on) {
+        q->on = true;
+        atomic_fetch_add(&l->n_on, 1);
+        turn_append(l, q);
+    }
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    dep_bump(); /* a worker waiting on other lanes may find this task ready */
     return t->seq;
 }
 
@@ -221,16 +453,19 @@ uint64_t tdd_queue_next_seq(const tdd_queue *q)
 
 void tdd_queue_wait(tdd_queue *q, uint64_t seq)
 {
-    pthread_mutex_lock(&q->mu);
-    q->waiters++;
-    while (atomic_load_explicit(&q->completed, memory_order_acquire) < seq)
-        pthread_cond_wait(&q->done_cv, &q->mu);
-    q->waiters--;
-    pthread_mutex_unlock(&q->mu);
+    for (;;) {
+        uint64_t seen = atomic_load(&dep_epoch);
+        if (tdd_queue_reached(q, seq))
+            return;
+        dep_wait(seen);
+    }
 }
 
 bool tdd_queue_idle(tdd_queue *q)
 {
+    const tdd_lane *l = q->lane;
+    if (!l->overlap)
+        return atomic_load_explicit(&l->completed, memory_order_acquire) == l->submitted;
     return atomic_load_explicit(&q->completed, memory_order_acquire) == q->submitted;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunk.h"
 #include "log.h"
 #include "stats.h"
 
@@ -52,6 +53,16 @@ static void session_task_finish(session_task *t, tdd_value *reply_value)
     session_task_finish_ex(t, reply_value, true);
 }
 
+/* Whether the producers of in[] on other queues have run (a lane runs a task once they
+ * have: tdd_task.ready). */
+static bool inputs_reached(const tdd_task *self, tdd_value *const *in, int n_in)
+{
+    for (int i = 0; i < n_in; i++)
+        if (in[i]->fq && in[i]->fq != self->q && !tdd_queue_reached(in[i]->fq, in[i]->fseq))
+            return false;
+    return true;
+}
+
 /* Waits for producers on other queues, then reports the first poisoned input. */
 static int inputs_ready(tdd_task *self, tdd_value *const *in, int n_in, td_error *err)
 {
@@ -93,26 +104,70 @@ typedef struct {
         uint64_t seq;
     } was[2];
     int n_was;
+    /* a large kernel's pieces (chunk.h): piece is the next one to run */
+    tdd_chunk_plan plan;
+    int piece;
 } op_task;
+
+static bool op_ready(tdd_task *t)
+{
+    op_task *ot = (op_task *)t;
+    if (ot->piece > 0)
+        return true; /* a chunked kernel under way */
+    for (int k = 0; k < ot->n_was; k++)
+        if (ot->was[k].q && ot->was[k].q != t->q &&
+            !tdd_queue_reached(ot->was[k].q, ot->was[k].seq))
+            return false;
+    return inputs_reached(t, ot->in, ot->n_in);
+}
+
+/* Runs the kernel; a large one on a host-memory device in pieces, handing the lane to
+ * other sessions' work between two pieces (t->more) when some is waiting. */
+static int op_kernel(op_task *ot, tdd_task *t)
+{
+    tdd_opcall call = {.op = ot->op, .args = &ot->args, .n_in = ot->n_in, .n_out = ot->n_out};
+    for (int i = 0; i < ot->n_in; i++)
+        call.in[i] = &ot->in[i]->t;
+    for (int i = 0; i < ot->n_out; i++)
+        call.out[i] = &ot->out[i]->t;
+    const tdd_device *dev = ot->dev;
+    const tdd_backend *be = dev->be;
+    if (ot->piece == 0) {
+        int rc = be->supports ? be->supports(dev->ctx, &call) : 0;
+        if (rc || !be->host_memory ||
+            tdd_chunk_plan_make(&call, (int64_t)tdd_cfg.chunk_elems, strcmp(be->name, "ref") != 0,
+                                &ot->plan) < 2)
+            return rc ? rc : be->execute(dev->ctx, dev->ordinal, &call);
+    }
+    while (ot->piece < ot->plan.pieces) {
+        tdd_chunk_piece pc;
+        tdd_chunk_piece_make(&ot->plan, &call, ot->piece++, &pc);
+        int rc = be->execute(dev->ctx, dev->ordinal, &pc.call);
+        if (rc)
+            return rc;
+        if (ot->piece < ot->plan.pieces && tdd_task_contended(t)) {
+            t->more = true;
+            return 0;
+        }
+    }
+    return 0;
+}
 
 static void op_run(tdd_task *t)
 {
     op_task *ot = (op_task *)t;
     session_task *st = &ot->st;
-    for (int k = 0; k < ot->n_was; k++)
-        if (ot->was[k].q && ot->was[k].q != t->q)
-            tdd_queue_wait(ot->was[k].q, ot->was[k].seq);
-    st->rc = inputs_ready(t, ot->in, ot->n_in, &st->err);
+    if (ot->piece == 0) {
+        for (int k = 0; k < ot->n_was; k++)
+            if (ot->was[k].q && ot->was[k].q != t->q)
+                tdd_queue_wait(ot->was[k].q, ot->was[k].seq);
+        st->rc = inputs_ready(t, ot->in, ot->n_in, &st->err);
+    }
     if (!st->rc && ot->run_kernel) {
-        tdd_opcall call = {.op = ot->op, .args = &ot->args, .n_in = ot->n_in, .n_out = ot->n_out};
-        for (int i = 0; i < ot->n_in; i++)
-            call.in[i] = &ot->in[i]->t;
-        for (int i = 0; i < ot->n_out; i++)
-            call.out[i] = &ot->out[i]->t;
         const tdd_backend *be = ot->dev->be;
-        int rc = be->supports ? be->supports(ot->dev->ctx, &call) : 0;
-        if (!rc)
-            rc = be->execute(ot->dev->ctx, ot->dev->ordinal, &call);
+        int rc = op_kernel(ot, t);
+        if (t->more)
+            return;
         if (rc) {
             char why[192] = ""; /* what the device reported, e.g. the CUDA error's name */
             if (be->error_message)
@@ -324,6 +379,7 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     session_task_begin(&ot->st, s, req_id, want_reply);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
+    ot->st.base.ready = op_ready;
     ot->t0 = uv_hrtime();
     if (can_run_inline(ot)) {
         for (int i = 0; i < nout; i++)
@@ -391,6 +447,7 @@ int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value
     session_task_begin(&ot->st, s, req_id, false);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
+    ot->st.base.ready = op_ready;
     ot->t0 = uv_hrtime();
     if (can_run_inline(ot)) {
         dst->fq = NULL; /* ready now */
@@ -451,6 +508,11 @@ static void copy_run(tdd_task *t)
         poison_outputs(&ct->dst, 1, st->rc, &st->err, st->req_id);
 }
 
+static bool copy_ready(tdd_task *t)
+{
+    return inputs_reached(t, &((copy_task *)t)->src, 1);
+}
+
 static void copy_done(tdd_task *t)
 {
     copy_task *ct = (copy_task *)t;
@@ -506,6 +568,7 @@ int tdd_submit_copy(tdd_session *s, uint64_t req_id, tdd_value *src, tdd_device 
     session_task_begin(&ct->st, s, req_id, false);
     ct->st.base.run = copy_run;
     ct->st.base.done = copy_done;
+    ct->st.base.ready = copy_ready;
     tdd_queue_submit(q, &ct->st.base);
     return 0;
 }

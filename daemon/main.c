@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <uv.h>
 
@@ -68,10 +69,35 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_unref((uv_handle_t *)&grace);
 }
 
+/* After the loop thread was preempted (another thread wanted its CPU), it polls no
+ * more for this long: on a machine whose cores are all busy, polling takes the core
+ * the client or a device worker needs. */
+#define POLL_BACKOFF_NS (20 * 1000 * 1000ull)
+
+/* Whether polling now would take a core from someone: device work is in flight (its
+ * workers need the cores, and its completion wakes the loop anyway), or the loop
+ * thread was preempted less than POLL_BACKOFF_NS ago (getrusage's involuntary context
+ * switches of this thread). */
+static bool poll_would_steal(uint64_t now)
+{
+    static long nivcsw = -1;
+    static uint64_t quiet_from;
+    if (tdd_exec_pending())
+        return true;
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0 && ru.ru_nivcsw != nivcsw) {
+        if (nivcsw >= 0)
+            quiet_from = now + POLL_BACKOFF_NS;
+        nivcsw = ru.ru_nivcsw;
+    }
+    return now < quiet_from;
+}
+
 /* Runs the loop until no handle is left. For --poll-us after each request the loop
  * polls (non-blocking) instead of sleeping in epoll_wait: a client's next request
  * then finds it awake. On a shared 2-vCPU VM a sleeping daemon took 50-80 us to wake,
- * 4x a raw TCP ping-pong (bench/RESULTS.md); an idle daemon still sleeps. */
+ * 4x a raw TCP ping-pong (bench/RESULTS.md); an idle daemon still sleeps, and so does
+ * one whose polling would take a core from someone (poll_would_steal). */
 static void run_loop(uv_loop_t *loop)
 {
     uint64_t poll_ns = tdd_cfg.poll_us * 1000ull, last = uv_hrtime();
@@ -86,7 +112,7 @@ static void run_loop(uv_loop_t *loop)
             last = now;
             continue;
         }
-        if (now - last < poll_ns)
+        if (now - last < poll_ns && !poll_would_steal(now))
             continue;
         if (!uv_run(loop, UV_RUN_ONCE))
             break;

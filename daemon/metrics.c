@@ -198,7 +198,7 @@ static void render(text *t)
         const tdd_device *d = tdd_device_get(i);
         uint64_t depth = 0;
         for (int k = 0; k < d->nlanes; k++)
-            depth += d->lanes[k] ? tdd_queue_depth(d->lanes[k]) : 0;
+            depth += d->lanes[k] ? tdd_lane_depth(d->lanes[k]) : 0;
         put(t, "tensordd_device_queue_depth{device=\"%s\"} %" PRIu64 "\n",
             label(a, sizeof a, d->label), depth);
     }

@@ -72,13 +72,20 @@ typedef struct {
     int64_t ldc;
 } gemm_job;
 
+/* Where thread p's block starts: on a 64-row (or column) grid, where OpenBLAS's sums do not
+ * depend on the split (daemon/chunk.c runs big GEMMs in pieces on that grid too). */
+static int64_t part_start(int64_t total, int p, int nt)
+{
+    return p >= nt ? total : total * p / nt / 64 * 64;
+}
+
 static void gemm_part(void *arg, int p, int nt)
 {
     const gemm_job *j = arg;
     size_t esz = j->f64 ? 8 : 4;
     bool by_rows = j->M >= j->N;
     int64_t total = by_rows ? j->M : j->N;
-    int64_t lo = total * p / nt, hi = total * (p + 1) / nt;
+    int64_t lo = part_start(total, p, nt), hi = part_start(total, p + 1, nt);
     if (hi <= lo)
         return;
     if (by_rows)

@@ -1,11 +1,12 @@
 """Device lanes: one session's long kernels do not hold up another session's ops.
 
-A cpu/ref device runs each session's work on one of --device-lanes worker queues
-(session id % lanes), in that session's order. The checks are about order, not
-time: session A queues a long chain of matmuls; session B then runs a tiny op and
-asks the daemon how many tasks are still pending. With one lane B's op is queued
-behind all of A's, so nothing of A's is left when B is answered; with several
-lanes B is answered while A's chain still runs. Results do not depend on lanes.
+A cpu/ref device runs each session's work on one of --device-lanes worker threads
+(session id % lanes), in that session's order, in a queue of its own that the lane
+serves in turn with its other sessions' (test_chunk11.py checks the turns). The
+checks are about order, not time: session A queues a long chain of matmuls;
+session B then runs a tiny op and asks the daemon how many tasks are still
+pending. B is answered while A's chain still runs, with one lane or several.
+Results do not depend on lanes.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ def run(start_daemon, lanes):
         b.close(raise_errors=False)
 
 
-def test_one_lane_orders_sessions_on_a_device(start_daemon):
+def test_one_lane_serves_sessions_in_turn(start_daemon):
     relu, left, _ = run(start_daemon, 1)
     np.testing.assert_array_equal(relu, [0.0, 2.0, 0.0, 4.0])
-    assert left == 0, f"{left} tasks still pending after B's op on a single lane"
+    assert left > 0, "B's op waited for every one of A's matmuls on a single lane"
 
 
 def test_lanes_let_a_small_op_pass_a_long_chain(start_daemon):

@@ -106,7 +106,9 @@ def test_linear_bias_layouts(session, xshape, bias_of, dtype):
 
 # ---------------------------------------------------------------- the client's hand-encoded requests
 
+import os  # noqa: E402
 import random  # noqa: E402
+import time  # noqa: E402
 
 from tensordd import _codec  # noqa: E402
 from tensordd import tensordd_pb2 as pb  # noqa: E402
@@ -279,3 +281,47 @@ def test_ops_with_cached_attributes_run_like_the_protobuf_path(session):
     with pytest.raises(tensordd.Error) as e:
         session.op("cross_entropy", xt, yt, reduction="nope").numpy()
     assert "op cross_entropy" in str(e.value)
+
+
+# ---------------------------------------------------------------- --poll-us
+
+def _cpu_s(pid: int):
+    """(the main thread's, every other thread's) CPU seconds so far (/proc schedstat)."""
+    main = rest = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            ns = int(f.read().split()[0])
+        if int(tid) == pid:
+            main = ns
+        else:
+            rest += ns
+    return main / 1e9, rest / 1e9
+
+
+def test_the_loop_does_not_poll_while_device_work_runs(start_daemon):
+    """With a poll window far longer than the work (--poll-us 1000000), the loop thread
+    (the main thread) sleeps while queued work runs on the device's worker, instead of
+    polling for a second after the last request: the worker and the client need the
+    cores. Measured as CPU time, not wall-clock time: the loop thread's against the
+    worker's over the same half second (both would get the same share of a loaded
+    machine); before this change the loop used about as much as the worker."""
+    d = start_daemon("--poll-us", "1000000", "--threads", "1")
+    pid = d.proc.pid
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        a = s.tensor(np.ones((512, 512), np.float32))
+        t0 = time.perf_counter()
+        keep = a @ a
+        s.sync()
+        one = max(time.perf_counter() - t0, 1e-3)
+        window = 0.5
+        loop0, workers0 = _cpu_s(pid)
+        # enough work queued for the worker to outlast the window twice over
+        keep = [a @ a for _ in range(min(int(2 * window / one) + 2, 2000))]
+        s.flush()
+        time.sleep(window)
+        loop1, workers1 = _cpu_s(pid)
+        del keep
+        s.sync()
+    loop, workers = loop1 - loop0, workers1 - workers0
+    assert workers > 0.02, f"the worker ran {workers:.3f} s: the test measured nothing"
+    assert loop < 0.2 * workers, f"the loop thread used {loop:.3f} s, the worker {workers:.3f} s"

@@ -1,0 +1,204 @@
+/* chunk.c -- a large kernel's pieces (chunk.h): which ops split, along which dim, and
+ * the views each piece runs on. The splits are chosen so each output element is made by
+ * the same operations in the same order as in the whole call: the pieces' results are
+ * bit-identical to the whole kernel's (tests/python/test_chunk11.py). */
+#include "chunk.h"
+
+#include <string.h>
+
+enum { CHUNK_ARG_NONE, CHUNK_ARG_M, CHUNK_ARG_BATCH };
+
+/* Rows per piece a GEMM keeps at least: a one-row GEMM may take a matrix-vector path
+ * that sums in another order. */
+#define GEMM_MIN_ROWS 2
+/* OpenBLAS (0.3.21, SkylakeX/Cooperlake kernels) sums an element of C in an order that
+ * depends on the call's shape: small-matrix and direct paths below some sizes, edge tiles
+ * at M and N remainders. Row and column splits of 1-64 rows off the tile grid differed
+ * in up to 10% of the elements (sgemm and dgemm); splits at multiples of 64 of GEMMs
+ * whose M, N and K are multiples of 64 were identical in every case tried (884 shapes,
+ * both transposes, beta 0 and 1). So on a BLAS-backed device a GEMM is split only there
+ * (and the cpu backend's thread split keeps to the same grid: cpu_blas.c). */
+#define BLAS_TILE 64
+/* A flat piece starts at a multiple of this many elements, so the vectorised and the
+ * remainder loops of a kernel see each element where the whole call's do. */
+#define FLAT_ALIGN 64
+
+static bool dense(const tdd_tensor *t)
+{
+    return tdd_is_contiguous(t);
+}
+
+/* The first dim of out (below limit) of size above 1, when every earlier dim has size 1
+ * (a slice there is contiguous); -1 if none. */
+static int lead_dim(const tdd_tensor *out, int limit)
+{
+    for (int d = 0; d < limit; d++)
+        if (out->shape[d] > 1)
+            return d;
+    return -1;
+}
+
+/* Input t's dim aligned (right to left, as broadcasting aligns) with output dim d when
+ * it runs along it, else -1 (t is broadcast there, or lacks it). */
+static int8_t aligned(const tdd_tensor *t, const tdd_tensor *out, int d)
+{
+    int a = d - (out->ndim - t->ndim);
+    return (int8_t)(a >= 0 && t->shape[a] == out->shape[d] ? a : -1);
+}
+
+static bool tiled(int64_t n)
+{
+    return n % BLAS_TILE == 0;
+}
+
+static bool plan_gemm(const tdd_opcall *c, bool blas, tdd_chunk_plan *p)
+{
+    const tdd_tensor *x = c->in[0], *w = c->in[1], *y = c->out[0];
+    if ((c->args->flags & 3u) || x->ndim < 2 || w->ndim < 2 || y->ndim < 2)
+        return false;              /* a vector operand: no row dim to split */
+    const int64_t *g = c->args->i; /* M, K, N */
+    if (blas && !(tiled(g[0]) && tiled(g[1]) && tiled(g[2])))
+        return false;
+    int d = lead_dim(y, y->ndim - 1);
+    if (d < 0)
+        return false;
+    p->dim = d;
+    p->arg = d == y->ndim - 2 ? CHUNK_ARG_M : CHUNK_ARG_BATCH;
+    for (int k = 0; k < c->n_in; k++)
+        p->in_dim[k] = -1;
+    p->in_dim[0] = aligned(x, y, d);
+    if (p->arg == CHUNK_ARG_BATCH && c->op != TDD_OP_LINEAR)
+        p->in_dim[1] = aligned(w, y, d); /* (at M, w's aligned dim is its K) */
+    if (c->n_in > 2)
+        p->in_dim[2] = aligned(c->in[2], y, d); /* linear's bias */
+    return true;
+}
+
+static bool plan_conv(const tdd_opcall *c, bool blas, tdd_chunk_plan *p)
+{
+    const tdd_tensor *y = c->out[0], *w = c->in[1];
+    if (c->in[0]->ndim != 4 || y->ndim != 4 || y->shape[0] < 2)
+        return false; /* unbatched */
+    /* a BLAS conv multiplies [O/groups, C/groups*kh*kw] by columns of one or more samples'
+     * Ho*Wo each: only a grid of whole tiles splits by samples without changing sums */
+    if (blas &&
+        !(tiled(w->shape[0] / c->args->i[0]) && tiled(w->shape[1] * w->shape[2] * w->shape[3]) &&
+          tiled(y->shape[2] * y->shape[3])))
+        return false;
+    p->dim = 0;
+    p->arg = CHUNK_ARG_NONE;
+    for (int k = 0; k < c->n_in; k++)
+        p->in_dim[k] = -1;
+    p->in_dim[0] = 0;
+    return true;
+}
+
+static bool plan_elementwise(const tdd_opcall *c, tdd_chunk_plan *p)
+{
+    const tdd_tensor *y = c->out[0];
+    p->arg = CHUNK_ARG_NONE;
+    p->flat = dense(y);
+    for (int k = 0; k < c->n_in && p->flat; k++) {
+        const tdd_tensor *t = c->in[k];
+        p->flat = tdd_numel(t) == 1 || (dense(t) && tdd_same_shape(t, y));
+    }
+    if (p->flat) {
+        p->dim = 0;
+        for (int k = 0; k < c->n_in; k++)
+            p->in_dim[k] = (int8_t)(tdd_numel(c->in[k]) == 1 ? -1 : 0);
+        return true;
+    }
+    int d = lead_dim(y, y->ndim);
+    if (d < 0)
+        return false;
+    p->dim = d;
+    for (int k = 0; k < c->n_in; k++)
+        p->in_dim[k] = aligned(c->in[k], y, d);
+    return true;
+}
+
+int tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->pieces = 1;
+    const tdd_tensor *y = c->out[0];
+    int64_t n = tdd_numel(y);
+    if (elems <= 0 || c->n_out != 1 || n <= elems || c->args->inplace_in || !dense(y))
+        return 1;
+    bool ok, gemm = false;
+    switch (tdd_opdefs[c->op].kind) {
+    case TDD_KIND_BINARY:
+    case TDD_KIND_UNARY:
+    case TDD_KIND_ELEMENT:
+        ok = plan_elementwise(c, p);
+        break;
+    default:
+        gemm = c->op == TDD_OP_MATMUL || c->op == TDD_OP_BMM || c->op == TDD_OP_LINEAR;
+        ok = gemm ? plan_gemm(c, blas, p) : c->op == TDD_OP_CONV2D && plan_conv(c, blas, p);
+        break;
+    }
+    if (!ok)
+        return 1;
+    p->len = p->flat ? n : y->shape[p->dim];
+    int64_t row = n / p->len; /* elements per row of the split dim */
+    int64_t rows = elems / row;
+    if (p->flat)
+        rows = (rows + FLAT_ALIGN - 1) / FLAT_ALIGN * FLAT_ALIGN;
+    if (gemm && p->arg == CHUNK_ARG_M && rows < GEMM_MIN_ROWS)
+        rows = GEMM_MIN_ROWS;
+    if (gemm && blas && p->arg == CHUNK_ARG_M)
+        rows = (rows + BLAS_TILE - 1) / BLAS_TILE * BLAS_TILE;
+    if (rows < 1)
+        rows = 1;
+    int64_t pieces = p->len / rows; /* the last piece takes the remainder */
+    if (pieces < 2)
+        return p->pieces = 1;
+    p->rows = rows;
+    p->pieces = pieces > 1 << 20 ? 1 << 20 : (int)pieces;
+    if (p->pieces < pieces) /* more rows each, still whole rows */
+        p->rows = p->len / p->pieces;
+    return p->pieces;
+}
+
+static void slice(tdd_tensor *t, int dim, int64_t lo, int64_t hi)
+{
+    t->offset += lo * t->strides[dim];
+    t->shape[dim] = hi - lo;
+}
+
+static void flatten(tdd_tensor *t)
+{
+    if (tdd_numel(t) == 1) {
+        t->ndim = 0; /* broadcast against the piece */
+        return;
+    }
+    int64_t n = tdd_numel(t);
+    t->ndim = 1;
+    t->shape[0] = n;
+    t->strides[0] = 1;
+}
+
+void tdd_chunk_piece_make(const tdd_chunk_plan *p, const tdd_opcall *c, int k, tdd_chunk_piece *pc)
+{
+    int64_t lo = (int64_t)k * p->rows, hi = k == p->pieces - 1 ? p->len : lo + p->rows;
+    pc->call = *c;
+    pc->args = *c->args;
+    pc->call.args = &pc->args;
+    pc->out = *c->out[0];
+    pc->call.out[0] = &pc->out;
+    if (p->flat)
+        flatten(&pc->out);
+    slice(&pc->out, p->dim, lo, hi);
+    for (int i = 0; i < c->n_in; i++) {
+        pc->in[i] = *c->in[i];
+        pc->call.in[i] = &pc->in[i];
+        if (p->flat)
+            flatten(&pc->in[i]);
+        if (p->in_dim[i] >= 0)
+            slice(&pc->in[i], p->in_dim[i], lo, hi);
+    }
+    if (p->arg == CHUNK_ARG_M)
+        pc->args.i[0] = hi - lo;
+    else if (p->arg == CHUNK_ARG_BATCH)
+        pc->args.ints[0][p->dim] = hi - lo;
+}
