@@ -7,6 +7,7 @@ local PyTorch (CPU), measured in the same run.
 The step: upload a 64x64 batch and its labels, forward (64-128-10 MLP, relu,
 cross_entropy), backward and an Adam step, all in the daemon, then the loss's
 value read back (loss.item()). Local PyTorch does the same with torch.optim.Adam.
+Then the same MLP with SGD (the torch idiom: zero_grad, backward, step), pipelined.
 Three ways over the wire: synchronous (backward and step each wait for their
 answer: session.pipeline_steps = False), pipelined (the default: one write and
 one read per step) and a recorded graph replayed.
@@ -158,8 +159,48 @@ def main():
               ((f1 - f0) / (STEPS * 4), f1 - f0, STEPS * 4))
         print("RESULT alloc.faults.replay %.4f <=0" % ((f1 - f0) / (STEPS * 4)))
     print("RESULT train.mlp_adam.replay %.4f <=0.8" % (replayed / local))  # bench/summary.py
+    small_sgd(endpoint, pid, x, y, (w1, b1, w2, b2))
     big_mlp(endpoint)
     return 0
+
+
+def small_sgd(endpoint, pid, x, y, init):
+    """The same MLP with SGD, pipelined: local PyTorch's step is cheaper than with Adam,
+    so what tensordd's step costs beyond the work itself (the client's Python, the
+    wire, the daemon's loop) weighs more in the ratio (bench/peers.py's SGD row)."""
+    tp = [torch.tensor(a, requires_grad=True) for a in init]
+    topt = torch.optim.SGD(tp, lr=1e-2)
+
+    def torch_step():
+        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
+        loss = torch.nn.functional.cross_entropy((xb @ tp[0] + tp[1]).relu() @ tp[2] + tp[3], yb)
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        loss.item()
+
+    local = blocks(torch_step)
+    cpu_local, _ = cpu_per_step(torch_step, None)
+    with tensordd.connect(endpoint) as s:
+        W1, B1, W2, B2 = params = [s.tensor(a, requires_grad=True) for a in init]
+        opt = tensordd.optim.SGD(params, lr=1e-2)
+
+        def remote_step():
+            loss = s.op("cross_entropy", (s.tensor(x) @ W1 + B1).relu() @ W2 + B2, s.tensor(y))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+
+        remote = blocks(remote_step)
+        client, daemon = cpu_per_step(remote_step, pid)
+    print("MLP 64-128-10 training step, batch 64, SGD, pipelined (median of %d blocks of %d)" %
+          (BLOCKS, STEPS))
+    print("  local PyTorch (1 thread)  %7.3f ms" % (local * 1e3))
+    print("  tensordd, pipelined       %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
+    if daemon is not None:
+        print("  CPU per step, client %.0f + daemon %.0f us = %.2fx local PyTorch's %.0f us" %
+              (client, daemon, (client + daemon) / cpu_local, cpu_local))
 
 
 def big_mlp(endpoint, steps=5, nblocks=5):
