@@ -2,7 +2,7 @@
  * same transfers through the Unix socket and through loopback TCP, one daemon of its own
  * (tcp:// and unix:// listeners), ratios of the same run.
  *
- *   bench/memfd TENSORDD_BIN [MIB] [--reps N]
+ *   bench/memfd TENSORDD_BIN [MIB] [--reps N] [-- DAEMON_OPTIONS]
  *
  * Upload: td_upload + td_sync of MIB MiB of f32 from a buffer already faulted in, against
  * td_upload_fd + td_sync of a sealed memfd holding the same bytes (writing the memfd is
@@ -47,7 +47,7 @@ static void stop_daemon(void)
 }
 
 /* Starts bin with a tcp:// and a unix:// listener; fills tcp_ep and unix_ep. */
-static int start_daemon(const char *bin)
+static int start_daemon(const char *bin, char **extra, int nextra)
 {
     snprintf(sock_dir, sizeof sock_dir, "/tmp/tdd-memfd-XXXXXX");
     if (!mkdtemp(sock_dir))
@@ -63,8 +63,11 @@ static int start_daemon(const char *bin)
         dup2(out[1], 1);
         close(out[0]);
         close(out[1]);
-        execl(bin, bin, "--listen", "tcp://127.0.0.1:0", "--listen", unix_arg, "--log-level",
-              "warn", (char *)NULL);
+        char *args[32] = {(char *)bin,   "--listen", "tcp://127.0.0.1:0", "--listen", unix_arg,
+                          "--log-level", "warn"};
+        for (int i = 0; i < nextra && i < 24; i++)
+            args[7 + i] = extra[i];
+        execv(bin, args);
         _exit(127);
     }
     close(out[1]);
@@ -151,12 +154,19 @@ static int socket_path(const char *ep, const float *src, float *dst, size_t n, i
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: memfd TENSORDD_BIN [MIB] [--reps N]\n");
+        fprintf(stderr, "usage: memfd TENSORDD_BIN [MIB] [--reps N] [-- DAEMON_OPTIONS]\n");
         return 2;
     }
     size_t mib = 1024;
     int reps = 3;
+    char **extra = NULL;
+    int nextra = 0;
     for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            extra = argv + i + 1;
+            nextra = argc - i - 1;
+            break;
+        }
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
             reps = atoi(argv[++i]);
         else
@@ -174,7 +184,7 @@ int main(int argc, char **argv)
         neg[i] = -v;
     }
     memset(dst, 0, n);
-    if (start_daemon(argv[1])) {
+    if (start_daemon(argv[1], extra, nextra)) {
         fprintf(stderr, "memfd: cannot start %s\n", argv[1]);
         stop_daemon();
         return 2;
