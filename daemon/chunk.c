@@ -117,14 +117,13 @@ static bool plan_elementwise(const tdd_opcall *c, tdd_chunk_plan *p)
     return true;
 }
 
-int tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk_plan *p)
+bool tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk_plan *p)
 {
     memset(p, 0, sizeof *p);
-    p->pieces = 1;
     const tdd_tensor *y = c->out[0];
     int64_t n = tdd_numel(y);
     if (elems <= 0 || c->n_out != 1 || n <= elems || c->args->inplace_in || !dense(y))
-        return 1;
+        return false;
     bool ok, gemm = false;
     switch (tdd_opdefs[c->op].kind) {
     case TDD_KIND_BINARY:
@@ -138,7 +137,7 @@ int tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk
         break;
     }
     if (!ok)
-        return 1;
+        return false;
     p->len = p->flat ? n : y->shape[p->dim];
     int64_t row = n / p->len; /* elements per row of the split dim */
     int64_t rows = elems / row;
@@ -150,14 +149,13 @@ int tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk
         rows = (rows + BLAS_TILE - 1) / BLAS_TILE * BLAS_TILE;
     if (rows < 1)
         rows = 1;
-    int64_t pieces = p->len / rows; /* the last piece takes the remainder */
-    if (pieces < 2)
-        return p->pieces = 1;
     p->rows = rows;
-    p->pieces = pieces > 1 << 20 ? 1 << 20 : (int)pieces;
-    if (p->pieces < pieces) /* more rows each, still whole rows */
-        p->rows = p->len / p->pieces;
-    return p->pieces;
+    return p->len / rows >= 2; /* the last piece takes the remainder */
+}
+
+int64_t tdd_chunk_piece_end(const tdd_chunk_plan *p, int64_t lo, int64_t n)
+{
+    return p->len - lo - n < p->rows ? p->len : lo + n;
 }
 
 static void slice(tdd_tensor *t, int dim, int64_t lo, int64_t hi)
@@ -178,9 +176,9 @@ static void flatten(tdd_tensor *t)
     t->strides[0] = 1;
 }
 
-void tdd_chunk_piece_make(const tdd_chunk_plan *p, const tdd_opcall *c, int k, tdd_chunk_piece *pc)
+void tdd_chunk_piece_make(const tdd_chunk_plan *p, const tdd_opcall *c, int64_t lo, int64_t hi,
+                          tdd_chunk_piece *pc)
 {
-    int64_t lo = (int64_t)k * p->rows, hi = k == p->pieces - 1 ? p->len : lo + p->rows;
     pc->call = *c;
     pc->args = *c->args;
     pc->call.args = &pc->args;

@@ -14,8 +14,7 @@
  * the same K loop, samples of a conv2d, runs of an elementwise op. */
 typedef struct {
     int dim;           /* the output dim split (of the 1-D view when flat) */
-    int64_t len, rows; /* that dim's size; rows per piece (the last takes the rest) */
-    int pieces;        /* 1: run whole */
+    int64_t len, rows; /* that dim's size; rows of the smallest piece (pieces start at multiples) */
     bool flat;         /* dense elementwise: every operand seen as 1-D */
     int arg;           /* which argument holds the split size (CHUNK_ARG_*) */
     int8_t in_dim[TDD_MAX_OP_INPUTS]; /* input k's dim along the split, -1: read whole */
@@ -28,12 +27,16 @@ typedef struct {
     tdd_tensor in[TDD_MAX_OP_INPUTS], out;
 } tdd_chunk_piece;
 
-/* Plans c (on a host-memory device) in pieces of about elems output elements when its
- * output has more than elems (0: never); returns the number of pieces, 1 when whole.
+/* Whether c (on a host-memory device) runs in pieces of at least about elems output
+ * elements: when its output has more than elems (0: never) and it splits.
  * blas: the device's GEMMs (matmul, conv) go through OpenBLAS, which is split only on
  * its tile grid (chunk.c says why). */
-int tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk_plan *p);
-/* Piece k of c under p. */
-void tdd_chunk_piece_make(const tdd_chunk_plan *p, const tdd_opcall *c, int k, tdd_chunk_piece *pc);
+bool tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk_plan *p);
+/* Where the piece starting at row lo (a multiple of p->rows) ends when about n rows long
+ * (n a multiple of p->rows): the end of the dim when less than p->rows would be left. */
+int64_t tdd_chunk_piece_end(const tdd_chunk_plan *p, int64_t lo, int64_t n);
+/* The piece of c covering rows [lo, hi) of the split dim. */
+void tdd_chunk_piece_make(const tdd_chunk_plan *p, const tdd_opcall *c, int64_t lo, int64_t hi,
+                          tdd_chunk_piece *pc);
 
 #endif

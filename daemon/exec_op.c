@@ -104,15 +104,15 @@ typedef struct {
         uint64_t seq;
     } was[2];
     int n_was;
-    /* a large kernel's pieces (chunk.h): piece is the next one to run */
+    /* a large kernel's pieces (chunk.h): the next starts at row (0: not begun), step rows */
     tdd_chunk_plan plan;
-    int piece;
+    int64_t row, step;
 } op_task;
 
 static bool op_ready(tdd_task *t)
 {
     op_task *ot = (op_task *)t;
-    if (ot->piece > 0)
+    if (ot->row > 0)
         return true; /* a chunked kernel under way */
     for (int k = 0; k < ot->n_was; k++)
         if (ot->was[k].q && ot->was[k].q != t->q &&
@@ -122,7 +122,11 @@ static bool op_ready(tdd_task *t)
 }
 
 /* Runs the kernel; a large one on a host-memory device in pieces, handing the lane to
- * other sessions' work between two pieces (t->more) when some is waiting. */
+ * other sessions' work between two pieces (t->more) when some is waiting. While none is,
+ * each piece is twice the last, up to CHUNK_GROWTH times the smallest: a GEMM piece
+ * repacks a whole operand, so the smallest pieces are only worth it when they let someone
+ * in, and a session that arrives waits for at most the largest. */
+#define CHUNK_GROWTH 8
 static int op_kernel(op_task *ot, tdd_task *t)
 {
     tdd_opcall call = {.op = ot->op, .args = &ot->args, .n_in = ot->n_in, .n_out = ot->n_out};
@@ -132,32 +136,37 @@ static int op_kernel(op_task *ot, tdd_task *t)
         call.out[i] = &ot->out[i]->t;
     const tdd_device *dev = ot->dev;
     const tdd_backend *be = dev->be;
-    if (ot->piece == 0) {
+    if (ot->row == 0) {
         int rc = be->supports ? be->supports(dev->ctx, &call) : 0;
         if (rc || !be->host_memory ||
-            tdd_chunk_plan_make(&call, (int64_t)tdd_cfg.chunk_elems, strcmp(be->name, "ref") != 0,
-                                &ot->plan) < 2)
+            !tdd_chunk_plan_make(&call, (int64_t)tdd_cfg.chunk_elems, strcmp(be->name, "ref") != 0,
+                                 &ot->plan))
             return rc ? rc : be->execute(dev->ctx, dev->ordinal, &call);
+        ot->step = ot->plan.rows;
     }
-    while (ot->piece < ot->plan.pieces) {
+    for (;;) {
         tdd_chunk_piece pc;
-        tdd_chunk_piece_make(&ot->plan, &call, ot->piece++, &pc);
+        int64_t hi = tdd_chunk_piece_end(&ot->plan, ot->row, ot->step);
+        tdd_chunk_piece_make(&ot->plan, &call, ot->row, hi, &pc);
         int rc = be->execute(dev->ctx, dev->ordinal, &pc.call);
-        if (rc)
+        ot->row = hi;
+        if (rc || hi == ot->plan.len)
             return rc;
-        if (ot->piece < ot->plan.pieces && tdd_task_contended(t)) {
+        if (tdd_task_contended(t)) {
+            ot->step = ot->plan.rows;
             t->more = true;
             return 0;
         }
+        if (ot->step < ot->plan.rows * CHUNK_GROWTH && ot->step <= (ot->plan.len - hi) / 2)
+            ot->step *= 2;
     }
-    return 0;
 }
 
 static void op_run(tdd_task *t)
 {
     op_task *ot = (op_task *)t;
     session_task *st = &ot->st;
-    if (ot->piece == 0) {
+    if (ot->row == 0) {
         for (int k = 0; k < ot->n_was; k++)
             if (ot->was[k].q && ot->was[k].q != t->q)
                 tdd_queue_wait(ot->was[k].q, ot->was[k].seq);
