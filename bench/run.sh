@@ -2,10 +2,14 @@
 # run.sh -- every benchmark, ratios against baselines of the same run, then bench/summary.py's
 # table of issue 11's targets built from the RESULT lines the benchmarks printed.
 #
-#   BUILD=build PY=/usr/bin/python3 bash bench/run.sh [--quick] [--runs N] [--threads N] [--no-tls]
+#   BUILD=build PY=/usr/bin/python3 bash bench/run.sh [--quick] [--runs N] [--c-runs N]
+#                                                     [--threads N] [--no-tls]
 #
-#   --runs N     the whole suite N times (default 3), fresh daemons each run; the summary
-#                gives each row's median over the runs
+#   --runs N     the Python rows (Python client, training steps, PyTorch RPC, fairness) N
+#                times (default 3), fresh daemons each run; the summary gives each row's
+#                median over the runs
+#   --c-runs N   the C rows (bench/alloc, latency, ops, transfer, memfd) N times (default 1:
+#                each takes the median or best of its own repetitions, 3 to 9)
 #   --threads N  intra-op threads of the daemon that runs the Python rows (training, Python
 #                client, PyTorch RPC comparisons) and of local PyTorch and PyTorch RPC's
 #                server: the same on every side (default 1)
@@ -18,19 +22,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 PY=${PY:-/usr/bin/python3}
-runs=3 threads=1 quick=0 tls=1
+runs=3 c_runs=1 threads=1 quick=0 tls=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --runs) runs=$2; shift ;;
+    --c-runs) c_runs=$2; shift ;;
     --threads) threads=$2; shift ;;
-    --quick) quick=1 runs=1 tls=0 ;;
+    --quick) quick=1 runs=1 c_runs=1 tls=0 ;;
     --no-tls) tls=0 ;;
-    *) echo "usage: bench/run.sh [--quick] [--runs N] [--threads N] [--no-tls]" >&2; exit 2 ;;
+    *)
+        echo "usage: bench/run.sh [--quick] [--runs N] [--c-runs N] [--threads N] [--no-tls]" >&2
+        exit 2
+        ;;
     esac
     shift
 done
 export PYTHONPATH="client/python:$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-log=$(mktemp) out=$(mktemp)
+log=$(mktemp) out=$(mktemp) fair=$(mktemp)
 pid=
 stop_daemon() {
     if [ -n "$pid" ]; then
@@ -39,7 +47,7 @@ stop_daemon() {
         pid=
     fi
 }
-trap 'stop_daemon; rm -f "$log" "$out"' EXIT
+trap 'stop_daemon; rm -f "$log" "$out" "$fair"' EXIT
 
 # start_daemon ARGS...: a daemon on a free loopback port; sets pid and ep.
 start_daemon() {
@@ -58,13 +66,14 @@ failed=0
 # bench NAME CMD...: one benchmark, bounded in time (its whole process group), its failure
 # reported and remembered, not fatal: the summary then shows its rows as missing.
 bench() {
-    local name=$1 rc=0
+    local name=$1 rc=0 t0=$SECONDS
     shift
     timeout -k 10 "${BENCH_TIMEOUT:-600}" "$@" || rc=$?
     if [ "$rc" != 0 ]; then
         echo "bench: $name failed (exit $rc)"
         failed=1
     fi
+    echo "($name: $((SECONDS - t0)) s)"
     echo
 }
 
@@ -74,7 +83,7 @@ q() { [ "$quick" = 1 ] && echo "$1" || echo "$2"; } # the quick value or the ful
 qflag=()
 [ "$quick" = 0 ] || qflag=(--quick)
 
-suite() {
+c_suite() {
     # the C rows: one daemon with every core (local OpenBLAS uses them all too)
     start_daemon
     echo "daemon:  $ep (pid $pid), all cores"
@@ -86,6 +95,9 @@ suite() {
     stop_daemon
     # same-host transfers: its own daemon (tcp:// and unix://)
     bench memfd "$BUILD/bench/memfd" "$BUILD/tensordd" "$(q 64 1024)" --reps "$(q 1 3)"
+}
+
+py_suite() {
     # the Python rows: a daemon with as many threads as local PyTorch gets
     start_daemon --threads "$threads"
     echo "daemon:  $ep (pid $pid), --threads $threads"
@@ -97,14 +109,20 @@ suite() {
     fi
     stop_daemon
     # its own daemons, one queue per device against the default lanes
-    bench fairness "$PY" bench/fairness.py "$BUILD" --reps "$(q 20 200)" --size "$(q 512 2048)"
+    bench fairness "$PY" bench/fairness.py "$BUILD" --reps "$(q 20 200)" --size "$(q 512 2048)" |
+        tee "$fair"
+    # a version of it that prints no RESULT lines: its "lanes 4" row (the default daemon) is
+    # "lanes 4 <alone p50> <alone p99> <loaded p50> <loaded p99> ..." in us
+    grep -q '^RESULT fairness\.' "$fair" || awk '$1 == "lanes" && $2 == "4" {
+        printf "RESULT fairness.alone_p99_ms %.4f -\nRESULT fairness.p50_ms %.4f -\n", $4 / 1e3, $5 / 1e3
+        printf "RESULT fairness.p99_ms %.4f <=2\n", $6 / 1e3 }' "$fair"
 }
 
 {
     trap stop_daemon EXIT # this group is a subshell of its own (the pipe into tee)
     echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
     echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo -)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-    echo "command: bench/run.sh --runs $runs --threads $threads$(q ' --quick' '')"
+    echo "command: bench/run.sh --runs $runs --c-runs $c_runs --threads $threads$(q ' --quick' '')"
     if [ "$have_torch" = 0 ]; then
         echo "torch is not installed ($PY -c 'import torch' fails): the PyTorch rows are skipped"
         for r in 'train.*' 'rpc.*' alloc.faults.mlp_adam alloc.faults.mlp_sgd alloc.faults.big_mlp \
@@ -112,11 +130,17 @@ suite() {
             echo "SKIP $r torch is not installed"
         done
     fi
+    for run in $(seq "$c_runs"); do
+        echo
+        echo "== C rows, run $run of $c_runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo
+        c_suite
+    done
     for run in $(seq "$runs"); do
         echo
-        echo "== run $run of $runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "== Python rows, run $run of $runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
         echo
-        suite
+        py_suite
     done
     echo "== end $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 } 2>&1 | tee "$log" || failed=1
