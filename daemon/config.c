@@ -80,6 +80,10 @@ static const option_row rows[] = {
      "in the `make emu` build, build/emu/tensordd; other builds ignore it with a warning)"},
     {"emu-gpu-memory", "BYTES", OPT_BYTES, FIELD(emu_gpu_memory), 1 * G, 1 * M, 1024 * G, NULL,
      "memory of each emulated CUDA device"},
+    {"cuda-streams", "N", OPT_COUNT, FIELD(cuda_streams), 8, 1, 64, NULL,
+     "CUDA streams per GPU for sessions' work: each session issues on a stream of its own "
+     "(made at its first use of the GPU, destroyed when it ends), so sessions' kernels may "
+     "overlap; sessions beyond N share them round robin"},
     {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, NULL, "error, warn, info (default), debug"},
     {"log-format", "FORMAT", OPT_LOGFMT, NOFIELD, 0, 0, 0, NULL,
      "text (default) or json (one object per line: ts, level, msg, conn, session); with "

@@ -39,7 +39,8 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
                              .sim_devices = cfg->sim_devices,
                              .emu_gpus = cfg->emu_gpus,
                              .emu_gpu_memory = cfg->emu_gpu_memory,
-                             .shm_blocks = cfg->max_memfd_storage};
+                             .shm_blocks = cfg->max_memfd_storage,
+                             .cuda_streams = cfg->cuda_streams};
     /* every device's caching allocator (pool.h) starts from these */
     tdd_pool_defaults = (tdd_pool_config){.cap = cfg->pool_cap,
                                           .limit = cfg->memory_cap,
@@ -67,8 +68,8 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
             snprintf(d->label, sizeof d->label, "%s:%d", d->be->name, o);
             d->be->device_name(d->ctx, o, d->name, sizeof d->name);
             /* Host-memory kernels (cpu, ref) are plain functions of their operands and
-             * may overlap; a staged device (cuda, sim) keeps one lane, its stream. */
-            d->nlanes = d->be->host_memory ? cfg->device_lanes : 1;
+             * may overlap, as may sessions' streams (cuda: session_end); sim keeps one lane. */
+            d->nlanes = d->be->host_memory || d->be->session_end ? cfg->device_lanes : 1;
             if (d->nlanes < 1 || d->nlanes > TDD_MAX_LANES)
                 d->nlanes = 1;
             for (int l = 0; l < d->nlanes; l++) {
@@ -88,6 +89,13 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
 tdd_queue *tdd_device_lane(const tdd_device *d, uint64_t session_id)
 {
     return tdd_lane_queue(d->lanes[session_id % (uint64_t)d->nlanes], session_id);
+}
+
+void tdd_devices_session_end(uint64_t session_id)
+{
+    for (size_t b = 0; b < NBACKENDS; b++)
+        if (backends[b]->session_end && contexts[b])
+            backends[b]->session_end(contexts[b], session_id);
 }
 
 void tdd_devices_shutdown(void)

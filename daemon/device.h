@@ -43,6 +43,8 @@ typedef struct tdd_account {
 /* Initialises every backend; fills note with a line for clients (e.g. no GPU). */
 int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len);
 void tdd_devices_shutdown(void);
+/* The session ended: backends drop what they kept for it (a CUDA stream). */
+void tdd_devices_session_end(uint64_t session_id);
 int tdd_device_count(void);
 tdd_device *tdd_device_get(int i);
 /* A session's default device (cpu:0). */

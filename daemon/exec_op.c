@@ -174,7 +174,9 @@ static void op_run(tdd_task *t)
     }
     if (!st->rc && ot->run_kernel) {
         const tdd_backend *be = ot->dev->be;
+        tdd_backend_session = st->s->id; /* the backend issues it as the session's work */
         int rc = op_kernel(ot, t);
+        tdd_backend_session = 0;
         if (t->more)
             return;
         if (rc) {
@@ -353,7 +355,9 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
             tdd_set_contiguous(&v->t);
             size_t nbytes = (size_t)tdd_shape_numel(v->t.shape, v->t.ndim, tdd_cfg.max_numel) *
                             td_dtype_size(v->t.dtype);
+            tdd_backend_session = s->id; /* on the session's stream */
             v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
+            tdd_backend_session = 0;
             if (!v->t.st)
                 rc = TD_ERESOURCE_EXHAUSTED;
         }
@@ -481,6 +485,7 @@ static void copy_run(tdd_task *t)
 {
     copy_task *ct = (copy_task *)t;
     session_task *st = &ct->st;
+    tdd_backend_session = st->s->id;
     st->rc = inputs_ready(t, &ct->src, 1, &st->err);
     if (!st->rc) {
         const tdd_tensor *s = &ct->src->t;
@@ -515,6 +520,7 @@ static void copy_run(tdd_task *t)
     }
     if (st->rc)
         poison_outputs(&ct->dst, 1, st->rc, &st->err, st->req_id);
+    tdd_backend_session = 0;
 }
 
 static bool copy_ready(tdd_task *t)
@@ -544,7 +550,9 @@ tdd_value *tdd_value_alloc(tdd_session *s, tdd_device *dev, td_dtype dt, int ndi
     memcpy(v->t.shape, shape, (size_t)ndim * sizeof shape[0]);
     tdd_set_contiguous(&v->t);
     size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(dt);
+    tdd_backend_session = s->id; /* on the session's stream */
     v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
+    tdd_backend_session = 0;
     if (!v->t.st) {
         tdd_value_unref(v);
         return NULL;
@@ -594,7 +602,9 @@ typedef struct {
 static void work_run(tdd_task *t)
 {
     work_task *wt = (work_task *)t;
+    tdd_backend_session = wt->st.s->id;
     wt->st.rc = wt->fn(wt->arg);
+    tdd_backend_session = 0;
     if (wt->st.rc)
         tdd_err_set(&wt->st.err, wt->st.rc, "%s", td_strerror(wt->st.rc));
 }

@@ -258,6 +258,7 @@ void tdd_session_unref(tdd_session *s)
         return;
     if (hooks.session_free)
         hooks.session_free(s);
+    tdd_devices_session_end(s->id);
     tdd_account_unref(s->acct);
     free(s);
 }

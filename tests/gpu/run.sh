@@ -3,7 +3,8 @@
 # then the same suites `make test-emu` runs on the emulator (tests/gpu/suites.sh: the
 # conformance table on cuda:0 held to ref, the pytest op, gradient and double-backward
 # checks on cuda:0 against PyTorch, the grad_replace mismatch matrix with GPU devices (cuda:1 cases need a
-# second GPU), a memfd upload to cuda:0 (one copy from the mapping), the ResNet and
+# second GPU), sessions interleaving on cuda:0 each on a CUDA stream of its own, a memfd
+# upload to cuda:0 (one copy from the mapping), the ResNet and
 # small-transformer steps on cuda:0 held to torch's, process groups on cuda:0 across 2 and 3
 # daemons (all-reduce, broadcast, all-gather staged through host memory over Gloo; NCCL is
 # probed, not used), and the
