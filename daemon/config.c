@@ -72,6 +72,9 @@ static const option_row rows[] = {
      "a cpu/ref kernel (matmul, bmm, linear, conv2d, elementwise) whose output has more "
      "elements runs in pieces of about this many, other sessions' work on its lane running "
      "between them; results are bit-identical"},
+    {"chunk-growth", "N", OPT_COUNT, FIELD(chunk_growth), 8, 1, 1024, NULL,
+     "pieces of a chunked kernel are up to N times --chunk-elems while no other session "
+     "waits on the lane (fewer, cheaper pieces; an arriving session waits for one)"},
     {"sim-devices", "N", OPT_COUNT, FIELD(sim_devices), 0, 0, 16, NULL,
      "simulated discrete devices sim:0..N-1 with device memory and reference kernels, for "
      "tests"},
