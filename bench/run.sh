@@ -106,6 +106,7 @@ py_suite() {
     if [ "$have_torch" = 1 ]; then
         bench train_step "$PY" bench/train_step.py "$ep" "$pid"
         bench peers "$PY" bench/peers.py "$ep" --pid "$pid" --threads "$threads" "${qflag[@]}"
+        bench conv_step "$PY" bench/conv_step.py "$ep" "$pid" --steps "$(q 5 50)" --blocks "$(q 1 5)"
     fi
     stop_daemon
     # its own daemons, one queue per device against the default lanes
