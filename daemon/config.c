@@ -66,8 +66,8 @@ static const option_row rows[] = {
     {"threads", "N", OPT_COUNT, FIELD(threads), 0, 0, 1024, "all cores",
      "threads for the cpu backend"},
     {"device-lanes", "N", OPT_COUNT, FIELD(device_lanes), 4, 1, 64, NULL,
-     "worker threads per cpu/ref device: sessions are spread over them, and each lane serves "
-     "its sessions' queues in turn, so one session's work does not hold up another's"},
+     "worker threads per cpu/ref/cuda device: sessions are spread over them, and each lane "
+     "serves its sessions' queues in turn, so one session's work does not hold up another's"},
     {"chunk-elems", "N", OPT_COUNT, FIELD(chunk_elems), 65536, 0, 1u << 30, "never",
      "a cpu/ref kernel (matmul, bmm, linear, conv2d, elementwise) whose output has more "
      "elements runs in pieces of about this many, other sessions' work on its lane running "
