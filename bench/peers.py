@@ -9,7 +9,10 @@ PyTorch RPC runs as two processes on 127.0.0.1 (this one, "trainer", and a "ps"
 child it starts; they meet through a file store, and TensorPipe listens on lo only):
 the server holds the tensors and the model, as tensordd's daemon does. Local
 PyTorch, PyTorch RPC's server and (when started with --threads N) the daemon run
-the same number of intra-op threads, --threads (default 1). Rows:
+the same number of intra-op threads, --threads (default 1). PyTorch RPC's rows come
+last, after tensordd's and local PyTorch's: its agents busy-poll while they live (about
+a sixth of a core each, idle, with its default shm transport), which would slow the
+other rows on a small machine. Rows:
   - tiny op: relu of 4 floats and its result back (p50/p99 round trip);
   - pipelined tiny ops: relu of 4 floats, many in flight, ops/s;
   - 64 MiB upload and download;
@@ -228,14 +231,19 @@ def main() -> int:
                                     "client", "python"))
     import tensordd as td
 
+    td.connect(a.endpoint, timeout=600)
+    print("peers: tensordd vs PyTorch RPC (TensorPipe, 2 processes on loopback) vs local "
+          f"PyTorch, {a.threads} intra-op thread{'s' * (a.threads != 1)}")
+    mine = measure_tdd(td, a.quick, a.pid)
+    # PyTorch RPC only now: its agents busy-poll (its shm transport) for as long as they
+    # live, which would take CPU from the local and tensordd rows on a small machine
     tmp = tempfile.mkdtemp(prefix="tdd-peers-")
     store = os.path.join(tmp, "store")
     ps = subprocess.Popen([sys.executable, os.path.abspath(__file__), a.endpoint, "--ps", store,
                            "--threads", str(a.threads)])
     try:
         rpc.init_rpc("trainer", rank=0, world_size=2, rpc_backend_options=rpc_options(store))
-        td.connect(a.endpoint, timeout=600)
-        run(td, a.quick, a.pid, a.threads)
+        theirs = measure_rpc(a.quick)
         rpc.shutdown()
     finally:
         try:
@@ -246,21 +254,73 @@ def main() -> int:
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)
+    report(mine, theirs)
     return 0
 
 
-def run(td, quick, pid, threads):
-    reps = 300 if quick else 2000
-    print("peers: tensordd vs PyTorch RPC (TensorPipe, 2 processes on loopback) vs local "
-          f"PyTorch, {threads} intra-op thread{'s' * (threads != 1)}")
+def reps_of(quick):
+    """(round trips, pipelined ops, transfers, steps per block of each training case)."""
+    steps = {k: v // (4 if quick else 1) or 1 for k, v in {"mlp": 40, "big": 4, "conv": 20}.items()}
+    return (300, 2000, 2, steps) if quick else (2000, 20000, 5, steps)
 
-    # tiny op round trip
-    t4 = torch.tensor([-1.0, 2.0, -3.0, 4.0])
+
+def median_time(fn, k):
+    out = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def measure_tdd(td, quick, pid):
+    """The raw ping-pong, tensordd's rows and local PyTorch's training steps."""
+    reps, n, k, steps = reps_of(quick)
+    m = {"raw": raw_pingpong(reps)}
     x4 = td.tensor([-1.0, 2.0, -3.0, 4.0])
+    m["tiny"] = timed(lambda: x4.relu().numpy(), reps)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x4.relu()  # dropped at once: its Release is pipelined too
+    td.default_session().sync()
+    m["pipelined"] = n / (time.perf_counter() - t0)
+    big = np.random.default_rng(0).standard_normal(64 * MiB // 4).astype(np.float32)
+    holder = {}
 
-    r_raw = raw_pingpong(reps)
-    r_rpc = timed(lambda: rpc.rpc_sync("ps", torch.relu, args=(t4,)), reps)
-    r_tdd = timed(lambda: x4.relu().numpy(), reps)
+    def up_tdd():
+        holder["t"] = td.tensor(big)
+        holder["t"].shape  # noqa: B018 -- waits for the upload to land
+
+    up_tdd()
+    m["up"] = median_time(up_tdd, k)
+    m["down"] = median_time(lambda: holder["t"].numpy(), k)
+    del holder["t"]
+    for name, kind, shape, opt_name, lr in CASES:
+        m[name, "local"] = per_step(local_step(kind, shape, opt_name, lr), steps[kind])[0]
+        m[name, "tdd"] = per_step(tdd_step(td, kind, shape, opt_name, lr), steps[kind], pid=pid)
+    return m
+
+
+def measure_rpc(quick):
+    """PyTorch RPC's rows, the same work."""
+    reps, n, k, steps = reps_of(quick)
+    t4 = torch.tensor([-1.0, 2.0, -3.0, 4.0])
+    m = {"tiny": timed(lambda: rpc.rpc_sync("ps", torch.relu, args=(t4,)), reps)}
+    t0 = time.perf_counter()
+    futs = [rpc.rpc_async("ps", torch.relu, args=(t4,)) for _ in range(n)]
+    torch.futures.wait_all(futs)
+    m["pipelined"] = n / (time.perf_counter() - t0)
+    bt = torch.from_numpy(np.random.default_rng(0).standard_normal(64 * MiB // 4)
+                          .astype(np.float32))
+    m["up"] = median_time(lambda: rpc.rpc_sync("ps", ps_store, args=(bt,)), k)
+    m["down"] = median_time(lambda: rpc.rpc_sync("ps", ps_fetch), k)
+    for name, kind, shape, opt_name, lr in CASES:
+        m[name] = per_step(rpc_step(kind, shape, opt_name, lr), steps[kind])[0]
+    return m
+
+
+def report(mine, theirs):
+    r_raw, r_tdd, r_rpc = mine["raw"], mine["tiny"], theirs["tiny"]
     print("\ntiny op: relu(4) and its values back, round trip in us (p50 / p99)")
     print(f"  raw Python socket ping-pong (64 B) {pct(r_raw, 50):9.1f} / {pct(r_raw, 99):9.1f}")
     print(f"  PyTorch RPC   {pct(r_rpc, 50):9.1f} / {pct(r_rpc, 99):9.1f}")
@@ -269,66 +329,24 @@ def run(td, quick, pid, threads):
           f"{pct(r_rpc, 50) / pct(r_tdd, 50):.1f}x slower (p50)")
     result("rpc.tiny", pct(r_rpc, 50) / pct(r_tdd, 50))
 
-    # pipelined
-    n = 2000 if quick else 20000
-    t0 = time.perf_counter()
-    futs = [rpc.rpc_async("ps", torch.relu, args=(t4,)) for _ in range(n)]
-    torch.futures.wait_all(futs)
-    rpc_rate = n / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        x4.relu()  # dropped at once: its Release is pipelined too
-    td.default_session().sync()
-    tdd_rate = n / (time.perf_counter() - t0)
     print("\npipelined tiny ops (relu of 4 floats, many in flight), ops/s")
-    print(f"  PyTorch RPC   {rpc_rate:10.0f}")
-    print(f"  tensordd      {tdd_rate:10.0f}   {tdd_rate / rpc_rate:.1f}x PyTorch RPC")
-    result("rpc.pipelined", tdd_rate / rpc_rate)
+    print(f"  PyTorch RPC   {theirs['pipelined']:10.0f}")
+    print(f"  tensordd      {mine['pipelined']:10.0f}   "
+          f"{mine['pipelined'] / theirs['pipelined']:.1f}x PyTorch RPC")
+    result("rpc.pipelined", mine["pipelined"] / theirs["pipelined"])
 
-    # 64 MiB transfers
-    big = np.random.default_rng(0).standard_normal(64 * MiB // 4).astype(np.float32)
-    bt = torch.from_numpy(big)
-    k = 2 if quick else 5
+    print("\n64 MiB transfers, MB/s (medians)")
+    for way in ("up", "down"):
+        print(f"  {way + 'load':9} PyTorch RPC {64 * MiB / theirs[way] / 1e6:8.0f}   tensordd "
+              f"{64 * MiB / mine[way] / 1e6:8.0f}   {theirs[way] / mine[way]:.1f}x")
+        result(f"rpc.{way}load64", theirs[way] / mine[way])
 
-    def best(fn):
-        out = []
-        for _ in range(k):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return statistics.median(out)
-
-    up_rpc = best(lambda: rpc.rpc_sync("ps", ps_store, args=(bt,)))
-    down_rpc = best(lambda: rpc.rpc_sync("ps", ps_fetch))
-    holder = {}
-
-    def up_tdd():
-        holder["t"] = td.tensor(big)
-        holder["t"].shape  # noqa: B018 -- waits for the upload to land
-
-    up_tdd()
-    up = best(up_tdd)
-    down = best(lambda: holder["t"].numpy())
-    print("\n64 MiB transfers, MB/s (median of %d)" % k)
-    print(f"  upload    PyTorch RPC {64 * MiB / up_rpc / 1e6:8.0f}   tensordd "
-          f"{64 * MiB / up / 1e6:8.0f}   {up_rpc / up:.1f}x")
-    print(f"  download  PyTorch RPC {64 * MiB / down_rpc / 1e6:8.0f}   tensordd "
-          f"{64 * MiB / down / 1e6:8.0f}   {down_rpc / down:.1f}x")
-    result("rpc.upload64", up_rpc / up)
-    result("rpc.download64", down_rpc / down)
-    del holder["t"]
-
-    # training steps
     print("\ntraining step, model on the server, ms per step (median of 3 blocks); ratios "
           "to local PyTorch")
     print(f"  {'case':38} {'local':>8} {'tensordd':>9} {'ratio':>6} {'PT RPC':>8} {'ratio':>6} "
           f"{'RPC/tdd':>8} {'faults/step':>11}")
-    for (name, kind, shape, opt_name, lr), key in zip(CASES, ("mlp_adam", "mlp_sgd", "big_mlp",
-                                                              "conv")):
-        steps = {"mlp": 40, "big": 4, "conv": 20}[kind] // (4 if quick else 1) or 1
-        loc, _ = per_step(local_step(kind, shape, opt_name, lr), steps)
-        rem, flt = per_step(tdd_step(td, kind, shape, opt_name, lr), steps, pid=pid)
-        rp, _ = per_step(rpc_step(kind, shape, opt_name, lr), steps)
+    for (name, *_), key in zip(CASES, ("mlp_adam", "mlp_sgd", "big_mlp", "conv")):
+        loc, (rem, flt), rp = mine[name, "local"], mine[name, "tdd"], theirs[name]
         print(f"  {name:38} {loc * 1e3:8.3f} {rem * 1e3:9.3f} {rem / loc:5.2f}x {rp * 1e3:8.3f} "
               f"{rp / loc:5.2f}x {rp / rem:7.1f}x {'-' if flt is None else f'{flt:.2f}':>11}")
         result(f"train.{key}.local", rem / loc, "<=1.1")
