@@ -94,7 +94,8 @@ class Hog:
     def __init__(self, ep: str, size: int):
         self.p = subprocess.Popen([sys.executable, "-c", HOG, ep, str(size)],
                                   stdout=subprocess.PIPE, text=True,
-                                  env={**os.environ, "PYTHONPATH": sys.path[0]})
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                      [sys.path[0], os.environ.get("PYTHONPATH", "")])})
         self.p.stdout.readline()  # "ready"
         self.times: list[float] = []
         self.t = threading.Thread(target=self._read, daemon=True)
