@@ -161,6 +161,9 @@ def main() -> None:
         m = np.median(np.array(rows[label]), axis=0)
         print(f"{label:<28} {m[0]:>9.1f} {m[1]:>9.1f} {m[2]:>10.1f} {m[3]:>10.1f} "
               f"{m[3] / m[1]:>8.1f}x {m[4]:>9.1f} {m[5]:>9.1f} {m[4] / whole:>7.2f}x")
+    m = np.median(np.array(rows["lanes 4"]), axis=0)  # the default: bench/summary.py's rows, ms
+    print(f"RESULT fairness.alone_p99_ms {m[1] / 1e3:.4f} -\nRESULT fairness.p50_ms "
+          f"{m[2] / 1e3:.4f} -\nRESULT fairness.p99_ms {m[3] / 1e3:.4f} <=2")
     print(f"load after: {os.getloadavg()[0]:.1f}")
 
 
