@@ -714,11 +714,44 @@ typedef struct {
     _Atomic int bad;
 } sc_ctx;
 
+/* f32/f64 with src of y's dtype (a max_pool2d gradient, an embedding's): typed lines, the
+ * pointers and strides held in locals. */
+#define SCATTER_LINES(NAME, T)                                                                     \
+    static void NAME(sc_ctx *s, int64_t n, const int64_t *off, const int64_t *st)                  \
+    {                                                                                              \
+        const int64_t *idx = (const int64_t *)s->c->in[1]->st->data;                               \
+        const T *src = (const T *)s->c->in[2]->st->data;                                           \
+        T *y = (T *)s->c->out[0]->st->data;                                                        \
+        const int64_t L = s->L, is = s->is, ss = s->ss, yd = s->yd, size = s->size;                \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            const int64_t *ip = idx + off[0] + i * st[0];                                          \
+            const T *sp = src + off[1] + i * st[1];                                                \
+            T *yp = y + off[2] + i * st[2];                                                        \
+            for (int64_t j = 0; j < L; j++) {                                                      \
+                const int64_t k = ip[j * is];                                                      \
+                if (k < 0 || k >= size) {                                                          \
+                    atomic_store_explicit(&s->bad, 1, memory_order_relaxed);                       \
+                    return;                                                                        \
+                }                                                                                  \
+                yp[k * yd] += sp[j * ss];                                                          \
+            }                                                                                      \
+        }                                                                                          \
+    }
+SCATTER_LINES(scatter_f32, float)
+SCATTER_LINES(scatter_f64, double)
+
 static void scatter_run(void *vc, int64_t n, const int64_t *off, const int64_t *st)
 {
     sc_ctx *s = vc;
     const tdd_tensor *ix = s->c->in[1], *src = s->c->in[2];
     tdd_tensor *y = s->c->out[0];
+    if (src->dtype == y->dtype && (y->dtype == TD_F32 || y->dtype == TD_F64)) {
+        if (y->dtype == TD_F32)
+            scatter_f32(s, n, off, st);
+        else
+            scatter_f64(s, n, off, st);
+        return;
+    }
     const int64_t *idx = (const int64_t *)ix->st->data;
     const bool fl = tdd_dtype_is_float(y->dtype);
     for (int64_t i = 0; i < n; i++) {
