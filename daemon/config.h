@@ -41,6 +41,7 @@ typedef struct tdd_config {
     uint32_t max_handshakes;  /* connections still before Hello (the oldest is dropped) */
     uint32_t write_timeout_s; /* close a connection whose writes make no progress; 0 = never */
     uint32_t poll_us;         /* after a request, poll this long before blocking; 0 = never */
+    uint32_t poll_min_cpus;   /* ... only on machines with at least this many online CPUs */
     uint32_t inline_work;     /* ops up to this much work run on the loop thread (exec_op.c) */
     uint32_t chunk_elems;     /* kernels with larger outputs run in pieces (chunk.c); 0 = off */
     uint32_t chunk_growth;    /* pieces grow to this many times that while nobody waits */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "autograd.h"
@@ -101,6 +102,12 @@ static bool poll_would_steal(uint64_t now)
 static void run_loop(uv_loop_t *loop)
 {
     uint64_t poll_ns = tdd_cfg.poll_us * 1000ull, last = uv_hrtime();
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (poll_ns && cpus > 0 && (unsigned long)cpus < tdd_cfg.poll_min_cpus) {
+        tdd_info("no polling after requests: %ld CPUs online, --poll-min-cpus is %u", cpus,
+                 tdd_cfg.poll_min_cpus);
+        poll_ns = 0;
+    }
     for (;;) {
         uint64_t seen = tdd_stats.requests;
         if (!uv_run(loop, poll_ns ? UV_RUN_NOWAIT : UV_RUN_ONCE))

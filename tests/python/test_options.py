@@ -64,7 +64,8 @@ def test_loop_serves_with_and_without_polling(start_daemon, poll):
     sleeping at once): answers, timers and shutdown are the same."""
     import numpy as np
     import tensordd
-    d = start_daemon("--poll-us", poll, "--idle-timeout", "1")
+    # (--poll-min-cpus 1: polling on this machine whatever its CPU count)
+    d = start_daemon("--poll-us", poll, "--poll-min-cpus", "1", "--idle-timeout", "1")
     with tensordd.connect(d.endpoint, timeout=10) as s:
         a = np.arange(6, dtype=np.float32)
         for _ in range(50):

@@ -305,7 +305,7 @@ def test_the_loop_does_not_poll_while_device_work_runs(start_daemon):
     cores. Measured as CPU time, not wall-clock time: the loop thread's against the
     worker's over the same half second (both would get the same share of a loaded
     machine); before this change the loop used about as much as the worker."""
-    d = start_daemon("--poll-us", "1000000", "--threads", "1")
+    d = start_daemon("--poll-us", "1000000", "--poll-min-cpus", "1", "--threads", "1")
     pid = d.proc.pid
     with tensordd.connect(d.endpoint, timeout=60) as s:
         a = s.tensor(np.ones((512, 512), np.float32))
@@ -325,3 +325,25 @@ def test_the_loop_does_not_poll_while_device_work_runs(start_daemon):
     loop, workers = loop1 - loop0, workers1 - workers0
     assert workers > 0.02, f"the worker ran {workers:.3f} s: the test measured nothing"
     assert loop < 0.2 * workers, f"the loop thread used {loop:.3f} s, the worker {workers:.3f} s"
+
+
+@pytest.mark.parametrize("min_cpus", ["1", "4096"])
+def test_no_polling_on_machines_with_fewer_cpus_than_poll_min_cpus(start_daemon, min_cpus):
+    """--poll-min-cpus above the machine's CPU count turns polling off (said in the log);
+    then the loop thread sleeps after a request instead of polling for the window (CPU
+    time of the loop thread over half a second after a request, against the same daemon
+    polling: with a preempted loop thread backing off on a busy machine, that control may
+    poll little, and the comparison is only made when it polled)."""
+    d = start_daemon("--poll-us", "1000000", "--poll-min-cpus", min_cpus)
+    pid = d.proc.pid
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        s.sync()
+        loop0, _ = _cpu_s(pid)
+        time.sleep(0.5)
+        loop = _cpu_s(pid)[0] - loop0
+        s.sync()
+    d.stop()
+    said = "no polling after requests" in d.log()
+    assert said == (min_cpus == "4096"), d.log()
+    if min_cpus == "4096":
+        assert loop < 0.02, f"the loop thread used {loop:.3f} s of CPU while idle"
