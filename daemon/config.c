@@ -166,12 +166,12 @@ static const option_row rows[] = {
      "memfds of uploaded tensors kept open daemon-wide, so that a download hands the same "
      "memfd back without a copy; past it a memfd is closed once mapped and its tensor's "
      "downloads are copied"},
-    {"memfd-storage-min", "BYTES", OPT_BYTES, FIELD(memfd_storage_min), 4 * M, 0, UINT64_MAX,
-     "never",
+    {"memfd-storage-min", "BYTES", OPT_BYTES, FIELD(memfd_storage_min), 0, 0, UINT64_MAX, "never",
      "once a Unix-socket session has sent or asked for a memfd, its cpu tensors of this many "
      "bytes and more (4 MiB at least) are made in memfds of the daemon's own, which a download "
      "as an fd then seals and hands over without a copy (a later in-place update of the "
-     "tensor copies the pages it writes)"},
+     "tensor copies the pages it writes); off by default: where shmem has no huge pages, a "
+     "kernel writing fresh 4 KiB shmem pages costs more than the copy saved (bench/RESULTS.md)"},
     {"max-memfd-storage", "N", OPT_COUNT, FIELD(max_memfd_storage), 256, 0, 1u << 20, "none",
      "memfds holding tensors (memfd-storage-min) daemon-wide, each an open file; past it "
      "tensors are made in anonymous memory and their downloads copied"},

@@ -136,7 +136,8 @@ static int is_storage(int fd)
 START_TEST(test_memfd_computed_zero_copy)
 {
     tdt_daemon d;
-    ck_assert_int_eq(tdt_daemon_start(&d, NULL, 1), 0);
+    const char *args[] = {"--memfd-storage-min", "4M", NULL};
+    ck_assert_int_eq(tdt_daemon_start(&d, args, 1), 0);
     char ep[160];
     snprintf(ep, sizeof ep, "unix://%s", d.unix_path);
     td_client *c = tdt_connect(ep, "memfd-computed");

@@ -30,7 +30,8 @@ SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 def unix_daemon():
     with tempfile.TemporaryDirectory(prefix="tdd") as d:
         path = os.path.join(d, "s")
-        dmn = Daemon("--listen", f"unix://{path}", "--sim-devices", "1")
+        dmn = Daemon("--listen", f"unix://{path}", "--sim-devices", "1",
+                     "--memfd-storage-min", "4M")
         dmn.unix = f"unix://{path}"
         dmn.path = path
         yield dmn
@@ -321,8 +322,9 @@ def known(t, shape, dtype="float32"):
 
 
 def test_computed_download_is_the_storage(unix_daemon):
-    """Once the session passed a memfd, a large tensor the daemon computes lives in a memfd
-    of its own, and its downloads hand that memfd over sealed (no copy), bit for bit."""
+    """With --memfd-storage-min, once the session passed a memfd, a large tensor the daemon
+    computes lives in a memfd of its own, and its downloads hand that memfd over sealed (no
+    copy), bit for bit."""
     x0 = np.random.default_rng(7).standard_normal(BIG).astype(np.float32)
     with tensordd.connect(unix_daemon.unix, timeout=30, memfd_threshold=1 << 20) as s:
         x = s.tensor(x0)  # a memfd upload: the session passes fds
@@ -369,7 +371,7 @@ def test_sealed_storage_refuses_writes(start_daemon, tmp_path):
     mapping, no resize; the daemon closes it when the tensor goes (fds counted, in a daemon
     of its own: no memfd cached from other tests)."""
     path = str(tmp_path / "s")
-    d = start_daemon("--listen", f"unix://{path}")
+    d = start_daemon("--listen", f"unix://{path}", "--memfd-storage-min", "4M")
     a = np.random.default_rng(5).standard_normal(BIG).astype(np.float32)
     r = Raw(path)
     try:
@@ -411,9 +413,10 @@ def test_sealed_storage_refuses_writes(start_daemon, tmp_path):
     d.stop()
 
 
-@pytest.mark.parametrize("opts", [("--memfd-storage-min", "0"), ("--max-memfd-storage", "0")])
+@pytest.mark.parametrize("opts", [(), ("--memfd-storage-min", "0"),
+                                  ("--memfd-storage-min", "4M", "--max-memfd-storage", "0")])
 def test_memfd_storage_off(start_daemon, tmp_path, opts):
-    """Off by either option: computed tensors are made in anonymous memory, their downloads
+    """Off by default and by either option: computed tensors are made in anonymous memory, their downloads
     are sealed copies."""
     path = str(tmp_path / "s")
     d = start_daemon("--listen", f"unix://{path}", *opts)
@@ -428,7 +431,8 @@ def test_memfd_storage_off(start_daemon, tmp_path, opts):
 def test_memfd_storage_quota(start_daemon, tmp_path):
     """--session-memory counts storage made in memfds as any other."""
     path = str(tmp_path / "s")
-    d = start_daemon("--listen", f"unix://{path}", "--session-memory", "12M")
+    d = start_daemon("--listen", f"unix://{path}", "--session-memory", "12M",
+                     "--memfd-storage-min", "4M")
     x0 = np.ones(BIG, np.float32)
     with tensordd.connect(f"unix://{path}", timeout=30, memfd_threshold=1 << 20) as s:
         x = s.tensor(x0)  # 8 MiB
