@@ -14,9 +14,11 @@ device. Configurations (daemon options):
                               thread when its session has nothing queued)
 
 Prints p50/p99 of the round trip (us) alone and loaded, and the hog's time per
-matmul alone and while the prober runs, with the ratio to whole kernels (the
-cost of chunking to the big op). --rounds R runs every configuration R times in
-turn (A B C.. A B C..) and prints the medians.
+matmul alone and while the prober runs, with the ratio to whole kernels. --rounds R
+runs every configuration R times in turn (A B C.. A B C..) and prints the medians.
+Then the cost of chunking to the big op: one session's matmul loop on daemons with
+whole kernels, default pieces and the smallest pieces (--chunk-growth 1, what a
+contended lane uses), in turn.
 
     /usr/bin/python3 bench/fairness.py [BUILD] [--reps N] [--size N] [--rounds R]
 """
@@ -135,6 +137,45 @@ def measure(build: str, opts, reps: int, size: int, hog_alone: int):
     return alone, loaded, solo, float(np.median(shared)) if shared else float("nan")
 
 
+THROUGHPUT = [  # (label, daemon options): one session alone, its matmul loop
+    ("whole kernels", ("--chunk-elems", "0")),
+    ("pieces (default)", ()),
+    ("smallest pieces", ("--chunk-growth", "1")),
+]
+
+
+def throughput(build: str, size: int, rounds: int, n: int = 6):
+    """Time per size x size matmul (+ sync) of one session, per daemon; the daemons run
+    side by side and are used in turn (A B C A B C ..), n matmuls per turn."""
+    started = [start_daemon(build, "--device-lanes", "1", *opts) for _, opts in THROUGHPUT]
+    try:
+        sess = [tensordd.connect(ep, timeout=600) for _, ep in started]
+        xs = [s.randn(size, size) for s in sess]
+        for s, x in zip(sess, xs):
+            (x @ x).numpy()  # warm: pools, team threads
+        times = [[] for _ in THROUGHPUT]
+        for _ in range(rounds):
+            for k, (s, x) in enumerate(zip(sess, xs)):
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    y = x @ x
+                    s.sync()
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+                del y
+        for s in sess:
+            s.close()
+    finally:
+        for d, _ in started:
+            d.terminate()
+            d.wait(timeout=30)
+    whole = float(np.median(times[0]))
+    print(f"matmul loop alone ({size}x{size}, one session, --device-lanes 1; median of "
+          f"{rounds * n} each, turns alternating)")
+    for (label, _), t in zip(THROUGHPUT, times):
+        m = float(np.median(t))
+        print(f"  {label:<18} {m:>9.1f} ms  {m / whole:>5.2f}x whole")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("build", nargs="?", default="build")
@@ -164,6 +205,7 @@ def main() -> None:
     m = np.median(np.array(rows["lanes 4"]), axis=0)  # the default: bench/summary.py's rows, ms
     print(f"RESULT fairness.alone_p99_ms {m[1] / 1e3:.4f} -\nRESULT fairness.p50_ms "
           f"{m[2] / 1e3:.4f} -\nRESULT fairness.p99_ms {m[3] / 1e3:.4f} <=2")
+    throughput(a.build, a.size, max(a.rounds, 3))
     print(f"load after: {os.getloadavg()[0]:.1f}")
 
 
