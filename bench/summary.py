@@ -147,7 +147,8 @@ def summarise(lines, out=sys.stdout) -> int:
             continue
         verdict = row.verdict()
         counts[verdict.split()[0]] = counts.get(verdict.split()[0], 0) + 1
-        n = f" ({len(row.values)} runs)" if len(row.values) != runs else ""
+        k = len(row.values)
+        n = f" ({k} run{'s' * (k != 1)})" if k != runs else ""
         print(f"  {label:64} {fmt(row.value):>9} {row.target:>9}  {verdict}{n}", file=out)
     print(f"targets met {counts['met']}, missed {counts['missed']}; rows missing {len(missing)}"
           + (": " + ", ".join(missing) if missing else ""), file=out)

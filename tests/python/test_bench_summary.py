@@ -94,7 +94,7 @@ def test_a_row_printed_in_fewer_runs_is_marked():
     lines = every_row() * 3 + ["RESULT c.other 5 -\n"]
     rc, rows, text = run(lines)
     assert rc == 0
-    assert rows["c.other"] == ("5", "-", "(no target) (1 runs)"), text
+    assert rows["c.other"] == ("5", "-", "(no target) (1 run)"), text
 
 
 def test_missing_row_is_named_and_fails():
