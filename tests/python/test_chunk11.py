@@ -278,3 +278,28 @@ def test_cross_device_work_in_both_directions_completes(start_daemon):
     finally:
         a.close(raise_errors=False)
         b.close(raise_errors=False)
+
+
+def test_queues_are_reused_past_many_sessions(start_daemon):
+    """A lane binds a queue per session and reuses the queues of sessions whose work has
+    all run once more than 64 are bound: 70 sessions at once, then 70 one after another,
+    each with its own results in its own order."""
+    d = start_daemon("--device-lanes", "1", "--inline-work", "0", "--chunk-elems", "50")
+    base = np.arange(120, dtype=np.float32).reshape(10, 12)
+    sessions = [tensordd.connect(d.endpoint, timeout=60) for _ in range(70)]
+    try:
+        outs = []
+        for i, s in enumerate(sessions):
+            t = s.tensor(base)
+            outs.append(((t + float(i)) * 2.0 - float(i)).relu())
+        for i, t in enumerate(outs):
+            np.testing.assert_array_equal(t.numpy(), np.maximum((base + i) * 2 - i, 0))
+    finally:
+        for s in sessions:
+            s.close(raise_errors=False)
+    for i in range(70):
+        s = tensordd.connect(d.endpoint, timeout=60)
+        try:
+            np.testing.assert_array_equal((s.tensor(base) * float(i)).numpy(), base * i)
+        finally:
+            s.close(raise_errors=False)
