@@ -347,3 +347,26 @@ def test_no_polling_on_machines_with_fewer_cpus_than_poll_min_cpus(start_daemon,
     assert said == (min_cpus == "4096"), d.log()
     if min_cpus == "4096":
         assert loop < 0.02, f"the loop thread used {loop:.3f} s of CPU while idle"
+
+
+def test_linear_takes_the_short_path_only_within_one_session(session, daemon):
+    """F.linear goes straight to the hand-encoded op for tensors of one session; without
+    a bias too; a weight of another session or a non-tensor still gets Session.op's
+    errors."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = np.array([[1, 0, -1], [2, 1, 0]], np.float32)
+    F = tensordd.nn.functional
+    xt, wt = session.tensor(x), session.tensor(w)
+    np.testing.assert_array_equal(F.linear(xt, wt).numpy(), x @ w.T)
+    np.testing.assert_array_equal(F.linear(xt, wt, session.tensor(np.ones(2, np.float32)))
+                                  .numpy(), x @ w.T + 1)
+    with tensordd.connect(daemon.endpoint, timeout=60) as other:
+        with pytest.raises(ValueError, match="another session"):
+            F.linear(xt, other.tensor(w))
+        with pytest.raises(ValueError, match="another session"):
+            F.linear(xt, wt, other.tensor(np.ones(2, np.float32)))
+    with pytest.raises(TypeError):
+        F.linear(xt, w)  # a numpy weight
+    with pytest.raises(tensordd.Error) as e:
+        F.linear(xt, session.tensor(np.ones((2, 4), np.float32))).numpy()
+    assert "op linear" in str(e.value)
