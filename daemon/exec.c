@@ -262,8 +262,9 @@ static void *worker(void *arg)
         } else {
             turn_append(l, q);
         }
-        atomic_store_explicit(&q->completed, t->seq, memory_order_release);
+        /* the lane's count first: who sees the queue's sees it (tdd_queue_idle) */
         atomic_fetch_add_explicit(&l->completed, 1, memory_order_release);
+        atomic_store_explicit(&q->completed, t->seq, memory_order_release);
         /* After completed is published (done() may submit again), and outside mu: the
          * wake-up write must not hold up the loop's submits. */
         pthread_mutex_unlock(&l->mu);
