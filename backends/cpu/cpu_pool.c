@@ -95,13 +95,23 @@ POOL22_FN(pool_planes_f64_22, double, uint64_t)
             }                                                                                      \
             T *yp = Y + p * L;                                                                     \
             int64_t *ip = ind ? ind + p * L : NULL;                                                \
-            if (jb->fast22) { /* 2x2, stride 2, no padding, every window whole, ws == 1 */         \
+            if (jb->fast22) { /* 2x2, stride 2, no padding, whole windows, ws == 1: max or avg */  \
                 for (int64_t oh = 0; oh < jb->Ho; oh++) {                                          \
                     const T *r0 = xp + 2 * oh * hs, *r1 = r0 + hs;                                 \
                     const int64_t a0 = 2 * oh * W;                                                 \
                     T *yr = yp + oh * Wo;                                                          \
                     int64_t *ir = ip ? ip + oh * Wo : NULL;                                        \
-                    NAME##_22(r0, r1, yr, ir, a0, W, Wo);                                          \
+                    if (jb->mx)                                                                    \
+                        NAME##_22(r0, r1, yr, ir, a0, W, Wo);                                      \
+                    else                                                                           \
+                        for (int64_t ow = 0; ow < Wo; ow++) { /* the reference's sum order */      \
+                            double sum = 0;                                                        \
+                            sum += (double)r0[2 * ow];                                             \
+                            sum += (double)r0[2 * ow + 1];                                         \
+                            sum += (double)r1[2 * ow];                                             \
+                            sum += (double)r1[2 * ow + 1];                                         \
+                            yr[ow] = (T)(sum / 4.0);                                               \
+                        }                                                                          \
                 }                                                                                  \
                 continue;                                                                          \
             }                                                                                      \
@@ -198,9 +208,8 @@ int cpu_pool2d(const tdd_opcall *c, int nt)
     const int64_t L = jb.Ho * jb.Wo;
     if (jb.planes == 0 || L == 0)
         return 0;
-    jb.fast22 = jb.mx && jb.kh == 2 && jb.kw == 2 && jb.sh == 2 && jb.sw == 2 && jb.ph == 0 &&
-                jb.pw == 0 && jb.dh == 1 && jb.dw == 1 && jb.xs[3] == 1 && 2 * jb.Ho <= jb.H &&
-                2 * jb.Wo <= jb.W;
+    jb.fast22 = jb.kh == 2 && jb.kw == 2 && jb.sh == 2 && jb.sw == 2 && jb.ph == 0 && jb.pw == 0 &&
+                jb.dh == 1 && jb.dw == 1 && jb.xs[3] == 1 && 2 * jb.Ho <= jb.H && 2 * jb.Wo <= jb.W;
     if (jb.mx && !jb.fast22) {
         jb.jlo = malloc((size_t)jb.Wo * 2 * sizeof *jb.jlo);
         if (!jb.jlo)

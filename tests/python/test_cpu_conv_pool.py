@@ -5,7 +5,8 @@ the reference backend and PyTorch, at the shapes that pick each path:
   (ceil_mode's partial windows, padding, dilation, stride != kernel, an empty dilated
   window), a non-contiguous input (a transposed view: the general loop), planes split
   over threads; ties and NaNs (the first maximum wins, the first NaN wins);
-- avg_pool2d: padding with and without count_include_pad, ceil_mode, threads;
+- avg_pool2d: the 2x2 stride-2 loop (bit-equal to ref, -0.0 windows), padding with and
+  without count_include_pad, ceil_mode, threads;
 - conv2d: several samples in one GEMM (with and without bias, groups), blocks of samples
   (a batch larger than one block), the transposed im2col (output narrower than the
   kernel: weight gradients), stride/dilation/padding, non-contiguous input and weight;
@@ -151,6 +152,21 @@ def test_max_pool2d_ties_and_nans(session, attrs, dtype):
             picked = np.take_along_axis(flat, ci.reshape(ci.shape[0], ci.shape[1], -1), 2)
             np.testing.assert_array_equal(picked.reshape(cy.shape), cy,
                                           err_msg=what + ": the index holds the value")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_avg_pool2d_2x2_bits(session, dtype):
+    """avg_pool2d's 2x2 stride-2 loop sums in double in the reference's order: bit-equal to
+    ref, windows of four -0.0 included (their average is +0.0, as 0.0 + -0.0 is)."""
+    rng = _rng("avg-bits", dtype)
+    a = rng.uniform(-2, 2, (3, 4, 10, 13)).astype(dtype)
+    a[:, :, :4, :6] = -0.0
+    out = [session.op("avg_pool2d", session.tensor(a, device=d), kernel_size=2).numpy()
+           for d in DEVICES]
+    u = f"u{out[0].itemsize}"
+    np.testing.assert_array_equal(out[0].view(u), out[1].view(u), err_msg=f"{dtype}: cpu vs ref")
+    want = FN.avg_pool2d(torch.from_numpy(a), 2).numpy()
+    np.testing.assert_allclose(out[0], want, rtol=TOLS[dtype][0] * 2, atol=TOLS[dtype][1] * 2)
 
 
 def test_max_pool2d_empty_window(session):
