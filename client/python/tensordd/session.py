@@ -236,6 +236,8 @@ def _upload_device(device):
     raw = msg.SerializeToString()
     out = (dev, b"\x22" + bytes((len(raw),)) + raw) if len(raw) < 0x80 else (dev, None)
     if isinstance(device, (str, Device)):
+        if len(_UPLOAD_DEVICES) >= 256:  # (many spellings: bounded, like _ATTR_BYTES)
+            _UPLOAD_DEVICES.clear()
         _UPLOAD_DEVICES[device] = out
     return out
 
