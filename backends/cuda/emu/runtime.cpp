@@ -184,6 +184,14 @@ int dev_of(cudaStream_t s)
     return s ? s->device : cur_dev;
 }
 
+// The device of stream s in *d, and what a call on it fails with: no such device, or the
+// device's sticky error (success otherwise).
+cudaError_t stream_device(cudaStream_t s, int *d)
+{
+    *d = dev_of(s);
+    return sticky(*d);
+}
+
 tdc_emu_stream *stream_of(cudaStream_t s)
 {
     return s ? s : &st->devs[cur_dev].legacy;
@@ -1070,11 +1078,8 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t s)
 {
-    init_once();
-    int d = dev_of(s);
-    if (!valid_dev(d))
-        return fail(cudaErrorInvalidDevice);
-    if (cudaError_t e = sticky(d))
+    int d;
+    if (cudaError_t e = stream_device(s, &d))
         return fail(e);
     if (n == 0)
         return cudaSuccess;
@@ -1126,11 +1131,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s)
 {
-    init_once();
-    int d = dev_of(s);
-    if (!valid_dev(d))
-        return fail(cudaErrorInvalidDevice);
-    if (cudaError_t e = sticky(d))
+    int d;
+    if (cudaError_t e = stream_device(s, &d))
         return fail(e);
     if (n && !is_device(p, n))
         return fail(cudaErrorInvalidValue);
@@ -1204,11 +1206,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 
 cudaError_t cudaStreamQuery(cudaStream_t s)
 {
-    init_once();
-    int d = dev_of(s);
-    if (!valid_dev(d))
-        return fail(cudaErrorInvalidDevice);
-    if (cudaError_t e = sticky(d))
+    int d;
+    if (cudaError_t e = stream_device(s, &d))
         return fail(e);
     tdc_emu_stream *ts = stream_of(s);
     if (ts->deferred) {
@@ -1259,10 +1258,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     if (!e)
         return fail(cudaErrorInvalidResourceHandle);
-    int d = dev_of(s);
-    if (!valid_dev(d))
-        return fail(cudaErrorInvalidDevice);
-    if (cudaError_t err = sticky(d))
+    int d;
+    if (cudaError_t err = stream_device(s, &d))
         return fail(err);
     tdc_emu_stream *ts = stream_of(s);
     e->device = d;
