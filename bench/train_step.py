@@ -76,6 +76,20 @@ def faults(pid):
         return None
 
 
+def torch_mlp_step(tp, topt, x, y):
+    """One local PyTorch step of the 64-128-10 MLP with parameters tp and optimizer topt."""
+
+    def step():
+        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
+        loss = torch.nn.functional.cross_entropy((xb @ tp[0] + tp[1]).relu() @ tp[2] + tp[3], yb)
+        topt.zero_grad()
+        loss.backward()
+        topt.step()
+        loss.item()
+
+    return step
+
+
 def main():
     endpoint = sys.argv[1]
     pid = sys.argv[2] if len(sys.argv) > 2 else None  # the daemon's, for its page faults
@@ -91,13 +105,7 @@ def main():
     tp = [torch.tensor(a, requires_grad=True) for a in (w1, b1, w2, b2)]
     topt = torch.optim.Adam(tp, lr=1e-3)
 
-    def torch_step():
-        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
-        loss = torch.nn.functional.cross_entropy((xb @ tp[0] + tp[1]).relu() @ tp[2] + tp[3], yb)
-        topt.zero_grad()
-        loss.backward()
-        topt.step()
-        loss.item()
+    torch_step = torch_mlp_step(tp, topt, x, y)
 
     local = blocks(torch_step)
     cpu_local, _ = cpu_per_step(torch_step, None)
@@ -171,13 +179,7 @@ def small_sgd(endpoint, pid, x, y, init):
     tp = [torch.tensor(a, requires_grad=True) for a in init]
     topt = torch.optim.SGD(tp, lr=1e-2)
 
-    def torch_step():
-        xb, yb = torch.from_numpy(x), torch.from_numpy(y)
-        loss = torch.nn.functional.cross_entropy((xb @ tp[0] + tp[1]).relu() @ tp[2] + tp[3], yb)
-        topt.zero_grad()
-        loss.backward()
-        topt.step()
-        loss.item()
+    torch_step = torch_mlp_step(tp, topt, x, y)
 
     local = blocks(torch_step)
     cpu_local, _ = cpu_per_step(torch_step, None)
