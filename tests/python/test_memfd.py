@@ -131,6 +131,14 @@ class Raw:
         req.download.as_fd = as_fd
         return self.read_after(req)
 
+    def neg(self, src, dst):
+        """Sends neg(src) into the new handle dst, unanswered: the daemon computes it."""
+        req = pb.Request()
+        req.op.op = "neg"
+        req.op.inputs.append(src)
+        req.op.outputs.append(dst)
+        self.send(req)
+
     def read_after(self, req):
         self.send(req)
         return self.read()
@@ -379,11 +387,7 @@ def test_sealed_storage_refuses_writes(start_daemon, tmp_path):
         fd = memfd_with(a.tobytes())
         assert r.upload(1, a, fd).WhichOneof("body") == "ok"
         os.close(fd)
-        req = pb.Request()
-        req.op.op = "neg"
-        req.op.inputs.append(1)
-        req.op.outputs.append(2)
-        r.send(req)
+        r.neg(1, 2)
         resp, payload = r.download(2)
         assert resp.tensor.payload_fd and not payload
         got = r.fds.pop(0)
@@ -467,11 +471,7 @@ def test_zero_copy_both_ways(unix_daemon):
         os.close(got)
         os.close(fd)
         # a computed tensor: a new sealed memfd (one copy)
-        req = pb.Request()
-        req.op.op = "neg"
-        req.op.inputs.append(1)
-        req.op.outputs.append(2)
-        r.send(req)
+        r.neg(1, 2)
         resp, _ = r.download(2)
         got = r.fds.pop(0)
         assert fcntl.fcntl(got, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE
