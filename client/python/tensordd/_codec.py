@@ -19,7 +19,9 @@ import os
 import struct
 
 __all__ = ["ACCELERATED", "append_op", "copy_into", "py_append_op", "py_copy_into", "encode_op", "frame_op", "frame_download", "frame_release",
-           "frame_upload", "frame_backward", "frame_optimizer_step", "parse_tensor_reply", "py_encode_op", "py_frame_op",
+           "frame_upload", "frame_backward", "frame_optimizer_step", "parse_tensor_reply",
+           "download", "set_download_types", "op", "set_op_types", "numpy",
+           "set_numpy_types", "py_encode_op", "py_frame_op",
            "py_frame_download", "py_frame_release", "py_frame_upload"]
 
 _MAGIC = 0x01444454  # _wire.MAGIC
@@ -157,13 +159,23 @@ frame_upload = py_frame_upload
 # Pure Python: replies are decoded by protobuf (a hand-written decoder in Python is
 # no faster than its C++ one); the accelerator decodes the plain ones itself.
 parse_tensor_reply = None
+# The accelerator's whole Download round trip on a plain socket (Session._download).
+download = None
+set_download_types = None
+# ... and its whole Session._op_fast (op, set_op_types).
+op = None
+set_op_types = None
+# ... and Tensor.numpy's whole download (numpy, set_numpy_types).
+numpy = None
+set_numpy_types = None
 ACCELERATED = False
 
 if os.environ.get("TENSORDD_PURE", "") in ("", "0"):
     try:
-        from ._speedups import (append_op, copy_into, encode_op,  # noqa: F811
-                                frame_download, frame_op, frame_release,
-                                parse_tensor_reply)
+        from ._speedups import (append_op, copy_into, download, encode_op,  # noqa: F811
+                                frame_download, frame_op, frame_release, numpy, op,
+                                parse_tensor_reply, set_download_types, set_numpy_types,
+                                set_op_types)
         ACCELERATED = True
     except ImportError:
         pass

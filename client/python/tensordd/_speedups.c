@@ -18,8 +18,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #define MAGIC 0x01444454u /* "TDD" + frame version 1 (proto/frame.h) */
 #define HEADER 16
@@ -432,35 +436,43 @@ static int parse_info(reader r, tensor_info *t)
     return 0;
 }
 
-static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
+/* 1 when msg is a plain Response{id, tensor{...}} (its id and fields in *id, *t), else 0. */
+static int parse_reply(const unsigned char *p, size_t len, uint64_t *id, tensor_info *t)
 {
-    (void)self;
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    reader r = {view.buf, (const unsigned char *)view.buf + view.len};
-    tensor_info t;
-    memset(&t, 0, sizeof t);
-    t.backend = "";
-    uint64_t id = 0;
+    reader r = {p, p + len};
+    memset(t, 0, sizeof *t);
+    t->backend = "";
+    *id = 0;
     int seen_id = 0, seen_body = 0, ok = 1;
     while (ok && r.p < r.end) {
         uint64_t key;
         if (get_varint(&r, &key) < 0) {
             ok = 0;
         } else if (key == 0x08 && !seen_id) {
-            ok = get_varint(&r, &id) == 0;
+            ok = get_varint(&r, id) == 0;
             seen_id = 1;
         } else if (key == 0x72 && !seen_body) { /* Response.tensor (14) */
             reader s;
-            ok = get_bytes(&r, &s) == 0 && parse_info(s, &t) == 0;
+            ok = get_bytes(&r, &s) == 0 && parse_info(s, t) == 0;
             seen_body = 1;
         } else {
             ok = 0;
         }
     }
+    return ok && seen_body;
+}
+
+static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    tensor_info t;
+    uint64_t id;
+    int plain = parse_reply(view.buf, (size_t)view.len, &id, &t);
     PyObject *res = NULL;
-    if (!ok || !seen_body) {
+    if (!plain) {
         res = Py_None;
         Py_INCREF(res);
         goto out;
@@ -494,6 +506,791 @@ out:
     return res;
 }
 
+/* ------------------------------------------------------------------ download */
+
+/* download(conn, rid, handle, release_rid, release_handles): Session._download's round
+ * trip on a plain blocking socket (tcp:// or unix://, no resume journal, no fd passing,
+ * nothing buffered unread): the queued requests, then Release{release_handles} as
+ * request release_rid (when it is not 0) and Download{handle} as request rid, go out in
+ * one writev; the answer is read from the socket with the GIL released. Returns
+ *   None       nothing was done (not such a socket): the caller takes its own path;
+ *   True       the requests went out and what came back is left in conn._rbuf for
+ *              conn.read_frame_head (anything but a plain tensor answer to rid whose
+ *              payload fits its dtype and shape: errors, odd frames, the stream's end);
+ *   (array, dtype, shape, backend, ordinal, requires_grad)  the answer, its payload
+ *              read straight into a new numpy array.
+ * Socket errors raise OSError as the socket module does (EAGAIN: BlockingIOError; the
+ * caller turns it into a timeout); the end of the stream inside a payload raises
+ * ConnectionResetError, as _wire does. set_download_types must have run. */
+
+static PyObject *socket_type, *np_empty, *np_dtypes;
+static PyObject *s_journal, *s_want_fds, *s_sock, *s_wbuf, *s_rbuf, *s_rpos, *s_timeout, *s_fileno;
+
+static PyObject *conn_methods[6]; /* the Connection methods download stands for */
+
+#define MAX_MESSAGE (64u << 20) /* _wire.MAX_MESSAGE */
+#define INBUF 16384
+
+static PyObject *set_download_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!nargs_ok("set_download_types", nargs, 3))
+        return NULL;
+    if (!PyType_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "set_download_types(socket type, empty, dict)");
+        return NULL;
+    }
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(socket_type, args[0]);
+    Py_XSETREF(np_empty, args[1]);
+    Py_XSETREF(np_dtypes, args[2]);
+    Py_RETURN_NONE;
+}
+
+/* An attribute of conn that must be there. */
+static PyObject *conn_attr(PyObject *conn, PyObject *name)
+{
+    return PyObject_GetAttr(conn, name);
+}
+
+/* Puts data[0:n] in conn._rbuf (read from position 0): the bytes read and not used. */
+static int stash(PyObject *conn, const char *data, size_t n)
+{
+    PyObject *buf = PyByteArray_FromStringAndSize(data, (Py_ssize_t)n);
+    if (buf == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(conn, s_rbuf, buf);
+    Py_DECREF(buf);
+    if (rc == 0) {
+        PyObject *zero = PyLong_FromLong(0);
+        if (zero == NULL)
+            return -1;
+        rc = PyObject_SetAttr(conn, s_rpos, zero);
+        Py_DECREF(zero);
+    }
+    return rc;
+}
+
+/* writev until every byte is out; 0, or -1 with errno (EINTR handled: a signal
+ * handler's exception returns -2 with it set). */
+static int send_all(int fd, struct iovec *iov, int cnt)
+{
+    while (cnt > 0) {
+        ssize_t n;
+        Py_BEGIN_ALLOW_THREADS n = writev(fd, iov, cnt);
+        Py_END_ALLOW_THREADS if (n < 0)
+        {
+            if (errno == EINTR) {
+                if (PyErr_CheckSignals() < 0)
+                    return -2;
+                continue;
+            }
+            return -1;
+        }
+        size_t left = (size_t)n;
+        while (cnt > 0 && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    return 0;
+}
+
+/* recv of up to n bytes (at least one); >= 0 bytes (0: the end of the stream), -1
+ * with errno, -2 with a signal handler's exception set. */
+static Py_ssize_t recv_some(int fd, char *buf, size_t n)
+{
+    for (;;) {
+        ssize_t got;
+        Py_BEGIN_ALLOW_THREADS got = recv(fd, buf, n, 0);
+        Py_END_ALLOW_THREADS if (got >= 0) return (Py_ssize_t)got;
+        if (errno != EINTR)
+            return -1;
+        if (PyErr_CheckSignals() < 0)
+            return -2;
+    }
+}
+
+/* The file descriptor of conn's socket when download can use it (a plain blocking
+ * socket.socket, no resume journal, no fd passing, nothing buffered unread), -1 when it
+ * cannot, -2 on an error. */
+static int conn_fd(PyObject *conn)
+{
+    /* (a debugger's trace function sees the Python path's calls, as without this) */
+    if (PyThreadState_Get()->c_tracefunc != NULL)
+        return -1;
+    /* (a method replaced on the instance, a test's counter or fault: its own path) */
+    PyObject *d = PyObject_GenericGetDict(conn, NULL);
+    if (d == NULL)
+        return -2;
+    int patched = 0;
+    for (size_t i = 0; i < sizeof conn_methods / sizeof *conn_methods && !patched; i++) {
+        patched = PyDict_GetItemWithError(d, conn_methods[i]) != NULL;
+        if (!patched && PyErr_Occurred()) {
+            Py_DECREF(d);
+            return -2;
+        }
+    }
+    Py_DECREF(d);
+    if (patched)
+        return -1;
+    /* ---- the socket must be a plain blocking one, nothing tracked or buffered */
+    PyObject *o = conn_attr(conn, s_journal);
+    if (o == NULL)
+        return -2;
+    int plain = o == Py_None;
+    Py_DECREF(o);
+    if (plain) {
+        o = conn_attr(conn, s_want_fds);
+        if (o == NULL)
+            return -2;
+        plain = PyObject_IsTrue(o) == 0;
+        Py_DECREF(o);
+    }
+    PyObject *sock = plain ? conn_attr(conn, s_sock) : NULL;
+    if (plain && sock == NULL)
+        return -2;
+    int fd = -1;
+    if (plain && Py_IS_TYPE(sock, (PyTypeObject *)socket_type)) {
+        o = PyObject_GetAttr(sock, s_timeout);
+        if (o == NULL) {
+            Py_DECREF(sock);
+            return -2;
+        }
+        int blocking = o == Py_None;
+        Py_DECREF(o);
+        o = blocking ? PyObject_CallMethodNoArgs(sock, s_fileno) : NULL;
+        if (blocking && o == NULL) {
+            Py_DECREF(sock);
+            return -2;
+        }
+        if (o != NULL) {
+            long v = PyLong_AsLong(o);
+            Py_DECREF(o);
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(sock);
+                return -2;
+            }
+            fd = v >= 0 && v <= INT_MAX ? (int)v : -1;
+        }
+    }
+    Py_XDECREF(sock);
+    if (fd < 0)
+        return -1;
+    PyObject *rbuf = conn_attr(conn, s_rbuf);
+    if (rbuf == NULL)
+        return -2;
+    o = conn_attr(conn, s_rpos);
+    if (o == NULL) {
+        Py_DECREF(rbuf);
+        return -2;
+    }
+    Py_ssize_t rpos = PyLong_AsSsize_t(o);
+    Py_DECREF(o);
+    int drained = PyByteArray_CheckExact(rbuf) && rpos == PyByteArray_GET_SIZE(rbuf);
+    Py_DECREF(rbuf);
+    if (rpos == -1 && PyErr_Occurred())
+        return -2;
+    PyObject *wbuf = conn_attr(conn, s_wbuf);
+    if (wbuf == NULL)
+        return -2;
+    int ok = drained && PyByteArray_CheckExact(wbuf);
+    Py_DECREF(wbuf);
+    return ok ? fd : -1;
+}
+
+/* The round trip of download on conn's socket fd (see download). */
+static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle, uint64_t rrid,
+                           PyObject *rel)
+{
+    PyObject *wbuf = conn_attr(conn, s_wbuf);
+    if (wbuf == NULL)
+        return NULL;
+    /* ---- the Release and Download frames, after what is queued */
+    PyObject *seq = NULL;
+    Py_ssize_t nrel = 0;
+    size_t hs_len = 0;
+    if (rrid) {
+        seq = PySequence_Fast(rel, "release handles must be a sequence");
+        if (seq == NULL) {
+            Py_DECREF(wbuf);
+            return NULL;
+        }
+        nrel = PySequence_Fast_GET_SIZE(seq);
+        for (Py_ssize_t i = 0; i < nrel; i++) {
+            uint64_t h;
+            if (as_u64(PySequence_Fast_ITEMS(seq)[i], &h) < 0) {
+                Py_DECREF(seq);
+                Py_DECREF(wbuf);
+                return NULL;
+            }
+            hs_len += varint_len(h);
+        }
+    }
+    size_t rel_body = nrel ? 1 + varint_len(hs_len) + hs_len : 0;
+    size_t rel_msg = 1 + varint_len(rrid) + 1 + varint_len(rel_body) + rel_body;
+    size_t dl_body = 1 + varint_len(handle);
+    size_t dl_msg = 1 + varint_len(rid) + 1 + varint_len(dl_body) + dl_body;
+    size_t flen = (rrid ? HEADER + rel_msg : 0) + HEADER + dl_msg;
+    char small[1024];
+    char *frames = flen <= sizeof small ? small : PyMem_Malloc(flen);
+    if (frames == NULL) {
+        Py_XDECREF(seq);
+        Py_DECREF(wbuf);
+        return PyErr_NoMemory();
+    }
+    char *p = frames;
+    if (rrid) {
+        p = put_header(p, rel_msg);
+        *p++ = 0x08;
+        p = put_varint(p, rrid);
+        *p++ = 0x7a; /* Request.release (15) */
+        p = put_varint(p, rel_body);
+        if (nrel) {
+            *p++ = 0x0a; /* Release.handles, packed */
+            p = put_varint(p, hs_len);
+            for (Py_ssize_t i = 0; i < nrel; i++) /* (checked above: cannot fail) */
+                p = put_varint(p,
+                               (uint64_t)PyLong_AsUnsignedLongLong(PySequence_Fast_ITEMS(seq)[i]));
+        }
+    }
+    Py_XDECREF(seq);
+    p = put_header(p, dl_msg);
+    *p++ = 0x08;
+    p = put_varint(p, rid);
+    *p++ = 0x6a; /* Request.download (13) */
+    p = put_varint(p, dl_body);
+    *p++ = 0x08; /* Download.handle */
+    put_varint(p, handle);
+    /* ---- out in one writev; the write buffer is emptied whatever happens (as flush) */
+    Py_buffer wv;
+    if (PyObject_GetBuffer(wbuf, &wv, PyBUF_SIMPLE) < 0) { /* (holds it while unlocked) */
+        if (frames != small)
+            PyMem_Free(frames);
+        Py_DECREF(wbuf);
+        return NULL;
+    }
+    struct iovec iov[2];
+    int cnt = 0;
+    if (wv.len) {
+        iov[cnt].iov_base = wv.buf;
+        iov[cnt++].iov_len = (size_t)wv.len;
+    }
+    iov[cnt].iov_base = frames;
+    iov[cnt++].iov_len = flen;
+    int rc = send_all(fd, iov, cnt);
+    int err = errno;
+    PyBuffer_Release(&wv);
+    if (frames != small)
+        PyMem_Free(frames);
+    if (PyByteArray_Resize(wbuf, 0) < 0) {
+        Py_DECREF(wbuf);
+        return NULL;
+    }
+    Py_DECREF(wbuf);
+    if (rc == -2)
+        return NULL;
+    if (rc < 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    /* ---- the answer's header and message */
+    char in[INBUF];
+    size_t have = 0, need = HEADER;
+    uint32_t magic = 0, msg_len = 0;
+    uint64_t payload_len = 0;
+    for (int head_read = 0;; head_read = 1) {
+        while (have < need) {
+            Py_ssize_t got = recv_some(fd, in + have, sizeof in - have);
+            if (got <= 0) {
+                err = errno;
+                if (stash(conn, in, have) < 0)
+                    return NULL;
+                if (got == -2)
+                    return NULL;
+                if (got == 0) /* (conn.read_frame_head meets the end and says so) */
+                    Py_RETURN_TRUE;
+                errno = err;
+                return PyErr_SetFromErrno(PyExc_OSError);
+            }
+            have += (size_t)got;
+        }
+        if (head_read)
+            break;
+        memcpy(&magic, in, 4);
+        memcpy(&msg_len, in + 4, 4);
+        memcpy(&payload_len, in + 8, 8);
+        if (magic != MAGIC || msg_len > sizeof in - HEADER) /* (bad, or large: Python's) */
+            goto leave_to_python;
+        need = HEADER + msg_len;
+    }
+    tensor_info t;
+    uint64_t id;
+    if (!parse_reply((const unsigned char *)in + HEADER, msg_len, &id, &t) || id != rid)
+        goto leave_to_python;
+    PyObject *key = PyLong_FromLongLong((long long)t.dtype);
+    if (key == NULL)
+        return NULL;
+    PyObject *dtype = PyDict_GetItemWithError(np_dtypes, key); /* (borrowed) */
+    Py_DECREF(key);
+    if (dtype == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        goto leave_to_python; /* (a dtype not met yet: Python adds it) */
+    }
+    PyObject *backend = PyUnicode_DecodeUTF8(t.backend, (Py_ssize_t)t.backend_len, NULL);
+    if (backend == NULL) {
+        PyErr_Clear();
+        goto leave_to_python;
+    }
+    PyObject *shape = PyTuple_New(t.ndim);
+    if (shape == NULL) {
+        Py_DECREF(backend);
+        return NULL;
+    }
+    for (int i = 0; i < t.ndim; i++) {
+        PyObject *d = PyLong_FromLongLong(t.shape[i]);
+        if (d == NULL) {
+            Py_DECREF(shape);
+            Py_DECREF(backend);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, i, d);
+    }
+    PyObject *eargs[2] = {shape, dtype};
+    PyObject *arr = PyObject_Vectorcall(np_empty, eargs, 2, NULL);
+    Py_buffer av;
+    if (arr == NULL) { /* (a shape numpy refuses: Python's path says so) */
+        PyErr_Clear();
+    } else if (PyObject_GetBuffer(arr, &av, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        Py_CLEAR(arr);
+    } else if ((uint64_t)av.len != payload_len) {
+        PyBuffer_Release(&av);
+        Py_CLEAR(arr);
+    }
+    if (arr == NULL) {
+        Py_DECREF(shape);
+        Py_DECREF(backend);
+        goto leave_to_python;
+    }
+    /* ---- the payload: what came with the message, then straight into the array */
+    size_t extra = have - need;
+    size_t first = extra < payload_len ? extra : (size_t)payload_len;
+    if (first)
+        memcpy(av.buf, in + need, first);
+    size_t got_total = first;
+    int fail = 0;
+    while (got_total < payload_len) {
+        Py_ssize_t got = recv_some(fd, (char *)av.buf + got_total, (size_t)payload_len - got_total);
+        if (got <= 0) {
+            if (got == 0)
+                PyErr_SetString(PyExc_ConnectionResetError,
+                                "connection closed by the daemon during a payload");
+            else if (got == -1)
+                PyErr_SetFromErrno(PyExc_OSError);
+            fail = 1;
+            break;
+        }
+        got_total += (size_t)got;
+    }
+    PyBuffer_Release(&av);
+    if (!fail && extra > first && stash(conn, in + need + first, extra - first) < 0)
+        fail = 1;
+    if (fail) {
+        Py_DECREF(arr);
+        Py_DECREF(shape);
+        Py_DECREF(backend);
+        return NULL;
+    }
+    return Py_BuildValue("(NLNNKO)", arr, (long long)t.dtype, shape, backend,
+                         (unsigned long long)t.ordinal, t.requires_grad ? Py_True : Py_False);
+leave_to_python:
+    if (stash(conn, in, have) < 0)
+        return NULL;
+    return Py_NewRef(Py_True);
+}
+
+static PyObject *download(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!nargs_ok("download", nargs, 5))
+        return NULL;
+    if (socket_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "download: set_download_types() first");
+        return NULL;
+    }
+    uint64_t rid, handle, rrid;
+    if (as_u64(args[1], &rid) < 0 || as_u64(args[2], &handle) < 0 || as_u64(args[3], &rrid) < 0)
+        return NULL;
+    int fd = conn_fd(args[0]);
+    if (fd == -2)
+        return NULL;
+    if (fd == -1)
+        Py_RETURN_NONE;
+    return roundtrip(args[0], fd, rid, handle, rrid, args[4]);
+}
+
+/* ------------------------------------------------------------------ op */
+
+/* op(session, name, inputs[, extra]): Session._op_fast's common case in one call: when
+ * the session is open, no Release batch is due, the connection keeps no resume journal
+ * and the frame leaves its write buffer under the high-water mark, the op's frame is
+ * appended to it (request and handle ids from the session's counters, the call
+ * remembered in session._calls as (name, inputs, out)) and the new Tensor(session, out)
+ * is returned; else None and nothing is done (the caller's own path). set_op_types must
+ * have run. */
+
+static PyObject *tensor_type;
+static Py_ssize_t release_batch, high_water;
+static PyObject *s_open, *s_pending, *s_handles, *s_ids, *s_calls, *s_conn;
+
+static PyObject *set_op_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!nargs_ok("set_op_types", nargs, 3))
+        return NULL;
+    Py_ssize_t batch = PyLong_AsSsize_t(args[1]);
+    if (batch == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t high = PyLong_AsSsize_t(args[2]);
+    if (high == -1 && PyErr_Occurred())
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_XSETREF(tensor_type, args[0]);
+    release_batch = batch;
+    high_water = high;
+    Py_RETURN_NONE;
+}
+
+/* 1: attribute name of o is exactly True; 0: it is not; -1: an error. */
+static int attr_is_true(PyObject *o, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    int r = v == Py_True;
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 4 && !nargs_ok("op", nargs, 3))
+        return NULL;
+    if (tensor_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "op: set_op_types() first");
+        return NULL;
+    }
+    PyObject *session = args[0], *name = args[1], *inputs = args[2];
+    PyObject *extra = nargs == 4 ? args[3] : NULL;
+    if (extra != NULL && (!PyBytes_Check(extra) || PyBytes_GET_SIZE(extra) == 0))
+        extra = NULL; /* (b"": none) */
+    int r = attr_is_true(session, s_open);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *pending = PyObject_GetAttr(session, s_pending);
+    if (pending == NULL)
+        return NULL;
+    Py_ssize_t npending = PyList_Check(pending) ? PyList_GET_SIZE(pending) : release_batch;
+    Py_DECREF(pending);
+    if (npending >= release_batch)
+        Py_RETURN_NONE;
+    PyObject *conn = PyObject_GetAttr(session, s_conn);
+    if (conn == NULL)
+        return NULL;
+    PyObject *journal = PyObject_GetAttr(conn, s_journal);
+    PyObject *wbuf = journal == NULL ? NULL : PyObject_GetAttr(conn, s_wbuf);
+    Py_DECREF(conn);
+    if (wbuf == NULL) {
+        Py_XDECREF(journal);
+        return NULL;
+    }
+    int usable = journal == Py_None && PyByteArray_CheckExact(wbuf) && PyUnicode_Check(name) &&
+                 PyList_CheckExact(inputs) && PyList_GET_SIZE(inputs) > 0 &&
+                 PyList_GET_SIZE(inputs) <= 8;
+    Py_DECREF(journal);
+    /* (a bound on the frame: 16 + 2 * 11 + name + 3 * 11 + 11 per input + extra) */
+    Py_ssize_t name_len = 0;
+    if (usable && PyUnicode_AsUTF8AndSize(name, &name_len) == NULL) {
+        Py_DECREF(wbuf);
+        return NULL;
+    }
+    if (usable) {
+        Py_ssize_t bound = 16 + 22 + name_len + 33 + 11 * PyList_GET_SIZE(inputs) +
+                           (extra ? PyBytes_GET_SIZE(extra) + 11 : 0);
+        usable = PyByteArray_GET_SIZE(wbuf) + bound < high_water;
+    }
+    if (!usable) {
+        Py_DECREF(wbuf);
+        Py_RETURN_NONE;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs); i++) { /* (checked before ids go) */
+        uint64_t h;
+        if (as_u64(PyList_GET_ITEM(inputs, i), &h) < 0) {
+            Py_DECREF(wbuf);
+            return NULL;
+        }
+    }
+    PyObject *out = NULL, *rid = NULL, *call = NULL, *calls = NULL, *t = NULL;
+    PyObject *it = PyObject_GetAttr(session, s_handles);
+    if (it == NULL)
+        goto done;
+    out = PyIter_Next(it);
+    Py_DECREF(it);
+    if (out == NULL)
+        goto done;
+    it = PyObject_GetAttr(session, s_ids);
+    if (it == NULL)
+        goto done;
+    rid = PyIter_Next(it);
+    Py_DECREF(it);
+    if (rid == NULL)
+        goto done;
+    call = PyTuple_Pack(3, name, inputs, out);
+    calls = call ? PyObject_GetAttr(session, s_calls) : NULL;
+    if (calls == NULL || PyObject_SetItem(calls, rid, call) < 0)
+        goto done;
+    PyObject *fargs[5] = {rid, name, inputs, out, extra};
+    PyObject *len = op_request(fargs, extra ? 5 : 4, 2, wbuf);
+    if (len == NULL)
+        goto done;
+    Py_DECREF(len);
+    PyObject *targs[2] = {session, out};
+    t = PyObject_Vectorcall(tensor_type, targs, 2, NULL);
+done:
+    Py_XDECREF(calls);
+    Py_XDECREF(call);
+    Py_XDECREF(rid);
+    Py_XDECREF(out);
+    Py_DECREF(wbuf);
+    return t;
+}
+
+/* ------------------------------------------------------------------ numpy */
+
+/* numpy(session, t): Tensor.numpy's whole download in one call, Session._download's
+ * bookkeeping included (the Release of pending handles and the Download get the next
+ * request ids, both remembered in session._calls; t's shape, dtype, device and
+ * requires_grad are set from the answer; bfloat16 is widened). Returns the array; the
+ * request id (an int) when the Download went out but its answer is for Python's path
+ * (Session._download_answer); None when nothing was done (a closed session, a pending
+ * deferred error, a memfd-sized download, a connection download cannot use).
+ * set_numpy_types must have run. */
+
+static PyObject *dtype_names, *dtype_name_fn, *devices, *device_fn, *widen_fn;
+static Py_ssize_t call_trim;
+static long bf16_wire;
+static PyObject *s_deferred, *s_memfd, *s_capturing, *s_busy, *s_forget, *s_handle, *s_shape,
+    *s_dtype, *s_device, *s_rgrad, *s_release, *s_download;
+
+static PyObject *set_numpy_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!nargs_ok("set_numpy_types", nargs, 7))
+        return NULL;
+    if (!PyDict_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "set_numpy_types: dtype names and devices are dicts");
+        return NULL;
+    }
+    Py_ssize_t trim = PyLong_AsSsize_t(args[4]);
+    long bf16 = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_INCREF(args[1]);
+    Py_INCREF(args[2]);
+    Py_INCREF(args[3]);
+    Py_INCREF(args[6]);
+    Py_XSETREF(dtype_names, args[0]);
+    Py_XSETREF(dtype_name_fn, args[1]);
+    Py_XSETREF(devices, args[2]);
+    Py_XSETREF(device_fn, args[3]);
+    Py_XSETREF(widen_fn, args[6]);
+    call_trim = trim;
+    bf16_wire = bf16;
+    Py_RETURN_NONE;
+}
+
+/* next(it) of session attribute name (StopIteration would be a bug: RuntimeError). */
+static PyObject *next_of(PyObject *session, PyObject *name)
+{
+    PyObject *it = PyObject_GetAttr(session, name);
+    if (it == NULL)
+        return NULL;
+    PyObject *v = PyIter_Next(it);
+    Py_DECREF(it);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "an id counter ran out");
+    return v;
+}
+
+/* The value of dict[key], else fn(*args) (a new reference). */
+static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *fn, PyObject *const *args,
+                                size_t n)
+{
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    if (v != NULL)
+        return Py_NewRef(v);
+    if (PyErr_Occurred())
+        return NULL;
+    return PyObject_Vectorcall(fn, args, n, NULL);
+}
+
+static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!nargs_ok("numpy", nargs, 2))
+        return NULL;
+    if (socket_type == NULL || dtype_names == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "numpy: set_download_types() and "
+                                            "set_numpy_types() first");
+        return NULL;
+    }
+    PyObject *session = args[0], *t = args[1];
+    int r = attr_is_true(session, s_open);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *o = PyObject_GetAttr(session, s_deferred);
+    if (o == NULL)
+        return NULL;
+    int none_deferred = PyList_CheckExact(o) && PyList_GET_SIZE(o) == 0;
+    Py_DECREF(o);
+    if (!none_deferred)
+        Py_RETURN_NONE;
+    if ((r = attr_is_true(session, s_memfd)) != 0) { /* (a size known: maybe a memfd's) */
+        if (r < 0)
+            return NULL;
+        o = PyObject_GetAttr(t, s_shape);
+        if (o == NULL)
+            return NULL;
+        Py_DECREF(o);
+        if (o != Py_None)
+            Py_RETURN_NONE;
+    }
+    PyObject *conn = PyObject_GetAttr(session, s_conn);
+    if (conn == NULL)
+        return NULL;
+    int fd = conn_fd(conn);
+    PyObject *h = fd >= 0 ? PyObject_GetAttr(t, s_handle) : NULL;
+    uint64_t handle = 0;
+    if (fd < 0 || h == NULL || as_u64(h, &handle) < 0) {
+        Py_XDECREF(h);
+        Py_DECREF(conn);
+        if (fd == -1)
+            Py_RETURN_NONE;
+        return NULL;
+    }
+    /* ---- from here on as Session._download: ids, the calls remembered */
+    PyObject *rel = NULL, *rrid = NULL, *rid = NULL, *calls = NULL, *call = NULL, *res = NULL;
+    PyObject *pending = PyObject_GetAttr(session, s_pending);
+    if (pending == NULL)
+        goto done;
+    int capturing = attr_is_true(session, s_capturing);
+    if (capturing < 0)
+        goto done;
+    calls = PyObject_GetAttr(session, s_calls);
+    if (calls == NULL)
+        goto done;
+    if (PyObject_IsTrue(pending) == 1 && !capturing) {
+        PyObject *fresh = PyList_New(0);
+        if (fresh == NULL || PyObject_SetAttr(session, s_pending, fresh) < 0) {
+            Py_XDECREF(fresh);
+            goto done;
+        }
+        Py_DECREF(fresh);
+        rel = pending;
+        pending = NULL;
+        if ((rrid = next_of(session, s_ids)) == NULL ||
+            (call = PyTuple_Pack(2, s_release, rel)) == NULL ||
+            PyObject_SetItem(calls, rrid, call) < 0)
+            goto done;
+        Py_CLEAR(call);
+    }
+    if ((rid = next_of(session, s_ids)) == NULL)
+        goto done;
+    PyObject *hs = PyTuple_Pack(1, h);
+    if (hs == NULL)
+        goto done;
+    call = PyTuple_Pack(2, s_download, hs);
+    Py_DECREF(hs);
+    if (call == NULL || PyObject_SetItem(calls, rid, call) < 0)
+        goto done;
+    uint64_t rid_v, rrid_v = 0;
+    if (as_u64(rid, &rid_v) < 0 || (rrid && as_u64(rrid, &rrid_v) < 0))
+        goto done;
+    if (PyObject_SetAttr(session, s_busy, Py_True) < 0)
+        goto done;
+    PyObject *got = roundtrip(conn, fd, rid_v, handle, rrid_v, rel ? rel : Py_None);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int busy_rc = PyObject_SetAttr(session, s_busy, Py_False);
+    if (got == NULL) {
+        if (busy_rc < 0)
+            PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        goto done;
+    }
+    if (busy_rc < 0) {
+        Py_DECREF(got);
+        goto done;
+    }
+    if (got == Py_True) { /* (the answer is Python's to read) */
+        Py_DECREF(got);
+        res = Py_NewRef(rid);
+        goto done;
+    }
+    /* ---- (array, dtype, shape, backend, ordinal, requires_grad): t's metadata */
+    PyObject *arr = PyTuple_GET_ITEM(got, 0), *wire = PyTuple_GET_ITEM(got, 1);
+    PyObject *dev_args[2] = {PyTuple_GET_ITEM(got, 3), PyTuple_GET_ITEM(got, 4)};
+    PyObject *name = lookup_or_call(dtype_names, wire, dtype_name_fn, &wire, 1);
+    PyObject *key = name ? PyTuple_Pack(2, dev_args[0], dev_args[1]) : NULL;
+    PyObject *dev = key ? lookup_or_call(devices, key, device_fn, dev_args, 2) : NULL;
+    Py_XDECREF(key);
+    if (dev == NULL || PyObject_SetAttr(t, s_shape, PyTuple_GET_ITEM(got, 2)) < 0 ||
+        PyObject_SetAttr(t, s_dtype, name) < 0 || PyObject_SetAttr(t, s_device, dev) < 0 ||
+        PyObject_SetAttr(t, s_rgrad, PyTuple_GET_ITEM(got, 5)) < 0) {
+        Py_XDECREF(name);
+        Py_XDECREF(dev);
+        Py_DECREF(got);
+        goto done;
+    }
+    Py_DECREF(name);
+    Py_DECREF(dev);
+    if (PyDict_Check(calls) && PyDict_GET_SIZE(calls) >= call_trim) {
+        PyObject *x = PyObject_CallMethodNoArgs(session, s_forget);
+        if (x == NULL) {
+            Py_DECREF(got);
+            goto done;
+        }
+        Py_DECREF(x);
+    }
+    long w = PyLong_AsLong(wire);
+    if (w == bf16_wire)
+        res = PyObject_CallOneArg(widen_fn, arr);
+    else
+        res = Py_NewRef(arr);
+    Py_DECREF(got);
+done:
+    Py_XDECREF(pending);
+    Py_XDECREF(rel);
+    Py_XDECREF(rrid);
+    Py_XDECREF(rid);
+    Py_XDECREF(calls);
+    Py_XDECREF(call);
+    Py_DECREF(h);
+    Py_DECREF(conn);
+    return res;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -509,6 +1306,23 @@ static PyMethodDef methods[] = {
      "frame_op's bytes appended to a bytearray; its new length."},
     {"copy_into", (PyCFunction)(void (*)(void))copy_into, METH_FASTCALL,
      "Copies src[pos:] into dest as far as it fits: (bytes copied, bytes left to fill)."},
+    {"set_download_types", (PyCFunction)(void (*)(void))set_download_types, METH_FASTCALL,
+     "set_download_types(socket.socket, numpy.empty, {wire dtype: numpy dtype}) for download."},
+    {"download", (PyCFunction)(void (*)(void))download, METH_FASTCALL,
+     "download(conn, rid, handle, release_rid, release_handles): a Download's round trip "
+     "on a plain socket; None, True or (array, dtype, shape, backend, ordinal, "
+     "requires_grad) (see the source)."},
+    {"set_op_types", (PyCFunction)(void (*)(void))set_op_types, METH_FASTCALL,
+     "set_op_types(Tensor, release batch, write high-water mark) for op."},
+    {"op", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL,
+     "op(session, name, inputs[, extra]): Session._op_fast's common case; the new "
+     "Tensor, or None (see the source)."},
+    {"set_numpy_types", (PyCFunction)(void (*)(void))set_numpy_types, METH_FASTCALL,
+     "set_numpy_types(dtype names, dtype_name, devices, device, call trim, bf16 wire, "
+     "widen) for numpy."},
+    {"numpy", (PyCFunction)(void (*)(void))tensor_numpy, METH_FASTCALL,
+     "numpy(session, t): Tensor.numpy's download in one call; the array, a request id "
+     "whose answer is Python's to read, or None (see the source)."},
     {"parse_tensor_reply", parse_tensor_reply, METH_O,
      "(id, handle, dtype, shape, backend, ordinal, requires_grad) of a plain tensor "
      "Response; None for anything else."},
@@ -536,5 +1350,44 @@ PyMODINIT_FUNC PyInit__speedups(void)
         PyErr_SetString(PyExc_ImportError, "tensordd._speedups: little-endian hosts only");
         return NULL;
     }
+    s_journal = PyUnicode_InternFromString("_journal");
+    s_want_fds = PyUnicode_InternFromString("want_fds");
+    s_sock = PyUnicode_InternFromString("sock");
+    s_wbuf = PyUnicode_InternFromString("_wbuf");
+    s_rbuf = PyUnicode_InternFromString("_rbuf");
+    s_rpos = PyUnicode_InternFromString("_rpos");
+    s_timeout = PyUnicode_InternFromString("timeout");
+    s_fileno = PyUnicode_InternFromString("fileno");
+    static const char *const names[] = {"read_frame_head", "read_into", "send_frame",
+                                        "write_frame",     "flush",     "_fill"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if ((conn_methods[i] = PyUnicode_InternFromString(names[i])) == NULL)
+            return NULL;
+    s_open = PyUnicode_InternFromString("_open");
+    s_pending = PyUnicode_InternFromString("_pending_release");
+    s_handles = PyUnicode_InternFromString("_handles");
+    s_ids = PyUnicode_InternFromString("_ids");
+    s_calls = PyUnicode_InternFromString("_calls");
+    s_conn = PyUnicode_InternFromString("_conn");
+    s_deferred = PyUnicode_InternFromString("_deferred");
+    s_memfd = PyUnicode_InternFromString("_memfd");
+    s_capturing = PyUnicode_InternFromString("_capturing");
+    s_busy = PyUnicode_InternFromString("_busy");
+    s_forget = PyUnicode_InternFromString("_forget_calls");
+    s_handle = PyUnicode_InternFromString("_handle");
+    s_shape = PyUnicode_InternFromString("_shape");
+    s_dtype = PyUnicode_InternFromString("_dtype");
+    s_device = PyUnicode_InternFromString("_device");
+    s_rgrad = PyUnicode_InternFromString("_requires_grad");
+    s_release = PyUnicode_InternFromString("release");
+    s_download = PyUnicode_InternFromString("download");
+    if (!s_deferred || !s_memfd || !s_capturing || !s_busy || !s_forget || !s_handle || !s_shape ||
+        !s_dtype || !s_device || !s_rgrad || !s_release || !s_download)
+        return NULL;
+    if (!s_open || !s_pending || !s_handles || !s_ids || !s_calls || !s_conn)
+        return NULL;
+    if (!s_journal || !s_want_fds || !s_sock || !s_wbuf || !s_rbuf || !s_rpos || !s_timeout ||
+        !s_fileno)
+        return NULL;
     return PyModule_Create(&module);
 }

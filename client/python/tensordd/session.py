@@ -30,12 +30,17 @@ from google.protobuf.message import DecodeError
 
 from . import tensordd_pb2 as pb
 from ._codec import append_op as _append_op
+from ._codec import download as _download_c
+from ._codec import op as _op_c
 from ._codec import encode_op as _encode_op  # noqa: F401 (tests hold it to protobuf's)
 from ._codec import frame_download as _frame_download
 from ._codec import frame_op as _frame_op
 from ._codec import frame_release as _frame_release
 from ._codec import frame_upload as _frame_upload
 from ._codec import parse_tensor_reply as _parse_tensor_reply
+from ._codec import set_download_types as _set_download_types
+from ._codec import set_numpy_types as _set_numpy_types
+from ._codec import set_op_types as _set_op_types
 from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError, _byte_view
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
@@ -543,7 +548,11 @@ class Session:
         SerializeToString would give, at a fraction of the cost per op
         (tests/python/test_wire_fastpath.py and test_speedups.py hold the two equal).
         The call's description is kept as a tuple, formatted only when an error
-        names it."""
+        names it. With the accelerator, all of it in one call in the common case."""
+        if _op_c is not None:
+            t = _op_c(self, name, inputs, extra)
+            if t is not None:
+                return t
         if not self._open:
             raise local_error("CLOSED", self._closed_why)
         if len(self._pending_release) >= _RELEASE_BATCH:
@@ -1114,15 +1123,70 @@ class Session:
                     arr = bf16_bits_to_f32(arr)
                 return arr
         h = t._handle
-        if self._pending_release:
-            self._emit_releases()
+        rel = self._pending_release
+        if rel and not self._capturing:  # (_emit_releases: they go out with it)
+            self._pending_release = []
+            rrid = next(self._ids)
+            self._calls[rrid] = ("release", rel)
+        else:
+            rrid = 0
         rid = next(self._ids)
         call = self._calls[rid] = ("download", (h,))
         conn = self._conn
         self._busy = True
         try:
             try:
-                conn.send_frame(_frame_download(rid, h), rid)
+                # the accelerator's round trip on a plain socket (None: not one)
+                got = _download_c(conn, rid, h, rrid, rel) if _download_c is not None else None
+                if got is None:
+                    if rrid:
+                        conn.write_frame(_frame_release(rrid, rel), rrid)
+                    conn.send_frame(_frame_download(rid, h), rid)
+                    got = True
+            except BlockingIOError:  # (the kernel's timeout, as _wire says it)
+                self._fail_io(socket.timeout("timed out"), _as_call(call))
+            except (OSError, FrameError) as e:
+                self._fail_io(e, _as_call(call))
+        except Error:
+            raise
+        except BaseException:
+            self._shutdown(f"the session was interrupted during {_as_call(call)}")
+            raise
+        finally:
+            self._busy = False
+        if got is True:  # (else the answer, its payload read into an array)
+            return self._download_answer(t, rid, raw)
+        arr, wire, shape, backend, ordinal, rgrad = got
+        t._shape = shape
+        t._dtype = _DTYPE_NAMES.get(wire) or dtype_name(wire)
+        t._device = _DEVICES.get((backend, ordinal)) or _device(backend, ordinal)
+        t._requires_grad = rgrad
+        if len(self._calls) >= _CALL_TRIM:
+            self._forget_calls()
+        if wire == _BF16 and not raw:
+            arr = bf16_bits_to_f32(arr)
+        return arr
+
+    def _download_failed(self, exc: BaseException, h: int):
+        """What _download raises when its round trip fails with exc (the accelerator's
+        Tensor.numpy path): a typed error, the session closed where it would be."""
+        call = _Call("download", (h,))
+        self._busy = False
+        if isinstance(exc, BlockingIOError):  # (the kernel's timeout, as _wire says it)
+            self._fail_io(socket.timeout("timed out"), call)
+        if isinstance(exc, (OSError, FrameError)):
+            self._fail_io(exc, call)
+        if not isinstance(exc, Error):
+            self._shutdown(f"the session was interrupted during {call}")
+        raise exc
+
+    def _download_answer(self, t: "Tensor", rid: int, raw: bool = False) -> np.ndarray:
+        """The rest of _download once Download rid is sent: its answer read and checked."""
+        call = self._calls.get(rid) or ("download", (t._handle,))
+        conn = self._conn
+        self._busy = True
+        try:
+            try:
                 raw_msg, payload_len = conn.read_frame_head()
             except (OSError, FrameError) as e:
                 self._fail_io(e, _as_call(call))
@@ -1237,7 +1301,19 @@ class Session:
 _HOST_BACKENDS = frozenset({"cpu", "ref"})  # host-memory devices: a transfer's ends
 _BF16 = pb.DTYPE_BF16
 _NP_DTYPES: dict = {}  # wire dtype -> the numpy dtype its payload is read into
+for _w in pb.DType.values():  # (filled ahead: the accelerator reads this dict, never fills it)
+    try:
+        _NP_DTYPES[_w] = np.dtype(to_numpy(_w))
+    except (TypeError, ValueError, KeyError):
+        pass
 _DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
+if _set_download_types is not None:  # (the accelerator reads into _NP_DTYPES' dtypes)
+    _set_download_types(socket.socket, np.empty, _NP_DTYPES)
+if _set_op_types is not None:
+    _set_op_types(Tensor, _RELEASE_BATCH, WRITE_HIGH_WATER)
+if _set_numpy_types is not None:
+    _set_numpy_types(_DTYPE_NAMES, dtype_name, _DEVICES, _device, _CALL_TRIM, _BF16,
+                     bf16_bits_to_f32)
 
 
 def _memfd_of(arr: np.ndarray) -> int:
