@@ -68,6 +68,10 @@ static const option_row rows[] = {
     {"device-lanes", "N", OPT_COUNT, FIELD(device_lanes), 4, 1, 64, NULL,
      "worker threads per cpu/ref/cuda device: sessions are spread over them, and each lane "
      "serves its sessions' queues in turn, so one session's work does not hold up another's"},
+    {"worker-nice", "N", OPT_COUNT, FIELD(worker_nice), 10, 0, 19, "same as the loop",
+     "nice value of the device workers and their compute threads, above the loop thread's: "
+     "when every core is busy with kernels, the small requests the loop thread runs itself "
+     "(and the clients on this host) get a core first"},
     {"chunk-elems", "N", OPT_COUNT, FIELD(chunk_elems), 65536, 0, 1u << 30, "never",
      "a cpu/ref kernel (matmul, bmm, linear, conv2d, elementwise) whose output has more "
      "elements runs in pieces of about this many, other sessions' work on its lane running "

@@ -18,6 +18,7 @@ typedef struct tdd_config {
     int cpu_devices;          /* logical cpu devices cpu:0..N-1 */
     int threads;              /* cpu backend threads; 0 = cores */
     int device_lanes;         /* worker queues per host-memory device; sessions spread */
+    int worker_nice;          /* the device workers' nice value above the loop thread's */
     int sim_devices;          /* simulated discrete devices sim:0..N-1 (tests) */
     int emu_gpus;             /* emulated CUDA devices (`make emu` build; 0 = none) */
     uint64_t emu_gpu_memory;  /* their memory each */

@@ -75,7 +75,7 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
             for (int l = 0; l < d->nlanes; l++) {
                 char name[32];
                 snprintf(name, sizeof name, "%s/%d", d->label, l);
-                d->lanes[l] = tdd_lane_new(name, d->be->host_memory);
+                d->lanes[l] = tdd_lane_new(name, d->be->host_memory, cfg->worker_nice);
                 if (!d->lanes[l])
                     return TD_ERESOURCE_EXHAUSTED;
             }

@@ -11,6 +11,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -41,6 +43,8 @@ struct tdd_lane {
     /* Whether other work may run beside the worker's (host-memory kernels): then a
      * queue is idle when its own tasks have run, else when the whole lane's have. */
     bool overlap;
+    int nice;                   /* the worker's nice value (tdd_lane_new) */
+    bool started;               /* the worker runs at it (under mu) */
     uint64_t submitted;         /* loop thread only */
     _Atomic uint64_t completed; /* tasks, every queue */
     /* loop thread only: session id -> its queue */
@@ -227,7 +231,12 @@ static tdd_queue *pick(tdd_lane *l)
 static void *worker(void *arg)
 {
     tdd_lane *l = arg;
+    /* Lowering one's own priority needs no privilege; the value is checked by the options. */
+    if (l->nice && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), l->nice) != 0)
+        tdd_warn("lane %s: setpriority: %s", l->name, strerror(errno));
     pthread_mutex_lock(&l->mu);
+    l->started = true; /* tdd_lane_new returns once the priority is set */
+    pthread_cond_broadcast(&l->cv);
     for (;;) {
         uint64_t seen = atomic_load(&dep_epoch); /* before looking: a later event wakes us */
         tdd_queue *q = pick(l);
@@ -294,12 +303,13 @@ static tdd_queue *queue_new(tdd_lane *l)
     return q;
 }
 
-tdd_lane *tdd_lane_new(const char *name, bool overlap)
+tdd_lane *tdd_lane_new(const char *name, bool overlap, int nice)
 {
     tdd_lane *l = calloc(1, sizeof *l);
     if (!l)
         return NULL;
     l->overlap = overlap;
+    l->nice = nice;
     l->nbuckets = 64;
     l->sweep_at = 64;
     l->buckets = calloc(l->nbuckets, sizeof *l->buckets);
@@ -320,6 +330,10 @@ tdd_lane *tdd_lane_new(const char *name, bool overlap)
         free(l);
         return NULL;
     }
+    pthread_mutex_lock(&l->mu);
+    while (!l->started)
+        pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
     return l;
 }
 

@@ -36,8 +36,9 @@ void tdd_exec_close(void);
 /* A lane: one worker thread (overlap: work may run beside it, see tdd_queue_idle). Each session
  * that has work on it has a queue of its own; the worker takes one task (or one piece of a chunked
  * task) from each ready queue in turn, so a session's long run of work holds up another's by at
- * most one piece. */
-tdd_lane *tdd_lane_new(const char *name, bool overlap);
+ * most one piece. The worker (and the threads it starts, which inherit it) runs at nice value
+ * nice, above the caller's: a busy machine's cores go to the loop thread's small requests first. */
+tdd_lane *tdd_lane_new(const char *name, bool overlap, int nice);
 /* Finishes queued work, joins the worker, frees every queue. */
 void tdd_lane_free(tdd_lane *l);
 /* The queue that orders session_id's work on l. Loop thread. A queue whose work has all

@@ -91,7 +91,7 @@ static void teardown(void)
 
 START_TEST(test_sessions_take_turns)
 {
-    tdd_lane *l = tdd_lane_new("t/0", true);
+    tdd_lane *l = tdd_lane_new("t/0", true, 0);
     ck_assert_ptr_nonnull(l);
     tdd_queue *a = tdd_lane_queue(l, 1), *b = tdd_lane_queue(l, 2);
     ck_assert_ptr_ne(a, b);
@@ -117,7 +117,7 @@ END_TEST
 
 START_TEST(test_a_task_waits_for_its_producer_without_holding_the_lane)
 {
-    tdd_lane *l = tdd_lane_new("t/0", true), *other = tdd_lane_new("u/0", true);
+    tdd_lane *l = tdd_lane_new("t/0", true, 0), *other = tdd_lane_new("u/0", true, 0);
     tdd_queue *a = tdd_lane_queue(l, 1), *b = tdd_lane_queue(l, 2);
     tdd_queue *p = tdd_lane_queue(other, 2); /* B's work on another device */
     static rec_task t[6];                    /* completions are drained after the test returns */
@@ -139,7 +139,7 @@ END_TEST
 
 START_TEST(test_a_task_run_in_pieces_takes_turns)
 {
-    tdd_lane *l = tdd_lane_new("t/0", true);
+    tdd_lane *l = tdd_lane_new("t/0", true, 0);
     tdd_queue *a = tdd_lane_queue(l, 1), *b = tdd_lane_queue(l, 2);
     static rec_task t[5]; /* completions are drained after the test returns */
     put(a, &t[0], (rec_task){.tag = 'G', .gate = true});
@@ -158,7 +158,7 @@ END_TEST
 
 START_TEST(test_idle_is_the_sessions_or_the_lanes)
 {
-    tdd_lane *shared = tdd_lane_new("t/0", true), *staged = tdd_lane_new("s/0", false);
+    tdd_lane *shared = tdd_lane_new("t/0", true, 0), *staged = tdd_lane_new("s/0", false, 0);
     static rec_task t[2]; /* completions are drained after the test returns */
     tdd_queue *a = tdd_lane_queue(shared, 1), *b = tdd_lane_queue(shared, 2);
     tdd_queue *c = tdd_lane_queue(staged, 1), *d = tdd_lane_queue(staged, 2);
