@@ -112,10 +112,10 @@ def errors(s):
     note("open", open=not s.closed)
 
 
-def fake_answers(handler, what):
+def fake_answers(handler, what, timeout=10):
     srv = FakeServer(handler)
     try:
-        s = tensordd.connect(srv.endpoint, timeout=10)
+        s = tensordd.connect(srv.endpoint, timeout=timeout)
         x = s.tensor(np.ones(4, np.float32))
         err_note(what, lambda: x.relu().numpy())
         note(what + ": after", closed=s.closed)
@@ -168,6 +168,15 @@ def faults():
             return None
         return [(info(req), np.arange(4, dtype=np.float32).tobytes())]
 
+    import time
+
+    def silent(srv, req, payload):  # no answer to the download within the client's 0.3 s
+        if req.WhichOneof("body") == "download":
+            time.sleep(0.6)
+            return "close"
+        return None
+
+    fake_answers(silent, "timed out", timeout=0.3)
     fake_answers(closes, "closed mid-call")
     fake_answers(mid_payload, "closed mid-payload")
     fake_answers(wrong_size, "payload size")

@@ -8,7 +8,8 @@ sources, bool, float16, bfloat16, a payload of 1.2 MB) and writes a transcript o
 values, metadata and every error's class and message (an unknown handle, a daemon-side
 error in the op, the first of two pipelined failures, a connection closed before the
 answer and inside the payload, a payload of the wrong size, an answer to another
-request, an error answer); the two transcripts must be equal."""
+request, an error answer, no answer within the timeout); the two transcripts must be
+equal."""
 import json
 import os
 import subprocess
@@ -58,6 +59,7 @@ def test_both_paths_give_the_same_values_and_errors(daemon):
     assert seen["wrong id"]["code"] == "PROTOCOL_ERROR"
     assert seen["daemon error"]["code"] == "UNKNOWN_HANDLE"
     assert seen["daemon error: after"]["closed"] is False
+    assert seen["timed out"]["code"] == "TIMEOUT" and seen["timed out: after"]["closed"]
 
 
 needs_c = pytest.mark.skipif(_codec.numpy is None,

@@ -392,6 +392,14 @@ class Tensor:
             return self._session._op_fast(name, [self._handle])
         return self._session.op(name, self, *others, **attrs)
 
+    def _unary(self, name: str) -> "Tensor":
+        """_op(name) without further inputs or attributes (no argument packing)."""
+        if _op_c is not None:  # (the accelerator: Session._op_fast in one call)
+            out = _op_c(self._session, name, [self._handle])
+            if out is not None:
+                return out
+        return self._session._op_fast(name, [self._handle])
+
     def _binary(self, name: str, other) -> "Tensor":
         """A tensor op, or its scalar form (one input and attr other=float)."""
         if isinstance(other, Tensor):
@@ -484,7 +492,7 @@ class Tensor:
         if self.dtype != "bool":
             raise TypeError(f"~ is supported on bool tensors only (the daemon has no bitwise "
                             f"ops for {self.dtype}); use logical_not() or arithmetic")
-        return self._op("logical_not")
+        return self._unary("logical_not")
 
     def _logical(self, op: str, sym: str, other):
         if isinstance(other, (bool, np.bool_)):
@@ -633,13 +641,13 @@ class Tensor:
         return self
 
     def __neg__(self):
-        return self._op("neg")
+        return self._unary("neg")
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return self._op("abs")
+        return self._unary("abs")
 
     def __eq__(self, other):
         return self._binary("eq", other)
@@ -744,89 +752,89 @@ class Tensor:
 
     def neg(self):
         """Elementwise negation (``torch.neg``); an asynchronous op."""
-        return self._op("neg")
+        return self._unary("neg")
 
     def abs(self):
         """Elementwise absolute value (``torch.abs``); an asynchronous op."""
-        return self._op("abs")
+        return self._unary("abs")
 
     def relu(self):
         """Elementwise rectified linear unit max(x, 0) (``torch.relu``); an asynchronous op."""
-        return self._op("relu")
+        return self._unary("relu")
 
     def gelu(self):
         """Elementwise GELU (``torch.nn.functional.gelu``, exact erf form unless
         approximate='tanh')."""
-        return self._op("gelu")
+        return self._unary("gelu")
 
     def sigmoid(self):
         """Elementwise logistic sigmoid (``torch.sigmoid``); an asynchronous op."""
-        return self._op("sigmoid")
+        return self._unary("sigmoid")
 
     def tanh(self):
         """Elementwise hyperbolic tangent (``torch.tanh``); an asynchronous op."""
-        return self._op("tanh")
+        return self._unary("tanh")
 
     def exp(self):
         """Elementwise exponential (``torch.exp``); an asynchronous op."""
-        return self._op("exp")
+        return self._unary("exp")
 
     def log(self):
         """Elementwise natural logarithm (``torch.log``); an asynchronous op."""
-        return self._op("log")
+        return self._unary("log")
 
     def sqrt(self):
         """Elementwise square root (``torch.sqrt``); an asynchronous op."""
-        return self._op("sqrt")
+        return self._unary("sqrt")
 
     def rsqrt(self):
         """Elementwise 1 / sqrt(x) (``torch.rsqrt``); an asynchronous op."""
-        return self._op("rsqrt")
+        return self._unary("rsqrt")
 
     def reciprocal(self):
         """Elementwise reciprocal 1 / x (``torch.reciprocal``); an asynchronous op."""
-        return self._op("reciprocal")
+        return self._unary("reciprocal")
 
     def square(self):
         """Elementwise square (``torch.square``); an asynchronous op."""
-        return self._op("square")
+        return self._unary("square")
 
     def sin(self):
         """Elementwise sine (``torch.sin``); an asynchronous op."""
-        return self._op("sin")
+        return self._unary("sin")
 
     def cos(self):
         """Elementwise cosine (``torch.cos``); an asynchronous op."""
-        return self._op("cos")
+        return self._unary("cos")
 
     def sign(self):
         """Elementwise sign (-1, 0 or 1) (``torch.sign``); an asynchronous op."""
-        return self._op("sign")
+        return self._unary("sign")
 
     def log1p(self):
         """Elementwise log(1 + x) (``torch.log1p``); an asynchronous op."""
-        return self._op("log1p")
+        return self._unary("log1p")
 
     def expm1(self):
         """Elementwise exp(x) - 1 (``torch.expm1``); an asynchronous op."""
-        return self._op("expm1")
+        return self._unary("expm1")
 
     def floor(self):
         """Elementwise floor (``torch.floor``); an asynchronous op."""
-        return self._op("floor")
+        return self._unary("floor")
 
     def ceil(self):
         """Elementwise ceiling (``torch.ceil``); an asynchronous op."""
-        return self._op("ceil")
+        return self._unary("ceil")
 
     def round(self):
         """Elementwise rounding to the nearest integer, halves to even (``torch.round``); an
         asynchronous op."""
-        return self._op("round")
+        return self._unary("round")
 
     def silu(self):
         """Elementwise SiLU x * sigmoid(x) (``torch.silu``); an asynchronous op."""
-        return self._op("silu")
+        return self._unary("silu")
 
     def leaky_relu(self, negative_slope: float = 0.01):
         """Elementwise leaky ReLU: x, or negative_slope * x below 0 (``F.leaky_relu``)."""
@@ -839,7 +847,7 @@ class Tensor:
 
     def logical_not(self):
         """Elementwise logical negation (``torch.logical_not``); an asynchronous op."""
-        return self._op("logical_not")
+        return self._unary("logical_not")
 
     # ------------------------------------------------------------ reductions
 
@@ -976,11 +984,11 @@ class Tensor:
     def contiguous(self):
         """A tensor with the same values laid out densely in C order (``torch.Tensor.contiguous``).
         """
-        return self._op("contiguous")
+        return self._unary("contiguous")
 
     def clone(self):
         """A copy with storage of its own (``torch.clone``); autodiff tracks it."""
-        return self._op("clone")
+        return self._unary("clone")
 
     def split(self, split_size, dim: int = 0) -> tuple:
         """Pieces of split_size along dim (the last may be smaller), or pieces of
@@ -1281,7 +1289,7 @@ class Tensor:
 
     def detach(self):
         """A tensor sharing the data, outside the autodiff graph."""
-        return self._op("detach")
+        return self._unary("detach")
 
     def backward(self, grad: "Tensor | None" = None, retain_graph: "bool | None" = None,
                  create_graph: bool = False, inputs=None):
