@@ -869,6 +869,31 @@ static tdd_value *conv_input_grad(tdd_bw *b, tdd_value *g, tdd_value *w, const i
     return gx;
 }
 
+/* The same adjoint as conv_input_grad, as one conv_transpose2d (a GEMM and a col2im on
+ * cpu, no zero-stuffed copy of g and no im2col over it): the transposed conv with conv2d's
+ * stride, padding, dilation and groups maps Ho back to (Ho - 1) s - 2 p + d (k - 1) + 1,
+ * and output_padding adds the rows past the last window (floor mode: 0 <= rem < stride,
+ * which conv_transpose2d accepts). NULL, nothing built, where that does not hold. */
+static tdd_value *conv_input_by_transpose(tdd_bw *b, tdd_value *g, tdd_value *w,
+                                          const int64_t *wshape, int64_t G, const int64_t *H,
+                                          const int64_t *Ho, const int64_t *st, const int64_t *pd,
+                                          const int64_t *dl)
+{
+    int64_t rem[2];
+    for (int k = 0; k < 2; k++) {
+        rem[k] = H[k] + 2 * pd[k] - dl[k] * (wshape[2 + k] - 1) - 1 - (Ho[k] - 1) * st[k];
+        if (rem[k] < 0 || (rem[k] >= st[k] && rem[k] >= dl[k]))
+            return NULL;
+    }
+    if (!g || !w)
+        return NULL;
+    td_attr ca[5] = {A_INTS("stride", st, 2), A_INTS("padding", pd, 2),
+                     A_INTS("output_padding", rem, 2), A_INTS("dilation", dl, 2),
+                     A_INT("groups", G)};
+    tdd_value *in[2] = {g, w};
+    return tdd_bw_op(b, TDD_OP_CONV_TRANSPOSE2D, in, 2, ca, 5, 0, NULL);
+}
+
 /* conv2d: the input's gradient is the full correlation of the
  * stride-dilated output gradient with the flipped kernel; the weight's is the
  * correlation of the input with the output gradient, batch as channels. */
@@ -903,7 +928,9 @@ static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
         gin[2] = op1a(b, TDD_OP_SUM, g, &at, 1);
     }
     if (xi->needs_grad) {
-        tdd_value *gx = conv_input_grad(b, g, w, wi->shape, G, N, H, Ho, st, pd, dl);
+        tdd_value *gx = conv_input_by_transpose(b, g, w, wi->shape, G, H, Ho, st, pd, dl);
+        if (!gx && !b->rc)
+            gx = conv_input_grad(b, g, w, wi->shape, G, N, H, Ho, st, pd, dl);
         for (int k = 0; k < 2; k++)
             if (more[k]) { /* the end padding's gradient is dropped */
                 td_attr sl[3] = {A_INT("dim", 2 + k), A_INT("start", 0),
