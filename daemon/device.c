@@ -208,7 +208,8 @@ static tdd_storage *dstorage_bind(dstorage *ds, tdd_device *dev, void *data, siz
     return &ds->st;
 }
 
-tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err)
+tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, uint64_t session,
+                               td_error *err)
 {
     dstorage *ds = dstorage_new(nbytes, acct, err);
     if (!ds)
@@ -216,8 +217,12 @@ tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct
     void *data = NULL;
     if (acct && acct->shm_min && nbytes >= acct->shm_min && dev->be->alloc_shared)
         data = dev->be->alloc_shared(dev->ctx, dev->ordinal, nbytes);
-    if (!data)
+    if (!data) {
+        uint64_t was = tdd_backend_session; /* (an inline task may have set it) */
+        tdd_backend_session = session;
         data = dev->be->alloc(dev->ctx, dev->ordinal, nbytes);
+        tdd_backend_session = was;
+    }
     if (!data) {
         free(ds);
         tdd_account_credit(acct, nbytes);

@@ -52,9 +52,11 @@ tdd_device *tdd_default_device(void);
 /* The device, or NULL; *backend_known says whether the backend exists at all. */
 tdd_device *tdd_device_find(const char *backend, uint32_t ordinal, int *backend_known);
 
-/* Allocates nbytes on dev charged to acct (may be NULL). On failure returns
- * NULL with RESOURCE_EXHAUSTED in err. Loop thread only. */
-tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, td_error *err);
+/* Allocates nbytes on dev charged to acct (may be NULL), for the session with id session,
+ * whose work uses it first (a cuda device orders the block on that session's stream; 0: the
+ * device's own). On failure returns NULL with RESOURCE_EXHAUSTED in err. Loop thread only. */
+tdd_storage *tdd_storage_alloc(tdd_device *dev, size_t nbytes, tdd_account *acct, uint64_t session,
+                               td_error *err);
 /* Storage over memory the caller owns (a mapping of a client's memfd), charged to acct as
  * tdd_storage_alloc charges; release(arg) gives the memory back when the last reference
  * goes, on whichever thread drops it. The caller keeps data and arg on failure. */

@@ -357,9 +357,7 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
             tdd_set_contiguous(&v->t);
             size_t nbytes = (size_t)tdd_shape_numel(v->t.shape, v->t.ndim, tdd_cfg.max_numel) *
                             td_dtype_size(v->t.dtype);
-            tdd_backend_session = s->id; /* on the session's stream */
-            v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
-            tdd_backend_session = 0;
+            v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, s->id, err);
             if (!v->t.st)
                 rc = TD_ERESOURCE_EXHAUSTED;
         }
@@ -552,9 +550,7 @@ tdd_value *tdd_value_alloc(tdd_session *s, tdd_device *dev, td_dtype dt, int ndi
     memcpy(v->t.shape, shape, (size_t)ndim * sizeof shape[0]);
     tdd_set_contiguous(&v->t);
     size_t nbytes = (size_t)tdd_numel(&v->t) * td_dtype_size(dt);
-    tdd_backend_session = s->id; /* on the session's stream */
-    v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, err);
-    tdd_backend_session = 0;
+    v->t.st = tdd_storage_alloc(dev, nbytes, s->acct, s->id, err);
     if (!v->t.st) {
         tdd_value_unref(v);
         return NULL;

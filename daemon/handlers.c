@@ -303,7 +303,7 @@ static staged *staged_new(tdd_session *s, tdd_value *v, size_t nbytes, uint64_t 
         tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
         return NULL;
     }
-    st->host = tdd_storage_alloc(tdd_default_device(), nbytes, s->acct, err);
+    st->host = tdd_storage_alloc(tdd_default_device(), nbytes, s->acct, s->id, err);
     if (!st->host) {
         free(st);
         return NULL;
@@ -483,7 +483,7 @@ static tdd_storage *memfd_storage(tdd_device *dev, int *fd, uint64_t offset, uin
     tdd_storage *st = NULL;
     if (nbytes == 0) {
         if (!tdd_memfd_check(f, offset, 0, err))
-            st = tdd_storage_alloc(dev, 0, acct, err);
+            st = tdd_storage_alloc(dev, 0, acct, 0, err);
         close(f);
         return st;
     }
@@ -737,7 +737,7 @@ int tdd_h_upload(tdd_req *r)
         if (up->payload_fd && dev->be->host_memory) /* the client's memfd is the storage */
             v->t.st = memfd_storage(dev, &fd, up->fd_offset, nbytes, s->acct, &err);
         else
-            v->t.st = tdd_storage_alloc(dev, (size_t)nbytes, s->acct, &err);
+            v->t.st = tdd_storage_alloc(dev, (size_t)nbytes, s->acct, s->id, &err);
         if (!v->t.st)
             rc = err.code;
     }

@@ -267,7 +267,7 @@ int tdd_h_transfer_push(tdd_req *r)
             memcpy(v->t.shape, k->shape, (size_t)k->ndim * sizeof(int64_t));
         tdd_set_contiguous(&v->t);
         /* charged to the issuer: the tensor becomes its */
-        if (!(v->t.st = tdd_storage_alloc(k->dev, (size_t)k->nbytes, k->s->acct, &err)))
+        if (!(v->t.st = tdd_storage_alloc(k->dev, (size_t)k->nbytes, k->s->acct, k->s->id, &err)))
             rc = TD_ERESOURCE_EXHAUSTED;
     }
     if (rc) {
