@@ -1306,6 +1306,7 @@ for _w in pb.DType.values():  # (filled ahead: the accelerator reads this dict, 
         _NP_DTYPES[_w] = np.dtype(to_numpy(_w))
     except (TypeError, ValueError, KeyError):
         pass
+del _w
 _DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
 if _set_download_types is not None:  # (the accelerator reads into _NP_DTYPES' dtypes)
     _set_download_types(socket.socket, np.empty, _NP_DTYPES)
