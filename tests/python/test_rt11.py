@@ -72,7 +72,12 @@ def test_the_accelerated_path_is_the_one_taken(session):
     step aside where the Python path must run (a resumable session's journal)."""
     x = session.tensor(np.array([-1.0, 2.0], np.float32))
     r = _codec.op(session, "relu", [x.handle])
-    assert isinstance(r, tensordd.Tensor) and r._shape is None
+    assert type(r) is tensordd.Tensor and r._shape is None
+    plain = tensordd.Tensor(session, r.handle)  # (made by __init__, which C does not run)
+    for name in type(r).__slots__[:-1]:
+        a, b = getattr(r, name), getattr(plain, name)
+        assert a is b or (name == "_handle" and a == b), name
+    plain._session = None  # (never released: r holds the handle)
     calls = []
     conn = session._conn
     real = type(conn).read_frame_head

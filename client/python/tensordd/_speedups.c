@@ -17,6 +17,7 @@
  * _codec.py falls back to pure Python without it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -952,10 +953,51 @@ static PyObject *tensor_type;
 static Py_ssize_t release_batch, high_water;
 static PyObject *s_open, *s_pending, *s_handles, *s_ids, *s_calls, *s_conn;
 
+/* Tensor.__init__(session, handle) without running it, where Tensor's attributes are
+ * all __slots__ (set_op_types checks): the slots' offsets, and the value of _grad. */
+static const char *const tensor_slots[] = {"_session", "_handle",        "_shape", "_dtype",
+                                           "_device",  "_requires_grad", "_leaf",  "_grad"};
+#define N_TENSOR_SLOTS (sizeof tensor_slots / sizeof *tensor_slots)
+static Py_ssize_t slot_offset[N_TENSOR_SLOTS];
+static PyObject *grad_unset;
+
+/* 1 when every name of tensor_slots is an object slot of type tp (offsets filled). */
+static int find_slots(PyTypeObject *tp)
+{
+    for (size_t i = 0; i < N_TENSOR_SLOTS; i++) {
+        PyObject *d = PyDict_GetItemString(tp->tp_dict, tensor_slots[i]);
+        if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type))
+            return 0;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            return 0;
+        slot_offset[i] = m->offset;
+    }
+    return 1;
+}
+
+/* A new Tensor(session, handle), as its __init__ leaves it. */
+static PyObject *new_tensor(PyObject *session, PyObject *handle)
+{
+    if (grad_unset == NULL) {
+        PyObject *targs[2] = {session, handle};
+        return PyObject_Vectorcall(tensor_type, targs, 2, NULL);
+    }
+    PyTypeObject *tp = (PyTypeObject *)tensor_type;
+    PyObject *t = tp->tp_alloc(tp, 0);
+    if (t == NULL)
+        return NULL;
+    PyObject *values[N_TENSOR_SLOTS] = {session, handle,  Py_None, Py_None,
+                                        Py_None, Py_None, Py_None, grad_unset};
+    for (size_t i = 0; i < N_TENSOR_SLOTS; i++)
+        *(PyObject **)((char *)t + slot_offset[i]) = Py_NewRef(values[i]);
+    return t;
+}
+
 static PyObject *set_op_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (!nargs_ok("set_op_types", nargs, 3))
+    if (nargs != 4 && !nargs_ok("set_op_types", nargs, 3))
         return NULL;
     Py_ssize_t batch = PyLong_AsSsize_t(args[1]);
     if (batch == -1 && PyErr_Occurred())
@@ -967,7 +1009,11 @@ static PyObject *set_op_types(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_XSETREF(tensor_type, args[0]);
     release_batch = batch;
     high_water = high;
-    Py_RETURN_NONE;
+    /* (with the value of an unset _grad: Tensors made without running __init__) */
+    Py_CLEAR(grad_unset);
+    if (nargs == 4 && PyType_Check(args[0]) && find_slots((PyTypeObject *)args[0]))
+        grad_unset = Py_NewRef(args[3]);
+    return Py_NewRef(Py_None);
 }
 
 /* 1: attribute name of o is exactly True; 0: it is not; -1: an error. */
@@ -1064,8 +1110,7 @@ static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (len == NULL)
         goto done;
     Py_DECREF(len);
-    PyObject *targs[2] = {session, out};
-    t = PyObject_Vectorcall(tensor_type, targs, 2, NULL);
+    t = new_tensor(session, out);
 done:
     Py_XDECREF(calls);
     Py_XDECREF(call);

@@ -45,6 +45,7 @@ from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
 from .errors import Error, InvalidArgumentError, error_from_proto, local_error
+from .tensor import _UNSET as _GRAD_UNSET
 from .tensor import Tensor
 
 __all__ = ["connect", "Session", "PROTOCOL_VERSION", "default_session", "set_default_session",
@@ -1311,7 +1312,7 @@ _DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype 
 if _set_download_types is not None:  # (the accelerator reads into _NP_DTYPES' dtypes)
     _set_download_types(socket.socket, np.empty, _NP_DTYPES)
 if _set_op_types is not None:
-    _set_op_types(Tensor, _RELEASE_BATCH, WRITE_HIGH_WATER)
+    _set_op_types(Tensor, _RELEASE_BATCH, WRITE_HIGH_WATER, _GRAD_UNSET)
 if _set_numpy_types is not None:
     _set_numpy_types(_DTYPE_NAMES, dtype_name, _DEVICES, _device, _CALL_TRIM, _BF16,
                      bf16_bits_to_f32)
