@@ -32,7 +32,7 @@ if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BU
     tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py \
     tests/python/test_cuda_optim14.py \
     tests/python/test_ops14_bn.py tests/python/test_cuda_resnet14.py \
-    tests/python/test_cuda_double_backward.py \
+    tests/python/test_cuda_double_backward.py tests/python/test_cuda_conv_input_grad.py \
     tests/python/test_ops14_forms.py tests/python/test_ops14_dtypes.py \
     tests/python/test_ops14_attn.py tests/python/test_transformer14.py \
     tests/python/test_cuda_parallel.py tests/python/test_cuda_streams11.py \
