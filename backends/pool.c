@@ -40,8 +40,10 @@ static int class_of(size_t n, size_t *size)
     }
     unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)(n - 1)); /* 2^k < n */
     size_t base = (size_t)1 << k;
-    size_t step = n >= TDD_POOL_LARGE ? base / 8 : base / 4;
-    if (n >= TDD_POOL_LARGE && step < TDD_POOL_HUGE)
+    /* The step depends on the power of two alone, so one class is one size: deciding it by
+     * n gave a 4 MiB request the slot of (2 MiB, 2.5 MiB], whose freed blocks it then got. */
+    size_t step = base >= TDD_POOL_LARGE ? base / 8 : base / 4;
+    if (base >= TDD_POOL_LARGE && step < TDD_POOL_HUGE)
         step = TDD_POOL_HUGE;
     if (step < 64)
         step = 64;

@@ -1,8 +1,9 @@
 /* pool.h -- a caching allocator for one device, over a "raw" allocator the backend
  * supplies (mmap/posix_memalign on the cpu backend, cudaMalloc on a GPU).
  *
- * Requests are rounded up to size classes (64 B granules below 4 MiB with at most 25%
- * slack; 2 MiB multiples, at most 12.5% slack, from 4 MiB up); a freed block goes back
+ * Requests are rounded up to size classes (up to 4 MiB: 64 B granules, at most 25% slack;
+ * past 4 MiB: 2 MiB multiples, at most 12.5% slack from 16 MiB up); every class is one size,
+ * and a freed block goes back
  * to its class's free list and the next request of that class takes it (last freed,
  * first reused: warm in cache and already faulted in). A steady loop of the same sizes
  * therefore stops calling the raw allocator after its first iteration.
