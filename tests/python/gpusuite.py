@@ -35,6 +35,18 @@ def gpu_daemon_fixture(cpu_devices: int = 1):
     return gpu_daemon
 
 
+def gpu_session_fixture(name: str):
+    """A fixture called name: a session on the file's gpu_daemon, closed after the test."""
+
+    @pytest.fixture(name=name)
+    def session(gpu_daemon):
+        s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
+        yield s
+        s.close(raise_errors=False)
+
+    return session
+
+
 def declined(e: Exception) -> bool:
     """Whether e is the cuda backend declining a case (directly or as its poison's origin)."""
     if isinstance(e, tensordd.PoisonedError):

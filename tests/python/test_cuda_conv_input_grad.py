@@ -13,18 +13,14 @@ import test_conv_input_grad as C
 
 pytest.importorskip("torch")
 
-from gpusuite import declined, gpu_daemon_fixture, only_with_gpu  # noqa: E402
+from gpusuite import declined, gpu_daemon_fixture, gpu_session_fixture, only_with_gpu  # noqa: E402
 
 pytestmark = only_with_gpu
 
 gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
-@pytest.fixture
-def ad(gpu_daemon):
-    s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
-    yield s
-    s.close(raise_errors=False)
+ad = gpu_session_fixture("ad")
 
 
 @pytest.mark.parametrize("name,xs,ws,kw", [pytest.param(*s, id=s[0]) for s in C.SHAPES])

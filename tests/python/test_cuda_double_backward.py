@@ -21,7 +21,7 @@ import test_grad_torch as G
 
 torch = pytest.importorskip("torch")
 
-from gpusuite import declined, gpu_daemon_fixture, only_with_gpu
+from gpusuite import declined, gpu_daemon_fixture, gpu_session_fixture, only_with_gpu
 
 pytestmark = only_with_gpu
 DEV = "cuda:0"
@@ -33,11 +33,7 @@ NAMES = ("tanh", "sigmoid", "gelu", "mul-bcast", "div-bcast", "matmul-2d-2d", "s
 gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
-@pytest.fixture
-def ad(gpu_daemon):
-    s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
-    yield s
-    s.close(raise_errors=False)
+ad = gpu_session_fixture("ad")
 
 
 def _run(fn, *args):

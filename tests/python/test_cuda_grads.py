@@ -20,7 +20,7 @@ import test_grad_torch as G
 
 torch = pytest.importorskip("torch")
 
-from gpusuite import declined, gpu_daemon_fixture, only_with_gpu
+from gpusuite import declined, gpu_daemon_fixture, gpu_session_fixture, only_with_gpu
 
 pytestmark = only_with_gpu
 DEV = "cuda:0"
@@ -29,11 +29,7 @@ DEV = "cuda:0"
 gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
-@pytest.fixture
-def gs(gpu_daemon):
-    s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
-    yield s
-    s.close(raise_errors=False)
+gs = gpu_session_fixture("gs")
 
 
 @pytest.mark.parametrize("c", [pytest.param(c, id=c.name) for c in G.CASES if not c.xfail])

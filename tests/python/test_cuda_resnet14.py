@@ -16,7 +16,7 @@ from test_resnet14 import check_resnet_matches_torch
 
 pytest.importorskip("torch")
 
-from gpusuite import gpu_daemon_fixture, only_with_gpu
+from gpusuite import gpu_daemon_fixture, gpu_session_fixture, only_with_gpu
 
 pytestmark = only_with_gpu
 
@@ -24,11 +24,7 @@ pytestmark = only_with_gpu
 gpu_daemon = gpu_daemon_fixture(cpu_devices=1)
 
 
-@pytest.fixture
-def gs(gpu_daemon):
-    s = tensordd.connect(gpu_daemon.endpoint, timeout=120)
-    yield s
-    s.close(raise_errors=False)
+gs = gpu_session_fixture("gs")
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
