@@ -40,6 +40,7 @@ import torch.distributed.rpc as rpc
 from torch.distributed.optim import DistributedOptimizer
 
 from pingpong import echo_ping
+from procstat import faults
 
 MiB = 1 << 20
 
@@ -92,16 +93,6 @@ CASES = [  # name, model, batch shape, optimizer, lr
     ("MLP 784-1024-1024-10, batch 256, SGD", "big", (256, 784), "SGD", 1e-2),
     ("conv net, 8x1x28x28, SGD", "conv", (8, 1, 28, 28), "SGD", 1e-2),
 ]
-
-
-def faults(pid):
-    """pid's page faults so far (minor + major, /proc/PID/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[7]) + int(fields[9])
-    except (OSError, IndexError, ValueError, TypeError):
-        return None
 
 
 def per_step(step, steps, blocks=3, warmup=3, pid=None):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import tensordd
+from procstat import faults
 
 STEPS, BLOCKS = 50, 7
 
@@ -64,16 +65,6 @@ def cpu_per_step(step, pid, steps=STEPS * 6):
     d1, c1 = cpu_ns(pid), time.process_time()
     daemon = (d1 - d0) / steps / 1e3 if d0 is not None and d1 is not None else None
     return (c1 - c0) / steps * 1e6, daemon
-
-
-def faults(pid):
-    """The daemon's page faults so far (minor + major, /proc/PID/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[7]) + int(fields[9])
-    except (OSError, IndexError, ValueError, TypeError):
-        return None
 
 
 def torch_mlp_step(tp, topt, x, y):
