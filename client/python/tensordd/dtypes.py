@@ -144,13 +144,19 @@ def to_numpy(wire: int) -> np.dtype:
 
 
 def f32_to_bf16_bits(a) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) of a, rounded to nearest even (as torch does)."""
-    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    """bfloat16 bit patterns (uint16) of a, rounded to nearest even (as torch does), in a's
+    shape (np.ascontiguousarray makes a 0-d array 1-d)."""
+    a = np.asarray(a, dtype=np.float32)
+    shape = a.shape
+    a = np.ascontiguousarray(a)
     u = a.view(np.uint32).astype(np.uint64)
     rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded).astype(np.uint16).reshape(a.shape)
+    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded).astype(np.uint16).reshape(shape)
 
 
 def bf16_bits_to_f32(bits) -> np.ndarray:
-    """float32 values of bfloat16 bit patterns (exact)."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    """float32 values of bfloat16 bit patterns (exact), in bits' shape (0-d included: a
+    shift that is not in place turns a 0-d array into a scalar)."""
+    wide = np.asarray(bits, dtype=np.uint16).astype(np.uint32)
+    wide <<= np.uint32(16)
+    return wide.view(np.float32)
