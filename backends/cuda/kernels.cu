@@ -1926,6 +1926,20 @@ static cudaError_t flag_read(const tdc_dev *d, int *flag, cudaError_t e, int *ba
     return e != cudaSuccess ? e : f;
 }
 
+// n items of work (none: nothing runs) whose kernels set a fresh error flag: launch(flag)
+// issues them and returns its error; *bad says whether the flag was set.
+template <typename F> static cudaError_t with_flag(const tdc_dev *d, int64_t n, int *bad, F launch)
+{
+    *bad = 0;
+    if (n == 0)
+        return cudaSuccess;
+    int *flag = nullptr;
+    cudaError_t e = flag_new(d, &flag);
+    if (e != cudaSuccess)
+        return e;
+    return flag_read(d, flag, launch(flag), bad);
+}
+
 extern "C" cudaError_t tdc_ew(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y,
                               const void *a, const void *b, const tdc_ewargs *g, int *bad)
 {
@@ -1945,12 +1959,10 @@ extern "C" cudaError_t tdc_ew(const tdc_dev *d, tdd_op op, const tdc_layout *l, 
         tdc_launch(grid, kThreads, 0, s, ew_int)(op, arity, *l, y, a, b, *g, nullptr);
         return launched();
     }
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
-    tdc_launch(grid, kThreads, 0, s, ew_int)(op, arity, *l, y, a, b, *g, flag);
-    return flag_read(d, flag, launched(), bad);
+    return with_flag(d, l->numel, bad, [&](int *flag) {
+        tdc_launch(grid, kThreads, 0, s, ew_int)(op, arity, *l, y, a, b, *g, flag);
+        return launched();
+    });
 }
 
 extern "C" cudaError_t tdc_select(const tdc_dev *d, const tdc_layout *l, void *y,
@@ -1980,67 +1992,39 @@ extern "C" cudaError_t tdc_index(const tdc_dev *d, tdc_index_mode mode, int dim,
                                  void *yp, const tdc_view *a, const void *ap, const tdc_view *ix,
                                  const void *ixp, int elsize, int *bad)
 {
-    *bad = 0;
     int64_t n = view_numel(y);
-    if (n == 0)
-        return cudaSuccess;
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
     int g = grid_for(d, n);
     cudaStream_t s = d->stream;
-    switch (elsize) {
-    case 1:
-        tdc_launch(g, kThreads, 0, s, index_kernel<uint8_t>)(
-            mode, dim, *y, (uint8_t *)yp, *a, (const uint8_t *)ap, *ix, ixp, n, flag);
-        break;
-    case 2:
-        tdc_launch(g, kThreads, 0, s, index_kernel<uint16_t>)(
-            mode, dim, *y, (uint16_t *)yp, *a, (const uint16_t *)ap, *ix, ixp, n, flag);
-        break;
-    case 4:
-        tdc_launch(g, kThreads, 0, s, index_kernel<uint32_t>)(
-            mode, dim, *y, (uint32_t *)yp, *a, (const uint32_t *)ap, *ix, ixp, n, flag);
-        break;
-    default:
-        tdc_launch(g, kThreads, 0, s, index_kernel<uint64_t>)(
-            mode, dim, *y, (uint64_t *)yp, *a, (const uint64_t *)ap, *ix, ixp, n, flag);
-        break;
-    }
-    return flag_read(d, flag, launched(), bad);
+    return with_flag(d, n, bad, [&](int *flag) {
+        return by_width(elsize, [&](auto w) {
+            using T = decltype(w);
+            tdc_launch(g, kThreads, 0, s, index_kernel<T>)(mode, dim, *y, (T *)yp, *a,
+                                                           (const T *)ap, *ix, ixp, n, flag);
+        });
+    });
 }
 
 extern "C" cudaError_t tdc_scatter_add(const tdc_dev *d, int dim, const tdc_view *y, void *yp,
                                        const tdc_view *ix, const void *ixp, const tdc_view *src,
                                        const void *srcp, int *bad)
 {
-    *bad = 0;
     int64_t n = view_numel(ix);
-    if (n == 0)
-        return cudaSuccess;
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
-    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, scatter_add_kernel)(dim, *y, yp, *ix, ixp,
-                                                                           *src, srcp, n, flag);
-    return flag_read(d, flag, launched(), bad);
+    return with_flag(d, n, bad, [&](int *flag) {
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream,
+                   scatter_add_kernel)(dim, *y, yp, *ix, ixp, *src, srcp, n, flag);
+        return launched();
+    });
 }
 
 extern "C" cudaError_t tdc_one_hot(const tdc_dev *d, const tdc_view *x, const void *xp, int64_t *y,
                                    int64_t classes, int *bad)
 {
-    *bad = 0;
     int64_t n = view_numel(x) * classes;
-    if (n == 0)
-        return cudaSuccess;
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
-    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, one_hot_kernel)(*x, xp, y, classes, n, flag);
-    return flag_read(d, flag, launched(), bad);
+    return with_flag(d, n, bad, [&](int *flag) {
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, one_hot_kernel)(*x, xp, y, classes, n,
+                                                                           flag);
+        return launched();
+    });
 }
 
 template <typename T>
@@ -2076,18 +2060,13 @@ extern "C" cudaError_t tdc_class_loss(const tdc_dev *d, const tdc_closs *p, int 
                                       const void *tp, int tdt, const void *wp, void *y,
                                       int reduction, int *bad)
 {
-    *bad = 0;
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
-    if (dt == 2)
-        e = class_loss_t(d, p, (const double *)xp, tp, tdt, (const double *)wp, (double *)y,
-                         reduction, flag);
-    else
-        e = class_loss_t(d, p, (const float *)xp, tp, tdt, (const float *)wp, (float *)y, reduction,
-                         flag);
-    return flag_read(d, flag, e, bad);
+    return with_flag(d, 1, bad, [&](int *flag) {
+        if (dt == 2)
+            return class_loss_t(d, p, (const double *)xp, tp, tdt, (const double *)wp, (double *)y,
+                                reduction, flag);
+        return class_loss_t(d, p, (const float *)xp, tp, tdt, (const float *)wp, (float *)y,
+                            reduction, flag);
+    });
 }
 
 extern "C" cudaError_t tdc_dropout(const tdc_dev *d, const tdc_layout *l, void *y, int dt,
@@ -2355,31 +2334,21 @@ extern "C" cudaError_t tdc_embedding_bag(const tdc_dev *d, int bw, const tdc_bag
                                          const tdc_view *psw, const void *pswp, const tdc_view *gy,
                                          const void *gyp, const tdc_view *y, void *yp, int *bad)
 {
-    *bad = 0;
     int64_t n = g->B * w->shape[1];
-    if (n == 0)
-        return cudaSuccess;
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
-    tdc_launch(grid_for(d, n), kThreads, 0, d->stream, embedding_bag_kernel)(
-        bw, *g, *ix, ixp, *off, offp, *w, wp, *psw, pswp, *gy, gyp, *y, yp, flag);
-    return flag_read(d, flag, launched(), bad);
+    return with_flag(d, n, bad, [&](int *flag) {
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, embedding_bag_kernel)(
+            bw, *g, *ix, ixp, *off, offp, *w, wp, *psw, pswp, *gy, gyp, *y, yp, flag);
+        return launched();
+    });
 }
 
 extern "C" cudaError_t tdc_multinomial(const tdc_dev *d, const tdc_view *x, const void *xp,
                                        int64_t *y, int64_t R, int64_t C, int64_t k, int repl,
                                        uint64_t seed, int *bad)
 {
-    *bad = 0;
-    if (R == 0)
-        return cudaSuccess;
-    int *flag = nullptr;
-    cudaError_t e = flag_new(d, &flag);
-    if (e != cudaSuccess)
-        return e;
-    tdc_launch(grid_for(d, R), kThreads, 0, d->stream, multinomial_kernel)(*x, xp, y, R, C, k, repl,
-                                                                           seed, flag);
-    return flag_read(d, flag, launched(), bad);
+    return with_flag(d, R, bad, [&](int *flag) {
+        tdc_launch(grid_for(d, R), kThreads, 0, d->stream, multinomial_kernel)(*x, xp, y, R, C, k,
+                                                                               repl, seed, flag);
+        return launched();
+    });
 }
