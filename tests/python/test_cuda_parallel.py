@@ -19,8 +19,8 @@ import pytest
 import tensordd
 from tensordd import parallel
 from gpusuite import GPU_ARGS, only_with_gpu
-from test_parallel import (TOKEN, RankDaemon, _digits, _init, _loss, hosts_fixture, run_ranks,
-                           store_fixture)
+from test_parallel import (TOKEN, RankDaemon, _check_data_parallel, _data_parallel_run, _digits,
+                           _single_run, hosts_fixture, run_ranks, store_fixture)
 
 pytestmark = only_with_gpu
 RANKS = 3
@@ -131,7 +131,7 @@ def test_cuda_group_logs_the_staged_path(daemons, sessions):
 # ---------------------------------------------------------------- gradients, training
 
 # the digits shards, initial weights and loss of test_parallel's data-parallel run
-STEPS, BATCH, LR = 3, 48, 0.5
+STEPS, BATCH = 3, 48  # (BATCH as test_parallel's: its helpers slice by it)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -140,37 +140,9 @@ def test_data_parallel_on_cuda_matches_one_daemon(daemons, world):
     cuda:0 of each daemon; the oracle is one daemon on cuda:0 stepping on the whole
     batch."""
     x, y = _digits(STEPS * BATCH)
-    with tensordd.connect(daemons[0].endpoint, timeout=120, token=TOKEN) as s:
-        if DEV not in [str(d) for d in s.devices()]:
-            pytest.skip(f"the daemon serves no {DEV}")
-        ps = [s.tensor(a, device=DEV, requires_grad=True) for a in _init()]
-        opt = tensordd.optim.SGD(ps, lr=LR)
-        for i in range(STEPS):
-            xb = s.tensor(x[i * BATCH:(i + 1) * BATCH], device=DEV)
-            yb = s.tensor(y[i * BATCH:(i + 1) * BATCH], device=DEV)
-            opt.step(_loss(s, ps, xb, yb).backward())
-        want = [p.numpy() for p in ps]
-    ss = connect_all(daemons[:world])
-    try:
-        pg = parallel.init_process_group(ss, device=DEV)
-        dp = parallel.DataParallel(
-            pg, build=lambda s, dev: [s.tensor(a, device=dev, requires_grad=True)
-                                      for a in _init(seed=ss.index(s))],
-            loss_fn=_loss, make_optimizer=lambda ps: tensordd.optim.SGD(ps, lr=LR),
-            device=DEV)
-        for i in range(STEPS):
-            dp.step(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH])
-        got = [dp.parameters(r) for r in range(world)]
-    finally:
-        for s in ss:
-            s.close(raise_errors=False)
-    for r in range(world):
-        for a, b in zip(got[r], got[0]):  # the replicas took the same steps, bit for bit
-            np.testing.assert_array_equal(a, b)
-    # the mean of the shards' mean losses is the batch's: equal up to float32 reassociation
-    for a, b in zip(got[0], want):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert any(not np.allclose(a, b) for a, b in zip(want, _init()))  # training moved them
+    want = _single_run(daemons[0].endpoint, x, y, device=DEV, steps=STEPS)
+    got = _data_parallel_run(connect_all(daemons[:world]), x, y, device=DEV, steps=STEPS)
+    _check_data_parallel(got, want)
 
 
 # ---------------------------------------------------------------- typed errors
