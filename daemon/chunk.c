@@ -1,26 +1,27 @@
 /* chunk.c -- a large kernel's pieces (chunk.h): which ops split, along which dim, and
- * the views each piece runs on. The splits are chosen so each output element is made by
- * the same operations in the same order as in the whole call: the pieces' results are
- * bit-identical to the whole kernel's (tests/python/test_chunk11.py). */
+ * the views each piece runs on. A kernel's pieces are a function of its shape and the
+ * daemon's configuration (--chunk-elems, and the device's kind) only, never of what other
+ * sessions do: a lane hands the turn to another session between two pieces, but the same
+ * request always runs as the same pieces, so its bits never depend on the load
+ * (tests/python/test_determinism.py). Splitting along the rows of a GEMM changes no sum
+ * in exact arithmetic, but a BLAS may sum an element of C in an order that depends on the
+ * call's shape (OpenBLAS's Haswell kernels do at any split, its SkylakeX ones off a
+ * 64 grid): so a chunked GEMM's bits may differ from the same GEMM run whole, and the
+ * piece size is one of the settings that may change bits (README, "The daemon"). */
 #include "chunk.h"
 
 #include <string.h>
 
 enum { CHUNK_ARG_NONE, CHUNK_ARG_M, CHUNK_ARG_BATCH };
 
-/* Rows per piece a GEMM keeps at least: a one-row GEMM may take a matrix-vector path
- * that sums in another order. */
-#define GEMM_MIN_ROWS 2
-/* OpenBLAS (0.3.21, SkylakeX/Cooperlake kernels) sums an element of C in an order that
- * depends on the call's shape: small-matrix and direct paths below some sizes, edge tiles
- * at M and N remainders. Row and column splits of 1-64 rows off the tile grid differed
- * in up to 10% of the elements (sgemm and dgemm); splits at multiples of 64 of GEMMs
- * whose M, N and K are multiples of 64 were identical in every case tried (884 shapes,
- * both transposes, beta 0 and 1). So on a BLAS-backed device a GEMM is split only there
- * (and the cpu backend's thread split keeps to the same grid: cpu_blas.c). */
-#define BLAS_TILE 64
+/* A GEMM piece on a BLAS-backed device has whole blocks of this many rows: a GEMM
+ * repacks a whole operand per call, so thin pieces cost (a 2048^3 sgemm in 64-row
+ * pieces took 1.2-1.6x the whole call's CPU time, in 256-row ones 1.02-1.05x). */
+#define BLAS_ROWS 64
 /* A flat piece starts at a multiple of this many elements, so the vectorised and the
- * remainder loops of a kernel see each element where the whole call's do. */
+ * remainder loops of a kernel see each element where the whole call's do (an
+ * elementwise op's pieces are bit-identical to the whole kernel: each element is computed
+ * alone). */
 #define FLAT_ALIGN 64
 
 static bool dense(const tdd_tensor *t)
@@ -46,19 +47,11 @@ static int8_t aligned(const tdd_tensor *t, const tdd_tensor *out, int d)
     return (int8_t)(a >= 0 && t->shape[a] == out->shape[d] ? a : -1);
 }
 
-static bool tiled(int64_t n)
-{
-    return n % BLAS_TILE == 0;
-}
-
-static bool plan_gemm(const tdd_opcall *c, bool blas, tdd_chunk_plan *p)
+static bool plan_gemm(const tdd_opcall *c, tdd_chunk_plan *p)
 {
     const tdd_tensor *x = c->in[0], *w = c->in[1], *y = c->out[0];
     if ((c->args->flags & 3u) || x->ndim < 2 || w->ndim < 2 || y->ndim < 2)
-        return false;              /* a vector operand: no row dim to split */
-    const int64_t *g = c->args->i; /* M, K, N */
-    if (blas && !(tiled(g[0]) && tiled(g[1]) && tiled(g[2])))
-        return false;
+        return false; /* a vector operand: no row dim to split */
     int d = lead_dim(y, y->ndim - 1);
     if (d < 0)
         return false;
@@ -74,17 +67,11 @@ static bool plan_gemm(const tdd_opcall *c, bool blas, tdd_chunk_plan *p)
     return true;
 }
 
-static bool plan_conv(const tdd_opcall *c, bool blas, tdd_chunk_plan *p)
+static bool plan_conv(const tdd_opcall *c, tdd_chunk_plan *p)
 {
-    const tdd_tensor *y = c->out[0], *w = c->in[1];
+    const tdd_tensor *y = c->out[0];
     if (c->in[0]->ndim != 4 || y->ndim != 4 || y->shape[0] < 2)
         return false; /* unbatched */
-    /* a BLAS conv multiplies [O/groups, C/groups*kh*kw] by columns of one or more samples'
-     * Ho*Wo each: only a grid of whole tiles splits by samples without changing sums */
-    if (blas &&
-        !(tiled(w->shape[0] / c->args->i[0]) && tiled(w->shape[1] * w->shape[2] * w->shape[3]) &&
-          tiled(y->shape[2] * y->shape[3])))
-        return false;
     p->dim = 0;
     p->arg = CHUNK_ARG_NONE;
     for (int k = 0; k < c->n_in; k++)
@@ -133,7 +120,7 @@ bool tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chun
         break;
     default:
         gemm = c->op == TDD_OP_MATMUL || c->op == TDD_OP_BMM || c->op == TDD_OP_LINEAR;
-        ok = gemm ? plan_gemm(c, blas, p) : c->op == TDD_OP_CONV2D && plan_conv(c, blas, p);
+        ok = gemm ? plan_gemm(c, p) : c->op == TDD_OP_CONV2D && plan_conv(c, p);
         break;
     }
     if (!ok)
@@ -143,19 +130,17 @@ bool tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chun
     int64_t rows = elems / row;
     if (p->flat)
         rows = (rows + FLAT_ALIGN - 1) / FLAT_ALIGN * FLAT_ALIGN;
-    if (gemm && p->arg == CHUNK_ARG_M && rows < GEMM_MIN_ROWS)
-        rows = GEMM_MIN_ROWS;
     if (gemm && blas && p->arg == CHUNK_ARG_M)
-        rows = (rows + BLAS_TILE - 1) / BLAS_TILE * BLAS_TILE;
+        rows = (rows + BLAS_ROWS - 1) / BLAS_ROWS * BLAS_ROWS;
     if (rows < 1)
         rows = 1;
     p->rows = rows;
     return p->len / rows >= 2; /* the last piece takes the remainder */
 }
 
-int64_t tdd_chunk_piece_end(const tdd_chunk_plan *p, int64_t lo, int64_t n)
+int64_t tdd_chunk_piece_end(const tdd_chunk_plan *p, int64_t lo)
 {
-    return p->len - lo - n < p->rows ? p->len : lo + n;
+    return p->len - lo - p->rows < p->rows ? p->len : lo + p->rows;
 }
 
 static void slice(tdd_tensor *t, int dim, int64_t lo, int64_t hi)

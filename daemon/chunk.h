@@ -9,9 +9,9 @@
 
 #include "ops.h"
 
-/* How a call splits. Only splits where every output element is computed by the same
- * arithmetic as in the whole call are planned: rows of a GEMM's output (and of A) with
- * the same K loop, samples of a conv2d, runs of an elementwise op. */
+/* How a call splits: rows of a GEMM's output (and of A) with the same K loop, samples of
+ * a conv2d, runs of an elementwise op. The plan is a function of the call's shapes and the
+ * configuration only, so a request's pieces, and its bits, never depend on the load. */
 typedef struct {
     int dim;           /* the output dim split (of the 1-D view when flat) */
     int64_t len, rows; /* that dim's size; rows of the smallest piece (pieces start at multiples) */
@@ -27,14 +27,14 @@ typedef struct {
     tdd_tensor in[TDD_MAX_OP_INPUTS], out;
 } tdd_chunk_piece;
 
-/* Whether c (on a host-memory device) runs in pieces of at least about elems output
- * elements: when its output has more than elems (0: never) and it splits.
- * blas: the device's GEMMs (matmul, conv) go through OpenBLAS, which is split only on
- * its tile grid (chunk.c says why). */
+/* Whether c (on a host-memory device) runs in pieces of about elems output elements:
+ * when its output has more than elems (0: never) and it splits.
+ * blas: the device's GEMMs go through a BLAS, whose pieces are whole blocks of 64 rows
+ * (thinner ones cost more than they give: chunk.c). */
 bool tdd_chunk_plan_make(const tdd_opcall *c, int64_t elems, bool blas, tdd_chunk_plan *p);
-/* Where the piece starting at row lo (a multiple of p->rows) ends when about n rows long
- * (n a multiple of p->rows): the end of the dim when less than p->rows would be left. */
-int64_t tdd_chunk_piece_end(const tdd_chunk_plan *p, int64_t lo, int64_t n);
+/* Where the piece starting at row lo (a multiple of p->rows) ends: p->rows further, or the
+ * end of the dim when less than p->rows would be left. */
+int64_t tdd_chunk_piece_end(const tdd_chunk_plan *p, int64_t lo);
 /* The piece of c covering rows [lo, hi) of the split dim. */
 void tdd_chunk_piece_make(const tdd_chunk_plan *p, const tdd_opcall *c, int64_t lo, int64_t hi,
                           tdd_chunk_piece *pc);

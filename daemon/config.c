@@ -72,13 +72,13 @@ static const option_row rows[] = {
      "nice value of the device workers and their compute threads, above the loop thread's: "
      "when every core is busy with kernels, the small requests the loop thread runs itself "
      "(and the clients on this host) get a core first"},
-    {"chunk-elems", "N", OPT_COUNT, FIELD(chunk_elems), 65536, 0, 1u << 30, "never",
-     "a cpu/ref kernel (matmul, bmm, linear, conv2d, elementwise) whose output has more "
-     "elements runs in pieces of about this many, other sessions' work on its lane running "
-     "between them; results are bit-identical"},
+    {"chunk-elems", "N", OPT_COUNT, FIELD(chunk_elems), 512 * K, 0, 1u << 30, "never",
+     "a cpu/ref kernel (matmul, bmm, linear, conv2d, elementwise) with a larger output "
+     "runs in pieces of about this many elements (GEMMs: whole 64-row blocks), other "
+     "sessions' work between them; the pieces depend on the shape and this value only"},
     {"chunk-growth", "N", OPT_COUNT, FIELD(chunk_growth), 8, 1, 1024, NULL,
-     "pieces of a chunked kernel are up to N times --chunk-elems while no other session "
-     "waits on the lane (fewer, cheaper pieces; an arriving session waits for one)"},
+     "ignored, kept so that older configurations start (pieces no longer grow while no "
+     "session waits: that made results depend on other sessions)"},
     {"sim-devices", "N", OPT_COUNT, FIELD(sim_devices), 0, 0, 16, NULL,
      "simulated discrete devices sim:0..N-1 with device memory and reference kernels, for "
      "tests"},

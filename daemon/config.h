@@ -45,7 +45,7 @@ typedef struct tdd_config {
     uint32_t poll_min_cpus;   /* ... only on machines with at least this many online CPUs */
     uint32_t inline_work;     /* ops up to this much work run on the loop thread (exec_op.c) */
     uint32_t chunk_elems;     /* kernels with larger outputs run in pieces (chunk.c); 0 = off */
-    uint32_t chunk_growth;    /* pieces grow to this many times that while nobody waits */
+    uint32_t chunk_growth;    /* ignored (pieces have one size, so bits never depend on load) */
     uint64_t
         max_write_queue; /* reply bytes (with their bookkeeping) queued before reading pauses */
     /* same-host zero copy (memfd.c): the fds a Unix-socket connection may have sent and

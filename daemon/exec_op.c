@@ -104,9 +104,9 @@ typedef struct {
         uint64_t seq;
     } was[2];
     int n_was;
-    /* a large kernel's pieces (chunk.h): the next starts at row (0: not begun), step rows */
+    /* a large kernel's pieces (chunk.h): the next starts at row (0: not begun) */
     tdd_chunk_plan plan;
-    int64_t row, step;
+    int64_t row;
 } op_task;
 
 static bool op_ready(tdd_task *t)
@@ -121,12 +121,11 @@ static bool op_ready(tdd_task *t)
     return inputs_reached(t, ot->in, ot->n_in);
 }
 
-/* Runs the kernel; a large one on a host-memory device in pieces, handing the lane to
- * other sessions' work between two pieces (t->more) when some is waiting. Pieces are
- * --chunk-growth times the smallest while none is (after a turn they grow back, doubling):
- * a GEMM piece repacks a whole operand (a 2048^3 sgemm took 8% longer in 512-row pieces,
- * 40% in 64-row ones), so the smallest pieces are only worth it when they let someone in,
- * and a session that arrives waits for at most the largest. */
+/* Runs the kernel; a large one on a host-memory device in pieces (chunk.h), handing the
+ * lane to other sessions' work between two pieces (t->more) when some is waiting. The
+ * pieces are the same whether or not anyone waits (their size is --chunk-elems, fixed by
+ * the kernel's shape): waiting sessions decide only when the lane changes hands, never
+ * what the kernel computes, so a session's bits do not depend on its neighbours. */
 static int op_kernel(op_task *ot, tdd_task *t)
 {
     tdd_opcall call = {.op = ot->op, .args = &ot->args, .n_in = ot->n_in, .n_out = ot->n_out};
@@ -142,25 +141,19 @@ static int op_kernel(op_task *ot, tdd_task *t)
             !tdd_chunk_plan_make(&call, (int64_t)tdd_cfg.chunk_elems, strcmp(be->name, "ref") != 0,
                                  &ot->plan))
             return rc ? rc : be->execute(dev->ctx, dev->ordinal, &call);
-        /* alone on the lane: start with the largest pieces */
-        ot->step = ot->plan.rows * (tdd_task_contended(t) ? 1 : (int64_t)tdd_cfg.chunk_growth);
     }
     for (;;) {
         tdd_chunk_piece pc;
-        int64_t hi = tdd_chunk_piece_end(&ot->plan, ot->row, ot->step);
+        int64_t hi = tdd_chunk_piece_end(&ot->plan, ot->row);
         tdd_chunk_piece_make(&ot->plan, &call, ot->row, hi, &pc);
         int rc = be->execute(dev->ctx, dev->ordinal, &pc.call);
         ot->row = hi;
         if (rc || hi == ot->plan.len)
             return rc;
         if (tdd_task_contended(t)) {
-            ot->step = ot->plan.rows;
             t->more = true;
             return 0;
         }
-        if (ot->step < ot->plan.rows * (int64_t)tdd_cfg.chunk_growth &&
-            ot->step <= (ot->plan.len - hi) / 2)
-            ot->step *= 2;
     }
 }
 

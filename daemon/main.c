@@ -148,6 +148,11 @@ int main(int argc, char **argv)
         tdd_cfg.listen[tdd_cfg.nlisten++] = inherited[i];
     }
 
+    if (tdd_cfg.chunk_growth != 8)
+        tdd_warn("--chunk-growth is ignored: a kernel's pieces no longer grow while no other "
+                 "session waits, so that results do not depend on the load (their size is "
+                 "--chunk-elems)");
+
     /* A client that vanishes mid-write must cost a write error, not the daemon. */
     signal(SIGPIPE, SIG_IGN);
 

@@ -72,8 +72,10 @@ typedef struct {
     int64_t ldc;
 } gemm_job;
 
-/* Where thread p's block starts: on a 64-row (or column) grid, where OpenBLAS's sums do not
- * depend on the split (daemon/chunk.c runs big GEMMs in pieces on that grid too). */
+/* Where thread p's block starts, on a 64-row (or column) grid (whole blocks for BLAS's
+ * tiles). The blocks are a function of the shape and nt (--threads) only: a BLAS may sum an
+ * element of C in an order that depends on its call's shape, so the thread count is one of
+ * the settings that may change bits, and nothing else about the run may. */
 static int64_t part_start(int64_t total, int p, int nt)
 {
     return p >= nt ? total : total * p / nt / 64 * 64;

@@ -59,7 +59,8 @@ def free_port() -> int:
 class Daemon:
     """A tensordd process listening on a loopback port."""
 
-    def __init__(self, *extra_args: str):
+    def __init__(self, *extra_args: str, env: "dict[str, str] | None" = None):
+        """env: the daemon's whole environment (None: this process's)."""
         if not os.access(TDD_BIN, os.X_OK):
             pytest.skip(f"daemon binary {TDD_BIN} not built (make BUILD=... build/tensordd, "
                         f"or set TDD_BIN)")
@@ -68,7 +69,7 @@ class Daemon:
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.args = [TDD_BIN, "--listen", self.endpoint, *extra_args]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env=env)
         self.output: list[str] = []
         lines: "queue.Queue[str | None]" = queue.Queue()
 
@@ -141,8 +142,8 @@ def start_daemon():
     """Starts extra daemons (own arguments) that are stopped after the test."""
     started = []
 
-    def start(*args):
-        d = Daemon(*args)
+    def start(*args, env=None):
+        d = Daemon(*args, env=env)
         started.append(d)
         return d
 

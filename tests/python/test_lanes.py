@@ -2,7 +2,7 @@
 
 A cpu/ref device runs each session's work on one of --device-lanes worker threads
 (session id % lanes), in that session's order, in a queue of its own that the lane
-serves in turn with its other sessions' (test_chunk11.py checks the turns). The
+serves in turn with its other sessions' (test_chunked_kernels.py checks the turns). The
 checks are about order, not time: session A queues a long chain of matmuls;
 session B then runs a tiny op and asks the daemon how many tasks are still
 pending. B is answered while A's chain still runs, with one lane or several.
