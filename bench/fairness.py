@@ -17,8 +17,8 @@ Prints p50/p99 of the round trip (us) alone and loaded, and the hog's time per
 matmul alone and while the prober runs, with the ratio to whole kernels. --rounds R
 runs every configuration R times in turn (A B C.. A B C..) and prints the medians.
 Then the cost of chunking to the big op: one session's matmul loop on daemons with
-whole kernels, default pieces and the smallest pieces (--chunk-growth 1, what a
-contended lane uses), in turn.
+whole kernels, default pieces (--chunk-elems 524288) and pieces 8 times smaller
+(--chunk-elems 65536, the old default), in turn.
 
     /usr/bin/python3 bench/fairness.py [BUILD] [--reps N] [--size N] [--rounds R]
 """
@@ -140,7 +140,7 @@ def measure(build: str, opts, reps: int, size: int, hog_alone: int):
 THROUGHPUT = [  # (label, daemon options): one session alone, its matmul loop
     ("whole kernels", ("--chunk-elems", "0")),
     ("pieces (default)", ()),
-    ("smallest pieces", ("--chunk-growth", "1")),
+    ("pieces of 65536", ("--chunk-elems", "65536")),
 ]
 
 

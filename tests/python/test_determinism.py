@@ -14,7 +14,7 @@ OpenBLAS picks its kernels from the CPU, or from OPENBLAS_CORETYPE when the envi
 sets it, and different kernels sum in different orders. Equal bits must hold whichever
 kernels the daemon got, so the test runs daemons with the environment as this machine
 sets it and, for the daemon process only, with the core type left to OpenBLAS and forced
-to Haswell and SkylakeX where this CPU can run them (a core type whose instructions the
+to Haswell, Zen and SkylakeX where this CPU can run them (a core type whose instructions the
 CPU lacks is skipped: OpenBLAS would die of SIGILL). The test's own environment is
 never changed.
 
@@ -68,6 +68,7 @@ def _cpu_flags() -> set[str]:
 FLAGS = _cpu_flags()
 # what OpenBLAS's kernels of each core type execute (OpenBLAS: driver/others/dynamic.c)
 NEEDS = {"Haswell": {"avx2", "fma"},
+         "Zen": {"avx2", "fma"},
          "SkylakeX": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}}
 
 
