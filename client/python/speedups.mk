@@ -12,7 +12,7 @@ endif
 # The pure-Python run: what the accelerator replaces, and the suites that drive it hardest.
 PURE_TESTS := tests/python/test_speedups.py tests/python/test_wire_fastpath.py \
               tests/python/test_session.py tests/python/test_offline.py \
-              tests/python/test_release.py tests/python/test_py12_repr.py \
+              tests/python/test_release.py tests/python/test_python_repr.py \
               tests/python/test_torchlike_honest.py tests/python/test_resume.py
 
 .PHONY: speedups test-python-pure

@@ -2,7 +2,7 @@
 # suites.sh -- the GPU suites on cuda:N of one build: (emulated build) the emulator's
 # self-test, the conformance table on cuda:0 held to ref, the pytest op, gradient and
 # double-backward checks on cuda:0 against PyTorch, the grad_replace mismatch matrix with GPU devices,
-# sessions interleaving on cuda:0 each on a stream of its own (test_cuda_streams11.py),
+# sessions interleaving on cuda:0 each on a stream of its own (test_cuda_streams.py),
 # process groups on cuda:0 across 2 and 3 daemons (collectives staged over Gloo), and (emulated build)
 # the fault injections.
 #
@@ -30,12 +30,12 @@ trap 'rm -f "$out"' EXIT
 if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BUILD/python \
     "$PY" -m pytest -q -p no:cacheprovider -rA tests/python/test_cuda_ops.py \
     tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py \
-    tests/python/test_cuda_optim14.py \
-    tests/python/test_ops14_bn.py tests/python/test_cuda_resnet14.py \
+    tests/python/test_cuda_optim.py \
+    tests/python/test_ops_batch_norm.py tests/python/test_cuda_resnet.py \
     tests/python/test_cuda_double_backward.py tests/python/test_cuda_conv_input_grad.py \
-    tests/python/test_ops14_forms.py tests/python/test_ops14_dtypes.py \
-    tests/python/test_ops14_attn.py tests/python/test_transformer14.py \
-    tests/python/test_cuda_parallel.py tests/python/test_cuda_streams11.py \
+    tests/python/test_ops_torch_forms.py tests/python/test_ops_dtypes.py \
+    tests/python/test_ops_attention.py tests/python/test_transformer.py \
+    tests/python/test_cuda_parallel.py tests/python/test_cuda_streams.py \
     tests/python/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
     tests/python/test_memfd.py::test_cuda_memfd >"$out" 2>&1; then
     grep -v '^PASSED\|^SKIPPED' "$out"

@@ -1,4 +1,4 @@
-"""Issue 12, Build 2: torch interop without a torch dependency.
+"""Torch interop without a torch dependency.
 
 torch dtypes and devices are accepted wherever ours are; s.tensor(torch
 tensor) keeps the dtype (bfloat16 included), detaches and keeps

@@ -1,4 +1,4 @@
-"""Issue 12, Build 1: the client is a pip-installable package.
+"""The client is a pip-installable package.
 
 From a clean clone of the repository's HEAD: a fresh
 ``python3 -m venv --system-site-packages``, ``pip install ./client/python``

@@ -1,9 +1,9 @@
-"""Issue 12, Build 4: the Tensor surface PyTorch users expect, checked against
+"""The Tensor surface PyTorch users expect, checked against
 torch 1.13 (and numpy) as the oracle.
 
 repr()/str()/print() show the values as torch (downloaded on demand,
 summarised for big tensors) with device, dtype and requires_grad
-(test_py12_repr.py holds the format to torch's and checks errors).
+(test_python_repr.py holds the format to torch's and checks errors).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, Build 3: the torch training idiom over the daemon's Gradients.
+"""The torch training idiom over the daemon's Gradients.
 
 The port test: one training script (an MLP, and a small CNN) is written once
 as source text importing torch; the tensordd run executes the same text with

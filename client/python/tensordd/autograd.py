@@ -42,7 +42,7 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None
     _check_tensor(session, loss, "backward")
     if (grad is None and not retain_graph and not create_graph and inputs is None
             and _register and session.pipeline_steps and not session._capturing):
-        # the training step's form, encoded by hand (test_step11.py holds it to protobuf's)
+        # the training step's form, encoded by hand (test_step_fast_paths.py holds it to protobuf's)
         rid, gh = next(session._ids), session._new_handle()
         grads = Gradients(session, gh)
         session._send_frame(rid, frame_backward(rid, loss._handle, gh),

@@ -154,7 +154,7 @@ class Optimizer:
     def _step_handle(self, handle: int, grads: Gradients, attrs=None) -> None:
         session = self._session
         if session.pipeline_steps and not session._capturing and not attrs:
-            # the training step's form, encoded by hand (test_step11.py holds it to protobuf's)
+            # the training step's form, encoded by hand (test_step_fast_paths.py holds it to protobuf's)
             rid = next(session._ids)
             session._send_frame(rid, frame_optimizer_step(rid, handle, grads._handle),
                                 ("optimizer_step", (handle, grads._handle)))

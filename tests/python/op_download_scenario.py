@@ -1,11 +1,11 @@
-"""rt11_scenario -- op-then-download round trips and their failures, as a transcript.
+"""op_download_scenario -- op-then-download round trips and their failures, as a transcript.
 
-Run by test_rt11.py twice, with the accelerator and with TENSORDD_PURE=1: each run
+Run by test_op_download_path.py twice, with the accelerator and with TENSORDD_PURE=1: each run
 checks the values against numpy itself and prints one JSON transcript (values,
 metadata, the class and message of every error, the session's state after it); the
 test wants the two transcripts equal.
 
-    python rt11_scenario.py ENDPOINT
+    python op_download_scenario.py ENDPOINT
 """
 import hashlib
 import json

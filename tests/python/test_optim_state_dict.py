@@ -1,4 +1,4 @@
-"""Issue 12, Build 3: ``opt.state_dict()``/``load_state_dict()`` carry the
+"""``opt.state_dict()``/``load_state_dict()`` carry the
 optimizer's real state (momentum buffers, Adam moments, step counts), which
 lives in the daemon (OptimizerState / OptimizerLoadState requests).
 

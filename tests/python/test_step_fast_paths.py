@@ -1,4 +1,4 @@
-"""The per-step fast paths of issue 11's step11 work, held to exact oracles.
+"""The per-step fast paths of a training step, held to exact oracles.
 
 * SGD on dense float32 parameters runs a four-wide loop in the daemon
   (daemon/optim.c's sgd_dense_f32): every option (weight decay, momentum,

@@ -1,4 +1,4 @@
-"""Issue 14, Build 4: RMSprop and Adagrad in the daemon, and parameter groups with
+"""RMSprop and Adagrad in the daemon, and parameter groups with
 per-group options for every optimizer, held to torch 1.13's torch.optim.
 
 The same two-layer model (float32) is trained here and in torch for a few steps,

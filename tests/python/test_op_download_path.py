@@ -2,7 +2,7 @@
 request frames, one send, the answer read and parsed in C, its payload read straight
 into the array) against the pure-Python path and numpy.
 
-rt11_scenario.py runs once with the accelerator and once with TENSORDD_PURE=1 on the
+op_download_scenario.py runs once with the accelerator and once with TENSORDD_PURE=1 on the
 same daemon; each run checks its values against numpy (dtypes, 0-d, empty, strided
 sources, bool, float16, bfloat16, a payload of 1.2 MB) and writes a transcript of
 values, metadata and every error's class and message (an unknown handle, a daemon-side
@@ -30,7 +30,7 @@ def _run(endpoint, pure):
     if pure:
         env["TENSORDD_PURE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    out = subprocess.run([sys.executable, os.path.join(HERE, "rt11_scenario.py"), endpoint],
+    out = subprocess.run([sys.executable, os.path.join(HERE, "op_download_scenario.py"), endpoint],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

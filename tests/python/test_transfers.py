@@ -31,7 +31,7 @@ TOKEN = "test-multi16-token"
 MiB = 1 << 20
 
 
-hosts = hosts_fixture(3, "test_multi16: daemons")
+hosts = hosts_fixture(3, "test_transfers: daemons")
 
 
 @pytest.fixture(scope="module")

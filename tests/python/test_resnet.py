@@ -8,7 +8,7 @@ eval-mode forward. Losses, every parameter, the BatchNorm running stats and
 num_batches_tracked must match torch's. Tolerances (float32 throughout): losses rtol 1e-4 /
 atol 1e-5; parameters and running stats after the steps rtol 1e-4 / atol 1e-5; the eval
 logits rtol 1e-4 / atol 1e-4 (measured on cpu:0: at most 3.3e-7 apart). On cpu:0 here; the
-same on emulated cuda:0 in test_cuda_resnet14.py (the GPU suites).
+same on emulated cuda:0 in test_cuda_resnet.py (the GPU suites).
 """
 
 from __future__ import annotations

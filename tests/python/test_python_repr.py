@@ -1,4 +1,4 @@
-"""Issue 12, Build 4: ``repr(t)``/``str(t)`` show the values as torch does
+"""``repr(t)``/``str(t)`` show the values as torch does
 (downloaded on demand; past 1000 elements summarised, and then only the
 corners are gathered and downloaded) plus device, dtype and requires_grad;
 and a repr never raises for the session's sake nor loses its error.

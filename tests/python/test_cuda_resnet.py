@@ -1,9 +1,9 @@
-"""test_resnet14.py's ResNet on cuda:0 (issue 14's must-show on the GPU path).
+"""test_resnet.py's ResNet on cuda:0 (issue 14's must-show on the GPU path).
 
 Runs only when TDD_GPU_ARGS is set (make test-emu, tests/gpu/run.sh): the same model text,
 torch's initial weights, 4 SGD or Adam steps and an eval forward, moved to cuda:0 with
 model.to; losses, parameters, running stats and eval logits held to torch's (CPU) with
-test_resnet14.py's tolerances.
+test_resnet.py's tolerances.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import tensordd
-from test_resnet14 import check_resnet_matches_torch
+from test_resnet import check_resnet_matches_torch
 
 pytest.importorskip("torch")
 

@@ -1,4 +1,4 @@
-"""Issue 12, Build 6: a docstring on every public name of the Python client:
+"""A docstring on every public name of the Python client:
 the package's functions and classes, and each public method and property
 those classes define (tensordd, tensordd.nn, tensordd.nn.functional,
 tensordd.optim, tensordd.optim.lr_scheduler and the modules they come from;
