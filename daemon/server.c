@@ -169,6 +169,7 @@ static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, 
         sent = n > 0 ? (size_t)n : 0;
         tdd_stats.bytes_sent += sent;
         if (sent == flen) {
+            c->active_ms = uv_now(loop); /* as write_done does for a queued one */
             free(wr);
             return;
         }

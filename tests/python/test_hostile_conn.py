@@ -257,6 +257,24 @@ def test_idle_timeout_spares_a_session_waiting_on_its_sync(start_daemon):
         assert np.isfinite(b.numpy()).all()
 
 
+def test_idle_timeout_counts_from_the_last_reply(start_daemon):
+    """The idle time starts when the daemon last wrote, a reply sent at once included: a
+    client that reads its Sync's answer and asks again within half the timeout is not
+    idle. (The time used to run from the watchdog's last look while work was in flight,
+    up to a whole timeout before the reply: the session was closed under the client
+    about half the time.)"""
+    d = start_daemon("--idle-timeout", "2")
+    with tensordd.connect(d.endpoint, timeout=60) as s:
+        a = s.tensor(np.random.default_rng(0).standard_normal((512, 512), np.float32))
+        for _ in range(4):
+            b = a
+            for _ in range(40):  # a few seconds of work in flight (several watchdog looks)
+                b = (b @ a) * (1.0 / 512)
+            s.sync()
+            time.sleep(1.0)
+            assert np.isfinite(b.numpy()).all()
+
+
 def test_sigterm_does_not_wait_on_a_client_that_stopped_reading(start_daemon):
     d = start_daemon("--write-timeout", "1")
     c = raw(d.endpoint)
