@@ -189,6 +189,10 @@ static const option_row rows[] = {
      "a process group's rendezvous, and each collective, fail with TIMEOUT after this"},
     {"group-max-ranks", "N", OPT_COUNT, FIELD(group_max_ranks), 256, 1, 65536, NULL,
      "largest world size of a process group (each rank keeps a connection to every other)"},
+    {"group-max-inflight", "N", OPT_COUNT, FIELD(group_max_inflight), 64, 1, 65536, NULL,
+     "process-group requests (GroupCreate, GroupConnect, collectives) in flight at once, "
+     "daemon-wide: each waits for its peers on a thread of its own, never on a device's "
+     "worker, and past this many is RESOURCE_EXHAUSTED"},
     {"group-bucket-bytes", "BYTES", OPT_BYTES, FIELD(group_bucket_bytes), 32 * M, 4 * K, 4 * G,
      NULL, "an all-reduce packs tensors into buckets of at most this size"},
     {"transfer-window", "SECS", OPT_SECONDS, FIELD(transfer_window_s), 10, 1, 600, NULL,

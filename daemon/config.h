@@ -74,6 +74,7 @@ typedef struct tdd_config {
     char group_address[64];      /* the address peers reach this daemon's Gloo on */
     uint32_t group_timeout_s;    /* rendezvous and each collective */
     uint32_t group_max_ranks;    /* a group's world size */
+    uint32_t group_max_inflight; /* group requests waiting on their peers, daemon-wide */
     uint64_t group_bucket_bytes; /* largest bucket an all-reduce packs tensors into */
     /* daemon-to-daemon transfers (transfer.c) */
     uint32_t transfer_window_s;  /* a capability's life */
