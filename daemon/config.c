@@ -32,7 +32,7 @@ typedef enum {
     OPT_LOGFMT,   /* text or json */
     OPT_HOSTPORT, /* HOST:PORT on loopback, into a char[] field ("" = off) */
     OPT_PATH,     /* a string (a path, a group name) into a char[] field ("" = unset) */
-    OPT_CIDRS,    /* ADDR[/BITS],... into a char[] field ("" = any address) */
+    OPT_CIDRS,    /* ADDR[/BITS],... into a char[] field ("" = no address) */
     OPT_MODE,     /* file permission bits, in octal */
     OPT_FLAG,     /* takes no value on the command line; 1/0, true/false in a file */
     OPT_CONFIG,   /* commands and the config file's own path: flags only */
@@ -208,8 +208,8 @@ static const option_row rows[] = {
      "(default: the system's)"},
     {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0, NULL,
      "the addresses a push to another daemon (TransferSend) may connect to, e.g. "
-     "10.0.0.0/8,fd00::/8, so that a client holding the token cannot make the daemon reach "
-     "other hosts (default: any address)"},
+     "10.0.0.0/8,fd00::/8 (0.0.0.0/0,::/0: any), so that a client holding the token cannot "
+     "make the daemon reach other hosts (default: none, pushes are off)"},
     {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
      "read options from this INI file (default " TDD_CONFIG_DEFAULT
      " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
@@ -794,7 +794,7 @@ static void print_config(const tdd_config *c)
             if (((const char *)c + r->off)[0])
                 printf("%s = %s\n", r->name, (const char *)c + r->off);
             else
-                printf("; %s: any address\n", r->name);
+                printf("; %s: none\n", r->name);
             break;
         case OPT_PATH:
             if (((const char *)c + r->off)[0])

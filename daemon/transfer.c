@@ -801,6 +801,12 @@ int tdd_h_transfer_send(tdd_req *r)
     if (p)
         return p->decided ? answer(r, p) : TDD_DISPATCH_BLOCK;
     td_error err;
+    if (!tdd_cidr_any(tdd_cfg.transfer_peers)) {
+        tdd_err_set(&err, TD_EUNSUPPORTED_OP,
+                    "pushes to other daemons are off on this daemon (start it with "
+                    "--transfer-peers naming the addresses they may reach)");
+        return tdd_answer_error(r, &err);
+    }
     tdd_value *v;
     if (tdd_value_get(s, ts->tensor, &v, &err))
         return tdd_answer_error(r, &err);
@@ -824,6 +830,14 @@ int tdd_h_transfer_send(tdd_req *r)
         tdd_err_arg(&err, "token", "longer than %zu bytes", sizeof p->token - 1);
         return tdd_answer_error(r, &err);
     }
+    /* The token goes out before the target has shown it speaks tensordd: no byte of it may
+     * mean something to a line-based service (a daemon's token is one line of text). */
+    for (const char *t = ts->token; *t; t++)
+        if ((unsigned char)*t < 0x20 || *t == 0x7f) {
+            tdd_err_arg(&err, "token", "byte %zu is a control character (0x%02x)",
+                        (size_t)(t - ts->token), (unsigned)(unsigned char)*t);
+            return tdd_answer_error(r, &err);
+        }
     if (!(p = calloc(1, sizeof *p))) {
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
         return tdd_answer_error(r, &err);
