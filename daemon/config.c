@@ -203,6 +203,9 @@ static const option_row rows[] = {
      "no progress this long"},
     {"max-transfers", "N", OPT_COUNT, FIELD(max_transfers), 256, 1, 65536, NULL,
      "transfer capabilities outstanding at once, daemon-wide"},
+    {"max-session-transfers", "N", OPT_COUNT, FIELD(max_session_transfers), 16, 1, 65536, NULL,
+     "transfer capabilities one session may hold outstanding (issued, neither spent nor "
+     "expired); a session's are forgotten when it ends"},
     {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, NULL,
      "CA certificates (PEM) a push to a tls:// daemon checks its certificate against "
      "(default: the system's)"},

@@ -80,6 +80,7 @@ typedef struct tdd_config {
     uint32_t transfer_window_s;  /* a capability's life */
     uint32_t transfer_timeout_s; /* an outbound push that makes no progress fails */
     uint32_t max_transfers;      /* capabilities outstanding, daemon-wide */
+    uint32_t max_session_transfers; /* capabilities outstanding, per session */
     char transfer_ca[512];       /* CAs a source checks tls:// targets against; "" = system */
     char transfer_peers[1024];   /* addresses a push may reach (cidr.h); "" = any */
 } tdd_config;

@@ -288,10 +288,6 @@ def test_pushes_reach_no_address_by_default(start_daemon):
     """Without --transfer-peers a daemon pushes nowhere: TransferSend is UNSUPPORTED_OP
     naming the option, and nothing connects to the endpoint the client named (a plain
     listener on another loopback address here)."""
-    help_text = subprocess.run([TDD_BIN, "--help"], capture_output=True, text=True,
-                               timeout=30).stdout
-    peers_help = help_text.split("--transfer-peers", 1)[1].split("\n  --", 1)[0]
-    assert "default: none" in " ".join(peers_help.split())
     d = start_daemon()
     lst = _Listener()
     s = tensordd.connect(d.endpoint, timeout=60)
@@ -304,6 +300,10 @@ def test_pushes_reach_no_address_by_default(start_daemon):
         s.close(raise_errors=False)
         lst.close()
     assert lst.got == [], f"the daemon connected to {lst.endpoint}: {lst.got}"
+    help_text = subprocess.run([TDD_BIN, "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    peers_help = help_text.split("--transfer-peers", 1)[1].split("\n  --", 1)[0]
+    assert "default: none" in " ".join(peers_help.split())
 
 
 def test_a_push_token_with_control_characters_is_refused(start_daemon):
@@ -438,6 +438,73 @@ def test_transfer_accept_bad_arguments(hosts, token_file):
             accept(s, [1])
             with pytest.raises(tensordd.ResourceExhaustedError):
                 accept(s, [1])  # --max-transfers 2
+    finally:
+        ds.close()
+
+
+def _accept_until_refused(s, most):
+    """TransferAccepts of one element until one is refused (at most `most`): how many
+    were issued, and the refusal (None when none was)."""
+    for n in range(most):
+        try:
+            accept(s, [1])
+        except tensordd.ResourceExhaustedError as e:
+            return n, e
+    return most, None
+
+
+def test_one_session_cannot_hold_every_transfer_capability(start_daemon):
+    """A session holds at most --max-session-transfers (16) capabilities outstanding; the
+    daemon's --max-transfers (256) are left to the others; a session's are forgotten when
+    it ends, so the room comes back at once (not a window later)."""
+    d = start_daemon()
+    hog, other = (tensordd.connect(d.endpoint, timeout=60) for _ in range(2))
+    try:
+        n, refused = _accept_until_refused(hog, 300)
+        print(f"one session: {n} capabilities, then {refused}")
+        assert n == 16 and refused is not None and "--max-session-transfers" in str(refused)
+        accept(other, [1])  # the others still get theirs
+        other.sync()
+        hog.sync()  # the refusal leaves the session going
+    finally:
+        hog.close(raise_errors=False)
+        other.close(raise_errors=False)
+    d = start_daemon("--max-transfers", "20")
+    hogs = [tensordd.connect(d.endpoint, timeout=60) for _ in range(2)]
+    late = tensordd.connect(d.endpoint, timeout=60)
+    try:
+        assert _accept_until_refused(hogs[0], 100)[0] == 16
+        n, refused = _accept_until_refused(hogs[1], 100)
+        assert n == 4 and "--max-transfers" in str(refused)
+        with pytest.raises(tensordd.ResourceExhaustedError, match="--max-transfers"):
+            accept(late, [1])
+        for h in hogs:
+            h.close()  # their 20 capabilities go with them
+        assert _accept_until_refused(late, 100)[0] == 16
+    finally:
+        for x in hogs + [late]:
+            x.close(raise_errors=False)
+
+
+def test_a_push_to_an_ended_session_is_not_answered_closed(hosts, token_file):
+    """CLOSED is never sent on the wire: a push naming a capability of a session that has
+    ended finds it forgotten (INVALID_ARGUMENT `capability`)."""
+    ds = Daemons(hosts, token_file, 2)
+    try:
+        with ds.connect() as m:
+            a = m["a"]
+            x = a.tensor(np.arange(4, dtype=np.float32))
+            target = tensordd.connect(ds.proxies[1].endpoint, token=TOKEN, timeout=60)
+            h, cap = accept(target, [4])
+            target.close()
+            deadline = time.monotonic() + 10
+            while True:  # (the target's daemon ends the session once it read the Goodbye)
+                with pytest.raises(tensordd.InvalidArgumentError) as ei:
+                    send(a, x, m["b"].peer_endpoint, TOKEN, cap)
+                if "not a capability" in str(ei.value) or time.monotonic() > deadline:
+                    break
+            assert ei.value.argument == "capability" and "not a capability" in str(ei.value)
+            m.sync()
     finally:
         ds.close()
 
