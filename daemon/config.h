@@ -77,12 +77,12 @@ typedef struct tdd_config {
     uint32_t group_max_inflight; /* group requests waiting on their peers, daemon-wide */
     uint64_t group_bucket_bytes; /* largest bucket an all-reduce packs tensors into */
     /* daemon-to-daemon transfers (transfer.c) */
-    uint32_t transfer_window_s;  /* a capability's life */
-    uint32_t transfer_timeout_s; /* an outbound push that makes no progress fails */
-    uint32_t max_transfers;      /* capabilities outstanding, daemon-wide */
+    uint32_t transfer_window_s;     /* a capability's life */
+    uint32_t transfer_timeout_s;    /* an outbound push that makes no progress fails */
+    uint32_t max_transfers;         /* capabilities outstanding, daemon-wide */
     uint32_t max_session_transfers; /* capabilities outstanding, per session */
-    char transfer_ca[512];       /* CAs a source checks tls:// targets against; "" = system */
-    char transfer_peers[1024];   /* addresses a push may reach (cidr.h); "" = any */
+    char transfer_ca[512];          /* CAs a source checks tls:// targets against; "" = system */
+    char transfer_peers[1024];      /* addresses a push may reach (cidr.h); "" = none */
 } tdd_config;
 
 extern tdd_config tdd_cfg;

@@ -6,11 +6,12 @@
  * thread of its own (tdd_submit_detached), never on the loop nor on a device's worker
  * lane, which other sessions share. The request is synchronising, starts one job and
  * stays blocked until the job is done; the handler is then called again and answers with
- * the job's verdict, as OptimizerStep does. At most --group-max-inflight jobs run at once. Before moving data each collective exchanges a small signature
- * (op, root, count, dtypes and shapes) with an allgather, so ranks that disagree all
- * fail with a typed error and the group stays usable. A rank that dies or misses
- * --group-timeout makes Gloo throw: every other rank gets TIMEOUT and the group is
- * broken from then on (later collectives: TIMEOUT at once). The sessions go on.
+ * the job's verdict, as OptimizerStep does. At most --group-max-inflight jobs run at
+ * once. Before moving data each collective exchanges a small signature (op, root, count,
+ * dtypes and shapes) with an allgather, so ranks that disagree all fail with a typed
+ * error and the group stays usable. A rank that dies or misses --group-timeout makes
+ * Gloo throw: every other rank gets TIMEOUT and the group is broken from then on (later
+ * collectives: TIMEOUT at once). The sessions go on.
  *
  * On a device whose memory the host cannot touch (cuda, sim) the same Gloo collectives
  * run on host buffers: once every rank has arrived (the signatures agree, on the job's
@@ -482,14 +483,13 @@ static int rendezvous(group_job *j)
     const char *addr = tdd_cfg.group_address[0] ? tdd_cfg.group_address : "127.0.0.1";
     long timeout_ms = (long)tdd_cfg.group_timeout_s * 1000;
     if (j->kind == JOB_PREPARE)
-        j->gl = tdd_gloo_prepare(addr, g->rank, g->size, timeout_ms, &j->blob, &j->blob_len,
-                                 &code, msg, sizeof msg);
+        j->gl = tdd_gloo_prepare(addr, g->rank, g->size, timeout_ms, &j->blob, &j->blob_len, &code,
+                                 msg, sizeof msg);
     else if (j->kind == JOB_CONNECT)
-        code = tdd_gloo_finish(g->gl, (const void *const *)j->peers, j->peer_lens, msg,
-                               sizeof msg);
+        code = tdd_gloo_finish(g->gl, (const void *const *)j->peers, j->peer_lens, msg, sizeof msg);
     else
-        j->gl = tdd_gloo_connect(addr, j->dir, g->rank, g->size, timeout_ms, &code, msg,
-                                 sizeof msg);
+        j->gl =
+            tdd_gloo_connect(addr, j->dir, g->rank, g->size, timeout_ms, &code, msg, sizeof msg);
     if (code)
         j->rc = tdd_err_set(&j->err, code, "process group '%s', rank %d of %d: %s", g->name,
                             g->rank, g->size, msg);

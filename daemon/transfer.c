@@ -284,7 +284,8 @@ int tdd_h_transfer_push(tdd_req *r)
                          (unsigned long long)(now_ms() - k->expires_ms), tdd_cfg.transfer_window_s);
     if (k && !rc)
         k->used = true; /* spent, whatever follows */
-    if (!rc && k->s->closed) /* (sweep forgot it already: belt and braces) */
+    /* (sweep forgot an ended session's capabilities already: belt and braces) */
+    if (!rc && k->s->closed)
         rc = tdd_err_arg(&err, "capability", "the session that accepted the transfer has ended");
     if (!rc && r->payload_len != k->nbytes)
         rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, the capability is for %llu",
