@@ -768,8 +768,7 @@ int tdd_h_group_create(tdd_req *r)
         rc = err.code;
     else
         rc = inflight_full(&err);
-    /* Two ranks of one group in one daemon could share a device's worker lane, where the
-     * first would wait for the second forever (until the timeout): one rank per daemon. */
+    /* One rank of a group per daemon (the docs' rule; a group's ranks are its daemons). */
     for (const tdd_group *o = live_groups; !rc && o; o = o->next)
         if (strcmp(o->name, gc->name) == 0)
             rc = tdd_err_arg(&err, "name",

@@ -534,6 +534,35 @@ def test_ranks_waiting_for_peers_hold_up_no_other_session(hosts, store, wait):
             d.kill()
 
 
+def test_group_requests_in_flight_are_bounded(hosts, store):
+    """--group-max-inflight: past that many process-group requests waiting for their peers,
+    another is RESOURCE_EXHAUSTED naming the option (nothing bound but a poisoned
+    placeholder); once the wait ends, groups form again."""
+    d = RankDaemon(hosts, 0, ["--group-max-inflight", "1", "--group-timeout", "3",
+                              "--group-store-dir", store, "--token-file",
+                              os.path.join(store, ".token")])
+    try:
+        s0, s1 = (tensordd.connect(d.endpoint, token=TOKEN, timeout=60) for _ in range(2))
+        res = [None]
+        t = threading.Thread(target=lambda: res.__setitem__(0, run_ranks(
+            [lambda: parallel.create_group(s0, "waits-alone", 0, 2)])[0]), daemon=True)
+        t.start()
+        time.sleep(0.5)  # s0's GroupCreate waits for its rank 1
+        with pytest.raises(tensordd.ResourceExhaustedError, match="--group-max-inflight"):
+            parallel.create_group(s1, "refused", 0, 1)
+        t.join(60)
+        assert isinstance(res[0], tensordd.TimedOutError), res
+        g = parallel.create_group(s1, "alone", 0, 1)  # the room came back
+        x = s1.tensor(np.arange(3, dtype=np.float32))
+        g.all_reduce(x)
+        np.testing.assert_array_equal(x.numpy(), np.arange(3, dtype=np.float32))
+        for s in (s0, s1):
+            s.close()
+        assert d.stop() == 0, d.log()
+    finally:
+        d.kill()
+
+
 # ---------------------------------------------------------------- bad arguments
 
 def _group_create(s, handle, **fields):
