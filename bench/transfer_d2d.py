@@ -76,7 +76,9 @@ def main():
         token = os.path.join(ROOT, "build", ".bench-d2d-token")
         with open(token, "w") as f:
             f.write("bench-d2d-token\n")
-        ds = [RankDaemon(hosts, k, ["--token-file", token]) for k in range(2)]
+        peers = ",".join(sorted(set(hosts.addrs)))  # pushes reach only these (--transfer-peers)
+        ds = [RankDaemon(hosts, k, ["--token-file", token, "--transfer-peers", peers])
+              for k in range(2)]
         m = tensordd.connect_many([d.endpoint for d in ds], aliases=["a", "b"],
                                   token="bench-d2d-token", timeout=300)
         x = m.arange(nbytes // 4, dtype="int32", device="a/cpu:0")

@@ -128,8 +128,13 @@ bool tdd_cidr_match(const char *list, const struct sockaddr *sa)
     while (*p == ' ' || *p == ',')
         p++;
     if (!*p)
-        return true;
+        return false;
     const char *bad = NULL;
     size_t badlen = 0;
     return each_entry(list, matches, &q, &bad, &badlen) == 1;
+}
+
+bool tdd_cidr_any(const char *list)
+{
+    return list && list[strspn(list, " ,")] != 0;
 }

@@ -13,7 +13,9 @@ struct sockaddr;
 int tdd_cidr_check(const char *list, char *why, size_t n);
 
 /* Whether sa (AF_INET or AF_INET6; an IPv4-mapped IPv6 address counts as IPv4) lies in
- * one of list's entries. An empty list admits every address. */
+ * one of list's entries. An empty list admits no address (0.0.0.0/0,::/0 admits all). */
 bool tdd_cidr_match(const char *list, const struct sockaddr *sa);
+/* Whether list names any address at all (is not empty). */
+bool tdd_cidr_any(const char *list);
 
 #endif

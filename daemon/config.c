@@ -32,7 +32,7 @@ typedef enum {
     OPT_LOGFMT,   /* text or json */
     OPT_HOSTPORT, /* HOST:PORT on loopback, into a char[] field ("" = off) */
     OPT_PATH,     /* a string (a path, a group name) into a char[] field ("" = unset) */
-    OPT_CIDRS,    /* ADDR[/BITS],... into a char[] field ("" = any address) */
+    OPT_CIDRS,    /* ADDR[/BITS],... into a char[] field ("" = no address) */
     OPT_MODE,     /* file permission bits, in octal */
     OPT_FLAG,     /* takes no value on the command line; 1/0, true/false in a file */
     OPT_CONFIG,   /* commands and the config file's own path: flags only */
@@ -189,6 +189,10 @@ static const option_row rows[] = {
      "a process group's rendezvous, and each collective, fail with TIMEOUT after this"},
     {"group-max-ranks", "N", OPT_COUNT, FIELD(group_max_ranks), 256, 1, 65536, NULL,
      "largest world size of a process group (each rank keeps a connection to every other)"},
+    {"group-max-inflight", "N", OPT_COUNT, FIELD(group_max_inflight), 64, 1, 65536, NULL,
+     "process-group requests (GroupCreate, GroupConnect, collectives) in flight at once, "
+     "daemon-wide: each waits for its peers on a thread of its own, never on a device's "
+     "worker, and past this many is RESOURCE_EXHAUSTED"},
     {"group-bucket-bytes", "BYTES", OPT_BYTES, FIELD(group_bucket_bytes), 32 * M, 4 * K, 4 * G,
      NULL, "an all-reduce packs tensors into buckets of at most this size"},
     {"transfer-window", "SECS", OPT_SECONDS, FIELD(transfer_window_s), 10, 1, 600, NULL,
@@ -199,13 +203,16 @@ static const option_row rows[] = {
      "no progress this long"},
     {"max-transfers", "N", OPT_COUNT, FIELD(max_transfers), 256, 1, 65536, NULL,
      "transfer capabilities outstanding at once, daemon-wide"},
+    {"max-session-transfers", "N", OPT_COUNT, FIELD(max_session_transfers), 16, 1, 65536, NULL,
+     "transfer capabilities one session may hold outstanding (issued, neither spent nor "
+     "expired); a session's are forgotten when it ends"},
     {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, NULL,
      "CA certificates (PEM) a push to a tls:// daemon checks its certificate against "
      "(default: the system's)"},
     {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0, NULL,
      "the addresses a push to another daemon (TransferSend) may connect to, e.g. "
-     "10.0.0.0/8,fd00::/8, so that a client holding the token cannot make the daemon reach "
-     "other hosts (default: any address)"},
+     "10.0.0.0/8,fd00::/8 (0.0.0.0/0,::/0: any), so that a client holding the token cannot "
+     "make the daemon reach other hosts (default: none, pushes are off)"},
     {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
      "read options from this INI file (default " TDD_CONFIG_DEFAULT
      " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
@@ -790,7 +797,7 @@ static void print_config(const tdd_config *c)
             if (((const char *)c + r->off)[0])
                 printf("%s = %s\n", r->name, (const char *)c + r->off);
             else
-                printf("; %s: any address\n", r->name);
+                printf("; %s: none\n", r->name);
             break;
         case OPT_PATH:
             if (((const char *)c + r->off)[0])

@@ -74,13 +74,15 @@ typedef struct tdd_config {
     char group_address[64];      /* the address peers reach this daemon's Gloo on */
     uint32_t group_timeout_s;    /* rendezvous and each collective */
     uint32_t group_max_ranks;    /* a group's world size */
+    uint32_t group_max_inflight; /* group requests waiting on their peers, daemon-wide */
     uint64_t group_bucket_bytes; /* largest bucket an all-reduce packs tensors into */
     /* daemon-to-daemon transfers (transfer.c) */
-    uint32_t transfer_window_s;  /* a capability's life */
-    uint32_t transfer_timeout_s; /* an outbound push that makes no progress fails */
-    uint32_t max_transfers;      /* capabilities outstanding, daemon-wide */
-    char transfer_ca[512];       /* CAs a source checks tls:// targets against; "" = system */
-    char transfer_peers[1024];   /* addresses a push may reach (cidr.h); "" = any */
+    uint32_t transfer_window_s;     /* a capability's life */
+    uint32_t transfer_timeout_s;    /* an outbound push that makes no progress fails */
+    uint32_t max_transfers;         /* capabilities outstanding, daemon-wide */
+    uint32_t max_session_transfers; /* capabilities outstanding, per session */
+    char transfer_ca[512];          /* CAs a source checks tls:// targets against; "" = system */
+    char transfer_peers[1024];      /* addresses a push may reach (cidr.h); "" = none */
 } tdd_config;
 
 extern tdd_config tdd_cfg;

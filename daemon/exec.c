@@ -499,3 +499,50 @@ uint64_t tdd_exec_pending(void)
 {
     return pending;
 }
+
+/* ---------------------------------------------------------------- detached tasks */
+
+typedef struct {
+    tdd_task *t;
+    int nice;
+} detached;
+
+static void *detached_main(void *arg)
+{
+    detached d = *(detached *)arg;
+    free(arg);
+    if (d.nice && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), d.nice) != 0)
+        tdd_debug("detached task: setpriority: %s", strerror(errno));
+    d.t->more = false;
+    d.t->run(d.t);
+    dep_bump(); /* a queue may wait on what it did (tdd_queue_wait) */
+    post_done(d.t);
+    return NULL;
+}
+
+int tdd_exec_detached(tdd_task *t, int nice)
+{
+    detached *d = malloc(sizeof *d);
+    if (!d)
+        return -1;
+    d->t = t;
+    d->nice = nice;
+    t->next = NULL;
+    t->q = NULL;
+    pthread_attr_t attr;
+    pthread_t th;
+    int e = pthread_attr_init(&attr);
+    if (!e) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pending++; /* before the thread can post its completion */
+        e = pthread_create(&th, &attr, detached_main, d);
+        if (e)
+            pending--;
+        pthread_attr_destroy(&attr);
+    }
+    if (e) {
+        free(d);
+        return -1;
+    }
+    return 0;
+}

@@ -62,8 +62,14 @@ bool tdd_queue_idle(tdd_queue *q);
 bool tdd_queue_reached(tdd_queue *q, uint64_t seq);
 /* Tasks submitted to q and not yet run. Loop thread. */
 uint64_t tdd_queue_depth(const tdd_queue *q);
-/* Tasks submitted and not yet completed, all queues. */
+/* Tasks submitted and not yet completed, all queues (detached ones too). */
 uint64_t tdd_exec_pending(void);
+/* Runs t->run on a thread of its own, at nice value nice, on no lane: work that waits on
+ * something outside the daemon (a process group's peers) and so must hold nothing another
+ * session needs. t->done then runs on the loop thread, as a lane task's does; t->q is NULL
+ * and t->ready is not called. 0, or -1 when no thread could be started (t not taken).
+ * Loop thread. */
+int tdd_exec_detached(tdd_task *t, int nice);
 /* Other sessions' tasks are waiting on the lane running t (a chunked kernel's cue to
  * hand the worker over between pieces). Worker thread. */
 bool tdd_task_contended(const tdd_task *t);

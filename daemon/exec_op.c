@@ -625,3 +625,23 @@ int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_do
     tdd_queue_submit(tdd_device_lane(dev, s->id), &wt->st.base);
     return 0;
 }
+
+int tdd_submit_detached(tdd_session *s, tdd_work_fn fn, tdd_work_done_fn done, void *arg)
+{
+    work_task *wt = calloc(1, sizeof *wt);
+    if (!wt)
+        return TD_ERESOURCE_EXHAUSTED;
+    wt->fn = fn;
+    wt->done = done;
+    wt->arg = arg;
+    session_task_begin(&wt->st, s, 0, false);
+    wt->st.base.run = work_run;
+    wt->st.base.done = work_done;
+    if (tdd_exec_detached(&wt->st.base, tdd_cfg.worker_nice)) {
+        wt->st.s->inflight--;
+        tdd_session_unref(wt->st.s);
+        free(wt);
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    return 0;
+}

@@ -50,6 +50,11 @@ typedef int (*tdd_work_fn)(void *arg);
 typedef void (*tdd_work_done_fn)(void *arg, int rc);
 int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_done_fn done,
                     void *arg);
+/* The same on a thread of its own, on no device lane (tdd_exec_detached): for work that
+ * waits on other daemons (a process group's peers), which must never hold up another
+ * session's work. fn runs at once, beside the session's queued work: it waits itself for
+ * what it reads. TD_ERESOURCE_EXHAUSTED when no thread could be started. */
+int tdd_submit_detached(tdd_session *s, tdd_work_fn fn, tdd_work_done_fn done, void *arg);
 
 /* How the end of a session's task is told, on the loop: rc and err its verdict
  * (err's request_id not yet set), reply the value a reply describes (NULL: Ok), kick

@@ -1,19 +1,22 @@
 /* group.c -- process groups: daemons that form a group (GroupCreate) and run collectives
  * on their sessions' tensors (AllReduce, Broadcast, AllGather) through Gloo.
  *
- * A group is a session handle. Its rendezvous and every collective run on the group's
- * device's worker (tdd_submit_work), never on the loop: the request is synchronising,
- * queues one job and stays blocked (the connection reads nothing else) until the job is
- * done; the handler is then called again and answers with the job's verdict, as
- * OptimizerStep does. Before moving data each collective exchanges a small signature
- * (op, root, count, dtypes and shapes) with an allgather, so ranks that disagree all
- * fail with a typed error and the group stays usable. A rank that dies or misses
- * --group-timeout makes Gloo throw: every other rank gets TIMEOUT and the group is
- * broken from then on (later collectives: TIMEOUT at once). The sessions go on.
+ * A group is a session handle. Its rendezvous and every collective wait for the other
+ * ranks, which may take up to --group-timeout (or never come): that waiting runs on a
+ * thread of its own (tdd_submit_detached), never on the loop nor on a device's worker
+ * lane, which other sessions share. The request is synchronising, starts one job and
+ * stays blocked until the job is done; the handler is then called again and answers with
+ * the job's verdict, as OptimizerStep does. At most --group-max-inflight jobs run at
+ * once. Before moving data each collective exchanges a small signature (op, root, count,
+ * dtypes and shapes) with an allgather, so ranks that disagree all fail with a typed
+ * error and the group stays usable. A rank that dies or misses --group-timeout makes
+ * Gloo throw: every other rank gets TIMEOUT and the group is broken from then on (later
+ * collectives: TIMEOUT at once). The sessions go on.
  *
  * On a device whose memory the host cannot touch (cuda, sim) the same Gloo collectives
- * run on host buffers: the job copies the tensors out in bucket-sized pieces, runs the
- * collective and copies the result back, all on the device's worker (run_staged). NCCL,
+ * run on host buffers: once every rank has arrived (the signatures agree, on the job's
+ * thread) the job moves to the device's worker, which copies the tensors out in
+ * bucket-sized pieces, runs the collective and copies the result back (run_staged). NCCL,
  * the fast path for cuda devices, is not used yet; nccl.c's probe says what is there. */
 #include "group.h"
 
@@ -60,6 +63,13 @@ typedef struct group_job {
     bool astray;       /* a staging copy failed: the other ranks went on without this one */
     tdd_account *acct; /* charged with the host memory the job takes (its bucket) */
     uint64_t charged;
+    /* Where it runs: on its own thread (the session's work on the group's device up to
+     * wait_seq of wait_q first), or, a staged collective's data once every rank has
+     * arrived, on the device's lane (on_lane; to_lane: it goes there next). */
+    struct tdd_queue *wait_q;
+    uint64_t wait_seq;
+    bool to_lane, on_lane;
+    tdd_session *s; /* the session that started it (held by its running task) */
     /* the verdict, from the worker */
     int rc;
     td_error err;
@@ -85,6 +95,7 @@ typedef struct tdd_group {
 } tdd_group;
 
 static tdd_group *live_groups;
+static uint32_t jobs_inflight; /* on threads of their own (--group-max-inflight) */
 
 /* ---------------------------------------------------------------- lifetimes */
 
@@ -432,38 +443,12 @@ static int gather_staged(group_job *j)
     return j->rc;
 }
 
-static int job_run(void *arg)
+static void job_done(void *arg, int rc);
+
+/* The data of a collective whose ranks have all arrived (the signatures agreed). */
+static int move_data(group_job *j)
 {
-    group_job *j = arg;
     tdd_group *g = j->g;
-    if (j->kind == JOB_PREPARE || j->kind == JOB_CONNECT) {
-        char msg[200] = "";
-        int code = 0;
-        const char *addr = tdd_cfg.group_address[0] ? tdd_cfg.group_address : "127.0.0.1";
-        if (j->kind == JOB_PREPARE)
-            j->gl = tdd_gloo_prepare(addr, g->rank, g->size, (long)tdd_cfg.group_timeout_s * 1000,
-                                     &j->blob, &j->blob_len, &code, msg, sizeof msg);
-        else
-            code = tdd_gloo_finish(g->gl, (const void *const *)j->peers, j->peer_lens, msg,
-                                   sizeof msg);
-        if (code)
-            j->rc = tdd_err_set(&j->err, code, "process group '%s', rank %d of %d: %s", g->name,
-                                g->rank, g->size, msg);
-        return j->rc;
-    }
-    if (j->kind == JOB_CREATE) {
-        char msg[200] = "";
-        int code = 0;
-        const char *addr = tdd_cfg.group_address[0] ? tdd_cfg.group_address : "127.0.0.1";
-        j->gl = tdd_gloo_connect(addr, j->dir, g->rank, g->size,
-                                 (long)tdd_cfg.group_timeout_s * 1000, &code, msg, sizeof msg);
-        if (!j->gl)
-            j->rc = tdd_err_set(&j->err, code, "process group '%s', rank %d of %d: %s", g->name,
-                                g->rank, g->size, msg);
-        return j->rc;
-    }
-    if (check_signatures(j))
-        return j->rc;
     j->wrote = true;
     if (!g->dev->be->host_memory)
         return j->kind == JOB_ALLGATHER ? gather_staged(j) : run_staged(j);
@@ -488,12 +473,86 @@ static int job_run(void *arg)
     return run_buckets(j);
 }
 
+/* The rendezvous: GroupCreate (through the store, or this rank's addresses) and
+ * GroupConnect. */
+static int rendezvous(group_job *j)
+{
+    tdd_group *g = j->g;
+    char msg[200] = "";
+    int code = 0;
+    const char *addr = tdd_cfg.group_address[0] ? tdd_cfg.group_address : "127.0.0.1";
+    long timeout_ms = (long)tdd_cfg.group_timeout_s * 1000;
+    if (j->kind == JOB_PREPARE)
+        j->gl = tdd_gloo_prepare(addr, g->rank, g->size, timeout_ms, &j->blob, &j->blob_len, &code,
+                                 msg, sizeof msg);
+    else if (j->kind == JOB_CONNECT)
+        code = tdd_gloo_finish(g->gl, (const void *const *)j->peers, j->peer_lens, msg, sizeof msg);
+    else
+        j->gl =
+            tdd_gloo_connect(addr, j->dir, g->rank, g->size, timeout_ms, &code, msg, sizeof msg);
+    if (code)
+        j->rc = tdd_err_set(&j->err, code, "process group '%s', rank %d of %d: %s", g->name,
+                            g->rank, g->size, msg);
+    return j->rc;
+}
+
+/* On the job's own thread (or, on_lane, on the device's worker). */
+static int job_run(void *arg)
+{
+    group_job *j = arg;
+    if (j->on_lane)
+        return move_data(j);
+    if (j->wait_q) /* the session's work it reads (a view laid out densely) */
+        tdd_queue_wait(j->wait_q, j->wait_seq);
+    if (j->kind == JOB_CREATE || j->kind == JOB_PREPARE || j->kind == JOB_CONNECT)
+        return rendezvous(j);
+    if (check_signatures(j))
+        return j->rc;
+    if (!j->g->dev->be->host_memory) { /* the copies run on the device's worker */
+        j->to_lane = true;
+        return 0;
+    }
+    return move_data(j);
+}
+
+/* Every rank has arrived: a staged collective's data moves on the device's worker, in
+ * order with the session's work there. false when it could not be queued (j failed). */
+static bool job_to_lane(group_job *j)
+{
+    j->to_lane = false;
+    j->on_lane = true;
+    tdd_queue *lane = tdd_device_lane(j->g->dev, j->s->id);
+    uint64_t seq = tdd_queue_next_seq(lane);
+    j->g->refs++;
+    if (tdd_submit_work(j->s, j->g->dev, job_run, job_done, j)) {
+        j->g->refs--;
+        j->astray = true; /* the other ranks go on without this one */
+        fail(j, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return false;
+    }
+    for (size_t i = 0; i < j->n; i++) {
+        j->it[i].dst->fq = lane;
+        j->it[i].dst->fseq = seq;
+    }
+    if (j->out) {
+        j->out->fq = lane;
+        j->out->fseq = seq;
+    }
+    return true;
+}
+
 /* On the loop, once the job ran. */
 static void job_done(void *arg, int rc)
 {
     group_job *j = arg;
     tdd_group *g = j->g;
     (void)rc;
+    if (!j->on_lane)
+        jobs_inflight--;
+    if (j->to_lane && !j->rc && job_to_lane(j)) {
+        group_unref(g); /* the lane's task took a reference of its own */
+        return;
+    }
     if (j->kind == JOB_CREATE || j->kind == JOB_PREPARE) {
         if (j->gl) {
             g->gl = j->gl;
@@ -525,6 +584,35 @@ static void job_done(void *arg, int rc)
 }
 
 /* ---------------------------------------------------------------- requests */
+
+/* RESOURCE_EXHAUSTED when --group-max-inflight jobs are running already. */
+static int inflight_full(td_error *err)
+{
+    if (jobs_inflight < tdd_cfg.group_max_inflight)
+        return 0;
+    return tdd_err_resource(err, "process-group requests", 1, 0,
+                            "%u process-group requests are waiting for their peers already "
+                            "(--group-max-inflight)",
+                            jobs_inflight);
+}
+
+/* Starts j on a thread of its own, after the session's work queued on the device (a
+ * group's request is synchronising: the connection sends nothing more meanwhile). */
+static int job_start(tdd_session *s, tdd_group *g, group_job *j)
+{
+    tdd_queue *lane = tdd_device_lane(g->dev, s->id);
+    j->wait_q = lane;
+    j->wait_seq = tdd_queue_next_seq(lane) - 1;
+    j->s = s;
+    j->g = g;
+    g->refs++;
+    if (tdd_submit_detached(s, job_run, job_done, j)) {
+        g->refs--;
+        return TD_ERESOURCE_EXHAUSTED;
+    }
+    jobs_inflight++;
+    return 0;
+}
 
 /* A fresh stamp for tdd_value.mark (duplicates found in O(1) each), in a range of its own:
  * optim_req.c counts its stamps up from 1. */
@@ -678,8 +766,9 @@ int tdd_h_group_create(tdd_req *r)
                          gc->world_size);
     else if (!(dev = group_device(gc->device, &err)))
         rc = err.code;
-    /* Two ranks of one group in one daemon could share a device's worker lane, where the
-     * first would wait for the second forever (until the timeout): one rank per daemon. */
+    else
+        rc = inflight_full(&err);
+    /* One rank of a group per daemon (the docs' rule; a group's ranks are its daemons). */
     for (const tdd_group *o = live_groups; !rc && o; o = o->next)
         if (strcmp(o->name, gc->name) == 0)
             rc = tdd_err_arg(&err, "name",
@@ -699,7 +788,7 @@ int tdd_h_group_create(tdd_req *r)
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
         return tdd_answer_error(r, &err);
     }
-    g->refs = 2; /* the handle's and the job's */
+    g->refs = 1; /* the handle's (job_start takes the job's) */
     g->session = s->id;
     g->next = live_groups;
     if (live_groups)
@@ -712,16 +801,14 @@ int tdd_h_group_create(tdd_req *r)
     g->pending = true;
     g->pending_req = r->req->id;
     g->exchange = gc->exchange;
-    j->g = g;
     j->kind = gc->exchange ? JOB_PREPARE : JOB_CREATE;
     snprintf(j->dir, sizeof j->dir, "%s/%s", tdd_cfg.group_store_dir, g->name);
     tdd_handle_add(s, gc->group, TD_HANDLE_GROUP, g);
-    if (tdd_submit_work(s, dev, job_run, job_done, j)) {
-        g->refs--;
+    if (job_start(s, g, j)) {
         free(j);
         g->pending = false;
         g->broken = true;
-        tdd_err_set(&g->broke, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        tdd_err_set(&g->broke, TD_ERESOURCE_EXHAUSTED, "out of threads for a process group");
         return tdd_answer_error(r, &g->broke);
     }
     return TDD_DISPATCH_BLOCK;
@@ -828,12 +915,14 @@ static void job_add(group_job *j, tdd_value *src, tdd_value *dst, tdd_value *lea
     j->it[j->n++] = (job_item){src, dst, leaf};
 }
 
-/* Queues j on g's device; the tensors it writes in place wait for it. */
+/* Starts j; the tensors it writes in place are the session's again once it is answered. */
 static int job_submit(tdd_req *r, tdd_group *g, group_job *j, td_error *err)
 {
     tdd_session *s = r->c->s;
-    tdd_queue *lane = tdd_device_lane(g->dev, s->id);
-    uint64_t seq = tdd_queue_next_seq(lane);
+    if (inflight_full(err)) {
+        job_free(j);
+        return err->code;
+    }
     /* The host memory the worker will take beyond the tensors: a bucket when tensors are
      * packed, a contiguous copy of a gathered view. */
     uint64_t need = 0, total = 0;
@@ -859,23 +948,14 @@ static int job_submit(tdd_req *r, tdd_group *g, group_job *j, td_error *err)
         j->acct->refs++; /* the job may outlive its session */
         j->charged = need;
     }
-    j->g = g;
-    g->refs++;
-    if (tdd_submit_work(s, g->dev, job_run, job_done, j)) {
-        g->refs--;
+    if (job_start(s, g, j)) {
         job_free(j);
-        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of threads for a process group");
     }
     for (size_t i = 0; i < j->n; i++) {
         tdd_value *v = j->it[i].dst;
-        v->fq = lane;
-        v->fseq = seq;
         if (v == j->it[i].src && j->kind != JOB_ALLGATHER)
             v->t.st->version++; /* an in-place update, as autodiff counts them */
-    }
-    if (j->out) {
-        j->out->fq = lane;
-        j->out->fseq = seq;
     }
     g->pending = true;
     g->pending_req = r->req->id;

@@ -677,6 +677,7 @@ static void handle_frame(tdd_conn *c)
         break;
     case TDD_DISPATCH_BLOCK:
         c->blocked = req;
+        watch_arm(c); /* the client's end is looked for while it waits */
         break;
     case TDD_DISPATCH_PAYLOAD:
         tdd_resume_payload_begin(c->s, req->id);
@@ -1235,7 +1236,24 @@ static void conn_shutdown(tdd_conn *c)
  *  - idle: no traffic either way and no work in flight for --idle-timeout (a
  *    session reading a long download, or waiting on its own Sync, is busy);
  *  - queued replies that make no progress for --write-timeout (a client that
- *    stopped reading), which also bounds a shutdown's wait for it. */
+ *    stopped reading), which also bounds a shutdown's wait for it;
+ *  - a client gone while its connection waits on a synchronising request (a process
+ *    group's rendezvous, a push to another daemon: the daemon reads nothing then, so an
+ *    end of stream would only be seen at the answer): looked at every PEER_CHECK_MS. */
+#define PEER_CHECK_MS 1000
+
+/* Whether the peer of a connection that is not being read has closed it (or reset it):
+ * its socket reads end of stream with nothing before it. Bytes waiting hide the end
+ * behind them; those are the client's next requests. */
+static bool peer_gone(const tdd_conn *c)
+{
+    uv_os_fd_t fd;
+    if (c->reading || uv_fileno((const uv_handle_t *)&c->h.stream, &fd))
+        return false;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 static bool session_busy(const tdd_conn *c)
 {
     return c->blocked || (c->s && c->s->inflight > 0);
@@ -1264,6 +1282,8 @@ static void watch_arm(tdd_conn *c)
         next = deadline_min(next, c->wq_moved_ms + tdd_cfg.write_timeout_s * 1000ull);
         next = deadline_min(next, now + 1000);
     }
+    if (c->blocked && !c->closing)
+        next = deadline_min(next, now + PEER_CHECK_MS);
     if (next == UINT64_MAX) {
         uv_timer_stop(&c->watch);
         return;
@@ -1298,6 +1318,11 @@ static void on_watch(uv_timer_t *t)
             conn_close(c);
             return;
         }
+    }
+    if (c->blocked && !c->closing && peer_gone(c)) {
+        tdd_info("session %llu: the client went away while its request waited; closing", sid);
+        conn_close(c);
+        return;
     }
     if (session_busy(c) || c->wq_bytes)
         c->active_ms = now;

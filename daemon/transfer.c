@@ -61,7 +61,8 @@ typedef struct cap {
 } cap;
 
 /* Every capability issued and not yet forgotten: a spent or expired one is kept until a
- * window past its expiry, so that a replay is told as one. */
+ * window past its expiry, so that a replay is told as one, unless its room is needed
+ * (--max-transfers); a session's are forgotten once it ended. */
 static cap *caps;
 static uint32_t ncaps;
 
@@ -76,13 +77,51 @@ static void sweep(void)
     uint64_t now = now_ms(), keep = (uint64_t)tdd_cfg.transfer_window_s * 1000;
     for (cap **pp = &caps; *pp;) {
         cap *k = *pp;
-        if (now > k->expires_ms + keep || (k->s->closed && (k->used || now > k->expires_ms))) {
+        if (now > k->expires_ms + keep || k->s->closed) {
             *pp = k->next;
             ncaps--;
             cap_free(k);
         } else
             pp = &k->next;
     }
+}
+
+static bool outstanding(const cap *k, uint64_t now)
+{
+    return !k->used && now <= k->expires_ms;
+}
+
+/* Room for one more capability, of session s: RESOURCE_EXHAUSTED when s holds
+ * --max-session-transfers outstanding, or the daemon --max-transfers (the oldest spent or
+ * expired one is forgotten to make room: a replay of it is then told as a capability this
+ * daemon does not know). */
+static int cap_room(const tdd_session *s, td_error *err)
+{
+    sweep();
+    uint64_t now = now_ms();
+    uint32_t mine = 0;
+    cap **oldest_done = NULL;
+    for (cap **pp = &caps; *pp; pp = &(*pp)->next) {
+        if ((*pp)->s == s && outstanding(*pp, now))
+            mine++;
+        if (!outstanding(*pp, now))
+            oldest_done = pp; /* (newest first: the last one found is the oldest) */
+    }
+    if (mine >= tdd_cfg.max_session_transfers)
+        return tdd_err_resource(err, "session transfer capabilities", 1, 0,
+                                "this session holds %u transfer capabilities outstanding "
+                                "(--max-session-transfers)",
+                                mine);
+    if (ncaps >= tdd_cfg.max_transfers && oldest_done) {
+        cap *k = *oldest_done;
+        *oldest_done = k->next;
+        ncaps--;
+        cap_free(k);
+    }
+    if (ncaps >= tdd_cfg.max_transfers)
+        return tdd_err_resource(err, "transfer capabilities", 1, 0,
+                                "%u transfer capabilities outstanding (--max-transfers)", ncaps);
+    return 0;
 }
 
 /* The capability whose key is key: every entry is compared in full, so the time taken
@@ -128,12 +167,8 @@ int tdd_h_transfer_accept(tdd_req *r)
                          "a transfer lands in a host-memory device (cpu, ref), not %s:%d; move "
                          "it there afterwards",
                          dev->be->name, dev->ordinal);
-    if (!rc) {
-        sweep();
-        if (ncaps >= tdd_cfg.max_transfers)
-            rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED,
-                             "%u transfer capabilities outstanding (--max-transfers)", ncaps);
-    }
+    if (!rc)
+        rc = cap_room(s, &err);
     cap *k = NULL;
     if (!rc && !(k = calloc(1, sizeof *k)))
         rc = tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
@@ -206,8 +241,10 @@ static void landed(tdd_conn *c, void *arg, int status)
         tdd_count_error(err.code);
         if (!l->s->closed)
             tdd_session_fail(l->s, &err);
-    } else if (l->s->closed) {
-        tdd_err_set(&err, TD_ECLOSED, "the session that accepted the transfer has ended");
+    } else if (l->s->closed) { /* (its capabilities are forgotten with it) */
+        tdd_err_arg(&err, "capability",
+                    "the session that accepted the transfer ended before the bytes arrived; "
+                    "nothing was bound");
         err.request_id = l->push_req;
         tdd_count_error(err.code);
         tdd_conn_send_error(c, l->push_req, &err);
@@ -247,8 +284,9 @@ int tdd_h_transfer_push(tdd_req *r)
                          (unsigned long long)(now_ms() - k->expires_ms), tdd_cfg.transfer_window_s);
     if (k && !rc)
         k->used = true; /* spent, whatever follows */
+    /* (sweep forgot an ended session's capabilities already: belt and braces) */
     if (!rc && k->s->closed)
-        rc = tdd_err_set(&err, TD_ECLOSED, "the session that accepted the transfer has ended");
+        rc = tdd_err_arg(&err, "capability", "the session that accepted the transfer has ended");
     if (!rc && r->payload_len != k->nbytes)
         rc = tdd_err_arg(&err, "payload", "payload has %llu bytes, the capability is for %llu",
                          (unsigned long long)r->payload_len, (unsigned long long)k->nbytes);
@@ -801,6 +839,12 @@ int tdd_h_transfer_send(tdd_req *r)
     if (p)
         return p->decided ? answer(r, p) : TDD_DISPATCH_BLOCK;
     td_error err;
+    if (!tdd_cidr_any(tdd_cfg.transfer_peers)) {
+        tdd_err_set(&err, TD_EUNSUPPORTED_OP,
+                    "pushes to other daemons are off on this daemon (start it with "
+                    "--transfer-peers naming the addresses they may reach)");
+        return tdd_answer_error(r, &err);
+    }
     tdd_value *v;
     if (tdd_value_get(s, ts->tensor, &v, &err))
         return tdd_answer_error(r, &err);
@@ -824,6 +868,14 @@ int tdd_h_transfer_send(tdd_req *r)
         tdd_err_arg(&err, "token", "longer than %zu bytes", sizeof p->token - 1);
         return tdd_answer_error(r, &err);
     }
+    /* The token goes out before the target has shown it speaks tensordd: no byte of it may
+     * mean something to a line-based service (a daemon's token is one line of text). */
+    for (const char *t = ts->token; *t; t++)
+        if ((unsigned char)*t < 0x20 || *t == 0x7f) {
+            tdd_err_arg(&err, "token", "byte %zu is a control character (0x%02x)",
+                        (size_t)(t - ts->token), (unsigned)(unsigned char)*t);
+            return tdd_answer_error(r, &err);
+        }
     if (!(p = calloc(1, sizeof *p))) {
         tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
         return tdd_answer_error(r, &err);

@@ -185,7 +185,8 @@ static Suite *final_suite(void)
 
 int main(void)
 {
-    const char *args[] = {"--cpu-devices", "2", NULL};
+    /* the transfer suite pushes from the daemon to its own listener */
+    const char *args[] = {"--cpu-devices", "2", "--transfer-peers", "127.0.0.1", NULL};
     if (tdt_daemon_start(&it_daemon, args, 0) != 0) {
         fprintf(stderr, "integration: cannot start the daemon (TDD_BIN=%s)\n",
                 getenv("TDD_BIN") ? getenv("TDD_BIN") : "(unset)");

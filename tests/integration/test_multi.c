@@ -28,7 +28,9 @@ static void daemons_start(void)
         return;
     }
     close(fd);
-    const char *args[] = {"--cpu-devices", "2", "--token-file", token_path, NULL};
+    /* the pushes go to the other daemon, on loopback */
+    const char *args[] = {"--transfer-peers", "127.0.0.1", "--cpu-devices", "2", "--token-file",
+                          token_path,         NULL};
     started_a = tdt_daemon_start(&da, args, 0) == 0;
     started_b = tdt_daemon_start(&db, args, 0) == 0;
 }

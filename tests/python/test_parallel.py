@@ -442,6 +442,127 @@ def test_rank_that_never_connects_times_out(hosts, store, waiting):
             d.kill()
 
 
+def _sessions_on_every_lane(daemon, lanes):
+    """Sessions of daemon until their ids cover every residue mod lanes (a session's work
+    runs on lane id % lanes): one per lane, the extra ones closed."""
+    picked, spare = {}, []
+    for _ in range(4 * lanes):
+        s = tensordd.connect(daemon.endpoint, token=TOKEN, timeout=60)
+        if s.session_id % lanes in picked:
+            spare.append(s)
+        else:
+            picked[s.session_id % lanes] = s
+        if len(picked) == lanes:
+            break
+    for s in spare:
+        s.close()
+    assert len(picked) == lanes, "no session on some lane"
+    return list(picked.values())
+
+
+@pytest.mark.parametrize("wait", ["connect", "store", "all_reduce"])
+def test_ranks_waiting_for_peers_hold_up_no_other_session(hosts, store, wait):
+    """Sessions on every worker lane of a daemon each wait for a rank that never comes (a
+    GroupConnect whose peer never connects, a GroupCreate through the store whose peer
+    never joins, an AllReduce the other rank never calls): meanwhile another session's
+    512x512 matmul (too big to run inline, so it goes to its lane's worker) completes,
+    while every one of those requests is still waiting. The waits then fail typed."""
+    lanes = 4
+    args = ["--group-timeout", "10", "--device-lanes", str(lanes), "--group-store-dir", store,
+            "--token-file", os.path.join(store, ".token")]
+    v, h = RankDaemon(hosts, 0, args), RankDaemon(hosts, 1, args)
+    attackers = []
+    try:
+        attackers = _sessions_on_every_lane(v, lanes)
+        hs = tensordd.connect(h.endpoint, token=TOKEN, timeout=60)
+        waits, kept = [], []  # (h's groups are kept: a released one closes its connections)
+        for i, a in enumerate(attackers):
+            name = f"never-{wait}-{i}"
+            if wait == "store":
+                waits.append(lambda a=a, name=name: parallel.create_group(a, name, 0, 2))
+                continue
+            g, addr = parallel.prepare_group(a, name, 0, 2)
+            hg, haddr = parallel.prepare_group(hs, name, 1, 2)
+            kept.append(hg)
+            if wait == "connect":  # h's rank never connects
+                waits.append(lambda g=g, addr=addr, haddr=haddr: g.connect([addr, haddr]))
+                continue
+            run_ranks([lambda: g.connect([addr, haddr]), lambda: hg.connect([addr, haddr])])
+            t = a.tensor(np.ones(4, np.float32))
+            waits.append(lambda g=g, t=t: g.all_reduce(t))  # h's rank never calls it
+        done = [None] * len(waits)
+
+        def one(i):
+            try:
+                waits[i]()
+                done[i] = "returned"
+            except BaseException as e:  # noqa: BLE001 -- checked below
+                done[i] = e
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True)
+                   for i in range(len(waits))]
+        for t in threads:
+            t.start()
+        time.sleep(1)  # their requests are in (the daemon answers none before a peer)
+        rng = np.random.default_rng(3)
+        victims = _sessions_on_every_lane(v, lanes)
+        for s in victims:
+            x = rng.standard_normal((512, 512)).astype(np.float32)
+            y = rng.standard_normal((512, 512)).astype(np.float32)
+            got = (s.tensor(x) @ s.tensor(y)).numpy()
+            np.testing.assert_allclose(got, x @ y, rtol=1e-4, atol=1e-3)
+        still = [d is None for d in done]
+        assert all(still), f"the victims' work waited for the peers' timeouts: {done}"
+        for s in victims:
+            s.close()
+        # the rank that never comes goes away: each wait fails typed, the daemon goes on
+        hs.close(raise_errors=False)
+        h.kill()
+        for t in threads:
+            t.join(120)
+            assert not t.is_alive(), "a wait for a peer did not end"
+        assert all(isinstance(d, tensordd.TimedOutError) for d in done), done
+        for a in attackers:
+            a.tensor(np.ones(2, np.float32)).numpy()  # the sessions go on
+            a.close(raise_errors=False)
+        attackers = []
+        assert v.stop() == 0, v.log()
+    finally:
+        for a in attackers:
+            a.close(raise_errors=False)
+        for d in (v, h):
+            d.kill()
+
+
+def test_group_requests_in_flight_are_bounded(hosts, store):
+    """--group-max-inflight: past that many process-group requests waiting for their peers,
+    another is RESOURCE_EXHAUSTED naming the option (nothing bound but a poisoned
+    placeholder); once the wait ends, groups form again."""
+    d = RankDaemon(hosts, 0, ["--group-max-inflight", "1", "--group-timeout", "3",
+                              "--group-store-dir", store, "--token-file",
+                              os.path.join(store, ".token")])
+    try:
+        s0, s1 = (tensordd.connect(d.endpoint, token=TOKEN, timeout=60) for _ in range(2))
+        res = [None]
+        t = threading.Thread(target=lambda: res.__setitem__(0, run_ranks(
+            [lambda: parallel.create_group(s0, "waits-alone", 0, 2)])[0]), daemon=True)
+        t.start()
+        time.sleep(0.5)  # s0's GroupCreate waits for its rank 1
+        with pytest.raises(tensordd.ResourceExhaustedError, match="--group-max-inflight"):
+            parallel.create_group(s1, "refused", 0, 1)
+        t.join(60)
+        assert isinstance(res[0], tensordd.TimedOutError), res
+        g = parallel.create_group(s1, "alone", 0, 1)  # the room came back
+        x = s1.tensor(np.arange(3, dtype=np.float32))
+        g.all_reduce(x)
+        np.testing.assert_array_equal(x.numpy(), np.arange(3, dtype=np.float32))
+        for s in (s0, s1):
+            s.close()
+        assert d.stop() == 0, d.log()
+    finally:
+        d.kill()
+
+
 # ---------------------------------------------------------------- bad arguments
 
 def _group_create(s, handle, **fields):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -23,6 +24,7 @@ import pytest
 
 import tensordd
 from faultproxy import FaultProxy
+from conftest import TDD_BIN
 from tensordd import tensordd_pb2 as pb
 from tensordd.session import _Call
 from test_parallel import RankDaemon, hosts_fixture
@@ -43,6 +45,12 @@ def token_file():
         yield path
 
 
+def peers_of(hosts):
+    """--transfer-peers for daemons on hosts: the bridge's network, or loopback."""
+    net = hosts.addrs[0].rsplit(".", 1)[0] + ".0/24," if hosts.ns else ""
+    return net + "127.0.0.1"
+
+
 class Daemons:
     """Daemons k = 0..n-1 on hosts k, each behind a counting proxy on this host."""
 
@@ -50,6 +58,8 @@ class Daemons:
         self.hosts = hosts
         self.ds = []
         self.proxies = []
+        if "--transfer-peers" not in extra:  # pushes reach the hosts (and bridge_proxy's)
+            extra = ("--transfer-peers", peers_of(hosts), *extra)
         try:
             for k in range(n):
                 d = RankDaemon(hosts, k, ["--token-file", token_file, "--cpu-devices", "2",
@@ -241,6 +251,81 @@ def test_replayed_expired_and_wrongly_tokened_capabilities(hosts, token_file):
         ds.close()
 
 
+class _Listener:
+    """A plain TCP listener on another loopback address (not a daemon): records every
+    connection it is given and the bytes sent to it, and closes it."""
+
+    def __init__(self, host="127.0.0.2"):
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.endpoint = f"tcp://{host}:{self.sock.getsockname()[1]}"
+        self.got, self._stop = [], False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self._stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            c.settimeout(1)
+            try:
+                self.got.append(c.recv(4096))
+            except OSError:
+                self.got.append(b"")
+            c.close()
+
+    def close(self):
+        self._stop = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def test_pushes_reach_no_address_by_default(start_daemon):
+    """Without --transfer-peers a daemon pushes nowhere: TransferSend is UNSUPPORTED_OP
+    naming the option, and nothing connects to the endpoint the client named (a plain
+    listener on another loopback address here)."""
+    d = start_daemon()
+    lst = _Listener()
+    s = tensordd.connect(d.endpoint, timeout=60)
+    try:
+        x = s.tensor(np.arange(4, dtype=np.float32))
+        with pytest.raises(tensordd.UnsupportedOpError, match="--transfer-peers"):
+            send(s, x, lst.endpoint, "token", bytes(16))
+        s.sync()  # the session goes on
+    finally:
+        s.close(raise_errors=False)
+        lst.close()
+    assert lst.got == [], f"the daemon connected to {lst.endpoint}: {lst.got}"
+    help_text = subprocess.run([TDD_BIN, "--help"], capture_output=True, text=True,
+                               timeout=30).stdout
+    peers_help = help_text.split("--transfer-peers", 1)[1].split("\n  --", 1)[0]
+    assert "default: none" in " ".join(peers_help.split())
+
+
+def test_a_push_token_with_control_characters_is_refused(start_daemon):
+    """The token goes out before the target has shown it is a daemon: one holding a
+    control character (CR, LF: a line protocol's command) is INVALID_ARGUMENT `token`,
+    and nothing connects."""
+    d = start_daemon("--transfer-peers", "127.0.0.0/8")
+    lst = _Listener()
+    s = tensordd.connect(d.endpoint, timeout=60)
+    try:
+        x = s.tensor(np.arange(4, dtype=np.float32))
+        for token in ("a\r\nQUIT\r\n", "a\nb", "tab\there", "del\x7f"):
+            with pytest.raises(tensordd.InvalidArgumentError, match="control") as ei:
+                send(s, x, lst.endpoint, token, bytes(16))
+            assert ei.value.argument == "token"
+        s.sync()
+    finally:
+        s.close(raise_errors=False)
+        lst.close()
+    assert lst.got == [], f"the daemon connected to {lst.endpoint}: {lst.got}"
+
+
 def test_transfer_peers_limits_where_a_push_may_connect(hosts, token_file):
     """--transfer-peers: a push to an address outside the list is INVALID_ARGUMENT naming
     the option, before any connection (the capability is not spent); inside it, it lands."""
@@ -357,6 +442,73 @@ def test_transfer_accept_bad_arguments(hosts, token_file):
         ds.close()
 
 
+def _accept_until_refused(s, most):
+    """TransferAccepts of one element until one is refused (at most `most`): how many
+    were issued, and the refusal (None when none was)."""
+    for n in range(most):
+        try:
+            accept(s, [1])
+        except tensordd.ResourceExhaustedError as e:
+            return n, e
+    return most, None
+
+
+def test_one_session_cannot_hold_every_transfer_capability(start_daemon):
+    """A session holds at most --max-session-transfers (16) capabilities outstanding; the
+    daemon's --max-transfers (256) are left to the others; a session's are forgotten when
+    it ends, so the room comes back at once (not a window later)."""
+    d = start_daemon()
+    hog, other = (tensordd.connect(d.endpoint, timeout=60) for _ in range(2))
+    try:
+        n, refused = _accept_until_refused(hog, 300)
+        print(f"one session: {n} capabilities, then {refused}")
+        assert n == 16 and refused is not None and "--max-session-transfers" in str(refused)
+        accept(other, [1])  # the others still get theirs
+        other.sync()
+        hog.sync()  # the refusal leaves the session going
+    finally:
+        hog.close(raise_errors=False)
+        other.close(raise_errors=False)
+    d = start_daemon("--max-transfers", "20")
+    hogs = [tensordd.connect(d.endpoint, timeout=60) for _ in range(2)]
+    late = tensordd.connect(d.endpoint, timeout=60)
+    try:
+        assert _accept_until_refused(hogs[0], 100)[0] == 16
+        n, refused = _accept_until_refused(hogs[1], 100)
+        assert n == 4 and "--max-transfers" in str(refused)
+        with pytest.raises(tensordd.ResourceExhaustedError, match="--max-transfers"):
+            accept(late, [1])
+        for h in hogs:
+            h.close()  # their 20 capabilities go with them
+        assert _accept_until_refused(late, 100)[0] == 16
+    finally:
+        for x in hogs + [late]:
+            x.close(raise_errors=False)
+
+
+def test_a_push_to_an_ended_session_is_not_answered_closed(hosts, token_file):
+    """CLOSED is never sent on the wire: a push naming a capability of a session that has
+    ended finds it forgotten (INVALID_ARGUMENT `capability`)."""
+    ds = Daemons(hosts, token_file, 2)
+    try:
+        with ds.connect() as m:
+            a = m["a"]
+            x = a.tensor(np.arange(4, dtype=np.float32))
+            target = tensordd.connect(ds.proxies[1].endpoint, token=TOKEN, timeout=60)
+            h, cap = accept(target, [4])
+            target.close()
+            deadline = time.monotonic() + 10
+            while True:  # (the target's daemon ends the session once it read the Goodbye)
+                with pytest.raises(tensordd.InvalidArgumentError) as ei:
+                    send(a, x, m["b"].peer_endpoint, TOKEN, cap)
+                if "not a capability" in str(ei.value) or time.monotonic() > deadline:
+                    break
+            assert ei.value.argument == "capability" and "not a capability" in str(ei.value)
+            m.sync()
+    finally:
+        ds.close()
+
+
 # ---------------------------------------------------------------- over TLS
 
 def _tls_listener(d):
@@ -386,8 +538,8 @@ def test_push_to_a_tls_target_checks_its_certificate(start_daemon, pki):
     --transfer-ca; a source that does not trust the target's CA refuses it, typed."""
     target = start_daemon("--listen", "tls://127.0.0.1:0", "--tls-cert", pki("server.pem"),
                           "--tls-key", pki("server.key"))
-    trusting = start_daemon("--transfer-ca", pki("ca.pem"))
-    wary = start_daemon("--transfer-ca", pki("otherca.pem"))
+    trusting = start_daemon("--transfer-ca", pki("ca.pem"), "--transfer-peers", "127.0.0.1")
+    wary = start_daemon("--transfer-ca", pki("otherca.pem"), "--transfer-peers", "127.0.0.1")
     m = tensordd.connect_many([trusting.endpoint, wary.endpoint, target.endpoint],
                               aliases=["src", "wary", "dst"], timeout=60,
                               peer_endpoints=[trusting.endpoint, wary.endpoint,
