@@ -104,6 +104,10 @@ const char *tdd_server_endpoint(int i);
  * down, under --max-sessions). Loop thread. */
 uint32_t tdd_server_admitted(void);
 bool tdd_server_accepting(void);
+/* Why a Hello would be refused now ("shutting down", "at --max-sessions", ...), or NULL
+ * when it would be admitted: the rule conn_admit applies (tdd_server_accepting is its
+ * NULL). */
+const char *tdd_server_refusal(void);
 /* Stop accepting; let connections finish; the loop ends when all are closed. */
 void tdd_server_shutdown(void);
 

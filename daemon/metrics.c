@@ -114,7 +114,7 @@ static void render(text *t)
         (double)(uv_now(uv_default_loop()) - tdd_stats.start_ms) / 1000.0);
     head(t, "accepting_sessions", "gauge",
          "1 while a new session would be served (listening, not draining, under "
-         "--max-sessions)");
+         "--max-sessions counting sessions held for resume)");
     put(t, "tensordd_accepting_sessions %d\n", !draining && tdd_server_accepting());
     head(t, "sessions", "gauge", "sessions open (past Hello)");
     put(t, "tensordd_sessions %" PRIu32 "\n", tdd_server_admitted());
@@ -268,12 +268,10 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         return reply(conn, MHD_HTTP_OK, t.p, t.len, "text/plain; version=0.0.4; charset=utf-8");
     }
     if (strcmp(path, "/healthz") == 0) {
-        if (draining || !tdd_server_accepting()) {
+        const char *why = draining ? "shutting down" : tdd_server_refusal();
+        if (why) {
             char msg[160];
-            snprintf(msg, sizeof msg, "not accepting sessions: %s\n",
-                     draining                                        ? "shutting down"
-                     : tdd_server_admitted() >= tdd_cfg.max_sessions ? "at --max-sessions"
-                                                                     : "not listening");
+            snprintf(msg, sizeof msg, "not accepting sessions: %s\n", why);
             return reply_str(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
         }
         return reply_str(conn, MHD_HTTP_OK, "ok\n");

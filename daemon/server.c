@@ -1309,9 +1309,17 @@ static void on_watch(uv_timer_t *t)
     watch_arm(c);
 }
 
+/* The one admission rule, for Hello (conn_admit), /healthz and
+ * tensordd_accepting_sessions alike: sessions past Hello and those held for resume
+ * (each keeps its slot for its window) count against --max-sessions. */
+static bool at_session_limit(void)
+{
+    return n_admitted + tdd_resume_held() >= tdd_cfg.max_sessions;
+}
+
 static int conn_admit(tdd_conn *c, td_error *err)
 {
-    if (n_admitted + tdd_resume_held() >= tdd_cfg.max_sessions) { /* held ones count */
+    if (at_session_limit()) {
         tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
                     tdd_cfg.max_sessions);
         err->detail_kind = TD_DETAIL_RESOURCE;
@@ -1771,9 +1779,21 @@ uint32_t tdd_server_admitted(void)
     return n_admitted;
 }
 
+const char *tdd_server_refusal(void)
+{
+    if (shutting_down)
+        return "shutting down";
+    if (nlisteners == 0)
+        return "not listening";
+    if (at_session_limit())
+        return tdd_resume_held() ? "at --max-sessions (counting sessions held for resume)"
+                                 : "at --max-sessions";
+    return NULL;
+}
+
 bool tdd_server_accepting(void)
 {
-    return !shutting_down && nlisteners > 0 && n_admitted < tdd_cfg.max_sessions;
+    return tdd_server_refusal() == NULL;
 }
 
 const char *tdd_server_endpoint(int i)

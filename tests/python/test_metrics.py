@@ -336,3 +336,34 @@ def test_healthz_is_503_while_draining():
         assert d.proc.poll() is None  # still draining: the client holds it
         c.close()
         assert d.proc.wait(60) == 0, d.log()
+
+
+def test_healthz_counts_sessions_held_for_resume():
+    """--max-sessions 2 with both slots held for resume (connections dropped, no
+    Goodbye): a new Hello is RESOURCE_EXHAUSTED, so /healthz is 503 and
+    tensordd_accepting_sessions 0 -- the same rule as the Hello's."""
+    from helpers import frame, hello, pb, raw, read_frame
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--max-sessions", "2", "--max-resume-window", "60"],
+              expect=("listening on", "metrics on")) as d:
+        for i in range(2):
+            sock = raw(d.endpoint)
+            sock.sendall(frame(pb.Request(id=1, hello=pb.Hello(
+                min_version=1, max_version=1, client_name=f"held{i}", resume_window=30))))
+            assert read_frame(sock).WhichOneof("body") == "hello"
+            sock.close()  # no Goodbye: held for its window
+        for _ in range(200):  # the loop notices the closes after the client does
+            m = scrape(d)
+            if val(m, "tensordd_resume_windows_held") == 2:
+                break
+        assert val(m, "tensordd_resume_windows_held") == 2, m
+        assert val(m, "tensordd_sessions") == 0
+        sock = raw(d.endpoint)
+        sock.sendall(hello())
+        r = read_frame(sock)
+        sock.close()
+        assert r.WhichOneof("body") == "error" and r.error.code == pb.RESOURCE_EXHAUSTED, r
+        status, _, body = get(d.metrics + "/healthz")
+        assert status == 503 and "max-sessions" in body and "resume" in body, (status, body)
+        assert val(scrape(d), "tensordd_accepting_sessions") == 0
+    assert d.proc.returncode == 0, d.log()
