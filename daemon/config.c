@@ -98,6 +98,10 @@ static const option_row rows[] = {
     {"metrics-listen", "HOST:PORT", OPT_HOSTPORT, FIELD(metrics_listen), 0, 0, 0, NULL,
      "serve Prometheus metrics (/metrics) and /healthz over HTTP on this loopback address, "
      "e.g. 127.0.0.1:9470 (default off)"},
+    {"metrics-max-connections", "N", OPT_COUNT, FIELD(metrics_max_conns), 16, 1, 1024, NULL,
+     "HTTP connections --metrics-listen serves at once; more wait in the listen queue"},
+    {"metrics-timeout", "SECS", OPT_SECONDS, FIELD(metrics_timeout_s), 10, 1, 3600, NULL,
+     "close a metrics connection idle this long (a client that sent half a request)"},
     {"unix-mode", "MODE", OPT_MODE, FIELD(unix_mode), 0600, 0, 0777, NULL,
      "permission bits of unix:// sockets, in octal (0660: the group may connect too)"},
     {"unix-group", "GROUP", OPT_PATH, FIELD(unix_group), 0, 0, 0, NULL,

@@ -367,3 +367,38 @@ def test_healthz_counts_sessions_held_for_resume():
         assert status == 503 and "max-sessions" in body and "resume" in body, (status, body)
         assert val(scrape(d), "tensordd_accepting_sessions") == 0
     assert d.proc.returncode == 0, d.log()
+
+
+def test_endpoint_recovers_after_half_open_connections_time_out():
+    """--metrics-max-connections clients that send half a request fill every slot;
+    once --metrics-timeout closed them, /healthz and /metrics answer again by themselves
+    (the listening socket is polled again), while the half-open clients still hold
+    their ends."""
+    import socket
+    import time
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--metrics-max-connections", "4", "--metrics-timeout", "1"],
+              expect=("listening on", "metrics on")) as d:
+        host, port = d.metrics[len("http://"):].rsplit(":", 1)
+        half = []
+        try:
+            for _ in range(4):
+                s = socket.create_connection((host, int(port)), timeout=10)
+                s.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished
+                half.append(s)
+            status = None
+            for _ in range(40):  # bounded: 40 tries of at most 2 s
+                try:
+                    with urllib.request.urlopen(d.metrics + "/healthz", timeout=2) as r:
+                        status = r.status
+                        break
+                except (urllib.error.URLError, OSError):
+                    time.sleep(0.1)
+            assert status == 200, "the metrics endpoint never answered again"
+            scrape(d)
+            with tensordd.connect(d.endpoint, timeout=10) as s:  # the daemon itself served throughout
+                s.sync()
+        finally:
+            for s in half:
+                s.close()
+    assert d.proc.returncode == 0, d.log()
