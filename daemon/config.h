@@ -57,13 +57,14 @@ typedef struct tdd_config {
     uint64_t memfd_storage_min;
     uint32_t max_memfd_storage;
     uint32_t shutdown_grace_s;
+    /* the metrics endpoint: HTTP connections served at once, and their idle timeout */
+    uint32_t metrics_max_conns;
+    uint32_t metrics_timeout_s;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;
     char token_file[512];    /* where it came from */
     char config_file[512];   /* the config file read, or "" */
     char metrics_listen[64]; /* HOST:PORT of the metrics endpoint; "" = off */
-    uint32_t metrics_max_conns; /* HTTP connections the metrics endpoint serves at once */
-    uint32_t metrics_timeout_s; /* and how long one may stay idle */
     uint32_t unix_mode;      /* permission bits of unix:// sockets (--unix-mode) */
     char unix_group[64];     /* their group, a name or number; "" = the daemon's */
     char tls_cert[512];      /* tls:// listeners: certificate chain (PEM) */
