@@ -201,6 +201,21 @@ START_TEST(test_grad_replace_matrix)
     rc = td_grad_replace(c, grads, untracked, g_ref, &e);
     ck_assert_int_eq(rc, TD_ENOT_TRACKED);
     after_failure(c, grads, x, want, base);
+    /* ... the dtype before the shape, and a poisoned gradient's mismatches before its
+     * poison (docs/protocol.md, GradReplace). */
+    int64_t s3[1] = {3};
+    td_handle g_f64_3 = up(c, "cpu:0", TD_F64, 1, s3, gd, 0);
+    rc = td_grad_replace(c, grads, x, g_f64_3, &e);
+    ck_assert_int_eq(rc, TD_EDTYPE_MISMATCH);
+    int64_t s22[2] = {2, 2}, bad22[4] = {0, 9, 1, 2};
+    td_handle idx22 = up(c, "cpu:0", TD_I64, 2, s22, bad22, 0);
+    td_handle g_poisoned22 = op1(c, "gather", g_ok, idx22, &dim1, 1);
+    ck_assert_int_ne(td_sync(c, &e), 0);
+    rc = td_grad_replace(c, grads, x, g_poisoned22, &e);
+    ck_assert_msg(rc == TD_ESHAPE_MISMATCH, "poisoned (2, 2) gradient: %s", td_err_name(rc));
+    td_handle drop2[3] = {g_f64_3, idx22, g_poisoned22};
+    ck_assert_int_eq(td_release(c, drop2, 3, &e), 0);
+    after_failure(c, grads, x, want, base);
 
     /* A valid replace is what Grad returns and what the optimizer uses. */
     ck_assert_int_eq(td_grad_replace(c, grads, x, g_ok, &e), 0);

@@ -161,6 +161,27 @@ def test_replace_with_a_poisoned_gradient_is_refused(ad):
     np.testing.assert_array_equal(grads.get(W).numpy(), good)
 
 
+def test_replace_checks_run_in_the_documented_order(ad):
+    """The first failing check is the answer: the handle's kind, then the dtype before
+    the shape, and a poisoned gradient's mismatch before its poison."""
+    W = ad.tensor(randf(2, 3), requires_grad=True)
+    grads = (W * W).sum().backward()
+    before = grads.get(W).numpy()
+    not_grads = tensordd.Gradients(ad, W.handle)  # a tensor's handle where a Gradients' goes
+    not_grads._released = True  # (not ours to release)
+    with pytest.raises(tensordd.WrongHandleKindError):
+        not_grads.replace(W, ad.tensor(randf(2, 3)))
+    with pytest.raises(tensordd.DTypeMismatchError):
+        grads.replace(W, ad.tensor(np.ones(4, np.float64)))
+    idx = ad.tensor(np.array([[0, 9], [1, 2]], np.int64))
+    bad = ad.op("gather", ad.tensor(np.ones((2, 3), np.float32)), idx, dim=1)  # (2, 2)
+    with pytest.raises(tensordd.InvalidArgumentError):
+        ad.sync()
+    with pytest.raises(tensordd.ShapeMismatchError):
+        grads.replace(W, bad)
+    np.testing.assert_array_equal(grads.get(W).numpy(), before)
+
+
 def test_released_gradients_are_unknown(ad):
     W = ad.tensor(randf(3), requires_grad=True)
     grads = (W * W).sum().backward()
