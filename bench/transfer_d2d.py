@@ -76,6 +76,7 @@ def main():
         token = os.path.join(ROOT, "build", ".bench-d2d-token")
         with open(token, "w") as f:
             f.write("bench-d2d-token\n")
+        os.chmod(token, 0o600)
         ds = [RankDaemon(hosts, k, ["--token-file", token]) for k in range(2)]
         m = tensordd.connect_many([d.endpoint for d in ds], aliases=["a", "b"],
                                   token="bench-d2d-token", timeout=300)

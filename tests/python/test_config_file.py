@@ -195,3 +195,54 @@ def test_check_config_answers_bad_flags_with_1_too():
         assert r.returncode == 1, (args, r.stderr)
         assert r.stdout == "" and r.stderr.startswith("tensordd: "), r.stderr
     assert run("--max-frame", "4Q").returncode == 2
+
+
+def _token_refused(path, *want):
+    """--check-config and a start both refuse the token file, naming it and the fix."""
+    for args in (["--check-config"], ["--listen", "tcp://127.0.0.1:0"]):
+        r = run("--token-file", str(path), *args)
+        assert r.returncode in (1, 2) and "listening on" not in r.stdout, (args, r)
+        assert str(path) in r.stderr and all(w in r.stderr for w in want), r.stderr
+
+
+def test_a_token_file_is_used_whole_or_refused(tmp_path):
+    """Every byte of the token file is the token (less one final line break), or the
+    file is refused: a NUL or a line break inside would have cut the token short."""
+    tok = tmp_path / "tok"
+    tok.write_bytes(b"ab\0cdefgh\n")
+    tok.chmod(0o600)
+    _token_refused(tok, "NUL", "byte 2")
+    tok.write_bytes(b"first\nsecond\n")
+    _token_refused(tok, "line break", "byte 5")
+    tok.write_bytes(bytes(range(1, 33)))  # random-looking bytes, no NUL: control bytes
+    _token_refused(tok, "control byte")
+    tok.write_bytes(b"\n")
+    _token_refused(tok, "1..255 bytes")
+    tok.write_bytes(b"x" * 256)
+    _token_refused(tok, "1..255 bytes")
+    # a good one, with and without its line break: the whole line is the token
+    for text in (b"correct horse battery\r\n", b"correct horse battery"):
+        tok.write_bytes(text)
+        with Proc(["--listen", "tcp://127.0.0.1:0", "--token-file", str(tok)]) as d:
+            import tensordd
+            with pytest.raises(tensordd.UnauthenticatedError):
+                tensordd.connect(d.endpoint, token="correct", timeout=10)
+            with tensordd.connect(d.endpoint, token="correct horse battery", timeout=10) as s:
+                s.sync()
+
+
+def test_a_token_file_others_can_read_or_a_link_is_refused(tmp_path):
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    tok.chmod(0o644)
+    _token_refused(tok, "others may read", "chmod 600")
+    tok.chmod(0o602)
+    _token_refused(tok, "others may read", "chmod 600")
+    tok.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(tok)
+    _token_refused(link, "symbolic link", "subPath")
+    _token_refused(tmp_path, "not a regular file")
+    tok.chmod(0o640)  # group-readable: warned, served
+    r = run("--token-file", str(tok), "--check-config")
+    assert r.returncode == 0 and "readable by its group" in r.stderr, r
