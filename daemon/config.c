@@ -805,7 +805,7 @@ static int read_credential(tdd_config *c)
 
 /* ---- --check-config: the effective configuration, itself a valid config file */
 
-static void print_config(const tdd_config *c)
+void tdd_config_print(const tdd_config *c)
 {
     printf("# tensordd %s: effective configuration (defaults < %s < environment < flags)\n",
            TDD_VERSION, c->config_file[0] ? c->config_file : "no config file");
@@ -945,9 +945,5 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
         c->listen[c->nlisten++] = "tcp://127.0.0.1:7070";
         c->listen_default = true;
     }
-    if (check) {
-        print_config(c);
-        return 1;
-    }
-    return 0;
+    return check ? 4 : 0;
 }

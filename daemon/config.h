@@ -90,9 +90,13 @@ extern tdd_config tdd_cfg;
 
 void tdd_config_defaults(tdd_config *c);
 /* Defaults, then the config file, the environment and the command line, each
- * overriding the one before (config.c's table): 0 to run, 1 when --help, --version or
- * --check-config was answered (exit 0), 2 after a one-line message on a bad flag, 3
- * after messages naming file, line and key (or variable) of a bad setting (exit 1). */
+ * overriding the one before (config.c's table): 0 to run, 1 when --help or --version
+ * was answered (exit 0), 2 after a one-line message on a bad flag, 3 after messages
+ * naming file, line and key (or variable) of a bad setting (exit 1), 4 when
+ * --check-config asks for the settings to be checked as a start would check them
+ * (main.c) and then printed (tdd_config_print). */
 int tdd_config_from_args(tdd_config *c, int argc, char **argv);
+/* The effective configuration, itself a valid config file, on stdout. */
+void tdd_config_print(const tdd_config *c);
 
 #endif

@@ -1444,9 +1444,10 @@ static bool is_loopback(const struct sockaddr_storage *ss)
     return IN6_IS_ADDR_LOOPBACK(a);
 }
 
-/* Each listen_* returns 0 or a libuv error code, with why[] saying what went wrong
- * in words when the code alone would not (tdd_server_start prints both). */
-static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
+/* HOST:PORT of a tcp:// or tls:// endpoint into ss: 0, or a libuv error code with why[]
+ * filled when the code alone would not say it. */
+static int parse_hostport(const char *hostport, struct sockaddr_storage *ss, long *portp, char *why,
+                          size_t wn)
 {
     char host[128];
     const char *colon = strrchr(hostport, ':');
@@ -1461,35 +1462,68 @@ static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
     long port = strtol(colon + 1, &end, 10);
     if (*end || port < 0 || port > 65535)
         return UV_EINVAL;
-    struct sockaddr_storage ss;
-    bool v6 = host[0] == '[';
-    if (v6) {
+    *portp = port;
+    if (host[0] == '[') {
         if (hl < 2 || host[hl - 1] != ']')
             return UV_EINVAL;
         host[hl - 1] = 0;
-        int rc = uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)&ss);
-        if (rc)
-            return rc;
-    } else {
-        int rc = uv_ip4_addr(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, (int)port,
-                             (struct sockaddr_in *)&ss);
-        if (rc) {
-            snprintf(why, wn, "'%s' is not an IP address (nor localhost)", host);
-            return rc;
-        }
+        return uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss);
     }
-    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls) {
-        if (!tdd_cfg.insecure) {
-            snprintf(why, wn,
-                     "a listener beyond loopback needs TLS (tls://, --tls-cert, --tls-key) or "
-                     "a token (--token-file): anyone who can reach it could read the tensors "
-                     "and run code on this machine's devices (--insecure overrides)");
-            return UV_EACCES;
-        }
+    int rc = uv_ip4_addr(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, (int)port,
+                         (struct sockaddr_in *)ss);
+    if (rc)
+        snprintf(why, wn, "'%s' is not an IP address (nor localhost)", host);
+    return rc;
+}
+
+/* A listener beyond loopback needs TLS or a token, unless --insecure. */
+static int check_exposure(const struct sockaddr_storage *ss, bool tls, char *why, size_t wn)
+{
+    if (is_loopback(ss) || tdd_cfg.token_len || tls || tdd_cfg.insecure)
+        return 0;
+    snprintf(why, wn,
+             "a listener beyond loopback needs TLS (tls://, --tls-cert, --tls-key) or "
+             "a token (--token-file): anyone who can reach it could read the tensors "
+             "and run code on this machine's devices (--insecure overrides)");
+    return UV_EACCES;
+}
+
+/* --unix-group as a gid ((gid_t)-1 when unset): 0, or UV_EINVAL with why[]. */
+static int unix_group_gid(gid_t *gid, char *why, size_t wn)
+{
+    *gid = (gid_t)-1;
+    if (!tdd_cfg.unix_group[0])
+        return 0;
+    struct group *g = getgrnam(tdd_cfg.unix_group);
+    char *end;
+    unsigned long n = strtoul(tdd_cfg.unix_group, &end, 10);
+    if (g)
+        *gid = g->gr_gid;
+    else if (!*end && end != tdd_cfg.unix_group)
+        *gid = (gid_t)n;
+    else {
+        snprintf(why, wn, "--unix-group %s: no such group", tdd_cfg.unix_group);
+        return UV_EINVAL;
+    }
+    return 0;
+}
+
+/* Each listen_* returns 0 or a libuv error code, with why[] saying what went wrong
+ * in words when the code alone would not (tdd_server_start prints both). */
+static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
+{
+    struct sockaddr_storage ss;
+    long port = 0;
+    int prc = parse_hostport(hostport, &ss, &port, why, wn);
+    if (prc)
+        return prc;
+    bool v6 = ss.ss_family == AF_INET6;
+    if ((prc = check_exposure(&ss, l->tls, why, wn)))
+        return prc;
+    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls)
         tdd_warn("INSECURE: listening on %s without TLS or a token (--insecure): anyone who "
                  "can reach it can read every tensor and run code on this machine's devices",
                  hostport);
-    }
     uv_tcp_init(loop, &l->h.tcp);
     l->h.handle.data = l;
     int rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&ss, 0);
@@ -1561,21 +1595,11 @@ static int listen_unix(listener *l, const char *path, char *why, size_t wn)
                  sizeof sa.sun_path - 1);
         return UV_EINVAL;
     }
-    gid_t gid = (gid_t)-1;
-    if (tdd_cfg.unix_group[0]) {
-        struct group *g = getgrnam(tdd_cfg.unix_group);
-        char *end;
-        unsigned long n = strtoul(tdd_cfg.unix_group, &end, 10);
-        if (g)
-            gid = g->gr_gid;
-        else if (!*end && end != tdd_cfg.unix_group)
-            gid = (gid_t)n;
-        else {
-            snprintf(why, wn, "--unix-group %s: no such group", tdd_cfg.unix_group);
-            return UV_EINVAL;
-        }
-    }
-    int rc = unix_path_free(path, why, wn);
+    gid_t gid;
+    int rc = unix_group_gid(&gid, why, wn);
+    if (rc)
+        return rc;
+    rc = unix_path_free(path, why, wn);
     if (rc)
         return rc;
     memcpy(sa.sun_path, path, strlen(path) + 1);
@@ -1700,6 +1724,76 @@ static void close_listeners(void)
     uv_run(loop, UV_RUN_NOWAIT);
 }
 
+/* What would stop tdd_server_start before it binds anything, checked without binding:
+ * the TLS files (loaded, the key matched to the certificate), each endpoint's form,
+ * the rule that a listener beyond loopback needs TLS or a token, a Unix socket's path
+ * and --unix-group. 0, or -1 with why[] naming the setting and what is wrong; *ctx (when
+ * not NULL) gets the TLS context, NULL without tls:// listeners. */
+static int validate(const tdd_config *cfg, tdd_tls_ctx **ctx, char *why, size_t wn)
+{
+    bool want_tls = false;
+    for (int i = 0; i < cfg->nlisten; i++)
+        want_tls |= strncmp(cfg->listen[i], "tls://", 6) == 0;
+    bool have_cert = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_client_ca[0];
+    tdd_tls_ctx *x = NULL;
+    if (want_tls || have_cert) {
+        char w[700] = "";
+        if (!want_tls)
+            snprintf(w, sizeof w,
+                     "--tls-cert, --tls-key and --tls-client-ca apply to "
+                     "tls:// listeners, and none is configured");
+        else if (!cfg->tls_cert[0] || !cfg->tls_key[0])
+            snprintf(w, sizeof w, "a tls:// listener needs --tls-cert and --tls-key");
+        else
+            x = tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, w, sizeof w);
+        if (!x) {
+            snprintf(why, wn, "cannot start TLS: %s", w);
+            return -1;
+        }
+    }
+    for (int i = 0; i < cfg->nlisten; i++) {
+        const char *ep = cfg->listen[i];
+        char w[400] = "";
+        int rc = 0;
+        if (strncmp(ep, "tcp://", 6) == 0 || strncmp(ep, "tls://", 6) == 0) {
+            struct sockaddr_storage ss;
+            long port;
+            rc = parse_hostport(ep + 6, &ss, &port, w, sizeof w);
+            if (!rc)
+                rc = check_exposure(&ss, ep[1] == 'l', w, sizeof w);
+        } else if (strncmp(ep, "unix://", 7) == 0) {
+            gid_t gid;
+            if (!ep[7] || strlen(ep + 7) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+                rc = UV_EINVAL; /* listen_unix says how long it may be */
+            else
+                rc = unix_group_gid(&gid, w, sizeof w);
+        } else if (strncmp(ep, "fd://", 5) != 0) { /* fd:// is checked when systemd passes it */
+            rc = UV_EINVAL;
+        }
+        if (rc) {
+            if (rc == UV_EINVAL && !w[0] && strncmp(ep, "unix://", 7) == 0)
+                snprintf(w, sizeof w, "expected unix:///PATH with a path of 1 to %zu bytes",
+                         sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+            snprintf(why, wn, "cannot listen on %s: %s", ep,
+                     w[0]              ? w
+                     : rc == UV_EINVAL ? "expected tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH"
+                                       : uv_strerror(rc));
+            tdd_tls_ctx_free(x);
+            return -1;
+        }
+    }
+    if (ctx)
+        *ctx = x;
+    else
+        tdd_tls_ctx_free(x);
+    return 0;
+}
+
+int tdd_server_check(const tdd_config *cfg, char *why, size_t wn)
+{
+    return validate(cfg, NULL, why, wn);
+}
+
 int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req)
 {
     static const tdd_transport transport = {.send = conn_send,
@@ -1713,25 +1807,10 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
     tdd_resume_init(lp);
     on_request = on_req;
     tdd_reply_init(&transport);
-    bool want_tls = false;
-    for (int i = 0; i < cfg->nlisten; i++)
-        want_tls |= strncmp(cfg->listen[i], "tls://", 6) == 0;
-    bool have_cert = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_client_ca[0];
-    if (want_tls || have_cert) {
-        char why[700] = "";
-        if (!want_tls)
-            snprintf(why, sizeof why,
-                     "--tls-cert, --tls-key and --tls-client-ca apply to "
-                     "tls:// listeners, and none is configured");
-        else if (!cfg->tls_cert[0] || !cfg->tls_key[0])
-            snprintf(why, sizeof why, "a tls:// listener needs --tls-cert and --tls-key");
-        else
-            tls_ctx =
-                tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, why, sizeof why);
-        if (!tls_ctx) {
-            tdd_error("cannot start TLS: %s", why);
-            return UV_EINVAL;
-        }
+    char bad[1200];
+    if (validate(cfg, &tls_ctx, bad, sizeof bad)) { /* the same as --check-config's */
+        tdd_error("%s", bad);
+        return UV_EINVAL;
     }
     for (int i = 0; i < cfg->nlisten; i++) {
         listener *l = &listeners[nlisteners];

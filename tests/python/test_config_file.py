@@ -164,11 +164,25 @@ def test_the_file_configures_a_running_daemon(tmp_path):
     assert d.proc.returncode == 0
 
 
-def test_example_config_is_valid():
+def test_example_config_is_valid(tmp_path):
+    """Valid where it is installed: there the group `tensordd` exists (--check-config
+    refuses a --unix-group that does not); here it is this process's group."""
+    import grp
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = run("--config", os.path.join(root, "deploy", "tensordd.conf.example"), "--check-config")
+    with open(os.path.join(root, "deploy", "tensordd.conf.example")) as f:
+        text = f.read()
+    assert "\nunix-group = tensordd\n" in text
+    try:
+        grp.getgrnam("tensordd")
+    except KeyError:
+        text = text.replace("\nunix-group = tensordd\n",
+                            f"\nunix-group = {grp.getgrgid(os.getgid()).gr_name}\n")
+    r = run("--config", write(tmp_path, text), "--check-config")
     assert r.returncode == 0, r.stderr
     assert effective(r.stdout)["metrics-listen"] == ["127.0.0.1:9470"]
+    r = run("--config", os.path.join(root, "deploy", "tensordd.conf.example"), "--check-config",
+            "--unix-group", "no-such-group-tdd")
+    assert r.returncode == 1 and "no-such-group-tdd: no such group" in r.stderr, r
 
 
 def test_help_lists_the_environment_variables():
@@ -246,3 +260,23 @@ def test_a_token_file_others_can_read_or_a_link_is_refused(tmp_path):
     tok.chmod(0o640)  # group-readable: warned, served
     r = run("--token-file", str(tok), "--check-config")
     assert r.returncode == 0 and "readable by its group" in r.stderr, r
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--listen", "tcp://0.0.0.0:0"], "needs TLS"),
+    (["--listen", "tls://127.0.0.1:0", "--tls-cert", "/etc/hostname"], "--tls-key"),
+    (["--listen", "tls://127.0.0.1:0", "--tls-cert", "/nonexistent/cert.pem", "--tls-key",
+      "/nonexistent/key.pem"], "/nonexistent/cert.pem"),
+    (["--listen", "unix:///tmp/tdd-never.sock", "--unix-group", "no-such-group-tdd"],
+     "no-such-group-tdd"),
+    (["--listen", "ftp://127.0.0.1:0"], "expected tcp://"),
+])
+def test_check_config_refuses_what_a_start_refuses(args, want):
+    """--check-config and a start apply one validation: the same refusal, exit 1."""
+    check = run(*args, "--check-config")
+    start = run(*args)
+    assert check.returncode == 1 and start.returncode == 1, (check, start)
+    assert want in check.stderr and want in start.stderr, (check.stderr, start.stderr)
+    said = check.stderr.strip().removeprefix("tensordd: ")
+    assert said and said in start.stderr, (said, start.stderr)
+    assert "listening on" not in start.stdout
