@@ -669,10 +669,11 @@ typedef struct {
     FILE *f;
     const char *path;
     tdd_config *c;
-    int lines;    /* lines read to their end */
-    bool midline; /* the last chunk read did not end a line */
-    int errors;   /* reported so far */
-    int cut_line; /* the last line too long for inih's buffer (reported) */
+    int first_line[NROWS]; /* where each key was set (0: not yet), for a second setting */
+    int lines;             /* lines read to their end */
+    bool midline;          /* the last chunk read did not end a line */
+    int errors;            /* reported so far */
+    int cut_line;          /* the last line too long for inih's buffer (reported) */
 } ini_ctx;
 
 /* inih reads through this so that the handler knows the line it is called for; lines
@@ -731,8 +732,15 @@ static int ini_on_value(void *user, const char *section, const char *name, const
                 "tensordd: %s:%d: unknown key '%s' (the keys are the long options of "
                 "--help)\n",
                 x->path, o.line, name);
-    else
+    else if (r->kind != OPT_LISTEN && x->first_line[r - rows])
+        fprintf(stderr,
+                "tensordd: %s:%d: key '%s' set again (first at line %d): one line per key "
+                "(only listen repeats)\n",
+                x->path, o.line, name, x->first_line[r - rows]);
+    else {
+        x->first_line[r - rows] = o.line;
         rc = apply(x->c, r, value, &o, 1);
+    }
     if (rc) {
         x->errors++;
         return 0;

@@ -280,3 +280,18 @@ def test_check_config_refuses_what_a_start_refuses(args, want):
     said = check.stderr.strip().removeprefix("tensordd: ")
     assert said and said in start.stderr, (said, start.stderr)
     assert "listening on" not in start.stdout
+
+
+def test_a_key_set_twice_is_refused_naming_both_lines(tmp_path):
+    """A second setting of a key would silently win: refused, with both lines; listen
+    alone repeats."""
+    path = write(tmp_path, "max-sessions = 4\nlisten = tcp://127.0.0.1:0\n"
+                           "listen = unix:///tmp/tdd-twice.sock\n\nmax-sessions = 8\n")
+    for extra in (["--check-config"], ["--listen", "tcp://127.0.0.1:0"]):
+        r = run("--config", path, *extra)
+        assert r.returncode == 1 and "listening on" not in r.stdout, r
+        assert f"{path}:5: key 'max-sessions' set again (first at line 1)" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run("--config", write(tmp_path, "listen = tcp://127.0.0.1:0\nlisten = tcp://[::1]:0\n"),
+            "--check-config")
+    assert r.returncode == 0 and len(effective(r.stdout)["listen"]) == 2, r
