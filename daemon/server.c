@@ -389,6 +389,17 @@ static int check_stray_fds(tdd_conn *c, uint64_t at)
     return -1;
 }
 
+/* Whether an fd came with the read holding the first byte of the frame at [at, end)
+ * and with no later frame's: that read ended within the frame (the kernel ends a read
+ * with the data an fd came with), so this frame is the one it was sent with. */
+static bool fd_is_for(const tdd_conn *c, uint64_t at, uint64_t end)
+{
+    for (int i = 0; i < c->nfds; i++)
+        if (c->fds[i].from <= at && at < c->fds[i].to && c->fds[i].to <= end)
+            return true;
+    return false;
+}
+
 /* An Upload with payload_fd starting at stream byte at takes the fds that arrived with
  * the read holding its first byte: c->req_fd, the others closed (the handler refuses
  * the Upload when req_nfds is not 1). */
@@ -656,9 +667,18 @@ static void handle_frame(tdd_conn *c)
     uint64_t sid = c->s ? c->s->id : 0;
     tdd_log_ctx prev;
     tdd_log_set_ctx((tdd_log_ctx){sid, c->hello_done ? sid : 0}, &prev);
-    if (c->nfds && req->body_case == TENSORDD__V1__REQUEST__BODY_UPLOAD && req->upload &&
-        req->upload->payload_fd)
+    bool takes_fd = req->body_case == TENSORDD__V1__REQUEST__BODY_UPLOAD && req->upload &&
+                    req->upload->payload_fd;
+    uint64_t frame_end = c->rx_total - (c->rlen - c->rpos);
+    if (c->nfds && takes_fd)
         claim_fds(c, c->frame_at);
+    else if (c->nfds && fd_is_for(c, c->frame_at, frame_end)) {
+        /* refused before it runs: neither answered Ok nor applied, then the close */
+        request_free(c, req);
+        tdd_log_set_ctx(prev, NULL);
+        check_stray_fds(c, frame_end);
+        return;
+    }
     int rc = on_request(c, req, hdr.payload_len);
     if (c->req_nfds) { /* the handler did not take it */
         close(c->req_fd);
