@@ -1088,6 +1088,21 @@ static void tls_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* A churn of short connections (5,000 junk TLS handshakes) grew the heap from 18 to
+ * about 90 MB that glibc kept, free, in the middle of the heap (0.7 MB of it in use;
+ * no leak: valgrind finds none, and malloc_trim gives it all back). A second after a
+ * connection closed, the heap is trimmed: once per second of churn at most, and never
+ * while nothing closes. */
+#define TRIM_DELAY_MS 1000
+static uv_timer_t trim_timer;
+static bool trim_armed; /* trim_timer is open (from start to shutdown) */
+
+static void on_trim(uv_timer_t *t)
+{
+    (void)t;
+    malloc_trim(0);
+}
+
 static void after_close(uv_handle_t *h)
 {
     tdd_conn *c = h->data;
@@ -1113,6 +1128,8 @@ static void after_close(uv_handle_t *h)
     free(c);
     if (trim)
         malloc_trim(0);
+    else if (trim_armed && !uv_is_active((uv_handle_t *)&trim_timer))
+        uv_timer_start(&trim_timer, on_trim, TRIM_DELAY_MS, 0);
     if (shutting_down && !conns) {
         for (int i = 0; i < nlisteners; i++)
             if (!uv_is_closing(&listeners[i].h.handle))
@@ -1832,6 +1849,9 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
         tdd_error("%s", bad);
         return UV_EINVAL;
     }
+    uv_timer_init(loop, &trim_timer);
+    uv_unref((uv_handle_t *)&trim_timer); /* keeps nothing running */
+    trim_armed = true;
     for (int i = 0; i < cfg->nlisten; i++) {
         listener *l = &listeners[nlisteners];
         const char *ep = cfg->listen[i];
@@ -1905,6 +1925,10 @@ void tdd_server_shutdown(void)
     if (shutting_down)
         return;
     shutting_down = true;
+    if (trim_armed) {
+        trim_armed = false;
+        uv_close((uv_handle_t *)&trim_timer, NULL);
+    }
     tdd_info("shutting down: %llu session(s) open", (unsigned long long)tdd_nsessions);
     tdd_resume_drop_all(); /* held sessions have no connection to say goodbye on */
     for (int i = 0; i < nlisteners; i++) {
