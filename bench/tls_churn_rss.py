@@ -4,7 +4,8 @@ tls:// listener that never complete a handshake, and 2 s after the last.
 
 MODE: garbage (300 random bytes), plain (a first byte that is not a TLS record: the
 "speaks TLS" refusal), badrecord (0x16 then random bytes: a failed handshake), hello (a
-real ClientHello, then the client leaves). Certificates are made with the openssl command
+real ClientHello, then the client leaves once answered; the others leave at once, without
+reading the daemon's answer). Certificates are made with the openssl command
 in a temporary directory. Prints RSS at the start, after each fifth of the connections
 (with the connections gauge of /metrics) and 2 s after the last.
 
@@ -79,7 +80,7 @@ def main():
                         except ssl.SSLWantReadError:
                             pass
                         s.sendall(out.read())
-                    s.recv(4096)
+                        s.recv(4096)
                 except OSError:
                     pass
                 s.close()
