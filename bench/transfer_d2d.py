@@ -76,6 +76,7 @@ def main():
         token = os.path.join(ROOT, "build", ".bench-d2d-token")
         with open(token, "w") as f:
             f.write("bench-d2d-token\n")
+        os.chmod(token, 0o600)
         peers = ",".join(sorted(set(hosts.addrs)))  # pushes reach only these (--transfer-peers)
         ds = [RankDaemon(hosts, k, ["--token-file", token, "--transfer-peers", peers])
               for k in range(2)]

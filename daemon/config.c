@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <ini.h>
 #include <inttypes.h>
@@ -98,6 +99,10 @@ static const option_row rows[] = {
     {"metrics-listen", "HOST:PORT", OPT_HOSTPORT, FIELD(metrics_listen), 0, 0, 0, NULL,
      "serve Prometheus metrics (/metrics) and /healthz over HTTP on this loopback address, "
      "e.g. 127.0.0.1:9470 (default off)"},
+    {"metrics-max-connections", "N", OPT_COUNT, FIELD(metrics_max_conns), 16, 1, 1024, NULL,
+     "HTTP connections --metrics-listen serves at once; more wait in the listen queue"},
+    {"metrics-timeout", "SECS", OPT_SECONDS, FIELD(metrics_timeout_s), 10, 1, 3600, NULL,
+     "close a metrics connection idle this long (a client that sent half a request)"},
     {"unix-mode", "MODE", OPT_MODE, FIELD(unix_mode), 0600, 0, 0777, NULL,
      "permission bits of unix:// sockets, in octal (0660: the group may connect too)"},
     {"unix-group", "GROUP", OPT_PATH, FIELD(unix_group), 0, 0, 0, NULL,
@@ -111,7 +116,8 @@ static const option_row rows[] = {
     {"insecure", NULL, OPT_FLAG, FIELD(insecure), 0, 0, 1, NULL,
      "allow a listener beyond loopback with neither TLS nor a token (logged as a warning)"},
     {"token-file", "PATH", OPT_TOKEN, NOFIELD, 0, 0, 0, NULL,
-     "clients must send this token in Hello (first line of the file); required to listen "
+     "clients must send this token in Hello (the file's one line of text; a file others may "
+     "read, a symbolic link, a NUL or line break inside are refused); required to listen "
      "beyond loopback"},
     {"max-frame", "BYTES", OPT_BYTES, FIELD(max_msg), 4 * M, K, G, NULL,
      "largest protobuf request"},
@@ -421,35 +427,78 @@ static void say_where(char *buf, size_t n, const origin *o, const option_row *r)
         snprintf(buf, n, "--%s", r->name);
 }
 
-/* Reads the first line of path as the token; refuses files others can read. */
+/* Reads the token: the whole file, less its final line break (\n or \r\n). Refuses,
+ * with the fix in words, what would silently make another token or expose it: a
+ * symbolic link (another file than the one named could be read), anything but a
+ * regular file, a file others may read or write, a control byte (NUL, a line break)
+ * inside, an empty token and one too long. */
 static int read_token(tdd_config *c, const char *path, const char *where)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "tensordd: %s: cannot read token file %s: %s\n", where, path,
-                strerror(errno));
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno == ELOOP)
+            fprintf(stderr,
+                    "tensordd: %s: token file %s is a symbolic link: name the file itself "
+                    "(in Kubernetes, mount the secret's key with subPath)\n",
+                    where, path);
+        else
+            fprintf(stderr, "tensordd: %s: cannot read token file %s: %s\n", where, path,
+                    strerror(errno));
         return -1;
     }
     struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && (sb.st_mode & 077))
-        fprintf(stderr, "tensordd: warning: %s is readable by group or others (chmod 600)\n", path);
-    char line[sizeof c->token + 2];
-    if (!fgets(line, sizeof line, f))
-        line[0] = 0;
-    fclose(f);
-    size_t n = strcspn(line, "\r\n");
-    if (n == 0 || n >= sizeof c->token) {
-        fprintf(stderr, "tensordd: %s: %s: the token must be 1..%zu bytes on its first line\n",
-                where, path, sizeof c->token - 1);
+    char buf[sizeof c->token + 2];
+    ssize_t n = -1;
+    const char *bad = NULL;
+    if (fstat(fd, &sb))
+        bad = strerror(errno);
+    else if (!S_ISREG(sb.st_mode))
+        bad = "not a regular file: write the token into a file of its own";
+    else if (sb.st_mode & 007)
+        bad = "others may read or write it: chmod 600 it (or 640 with a group of the "
+              "daemon's)";
+    else if ((n = read(fd, buf, sizeof buf)) < 0)
+        bad = strerror(errno);
+    close(fd);
+    if (!bad && (sb.st_mode & 070))
+        fprintf(stderr, "tensordd: warning: token file %s is readable by its group (chmod 600)\n",
+                path);
+    size_t len = n > 0 ? (size_t)n : 0;
+    if (!bad && len == sizeof buf)
+        bad = "too long";
+    if (!bad && len && buf[len - 1] == '\n')
+        len -= len >= 2 && buf[len - 2] == '\r' ? 2 : 1;
+    size_t at = 0;
+    while (!bad && at < len && (unsigned char)buf[at] >= 0x20 && buf[at] != 0x7f)
+        at++;
+    char why[160];
+    if (!bad && at < len) {
+        snprintf(why, sizeof why,
+                 "byte %zu is %s (0x%02x): a token is one line of text, e.g. made by "
+                 "`head -c 32 /dev/urandom | base64`",
+                 at,
+                 buf[at] == 0      ? "a NUL"
+                 : buf[at] == '\n' ? "a line break"
+                                   : "a control byte",
+                 (unsigned char)buf[at]);
+        bad = why;
+    }
+    if (!bad && (len == 0 || len >= sizeof c->token)) {
+        snprintf(why, sizeof why, "the token must be 1..%zu bytes on one line",
+                 sizeof c->token - 1);
+        bad = why;
+    }
+    if (bad) {
+        fprintf(stderr, "tensordd: %s: token file %s: %s\n", where, path, bad);
         return -1;
     }
     if (strlen(path) >= sizeof c->token_file) {
         fprintf(stderr, "tensordd: %s: token file path too long\n", where);
         return -1;
     }
-    memcpy(c->token, line, n);
-    c->token[n] = 0;
-    c->token_len = n;
+    memcpy(c->token, buf, len);
+    c->token[len] = 0;
+    c->token_len = len;
     snprintf(c->token_file, sizeof c->token_file, "%s", path);
     return 0;
 }
@@ -627,10 +676,11 @@ typedef struct {
     FILE *f;
     const char *path;
     tdd_config *c;
-    int lines;    /* lines read to their end */
-    bool midline; /* the last chunk read did not end a line */
-    int errors;   /* reported so far */
-    int cut_line; /* the last line too long for inih's buffer (reported) */
+    int first_line[NROWS]; /* where each key was set (0: not yet), for a second setting */
+    int lines;             /* lines read to their end */
+    bool midline;          /* the last chunk read did not end a line */
+    int errors;            /* reported so far */
+    int cut_line;          /* the last line too long for inih's buffer (reported) */
 } ini_ctx;
 
 /* inih reads through this so that the handler knows the line it is called for; lines
@@ -689,8 +739,15 @@ static int ini_on_value(void *user, const char *section, const char *name, const
                 "tensordd: %s:%d: unknown key '%s' (the keys are the long options of "
                 "--help)\n",
                 x->path, o.line, name);
-    else
+    else if (r->kind != OPT_LISTEN && x->first_line[r - rows])
+        fprintf(stderr,
+                "tensordd: %s:%d: key '%s' set again (first at line %d): one line per key "
+                "(only listen repeats)\n",
+                x->path, o.line, name, x->first_line[r - rows]);
+    else {
+        x->first_line[r - rows] = o.line;
         rc = apply(x->c, r, value, &o, 1);
+    }
     if (rc) {
         x->errors++;
         return 0;
@@ -763,7 +820,7 @@ static int read_credential(tdd_config *c)
 
 /* ---- --check-config: the effective configuration, itself a valid config file */
 
-static void print_config(const tdd_config *c)
+void tdd_config_print(const tdd_config *c)
 {
     printf("# tensordd %s: effective configuration (defaults < %s < environment < flags)\n",
            TDD_VERSION, c->config_file[0] ? c->config_file : "no config file");
@@ -903,9 +960,5 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
         c->listen[c->nlisten++] = "tcp://127.0.0.1:7070";
         c->listen_default = true;
     }
-    if (check) {
-        print_config(c);
-        return 1;
-    }
-    return 0;
+    return check ? 4 : 0;
 }

@@ -57,6 +57,9 @@ typedef struct tdd_config {
     uint64_t memfd_storage_min;
     uint32_t max_memfd_storage;
     uint32_t shutdown_grace_s;
+    /* the metrics endpoint: HTTP connections served at once, and their idle timeout */
+    uint32_t metrics_max_conns;
+    uint32_t metrics_timeout_s;
     char token[256]; /* required in Hello when non-empty (--token-file) */
     size_t token_len;
     char token_file[512];    /* where it came from */
@@ -89,9 +92,13 @@ extern tdd_config tdd_cfg;
 
 void tdd_config_defaults(tdd_config *c);
 /* Defaults, then the config file, the environment and the command line, each
- * overriding the one before (config.c's table): 0 to run, 1 when --help, --version or
- * --check-config was answered (exit 0), 2 after a one-line message on a bad flag, 3
- * after messages naming file, line and key (or variable) of a bad setting (exit 1). */
+ * overriding the one before (config.c's table): 0 to run, 1 when --help or --version
+ * was answered (exit 0), 2 after a one-line message on a bad flag, 3 after messages
+ * naming file, line and key (or variable) of a bad setting (exit 1), 4 when
+ * --check-config asks for the settings to be checked as a start would check them
+ * (main.c) and then printed (tdd_config_print). */
 int tdd_config_from_args(tdd_config *c, int argc, char **argv);
+/* The effective configuration, itself a valid config file, on stdout. */
+void tdd_config_print(const tdd_config *c);
 
 #endif

@@ -98,12 +98,20 @@ enum {
 typedef int (*tdd_request_fn)(tdd_conn *c, Tensordd__V1__Request *req, uint64_t payload_len);
 
 int tdd_server_start(uv_loop_t *loop, const tdd_config *cfg, tdd_request_fn on_request);
+/* What tdd_server_start would refuse before binding (TLS files, endpoints, a listener
+ * beyond loopback without TLS or a token, --unix-group), checked without binding, for
+ * --check-config: 0, or -1 with why[] (start applies the same check). */
+int tdd_server_check(const tdd_config *cfg, char *why, size_t wn);
 /* The i-th listener's endpoint as bound (port 0 resolved), or NULL. */
 const char *tdd_server_endpoint(int i);
 /* Sessions past Hello; whether a new one would be served (listening, not shutting
  * down, under --max-sessions). Loop thread. */
 uint32_t tdd_server_admitted(void);
 bool tdd_server_accepting(void);
+/* Why a Hello would be refused now ("shutting down", "at --max-sessions", ...), or NULL
+ * when it would be admitted: the rule conn_admit applies (tdd_server_accepting is its
+ * NULL). */
+const char *tdd_server_refusal(void);
 /* Stop accepting; let connections finish; the loop ends when all are closed. */
 void tdd_server_shutdown(void);
 

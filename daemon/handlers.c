@@ -90,8 +90,9 @@ int tdd_h_hello(tdd_req *r)
         return TDD_DISPATCH_CLOSE;
     }
     /* Resume: the session the token names replaces the one made for this connection,
-     * under the same TLS client identity (the token was checked above, as for any Hello). */
-    const char *identity = c->tls ? tdd_tls_peer(c->tls) : "";
+     * under the same TLS client certificate (its fingerprint: the token was checked above,
+     * as for any Hello). */
+    const char *identity = c->tls ? tdd_tls_peer_id(c->tls) : "";
     tdd_session *held = NULL;
     if (h->resume_token.len) {
         held = tdd_resume_take(h->resume_token.data, h->resume_token.len, identity, tdd_conn_drop,

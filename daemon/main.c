@@ -11,6 +11,7 @@
 
 #include "autograd.h"
 #include "config.h"
+#include "conn.h"
 #include "device.h"
 #include "dispatch.h"
 #include "exec.h"
@@ -130,6 +131,15 @@ static void run_loop(uv_loop_t *loop)
 int main(int argc, char **argv)
 {
     int prc = tdd_config_from_args(&tdd_cfg, argc, argv);
+    if (prc == 4) { /* --check-config: what a start would refuse, then the settings */
+        char why[1200];
+        if (tdd_server_check(&tdd_cfg, why, sizeof why)) {
+            fprintf(stderr, "tensordd: %s\n", why);
+            return 1;
+        }
+        tdd_config_print(&tdd_cfg);
+        return 0;
+    }
     if (prc)
         return prc == 1 ? 0 : prc == 3 ? 1 : 2;
 

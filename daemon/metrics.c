@@ -6,8 +6,8 @@
  * so a scrape reads the loop-owned counters, sessions and devices where they are
  * written, with no lock and nothing shared with another thread. A scrape's page is
  * built in one go (microseconds for a few thousand lines); sockets are non-blocking,
- * so a slow or stalled HTTP client costs a connection slot (at most 16, closed after
- * 10 s idle), never the loop. */
+ * so a slow or stalled HTTP client costs a connection slot (--metrics-max-connections,
+ * closed after --metrics-timeout idle), never the loop. */
 #include "metrics.h"
 
 #include <arpa/inet.h>
@@ -114,7 +114,7 @@ static void render(text *t)
         (double)(uv_now(uv_default_loop()) - tdd_stats.start_ms) / 1000.0);
     head(t, "accepting_sessions", "gauge",
          "1 while a new session would be served (listening, not draining, under "
-         "--max-sessions)");
+         "--max-sessions counting sessions held for resume)");
     put(t, "tensordd_accepting_sessions %d\n", !draining && tdd_server_accepting());
     head(t, "sessions", "gauge", "sessions open (past Hello)");
     put(t, "tensordd_sessions %" PRIu32 "\n", tdd_server_admitted());
@@ -268,12 +268,10 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         return reply(conn, MHD_HTTP_OK, t.p, t.len, "text/plain; version=0.0.4; charset=utf-8");
     }
     if (strcmp(path, "/healthz") == 0) {
-        if (draining || !tdd_server_accepting()) {
+        const char *why = draining ? "shutting down" : tdd_server_refusal();
+        if (why) {
             char msg[160];
-            snprintf(msg, sizeof msg, "not accepting sessions: %s\n",
-                     draining                                        ? "shutting down"
-                     : tdd_server_admitted() >= tdd_cfg.max_sessions ? "at --max-sessions"
-                                                                     : "not listening");
+            snprintf(msg, sizeof msg, "not accepting sessions: %s\n", why);
             return reply_str(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
         }
         return reply_str(conn, MHD_HTTP_OK, "ok\n");
@@ -283,15 +281,18 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
 
 static void on_timer(uv_timer_t *h);
 
-/* Runs MHD on what is ready, then arms the timer for its next deadline. */
+/* Runs MHD on what is ready, then arms the timer for its next deadline, or for a
+ * second from now when MHD names none: at its connection limit MHD takes its listening
+ * socket out of its epoll set and puts it back only inside a later MHD_run, so once
+ * its timeout closed those connections (leaving no deadline) nothing would make its
+ * epoll descriptor readable again, and the endpoint would never answer again. */
 static void run_mhd(void)
 {
     MHD_run(mhd);
     MHD_UNSIGNED_LONG_LONG to;
-    if (MHD_get_timeout(mhd, &to) == MHD_YES)
-        uv_timer_start(&timer_h, on_timer, to > 1000 ? 1000 : to, 0);
-    else
-        uv_timer_stop(&timer_h);
+    if (MHD_get_timeout(mhd, &to) != MHD_YES || to > 1000)
+        to = 1000;
+    uv_timer_start(&timer_h, on_timer, to, 0);
 }
 
 static void on_timer(uv_timer_t *h)
@@ -330,8 +331,9 @@ int tdd_metrics_start(uv_loop_t *loop, const char *hostport)
     }
     mhd = MHD_start_daemon(MHD_USE_EPOLL | (v6 ? MHD_USE_IPv6 : 0), (uint16_t)port, NULL, NULL,
                            on_http, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                           MHD_OPTION_CONNECTION_LIMIT, (unsigned)16, MHD_OPTION_CONNECTION_TIMEOUT,
-                           (unsigned)10, MHD_OPTION_END);
+                           MHD_OPTION_CONNECTION_LIMIT, (unsigned)tdd_cfg.metrics_max_conns,
+                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)tdd_cfg.metrics_timeout_s,
+                           MHD_OPTION_END);
     if (!mhd) {
         tdd_error("cannot serve metrics on %s (in use, or not an address of this machine)",
                   hostport);

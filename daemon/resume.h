@@ -24,7 +24,7 @@ typedef struct tdd_resume {
     tdd_session *s;
     uint8_t token[TDD_RESUME_TOKEN_LEN];
     uint32_t window_s;
-    char identity[256]; /* the TLS client certificate's identity at Hello ("" without) */
+    char identity[256]; /* the TLS client certificate at Hello (tdd_tls_peer_id; "" without) */
     uint64_t last_applied;
     /* An Upload whose payload is being read: applied once it has landed; a drop before
      * that unbinds its handle (the client sends it again). */

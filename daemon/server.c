@@ -390,6 +390,17 @@ static int check_stray_fds(tdd_conn *c, uint64_t at)
     return -1;
 }
 
+/* Whether an fd came with the read holding the first byte of the frame at [at, end)
+ * and with no later frame's: that read ended within the frame (the kernel ends a read
+ * with the data an fd came with), so this frame is the one it was sent with. */
+static bool fd_is_for(const tdd_conn *c, uint64_t at, uint64_t end)
+{
+    for (int i = 0; i < c->nfds; i++)
+        if (c->fds[i].from <= at && at < c->fds[i].to && c->fds[i].to <= end)
+            return true;
+    return false;
+}
+
 /* An Upload with payload_fd starting at stream byte at takes the fds that arrived with
  * the read holding its first byte: c->req_fd, the others closed (the handler refuses
  * the Upload when req_nfds is not 1). */
@@ -657,9 +668,18 @@ static void handle_frame(tdd_conn *c)
     uint64_t sid = c->s ? c->s->id : 0;
     tdd_log_ctx prev;
     tdd_log_set_ctx((tdd_log_ctx){sid, c->hello_done ? sid : 0}, &prev);
-    if (c->nfds && req->body_case == TENSORDD__V1__REQUEST__BODY_UPLOAD && req->upload &&
-        req->upload->payload_fd)
+    bool takes_fd = req->body_case == TENSORDD__V1__REQUEST__BODY_UPLOAD && req->upload &&
+                    req->upload->payload_fd;
+    uint64_t frame_end = c->rx_total - (c->rlen - c->rpos);
+    if (c->nfds && takes_fd)
         claim_fds(c, c->frame_at);
+    else if (c->nfds && fd_is_for(c, c->frame_at, frame_end)) {
+        /* refused before it runs: neither answered Ok nor applied, then the close */
+        request_free(c, req);
+        tdd_log_set_ctx(prev, NULL);
+        check_stray_fds(c, frame_end);
+        return;
+    }
     int rc = on_request(c, req, hdr.payload_len);
     if (c->req_nfds) { /* the handler did not take it */
         close(c->req_fd);
@@ -1070,6 +1090,21 @@ static void tls_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* A churn of short connections (5,000 junk TLS handshakes) grew the heap from 18 to
+ * about 90 MB that glibc kept, free, in the middle of the heap (0.7 MB of it in use;
+ * no leak: valgrind finds none, and malloc_trim gives it all back). A second after a
+ * connection closed, the heap is trimmed: once per second of churn at most, and never
+ * while nothing closes. */
+#define TRIM_DELAY_MS 1000
+static uv_timer_t trim_timer;
+static bool trim_armed; /* trim_timer is open (from start to shutdown) */
+
+static void on_trim(uv_timer_t *t)
+{
+    (void)t;
+    malloc_trim(0);
+}
+
 static void after_close(uv_handle_t *h)
 {
     tdd_conn *c = h->data;
@@ -1095,6 +1130,8 @@ static void after_close(uv_handle_t *h)
     free(c);
     if (trim)
         malloc_trim(0);
+    else if (trim_armed && !uv_is_active((uv_handle_t *)&trim_timer))
+        uv_timer_start(&trim_timer, on_trim, TRIM_DELAY_MS, 0);
     if (shutting_down && !conns) {
         for (int i = 0; i < nlisteners; i++)
             if (!uv_is_closing(&listeners[i].h.handle))
@@ -1335,9 +1372,17 @@ static void on_watch(uv_timer_t *t)
     watch_arm(c);
 }
 
+/* The one admission rule, for Hello (conn_admit), /healthz and
+ * tensordd_accepting_sessions alike: sessions past Hello and those held for resume
+ * (each keeps its slot for its window) count against --max-sessions. */
+static bool at_session_limit(void)
+{
+    return n_admitted + tdd_resume_held() >= tdd_cfg.max_sessions;
+}
+
 static int conn_admit(tdd_conn *c, td_error *err)
 {
-    if (n_admitted + tdd_resume_held() >= tdd_cfg.max_sessions) { /* held ones count */
+    if (at_session_limit()) {
         tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "the daemon serves %u sessions, its limit",
                     tdd_cfg.max_sessions);
         err->detail_kind = TD_DETAIL_RESOURCE;
@@ -1462,9 +1507,10 @@ static bool is_loopback(const struct sockaddr_storage *ss)
     return IN6_IS_ADDR_LOOPBACK(a);
 }
 
-/* Each listen_* returns 0 or a libuv error code, with why[] saying what went wrong
- * in words when the code alone would not (tdd_server_start prints both). */
-static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
+/* HOST:PORT of a tcp:// or tls:// endpoint into ss: 0, or a libuv error code with why[]
+ * filled when the code alone would not say it. */
+static int parse_hostport(const char *hostport, struct sockaddr_storage *ss, long *portp, char *why,
+                          size_t wn)
 {
     char host[128];
     const char *colon = strrchr(hostport, ':');
@@ -1479,35 +1525,68 @@ static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
     long port = strtol(colon + 1, &end, 10);
     if (*end || port < 0 || port > 65535)
         return UV_EINVAL;
-    struct sockaddr_storage ss;
-    bool v6 = host[0] == '[';
-    if (v6) {
+    *portp = port;
+    if (host[0] == '[') {
         if (hl < 2 || host[hl - 1] != ']')
             return UV_EINVAL;
         host[hl - 1] = 0;
-        int rc = uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)&ss);
-        if (rc)
-            return rc;
-    } else {
-        int rc = uv_ip4_addr(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, (int)port,
-                             (struct sockaddr_in *)&ss);
-        if (rc) {
-            snprintf(why, wn, "'%s' is not an IP address (nor localhost)", host);
-            return rc;
-        }
+        return uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss);
     }
-    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls) {
-        if (!tdd_cfg.insecure) {
-            snprintf(why, wn,
-                     "a listener beyond loopback needs TLS (tls://, --tls-cert, --tls-key) or "
-                     "a token (--token-file): anyone who can reach it could read the tensors "
-                     "and run code on this machine's devices (--insecure overrides)");
-            return UV_EACCES;
-        }
+    int rc = uv_ip4_addr(strcmp(host, "localhost") == 0 ? "127.0.0.1" : host, (int)port,
+                         (struct sockaddr_in *)ss);
+    if (rc)
+        snprintf(why, wn, "'%s' is not an IP address (nor localhost)", host);
+    return rc;
+}
+
+/* A listener beyond loopback needs TLS or a token, unless --insecure. */
+static int check_exposure(const struct sockaddr_storage *ss, bool tls, char *why, size_t wn)
+{
+    if (is_loopback(ss) || tdd_cfg.token_len || tls || tdd_cfg.insecure)
+        return 0;
+    snprintf(why, wn,
+             "a listener beyond loopback needs TLS (tls://, --tls-cert, --tls-key) or "
+             "a token (--token-file): anyone who can reach it could read the tensors "
+             "and run code on this machine's devices (--insecure overrides)");
+    return UV_EACCES;
+}
+
+/* --unix-group as a gid ((gid_t)-1 when unset): 0, or UV_EINVAL with why[]. */
+static int unix_group_gid(gid_t *gid, char *why, size_t wn)
+{
+    *gid = (gid_t)-1;
+    if (!tdd_cfg.unix_group[0])
+        return 0;
+    struct group *g = getgrnam(tdd_cfg.unix_group);
+    char *end;
+    unsigned long n = strtoul(tdd_cfg.unix_group, &end, 10);
+    if (g)
+        *gid = g->gr_gid;
+    else if (!*end && end != tdd_cfg.unix_group)
+        *gid = (gid_t)n;
+    else {
+        snprintf(why, wn, "--unix-group %s: no such group", tdd_cfg.unix_group);
+        return UV_EINVAL;
+    }
+    return 0;
+}
+
+/* Each listen_* returns 0 or a libuv error code, with why[] saying what went wrong
+ * in words when the code alone would not (tdd_server_start prints both). */
+static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
+{
+    struct sockaddr_storage ss;
+    long port = 0;
+    int prc = parse_hostport(hostport, &ss, &port, why, wn);
+    if (prc)
+        return prc;
+    bool v6 = ss.ss_family == AF_INET6;
+    if ((prc = check_exposure(&ss, l->tls, why, wn)))
+        return prc;
+    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls)
         tdd_warn("INSECURE: listening on %s without TLS or a token (--insecure): anyone who "
                  "can reach it can read every tensor and run code on this machine's devices",
                  hostport);
-    }
     uv_tcp_init(loop, &l->h.tcp);
     l->h.handle.data = l;
     int rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&ss, 0);
@@ -1579,21 +1658,11 @@ static int listen_unix(listener *l, const char *path, char *why, size_t wn)
                  sizeof sa.sun_path - 1);
         return UV_EINVAL;
     }
-    gid_t gid = (gid_t)-1;
-    if (tdd_cfg.unix_group[0]) {
-        struct group *g = getgrnam(tdd_cfg.unix_group);
-        char *end;
-        unsigned long n = strtoul(tdd_cfg.unix_group, &end, 10);
-        if (g)
-            gid = g->gr_gid;
-        else if (!*end && end != tdd_cfg.unix_group)
-            gid = (gid_t)n;
-        else {
-            snprintf(why, wn, "--unix-group %s: no such group", tdd_cfg.unix_group);
-            return UV_EINVAL;
-        }
-    }
-    int rc = unix_path_free(path, why, wn);
+    gid_t gid;
+    int rc = unix_group_gid(&gid, why, wn);
+    if (rc)
+        return rc;
+    rc = unix_path_free(path, why, wn);
     if (rc)
         return rc;
     memcpy(sa.sun_path, path, strlen(path) + 1);
@@ -1718,6 +1787,76 @@ static void close_listeners(void)
     uv_run(loop, UV_RUN_NOWAIT);
 }
 
+/* What would stop tdd_server_start before it binds anything, checked without binding:
+ * the TLS files (loaded, the key matched to the certificate), each endpoint's form,
+ * the rule that a listener beyond loopback needs TLS or a token, a Unix socket's path
+ * and --unix-group. 0, or -1 with why[] naming the setting and what is wrong; *ctx (when
+ * not NULL) gets the TLS context, NULL without tls:// listeners. */
+static int validate(const tdd_config *cfg, tdd_tls_ctx **ctx, char *why, size_t wn)
+{
+    bool want_tls = false;
+    for (int i = 0; i < cfg->nlisten; i++)
+        want_tls |= strncmp(cfg->listen[i], "tls://", 6) == 0;
+    bool have_cert = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_client_ca[0];
+    tdd_tls_ctx *x = NULL;
+    if (want_tls || have_cert) {
+        char w[700] = "";
+        if (!want_tls)
+            snprintf(w, sizeof w,
+                     "--tls-cert, --tls-key and --tls-client-ca apply to "
+                     "tls:// listeners, and none is configured");
+        else if (!cfg->tls_cert[0] || !cfg->tls_key[0])
+            snprintf(w, sizeof w, "a tls:// listener needs --tls-cert and --tls-key");
+        else
+            x = tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, w, sizeof w);
+        if (!x) {
+            snprintf(why, wn, "cannot start TLS: %s", w);
+            return -1;
+        }
+    }
+    for (int i = 0; i < cfg->nlisten; i++) {
+        const char *ep = cfg->listen[i];
+        char w[400] = "";
+        int rc = 0;
+        if (strncmp(ep, "tcp://", 6) == 0 || strncmp(ep, "tls://", 6) == 0) {
+            struct sockaddr_storage ss;
+            long port;
+            rc = parse_hostport(ep + 6, &ss, &port, w, sizeof w);
+            if (!rc)
+                rc = check_exposure(&ss, ep[1] == 'l', w, sizeof w);
+        } else if (strncmp(ep, "unix://", 7) == 0) {
+            gid_t gid;
+            if (!ep[7] || strlen(ep + 7) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+                rc = UV_EINVAL; /* listen_unix says how long it may be */
+            else
+                rc = unix_group_gid(&gid, w, sizeof w);
+        } else if (strncmp(ep, "fd://", 5) != 0) { /* fd:// is checked when systemd passes it */
+            rc = UV_EINVAL;
+        }
+        if (rc) {
+            if (rc == UV_EINVAL && !w[0] && strncmp(ep, "unix://", 7) == 0)
+                snprintf(w, sizeof w, "expected unix:///PATH with a path of 1 to %zu bytes",
+                         sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+            snprintf(why, wn, "cannot listen on %s: %s", ep,
+                     w[0]              ? w
+                     : rc == UV_EINVAL ? "expected tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH"
+                                       : uv_strerror(rc));
+            tdd_tls_ctx_free(x);
+            return -1;
+        }
+    }
+    if (ctx)
+        *ctx = x;
+    else
+        tdd_tls_ctx_free(x);
+    return 0;
+}
+
+int tdd_server_check(const tdd_config *cfg, char *why, size_t wn)
+{
+    return validate(cfg, NULL, why, wn);
+}
+
 int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req)
 {
     static const tdd_transport transport = {.send = conn_send,
@@ -1731,26 +1870,14 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
     tdd_resume_init(lp);
     on_request = on_req;
     tdd_reply_init(&transport);
-    bool want_tls = false;
-    for (int i = 0; i < cfg->nlisten; i++)
-        want_tls |= strncmp(cfg->listen[i], "tls://", 6) == 0;
-    bool have_cert = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_client_ca[0];
-    if (want_tls || have_cert) {
-        char why[700] = "";
-        if (!want_tls)
-            snprintf(why, sizeof why,
-                     "--tls-cert, --tls-key and --tls-client-ca apply to "
-                     "tls:// listeners, and none is configured");
-        else if (!cfg->tls_cert[0] || !cfg->tls_key[0])
-            snprintf(why, sizeof why, "a tls:// listener needs --tls-cert and --tls-key");
-        else
-            tls_ctx =
-                tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, why, sizeof why);
-        if (!tls_ctx) {
-            tdd_error("cannot start TLS: %s", why);
-            return UV_EINVAL;
-        }
+    char bad[1200];
+    if (validate(cfg, &tls_ctx, bad, sizeof bad)) { /* the same as --check-config's */
+        tdd_error("%s", bad);
+        return UV_EINVAL;
     }
+    uv_timer_init(loop, &trim_timer);
+    uv_unref((uv_handle_t *)&trim_timer); /* keeps nothing running */
+    trim_armed = true;
     for (int i = 0; i < cfg->nlisten; i++) {
         listener *l = &listeners[nlisteners];
         const char *ep = cfg->listen[i];
@@ -1797,9 +1924,21 @@ uint32_t tdd_server_admitted(void)
     return n_admitted;
 }
 
+const char *tdd_server_refusal(void)
+{
+    if (shutting_down)
+        return "shutting down";
+    if (nlisteners == 0)
+        return "not listening";
+    if (at_session_limit())
+        return tdd_resume_held() ? "at --max-sessions (counting sessions held for resume)"
+                                 : "at --max-sessions";
+    return NULL;
+}
+
 bool tdd_server_accepting(void)
 {
-    return !shutting_down && nlisteners > 0 && n_admitted < tdd_cfg.max_sessions;
+    return tdd_server_refusal() == NULL;
 }
 
 const char *tdd_server_endpoint(int i)
@@ -1812,6 +1951,10 @@ void tdd_server_shutdown(void)
     if (shutting_down)
         return;
     shutting_down = true;
+    if (trim_armed) {
+        trim_armed = false;
+        uv_close((uv_handle_t *)&trim_timer, NULL);
+    }
     tdd_info("shutting down: %llu session(s) open", (unsigned long long)tdd_nsessions);
     tdd_resume_drop_all(); /* held sessions have no connection to say goodbye on */
     for (int i = 0; i < nlisteners; i++) {

@@ -18,7 +18,8 @@ struct tdd_tls {
     SSL *ssl;
     BIO *rbio, *wbio; /* ciphertext in (from the peer), out (to the peer) */
     char why[256];
-    char peer[192];
+    char peer[192];   /* the client certificate's subject, for the log (may be cut) */
+    char peer_id[80]; /* "sha256:" and the hex SHA-256 of the whole certificate (DER) */
 };
 
 /* OpenSSL's first queued error in words, after what (the queue is emptied). */
@@ -222,6 +223,23 @@ const char *tdd_tls_peer(tdd_tls *t)
         X509_free(x);
     }
     return t->peer;
+}
+
+const char *tdd_tls_peer_id(tdd_tls *t)
+{
+    if (t->peer_id[0] || !SSL_is_init_finished(t->ssl))
+        return t->peer_id;
+    X509 *x = SSL_get_peer_certificate(t->ssl);
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (x && X509_digest(x, EVP_sha256(), md, &n) == 1 && n * 2 + 8 <= sizeof t->peer_id) {
+        int k = snprintf(t->peer_id, sizeof t->peer_id, "sha256:");
+        for (unsigned int i = 0; i < n; i++)
+            k += snprintf(t->peer_id + k, sizeof t->peer_id - (size_t)k, "%02x", md[i]);
+    }
+    X509_free(x);
+    ERR_clear_error();
+    return t->peer_id;
 }
 
 const char *tdd_tls_version(const tdd_tls *t)

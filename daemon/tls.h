@@ -46,6 +46,10 @@ bool tdd_tls_handshake_done(const tdd_tls *t);
  * or "" without one); the protocol version and cipher once the handshake is done. */
 const char *tdd_tls_why(const tdd_tls *t);
 const char *tdd_tls_peer(tdd_tls *t);
+/* The client certificate as an identity: "sha256:" and the hex SHA-256 of all of it
+ * (DER), or "" without one. Two certificates differ here whatever part differs (the
+ * subject past any length, the issuer, the key, the serial). */
+const char *tdd_tls_peer_id(tdd_tls *t);
 const char *tdd_tls_version(const tdd_tls *t);
 
 /* The client side, for this daemon's own outbound connections (transfer.c): a context

@@ -262,6 +262,9 @@ def k8s(kdir, options, docker, tensordd):
             items = src.get("items")
             path = key if not items else next((i["path"] for i in items if i["key"] == key), None)
             if path and vn in mounts:
+                sub = mounts[vn].get("subPath")
+                if sub:  # that one file of the volume, mounted at mountPath
+                    return mounts[vn]["mountPath"] if sub == path else None
                 return os.path.join(mounts[vn]["mountPath"], path)
         return None
 

@@ -177,11 +177,44 @@ START_TEST(test_grad_replace_matrix)
     ck_assert_int_eq(e.detail.handle_kind.got, TD_HANDLE_TENSOR);
     after_failure(c, grads, x, want, base);
 
+    /* A gradient of the right device, dtype and shape made by a failed request (a gather
+     * whose indices are out of range): POISONED naming the gather, nothing installed. */
+    int64_t bad_iv[6] = {0, 7, 1, 2, 0, 1};
+    td_handle bad_idx = up(c, "cpu:0", TD_I64, 2, s23, bad_iv, 0);
+    td_attr dim1 = td_attr_int("dim", 1);
+    td_handle g_poisoned = op1(c, "gather", g_ok, bad_idx, &dim1, 1);
+    uint64_t gather_req = td_last_request_id(c);
+    rc = td_sync(c, &e); /* the gather's own error, reported once */
+    ck_assert_msg(rc != 0 && e.request_id == gather_req, "gather: %s", td_err_name(rc));
+    rc = td_grad_replace(c, grads, x, g_poisoned, &e);
+    ck_assert_msg(rc == TD_EPOISONED, "poisoned gradient: %s: %s", td_err_name(rc), e.message);
+    ck_assert_int_eq(e.detail_kind, TD_DETAIL_POISONED);
+    ck_assert_uint_eq(e.detail.poisoned.origin_request, gather_req);
+    ck_assert_uint_eq(e.detail.poisoned.handle, g_poisoned);
+    td_handle drop[2] = {g_poisoned, bad_idx};
+    ck_assert_int_eq(td_release(c, drop, 2, &e), 0);
+    after_failure(c, grads, x, want, base);
+
     /* Order of the checks: with everything wrong, the Gradients handle is named first. */
     rc = td_grad_replace(c, gone, untracked, g_ref, &e);
     ck_assert_int_eq(rc, TD_EUNKNOWN_HANDLE);
     rc = td_grad_replace(c, grads, untracked, g_ref, &e);
     ck_assert_int_eq(rc, TD_ENOT_TRACKED);
+    after_failure(c, grads, x, want, base);
+    /* ... the dtype before the shape, and a poisoned gradient's mismatches before its
+     * poison (docs/protocol.md, GradReplace). */
+    int64_t s3[1] = {3};
+    td_handle g_f64_3 = up(c, "cpu:0", TD_F64, 1, s3, gd, 0);
+    rc = td_grad_replace(c, grads, x, g_f64_3, &e);
+    ck_assert_int_eq(rc, TD_EDTYPE_MISMATCH);
+    int64_t s22[2] = {2, 2}, bad22[4] = {0, 9, 1, 2};
+    td_handle idx22 = up(c, "cpu:0", TD_I64, 2, s22, bad22, 0);
+    td_handle g_poisoned22 = op1(c, "gather", g_ok, idx22, &dim1, 1);
+    ck_assert_int_ne(td_sync(c, &e), 0);
+    rc = td_grad_replace(c, grads, x, g_poisoned22, &e);
+    ck_assert_msg(rc == TD_ESHAPE_MISMATCH, "poisoned (2, 2) gradient: %s", td_err_name(rc));
+    td_handle drop2[3] = {g_f64_3, idx22, g_poisoned22};
+    ck_assert_int_eq(td_release(c, drop2, 3, &e), 0);
     after_failure(c, grads, x, want, base);
 
     /* A valid replace is what Grad returns and what the optimizer uses. */

@@ -140,6 +140,48 @@ def test_replace_mismatch_matrix(ad, grad_device, shape, dtype, error, detail):
         np.testing.assert_array_equal(grads.get(W).numpy(), np.ones(3))
 
 
+def test_replace_with_a_poisoned_gradient_is_refused(ad):
+    """A gradient of the target's shape, device and dtype made by a failed request (a
+    gather with an index out of range) is POISONED, naming the gather; nothing is
+    installed and the session goes on."""
+    W = ad.tensor(randf(2, 3), requires_grad=True)
+    grads = (W * W).sum().backward()
+    before = grads.get(W).numpy()
+    idx = ad.tensor(np.array([[0, 7, 1], [2, 0, 1]], np.int64))
+    bad = ad.op("gather", ad.tensor(np.ones((2, 3), np.float32)), idx, dim=1)
+    with pytest.raises(tensordd.InvalidArgumentError):
+        ad.sync()  # the gather's own failure, told once
+    with pytest.raises(tensordd.PoisonedError) as info:
+        grads.replace(W, bad)
+    assert info.value.handle == bad.handle and info.value.origin_code == "INVALID_ARGUMENT"
+    assert "grad_replace" in str(info.value)
+    np.testing.assert_array_equal(grads.get(W).numpy(), before)  # nothing installed
+    good = randf(2, 3)
+    grads.replace(W, ad.tensor(good))  # the session lives on
+    np.testing.assert_array_equal(grads.get(W).numpy(), good)
+
+
+def test_replace_checks_run_in_the_documented_order(ad):
+    """The first failing check is the answer: the handle's kind, then the dtype before
+    the shape, and a poisoned gradient's mismatch before its poison."""
+    W = ad.tensor(randf(2, 3), requires_grad=True)
+    grads = (W * W).sum().backward()
+    before = grads.get(W).numpy()
+    not_grads = tensordd.Gradients(ad, W.handle)  # a tensor's handle where a Gradients' goes
+    not_grads._released = True  # (not ours to release)
+    with pytest.raises(tensordd.WrongHandleKindError):
+        not_grads.replace(W, ad.tensor(randf(2, 3)))
+    with pytest.raises(tensordd.DTypeMismatchError):
+        grads.replace(W, ad.tensor(np.ones(4, np.float64)))
+    idx = ad.tensor(np.array([[0, 9], [1, 2]], np.int64))
+    bad = ad.op("gather", ad.tensor(np.ones((2, 3), np.float32)), idx, dim=1)  # (2, 2)
+    with pytest.raises(tensordd.InvalidArgumentError):
+        ad.sync()
+    with pytest.raises(tensordd.ShapeMismatchError):
+        grads.replace(W, bad)
+    np.testing.assert_array_equal(grads.get(W).numpy(), before)
+
+
 def test_released_gradients_are_unknown(ad):
     W = ad.tensor(randf(3), requires_grad=True)
     grads = (W * W).sum().backward()

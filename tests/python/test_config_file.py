@@ -164,11 +164,25 @@ def test_the_file_configures_a_running_daemon(tmp_path):
     assert d.proc.returncode == 0
 
 
-def test_example_config_is_valid():
+def test_example_config_is_valid(tmp_path):
+    """Valid where it is installed: there the group `tensordd` exists (--check-config
+    refuses a --unix-group that does not); here it is this process's group."""
+    import grp
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = run("--config", os.path.join(root, "deploy", "tensordd.conf.example"), "--check-config")
+    with open(os.path.join(root, "deploy", "tensordd.conf.example")) as f:
+        text = f.read()
+    assert "\nunix-group = tensordd\n" in text
+    try:
+        grp.getgrnam("tensordd")
+    except KeyError:
+        text = text.replace("\nunix-group = tensordd\n",
+                            f"\nunix-group = {grp.getgrgid(os.getgid()).gr_name}\n")
+    r = run("--config", write(tmp_path, text), "--check-config")
     assert r.returncode == 0, r.stderr
     assert effective(r.stdout)["metrics-listen"] == ["127.0.0.1:9470"]
+    r = run("--config", os.path.join(root, "deploy", "tensordd.conf.example"), "--check-config",
+            "--unix-group", "no-such-group-tdd")
+    assert r.returncode == 1 and "no-such-group-tdd: no such group" in r.stderr, r
 
 
 def test_help_lists_the_environment_variables():
@@ -195,3 +209,89 @@ def test_check_config_answers_bad_flags_with_1_too():
         assert r.returncode == 1, (args, r.stderr)
         assert r.stdout == "" and r.stderr.startswith("tensordd: "), r.stderr
     assert run("--max-frame", "4Q").returncode == 2
+
+
+def _token_refused(path, *want):
+    """--check-config and a start both refuse the token file, naming it and the fix."""
+    for args in (["--check-config"], ["--listen", "tcp://127.0.0.1:0"]):
+        r = run("--token-file", str(path), *args)
+        assert r.returncode in (1, 2) and "listening on" not in r.stdout, (args, r)
+        assert str(path) in r.stderr and all(w in r.stderr for w in want), r.stderr
+
+
+def test_a_token_file_is_used_whole_or_refused(tmp_path):
+    """Every byte of the token file is the token (less one final line break), or the
+    file is refused: a NUL or a line break inside would have cut the token short."""
+    tok = tmp_path / "tok"
+    tok.write_bytes(b"ab\0cdefgh\n")
+    tok.chmod(0o600)
+    _token_refused(tok, "NUL", "byte 2")
+    tok.write_bytes(b"first\nsecond\n")
+    _token_refused(tok, "line break", "byte 5")
+    tok.write_bytes(bytes(range(1, 33)))  # random-looking bytes, no NUL: control bytes
+    _token_refused(tok, "control byte")
+    tok.write_bytes(b"\n")
+    _token_refused(tok, "1..255 bytes")
+    tok.write_bytes(b"x" * 256)
+    _token_refused(tok, "1..255 bytes")
+    # a good one, with and without its line break: the whole line is the token
+    for text in (b"correct horse battery\r\n", b"correct horse battery"):
+        tok.write_bytes(text)
+        with Proc(["--listen", "tcp://127.0.0.1:0", "--token-file", str(tok)]) as d:
+            import tensordd
+            with pytest.raises(tensordd.UnauthenticatedError):
+                tensordd.connect(d.endpoint, token="correct", timeout=10)
+            with tensordd.connect(d.endpoint, token="correct horse battery", timeout=10) as s:
+                s.sync()
+
+
+def test_a_token_file_others_can_read_or_a_link_is_refused(tmp_path):
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    tok.chmod(0o644)
+    _token_refused(tok, "others may read", "chmod 600")
+    tok.chmod(0o602)
+    _token_refused(tok, "others may read", "chmod 600")
+    tok.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(tok)
+    _token_refused(link, "symbolic link", "subPath")
+    _token_refused(tmp_path, "not a regular file")
+    tok.chmod(0o640)  # group-readable: warned, served
+    r = run("--token-file", str(tok), "--check-config")
+    assert r.returncode == 0 and "readable by its group" in r.stderr, r
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--listen", "tcp://0.0.0.0:0"], "needs TLS"),
+    (["--listen", "tls://127.0.0.1:0", "--tls-cert", "/etc/hostname"], "--tls-key"),
+    (["--listen", "tls://127.0.0.1:0", "--tls-cert", "/nonexistent/cert.pem", "--tls-key",
+      "/nonexistent/key.pem"], "/nonexistent/cert.pem"),
+    (["--listen", "unix:///tmp/tdd-never.sock", "--unix-group", "no-such-group-tdd"],
+     "no-such-group-tdd"),
+    (["--listen", "ftp://127.0.0.1:0"], "expected tcp://"),
+])
+def test_check_config_refuses_what_a_start_refuses(args, want):
+    """--check-config and a start apply one validation: the same refusal, exit 1."""
+    check = run(*args, "--check-config")
+    start = run(*args)
+    assert check.returncode == 1 and start.returncode == 1, (check, start)
+    assert want in check.stderr and want in start.stderr, (check.stderr, start.stderr)
+    said = check.stderr.strip().removeprefix("tensordd: ")
+    assert said and said in start.stderr, (said, start.stderr)
+    assert "listening on" not in start.stdout
+
+
+def test_a_key_set_twice_is_refused_naming_both_lines(tmp_path):
+    """A second setting of a key would silently win: refused, with both lines; listen
+    alone repeats."""
+    path = write(tmp_path, "max-sessions = 4\nlisten = tcp://127.0.0.1:0\n"
+                           "listen = unix:///tmp/tdd-twice.sock\n\nmax-sessions = 8\n")
+    for extra in (["--check-config"], ["--listen", "tcp://127.0.0.1:0"]):
+        r = run("--config", path, *extra)
+        assert r.returncode == 1 and "listening on" not in r.stdout, r
+        assert f"{path}:5: key 'max-sessions' set again (first at line 1)" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run("--config", write(tmp_path, "listen = tcp://127.0.0.1:0\nlisten = tcp://[::1]:0\n"),
+            "--check-config")
+    assert r.returncode == 0 and len(effective(r.stdout)["listen"]) == 2, r

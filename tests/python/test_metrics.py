@@ -336,3 +336,69 @@ def test_healthz_is_503_while_draining():
         assert d.proc.poll() is None  # still draining: the client holds it
         c.close()
         assert d.proc.wait(60) == 0, d.log()
+
+
+def test_healthz_counts_sessions_held_for_resume():
+    """--max-sessions 2 with both slots held for resume (connections dropped, no
+    Goodbye): a new Hello is RESOURCE_EXHAUSTED, so /healthz is 503 and
+    tensordd_accepting_sessions 0 -- the same rule as the Hello's."""
+    from helpers import frame, hello, pb, raw, read_frame
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--max-sessions", "2", "--max-resume-window", "60"],
+              expect=("listening on", "metrics on")) as d:
+        for i in range(2):
+            sock = raw(d.endpoint)
+            sock.sendall(frame(pb.Request(id=1, hello=pb.Hello(
+                min_version=1, max_version=1, client_name=f"held{i}", resume_window=30))))
+            assert read_frame(sock).WhichOneof("body") == "hello"
+            sock.close()  # no Goodbye: held for its window
+        for _ in range(200):  # the loop notices the closes after the client does
+            m = scrape(d)
+            if val(m, "tensordd_resume_windows_held") == 2:
+                break
+        assert val(m, "tensordd_resume_windows_held") == 2, m
+        assert val(m, "tensordd_sessions") == 0
+        sock = raw(d.endpoint)
+        sock.sendall(hello())
+        r = read_frame(sock)
+        sock.close()
+        assert r.WhichOneof("body") == "error" and r.error.code == pb.RESOURCE_EXHAUSTED, r
+        status, _, body = get(d.metrics + "/healthz")
+        assert status == 503 and "max-sessions" in body and "resume" in body, (status, body)
+        assert val(scrape(d), "tensordd_accepting_sessions") == 0
+    assert d.proc.returncode == 0, d.log()
+
+
+def test_endpoint_recovers_after_half_open_connections_time_out():
+    """--metrics-max-connections clients that send half a request fill every slot;
+    once --metrics-timeout closed them, /healthz and /metrics answer again by themselves
+    (the listening socket is polled again), while the half-open clients still hold
+    their ends."""
+    import socket
+    import time
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+               "--metrics-max-connections", "4", "--metrics-timeout", "1"],
+              expect=("listening on", "metrics on")) as d:
+        host, port = d.metrics[len("http://"):].rsplit(":", 1)
+        half = []
+        try:
+            for _ in range(4):
+                s = socket.create_connection((host, int(port)), timeout=10)
+                s.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished
+                half.append(s)
+            status = None
+            for _ in range(40):  # bounded: 40 tries of at most 2 s
+                try:
+                    with urllib.request.urlopen(d.metrics + "/healthz", timeout=2) as r:
+                        status = r.status
+                        break
+                except (urllib.error.URLError, OSError):
+                    time.sleep(0.1)
+            assert status == 200, "the metrics endpoint never answered again"
+            scrape(d)
+            with tensordd.connect(d.endpoint, timeout=10) as s:  # the daemon itself served throughout
+                s.sync()
+        finally:
+            for s in half:
+                s.close()
+    assert d.proc.returncode == 0, d.log()

@@ -144,6 +144,7 @@ def store_fixture(prefix):
         with tempfile.TemporaryDirectory(prefix=prefix) as d:
             with open(os.path.join(d, ".token"), "w") as f:
                 f.write(TOKEN + "\n")
+            os.chmod(os.path.join(d, ".token"), 0o600)
             yield d
 
     return store

@@ -191,6 +191,7 @@ def test_an_unknown_resume_token_is_connection_lost(rdaemon):
 def test_a_stolen_token_without_the_auth_token_is_refused(start_daemon, tmp_path):
     tok = tmp_path / "token"
     tok.write_text("s3cret\n")
+    tok.chmod(0o600)
     d = start_daemon("--cpu-devices", "1", "--token-file", str(tok))
     with tensordd.connect(d.endpoint, token="s3cret", timeout=30, resume=30) as s:
         t = s.tensor(np.arange(6, dtype=np.float32))

@@ -45,12 +45,12 @@ def _ca(d, name):
              "-subj", f"/CN={name}", cwd=d)
 
 
-def _leaf(d, name, ca, ext):
+def _leaf(d, name, ca, ext, subj=None):
     with open(os.path.join(d, f"{name}.ext"), "w") as f:
         f.write(ext)
     _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
-             cwd=d)
+             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+             subj or f"/CN={name}", cwd=d)
     _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
              "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
              cwd=d)
@@ -67,6 +67,10 @@ def pki():
                                     "extendedKeyUsage=serverAuth\n")
         _leaf(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
         _leaf(d, "intruder", "otherca", "extendedKeyUsage=clientAuth\n")
+        # two clients of the same CA whose subjects agree on their first 200 characters
+        long_ous = "".join(f"/OU={c * 60}" for c in "abc")
+        for who in ("alice", "mallory"):
+            _leaf(d, who, "ca", "extendedKeyUsage=clientAuth\n", f"{long_ous}/CN={who}")
         yield lambda name: os.path.join(d, name)
 
 
@@ -284,8 +288,10 @@ def test_tls_transfer_streams_without_staging(pki):
         assert d.stop() == 0, d.log()
 
 
-def _raw_tls(endpoint, ca):
+def _raw_tls(endpoint, ca, cert=None, key=None):
     ctx = ssl.create_default_context(cafile=ca)
+    if cert:
+        ctx.load_cert_chain(cert, key)
     host, port = endpoint[len("tls://"):].rsplit(":", 1)
     return ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=T),
                            server_hostname=host)
@@ -366,3 +372,47 @@ def test_no_verify_connects_without_a_ca(tls_daemon):
     assert rc == 0 and "cpu:0" in out, err
     rc, out, err = tdctl("--endpoint", tls_daemon.tls, "devices")
     assert rc == 3 and "failed verification" in err, (rc, err)
+
+
+def test_resume_is_bound_to_the_whole_client_certificate(mtls_daemon, pki):
+    """A session opened with one client certificate cannot be resumed with another of
+    the same CA, however long a prefix their subjects share: alice's held session and
+    its tensor stay out of mallory's reach (UNAUTHENTICATED), and alice resumes it."""
+    def hello_resume(sock, **fields):
+        sock.sendall(frame(pb.Request(id=1, hello=pb.Hello(min_version=1, max_version=1,
+                                                           client_name="resumer", **fields))))
+        return _recv_frame(sock)[0]
+
+    a = _raw_tls(mtls_daemon.tls, pki("ca.pem"), pki("alice.pem"), pki("alice.key"))
+    r = hello_resume(a, resume_window=30)
+    assert r.WhichOneof("body") == "hello" and r.hello.resume_window == 30, r
+    token = r.hello.resume_token
+    data = np.arange(6, dtype=np.float32)
+    a.sendall(frame(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32, shape=[6])),
+                    data.tobytes()))
+    a.sendall(frame(pb.Request(id=3, sync=pb.Sync())))
+    assert _recv_frame(a)[0].WhichOneof("body") == "ok"
+    a.close()  # no Goodbye: the session is held for its window
+
+    m = _raw_tls(mtls_daemon.tls, pki("ca.pem"), pki("mallory.pem"), pki("mallory.key"))
+    r = hello_resume(m, resume_token=token)
+    m.close()
+    assert r.WhichOneof("body") == "error" and r.error.code == pb.UNAUTHENTICATED, r
+
+    a = _raw_tls(mtls_daemon.tls, pki("ca.pem"), pki("alice.pem"), pki("alice.key"))
+    r = hello_resume(a, resume_token=token)
+    assert r.WhichOneof("body") == "hello" and r.hello.resumed, r
+    a.sendall(frame(pb.Request(id=4, download=pb.Download(handle=1))))
+    for _ in range(4):  # (answers the daemon sends again after a resume come first)
+        resp, plen = _recv_frame(a)
+        if resp.id == 4:
+            break
+    assert resp.id == 4 and plen == data.nbytes, resp
+    got = b""
+    while len(got) < plen:
+        chunk = a.recv(plen - len(got))
+        assert chunk, "EOF inside the download"
+        got += chunk
+    np.testing.assert_array_equal(np.frombuffer(got, np.float32), data)
+    a.sendall(frame(pb.Request(id=5, goodbye=pb.Goodbye())))
+    a.close()

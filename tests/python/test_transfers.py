@@ -42,6 +42,7 @@ def token_file():
         path = os.path.join(d, "token")
         with open(path, "w") as f:
             f.write(TOKEN + "\n")
+        os.chmod(path, 0o600)
         yield path
 
 

@@ -232,8 +232,8 @@ class Gradients:
         (UnknownHandleError, WrongHandleKindError), that t is tracked
         (NotTrackedError), then backend, device, dtype and shape against t
         (BackendMismatchError, DeviceMismatchError, DTypeMismatchError,
-        ShapeMismatchError, each naming both sides). A failed check installs
-        nothing.
+        ShapeMismatchError, each naming both sides), then that g was not made
+        by a failed request (PoisonedError). A failed check installs nothing.
         """
         session = self._session
         _check_tensor(session, t, "replace")
