@@ -37,7 +37,7 @@ endif
 # Debian packages the project needs; `make deps` installs the missing ones.
 APT_PKGS := build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
             protobuf-compiler libopenblas-dev check uthash-dev libsubunit-dev python3 python3-numpy \
-            python3-protobuf python3-pytest python3-sklearn python3-torch procps \
+            python3-protobuf python3-pytest python3-sklearn python3-torch python3-torchvision procps \
             libinih-dev libmicrohttpd-dev libsystemd-dev curl systemd python3-yaml \
             libssl-dev openssl python3-dev g++ libgloo-dev iproute2 groff-base
 
