@@ -30,7 +30,7 @@ scatter_add for a part of the storage), so every view sees the update.
 
 from __future__ import annotations
 
-import math
+import os
 import threading
 
 import numpy as np
@@ -104,16 +104,19 @@ _sessions: dict = {}  # endpoint -> Session this module opened
 _lock = threading.Lock()
 
 
-def device(endpoint=None, daemon_device="cpu:0", **connect_kwargs) -> torch.device:
-    """The torch device for daemon_device ("cpu:0", "cuda:1", ...) of the daemon at
-    endpoint (a ``tcp://``/``unix://``/``tls://`` address, None for
-    ``$TENSORDD_ENDPOINT`` or the default; or an open :class:`tensordd.Session`).
+def device(endpoint=None, daemon_device=None, **connect_kwargs) -> torch.device:
+    """The torch device for daemon_device ("cpu:0", "cuda:1", ...; None:
+    ``$TENSORDD_DEVICE``, else "cpu:0") of the daemon at endpoint (a
+    ``tcp://``/``unix://``/``tls://`` address, None for ``$TENSORDD_ENDPOINT`` or the
+    default; or an open :class:`tensordd.Session`).
 
     One session per endpoint is opened and shared by its devices (connect_kwargs:
     :func:`tensordd.connect`'s token, timeout, ...). Returns
     ``torch.device("privateuseone", N)``; the same (endpoint, device) gives the same N.
     """
     _register()
+    if daemon_device is None:
+        daemon_device = os.environ.get("TENSORDD_DEVICE") or "cpu:0"
     ddev = Device.parse(daemon_device)
     with _lock:
         if isinstance(endpoint, Session):
@@ -334,6 +337,9 @@ def _write(t: DaemonTensor, v) -> None:
     n = _prod(size)
     if n == 0:
         return
+    v._shape = size
+    v._dtype = _dt(st.dtype)
+    v._device = st.dev.ddev
     s = st.dev.session
     if off == 0 and n == st.numel:
         if _is_contig(size, stride):
