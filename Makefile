@@ -305,6 +305,13 @@ docs: emu
 	$(EMU_BUILD)/tools/opcoverage $(OPINFO_COUNTS) > docs/ops.md
 	@echo "docs/ops.md regenerated"
 
+# docs/torch_coverage.md: the torch device's aten op table (tests/python/test_torch_device.py
+# checks it).
+.PHONY: docs-torch
+docs-torch: $(PYGEN) $(TORCH_GUARD)
+	PYTHONPATH=client/python:$(BUILD)/python $(PY) -m tensordd.torch --doc > docs/torch_coverage.md
+	@echo "docs/torch_coverage.md regenerated"
+
 # Fails when docs/ops.md no longer matches the op table (or the recorded counts).
 test-docs: emu
 	@$(EMU_BUILD)/tools/opcoverage $(OPINFO_COUNTS) > $(EMU_BUILD)/ops.md.new

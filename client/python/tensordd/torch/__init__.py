@@ -271,6 +271,25 @@ class DaemonTensor(torch.Tensor):
             return text[:-1] + suffix + ")"
         return text + suffix
 
+    def numpy(self, *args, **kwargs):
+        raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                        f"Tensor.cpu() to copy the tensor to host memory first.")
+
+    def __deepcopy__(self, memo):
+        # torch's copies __dict__, which holds the session; the copy shares the daemon
+        # value (values are never modified in the daemon)
+        got = memo.get(id(self))
+        if got is not None:
+            return got
+        with torch.no_grad():
+            new = self.clone()
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, self.requires_grad)
+        elif self.requires_grad:
+            new.requires_grad_(True)
+        memo[id(self)] = new
+        return new
+
     def __reduce_ex__(self, proto):
         # pickled (torch.save, copy, multiprocessing) as its values on the host
         host = self.detach().cpu()
@@ -427,6 +446,13 @@ def _k_empty_strided(size, stride, dtype=None, layout=None, device=None, pin_mem
     return _empty(dev, [int(x) for x in size], [int(x) for x in stride], dtype)
 
 
+def _k_copy_from(src, dst, non_blocking=False):
+    # copy_ where the Python key is excluded (torch.tensor(..., device=dev) builds on the
+    # host, then copies with it off): torch's copy_ calls _copy_from on dst's backend
+    from ._ops import _copy_
+    return _copy_(torch.ops.aten.copy_.default, (dst, src), {})
+
+
 def _register() -> None:
     global _registered, _lib
     if _registered:
@@ -436,6 +462,7 @@ def _register() -> None:
     _lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
     _lib.impl("empty.memory_format", _k_empty)
     _lib.impl("empty_strided", _k_empty_strided)
+    _lib.impl("_copy_from", _k_copy_from)
     _registered = True
 
 

@@ -381,12 +381,25 @@ def resolve(func):
             return _out_handler(fn, oop), "out=", f"{oop} written into out"
     dec = _decomposition(func)
     if dec is not None and func not in _NO_DECOMP:
-        return (lambda f, args, kwargs: dec(*args, **kwargs)), "decomposed", \
+        return _decomposed(func, dec), "decomposed", \
             "torch._decomp's decomposition into other aten ops"
     return _unmapped(func), None, ""
 
 
 _NO_DECOMP: set = set()
+
+
+def _decomposed(func, dec):
+    def h(func_, args, kwargs):
+        try:
+            return dec(*args, **kwargs)
+        except NotImplementedError as e:
+            if str(func) in str(e):
+                raise
+            raise NotImplementedError(
+                f"tensordd.torch: the aten op {func} has no mapping to the daemon's ops: its "
+                f"decomposition reaches an op without one ({e})") from None
+    return h
 
 
 def dispatch(func, args, kwargs):
@@ -675,6 +688,27 @@ impl(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, uses="pow")(
 def _pow_scalar(c, base, exp):
     dt = c.out.dtype
     return c.op("pow", c.scalar(base, dt), _cast(c, exp, dt))
+
+
+@impl(aten.floor_divide.default, aten.floor_divide.Scalar, uses="div, floor, cast")
+def _floor_divide(c, a, b):
+    return _div_mode(c, a, b, rounding_mode="floor")
+
+
+@impl(aten.all.default, aten.all.dim, uses="cast, amin")
+def _all(c, a, dim=None, keepdim=False):
+    a = _cast(c, a, torch.bool)
+    if not _shape(a):
+        return a
+    return c.op("amin", a, dim=_dims(dim, len(_shape(a))), keepdim=bool(keepdim))
+
+
+@impl(aten.any.default, aten.any.dim, uses="cast, amax")
+def _any(c, a, dim=None, keepdim=False):
+    a = _cast(c, a, torch.bool)
+    if not _shape(a):
+        return a
+    return c.op("amax", a, dim=_dims(dim, len(_shape(a))), keepdim=bool(keepdim))
 
 
 @impl(aten.rsub.Tensor, aten.rsub.Scalar, uses="sub")
@@ -1024,13 +1058,7 @@ def _topk(c, a, k, dim=-1, largest=True, sorted=True):  # noqa: A002
 
 
 @impl(aten.sort.default, aten.sort.stable, uses="sort")
-def _sort(c, a, *args, dim=-1, descending=False, stable=None):
-    if args and isinstance(args[0], bool) or (args and args[0] is None):  # sort.stable
-        args = args[1:]
-    if args:
-        dim = args[0]
-    if len(args) > 1:
-        descending = args[1]
+def _sort(c, a, dim=-1, descending=False, *, stable=None):
     return c.s.op("sort", a, num_outputs=2, dim=int(dim), descending=bool(descending))
 
 
@@ -1142,11 +1170,6 @@ def _mse_loss_backward(c, grad, a, target, reduction):
     if int(reduction) == 1:
         g = c.op("div", g, other=float(max(_prod(_shape(a)), 1)))
     return g
-
-
-@impl(aten.embedding_bag.default, uses="embedding_bag")
-def _unused_embedding_bag(c, *a, **k):  # (torch's own schema has 4 outputs)
-    raise NotImplementedError("tensordd.torch: aten.embedding_bag")
 
 
 def _spatial(x, n):
