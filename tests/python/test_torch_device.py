@@ -386,3 +386,26 @@ def test_coverage_table_is_generated_and_matches_the_docs():
     assert rows["aten.convolution_backward.default"][1] == "mapped"
     assert rows["aten.t.default"][1] == "view"
     assert rows["aten.add_.Tensor"][1] == "in-place"
+
+
+def test_resnet18_in_float64_is_exact(dev):
+    """In float64 the mappings' rounding vanishes: torchvision's resnet18 after two SGD
+    steps equals local PyTorch to 1e-12 (the float32 runs of test_torch_device_models.py
+    differ only by float32 rounding, which small-batch batch norm amplifies)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18(num_classes=10).double()
+    md = copy.deepcopy(m).to(dev)
+    x = torch.randn(4, 3, 64, 64, dtype=torch.float64)
+    y = torch.tensor([3, 7, 0, 9])
+    runs = ((m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), x, y),
+            (md, torch.optim.SGD(md.parameters(), lr=0.01, momentum=0.9), x.to(dev), y.to(dev)))
+    for _ in range(2):
+        for model, opt, xs, ys in runs:
+            opt.zero_grad()
+            F.cross_entropy(model(xs), ys).backward()
+            opt.step()
+    for (name, pc), pd in zip(m.named_parameters(), md.parameters()):
+        close(pd.detach(), pc.detach(), rtol=0, atol=1e-12)
+    for (name, bc), bd in zip(m.named_buffers(), md.buffers()):
+        close(bd, bc, rtol=0, atol=1e-12)
