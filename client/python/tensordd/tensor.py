@@ -401,11 +401,14 @@ class Tensor:
         return self._session._op_fast(name, [self._handle])
 
     def _binary(self, name: str, other) -> "Tensor":
-        """A tensor op, or its scalar form (one input and attr other=float)."""
+        """A tensor op, or its scalar form (one input and the attribute other): an int
+        stays an int, so an integer tensor keeps its dtype (``int64 + 1`` is int64, as
+        in torch); a float makes an integer tensor's result float32."""
         if isinstance(other, Tensor):
             return self._session.op(name, self, other)
         if _is_scalar(other):
-            return self._session.op(name, self, other=float(other))
+            return self._session.op(name, self, other=int(other) if _is_int(other)
+                                    else float(other))
         return NotImplemented
 
     # ------------------------------------------------------------ operators
