@@ -856,11 +856,19 @@ class Tensor:
 
     def sum(self, dim=None, keepdim: bool = False):
         """Sum of all elements, or over dim (an int or a tuple of ints)."""
-        return self._op("sum", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
+        if dim is None:
+            out = self._op("sum")
+            out._shape = ()  # (known: backward() of it needs no round trip to check it)
+            return out
+        return self._op("sum", dim=_dim_attr(dim), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim: bool = False):
         """Mean of all elements, or over dim (an int or a tuple of ints), as ``torch.mean``."""
-        return self._op("mean", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
+        if dim is None:
+            out = self._op("mean")
+            out._shape = ()
+            return out
+        return self._op("mean", dim=_dim_attr(dim), keepdim=keepdim)
 
     def amax(self, dim=None, keepdim: bool = False):
         """Maximum of all elements, or over dim (an int or a tuple of ints), as ``torch.amax``."""
