@@ -299,8 +299,7 @@ class DaemonTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from ._ops import dispatch
-        return dispatch(func, args, kwargs or {})
+        return _ops.dispatch(func, args, kwargs or {})
 
 
 def _value(t: DaemonTensor):
@@ -477,3 +476,5 @@ def coverage_table() -> str:
     from ._ops import coverage_table as _tab
     return _tab()
 
+
+from . import _ops  # noqa: E402 (the mappings use the names above)

@@ -168,38 +168,103 @@ def _meta_of(a: DaemonTensor, view: bool = False):
     return torch.empty_strided(size, stride, dtype=a.dtype, device="meta")
 
 
-def _prepare(args, kwargs, want_values=True):
-    """(device, meta args, meta kwargs, value args, value kwargs)."""
-    flat, spec = tree_flatten((args, kwargs))
-    dev = None
-    metas = []
-    vals = []
-    other = None
-    for a in flat:
+class _Prep:
+    """One pass over an op's arguments (a flat tuple, lists of tensors one level down,
+    kwargs): the device, the daemon values, and a signature of what torch's meta kernel
+    sees (sizes, strides and dtypes; ints as they are; floats by type) that keys the
+    cache of its outputs."""
+
+    __slots__ = ("dev", "other", "sig", "tensors")
+
+    def __init__(self):
+        self.dev = None
+        self.other = None
+        self.sig = []
+        self.tensors = False
+
+    def value(self, a):
         if isinstance(a, DaemonTensor):
             d = a._st.dev
-            if dev is None:
-                dev = d
-            elif d is not dev:
-                raise RuntimeError(_DEVICE_ERR.format(dev.tdev, d.tdev))
-            metas.append(_meta_of(a))
-            vals.append(_value(a) if want_values else a)
-        elif isinstance(a, torch.Tensor):
+            if self.dev is None:
+                self.dev = d
+            elif d is not self.dev:
+                raise RuntimeError(_DEVICE_ERR.format(self.dev.tdev, d.tdev))
+            g = a._geo
+            self.sig.append((g[0], g[1], a.dtype))
+            return _value(a)
+        if isinstance(a, (list, tuple)):
+            if a and isinstance(a[0], torch.Tensor) or any(isinstance(x, torch.Tensor)
+                                                           for x in a):
+                self.sig.append(len(a))
+                return type(a)(self.value(x) for x in a)
+            self.sig.append(tuple(a))
+            return a
+        if isinstance(a, torch.Tensor):
             if a.dim() == 0 and a.device.type == "cpu":  # a host scalar, as with CUDA
-                metas.append(torch.empty((), dtype=a.dtype, device="meta"))
-                vals.append(a.item())
-            else:
-                other = other or a.device
-                metas.append(a)
-                vals.append(a)
+                self.sig.append(("host", a.dtype))
+                return a.item()
+            self.other = self.other or a.device
+            self.sig.append(("other", id(a)))
+            return a
+        if isinstance(a, float):
+            self.sig.append(float)
         else:
-            metas.append(a)
-            vals.append(a)
-    if other is not None:
-        raise RuntimeError(_DEVICE_ERR.format(dev.tdev if dev else "privateuseone", other))
-    margs, mkwargs = tree_unflatten(metas, spec)
-    vargs, vkwargs = tree_unflatten(vals, spec)
-    return dev, margs, mkwargs, vargs, vkwargs
+            try:
+                hash(a)
+                self.sig.append(a)
+            except TypeError:
+                self.sig.append(("unhashable", id(a)))
+        return a
+
+
+def _meta_arg(a):
+    if isinstance(a, DaemonTensor):
+        return _meta_of(a)
+    if isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
+        return type(a)(_meta_arg(x) for x in a)
+    if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu":
+        return torch.empty((), dtype=a.dtype, device="meta")
+    return a
+
+
+def _prepare(args, kwargs):
+    """(device, signature, value args, value kwargs)."""
+    p = _Prep()
+    vargs = tuple(p.value(a) for a in args)
+    if kwargs:
+        vkwargs = {}
+        for k, v in kwargs.items():
+            p.sig.append(k)
+            vkwargs[k] = p.value(v)
+    else:
+        vkwargs = kwargs
+    if p.other is not None:
+        raise RuntimeError(_DEVICE_ERR.format(p.dev.tdev if p.dev else "privateuseone",
+                                              p.other))
+    return p.dev, tuple(p.sig), vargs, vkwargs
+
+
+# (op, signature) -> (meta outputs, meta args): torch's meta kernel runs once per signature
+_META_CACHE: dict = {}
+_META_CACHE_MAX = 8192
+
+
+def _metas(func, sig, args, kwargs, oop=None):
+    """The meta outputs (of oop, when given: an in-place op's out-of-place form) and the
+    meta args; func's own meta kernel runs first (its checks)."""
+    key = (func, sig)
+    got = _META_CACHE.get(key)
+    if got is not None:
+        return got
+    margs = tuple(_meta_arg(a) for a in args)
+    mkwargs = {k: _meta_arg(v) for k, v in kwargs.items()} if kwargs else {}
+    out = _meta_call(func, margs, mkwargs)
+    if oop is not None:
+        out = _meta_call(oop, margs, mkwargs)
+    if len(_META_CACHE) >= _META_CACHE_MAX:
+        _META_CACHE.clear()
+    got = _META_CACHE[key] = (out, margs)
+    return got
 
 
 def _meta_call(func, margs, mkwargs):
@@ -224,8 +289,8 @@ def _wrap(dev, res, out):
 
 def _compute_handler(fn):
     def h(func, args, kwargs):
-        dev, margs, mkwargs, vargs, vkwargs = _prepare(args, kwargs)
-        out = _meta_call(func, margs, mkwargs)
+        dev, sig, vargs, vkwargs = _prepare(args, kwargs)
+        out, margs = _metas(func, sig, args, kwargs)
         res = fn(_Ctx(dev, out, margs), *vargs, **vkwargs)
         return _wrap(dev, res, out)
     return h
@@ -244,9 +309,9 @@ def _store(c, target: DaemonTensor, res, out_meta):
 
 def _inplace_handler(fn, oop):
     def h(func, args, kwargs):
-        dev, margs, mkwargs, vargs, vkwargs = _prepare(args, kwargs)
-        func(*margs, **mkwargs)  # torch's checks of the in-place form (broadcast, cast)
-        out = _meta_call(oop, margs, mkwargs)
+        dev, sig, vargs, vkwargs = _prepare(args, kwargs)
+        # torch's checks of the in-place form (broadcast, cast), then the result's metas
+        out, margs = _metas(func, sig, args, kwargs, oop)
         c = _Ctx(dev, out, margs)
         res = fn(c, *vargs, **vkwargs)
         _store(c, args[0], res, out)
@@ -261,8 +326,8 @@ def _out_handler(fn, oop):
         if not isinstance(target, DaemonTensor):
             raise NotImplementedError(f"tensordd.torch: {func} with an out= tensor not on the "
                                       f"device")
-        dev, margs, mkwargs, vargs, vkwargs = _prepare(args, kwargs)
-        out = _meta_call(oop, margs, mkwargs)
+        dev, sig, vargs, vkwargs = _prepare(args, kwargs)
+        out, margs = _metas(oop, sig, args, kwargs)
         if out is not None and tuple(out.shape) != tuple(target.shape):
             raise RuntimeError(f"tensordd.torch: {func}: the out= tensor has shape "
                                f"{tuple(target.shape)}, the result {tuple(out.shape)} (resize "
@@ -273,7 +338,61 @@ def _out_handler(fn, oop):
     return h
 
 
+_VIEW_CACHE: dict = {}
+
+
 def _view_handler(func, args, kwargs):
+    src = args[0]
+    if len(args) > 0 and isinstance(src, DaemonTensor) and not kwargs:
+        try:
+            key = (func, src._geo, src._st.numel, src.dtype,
+                   tuple(tuple(a) if isinstance(a, list) else a for a in args[1:]))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None:
+            geos = _VIEW_CACHE.get(key)
+            if geos is None:
+                out = _view_metas(func, args, kwargs)
+                geos = [(tuple(m.shape), m.stride(), m.storage_offset())
+                        if isinstance(m, torch.Tensor) else m for m in
+                        (out if isinstance(out, (list, tuple)) else [out])]
+                geos = (type(out) if isinstance(out, (list, tuple)) else None, geos)
+                if len(_VIEW_CACHE) >= _META_CACHE_MAX:
+                    _VIEW_CACHE.clear()
+                _VIEW_CACHE[key] = geos
+            kind, items = geos
+            st = src._st
+            res = [DaemonTensor(st, g[0], g[1], g[2]) for g in items]
+            return kind(res) if kind is not None else res[0]
+    return _view_slow(func, args, kwargs)
+
+
+def _view_metas(func, args, kwargs):
+    src = args[0]
+    flat, spec = tree_flatten((args, kwargs))
+    metas = []
+    for a in flat:
+        if isinstance(a, DaemonTensor):
+            if a._st.dev is not src._st.dev:
+                raise RuntimeError(_DEVICE_ERR.format(src.device, a.device))
+            metas.append(_meta_of(a, view=a is src))
+        elif isinstance(a, torch.Tensor):
+            raise RuntimeError(_DEVICE_ERR.format(src.device, a.device))
+        else:
+            metas.append(a)
+    margs, mkwargs = tree_unflatten(metas, spec)
+    out = func(*margs, **mkwargs)
+    st = src._st
+    for m in (out if isinstance(out, (list, tuple)) else [out]):
+        if isinstance(m, torch.Tensor) and m.dtype != st.dtype:
+            raise NotImplementedError(f"tensordd.torch: the view {func} changes the dtype "
+                                      f"({st.dtype} -> {m.dtype}); the daemon cannot "
+                                      f"reinterpret bytes")
+    return out
+
+
+def _view_slow(func, args, kwargs):
     src = args[0]
     flat, spec = tree_flatten((args, kwargs))
     metas = []
