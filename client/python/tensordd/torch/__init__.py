@@ -272,6 +272,7 @@ class DaemonTensor(torch.Tensor):
         return text + suffix
 
     def numpy(self, *args, **kwargs):
+        """Refused, as for a CUDA tensor: ``t.cpu().numpy()`` downloads the values."""
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
                         f"Tensor.cpu() to copy the tensor to host memory first.")
 
