@@ -21,13 +21,17 @@ _loaded = False
 
 
 def _find_library() -> str:
+    import glob
+
     import tensordd
     for d in tensordd.__path__:
-        path = os.path.join(d, "_torch_guard.so")
-        if os.path.isfile(path):
-            return path
+        for path in [os.path.join(d, "_torch_guard.so"),  # (make's; pip's has a suffix)
+                     *sorted(glob.glob(os.path.join(d, "_torch_guard.*.so")))]:
+            if os.path.isfile(path):
+                return path
     raise ImportError("tensordd.torch: _torch_guard.so is missing (make builds it into the "
-                      "build directory's python/tensordd/)")
+                      "build directory's python/tensordd/, pip install ./client/python "
+                      "into the package)")
 
 
 def _c10():
