@@ -35,7 +35,6 @@ import threading
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..device import Device
 from ..session import Session, connect

@@ -18,13 +18,13 @@
 enum { SLOTS = 19, TDD_MAX_DEVICES = 16 };
 
 struct tdd_device {
-	int8_t type;
-	int8_t index;
+    int8_t type;
+    int8_t index;
 };
 
 struct tdd_stream {
-	struct tdd_device device;
-	int64_t id;
+    struct tdd_device device;
+    int64_t id;
 };
 
 static int8_t pu1_type;
@@ -32,44 +32,44 @@ typedef void (*slot_fn)(void);
 
 static slot_fn vtable[2 + SLOTS];
 static struct {
-	slot_fn *vptr;
+    slot_fn *vptr;
 } guard;
 
 static int8_t g_type(const void *self)
 {
-	(void)self;
-	return pu1_type;
+    (void)self;
+    return pu1_type;
 }
 
 static struct tdd_device g_device(const void *self)
 {
-	(void)self;
-	return (struct tdd_device){pu1_type, -1};
+    (void)self;
+    return (struct tdd_device){pu1_type, -1};
 }
 
 static struct tdd_device g_exchange_device(const void *self, struct tdd_device d)
 {
-	(void)d;
-	return g_device(self);
+    (void)d;
+    return g_device(self);
 }
 
 static struct tdd_stream g_stream(const void *self, struct tdd_device d)
 {
-	(void)self;
-	(void)d;
-	return (struct tdd_stream){{pu1_type, -1}, 0};
+    (void)self;
+    (void)d;
+    return (struct tdd_stream){{pu1_type, -1}, 0};
 }
 
 static struct tdd_stream g_exchange_stream(const void *self, struct tdd_stream s)
 {
-	(void)s;
-	return g_stream(self, s.device);
+    (void)s;
+    return g_stream(self, s.device);
 }
 
 static int8_t g_device_count(const void *self)
 {
-	(void)self;
-	return TDD_MAX_DEVICES;
+    (void)self;
+    return TDD_MAX_DEVICES;
 }
 
 int tdd_guard_max_devices(void);
@@ -77,7 +77,7 @@ int tdd_guard_register(void **registry, int meta_type, int type);
 
 int tdd_guard_max_devices(void)
 {
-	return TDD_MAX_DEVICES;
+    return TDD_MAX_DEVICES;
 }
 
 /* Registers the guard in c10's device_guard_impl_registry (registry) at type, from
@@ -85,24 +85,24 @@ int tdd_guard_max_devices(void)
  * guard to copy. */
 int tdd_guard_register(void **registry, int meta_type, int type)
 {
-	void *meta = __atomic_load_n(&registry[meta_type], __ATOMIC_SEQ_CST);
-	if (!meta)
-		return -1;
-	if (__atomic_load_n(&registry[type], __ATOMIC_SEQ_CST))
-		return 0;
-	pu1_type = (int8_t)type;
-	slot_fn *meta_vptr;
-	memcpy(&meta_vptr, meta, sizeof meta_vptr);
-	memcpy(vtable, meta_vptr - 2, sizeof vtable); /* offset-to-top, typeinfo, slots */
-	slot_fn *slots = vtable + 2;
-	slots[0] = (slot_fn)g_type;
-	slots[1] = (slot_fn)g_exchange_device;
-	slots[2] = (slot_fn)g_device;
-	slots[5] = (slot_fn)g_stream;
-	slots[8] = (slot_fn)g_exchange_stream;
-	slots[13] = (slot_fn)g_device_count;
-	guard.vptr = slots;
-	void *self = &guard;
-	__atomic_store_n(&registry[type], self, __ATOMIC_SEQ_CST);
-	return 1;
+    void *meta = __atomic_load_n(&registry[meta_type], __ATOMIC_SEQ_CST);
+    if (!meta)
+        return -1;
+    if (__atomic_load_n(&registry[type], __ATOMIC_SEQ_CST))
+        return 0;
+    pu1_type = (int8_t)type;
+    slot_fn *meta_vptr;
+    memcpy(&meta_vptr, meta, sizeof meta_vptr);
+    memcpy(vtable, meta_vptr - 2, sizeof vtable); /* offset-to-top, typeinfo, slots */
+    slot_fn *slots = vtable + 2;
+    slots[0] = (slot_fn)g_type;
+    slots[1] = (slot_fn)g_exchange_device;
+    slots[2] = (slot_fn)g_device;
+    slots[5] = (slot_fn)g_stream;
+    slots[8] = (slot_fn)g_exchange_stream;
+    slots[13] = (slot_fn)g_device_count;
+    guard.vptr = slots;
+    void *self = &guard;
+    __atomic_store_n(&registry[type], self, __ATOMIC_SEQ_CST);
+    return 1;
 }

@@ -1323,7 +1323,6 @@ def _convolution_backward(c, go, a, w, bias_sizes, stride, padding, dilation, tr
                                   "convolution")
     dt = torch.float32 if a._dtype is None else _TORCH_DT[a._dtype]
     ashape, wshape = _shape(a), _shape(w)
-    gshape = _shape(go) if go._shape is not None else None
     one_d = len(ashape) == 3
     if one_d:  # as 2-d with a height of 1
         a = c.op("unsqueeze", a, dim=2)
@@ -1332,7 +1331,6 @@ def _convolution_backward(c, go, a, w, bias_sizes, stride, padding, dilation, tr
         stride, padding, dilation = [1, *stride], [0, *padding], [1, *dilation]
         ashape = (ashape[0], ashape[1], 1, ashape[2])
         wshape = (wshape[0], wshape[1], 1, wshape[2])
-        gshape = None
     n, cin, h, wd = ashape
     cout, cg, kh, kw = wshape
     stride, padding, dilation = _spatial(stride, 2), _spatial(padding, 2), _spatial(dilation, 2)
