@@ -409,3 +409,21 @@ def test_resnet18_in_float64_is_exact(dev):
         close(pd.detach(), pc.detach(), rtol=0, atol=1e-12)
     for (name, bc), bd in zip(m.named_buffers(), md.buffers()):
         close(bd, bc, rtol=0, atol=1e-12)
+
+
+def test_activation_and_loss_backwards_including_decomposed_ones(dev):
+    """Backward ops mapped directly (sigmoid, tanh, mse_loss) and through torch's own
+    decompositions (silu, leaky_relu, hardtanh) give torch's gradients."""
+    torch.manual_seed(2)
+    x = torch.randn(4, 5)
+    target = torch.randn(4, 5)
+    cases = (lambda t, y: torch.sigmoid(t), lambda t, y: torch.tanh(t),
+             lambda t, y: F.silu(t), lambda t, y: F.leaky_relu(t, 0.2),
+             lambda t, y: F.hardtanh(t, -0.5, 0.5), lambda t, y: F.mse_loss(t, y),
+             lambda t, y: F.softplus(t))
+    for f in cases:
+        xc = x.clone().requires_grad_()
+        xd = x.to(dev).requires_grad_()
+        (f(xc, target) * 1.5).sum().backward()
+        (f(xd, target.to(dev)) * 1.5).sum().backward()
+        close(xd.grad, xc.grad, rtol=1e-4, atol=1e-5)

@@ -873,6 +873,29 @@ for _name in ("logical_and", "logical_or", "logical_xor"):
         lambda c, a, b, _n=_name: c.op(_n, a, b))
 
 
+def _bool_logical(name, what):
+    def fn(c, a, b=None):
+        ins = (a,) if b is None else (a, b)
+        if any(isinstance(x, _DTensor) and x._dtype != "bool" for x in ins) \
+                or c.out.dtype != torch.bool:
+            raise NotImplementedError(f"tensordd.torch: aten {what} of integer tensors (the "
+                                      f"daemon has no bitwise integer ops; bool only)")
+        if b is not None and not isinstance(b, _DTensor):
+            b = c.scalar(bool(b), torch.bool)
+        return c.op(name, *((a,) if b is None else (a, b)))
+    return fn
+
+
+impl(aten.bitwise_or.Tensor, aten.__or__.Tensor, uses="logical_or (bool)")(
+    _bool_logical("logical_or", "bitwise_or"))
+impl(aten.bitwise_and.Tensor, aten.__and__.Tensor, uses="logical_and (bool)")(
+    _bool_logical("logical_and", "bitwise_and"))
+impl(aten.bitwise_xor.Tensor, aten.__xor__.Tensor, uses="logical_xor (bool)")(
+    _bool_logical("logical_xor", "bitwise_xor"))
+impl(aten.bitwise_not.default, uses="logical_not (bool)")(
+    _bool_logical("logical_not", "bitwise_not"))
+
+
 def _unary(name):
     def fn(c, a):
         dt = c.out.dtype
@@ -920,7 +943,8 @@ def _clamp_max(c, a, hi):
     return _clamp(c, a, None, hi)
 
 
-@impl(aten.where.self, uses="where")
+@impl(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar,
+      uses="where (full for a scalar)")
 def _where(c, cond, a, b):
     dt = c.out.dtype
     return c.op("where", _tensor(c, cond, torch.bool), _tensor(c, a, dt), _tensor(c, b, dt))
