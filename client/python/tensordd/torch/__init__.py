@@ -124,7 +124,10 @@ def device(endpoint=None, daemon_device=None, **connect_kwargs) -> torch.device:
             key = endpoint
             session = _sessions.get(key)
             if session is None or not session._open:
+                from .. import session as _session_mod
+                previous = _session_mod._default
                 session = connect(endpoint, **connect_kwargs)
+                _session_mod._default = previous  # (the device's session is not the default)
                 _sessions[key] = session
             owns = True
         for d in _devices:
