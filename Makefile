@@ -37,7 +37,7 @@ endif
 # Debian packages the project needs; `make deps` installs the missing ones.
 APT_PKGS := build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler \
             protobuf-compiler libopenblas-dev check uthash-dev libsubunit-dev python3 python3-numpy \
-            python3-protobuf python3-pytest python3-sklearn python3-torch procps \
+            python3-protobuf python3-pytest python3-sklearn python3-torch python3-torchvision procps \
             libinih-dev libmicrohttpd-dev libsystemd-dev curl systemd python3-yaml \
             libssl-dev openssl python3-dev g++ libgloo-dev iproute2 groff-base
 
@@ -304,6 +304,13 @@ OPINFO_COUNTS := tests/python/opinfo_counts.txt
 docs: emu
 	$(EMU_BUILD)/tools/opcoverage $(OPINFO_COUNTS) > docs/ops.md
 	@echo "docs/ops.md regenerated"
+
+# docs/torch_coverage.md: the torch device's aten op table (tests/python/test_torch_device.py
+# checks it).
+.PHONY: docs-torch
+docs-torch: $(PYGEN) $(TORCH_GUARD)
+	PYTHONPATH=client/python:$(BUILD)/python $(PY) -m tensordd.torch --doc > docs/torch_coverage.md
+	@echo "docs/torch_coverage.md regenerated"
 
 # Fails when docs/ops.md no longer matches the op table (or the recorded counts).
 test-docs: emu

@@ -29,3 +29,14 @@ test-python-pure: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 	TENSORDD_PURE=1 TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl \
 	    PYTHONPATH=client/python:$(BUILD)/python \
 	    $(PY) -m pytest -q -rs -p no:cacheprovider $(PURE_TESTS)
+
+# tensordd.torch's PrivateUse1 device guard (client/python/tensordd/torch/_guard.c): plain
+# C, no torch headers; loaded with ctypes by tensordd.torch (which checks torch's layout).
+TORCH_GUARD := $(BUILD)/python/tensordd/_torch_guard.so
+all: $(TORCH_GUARD)
+test-python: $(TORCH_GUARD)
+
+$(TORCH_GUARD): client/python/tensordd/torch/_guard.c
+	@mkdir -p $(dir $@)
+	@echo "  CC       $<"
+	$(Q)$(CC) -std=c11 -O2 -g -fPIC -shared $(WARN) $< -o $@

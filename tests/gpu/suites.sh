@@ -37,7 +37,9 @@ if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BU
     tests/python/test_ops_attention.py tests/python/test_transformer.py \
     tests/python/test_cuda_parallel.py tests/python/test_cuda_streams.py \
     tests/python/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
-    tests/python/test_memfd.py::test_cuda_memfd >"$out" 2>&1; then
+    tests/python/test_memfd.py::test_cuda_memfd \
+    tests/python/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch \
+    >"$out" 2>&1; then
     grep -v '^PASSED\|^SKIPPED' "$out"
     exit 1
 fi

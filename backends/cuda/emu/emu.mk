@@ -11,7 +11,7 @@ EMU_BUILD ?= $(if $(filter build,$(BUILD)),build/emu,$(patsubst %-emu,%,$(BUILD)
 EMU_KERNELS := backends/cuda/kernels.cu
 EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
                $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/python/tensordd/tensordd_pb2.py \
-               $(EMU_BUILD)/tools/opcoverage
+               $(EMU_BUILD)/tools/opcoverage $(EMU_BUILD)/python/tensordd/_torch_guard.so
 
 .PHONY: emu test-emu
 emu:

@@ -176,9 +176,10 @@ def no_grad():
     return default_session().no_grad()
 
 
-def set_grad_enabled(enabled) -> None:
-    """Turns autodiff recording on or off for the default session (``torch.set_grad_enabled``)."""
-    default_session().set_grad_enabled(enabled)
+def set_grad_enabled(enabled):
+    """Turns autodiff recording on or off for the default session (``torch.set_grad_enabled``):
+    at once, and, used as ``with tensordd.set_grad_enabled(False):``, until the block ends."""
+    return default_session().set_grad_enabled(enabled)
 
 
 def is_grad_enabled():

@@ -10,6 +10,7 @@ gradient has to cross the wire to train.
 from __future__ import annotations
 
 from ._codec import frame_backward
+from .errors import local_error
 from .session import _Call
 from .tensor import Tensor
 
@@ -40,6 +41,7 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None
     """
     session = loss._session
     _check_tensor(session, loss, "backward")
+    _check_loss(session, loss, grad)
     if (grad is None and not retain_graph and not create_graph and inputs is None
             and _register and session.pipeline_steps and not session._capturing):
         # the training step's form, encoded by hand (test_step_fast_paths.py holds it to protobuf's)
@@ -52,6 +54,7 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None
             session._grad_epoch += 1
         else:
             session._unkept_backward = True
+        _graph_freed(session, loss)
         return grads
     req = session._new_request()
     b = req.backward
@@ -84,7 +87,55 @@ def backward(loss: Tensor, grad: Tensor | None = None, retain_graph: bool | None
         session._grad_epoch += 1
     elif _register:
         session._unkept_backward = True
+    if not b.retain_graph:
+        _graph_freed(session, loss)
     return grads
+
+
+# How many freed losses a session remembers (a second backward of one raises at the call).
+_FREED_MEMORY = 4096
+
+
+def _graph_freed(session, loss: Tensor) -> None:
+    freed = session.__dict__.setdefault("_freed_graphs", {})
+    if len(freed) >= _FREED_MEMORY:
+        freed.clear()
+    freed[loss._handle] = True
+
+
+def _check_loss(session, loss: Tensor, grad) -> None:
+    """What the client can know before sending a Backward, raised at the call (as torch
+    does; typed as the daemon would: InvalidArgumentError, NotTrackedError): a second backward of a loss whose graph the first one freed; without grad, a
+    loss of more than one element, or one that does not require grad. A loss whose
+    shape the client does not know (an op's output other than a full reduction or a
+    reduced loss) is described first: one round trip. (A full reduction or a reduced
+    loss stays pipelined: whether it requires grad is known only when described, so an
+    untracked one still fails at the next synchronising call.)"""
+    if loss._handle in session.__dict__.get("_freed_graphs", ()):
+        raise local_error(
+            "INVALID_ARGUMENT",
+            f"backward: trying to backward through the graph of #{loss._handle} a second "
+            f"time: its first backward() freed it. Pass retain_graph=True to the first "
+            f"backward() to backward through it again", f"backward(#{loss._handle})")
+    if grad is not None:
+        return
+    if loss._shape is None:
+        session._describe_tensor(loss)
+    shape = loss._shape
+    n = 1
+    for d in shape or ():
+        n *= d
+    if shape is not None and n != 1:
+        raise local_error("INVALID_ARGUMENT",
+                          f"backward: grad can be implicitly created only for scalar outputs; "
+                          f"#{loss._handle} has shape {tuple(shape)} (pass grad=, the "
+                          f"Backward's grad_output, or reduce it first: .sum(), .mean())",
+                          f"backward(#{loss._handle})")
+    if loss._requires_grad is False:
+        raise local_error("NOT_TRACKED",
+                          f"backward: #{loss._handle} does not require grad and has no grad_fn "
+                          f"(no input of its ops requires grad, or it was computed under "
+                          f"no_grad)", f"backward(#{loss._handle})")
 
 
 def _as_tuple(x, what: str) -> tuple:

@@ -298,6 +298,19 @@ def _attr_bytes(attrs: dict):
     return b"".join(parts)
 
 
+# Ops whose output is 0-d without a dim (reductions) or with a reduction other than
+# "none" (losses): the client sets the shape, so that backward() can check its loss
+# without a round trip (autograd._check_loss).
+_SCALAR_OUT = frozenset({"sum", "mean", "cross_entropy", "nll_loss", "mse_loss",
+                         "binary_cross_entropy_with_logits"})
+
+
+def _scalar_out(name: str, attrs: dict) -> bool:
+    if name in ("sum", "mean"):
+        return attrs.get("dim") is None
+    return attrs.get("reduction", "mean") != "none"
+
+
 def _fmt_handles(handles) -> str:
     if len(handles) > 8:
         return f"#{handles[0]}, ... {len(handles)} handles"
@@ -904,10 +917,16 @@ class Session:
         if (len(inputs) == len(tensors) and inputs and num_outputs == 1
                 and dtype is None and device is None and not requires_grad):
             if not attrs:
-                return self._op_fast(name, inputs)
+                out = self._op_fast(name, inputs)
+                if name in _SCALAR_OUT:
+                    out._shape = ()
+                return out
             extra = _attr_bytes(attrs)
             if extra is not None:
-                return self._op_fast(name, inputs, extra)
+                out = self._op_fast(name, inputs, extra)
+                if name in _SCALAR_OUT and _scalar_out(name, attrs):
+                    out._shape = ()
+                return out
         inputs = tuple(inputs)
         if len(inputs) != len(tensors):
             for t in tensors:
@@ -941,6 +960,8 @@ class Session:
         # so a Release of theirs can only come after it.
         self._send(req, _Call("op " + name, inputs, outputs=outputs))
         out = tuple(Tensor(self, h, device=dev) for h in outputs)
+        if num_outputs == 1 and name in _SCALAR_OUT and tensors and _scalar_out(name, attrs):
+            out[0]._shape = ()
         return out[0] if num_outputs == 1 else out
 
     # ---- creation ops
@@ -1071,8 +1092,15 @@ class Session:
         """Whether ops on tracked tensors are recorded for backward."""
         return self._grad_enabled
 
-    def set_grad_enabled(self, enabled: bool) -> None:
-        """Turns graph recording on or off for the session (SetGradMode)."""
+    def set_grad_enabled(self, enabled: bool) -> "_GradMode":
+        """Turns graph recording on or off for the session (SetGradMode), at once; as
+        torch's, the result also works as a context manager that restores the previous
+        mode on leaving: ``with s.set_grad_enabled(False): ...``."""
+        mode = _GradMode(self, self._grad_enabled)
+        self._set_grad_mode(enabled)
+        return mode
+
+    def _set_grad_mode(self, enabled) -> None:
         enabled = bool(enabled)
         if enabled == self._grad_enabled:
             return
@@ -1085,12 +1113,12 @@ class Session:
     def no_grad(self):
         """A ``with`` block in which ops record no autodiff graph (like torch.no_grad)."""
         previous = self._grad_enabled
-        self.set_grad_enabled(False)
+        self._set_grad_mode(False)
         try:
             yield
         finally:
             if self._open:
-                self.set_grad_enabled(previous)
+                self._set_grad_mode(previous)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forgets the gradients of every backward() so far: every ``.grad`` of
@@ -1297,6 +1325,27 @@ class Session:
         self._roundtrip(req, _Call("transfer_send", (src._handle,), f"-> {target.peer_endpoint}"))
         out = Tensor(target, ta.handle, shape=tuple(src.shape), dtype=src._dtype, device=land)
         return out if land == dev else out.to(dev)
+
+
+class _GradMode:
+    """What set_grad_enabled returns: the mode is already set; leaving a ``with`` block
+    restores the one before (torch.set_grad_enabled's two uses)."""
+
+    __slots__ = ("_session", "_previous")
+
+    def __init__(self, session: "Session", previous: bool):
+        self._session = session
+        self._previous = previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._session._open:
+            self._session._set_grad_mode(self._previous)
+
+    def __repr__(self) -> str:
+        return f"set_grad_enabled(previous={self._previous})"
 
 
 _HOST_BACKENDS = frozenset({"cpu", "ref"})  # host-memory devices: a transfer's ends

@@ -401,11 +401,14 @@ class Tensor:
         return self._session._op_fast(name, [self._handle])
 
     def _binary(self, name: str, other) -> "Tensor":
-        """A tensor op, or its scalar form (one input and attr other=float)."""
+        """A tensor op, or its scalar form (one input and the attribute other): an int
+        stays an int, so an integer tensor keeps its dtype (``int64 + 1`` is int64, as
+        in torch); a float makes an integer tensor's result float32."""
         if isinstance(other, Tensor):
             return self._session.op(name, self, other)
         if _is_scalar(other):
-            return self._session.op(name, self, other=float(other))
+            return self._session.op(name, self, other=int(other) if _is_int(other)
+                                    else float(other))
         return NotImplemented
 
     # ------------------------------------------------------------ operators
@@ -853,11 +856,19 @@ class Tensor:
 
     def sum(self, dim=None, keepdim: bool = False):
         """Sum of all elements, or over dim (an int or a tuple of ints)."""
-        return self._op("sum", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
+        if dim is None:
+            out = self._op("sum")
+            out._shape = ()  # (known: backward() of it needs no round trip to check it)
+            return out
+        return self._op("sum", dim=_dim_attr(dim), keepdim=keepdim)
 
     def mean(self, dim=None, keepdim: bool = False):
         """Mean of all elements, or over dim (an int or a tuple of ints), as ``torch.mean``."""
-        return self._op("mean", dim=_dim_attr(dim), keepdim=keepdim if dim is not None else None)
+        if dim is None:
+            out = self._op("mean")
+            out._shape = ()
+            return out
+        return self._op("mean", dim=_dim_attr(dim), keepdim=keepdim)
 
     def amax(self, dim=None, keepdim: bool = False):
         """Maximum of all elements, or over dim (an int or a tuple of ints), as ``torch.amax``."""

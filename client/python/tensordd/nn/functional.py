@@ -81,25 +81,36 @@ def log_softmax(input, dim):  # noqa: A002
 def cross_entropy(input, target, reduction="mean", ignore_index=-100,  # noqa: A002
                   label_smoothing=0.0):
     """Cross entropy of logits and class indices (``torch.nn.functional.cross_entropy``)."""
-    return _op("cross_entropy", input, target, reduction=reduction,
-               ignore_index=int(ignore_index), label_smoothing=float(label_smoothing))
+    return _reduced(_op("cross_entropy", input, target, reduction=reduction,
+                        ignore_index=int(ignore_index), label_smoothing=float(label_smoothing)),
+                    reduction)
 
 
 def nll_loss(input, target, reduction="mean", ignore_index=-100):  # noqa: A002
     """Negative log likelihood of log-probabilities and class indices
     (``torch.nn.functional.nll_loss``)."""
-    return _op("nll_loss", input, target, reduction=reduction, ignore_index=int(ignore_index))
+    return _reduced(_op("nll_loss", input, target, reduction=reduction,
+                        ignore_index=int(ignore_index)), reduction)
 
 
 def mse_loss(input, target, reduction="mean"):  # noqa: A002
     """Mean squared error (``torch.nn.functional.mse_loss``)."""
-    return _op("mse_loss", input, target, reduction=reduction)
+    return _reduced(_op("mse_loss", input, target, reduction=reduction), reduction)
 
 
 def binary_cross_entropy_with_logits(input, target, reduction="mean"):  # noqa: A002
     """Binary cross entropy of logits (mean by default)
     (``torch.nn.functional.binary_cross_entropy_with_logits``)."""
-    return _op("binary_cross_entropy_with_logits", input, target, reduction=reduction)
+    return _reduced(_op("binary_cross_entropy_with_logits", input, target, reduction=reduction),
+                    reduction)
+
+
+def _reduced(loss, reduction):
+    """A loss reduced to one value is 0-d: said to the client (backward() checks it
+    without a round trip)."""
+    if reduction != "none":
+        loss._shape = ()
+    return loss
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002
