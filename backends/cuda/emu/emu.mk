@@ -28,10 +28,14 @@ EMU_CXXFLAGS := -std=c++17 $(OPT) -fPIC -pthread -Wall -Wextra -Werror -DTDC_EMU
                 -Ibackends/cuda/emu/include -Iinclude -Iproto -Ibackends -Ibackends/cuda \
                 $(OPENBLAS_CFLAGS)
 
+# Every load and store of the kernels calls runtime.cpp's checks (the thread sanitizer's
+# instrumentation, without its library: runtime.cpp defines the __tsan_* hooks).
+EMU_INSTRUMENT := -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+
 $(BUILD)/obj/backends/cuda/kernels.emu.o: $(EMU_KERNELS)
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $< (emulated)"
-	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/backends/cuda/emu/runtime.emu.o: backends/cuda/emu/runtime.cpp
 	@mkdir -p $(dir $@)
