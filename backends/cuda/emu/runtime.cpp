@@ -899,32 +899,37 @@ void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_y
     bounds_cache &c = bcache;
     bool global = a >= c.lo && a + n <= c.hi && c.gen == st->alloc_gen.load();
     if (!global) {
-        std::unique_lock<std::mutex> g(st->mem);
-        uint64_t gen = st->alloc_gen.load();
-        auto it = st->allocs.upper_bound(a);
-        if (it != st->allocs.end() && a >= (uintptr_t)it->second.map)
-            kernel_fault(cudaErrorIllegalAddress,
-                         "thread %d: %zu-byte %s at %p, %zu bytes before an allocation of %zu "
-                         "bytes",
-                         r->cur, n, w ? "store" : "load", p, (size_t)(it->first - a),
-                         it->second.req);
-        if (it != st->allocs.begin()) {
-            --it;
-            const allocation &al = it->second;
-            uintptr_t base = it->first, end = base + al.req;
-            if (a < (uintptr_t)al.map + al.map_len) {
-                if (a + n > end || a + n < a)
-                    kernel_fault(cudaErrorIllegalAddress,
-                                 "thread %d: %zu-byte %s at byte %zu of an allocation of %zu "
-                                 "bytes (out of bounds)",
-                                 r->cur, n, w ? "store" : "load", (size_t)(a - base), al.req);
-                c.lo = base;
-                c.hi = end;
-                c.gen = gen;
-                c.init = al.init ? al.init->data() : nullptr;
-                global = true;
+        // A fault leaves the fiber for good: the lock is released before it.
+        char why[160] = "";
+        {
+            std::lock_guard<std::mutex> g(st->mem);
+            uint64_t gen = st->alloc_gen.load();
+            auto it = st->allocs.upper_bound(a);
+            if (it != st->allocs.end() && a >= (uintptr_t)it->second.map)
+                snprintf(why, sizeof why, "%zu bytes before an allocation of %zu bytes",
+                         (size_t)(it->first - a), it->second.req);
+            else if (it != st->allocs.begin()) {
+                --it;
+                const allocation &al = it->second;
+                uintptr_t base = it->first, end = base + al.req;
+                if (a >= (uintptr_t)al.map + al.map_len) {
+                    // not device memory
+                } else if (a + n > end || a + n < a) {
+                    snprintf(why, sizeof why,
+                             "at byte %zu of an allocation of %zu bytes (out of bounds)",
+                             (size_t)(a - base), al.req);
+                } else {
+                    c.lo = base;
+                    c.hi = end;
+                    c.gen = gen;
+                    c.init = al.init ? al.init->data() : nullptr;
+                    global = true;
+                }
             }
         }
+        if (why[0])
+            kernel_fault(cudaErrorIllegalAddress, "thread %d: %zu-byte %s %s", r->cur, n,
+                         w ? "store" : "load", why);
     }
     bool shared = !global && st->check && is_shared(a);
     if (!st->check || (!global && !shared))
