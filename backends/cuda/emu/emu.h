@@ -22,6 +22,10 @@
  *                            something forces it (runtime.cpp says what), so streams run out
  *                            of order wherever CUDA lets them: a missing event or a free
  *                            reused too early shows as a wrong value or an illegal address
+ *   TDD_EMU_DEFER=2          the same, but each device's first stream (the daemon's device
+ *                            stream) runs its work at once: work issued there that should
+ *                            wait for a session's deferred stream (a free on the wrong
+ *                            stream) runs before it
  *   TDD_EMU_DEFER_STREAM=ID  only the stream with this id is deferred (ids count the
  *                            streams made, from 1: in the daemon, one per device at start,
  *                            then one per session slot as sessions first use a device)

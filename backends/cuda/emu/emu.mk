@@ -20,8 +20,8 @@ emu:
 	    CUDA_CPPFLAGS="-DTDC_EMU=1 -Ibackends/cuda/emu/include" CUDA_LIBS=-lstdc++ $(EMU_TARGETS)
 
 # Then again in race mode (TDD_EMU_CHECK: fibers switching at memory accesses, races and
-# uninitialised loads faulting), with deferred streams (a free or a read on the wrong stream
-# shows), another seed and an H200's 132 SMs (other grid sizes): the kernels with shared
+# uninitialised loads faulting), with sessions' streams deferred and the device's stream
+# eager (TDD_EMU_DEFER=2: a free or a read on the wrong stream shows), another seed and an H200's 132 SMs (other grid sizes): the kernels with shared
 # memory, warp operations and atomics, and the pytest files that exercise streams.
 EMU_RACE_OPS := sum mean var std logsumexp argmax softmax log_softmax cumsum layer_norm \
                 scatter_add embedding_bag cross_entropy nll_loss linspace cast
@@ -31,7 +31,7 @@ test-emu: emu
 	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M" \
 	    bash tests/gpu/suites.sh
 	@echo "gpu: again in race mode, deferred streams, seed 2, 132 SMs"
-	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_EMU_CHECK=1 TDD_EMU_DEFER=1 TDD_EMU_SEED=2 \
+	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_EMU_CHECK=1 TDD_EMU_DEFER=2 TDD_EMU_SEED=2 TDD_EMU_SMS=132 \
 	    TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M --emu-sms 132" \
 	    GPU_PYTEST="$(EMU_RACE_PYTEST)" \
 	    bash tests/gpu/suites.sh conformance $(EMU_RACE_OPS) pytest

@@ -78,6 +78,7 @@ struct device {
     uint64_t total = 0, in_use = 0;
     std::atomic<int> sticky{cudaSuccess};
     tdc_emu_stream legacy; // the NULL stream
+    int streams_made = 0;  // created on it (under dq)
     tdc_emu_pool pool;
 };
 
@@ -107,6 +108,7 @@ struct state {
     std::atomic<uint64_t> alloc_gen{0}; // bumped by every free: kernels' cached bounds go stale
     // streams
     std::atomic<bool> defer{false};
+    bool defer_later = false; // TDD_EMU_DEFER=2: a device's first stream stays eager
     size_t defer_depth = 1024;
     int defer_stream = 0; // the one stream deferred (TDD_EMU_DEFER_STREAM; 0: none)
     std::atomic<bool> any_deferred{false}; // freed memory then stays unmapped a while
@@ -165,6 +167,7 @@ void init_once()
         uint64_t sms = cfg_sms > 0 ? (uint64_t)cfg_sms : env_u64("TDD_EMU_SMS", 2);
         st->sms = sms < 1 ? 1 : sms > 1024 ? 1024 : (int)sms;
         st->defer = env_u64("TDD_EMU_DEFER", 0) != 0;
+        st->defer_later = env_u64("TDD_EMU_DEFER", 0) == 2;
         st->defer_depth = (size_t)env_u64("TDD_EMU_DEFER_DEPTH", 1024);
         st->defer_stream = (int)env_u64("TDD_EMU_DEFER_STREAM", 0);
         if (st->defer_depth < 1)
@@ -1428,7 +1431,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
     ts->blocking = !(flags & cudaStreamNonBlocking);
     std::lock_guard<std::recursive_mutex> g(st->dq);
     ts->id = st->next_id++;
-    ts->deferred = st->defer || ts->id == st->defer_stream;
+    bool first = st->devs[cur_dev].streams_made++ == 0;
+    ts->deferred = (st->defer && !(st->defer_later && first)) || ts->id == st->defer_stream;
     if (ts->deferred)
         st->any_deferred = true;
     st->live[ts->id] = ts;
