@@ -130,8 +130,8 @@ int main()
         cudaMalloc((void **)&out, 64 * sizeof(int));
         tdc_launch(1, 64, 0, nullptr, neighbour)(out, barrier);
         cudaError_t e = sync_on(d);
-        CHECK(barrier ? e == cudaSuccess : e == cudaErrorLaunchFailure, "barrier %d: %s",
-              barrier, cudaGetErrorName(e));
+        CHECK(barrier ? e == cudaSuccess : e == cudaErrorLaunchFailure, "barrier %d: %s", barrier,
+              cudaGetErrorName(e));
     }
 
     // ---- initcheck: a load of fresh memory, then of memory a memset wrote
@@ -145,8 +145,8 @@ int main()
             cudaMemset(x, 0, 8 * sizeof(float));
         tdc_launch(1, 8, 0, nullptr, copy)(x, z, 8);
         cudaError_t e = sync_on(d);
-        CHECK(written ? e == cudaSuccess : e == cudaErrorLaunchFailure, "written %d: %s",
-              written, cudaGetErrorName(e));
+        CHECK(written ? e == cudaSuccess : e == cudaErrorLaunchFailure, "written %d: %s", written,
+              cudaGetErrorName(e));
     }
 
     printf("emulator memory checks: %d checks, %d failing\n", checks, failures);

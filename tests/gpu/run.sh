@@ -26,7 +26,7 @@
 #   racecheck    compute-sanitizer --tool racecheck on the same subset
 #   bench        bench/gpu_check.sh --quick (every claimed op vs ref, sgemm vs cuBLAS)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 PY=${PY:-/usr/bin/python3}
 JOBS=${JOBS:-$(nproc)}
 dry=0
@@ -142,9 +142,12 @@ step_build() {
         make --no-print-directory -j"$JOBS" emu
     else
         make --no-print-directory -j"$JOBS" BUILD="$BUILD" "$BUILD/tensordd" "$BUILD/tdctl" \
-            "$BUILD/tests/gpu_conformance" "$BUILD/python/tensordd/tensordd_pb2.py" &&
-            [ "$(make -s --no-print-directory BUILD="$BUILD" --eval 'print-%: ; @echo $($*)' print-HAVE_CUDA)" = 1 ] ||
-            { echo "the build has no CUDA backend (no nvcc or CUDA runtime found)"; return 1; }
+            "$BUILD/tests/gpu_conformance" "$BUILD/python/tensordd/tensordd_pb2.py" || return 1
+        # shellcheck disable=SC2016 # make's $($*), not the shell's
+        if [ "$(make -s --no-print-directory BUILD="$BUILD" --eval 'print-%: ; @echo $($*)' print-HAVE_CUDA)" != 1 ]; then
+            echo "the build has no CUDA backend (no nvcc or CUDA runtime found)"
+            return 1
+        fi
     fi
 }
 step_conformance() { BUILD=$BUILD PY=$PY bash tests/gpu/suites.sh conformance; }
