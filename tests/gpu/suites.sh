@@ -51,7 +51,7 @@ if want selftest && [ $emulated = 1 ]; then
 fi
 # The conformance runner is in-process: the emulator takes its devices from the environment.
 if want conformance; then
-    echo "gpu: conformance table on cuda:0 ($BUILD/tests/gpu_conformance ${conf_ops[*]:-})"
+    echo "gpu: conformance table on cuda:0 ($BUILD/tests/gpu_conformance${conf_ops[*]:+ ${conf_ops[*]}})"
     if [ $emulated = 1 ]; then
         TDD_EMU_GPUS=1 "$BUILD/tests/gpu_conformance" ${conf_ops[@]+"${conf_ops[@]}"}
     else
