@@ -14,6 +14,7 @@ typedef struct {
     int sim_devices;         /* simulated discrete devices (tests); 0 = none */
     int emu_gpus;            /* emulated CUDA devices (`make emu` build only); 0 = none */
     uint64_t emu_gpu_memory; /* bytes each (0: the emulator's default) */
+    int emu_sms;             /* multiprocessors each reports (0: the emulator's default) */
     uint32_t shm_blocks;     /* host storage blocks in memfds at most (cpu/cpu_shm.h) */
     int cuda_streams;        /* CUDA streams per GPU for sessions (0: the backend's default) */
 } tdd_backend_config;

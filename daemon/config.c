@@ -88,6 +88,9 @@ static const option_row rows[] = {
      "in the `make emu` build, build/emu/tensordd; other builds ignore it with a warning)"},
     {"emu-gpu-memory", "BYTES", OPT_BYTES, FIELD(emu_gpu_memory), 1 * G, 1 * M, 1024 * G, NULL,
      "memory of each emulated CUDA device"},
+    {"emu-sms", "N", OPT_COUNT, FIELD(emu_sms), 2, 1, 1024, NULL,
+     "multiprocessors each emulated CUDA device reports, which sizes the cuda backend's grids "
+     "(132 as an H200)"},
     {"cuda-streams", "N", OPT_COUNT, FIELD(cuda_streams), 8, 1, 64, NULL,
      "CUDA streams per GPU for sessions' work: each session issues on a stream of its own "
      "(made at its first use of the GPU, destroyed when it ends), so sessions' kernels may "

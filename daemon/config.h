@@ -22,6 +22,7 @@ typedef struct tdd_config {
     int sim_devices;          /* simulated discrete devices sim:0..N-1 (tests) */
     int emu_gpus;             /* emulated CUDA devices (`make emu` build; 0 = none) */
     uint64_t emu_gpu_memory;  /* their memory each */
+    int emu_sms;              /* their multiprocessors each */
     int cuda_streams;         /* CUDA streams per GPU for sessions; more share them */
     uint32_t max_msg;         /* largest protobuf request */
     uint64_t max_payload;     /* largest raw payload */

@@ -39,6 +39,7 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
                              .sim_devices = cfg->sim_devices,
                              .emu_gpus = cfg->emu_gpus,
                              .emu_gpu_memory = cfg->emu_gpu_memory,
+                             .emu_sms = cfg->emu_sms,
                              .shm_blocks = cfg->max_memfd_storage,
                              .cuda_streams = cfg->cuda_streams};
     /* every device's caching allocator (pool.h) starts from these */

@@ -557,6 +557,7 @@ static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size
         streams_per_device = cfg->cuda_streams;
 #ifdef TDC_EMU
     tdc_emu_configure(cfg ? cfg->emu_gpus : 0, cfg ? cfg->emu_gpu_memory : 0);
+    tdc_emu_configure_sms(cfg ? cfg->emu_sms : 0);
 #else
     if (cfg && cfg->emu_gpus > 0)
         fprintf(stderr, "tensordd: --emu-gpus: emulated GPUs are the `make emu` build's "

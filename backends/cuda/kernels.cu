@@ -429,7 +429,7 @@ __global__ void ew_int(int op, int arity, __grid_constant__ const tdc_layout l, 
         else
             r = un_i(op, x, g.n[0], g.n[1]);
         if (err && bad)
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
         store_i(y, g.ydt, off[0], r);
     }
 }
@@ -492,7 +492,7 @@ __global__ void index_kernel(int mode, int dim, __grid_constant__ const tdc_view
                 ao += (d == dim ? k : idx[d]) * a.strides[d];
         }
         if (k < 0 || k >= size) {
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
             continue;
         }
         yp[view_offset(y, idx)] = ap[ao];
@@ -510,7 +510,7 @@ __global__ void scatter_add_kernel(int dim, __grid_constant__ const tdc_view y, 
         int64_t k = load_i(ixp, ix.dt, view_offset(ix, idx));
         int64_t size = y.ndim ? y.shape[dim] : 1;
         if (k < 0 || k >= size) {
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
             continue;
         }
         int64_t so = view_offset(src, idx), yo = 0;
@@ -544,7 +544,7 @@ __global__ void one_hot_kernel(__grid_constant__ const tdc_view x, const void *x
         int64_t r = i / classes;
         int64_t k = load_i(xp, x.dt, flat_offset(x.shape, x.strides, x.ndim, r));
         if (k < 0 || k >= classes)
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
         y[i] = k == i - r * classes;
     }
 }
@@ -1142,7 +1142,7 @@ __global__ void class_loss_rows(__grid_constant__ const tdc_closs p, const T *x,
         int64_t cls = p.probs ? 0 : load_i(t, tdt, n * p.trs + si * p.tss);
         if (!p.probs && cls != p.ignore && (cls < 0 || cls >= C)) { // the same for the block
             if (threadIdx.x == 0)
-                *bad = 1;
+                atomicExch(bad, 1); // several threads may: atomically
         } else if (p.probs || cls != p.ignore) {
             T wt = w && !p.probs ? w[cls] : (T)1;
             counted = wt;
@@ -2212,7 +2212,7 @@ __global__ void embedding_bag_kernel(int bw, __grid_constant__ const tdc_bag g,
     for (int64_t i = gtid(); i < g.B * D; i += gstride()) {
         int64_t b = i / D, d = i - b * D, lo, hi;
         if (!bag_range(off, offp, b, g.B, g.last, n, &lo, &hi)) {
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
             continue;
         }
         double acc = g.mode == 2 ? -INFINITY : 0.0;
@@ -2240,7 +2240,7 @@ __global__ void embedding_bag_kernel(int bw, __grid_constant__ const tdc_bag g,
             cnt++;
         }
         if (!ok) {
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
             continue;
         }
         if (!bw) {
@@ -2285,7 +2285,7 @@ __global__ void multinomial_kernel(__grid_constant__ const tdc_view x, const voi
             nz += p > 0.0;
         }
         if (!ok || !(total > 0.0) || total == INFINITY || (!repl && nz < k)) {
-            *bad = 1;
+            atomicExch(bad, 1); // several threads may: atomically
             continue;
         }
         double prev = INFINITY;

@@ -8,27 +8,16 @@
 #
 #   BUILD=build/emu TDD_GPU_ARGS="--emu-gpus 2" bash tests/gpu/suites.sh   (make test-emu)
 #   BUILD=build TDD_GPU_ARGS="" bash tests/gpu/suites.sh                  (tests/gpu/run.sh)
+#   bash tests/gpu/suites.sh [selftest] [conformance [OP...]] [pytest] [digits]   some steps only
+# GPU_PYTEST="tests/python/x.py ..." replaces the pytest files (make test-emu's race-mode pass).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/emu}
 PY=${PY:-/usr/bin/python3}
 export TDD_GPU_ARGS=${TDD_GPU_ARGS-}
-
-# The conformance runner is in-process: the emulator takes its devices from the environment.
-if [[ "$TDD_GPU_ARGS" == *--emu-gpus* ]]; then
-    echo "gpu: the emulator's own semantics ($BUILD/tests/emu_selftest)"
-    "$BUILD/tests/emu_selftest" 2>/dev/null # its faults are expected; stderr names them
-    export TDD_EMU_GPUS=1
-fi
-echo "gpu: conformance table on cuda:0 ($BUILD/tests/gpu_conformance)"
-"$BUILD/tests/gpu_conformance"
-unset TDD_EMU_GPUS
-
-echo "gpu: pytest on cuda:0 and cuda:1 ($BUILD/tensordd $TDD_GPU_ARGS)"
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BUILD/python \
-    "$PY" -m pytest -q -p no:cacheprovider -rA tests/python/test_cuda_ops.py \
+emulated=0
+[[ "$TDD_GPU_ARGS" == *--emu-gpus* ]] && emulated=1
+GPU_PYTEST=${GPU_PYTEST:-tests/python/test_cuda_ops.py \
     tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py \
     tests/python/test_cuda_optim.py \
     tests/python/test_ops_batch_norm.py tests/python/test_cuda_resnet.py \
@@ -37,18 +26,70 @@ if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BU
     tests/python/test_ops_attention.py tests/python/test_transformer.py \
     tests/python/test_cuda_parallel.py tests/python/test_cuda_streams.py \
     tests/python/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
-    tests/python/test_memfd.py::test_cuda_memfd \
-    tests/python/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch \
-    >"$out" 2>&1; then
-    grep -v '^PASSED\|^SKIPPED' "$out"
-    exit 1
+    tests/python/test_memfd.py::test_cuda_memfd}
+# The torch device's model scripts on cuda:0 against local PyTorch: all three on a GPU; on
+# the emulator (where ResNet-18 and the transformer take minutes each) the MNIST one.
+if [ $emulated = 1 ]; then
+    GPU_PYTEST+=" tests/python/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch[mnist]"
+else
+    GPU_PYTEST+=" tests/python/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch"
 fi
-# Per file: passed, and skipped (an op or dtype the cuda backend declines, typed).
-awk '/^(PASSED|XFAIL) / { split($2, p, "::"); n[p[1] " " $1]++; f[p[1]] = 1 }
-     /^SKIPPED \[/ { split($3, p, ":"); n[p[1] " SKIPPED"] += substr($2, 2) + 0; f[p[1]] = 1 }
-     END { for (k in f) printf "gpu: %s: %d passed, %d skipped (declined), %d xfail\n", k,
-           n[k " PASSED"], n[k " SKIPPED"], n[k " XFAIL"] }' "$out" | sort
-tail -n 1 "$out"
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(selftest conformance pytest digits)
+want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+# conformance OP...: the ops after it (up to the next step name) narrow the table
+conf_ops=()
+for ((i = 0; i < ${#steps[@]}; i++)); do
+    if [ "${steps[i]}" = conformance ]; then
+        for ((j = i + 1; j < ${#steps[@]}; j++)); do
+            case ${steps[j]} in selftest | pytest | digits) break ;; esac
+            conf_ops+=("${steps[j]}")
+        done
+    fi
+done
+
+# The emulator's own semantics (its faults are expected; stderr names them).
+if want selftest && [ $emulated = 1 ]; then
+    echo "gpu: the emulator's own semantics ($BUILD/tests/emu_selftest)"
+    "$BUILD/tests/emu_selftest" 2>/dev/null
+    echo "gpu: the emulator's memory checks ($BUILD/tests/emu_checks)"
+    "$BUILD/tests/emu_checks" 2>/dev/null
+fi
+# The conformance runner is in-process: the emulator takes its devices from the environment.
+if want conformance; then
+    echo "gpu: conformance table on cuda:0 ($BUILD/tests/gpu_conformance${conf_ops[*]:+ ${conf_ops[*]}})"
+    if [ $emulated = 1 ]; then
+        TDD_EMU_GPUS=1 "$BUILD/tests/gpu_conformance" ${conf_ops[@]+"${conf_ops[@]}"}
+    else
+        "$BUILD/tests/gpu_conformance" ${conf_ops[@]+"${conf_ops[@]}"}
+    fi
+fi
+
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+if want pytest; then
+    # The op checks compare with PyTorch and skip without it: a missing torch would pass
+    # them all, so it is an error here.
+    if ! "$PY" -c 'import torch' 2>/dev/null; then
+        echo "gpu: $PY cannot import torch: the op checks against PyTorch would all skip" >&2
+        exit 1
+    fi
+    echo "gpu: pytest on cuda:0 and cuda:1 ($BUILD/tensordd $TDD_GPU_ARGS)"
+    # shellcheck disable=SC2086 # GPU_PYTEST is a list of files
+    if ! TDD_BIN=$BUILD/tensordd TDCTL_BIN=$BUILD/tdctl PYTHONPATH=client/python:$BUILD/python \
+        "$PY" -m pytest -q -p no:cacheprovider -rA $GPU_PYTEST >"$out" 2>&1; then
+        grep -v '^PASSED\|^SKIPPED' "$out"
+        exit 1
+    fi
+    # Per file: passed, and skipped (an op or dtype the cuda backend declines, typed).
+    awk '/^(PASSED|XFAIL) / { split($2, p, "::"); n[p[1] " " $1]++; f[p[1]] = 1 }
+         /^SKIPPED \[/ { split($3, p, ":"); n[p[1] " SKIPPED"] += substr($2, 2) + 0; f[p[1]] = 1 }
+         END { for (k in f) printf "gpu: %s: %d passed, %d skipped (declined), %d xfail\n", k,
+               n[k " PASSED"], n[k " SKIPPED"], n[k " XFAIL"] }' "$out" | sort
+    tail -n 1 "$out"
+fi
+want digits || exit 0
 
 # Digits training on cuda:0: the MLP, its backward and Adam on the GPU path, held to 95%
 # test accuracy (the example exits 1 below it). 10 epochs reach 95.8% on every backend

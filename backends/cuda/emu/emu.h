@@ -22,10 +22,22 @@
  *                            something forces it (runtime.cpp says what), so streams run out
  *                            of order wherever CUDA lets them: a missing event or a free
  *                            reused too early shows as a wrong value or an illegal address
+ *   TDD_EMU_DEFER=2          the same, but each device's first stream (the daemon's device
+ *                            stream) runs its work at once: work issued there that should
+ *                            wait for a session's deferred stream (a free on the wrong
+ *                            stream) runs before it
  *   TDD_EMU_DEFER_STREAM=ID  only the stream with this id is deferred (ids count the
  *                            streams made, from 1: in the daemon, one per device at start,
  *                            then one per session slot as sessions first use a device)
- *   TDD_EMU_DEFER_DEPTH=N    a deferred stream runs its queue past N items (default 1024) */
+ *   TDD_EMU_DEFER_DEPTH=N    a deferred stream runs its queue past N items (default 1024)
+ *   TDD_EMU_SMS=N            multiprocessors each device reports (default 2; the daemon's
+ *                            --emu-sms), which sizes the backend's grids
+ *   TDD_EMU_CHECK=1          race mode (runtime.cpp's memory checks): fibers interleave at
+ *                            every global and shared memory access in the seeded order,
+ *                            unordered conflicting accesses of one launch (racecheck) and
+ *                            loads of memory nothing wrote (initcheck) are kernel faults.
+ *                            Accesses outside an allocation's exact size (memcheck) are
+ *                            faults in every mode. */
 #ifndef TDC_EMU_H
 #define TDC_EMU_H
 
@@ -139,6 +151,9 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 /* Devices and memory per device (0: keep the environment's or the default). Call before
  * the first runtime call; later calls are ignored. */
 void tdc_emu_configure(int gpus, uint64_t memory_per_gpu);
+/* Multiprocessors each device reports (0: keep TDD_EMU_SMS or the default 2); before the
+ * first runtime call. */
+void tdc_emu_configure_sms(int sms);
 /* Bytes allocated on device now (tests compare it with a baseline). */
 uint64_t tdc_emu_bytes_in_use(int device);
 /* Raises a sticky error on device (as a faulting kernel would). */

@@ -10,7 +10,8 @@ EMU_BUILD ?= $(if $(filter build,$(BUILD)),build/emu,$(patsubst %-emu,%,$(BUILD)
 # The device code compiled (tests/gpu/mutate.sh points it at a broken copy).
 EMU_KERNELS := backends/cuda/kernels.cu
 EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
-               $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/python/tensordd/tensordd_pb2.py \
+               $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/tests/emu_checks \
+               $(EMU_BUILD)/python/tensordd/tensordd_pb2.py \
                $(EMU_BUILD)/tools/opcoverage $(EMU_BUILD)/python/tensordd/_torch_guard.so
 
 .PHONY: emu test-emu
@@ -18,9 +19,22 @@ emu:
 	@$(MAKE) --no-print-directory TDD_EMU=1 BUILD=$(EMU_BUILD) SAN= NVCC= \
 	    CUDA_CPPFLAGS="-DTDC_EMU=1 -Ibackends/cuda/emu/include" CUDA_LIBS=-lstdc++ $(EMU_TARGETS)
 
+# Then again in race mode (TDD_EMU_CHECK: fibers switching at memory accesses, races and
+# uninitialised loads faulting), with sessions' streams deferred and the device's stream
+# eager (TDD_EMU_DEFER=2: a free or a read on the wrong stream shows), another seed and an H200's 132 SMs (other grid sizes): the kernels with shared
+# memory, warp operations and atomics, and the pytest files that exercise streams.
+EMU_RACE_OPS := sum mean var std logsumexp argmax softmax log_softmax cumsum layer_norm \
+                scatter_add embedding_bag cross_entropy nll_loss linspace cast
+EMU_RACE_PYTEST := tests/python/test_cuda_streams11.py tests/python/test_cuda_devices.py \
+                   tests/python/test_cuda_optim14.py
 test-emu: emu
 	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M" \
 	    bash tests/gpu/suites.sh
+	@echo "gpu: again in race mode, deferred streams, seed 2, 132 SMs"
+	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_EMU_CHECK=1 TDD_EMU_DEFER=2 TDD_EMU_SEED=2 TDD_EMU_SMS=132 \
+	    TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M --emu-sms 132" \
+	    GPU_PYTEST="$(EMU_RACE_PYTEST)" \
+	    bash tests/gpu/suites.sh conformance $(EMU_RACE_OPS) pytest
 
 # The device code on the host compiler. Warnings stay errors; the kernels' C++ is held to
 # -Wall -Wextra (not the C build's -Wconversion family, which nvcc does not apply either).
@@ -28,10 +42,14 @@ EMU_CXXFLAGS := -std=c++17 $(OPT) -fPIC -pthread -Wall -Wextra -Werror -DTDC_EMU
                 -Ibackends/cuda/emu/include -Iinclude -Iproto -Ibackends -Ibackends/cuda \
                 $(OPENBLAS_CFLAGS)
 
+# Every load and store of the kernels calls runtime.cpp's checks (the thread sanitizer's
+# instrumentation, without its library: runtime.cpp defines the __tsan_* hooks).
+EMU_INSTRUMENT := -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+
 $(BUILD)/obj/backends/cuda/kernels.emu.o: $(EMU_KERNELS)
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $< (emulated)"
-	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/backends/cuda/emu/runtime.emu.o: backends/cuda/emu/runtime.cpp
 	@mkdir -p $(dir $@)
@@ -50,3 +68,11 @@ $(BUILD)/tests/emu_selftest: tests/gpu/emu_selftest.cpp $(BUILD)/obj/backends/cu
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $<"
 	$(Q)$(CXX) $(EMU_CXXFLAGS) -Ibackends/cuda/emu/include $^ $(OPENBLAS_LIBS) -pthread -o $@
+
+# Its memory checks (memcheck, racecheck, initcheck) on kernels instrumented as kernels.cu is.
+# Compiled instrumented, linked without the sanitizer's library (runtime.cpp is its run time).
+$(BUILD)/tests/emu_checks: tests/gpu/emu_checks.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $<"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
+	$(Q)$(CXX) $@.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o $(OPENBLAS_LIBS) -pthread -o $@

@@ -16,7 +16,10 @@
 //
 // __shared__ variables are static thread_local: one copy per host thread, so the fibers of
 // the block running on that thread share it, as a block shares shared memory. Atomics are
-// plain read-modify-writes: fibers never switch inside one.
+// plain read-modify-writes: fibers never switch inside one. kernels.cu is compiled with
+// -fsanitize=thread's instrumentation, whose hooks runtime.cpp defines: every load and
+// store is held to its allocation's exact bounds, and in race mode (TDD_EMU_CHECK) fibers
+// also switch at memory accesses and races and uninitialised loads fault.
 #ifndef TDC_EMU_DEVICE_H
 #define TDC_EMU_DEVICE_H
 
@@ -84,6 +87,8 @@ namespace tdc_emu
 {
 enum warp_kind { W_IDX, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL, W_SYNC };
 void syncthreads();
+// An atomic's access of n bytes at p (bounds and initcheck; no race check).
+void atomic_access(const void *p, size_t n);
 uint64_t warp_op(int kind, unsigned mask, uint64_t value, int param, int width);
 
 template <class T> T shfl(int kind, unsigned mask, T v, int param, int width)
@@ -180,56 +185,69 @@ inline int __all_sync(unsigned mask, int pred)
     return (int)tdc_emu::warp_op(tdc_emu::W_ALL, mask, pred != 0, 0, 32);
 }
 
-// Atomics: fibers never switch inside these, so a plain read-modify-write is atomic.
-template <class T> inline T atomicAdd(T *p, T v)
+// Atomics: fibers never switch inside these, so a plain read-modify-write is atomic. Their
+// own loads and stores are not instrumented (the race detector exempts atomics): they are
+// checked against the allocation's bounds by atomic_access, which may let another thread
+// run first in race mode.
+#define TDC_EMU_ATOMIC template <class T> __attribute__((no_sanitize("thread"))) inline T
+TDC_EMU_ATOMIC atomicAdd(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = old + v;
     return old;
 }
-template <class T> inline T atomicSub(T *p, T v)
+TDC_EMU_ATOMIC atomicSub(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = old - v;
     return old;
 }
-template <class T> inline T atomicMax(T *p, T v)
+TDC_EMU_ATOMIC atomicMax(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = old < v ? v : old;
     return old;
 }
-template <class T> inline T atomicMin(T *p, T v)
+TDC_EMU_ATOMIC atomicMin(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = v < old ? v : old;
     return old;
 }
-template <class T> inline T atomicExch(T *p, T v)
+TDC_EMU_ATOMIC atomicExch(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = v;
     return old;
 }
-template <class T> inline T atomicCAS(T *p, T cmp, T v)
+TDC_EMU_ATOMIC atomicCAS(T *p, T cmp, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     if (old == cmp)
         *p = v;
     return old;
 }
-template <class T> inline T atomicAnd(T *p, T v)
+TDC_EMU_ATOMIC atomicAnd(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = old & v;
     return old;
 }
-template <class T> inline T atomicOr(T *p, T v)
+TDC_EMU_ATOMIC atomicOr(T *p, T v)
 {
+    tdc_emu::atomic_access(p, sizeof *p);
     T old = *p;
     *p = old | v;
     return old;
 }
+#undef TDC_EMU_ATOMIC
 
 // ---- half and bfloat16 (cuda_fp16.h, cuda_bf16.h): storage and round-to-nearest-even
 struct __half {
@@ -294,6 +312,15 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f)
     if ((x & 0x7fffffffu) > 0x7f800000u)
         return __nv_bfloat16{(uint16_t)((x >> 16) | 0x40u)};
     x += 0x7fffu + ((x >> 16) & 1u);
+    return __nv_bfloat16{(uint16_t)(x >> 16)};
+}
+// Toward zero (truncation), as the toolkit's.
+inline __nv_bfloat16 __float2bfloat16_rz(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return __nv_bfloat16{(uint16_t)((x >> 16) | 0x40u)};
     return __nv_bfloat16{(uint16_t)(x >> 16)};
 }
 inline __nv_bfloat16 __float2bfloat16(float f)

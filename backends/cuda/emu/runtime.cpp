@@ -20,7 +20,9 @@
 // freed on one stream while another still uses it is unmapped (PROT_NONE, kept from reuse
 // for a while) when the free runs, so the late user faults with cudaErrorIllegalAddress.
 #include <cblas.h>
+#include <link.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "emu.h"
@@ -75,16 +78,20 @@ struct device {
     uint64_t total = 0, in_use = 0;
     std::atomic<int> sticky{cudaSuccess};
     tdc_emu_stream legacy; // the NULL stream
+    int streams_made = 0;  // created on it (under dq)
     tdc_emu_pool pool;
 };
 
-// Each allocation ends at a page that faults (PROT_NONE): a kernel reading or writing past
-// the end of a buffer (rounded up to 16 bytes) is an illegal address, as on a GPU.
+// Each allocation ends at a page that faults (PROT_NONE): host code touching memory past the
+// end of a buffer (rounded up to 16 bytes) faults. Kernels are held to the exact size asked
+// for (req): every access they make is checked (mem_access below), as compute-sanitizer's
+// memcheck does. init: one byte per byte, nonzero once written (TDD_EMU_CHECK only).
 struct allocation {
-    size_t size;
+    size_t size, req;
     int device;
     void *map;
     size_t map_len;
+    std::shared_ptr<std::vector<uint8_t>> init;
 };
 
 struct state {
@@ -95,9 +102,13 @@ struct state {
     uint64_t seed = 1;
     long fail_alloc = 0, sticky_launch = 0;
     bool trace = false;
+    bool check = false; // TDD_EMU_CHECK: interleaving at memory accesses, races, initcheck
+    int sms = 2;        // multiprocessors reported (TDD_EMU_SMS, --emu-sms)
     std::atomic<long> nalloc{0}, nlaunch{0};
+    std::atomic<uint64_t> alloc_gen{0}; // bumped by every free: kernels' cached bounds go stale
     // streams
     std::atomic<bool> defer{false};
+    bool defer_later = false; // TDD_EMU_DEFER=2: a device's first stream stays eager
     size_t defer_depth = 1024;
     int defer_stream = 0; // the one stream deferred (TDD_EMU_DEFER_STREAM; 0: none)
     std::atomic<bool> any_deferred{false}; // freed memory then stays unmapped a while
@@ -108,7 +119,7 @@ struct state {
     std::deque<std::pair<void *, size_t>> quarantine; // freed mappings kept PROT_NONE
 };
 
-int cfg_gpus = 0;
+int cfg_gpus = 0, cfg_sms = 0;
 uint64_t cfg_memory = 0;
 std::once_flag once;
 state *st;
@@ -152,7 +163,11 @@ void init_once()
         st->fail_alloc = (long)env_u64("TDD_EMU_FAIL_ALLOC", 0);
         st->sticky_launch = (long)env_u64("TDD_EMU_STICKY_LAUNCH", 0);
         st->trace = env_u64("TDD_EMU_TRACE", 0) != 0;
+        st->check = env_u64("TDD_EMU_CHECK", 0) != 0;
+        uint64_t sms = cfg_sms > 0 ? (uint64_t)cfg_sms : env_u64("TDD_EMU_SMS", 2);
+        st->sms = sms < 1 ? 1 : sms > 1024 ? 1024 : (int)sms;
         st->defer = env_u64("TDD_EMU_DEFER", 0) != 0;
+        st->defer_later = env_u64("TDD_EMU_DEFER", 0) == 2;
         st->defer_depth = (size_t)env_u64("TDD_EMU_DEFER_DEPTH", 1024);
         st->defer_stream = (int)env_u64("TDD_EMU_DEFER_STREAM", 0);
         if (st->defer_depth < 1)
@@ -205,7 +220,7 @@ const allocation *find(const void *p, size_t n, uintptr_t *base = nullptr)
     if (it == st->allocs.begin())
         return nullptr;
     --it;
-    if (a + n > it->first + it->second.size || a + n < a)
+    if (a + n > it->first + it->second.req || a + n < a)
         return nullptr;
     if (base)
         *base = it->first;
@@ -249,7 +264,10 @@ cudaError_t alloc_on(int d, void **p, size_t n)
     char *m = (char *)map + body - size; // 16-byte aligned (cudaMalloc gives 256)
     memset(m, 0xff, size);               // NaN as floats: reading unwritten memory shows
     dv.in_use += size;
-    st->allocs[(uintptr_t)m] = allocation{size, d, map, body + page};
+    std::shared_ptr<std::vector<uint8_t>> init;
+    if (st->check)
+        init = std::make_shared<std::vector<uint8_t>>(n);
+    st->allocs[(uintptr_t)m] = allocation{size, n, d, map, body + page, std::move(init)};
     *p = m;
     return cudaSuccess;
 }
@@ -263,6 +281,7 @@ cudaError_t free_on(void *p)
     if (it == st->allocs.end())
         return fail(cudaErrorInvalidDevicePointer);
     st->devs[it->second.device].in_use -= it->second.size;
+    st->alloc_gen++;
     if (st->any_deferred) {
         // A late user on an unordered stream faults instead of reading reused memory.
         mprotect(it->second.map, it->second.map_len, PROT_NONE);
@@ -447,6 +466,9 @@ struct block_run {
     char fault[256] = {};
     cudaError_t code = cudaErrorLaunchFailure; // the sticky error a fault leaves
     uint64_t rng = 0;
+    // The race detector's clocks: the block's linear index, barriers it has passed, and
+    // warp operations each warp has completed.
+    uint32_t blk = 0, nbar = 0, wsync[32] = {};
 };
 
 thread_local block_run *run;
@@ -506,6 +528,7 @@ void check_barrier(block_run *r)
         if (r->f[i].state == WAIT_BAR)
             r->f[i].state = RUNNABLE;
     r->at_barrier = 0;
+    r->nbar++;
 }
 
 // Completes the warp operations of warp w whose every named lane has arrived.
@@ -613,6 +636,7 @@ void check_warp(block_run *r, int w)
         for (int k = 0; k < 32; k++)
             if (group >> k & 1u)
                 r->f[lo + k].state = RUNNABLE;
+        r->wsync[w]++;
     }
 }
 
@@ -651,6 +675,9 @@ void install_fault_handler()
     sigaction(SIGBUS, &sa, &old_bus);
 }
 
+void block_started();
+void launch_started();
+
 // Runs one block to completion; false with r->fault set on a kernel fault.
 bool run_block(block_run *r)
 {
@@ -667,6 +694,9 @@ bool run_block(block_run *r)
     }
     r->live = r->n;
     r->at_barrier = 0;
+    r->nbar = 0;
+    memset(r->wsync, 0, sizeof r->wsync);
+    block_started();
     std::vector<int> order;
     order.reserve((size_t)r->n);
     while (r->live > 0) {
@@ -711,6 +741,233 @@ bool run_block(block_run *r)
         }
     }
     return true;
+}
+
+// ------------------------------------------------------------------ memory checks
+//
+// kernels.cu is compiled with -fsanitize=thread's instrumentation but without its run-time
+// library: every load and store the kernels make calls a __tsan_readN/__tsan_writeN defined
+// below, which the emulator uses as compute-sanitizer uses its own instrumentation:
+//   memcheck   (always) an access outside the exact bytes an allocation asked for, or in
+//              the mapping around it, is cudaErrorIllegalAddress, reported with its offset
+//   race mode  (TDD_EMU_CHECK=1) a fiber may yield to another at every global or shared
+//              memory access, in the seeded order; conflicting accesses (one a write) to the
+//              same bytes by two threads of one launch with no barrier between them (another
+//              block: nothing orders them; the same warp: a warp operation does) are a
+//              kernel fault that names both; atomics are exempt
+//   initcheck  (TDD_EMU_CHECK=1) a kernel reading device memory nothing wrote (no copy,
+//              memset or earlier kernel store) faults
+// Shared memory (__shared__ is static thread_local) is told apart as the host thread's
+// static TLS block, less the kernels' built-in variables.
+
+struct bounds_cache {
+    uintptr_t lo = 0, hi = 0; // [lo, hi): the allocation's exact bytes
+    uint64_t gen = ~0ull;
+    uint8_t *init = nullptr; // its initcheck bytes (check mode)
+};
+thread_local bounds_cache bcache;
+
+// One access as the race detector keeps it: who, and at which barrier and warp clock.
+struct acc {
+    uint32_t blk, tid, bar, ws;
+    uint8_t mask; // the bytes of the 4-byte granule touched
+};
+struct shadow {
+    acc w, r;
+    bool has_w = false, has_r = false;
+};
+thread_local std::unordered_map<uintptr_t, shadow> gshadow, sshadow; // global, shared
+thread_local uintptr_t tls_lo, tls_hi;
+thread_local bool tls_known;
+
+void launch_started()
+{
+    if (st->check)
+        gshadow.clear(); // races are within a launch: the stream orders launches
+}
+
+void block_started()
+{
+    if (st->check)
+        sshadow.clear(); // the next block's shared memory is its own
+}
+
+[[noreturn]] void kernel_fault(cudaError_t code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void kernel_fault(cudaError_t code, const char *fmt, ...)
+{
+    block_run *r = run;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->fault, sizeof r->fault, fmt, ap);
+    va_end(ap);
+    r->code = code;
+    r->f[r->cur].state = DONE;
+    ctx_switch(&r->f[r->cur].ctx, &r->main); // never resumed
+    abort();
+}
+
+int tls_cb(struct dl_phdr_info *info, size_t, void *)
+{
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_TLS) {
+            size_t al = info->dlpi_phdr[i].p_align ? info->dlpi_phdr[i].p_align : 1;
+            size_t sz = (info->dlpi_phdr[i].p_memsz + al - 1) / al * al;
+            uintptr_t tp = (uintptr_t)__builtin_thread_pointer();
+            tls_lo = tp - sz;
+            tls_hi = tp;
+            return 1;
+        }
+    return 1; // the first object is the program: its TLS or none
+}
+
+// Whether p is __shared__ memory: in the program's static TLS (x86-64 puts it just below
+// the thread pointer) and none of the built-in variables.
+bool is_shared(uintptr_t a)
+{
+#if defined(__x86_64__)
+    if (!tls_known) {
+        dl_iterate_phdr(tls_cb, nullptr);
+        tls_known = true;
+    }
+    if (a < tls_lo || a >= tls_hi)
+        return false;
+    auto in = [a](const void *v, size_t n) { return a >= (uintptr_t)v && a < (uintptr_t)v + n; };
+    return !in(&threadIdx, sizeof threadIdx) && !in(&blockIdx, sizeof blockIdx) &&
+           !in(&blockDim, sizeof blockDim) && !in(&gridDim, sizeof gridDim);
+#else
+    (void)a;
+    return false;
+#endif
+}
+
+const char *where(bool shared)
+{
+    return shared ? "shared" : "global";
+}
+
+// Two accesses nothing orders: another block, or the same block with no barrier (and, in
+// one warp, no warp operation) since the earlier one.
+bool concurrent(const acc &e, const acc &c)
+{
+    if (e.blk != c.blk)
+        return true;
+    if (e.tid == c.tid || e.bar < c.bar)
+        return false;
+    return !(e.tid / 32 == c.tid / 32 && e.ws < c.ws);
+}
+
+void race_check(uintptr_t a, size_t n, bool w, bool shared)
+{
+    block_run *r = run;
+    unsigned tid = (unsigned)r->cur;
+    acc c{r->blk, tid, r->nbar, r->wsync[tid / 32 % 32], 0};
+    auto &map = shared ? sshadow : gshadow;
+    for (uintptr_t g = a & ~(uintptr_t)3; g < a + n; g += 4) {
+        uintptr_t lo = std::max(g, a), hi = std::min(g + 4, a + n);
+        c.mask = (uint8_t)(((1u << (hi - lo)) - 1u) << (lo - g));
+        shadow &sh = map[g];
+        const acc *e = nullptr;
+        const char *kind = nullptr;
+        if (sh.has_w && (sh.w.mask & c.mask) && concurrent(sh.w, c)) {
+            e = &sh.w;
+            kind = w ? "write after write" : "read after write";
+        } else if (w && sh.has_r && (sh.r.mask & c.mask) && concurrent(sh.r, c)) {
+            e = &sh.r;
+            kind = "write after read";
+        }
+        if (e)
+            kernel_fault(cudaErrorLaunchFailure,
+                         "race (%s) on %s memory at %p: thread %u of block %u, and thread %u "
+                         "of block %u with no barrier between (an atomic missing?)",
+                         kind, where(shared), (void *)lo, tid, r->blk, e->tid, e->blk);
+        if (w) {
+            sh.w = c;
+            sh.has_w = true;
+        } else {
+            sh.r = c;
+            sh.has_r = true;
+        }
+    }
+}
+
+// Every kernel load and store (n bytes at p; w: a store). Host code (the launch wrappers
+// in kernels.cu) runs outside any block and is not checked.
+void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_yield = true)
+{
+    block_run *r = run;
+    if (!r || r->cur < 0 || n == 0)
+        return;
+    uintptr_t a = (uintptr_t)p;
+    bounds_cache &c = bcache;
+    bool global = a >= c.lo && a + n <= c.hi && c.gen == st->alloc_gen.load();
+    if (!global) {
+        // A fault leaves the fiber for good: the lock is released before it.
+        char why[160] = "";
+        {
+            std::lock_guard<std::mutex> g(st->mem);
+            uint64_t gen = st->alloc_gen.load();
+            auto it = st->allocs.upper_bound(a);
+            if (it != st->allocs.end() && a >= (uintptr_t)it->second.map)
+                snprintf(why, sizeof why, "%zu bytes before an allocation of %zu bytes",
+                         (size_t)(it->first - a), it->second.req);
+            else if (it != st->allocs.begin()) {
+                --it;
+                const allocation &al = it->second;
+                uintptr_t base = it->first, end = base + al.req;
+                if (a >= (uintptr_t)al.map + al.map_len) {
+                    // not device memory
+                } else if (a + n > end || a + n < a) {
+                    snprintf(why, sizeof why,
+                             "at byte %zu of an allocation of %zu bytes (out of bounds)",
+                             (size_t)(a - base), al.req);
+                } else {
+                    c.lo = base;
+                    c.hi = end;
+                    c.gen = gen;
+                    c.init = al.init ? al.init->data() : nullptr;
+                    global = true;
+                }
+            }
+        }
+        if (why[0])
+            kernel_fault(cudaErrorIllegalAddress, "thread %d: %zu-byte %s %s", r->cur, n,
+                         w ? "store" : "load", why);
+    }
+    bool shared = !global && st->check && is_shared(a);
+    if (!st->check || (!global && !shared))
+        return;
+    if (may_yield && next_rand(&r->rng) % 4 == 0) { // race mode: another thread may run first
+        yield();
+        return mem_access(p, n, w, atomic, false); // the other fibers moved the cache
+    }
+    if (global && c.init) {
+        uint8_t *in = c.init + (a - c.lo);
+        if (w) {
+            memset(in, 1, n);
+        } else {
+            for (size_t i = 0; i < n; i++)
+                if (!in[i])
+                    kernel_fault(cudaErrorLaunchFailure,
+                                 "thread %d: %zu-byte load at byte %zu of a %zu-byte allocation "
+                                 "that nothing wrote (uninitialised)",
+                                 r->cur, n, (size_t)(a - c.lo), (size_t)(c.hi - c.lo));
+        }
+    }
+    if (!atomic)
+        race_check(a, n, w, shared);
+}
+
+// Device memory [p, p + n) holds defined bytes now (a copy or memset into it).
+void mark_init(const void *p, size_t n)
+{
+    if (!st->check || n == 0)
+        return;
+    std::lock_guard<std::mutex> g(st->mem);
+    uintptr_t base;
+    const allocation *al = find(p, n, &base);
+    if (al && al->init)
+        memset(al->init->data() + ((uintptr_t)p - base), 1, n);
 }
 
 } // namespace
@@ -762,6 +1019,7 @@ void run_grid(int d, long k, dim3 grid, dim3 block, const char *name, thread_bod
     r.rng = st->seed * 0x2545f4914f6cdd1dull + (uint64_t)k;
     block_run *outer = run;
     run = &r;
+    launch_started();
     gridDim = grid;
     blockDim = block;
     bool ok = true;
@@ -769,6 +1027,7 @@ void run_grid(int d, long k, dim3 grid, dim3 block, const char *name, thread_bod
         for (unsigned y = 0; y < grid.y && ok; y++)
             for (unsigned x = 0; x < grid.x && ok; x++) {
                 blockIdx = uint3{x, y, z};
+                r.blk = (z * grid.y + y) * grid.x + x;
                 ok = run_block(&r);
             }
     run = outer;
@@ -829,6 +1088,12 @@ cudaError_t launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, const ch
 // ------------------------------------------------------------------ runtime API
 
 extern "C" {
+
+void tdc_emu_configure_sms(int sms)
+{
+    if (sms > 0)
+        cfg_sms = sms;
+}
 
 void tdc_emu_configure(int gpus, uint64_t memory_per_gpu)
 {
@@ -907,7 +1172,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device)
     p->totalGlobalMem = (size_t)st->devs[device].total;
     p->major = 9;
     p->minor = 0;
-    p->multiProcessorCount = 2; // small grids: the emulator runs blocks one by one
+    p->multiProcessorCount = st->sms; // 2 by default: small grids (blocks run one by one)
     p->warpSize = 32;
     p->maxThreadsPerBlock = 1024;
     p->sharedMemPerBlock = 48 * 1024;
@@ -920,7 +1185,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
         return fail(cudaErrorInvalidDevice);
     switch (attr) {
     case cudaDevAttrMultiProcessorCount:
-        *value = 2;
+        *value = st->sms;
         return cudaSuccess;
     case cudaDevAttrMemoryPoolsSupported:
         *value = 1;
@@ -1054,7 +1319,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
         (void)free_on(p); // the context is gone with its memory
         return fail(e);
     }
-    if (p && !is_device(p, 1))
+    if (p && !is_device(p, 0))
         return fail(cudaErrorInvalidDevicePointer);
     submit(stream_of(s), [p] { (void)free_on(p); }); // after the stream's earlier work
     return cudaSuccess;
@@ -1111,15 +1376,20 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
         std::shared_ptr<std::string> staged =
             std::make_shared<std::string>(static_cast<const char *>(src), n);
         submit(ts, [=] {
-            if (!sticky(d) && still_device(d, "cudaMemcpy", dst, n))
+            if (!sticky(d) && still_device(d, "cudaMemcpy", dst, n)) {
                 memmove(dst, staged->data(), n);
+                mark_init(dst, n);
+            }
         });
         return cudaSuccess;
     }
     submit(ts, [=] {
         if (!sticky(d) && (!dd || still_device(d, "cudaMemcpy", dst, n)) &&
-            (!sd || still_device(d, "cudaMemcpy", src, n)))
+            (!sd || still_device(d, "cudaMemcpy", src, n))) {
             memmove(dst, src, n);
+            if (dd)
+                mark_init(dst, n);
+        }
     });
     return cudaSuccess;
 }
@@ -1137,8 +1407,10 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s)
     if (n && !is_device(p, n))
         return fail(cudaErrorInvalidValue);
     submit(stream_of(s), [=] {
-        if (!sticky(d) && still_device(d, "cudaMemset", p, n))
+        if (!sticky(d) && still_device(d, "cudaMemset", p, n)) {
             memset(p, value, n);
+            mark_init(p, n);
+        }
     });
     return cudaSuccess;
 }
@@ -1159,7 +1431,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
     ts->blocking = !(flags & cudaStreamNonBlocking);
     std::lock_guard<std::recursive_mutex> g(st->dq);
     ts->id = st->next_id++;
-    ts->deferred = st->defer || ts->id == st->defer_stream;
+    bool first = st->devs[cur_dev].streams_made++ == 0;
+    ts->deferred = (st->defer && !(st->defer_later && first)) || ts->id == st->defer_stream;
     if (ts->deferred)
         st->any_deferred = true;
     st->live[ts->id] = ts;
@@ -1425,6 +1698,8 @@ tdc_emu_cublas_sgemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cub
         for (int i = 0; i < batch; i++)
             cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, a + i * sa, lda, b + i * sb,
                         ldb, be, c + i * sc, ldc);
+        for (int i = 0; i < batch; i++)
+            mark_init(c + i * sc, span(m, n, ldc) * sizeof(float));
     });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1437,4 +1712,63 @@ extern "C" cublasStatus_t tdc_emu_cublas_sgemm(cublasHandle_t h, cublasOperation
 {
     return tdc_emu_cublas_sgemm_strided_batched(h, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0,
                                                 beta, c, ldc, 0, 1);
+}
+
+namespace tdc_emu
+{
+void atomic_access(const void *p, size_t n)
+{
+    mem_access(p, n, true, true);
+}
+} // namespace tdc_emu
+
+// The instrumentation's entry points (kernels.cu is compiled with -fsanitize=thread, linked
+// without its library): each load and store of the kernels, checked by mem_access.
+extern "C" {
+#define TDC_EMU_ACCESS(n)                                                                          \
+    void __tsan_read##n(void *p)                                                                   \
+    {                                                                                              \
+        mem_access(p, n, false);                                                                   \
+    }                                                                                              \
+    void __tsan_write##n(void *p)                                                                  \
+    {                                                                                              \
+        mem_access(p, n, true);                                                                    \
+    }                                                                                              \
+    void __tsan_unaligned_read##n(void *p)                                                         \
+    {                                                                                              \
+        mem_access(p, n, false);                                                                   \
+    }                                                                                              \
+    void __tsan_unaligned_write##n(void *p)                                                        \
+    {                                                                                              \
+        mem_access(p, n, true);                                                                    \
+    }
+TDC_EMU_ACCESS(1)
+TDC_EMU_ACCESS(2)
+TDC_EMU_ACCESS(4)
+TDC_EMU_ACCESS(8)
+TDC_EMU_ACCESS(16)
+#undef TDC_EMU_ACCESS
+void __tsan_read_range(void *p, size_t n)
+{
+    mem_access(p, n, false);
+}
+void __tsan_write_range(void *p, size_t n)
+{
+    mem_access(p, n, true);
+}
+void __tsan_init(void)
+{
+}
+void __tsan_func_entry(void *)
+{
+}
+void __tsan_func_exit(void)
+{
+}
+void __tsan_vptr_update(void **, void *)
+{
+}
+void __tsan_vptr_read(void **)
+{
+}
 }
