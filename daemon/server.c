@@ -46,6 +46,7 @@ typedef struct {
     ino_t unix_ino;
     bool open; /* the handle is initialised (closed on a failed start) */
     bool tls;  /* tls://: connections speak TLS (--tls-cert, --tls-key) */
+    bool bare; /* tcp:// beyond loopback: only the token guards it */
 } listener;
 
 static uv_loop_t *loop;
@@ -1470,7 +1471,8 @@ static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
             return rc;
         }
     }
-    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls) {
+    l->bare = !is_loopback(&ss) && !l->tls;
+    if (l->bare && !tdd_cfg.token_len) {
         if (!tdd_cfg.insecure) {
             snprintf(why, wn,
                      "a listener beyond loopback needs TLS (tls://, --tls-cert, --tls-key) or "
@@ -1652,7 +1654,8 @@ static int listen_fd(listener *l, const char *num, char *why, size_t wn)
         snprintf(l->endpoint, sizeof l->endpoint, "unix://%s",
                  ((struct sockaddr_un *)&ss)->sun_path);
     } else if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) {
-        if (!is_loopback(&ss) && !tdd_cfg.token_len) {
+        l->bare = !is_loopback(&ss);
+        if (l->bare && !tdd_cfg.token_len) {
             snprintf(why, wn, "a listener beyond loopback needs a token (--token-file)");
             return UV_EACCES;
         }
@@ -1764,6 +1767,30 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
     }
     fflush(stdout);
     return 0;
+}
+
+int tdd_server_reload_tls(const tdd_config *cfg, char *why, size_t wn)
+{
+    if (!tls_ctx)
+        return 1;
+    if (!cfg->tls_cert[0] || !cfg->tls_key[0]) {
+        snprintf(why, wn, "a tls:// listener needs --tls-cert and --tls-key");
+        return -1;
+    }
+    tdd_tls_ctx *x = tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, why, wn);
+    if (!x)
+        return -1;
+    tdd_tls_ctx_free(tls_ctx); /* open connections hold a reference to its SSL_CTX */
+    tls_ctx = x;
+    return 0;
+}
+
+bool tdd_server_needs_token(void)
+{
+    for (int i = 0; i < nlisteners; i++)
+        if (listeners[i].bare)
+            return true;
+    return false;
 }
 
 uint32_t tdd_server_admitted(void)
