@@ -37,11 +37,18 @@ extern "C" {
 #define TD_VERSION_MINOR 9
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
+/* The same as text, "MAJOR.MINOR.PATCH". These three macros are the project's one version:
+ * the daemon (--version, HelloReply.server), tdctl, the Python client and tensordd.pc
+ * take theirs from here. */
+#define TD__STR(x) #x
+#define TD__XSTR(x) TD__STR(x)
+#define TD_VERSION_STRING                                                                          \
+    TD__XSTR(TD_VERSION_MAJOR) "." TD__XSTR(TD_VERSION_MINOR) "." TD__XSTR(TD_VERSION_PATCH)
 
 /* The version of the library linked at run time, as TD_VERSION_HEX: compare the two
  * to find a header and a library that differ. */
 unsigned int td_version(void);
-/* The same as text: "0.2.0". */
+/* The same as text, TD_VERSION_STRING of the library's build (e.g. "0.9.0"). */
 const char *td_version_string(void);
 
 /* ------------------------------------------------------------------ client */

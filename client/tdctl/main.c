@@ -35,8 +35,8 @@ typedef struct {
 /* ---------------------------------------------------------------- help */
 
 static const char main_usage[] =
-    "usage: tdctl [--endpoint E] [--token-file F] [--timeout MS] [TLS options] SUBCOMMAND "
-    "[ARGS]\n"
+    "usage: tdctl [--endpoint E] [--token-file F] [--timeout MS] [TLS options]\n"
+    "             SUBCOMMAND [ARGS]\n"
     "\n"
     "Subcommands:\n"
     "  devices    list the daemon's devices (backend:ordinal, name, memory)\n"
@@ -47,16 +47,16 @@ static const char main_usage[] =
     "\n"
     "Options:\n"
     "  --endpoint E     tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (default\n"
-    "                   $TENSORDD_ENDPOINT,"
-    "                   else " DEFAULT_ENDPOINT ")\n"
+    "                   $TENSORDD_ENDPOINT, else " DEFAULT_ENDPOINT ")\n"
     "  --token-file F   read the daemon's auth token from F\n"
     "  --timeout MS     give up when the daemon is silent this long (default: wait)\n"
-    "  --ca-file F      tls://: the CA certificates (PEM) the daemon's certificate must\n"
-    "                   chain to (default: the system's)\n"
+    "  --ca-file F      tls://: the CA certificates (PEM) the daemon's certificate\n"
+    "                   must chain to (default: the system's)\n"
     "  --cert F         tls://: this client's certificate (PEM), for mutual TLS\n"
     "  --key F          tls://: its private key (PEM; default: in --cert's file)\n"
     "  --no-verify      tls://: do not check the daemon's certificate (testing only)\n"
     "  --help           this text; `tdctl SUBCOMMAND --help` for a subcommand\n"
+    "  --version        tdctl's version (the project's, libtensordd's) and protocol\n"
     "\n"
     "Exit status: 0 ok, 1 the daemon answered an error, 2 usage or bad input file,\n"
     "3 cannot connect (or the connection was lost).\n";
@@ -71,16 +71,18 @@ static const char stats_usage[] =
     "usage: tdctl stats [--json] [--metrics URL]\n"
     "Prints the daemon's counters: sessions, handles, tensors alive, bytes in/out,\n"
     "requests, errors by code name, memory per device. --json prints one JSON object.\n"
-    "  --metrics URL   also the numbers only its metrics endpoint serves (the daemon's\n"
-    "                  --metrics-listen, e.g. http://127.0.0.1:9470): requests by type,\n"
-    "                  ops by name with mean latency, queue depth per device, sessions'\n"
-    "                  quota use, sessions opened and failed authentications\n";
+    "  --metrics URL   also the numbers only its metrics endpoint serves (the\n"
+    "                  daemon's --metrics-listen, e.g. http://127.0.0.1:9470):\n"
+    "                  requests by type, ops by name with mean latency, queue depth\n"
+    "                  per device, sessions opened and failed authentications\n"
+    "Per-session detail (peer, client, handles, memory) is `tdctl sessions`.\n";
 static const char sessions_usage[] =
     "usage: tdctl sessions [--json]\n"
     "Lists the daemon's sessions (this one included): id, peer, client name,\n"
     "handles, bytes in use, requests.\n";
 static const char apply_usage[] =
-    "usage: tdctl apply OP IN.npy [IN2.npy ...] -o OUT.npy [--device D] [--attr KEY=VALUE ...]\n"
+    "usage: tdctl apply OP IN.npy [IN2.npy ...] -o OUT.npy [--device D]\n"
+    "                   [--attr KEY=VALUE ...]\n"
     "Uploads the inputs, runs OP (PyTorch's name: add, matmul, relu, sum, ...) on the\n"
     "daemon and downloads the result into OUT.npy.\n"
     "  --device D          where the inputs live (default cpu:0)\n"
@@ -88,7 +90,8 @@ static const char apply_usage[] =
     "                      (true/false), an int list (1,2) or a float list (0.5,1);\n"
     "                      anything else is sent as a string\n"
     ".npy support: format v1/v2/v3, C order, dtypes <f4 <f8 <f2 <i4 <i8 |b1.\n"
-    "A progress bar is drawn on stderr for transfers over 8 MiB when it is a terminal.\n";
+    "A progress bar is drawn on stderr for transfers over 8 MiB when it is a\n"
+    "terminal.\n";
 
 static int usage_error(const char *usage, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -1057,6 +1060,10 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ||
             strcmp(argv[i], "help") == 0) {
             fputs(main_usage, stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
+            printf("tdctl %s (protocol %d)\n", td_version_string(), TD_PROTOCOL_VERSION);
             return 0;
         }
         if (argv[i][0] == '-')
