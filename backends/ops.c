@@ -12,6 +12,7 @@
 
 #include "dtype.h"
 #include "ops_impl.h"
+#include "td_error_set.h"
 
 const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
 #define TDD__OP_DEF(e, nm, lo, hi, kind) [TDD_OP_##e] = {TDD_OP_##e, nm, lo, hi, TDD_KIND_##kind},

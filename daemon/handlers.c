@@ -268,6 +268,7 @@ int tdd_h_stats(tdd_req *r)
             si[k].handles = s->nhandles;
             si[k].bytes_in_use = s->acct->in_use;
             si[k].requests = s->requests;
+            si[k].memory_limit = s->acct->limit;
             sip[k] = &si[k];
         }
         sr.n_session_list = k;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "td_error_set.h"
 
 tdd_session *tdd_sessions;
 uint64_t tdd_nsessions;

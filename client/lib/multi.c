@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "tensordd.h"
+#include "td_error_set.h"
 
 struct td_multi_member {
     td_client *client;

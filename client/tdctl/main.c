@@ -445,19 +445,54 @@ static int get_stats(global_opts *g, td_stats *s)
     return rc;
 }
 
-static void print_sessions_json(const td_stats *s)
+/* Every session (td_stats_sessions: no limit on their number). */
+typedef struct {
+    td_session_info *v;
+    size_t n;
+} session_list;
+
+static int get_sessions(global_opts *g, session_list *out)
 {
-    size_t n = s->nsessions < 64 ? s->nsessions : 64;
+    td_client *c;
+    int rc = open_client(g, &c);
+    if (rc)
+        return rc;
+    td_error e;
+    size_t n = 0, cap = 0;
+    out->v = NULL;
+    /* sessions may open between the count and the list: a few tries, then what fits */
+    for (int tries = 0; tries < 4; tries++) {
+        if ((rc = td_stats_sessions(c, out->v, cap, sizeof *out->v, &n, &e)) != 0) {
+            rc = report("stats", rc, &e);
+            break;
+        }
+        if (n <= cap)
+            break;
+        free(out->v);
+        cap = n + 16;
+        if (!(out->v = calloc(cap, sizeof *out->v))) {
+            fprintf(stderr, "tdctl: out of memory\n");
+            rc = EXIT_DAEMON;
+            break;
+        }
+    }
+    out->n = n < cap ? n : cap;
+    td_close(c);
+    return rc;
+}
+
+static void print_sessions_json(const session_list *s)
+{
     putchar('[');
-    for (size_t i = 0; i < n; i++) {
-        printf("%s{\"session_id\":%" PRIu64 ",\"peer\":", i ? "," : "",
-               s->session_list[i].session_id);
-        json_str(s->session_list[i].peer);
+    for (size_t i = 0; i < s->n; i++) {
+        const td_session_info *x = &s->v[i];
+        printf("%s{\"session_id\":%" PRIu64 ",\"peer\":", i ? "," : "", x->session_id);
+        json_str(x->peer);
         printf(",\"client_name\":");
-        json_str(s->session_list[i].client_name);
-        printf(",\"handles\":%" PRIu64 ",\"bytes_in_use\":%" PRIu64 ",\"requests\":%" PRIu64 "}",
-               s->session_list[i].handles, s->session_list[i].bytes_in_use,
-               s->session_list[i].requests);
+        json_str(x->client_name);
+        printf(",\"handles\":%" PRIu64 ",\"bytes_in_use\":%" PRIu64 ",\"memory_limit\":%" PRIu64
+               ",\"requests\":%" PRIu64 "}",
+               x->handles, x->bytes_in_use, x->memory_limit, x->requests);
     }
     putchar(']');
 }
@@ -474,7 +509,8 @@ static int fetch_metrics(const char *url, const global_opts *g, metrics_page *m)
 {
     char err[300];
     size_t len;
-    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000, &m->page, &len, err,
+    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000,
+                       g->token_file ? g->token : NULL, &m->page, &len, err,
                        sizeof err)) {
         fprintf(stderr, "tdctl: stats --metrics: %s\n", err);
         return EXIT_CONNECT;
@@ -513,7 +549,7 @@ static void op_latency(const metrics_page *m, const char *op, double *count, dou
     }
 }
 
-static void print_metrics(const metrics_page *m, int json)
+static void print_metrics(const metrics_page *m, const session_list *ss, int json)
 {
     const char *sep = "";
     if (json) {
@@ -554,20 +590,12 @@ static void print_metrics(const metrics_page *m, int json)
                 sep = ",";
             }
         printf("},\"session_memory\":[");
-        sep = "";
-        for (size_t i = 0; i < m->n; i++) {
-            const tdctl_sample *s = &m->v[i];
-            if (strcmp(s->name, "tensordd_session_memory_bytes"))
-                continue;
-            double limit = 0;
-            for (size_t k = 0; k < m->n; k++)
-                if (strcmp(m->v[k].name, "tensordd_session_memory_limit_bytes") == 0 &&
-                    strcmp(tdctl_label(&m->v[k], "session"), tdctl_label(s, "session")) == 0)
-                    limit = m->v[k].value;
-            printf("%s{\"session_id\":%s,\"client_name\":", sep, tdctl_label(s, "session"));
-            json_str(tdctl_label(s, "client"));
-            printf(",\"bytes_in_use\":%.0f,\"limit\":%.0f}", s->value, limit);
-            sep = ",";
+        for (size_t i = 0; i < ss->n; i++) {
+            printf("%s{\"session_id\":%" PRIu64 ",\"client_name\":", i ? "," : "",
+                   ss->v[i].session_id);
+            json_str(ss->v[i].client_name);
+            printf(",\"bytes_in_use\":%" PRIu64 ",\"limit\":%" PRIu64 "}", ss->v[i].bytes_in_use,
+                   ss->v[i].memory_limit);
         }
         printf("]");
         return;
@@ -595,14 +623,13 @@ static void print_metrics(const metrics_page *m, int json)
         if (strcmp(m->v[i].name, "tensordd_device_queue_depth") == 0)
             printf("  %-10s %.0f\n", tdctl_label(&m->v[i], "device"), m->v[i].value);
     printf("session memory:\n");
-    for (size_t i = 0; i < m->n; i++) {
-        const tdctl_sample *s = &m->v[i];
-        if (strcmp(s->name, "tensordd_session_memory_bytes") == 0) {
-            char a[32];
-            human((uint64_t)s->value, a, sizeof a);
-            printf("  session %-8s %-20s %12s\n", tdctl_label(s, "session"),
-                   tdctl_label(s, "client"), a);
-        }
+    for (size_t i = 0; i < ss->n; i++) {
+        char a[32], l[32] = "no quota";
+        human(ss->v[i].bytes_in_use, a, sizeof a);
+        if (ss->v[i].memory_limit)
+            human(ss->v[i].memory_limit, l, sizeof l);
+        printf("  session %-8" PRIu64 " %-20s %12s of %s\n", ss->v[i].session_id,
+               ss->v[i].client_name, a, l);
     }
 }
 
@@ -631,7 +658,10 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
     if ((rc = get_stats(g, &s)) != 0)
         return rc;
     metrics_page mp = {0};
+    session_list ss = {0};
     if (metrics_url && (rc = fetch_metrics(metrics_url, g, &mp)) != 0)
+        return rc;
+    if ((rc = get_sessions(g, &ss)) != 0)
         return rc;
     char dev[40];
     if (g->json) {
@@ -654,12 +684,13 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
                    i ? "," : "", dev, s.memory[i].bytes_in_use, s.memory[i].peak_bytes);
         }
         printf("],\"session_list\":");
-        print_sessions_json(&s);
+        print_sessions_json(&ss);
         if (metrics_url)
-            print_metrics(&mp, 1);
+            print_metrics(&mp, &ss, 1);
         printf("}\n");
         free(mp.page);
         free(mp.v);
+        free(ss.v);
         return 0;
     }
     char a[32], b[32];
@@ -690,9 +721,10 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
         printf("  %-10s in use %12s   peak %12s\n", dev, a, b);
     }
     if (metrics_url)
-        print_metrics(&mp, 0);
+        print_metrics(&mp, &ss, 0);
     free(mp.page);
     free(mp.v);
+    free(ss.v);
     return 0;
 }
 
@@ -701,26 +733,24 @@ static int cmd_sessions(int argc, char **argv, global_opts *g)
     int rc = simple_args(argc, argv, g, sessions_usage, 1);
     if (rc)
         return rc < 0 ? 0 : rc;
-    static td_stats s;
-    if ((rc = get_stats(g, &s)) != 0)
+    session_list s = {0};
+    if ((rc = get_sessions(g, &s)) != 0)
         return rc;
     if (g->json) {
         print_sessions_json(&s);
         putchar('\n');
+        free(s.v);
         return 0;
     }
     printf("%-8s %-28s %-20s %8s %12s %10s\n", "SESSION", "PEER", "CLIENT", "HANDLES", "BYTES",
            "REQUESTS");
-    size_t n = s.nsessions < 64 ? s.nsessions : 64;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < s.n; i++) {
         char b[32];
-        human(s.session_list[i].bytes_in_use, b, sizeof b);
-        printf("%-8" PRIu64 " %-28s %-20s %8" PRIu64 " %12s %10" PRIu64 "\n",
-               s.session_list[i].session_id, s.session_list[i].peer, s.session_list[i].client_name,
-               s.session_list[i].handles, b, s.session_list[i].requests);
+        human(s.v[i].bytes_in_use, b, sizeof b);
+        printf("%-8" PRIu64 " %-28s %-20s %8" PRIu64 " %12s %10" PRIu64 "\n", s.v[i].session_id,
+               s.v[i].peer, s.v[i].client_name, s.v[i].handles, b, s.v[i].requests);
     }
-    if (s.nsessions > n)
-        printf("(%zu more not listed)\n", s.nsessions - n);
+    free(s.v);
     return 0;
 }
 

@@ -1060,7 +1060,8 @@ class Session:
                        for m in s.memory},
             "session_list": [{"session_id": x.session_id, "peer": x.peer,
                               "client_name": x.client_name, "handles": x.handles,
-                              "bytes_in_use": x.bytes_in_use, "requests": x.requests}
+                              "bytes_in_use": x.bytes_in_use, "requests": x.requests,
+                              "memory_limit": x.memory_limit}
                              for x in s.session_list],
         }
 
