@@ -357,7 +357,9 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         }
         return reply_str(conn, MHD_HTTP_OK, "ok\n");
     }
-    return reply_str(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
+    if (strcmp(path, "/livez") == 0) /* the loop answers: alive, whether or not it admits */
+        return reply_str(conn, MHD_HTTP_OK, "alive\n");
+    return reply_str(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /healthz or /livez\n");
 }
 
 static void on_timer(uv_timer_t *h);

@@ -110,6 +110,8 @@ def test_scrape_beyond_loopback_with_a_token(tmp_path, netns):
         assert status == 401, status
         status, body = get(base + "/healthz")  # probes carry no secret
         assert status == 200 and body == "ok\n", (status, body)
+        status, body = get(base + "/livez")  # the liveness probe's: the loop answers
+        assert status == 200 and body == "alive\n", (status, body)
 
         status, page = get(base + "/metrics", token=TOKEN)
         assert status == 200, (status, page)
