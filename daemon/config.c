@@ -205,8 +205,7 @@ static const option_row rows[] = {
      "transfer capabilities outstanding at once, daemon-wide"},
     {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, "the system's",
      "CA certificates (PEM) a push to a tls:// daemon checks its certificate against"},
-    {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0,
-     "any address",
+    {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0, "any address",
      "the addresses a push to another daemon (TransferSend) may connect to, e.g. "
      "10.0.0.0/8,fd00::/8, so that a client holding the token cannot make the daemon reach "
      "other hosts"},
@@ -268,7 +267,7 @@ void tdd_config_defaults(tdd_config *c)
             store(c, &rows[i], rows[i].def);
     c->max_numel = (int64_t)1 << 36; /* 256 GiB of f32 */
     c->log_level = TDD_LOG_INFO;
-    c->shutdown_grace_s = 30;        /* above --write-timeout: a stuck reader cannot hold it */
+    c->shutdown_grace_s = 30; /* above --write-timeout: a stuck reader cannot hold it */
 }
 
 /* 4194304 -> "4M" when it is a whole multiple. */
@@ -356,8 +355,8 @@ static const char *help_text(const option_row *r)
 {
     static char text[2048];
     char d[64];
-    const char *def = is_number(r) || r->kind == OPT_MODE ? fmt_value(d, sizeof d, r, r->def)
-                                                         : r->zero;
+    const char *def =
+        is_number(r) || r->kind == OPT_MODE ? fmt_value(d, sizeof d, r, r->def) : r->zero;
     int n = snprintf(text, sizeof text, "%s%s", r->help, is_reloadable(r) ? " [reload]" : "");
     if (def && !is_command(r))
         snprintf(text + n, sizeof text - (size_t)n, " (default %s)", def);

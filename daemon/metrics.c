@@ -140,21 +140,26 @@ static void render_process(text *t)
     }
     uv_fs_req_cleanup(&req);
     struct rlimit rl;
-    put(t, "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
-           "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n",
+    put(t,
+        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n",
         hz > 0 ? (double)(utime + stime) / (double)hz : 0.0);
-    put(t, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-           "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %.0f\n",
+    put(t,
+        "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+        "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %.0f\n",
         (double)rss_pages * (double)(page > 0 ? page : 4096));
-    put(t, "# HELP process_open_fds Number of open file descriptors.\n"
-           "# TYPE process_open_fds gauge\nprocess_open_fds %" PRIu64 "\n",
+    put(t,
+        "# HELP process_open_fds Number of open file descriptors.\n"
+        "# TYPE process_open_fds gauge\nprocess_open_fds %" PRIu64 "\n",
         fds > 0 ? fds - 1 : 0); /* less the one scandir read through */
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
-        put(t, "# HELP process_max_fds Maximum number of open file descriptors.\n"
-               "# TYPE process_max_fds gauge\nprocess_max_fds %.0f\n",
+        put(t,
+            "# HELP process_max_fds Maximum number of open file descriptors.\n"
+            "# TYPE process_max_fds gauge\nprocess_max_fds %.0f\n",
             rl.rlim_cur == RLIM_INFINITY ? 1e18 : (double)rl.rlim_cur);
-    put(t, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
-           "seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.3f\n",
+    put(t,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+        "seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.3f\n",
         start_time_s);
 }
 
@@ -309,8 +314,8 @@ static bool bearer_ok(struct MHD_Connection *conn)
 {
     if (!tdd_cfg.token_len)
         return true;
-    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *h =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncmp(h, "Bearer ", 7))
         return false;
     h += 7;

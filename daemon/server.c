@@ -66,9 +66,9 @@ static void conn_process(tdd_conn *c);
 #define conn_debug(c, ...)                                                                         \
     do {                                                                                           \
         tdd_log_ctx prev_;                                                                         \
-        tdd_log_set_ctx((tdd_log_ctx){(c)->s ? (c)->s->id : 0,                                     \
-                                      (c)->s && (c)->hello_done ? (c)->s->id : 0},                 \
-                        &prev_);                                                                   \
+        tdd_log_set_ctx(                                                                           \
+            (tdd_log_ctx){(c)->s ? (c)->s->id : 0, (c)->s && (c)->hello_done ? (c)->s->id : 0},    \
+            &prev_);                                                                               \
         tdd_debug(__VA_ARGS__);                                                                    \
         tdd_log_set_ctx(prev_, NULL);                                                              \
     } while (0)

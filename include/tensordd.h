@@ -342,8 +342,8 @@ typedef struct {
 /* Every session of the daemon, without td_stats' limit of 64: fills up to cap entries of
  * entry_size bytes each (sizeof(td_session_info)) and sets *n to the number of sessions
  * (may exceed cap: call again with room for *n). */
-int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t entry_size,
-                      size_t *n, td_error *err);
+int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t entry_size, size_t *n,
+                      td_error *err);
 
 /* ---- autodiff */
 

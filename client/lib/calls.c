@@ -839,8 +839,8 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err)
     return td__take_early(c, err);
 }
 
-int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t entry_size,
-                      size_t *n, td_error *err)
+int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t entry_size, size_t *n,
+                      td_error *err)
 {
     int rc = check_client(c, err);
     if (rc)

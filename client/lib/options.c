@@ -110,8 +110,8 @@ static int read_token(const char *path, char *buf, size_t n, td_error *err)
     fclose(f);
     buf[strcspn(buf, "\r\n")] = 0;
     if (!buf[0])
-        return td__fail(err, TD_EINVALID_ARGUMENT, "token file %.200s has no token on its first line",
-                        path);
+        return td__fail(err, TD_EINVALID_ARGUMENT,
+                        "token file %.200s has no token on its first line", path);
     return 0;
 }
 

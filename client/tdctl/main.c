@@ -509,9 +509,8 @@ static int fetch_metrics(const char *url, const global_opts *g, metrics_page *m)
 {
     char err[300];
     size_t len;
-    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000,
-                       g->token_file ? g->token : NULL, &m->page, &len, err,
-                       sizeof err)) {
+    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000, g->token_file ? g->token : NULL,
+                       &m->page, &len, err, sizeof err)) {
         fprintf(stderr, "tdctl: stats --metrics: %s\n", err);
         return EXIT_CONNECT;
     }

@@ -9,8 +9,8 @@
 
 int main(int argc, char **argv)
 {
-    td_connect_opts o = {.token = argc > 2 ? argv[2] : NULL, .client_name = "old-client",
-                         .timeout_ms = 10000};
+    td_connect_opts o = {
+        .token = argc > 2 ? argv[2] : NULL, .client_name = "old-client", .timeout_ms = 10000};
     td_client *c;
     td_error err;
     if (td_connect(argv[1], &o, &c, &err)) {
@@ -22,7 +22,8 @@ int main(int argc, char **argv)
     td_handle h, s;
     td_op_opts oo = {0};
     if (td_upload(c, NULL, TD_F32, 1, shape, x, 0, &h, &err) ||
-        td_op(c, "sum", &h, 1, &oo, &s, 1, &err) || td_download(c, s, &out, sizeof out, NULL, &err)) {
+        td_op(c, "sum", &h, 1, &oo, &s, 1, &err) ||
+        td_download(c, s, &out, sizeof out, NULL, &err)) {
         fprintf(stderr, "session: %s\n", err.message);
         return 1;
     }
