@@ -61,6 +61,8 @@ from .session import (DEFAULT_ENDPOINT, PROTOCOL_VERSION, Session, connect, defa
 from .tensor import Tensor
 from .multi import MultiSession, connect_many  # noqa: E402 (after session and tensor)
 from . import optim  # noqa: E402 (after Tensor: optim imports it)
+from . import nn  # noqa: E402,F401 (torch.nn's place: tensordd.nn after `import tensordd`)
+from . import parallel  # noqa: E402,F401 (tensordd.parallel after `import tensordd`)
 
 from ._version import __version__  # noqa: E402,F401
 
