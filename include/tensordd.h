@@ -48,7 +48,7 @@ extern "C" {
 /* The version of the library linked at run time, as TD_VERSION_HEX: compare the two
  * to find a header and a library that differ. */
 unsigned int td_version(void);
-/* The same as text, TD_VERSION_STRING of the library's build (e.g. "0.9.0"). */
+/* The same as text: TD_VERSION_STRING of the library's build ("MAJOR.MINOR.PATCH"). */
 const char *td_version_string(void);
 
 /* ------------------------------------------------------------------ client */
