@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensordd.h"
 #include "td_error_set.h"
+#include "tensordd.h"
 
 struct td_multi_member {
     td_client *client;
