@@ -1544,3 +1544,28 @@ int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_o
                                (long long)max_numel);
     return 0;
 }
+
+const char *tdd_opkind_name(tdd_opkind k)
+{
+    switch (k) {
+    case TDD_KIND_BINARY:
+        return "binary";
+    case TDD_KIND_UNARY:
+        return "unary";
+    case TDD_KIND_ELEMENT:
+        return "elementwise";
+    case TDD_KIND_REDUCE:
+        return "reduction";
+    case TDD_KIND_LINALG:
+        return "linalg";
+    case TDD_KIND_VIEW:
+        return "view";
+    case TDD_KIND_INDEX:
+        return "indexing";
+    case TDD_KIND_NN:
+        return "nn";
+    case TDD_KIND_CREATE:
+        return "creation";
+    }
+    return "?";
+}

@@ -12,31 +12,6 @@
 
 #include "../tests/unit/test_conformance.h"
 
-static const char *kind_name(tdd_opkind k)
-{
-    switch (k) {
-    case TDD_KIND_BINARY:
-        return "binary";
-    case TDD_KIND_UNARY:
-        return "unary";
-    case TDD_KIND_ELEMENT:
-        return "elementwise";
-    case TDD_KIND_REDUCE:
-        return "reduction";
-    case TDD_KIND_LINALG:
-        return "linalg";
-    case TDD_KIND_VIEW:
-        return "view";
-    case TDD_KIND_INDEX:
-        return "indexing";
-    case TDD_KIND_NN:
-        return "nn";
-    case TDD_KIND_CREATE:
-        return "creation";
-    }
-    return "?";
-}
-
 /* A table cell: '|' would end it. */
 static void cell(const char *s)
 {
@@ -165,7 +140,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < conf_ncases && !sample; i++)
             if (strcmp(conf_cases[i].op, def->name) == 0)
                 sample = &conf_cases[i];
-        printf("| %s | %s |", def->name, kind_name(def->kind));
+        printf("| %s | %s |", def->name, tdd_opkind_name(def->kind));
         for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
             if (!sample) {
                 printf(" ? |");
