@@ -146,7 +146,7 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 include daemon/gloo.mk
 
 TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BUILD)/tdctl \
-           $(BUILD)/tensordd.pc $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
+           $(BUILD)/tensordd.pc client/python/tensordd/_version.py $(PYGEN) $(patsubst %.c,$(BUILD)/%,$(wildcard examples/*.c))
 
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
         install test-install test-gpu-build fuzz \
@@ -229,8 +229,17 @@ $(BUILD)/tdctl: $(call obj,$(TDCTL_SRC)) $(BUILD)/libtensordd.a
 	$(Q)$(CC) $(LDFLAGS) $^ $(shell pkg-config --libs libprotobuf-c) $(TLS_LIBS) -lm -o $@
 
 PREFIX ?= /usr/local
+INCLUDEDIR ?= $(PREFIX)/include
+# tensordd.pc for PREFIX, LIBDIR and INCLUDEDIR: `make install` writes it again for the
+# ones it installs to (a PREFIX given to install alone must reach it).
+PC_SED = -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' \
+         -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(TD_LIB_VERSION)|g'
 $(BUILD)/tensordd.pc: client/tensordd.pc.in include/tensordd.h
-	$(Q)sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(TD_LIB_VERSION)|g' $< > $@
+	$(Q)sed $(PC_SED) $< > $@
+
+# The Python client's version, written from the header's (the project's one version).
+client/python/tensordd/_version.py: include/tensordd.h
+	$(Q)sed -i 's/^__version__ = .*/__version__ = "$(TD_LIB_VERSION)"/' $@
 
 # ---------------------------------------------------------------- tests
 UNIT_SRC := $(wildcard tests/unit/*.c)
@@ -377,7 +386,7 @@ LIBDIR ?= $(PREFIX)/lib
 PYDIR ?= $(shell $(PY) -c 'import sys; print("$(PREFIX)/lib/python%d.%d/dist-packages" % sys.version_info[:2])')
 
 install: all man
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) \
 	    $(DESTDIR)$(PYDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man8
 	install -m 755 $(BUILD)/tensordd $(BUILD)/tdctl $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(BUILD)/libtensordd.a $(DESTDIR)$(LIBDIR)/
@@ -387,14 +396,18 @@ install: all man
 	install -m 644 $(BUILD)/man/tdctl.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 644 $(BUILD)/man/libtensordd.3 $(DESTDIR)$(MANDIR)/man3/
 	install -m 644 include/tensordd.h include/td_attr.h include/td_dtype.h include/td_error.h \
-	    $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|^libdir=.*|libdir=$(LIBDIR)|' $(BUILD)/tensordd.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
+	    $(DESTDIR)$(INCLUDEDIR)/
+	sed $(PC_SED) client/tensordd.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
 	@# the Python package is built as a wheel (pyproject.toml: setuptools, offline; tensordd_pb2
 	@# generated into the build directory) and installed with its metadata
 	$(PY) -m pip install -q --no-input --no-deps --no-index --no-compile --upgrade --root-user-action=ignore \
 	    --target $(DESTDIR)$(PYDIR) ./client/python
 	rm -rf client/python/build client/python/tensordd.egg-info
-	@echo "installed under $(DESTDIR)$(PREFIX) (python package in $(PYDIR)); systemd unit: deploy/tensordd.service"
+	@echo "installed under $(DESTDIR)$(PREFIX); systemd unit: deploy/tensordd.service"
+	@echo "  C:      PKG_CONFIG_PATH=$(LIBDIR)/pkgconfig cc app.c \$$(pkg-config --cflags --libs tensordd)"
+	@echo "          (and LD_LIBRARY_PATH=$(LIBDIR) to run it, unless the loader searches there)"
+	@echo "  Python: the package tensordd is in $(PYDIR):"
+	@echo "          PYTHONPATH=$(PYDIR) python3 -m tensordd --version"
 
 # The GPU check can only run on a GPU machine, but it must always build: a link
 # that broke here would be found only when a GPU is finally lent.
@@ -432,6 +445,11 @@ test-install:
 	@CC="$(CC)" LDFLAGS="$(LDFLAGS)" bash tools/abi/installed_client.sh $(abspath $(BUILD)/stage) /usr/local
 	@$(MAKE) --no-print-directory uninstall DESTDIR=$(abspath $(BUILD)/stage) PREFIX=/usr/local >/dev/null
 	@bash tools/abi/uninstall_check.sh verify $(abspath $(BUILD)/stage)
+	@# an install to a PREFIX of its own (no DESTDIR): its tensordd.pc names that prefix
+	@p=$$(mktemp -d "$${TMPDIR:-/tmp}/tensordd-prefix.XXXXXX") && \
+	    $(MAKE) --no-print-directory install PREFIX=$$p >/dev/null && \
+	    CC="$(CC)" LDFLAGS="$(LDFLAGS)" bash tools/abi/installed_client.sh "" $$p && \
+	    rm -rf $$p
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

@@ -12,6 +12,7 @@
 
 #include "dtype.h"
 #include "ops_impl.h"
+#include "td_error_set.h"
 
 const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
 #define TDD__OP_DEF(e, nm, lo, hi, kind) [TDD_OP_##e] = {TDD_OP_##e, nm, lo, hi, TDD_KIND_##kind},
@@ -1542,4 +1543,29 @@ int tdd_op_prepare(tdd_op op, const tdd_tensor *const *in, int n_in, const tdd_o
                                "%s: output %d has more than %lld elements", d->name, i,
                                (long long)max_numel);
     return 0;
+}
+
+const char *tdd_opkind_name(tdd_opkind k)
+{
+    switch (k) {
+    case TDD_KIND_BINARY:
+        return "binary";
+    case TDD_KIND_UNARY:
+        return "unary";
+    case TDD_KIND_ELEMENT:
+        return "elementwise";
+    case TDD_KIND_REDUCE:
+        return "reduction";
+    case TDD_KIND_LINALG:
+        return "linalg";
+    case TDD_KIND_VIEW:
+        return "view";
+    case TDD_KIND_INDEX:
+        return "indexing";
+    case TDD_KIND_NN:
+        return "nn";
+    case TDD_KIND_CREATE:
+        return "creation";
+    }
+    return "?";
 }

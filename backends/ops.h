@@ -91,6 +91,8 @@ const tdd_attrdef *tdd_op_attr(tdd_op op, const char *name);
 
 /* The name of an attribute type, as error messages and docs write it ("int or int list"). */
 const char *tdd_attrtype_name(tdd_attrtype t);
+/* The name of an op kind, as docs/ops.md and ListOps write it ("binary", "reduction"). */
+const char *tdd_opkind_name(tdd_opkind k);
 
 /* Debug hook for tests (tests/unit/test_optable.c): when set, called with every attribute
  * name the prepare code reads (present or not). NULL in the daemon. Not thread-safe to

@@ -7,6 +7,7 @@
 
 #include "td_dtype.h"
 #include "td_error.h"
+#include "td_error_set.h"
 
 const char *td_err_name(int code)
 {

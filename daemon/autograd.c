@@ -15,6 +15,7 @@
 
 #include "dtype.h"
 #include "log.h"
+#include "td_error_set.h"
 
 static uint64_t node_seq;
 /* tdd_node.capture: a bit per output */

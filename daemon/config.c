@@ -48,7 +48,9 @@ typedef struct {
     opt_kind kind;
     size_t off, size; /* the tdd_config field (numeric kinds) */
     uint64_t def, min, max;
-    const char *zero; /* what 0 means, when it is allowed and special */
+    /* numeric kinds: what 0 means, when it is allowed and special; the others: their
+     * default in words (--help ends each option's text with its default) */
+    const char *zero;
     const char *help;
 } option_row;
 
@@ -59,9 +61,8 @@ typedef struct {
 #define G (1024ull * M)
 
 static const option_row rows[] = {
-    {"listen", "ENDPOINT", OPT_LISTEN, NOFIELD, 0, 0, 0, NULL,
-     "tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (repeatable; default "
-     "tcp://127.0.0.1:7070; port 0 picks a free one)"},
+    {"listen", "ENDPOINT", OPT_LISTEN, NOFIELD, 0, 0, 0, "tcp://127.0.0.1:7070",
+     "tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (repeatable; port 0 picks a free one)"},
     {"cpu-devices", "N", OPT_COUNT, FIELD(cpu_devices), 1, 1, 16, NULL,
      "logical CPU devices cpu:0..N-1"},
     {"threads", "N", OPT_COUNT, FIELD(threads), 0, 0, 1024, "all cores",
@@ -95,30 +96,33 @@ static const option_row rows[] = {
      "CUDA streams per GPU for sessions' work: each session issues on a stream of its own "
      "(made at its first use of the GPU, destroyed when it ends), so sessions' kernels may "
      "overlap; sessions beyond N share them round robin"},
-    {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, NULL, "error, warn, info (default), debug"},
-    {"log-format", "FORMAT", OPT_LOGFMT, NOFIELD, 0, 0, 0, NULL,
-     "text (default) or json (one object per line: ts, level, msg, conn, session); with "
+    {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, "info", "error, warn, info or debug"},
+    {"log-format", "FORMAT", OPT_LOGFMT, NOFIELD, 0, 0, 0, "text",
+     "text or json (one object per line: ts, level, msg, conn, session); with "
      "stderr on the journal each line starts with its syslog priority <N>"},
-    {"metrics-listen", "HOST:PORT", OPT_HOSTPORT, FIELD(metrics_listen), 0, 0, 0, NULL,
-     "serve Prometheus metrics (/metrics) and /healthz over HTTP on this loopback address, "
-     "e.g. 127.0.0.1:9470 (default off)"},
+    {"metrics-listen", "HOST:PORT", OPT_HOSTPORT, FIELD(metrics_listen), 0, 0, 0, "off",
+     "serve Prometheus metrics (/metrics) and /healthz over HTTP on this address, e.g. "
+     "127.0.0.1:9470 or 0.0.0.0:9470; as for --listen, an address beyond loopback needs a "
+     "token (--token-file; scrapers then send it as `Authorization: Bearer TOKEN` for "
+     "/metrics, /healthz stays open to probes) or --insecure"},
     {"metrics-max-connections", "N", OPT_COUNT, FIELD(metrics_max_conns), 16, 1, 1024, NULL,
      "HTTP connections --metrics-listen serves at once; more wait in the listen queue"},
     {"metrics-timeout", "SECS", OPT_SECONDS, FIELD(metrics_timeout_s), 10, 1, 3600, NULL,
      "close a metrics connection idle this long (a client that sent half a request)"},
     {"unix-mode", "MODE", OPT_MODE, FIELD(unix_mode), 0600, 0, 0777, NULL,
      "permission bits of unix:// sockets, in octal (0660: the group may connect too)"},
-    {"unix-group", "GROUP", OPT_PATH, FIELD(unix_group), 0, 0, 0, NULL,
-     "group of unix:// sockets, a name or a number (default: the daemon's own group)"},
-    {"tls-cert", "PATH", OPT_PATH, FIELD(tls_cert), 0, 0, 0, NULL,
+    {"unix-group", "GROUP", OPT_PATH, FIELD(unix_group), 0, 0, 0, "the daemon's own group",
+     "group of unix:// sockets, a name or a number"},
+    {"tls-cert", "PATH", OPT_PATH, FIELD(tls_cert), 0, 0, 0, "none",
      "certificate chain (PEM) of tls:// listeners (TLS 1.2 and 1.3 only)"},
-    {"tls-key", "PATH", OPT_PATH, FIELD(tls_key), 0, 0, 0, NULL, "its private key (PEM)"},
-    {"tls-client-ca", "PATH", OPT_PATH, FIELD(tls_client_ca), 0, 0, 0, NULL,
+    {"tls-key", "PATH", OPT_PATH, FIELD(tls_key), 0, 0, 0, "none", "its private key (PEM)"},
+    {"tls-client-ca", "PATH", OPT_PATH, FIELD(tls_client_ca), 0, 0, 0,
+     "no client certificate asked for",
      "CA certificates (PEM): tls:// clients must present a certificate one of them signed "
-     "(mutual TLS; default: no client certificate asked for)"},
-    {"insecure", NULL, OPT_FLAG, FIELD(insecure), 0, 0, 1, NULL,
+     "(mutual TLS)"},
+    {"insecure", NULL, OPT_FLAG, FIELD(insecure), 0, 0, 1, "off",
      "allow a listener beyond loopback with neither TLS nor a token (logged as a warning)"},
-    {"token-file", "PATH", OPT_TOKEN, NOFIELD, 0, 0, 0, NULL,
+    {"token-file", "PATH", OPT_TOKEN, NOFIELD, 0, 0, 0, "none: sessions need no token",
      "clients must send this token in Hello (the file's one line of text; a file others may "
      "read, a symbolic link, a NUL or line break inside are refused); required to listen "
      "beyond loopback"},
@@ -188,12 +192,12 @@ static const option_row rows[] = {
     {"max-memfd-storage", "N", OPT_COUNT, FIELD(max_memfd_storage), 256, 0, 1u << 20, "none",
      "memfds holding tensors (memfd-storage-min) daemon-wide, each an open file; past it "
      "tensors are made in anonymous memory and their downloads copied"},
-    {"group-store-dir", "PATH", OPT_PATH, FIELD(group_store_dir), 0, 0, 0, NULL,
+    {"group-store-dir", "PATH", OPT_PATH, FIELD(group_store_dir), 0, 0, 0, "groups off",
      "process groups meet in directories under it (Gloo's FileStore; shared by the "
-     "ranks' daemons: one host, or a shared filesystem); default: groups off"},
-    {"group-address", "ADDR", OPT_PATH, FIELD(group_address), 0, 0, 0, NULL,
+     "ranks' daemons: one host, or a shared filesystem)"},
+    {"group-address", "ADDR", OPT_PATH, FIELD(group_address), 0, 0, 0, "127.0.0.1",
      "the address this daemon's process-group peers connect to (unauthenticated Gloo "
-     "TCP: a private network only; default 127.0.0.1)"},
+     "TCP: a private network only)"},
     {"group-timeout", "SECS", OPT_SECONDS, FIELD(group_timeout_s), 60, 1, 86400, NULL,
      "a process group's rendezvous, and each collective, fail with TIMEOUT after this"},
     {"group-max-ranks", "N", OPT_COUNT, FIELD(group_max_ranks), 256, 1, 65536, NULL,
@@ -215,24 +219,45 @@ static const option_row rows[] = {
     {"max-session-transfers", "N", OPT_COUNT, FIELD(max_session_transfers), 16, 1, 65536, NULL,
      "transfer capabilities one session may hold outstanding (issued, neither spent nor "
      "expired); a session's are forgotten when it ends"},
-    {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, NULL,
-     "CA certificates (PEM) a push to a tls:// daemon checks its certificate against "
-     "(default: the system's)"},
-    {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0, NULL,
+    {"transfer-ca", "PATH", OPT_PATH, FIELD(transfer_ca), 0, 0, 0, "the system's",
+     "CA certificates (PEM) a push to a tls:// daemon checks its certificate against"},
+    {"transfer-peers", "ADDR[/BITS],...", OPT_CIDRS, FIELD(transfer_peers), 0, 0, 0,
+     "none: pushes are off",
      "the addresses a push to another daemon (TransferSend) may connect to, e.g. "
      "10.0.0.0/8,fd00::/8 (0.0.0.0/0,::/0: any), so that a client holding the token cannot "
-     "make the daemon reach other hosts (default: none, pushes are off)"},
-    {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, NULL,
-     "read options from this INI file (default " TDD_CONFIG_DEFAULT
-     " when it exists; a missing PATH is an error): one `key = value` line per option, keys "
-     "named as the long options here; flags override the environment, which overrides the "
-     "file"},
+     "make the daemon reach other hosts"},
+    {"config", "PATH", OPT_CONFIG, NOFIELD, 0, 0, 0, TDD_CONFIG_DEFAULT " when it exists",
+     "read options from this INI file (a missing PATH is an error): one `key = value` line "
+     "per option, keys named as the long options here; flags override the environment, "
+     "which overrides the file; SIGHUP reads it again (the options marked [reload] change, "
+     "the others need a restart)"},
     {"check-config", NULL, OPT_CHECK, NOFIELD, 0, 0, 0, NULL,
      "validate the configuration, print the effective one and exit (0 valid, 1 not)"},
     {"help", NULL, OPT_HELP, NOFIELD, 0, 0, 0, NULL, "this text"},
     {"version", NULL, OPT_VERSION, NOFIELD, 0, 0, 0, NULL, "the daemon's and protocol's versions"},
 };
 #define NROWS (sizeof rows / sizeof rows[0])
+
+/* The options SIGHUP changes while sessions stay open (main.c's on_reload): logging, the
+ * token, the TLS files (new connections), the quotas of sessions opened after it. The
+ * others take a restart. */
+static const char *const reloadable[] = {
+    "log-level",     "log-format",  "token-file",     "tls-cert",    "tls-key",
+    "tls-client-ca", "max-handles", "session-memory", "max-id-runs", "max-sessions",
+};
+
+static bool is_reloadable(const option_row *r)
+{
+    for (size_t i = 0; i < sizeof reloadable / sizeof reloadable[0]; i++)
+        if (strcmp(reloadable[i], r->name) == 0)
+            return true;
+    return false;
+}
+
+/* The command line, kept for SIGHUP (tdd_config_reread reads the same sources again). */
+static int saved_argc;
+static char **saved_argv;
+static bool rereading;
 #define OPT_VAL0 256 /* getopt_long's values for the rows, clear of its '?' */
 
 static bool is_number(const option_row *r)
@@ -258,7 +283,8 @@ void tdd_config_defaults(tdd_config *c)
         if (is_number(&rows[i]) || rows[i].kind == OPT_MODE || rows[i].kind == OPT_FLAG)
             store(c, &rows[i], rows[i].def);
     c->max_numel = (int64_t)1 << 36; /* 256 GiB of f32 */
-    c->shutdown_grace_s = 30;        /* above --write-timeout: a stuck reader cannot hold it */
+    c->log_level = TDD_LOG_INFO;
+    c->shutdown_grace_s = 30; /* above --write-timeout: a stuck reader cannot hold it */
 }
 
 /* 4194304 -> "4M" when it is a whole multiple. */
@@ -335,6 +361,25 @@ static void env_name(char *buf, size_t n, const char *opt)
     buf[k] = 0;
 }
 
+static bool is_command(const option_row *r)
+{
+    return r->kind == OPT_CHECK || r->kind == OPT_HELP || r->kind == OPT_VERSION;
+}
+
+/* An option's --help text: its help, "[reload]" when SIGHUP changes it, and its default,
+ * last (the man page is made from this text). */
+static const char *help_text(const option_row *r)
+{
+    static char text[2048];
+    char d[64];
+    const char *def =
+        is_number(r) || r->kind == OPT_MODE ? fmt_value(d, sizeof d, r, r->def) : r->zero;
+    int n = snprintf(text, sizeof text, "%s%s", r->help, is_reloadable(r) ? " [reload]" : "");
+    if (def && !is_command(r))
+        snprintf(text + n, sizeof text - (size_t)n, " (default %s)", def);
+    return text;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: tensordd [options]\n"
@@ -342,18 +387,16 @@ static void usage(FILE *f)
                "that hold handles to tensors living here.\n\n");
     for (size_t i = 0; i < NROWS; i++) {
         const option_row *r = &rows[i];
-        char left[40], d[32], text[320];
+        char left[40];
         snprintf(left, sizeof left, "--%s%s%s", r->name, r->arg ? " " : "", r->arg ? r->arg : "");
-        if (is_number(r) || r->kind == OPT_MODE)
-            snprintf(text, sizeof text, "%s (default %s)", r->help,
-                     fmt_value(d, sizeof d, r, r->def));
-        else
-            snprintf(text, sizeof text, "%s", r->help);
-        fprintf(f, "  %-24s ", left);
         if (strlen(left) > 24)
-            fprintf(f, "\n%27s", "");
-        print_wrapped(f, text);
+            fprintf(f, "  %s\n%27s", left, "");
+        else
+            fprintf(f, "  %-24s ", left);
+        print_wrapped(f, help_text(r));
     }
+    fprintf(f, "Options marked [reload] take a new value on SIGHUP (sessions stay open;\n"
+               "quotas apply to sessions opened after it); the others need a restart.\n");
     fprintf(f, "BYTES take K, M, G, T suffixes (powers of 1024).\n\n"
                "Environment (flags override it; it overrides the config file):\n");
     for (size_t i = 0; i < NENV; i++) {
@@ -506,18 +549,7 @@ static int read_token(tdd_config *c, const char *path, const char *where)
     return 0;
 }
 
-static bool is_loopback_host(const char *host)
-{
-    struct sockaddr_in a4;
-    struct sockaddr_in6 a6;
-    if (strcmp(host, "localhost") == 0)
-        return true;
-    if (uv_ip4_addr(host, 0, &a4) == 0)
-        return (ntohl(a4.sin_addr.s_addr) >> 24) == 127;
-    return uv_ip6_addr(host, 0, &a6) == 0 && IN6_IS_ADDR_LOOPBACK(&a6.sin6_addr);
-}
-
-/* HOST:PORT or [V6]:PORT on a loopback address, port 0..65535 (0 picks one). */
+/* HOST:PORT or [V6]:PORT, an IP address or localhost, port 0..65535 (0 picks one). */
 static int check_hostport(const char *v, char *why, size_t n)
 {
     const char *colon = strrchr(v, ':');
@@ -542,13 +574,13 @@ static int check_hostport(const char *v, char *why, size_t n)
         snprintf(why, n, "the port must be 0..65535");
         return -1;
     }
-    if (!is_loopback_host(host)) {
-        snprintf(why, n,
-                 "metrics are served without authentication and name clients and peers: bind a "
-                 "loopback address (127.0.0.1, ::1) and let a local agent or proxy expose them");
+    struct sockaddr_in a4;
+    struct sockaddr_in6 a6;
+    if (strcmp(host, "localhost") && uv_ip4_addr(host, 0, &a4) && uv_ip6_addr(host, 0, &a6)) {
+        snprintf(why, n, "'%s' is not an IP address (nor localhost)", host);
         return -1;
     }
-    return 0;
+    return 0; /* beyond loopback: metrics.c asks for a token or --insecure */
 }
 
 /* Keeps listen values from the file and the environment alive for the process. */
@@ -567,6 +599,8 @@ static int apply(tdd_config *c, const option_row *r, const char *val, const orig
 {
     static int listen_src;
     char where[512], range[320];
+    if (r->kind == OPT_LISTEN && rereading)
+        return 0; /* the listeners keep running: tdd_config_reread leaves them out */
     say_where(where, sizeof where, o, r);
     uint64_t v;
     switch (r->kind) {
@@ -590,16 +624,17 @@ static int apply(tdd_config *c, const option_row *r, const char *val, const orig
         return 0;
     }
     case OPT_LOG:
-        tdd_log_level = tdd_log_parse_level(val);
-        if (tdd_log_level >= 0)
+        if ((c->log_level = tdd_log_parse_level(val)) >= 0)
             return 0;
-        tdd_log_level = TDD_LOG_INFO;
+        c->log_level = TDD_LOG_INFO;
         fprintf(stderr, "tensordd: %s: bad value '%s': takes error, warn, info or debug\n", where,
                 val);
         return -1;
     case OPT_LOGFMT:
-        if (tdd_log_set_format(val) == 0)
+        if (!strcmp(val, "text") || !strcmp(val, "json")) {
+            c->log_json = !strcmp(val, "json");
             return 0;
+        }
         fprintf(stderr, "tensordd: %s: bad value '%s': takes text or json\n", where, val);
         return -1;
     case OPT_TOKEN:
@@ -836,10 +871,10 @@ void tdd_config_print(const tdd_config *c)
                 printf("%s = %s\n", r->name, c->listen[k]);
             break;
         case OPT_LOG:
-            printf("%s = %s\n", r->name, tdd_log_level_name(tdd_log_level));
+            printf("%s = %s\n", r->name, tdd_log_level_name(c->log_level));
             break;
         case OPT_LOGFMT:
-            printf("%s = %s\n", r->name, tdd_log_format_name());
+            printf("%s = %s\n", r->name, c->log_json ? "json" : "text");
             break;
         case OPT_TOKEN:
             if (c->token_len)
@@ -903,7 +938,94 @@ void tdd_config_print(const tdd_config *c)
     }
 }
 
+void tdd_config_apply_log(const tdd_config *c)
+{
+    tdd_log_level = c->log_level;
+    tdd_log_set_format(c->log_json ? "json" : "text");
+}
+
+static int parse(tdd_config *c, int argc, char **argv);
+
 int tdd_config_from_args(tdd_config *c, int argc, char **argv)
+{
+    saved_argc = argc;
+    saved_argv = argv;
+    int rc = parse(c, argc, argv);
+    tdd_config_apply_log(c);
+    return rc;
+}
+
+int tdd_config_reread(tdd_config *next)
+{
+    if (!saved_argv)
+        return -1;
+    rereading = true;
+    int rc = parse(next, saved_argc, saved_argv);
+    rereading = false;
+    return rc ? -1 : 0;
+}
+
+/* Appends ", name" (or "name") to buf. */
+static void add_name(char *buf, size_t n, const char *name)
+{
+    size_t k = strlen(buf);
+    if (k + 1 < n)
+        snprintf(buf + k, n - k, "%s%s", k ? ", " : "", name);
+}
+
+void tdd_config_update(tdd_config *cur, const tdd_config *next, char *done, size_t dn,
+                       char *restart, size_t rn)
+{
+    done[0] = restart[0] = 0;
+    for (size_t i = 0; i < NROWS; i++) {
+        const option_row *r = &rows[i];
+        bool differs = false, reload = is_reloadable(r);
+        switch (r->kind) {
+        case OPT_LOG:
+            if ((differs = cur->log_level != next->log_level) && reload)
+                cur->log_level = next->log_level;
+            break;
+        case OPT_LOGFMT:
+            if ((differs = cur->log_json != next->log_json) && reload)
+                cur->log_json = next->log_json;
+            break;
+        case OPT_TOKEN:
+            differs = cur->token_len != next->token_len ||
+                      memcmp(cur->token, next->token, sizeof cur->token) ||
+                      strcmp(cur->token_file, next->token_file);
+            if (differs && reload) {
+                memcpy(cur->token, next->token, sizeof cur->token);
+                cur->token_len = next->token_len;
+                memcpy(cur->token_file, next->token_file, sizeof cur->token_file);
+            }
+            break;
+        case OPT_LISTEN: /* not reread */
+        case OPT_CONFIG:
+        case OPT_CHECK:
+        case OPT_HELP:
+        case OPT_VERSION:
+            break;
+        case OPT_COUNT:
+        case OPT_BYTES:
+        case OPT_SECONDS:
+        case OPT_HOSTPORT:
+        case OPT_PATH:
+        case OPT_CIDRS:
+        case OPT_MODE:
+        case OPT_FLAG:
+            differs = memcmp((const char *)cur + r->off, (const char *)next + r->off, r->size);
+            if (differs && reload)
+                memcpy((char *)cur + r->off, (const char *)next + r->off, r->size);
+            break;
+        }
+        if (differs)
+            add_name(reload ? done : restart, reload ? dn : rn, r->name);
+    }
+    memcpy(cur->config_file, next->config_file, sizeof cur->config_file);
+    tdd_config_apply_log(cur);
+}
+
+static int parse(tdd_config *c, int argc, char **argv)
 {
     struct option opts[NROWS + 1];
     for (size_t i = 0; i < NROWS; i++)
@@ -920,6 +1042,7 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
         check |= strcmp(argv[i], "--check-config") == 0;
     int bad = check ? 3 : 2;
     int o;
+    optind = 0; /* GNU getopt: from the start (SIGHUP parses the same argv again) */
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o < OPT_VAL0 || o >= OPT_VAL0 + (int)NROWS) {
             const char *what = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
@@ -959,7 +1082,7 @@ int tdd_config_from_args(tdd_config *c, int argc, char **argv)
     }
     if (read_credential(c))
         return 3;
-    if (c->nlisten == 0) {
+    if (c->nlisten == 0 && !rereading) {
         c->listen[c->nlisten++] = "tcp://127.0.0.1:7070";
         c->listen_default = true;
     }

@@ -6,9 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensordd.h"
+
 #define TDD_MAX_LISTEN 16
-/* The one version string (--version, HelloReply.server). */
-#define TDD_VERSION "0.1.0"
+/* --version and HelloReply.server: the project's one version (tensordd.h). */
+#define TDD_VERSION TD_VERSION_STRING
 /* Read when it exists and no --config is given. */
 #define TDD_CONFIG_DEFAULT "/etc/tensordd/tensordd.conf"
 
@@ -73,6 +75,8 @@ typedef struct tdd_config {
     char tls_client_ca[512]; /* CA certificates clients must be signed by; "" = no mTLS */
     uint32_t insecure;       /* allow a listener beyond loopback with neither TLS nor token */
     bool listen_default;     /* no listen was configured: listen[0] is the default */
+    int log_level;           /* --log-level (TDD_LOG_*), applied to log.c after parsing */
+    bool log_json;           /* --log-format json */
     /* process groups (group.c) */
     char group_store_dir[512];   /* rendezvous directories live under it; "" = groups off */
     char group_address[64];      /* the address peers reach this daemon's Gloo on */
@@ -101,5 +105,18 @@ void tdd_config_defaults(tdd_config *c);
 int tdd_config_from_args(tdd_config *c, int argc, char **argv);
 /* The effective configuration, itself a valid config file, on stdout. */
 void tdd_config_print(const tdd_config *c);
+
+/* SIGHUP: the file, the environment and the flags tdd_config_from_args read, read
+ * again into next (listen endpoints are not: they keep running). 0, or -1 after
+ * messages on stderr naming what is wrong; nothing global changes either way. */
+int tdd_config_reread(tdd_config *next);
+/* Copies into cur the settings of next that may change while the daemon runs (the
+ * option table's reload column: logging, token, TLS files, quotas of new sessions)
+ * and sets the log level and format. Names what changed in done[] and what differs but
+ * takes a restart in restart[] (comma-separated, "" when none). */
+void tdd_config_update(tdd_config *cur, const tdd_config *next, char *done, size_t dn,
+                       char *restart, size_t rn);
+/* Sets log.c's level and format from c. */
+void tdd_config_apply_log(const tdd_config *c);
 
 #endif

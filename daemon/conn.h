@@ -112,6 +112,12 @@ bool tdd_server_accepting(void);
  * when it would be admitted: the rule conn_admit applies (tdd_server_accepting is its
  * NULL). */
 const char *tdd_server_refusal(void);
+/* SIGHUP: the tls:// listeners' certificate, key and client CAs read again from cfg's
+ * paths (connections already open keep theirs). 0 reloaded, 1 no tls:// listener, -1
+ * not (why[] says; the old ones stay). */
+int tdd_server_reload_tls(const tdd_config *cfg, char *why, size_t wn);
+/* A tcp:// listener beyond loopback runs without TLS: the token may not go away. */
+bool tdd_server_needs_token(void);
 /* Stop accepting; let connections finish; the loop ends when all are closed. */
 void tdd_server_shutdown(void);
 

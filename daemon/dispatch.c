@@ -83,6 +83,7 @@ static const request_row rows[] = {
     ROW(TO_DEVICE) = {tdd_h_to_device, REC, TD_HANDLE_TENSOR, ids_to_device},
     ROW(SYNC) = {tdd_h_sync, SYNC | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(STATS) = {tdd_h_stats, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
+    ROW(LIST_OPS) = {tdd_h_list_ops, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(DESCRIBE) = {tdd_h_describe, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(BACKWARD) = {tdd_h_backward, SYNC | REC, TD_HANDLE_GRADIENTS, ids_backward},
     ROW(GRAD) = {tdd_h_grad, SYNC | REC, TD_HANDLE_TENSOR, ids_grad},

@@ -13,6 +13,7 @@
 #include "handlers.h"
 #include "log.h"
 #include "memfd.h"
+#include "ops.h"
 #include "resume.h"
 #include "stats.h"
 #include "tls.h"
@@ -269,6 +270,7 @@ int tdd_h_stats(tdd_req *r)
             si[k].handles = s->nhandles;
             si[k].bytes_in_use = s->acct->in_use;
             si[k].requests = s->requests;
+            si[k].memory_limit = s->acct->limit;
             sip[k] = &si[k];
         }
         sr.n_session_list = k;
@@ -280,6 +282,61 @@ int tdd_h_stats(tdd_req *r)
     resp.stats = &sr;
     tdd_conn_send(c, &resp, NULL, 0, NULL);
     free(dm), free(dmp), free(devs), free(names), free(si), free(sip);
+    return TDD_DISPATCH_DONE;
+}
+
+/* ---------------------------------------------------------------- list ops */
+
+int tdd_h_list_ops(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    size_t nattrs = 0;
+    for (int op = 0; op < TDD_OP_COUNT; op++)
+        nattrs += (size_t)tdd_op_schema[op].n_attrs;
+    Tensordd__V1__OpSchema *os = calloc(TDD_OP_COUNT, sizeof *os);
+    Tensordd__V1__OpSchema **osp = calloc(TDD_OP_COUNT, sizeof *osp);
+    Tensordd__V1__AttrSchema *as = calloc(nattrs + 1, sizeof *as);
+    Tensordd__V1__AttrSchema **asp = calloc(nattrs + 1, sizeof *asp);
+    if (!os || !osp || !as || !asp) {
+        free(os), free(osp), free(as), free(asp);
+        td_error err;
+        tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of memory listing the ops");
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_DONE;
+    }
+    size_t k = 0;
+    for (int op = 0; op < TDD_OP_COUNT; op++) {
+        const tdd_opdef *d = &tdd_opdefs[op];
+        const tdd_opschema *sc = &tdd_op_schema[op];
+        tensordd__v1__op_schema__init(&os[op]);
+        os[op].name = (char *)(uintptr_t)d->name;
+        os[op].kind = (char *)(uintptr_t)tdd_opkind_name(d->kind);
+        os[op].inputs = (char *)(uintptr_t)(sc->inputs ? sc->inputs : "");
+        os[op].min_inputs = (uint32_t)d->min_inputs;
+        os[op].max_inputs = (uint32_t)d->max_inputs;
+        os[op].attrs = &asp[k];
+        for (int i = 0; i < sc->n_attrs; i++, k++) {
+            const tdd_attrdef *a = &sc->attrs[i];
+            tensordd__v1__attr_schema__init(&as[k]);
+            as[k].name = (char *)(uintptr_t)a->name;
+            as[k].type = (char *)(uintptr_t)tdd_attrtype_name(a->type);
+            as[k].required = a->required;
+            as[k].default_value = (char *)(uintptr_t)(a->def ? a->def : "");
+            as[k].bounds = (char *)(uintptr_t)(a->bounds ? a->bounds : "");
+            asp[k] = &as[k];
+        }
+        os[op].n_attrs = (size_t)sc->n_attrs;
+        osp[op] = &os[op];
+    }
+    Tensordd__V1__ListOpsReply lr = TENSORDD__V1__LIST_OPS_REPLY__INIT;
+    lr.n_ops = TDD_OP_COUNT;
+    lr.ops = osp;
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = r->req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_OPS;
+    resp.ops = &lr;
+    tdd_conn_send(c, &resp, NULL, 0, NULL);
+    free(os), free(osp), free(as), free(asp);
     return TDD_DISPATCH_DONE;
 }
 

@@ -18,6 +18,8 @@ int tdd_h_release(tdd_req *r);
 int tdd_h_to_device(tdd_req *r);
 int tdd_h_sync(tdd_req *r);
 int tdd_h_stats(tdd_req *r);
+/* ListOps: every op's schema from the op table (name, kind, inputs, attributes). */
+int tdd_h_list_ops(tdd_req *r);
 int tdd_h_describe(tdd_req *r);
 int tdd_h_goodbye(tdd_req *r);
 /* The line Hello's reply carries for every client (e.g. no GPU). */

@@ -21,7 +21,7 @@
 #include "notify.h"
 #include "stats.h"
 
-static uv_signal_t sigterm, sigint, sigusr1;
+static uv_signal_t sigterm, sigint, sigusr1, sighup;
 static uv_timer_t grace;
 static bool stopping;
 
@@ -64,11 +64,55 @@ static void on_signal(uv_signal_t *h, int signum)
     uv_signal_stop(&sigint);
     uv_close((uv_handle_t *)&sigterm, NULL);
     uv_close((uv_handle_t *)&sigint, NULL);
+    uv_close((uv_handle_t *)&sighup, NULL);
     if (test_stall_ms)
         uv_close((uv_handle_t *)&sigusr1, NULL);
     uv_timer_init(uv_default_loop(), &grace);
     uv_timer_start(&grace, on_grace, tdd_cfg.shutdown_grace_s * 1000ull, 0);
     uv_unref((uv_handle_t *)&grace);
+}
+
+/* SIGHUP: the configuration read again from the same file, environment and flags; what
+ * may change while sessions run changes (the option table's [reload] column), the rest
+ * is named as needing a restart. Sessions stay open: a new token or quota applies to
+ * the Hellos and sessions that come after. */
+static void on_reload(uv_signal_t *h, int signum)
+{
+    (void)h;
+    (void)signum;
+    static tdd_config next;
+    if (tdd_config_reread(&next)) {
+        tdd_error("SIGHUP: configuration not reloaded: it does not parse (the messages above); "
+                  "the running one stays");
+        return;
+    }
+    char why[700] = "", done[1024], restart[1024];
+    if (next.token_len == 0 && tdd_cfg.token_len && !next.insecure &&
+        (tdd_server_needs_token() || tdd_metrics_needs_token())) {
+        tdd_error("SIGHUP: configuration not reloaded: the new one has no token, and a "
+                  "listener beyond loopback without TLS needs one (--token-file, or "
+                  "--insecure); the running one stays");
+        return;
+    }
+    int tls = tdd_server_reload_tls(&next, why, sizeof why);
+    if (tls < 0) {
+        tdd_error("SIGHUP: configuration not reloaded: TLS: %s; the running one stays", why);
+        return;
+    }
+    if (tls == 1) { /* no tls:// listener: its paths take a restart like the listeners */
+        memcpy(next.tls_cert, tdd_cfg.tls_cert, sizeof next.tls_cert);
+        memcpy(next.tls_key, tdd_cfg.tls_key, sizeof next.tls_key);
+        memcpy(next.tls_client_ca, tdd_cfg.tls_client_ca, sizeof next.tls_client_ca);
+    }
+    tdd_config_update(&tdd_cfg, &next, done, sizeof done, restart, sizeof restart);
+    tdd_info("SIGHUP: configuration reloaded from %s: %s%s; %llu session(s) kept open",
+             tdd_cfg.config_file[0] ? tdd_cfg.config_file : "flags and environment",
+             done[0] ? "changed " : "nothing changed", done,
+             (unsigned long long)tdd_server_admitted());
+    if (tls == 0)
+        tdd_info("SIGHUP: TLS certificate and key read again for new connections");
+    if (restart[0])
+        tdd_warn("SIGHUP: changed but not applied, these need a restart: %s", restart);
 }
 
 /* After the loop thread was preempted (another thread wanted its CPU), it polls no
@@ -188,6 +232,9 @@ int main(int argc, char **argv)
     uv_signal_init(loop, &sigint);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
     uv_signal_start(&sigint, on_signal, SIGINT);
+    uv_signal_init(loop, &sighup);
+    uv_signal_start(&sighup, on_reload, SIGHUP);
+    uv_unref((uv_handle_t *)&sighup); /* keeps no loop alive */
     const char *stall = getenv("TDD_TEST_STALL_MS");
     if (stall && (test_stall_ms = strtoul(stall, NULL, 10)) > 0) {
         uv_signal_init(loop, &sigusr1);

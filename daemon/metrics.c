@@ -1,5 +1,8 @@
 /* metrics.c -- Prometheus metrics (/metrics) and a health check (/healthz) over HTTP
- * (libmicrohttpd) on --metrics-listen, a loopback address of their own.
+ * (libmicrohttpd) on --metrics-listen, an address of their own: beyond loopback only
+ * with a token (asked of /metrics as a bearer token) or --insecure, the tensor
+ * listeners' rule. Labels are bounded (ops, devices, request types, error codes):
+ * per-session detail is in the Stats request (tdctl stats), never a label.
  *
  * Threads: none of its own. MHD runs in external-polling mode on the daemon's loop
  * thread: its epoll descriptor is watched by a uv_poll and its timeouts by a uv_timer,
@@ -18,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -28,13 +33,16 @@
 #include "resume.h"
 #include "session.h"
 #include "stats.h"
+#include "tensordd.h"
 #include "tensordd.pb-c.h"
 
 static struct MHD_Daemon *mhd;
 static uv_poll_t poll_h;
 static uv_timer_t timer_h;
 static bool draining;
+static bool exposed; /* bound beyond loopback */
 static char url[96];
+static double start_time_s; /* process start, seconds since the epoch */
 
 /* ---- the page, grown as it is written */
 
@@ -104,11 +112,65 @@ static const char *request_name(int body_case)
     return f ? f->name : "other";
 }
 
+/* The standard process_* series (client_golang's process collector), from /proc. */
+static void render_process(text *t)
+{
+    unsigned long utime = 0, stime = 0;
+    long rss_pages = 0;
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (f) {
+        char buf[1024];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        const char *p = strrchr(buf, ')'); /* after the command name, which may hold spaces */
+        if (p && sscanf(p + 2,
+                        "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu %*d %*d %*d %*d "
+                        "%*d %*d %*u %*u %ld",
+                        &utime, &stime, &rss_pages) != 3)
+            utime = stime = 0;
+    }
+    long hz = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    uint64_t fds = 0;
+    uv_fs_t req;
+    if (uv_fs_scandir(NULL, &req, "/proc/self/fd", 0, NULL) >= 0) {
+        uv_dirent_t ent;
+        while (uv_fs_scandir_next(&req, &ent) != UV_EOF)
+            fds++;
+    }
+    uv_fs_req_cleanup(&req);
+    struct rlimit rl;
+    put(t,
+        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n",
+        hz > 0 ? (double)(utime + stime) / (double)hz : 0.0);
+    put(t,
+        "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+        "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %.0f\n",
+        (double)rss_pages * (double)(page > 0 ? page : 4096));
+    put(t,
+        "# HELP process_open_fds Number of open file descriptors.\n"
+        "# TYPE process_open_fds gauge\nprocess_open_fds %" PRIu64 "\n",
+        fds > 0 ? fds - 1 : 0); /* less the one scandir read through */
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        put(t,
+            "# HELP process_max_fds Maximum number of open file descriptors.\n"
+            "# TYPE process_max_fds gauge\nprocess_max_fds %.0f\n",
+            rl.rlim_cur == RLIM_INFINITY ? 1e18 : (double)rl.rlim_cur);
+    put(t,
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+        "seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.3f\n",
+        start_time_s);
+}
+
 static void render(text *t)
 {
-    char a[160], b[160];
+    char a[160];
     head(t, "up", "gauge", "1 while the daemon runs");
     put(t, "tensordd_up 1\n");
+    head(t, "build_info", "gauge", "always 1; the labels say what runs");
+    put(t, "tensordd_build_info{version=\"%s\",protocol=\"%d\"} 1\n", TDD_VERSION,
+        TD_PROTOCOL_VERSION);
     head(t, "uptime_seconds", "gauge", "seconds since the daemon started");
     put(t, "tensordd_uptime_seconds %.3f\n",
         (double)(uv_now(uv_default_loop()) - tdd_stats.start_ms) / 1000.0);
@@ -207,21 +269,21 @@ static void render(text *t)
     head(t, "memory_cap_bytes", "gauge", "--memory-cap (0: physical memory)");
     put(t, "tensordd_memory_cap_bytes %" PRIu64 "\n", tdd_cfg.memory_cap);
 
-    head(t, "session_memory_bytes", "gauge", "memory charged to a session's quota");
-    for (tdd_session *s = tdd_sessions; s; s = s->next)
-        put(t,
-            "tensordd_session_memory_bytes{session=\"%" PRIu64
-            "\",client=\"%s\",peer=\"%s\"} %" PRIu64 "\n",
-            s->id, label(a, sizeof a, s->client_name), label(b, sizeof b, s->peer),
-            s->acct ? s->acct->in_use : 0);
-    head(t, "session_memory_limit_bytes", "gauge", "a session's quota (--session-memory; 0: none)");
-    for (tdd_session *s = tdd_sessions; s; s = s->next)
-        put(t, "tensordd_session_memory_limit_bytes{session=\"%" PRIu64 "\"} %" PRIu64 "\n", s->id,
-            s->acct ? s->acct->limit : 0);
-    head(t, "session_handles", "gauge", "a session's live handles");
-    for (tdd_session *s = tdd_sessions; s; s = s->next)
-        put(t, "tensordd_session_handles{session=\"%" PRIu64 "\"} %" PRIu64 "\n", s->id,
-            (uint64_t)s->nhandles);
+    uint64_t most_mem = 0, most_handles = 0;
+    for (tdd_session *s = tdd_sessions; s; s = s->next) {
+        uint64_t m = s->acct ? s->acct->in_use : 0;
+        most_mem = m > most_mem ? m : most_mem;
+        most_handles = s->nhandles > most_handles ? s->nhandles : most_handles;
+    }
+    head(t, "session_memory_max_bytes", "gauge",
+         "the most memory one session has charged to its quota now (per session: tdctl stats)");
+    put(t, "tensordd_session_memory_max_bytes %" PRIu64 "\n", most_mem);
+    head(t, "session_memory_limit_bytes", "gauge",
+         "--session-memory, the quota of sessions opened now (0: none)");
+    put(t, "tensordd_session_memory_limit_bytes %" PRIu64 "\n", tdd_cfg.session_memory);
+    head(t, "session_handles_max", "gauge", "the most live handles one session holds now");
+    put(t, "tensordd_session_handles_max %" PRIu64 "\n", most_handles);
+    render_process(t);
 }
 
 /* ---- HTTP */
@@ -246,6 +308,24 @@ static enum MHD_Result reply_str(struct MHD_Connection *conn, unsigned status, c
     return body ? reply(conn, status, body, strlen(s), "text/plain; charset=utf-8") : MHD_NO;
 }
 
+/* The request carries "Authorization: Bearer <the token>" (compared in time that depends
+ * only on the token's length), or no token is configured (--insecure). */
+static bool bearer_ok(struct MHD_Connection *conn)
+{
+    if (!tdd_cfg.token_len)
+        return true;
+    const char *h =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7))
+        return false;
+    h += 7;
+    size_t n = strlen(h);
+    unsigned diff = (unsigned)(n ^ tdd_cfg.token_len);
+    for (size_t i = 0; i < tdd_cfg.token_len; i++)
+        diff |= (unsigned)(uint8_t)(i < n ? h[i] : 0) ^ (uint8_t)tdd_cfg.token[i];
+    return diff == 0;
+}
+
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *path,
                                const char *method, const char *version, const char *upload,
                                size_t *upload_len, void **req_cls)
@@ -259,6 +339,10 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         return reply_str(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
     }
     if (strcmp(path, "/metrics") == 0) {
+        if (exposed && !bearer_ok(conn))
+            return reply_str(conn, MHD_HTTP_UNAUTHORIZED,
+                             "this endpoint is beyond loopback: send the daemon's token as "
+                             "`Authorization: Bearer TOKEN`\n");
         text t = {0};
         render(&t);
         if (t.oom) {
@@ -276,7 +360,9 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         }
         return reply_str(conn, MHD_HTTP_OK, "ok\n");
     }
-    return reply_str(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
+    if (strcmp(path, "/livez") == 0) /* the loop answers: alive, whether or not it admits */
+        return reply_str(conn, MHD_HTTP_OK, "alive\n");
+    return reply_str(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics, /healthz or /livez\n");
 }
 
 static void on_timer(uv_timer_t *h);
@@ -329,6 +415,23 @@ int tdd_metrics_start(uv_loop_t *loop, const char *hostport)
                            (struct sockaddr_in *)&ss)) {
         return -1;
     }
+    exposed = ss.ss_family == AF_INET
+                  ? (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) != 127
+                  : !IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr);
+    if (exposed && !tdd_cfg.token_len && !tdd_cfg.insecure) {
+        tdd_error("cannot serve metrics on %s: an address beyond loopback needs a token "
+                  "(--token-file; scrapers send it as a bearer token) or --insecure",
+                  hostport);
+        return -1;
+    }
+    if (exposed && !tdd_cfg.token_len)
+        tdd_warn("INSECURE: metrics on %s without a token (--insecure): anyone who can reach "
+                 "it reads them",
+                 hostport);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    start_time_s = (double)now.tv_sec + (double)now.tv_nsec / 1e9 -
+                   (double)(uv_now(loop) - tdd_stats.start_ms) / 1000.0;
     mhd = MHD_start_daemon(MHD_USE_EPOLL | (v6 ? MHD_USE_IPv6 : 0), (uint16_t)port, NULL, NULL,
                            on_http, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)tdd_cfg.metrics_max_conns,
@@ -361,6 +464,11 @@ int tdd_metrics_start(uv_loop_t *loop, const char *hostport)
         fflush(stdout);
     }
     return 0;
+}
+
+bool tdd_metrics_needs_token(void)
+{
+    return mhd && exposed;
 }
 
 void tdd_metrics_draining(void)

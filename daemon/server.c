@@ -46,6 +46,7 @@ typedef struct {
     ino_t unix_ino;
     bool open; /* the handle is initialised (closed on a failed start) */
     bool tls;  /* tls://: connections speak TLS (--tls-cert, --tls-key) */
+    bool bare; /* tcp:// beyond loopback: only the token guards it */
 } listener;
 
 static uv_loop_t *loop;
@@ -59,6 +60,18 @@ static uint32_t n_admitted;    /* connections past Hello: the sessions --max-ses
 static tdd_tls_ctx *tls_ctx;   /* the tls:// listeners' certificate, key and client CAs */
 
 static void conn_process(tdd_conn *c);
+
+/* A debug line about c from a libuv callback (outside any request): JSON lines carry its
+ * connection, and its session once Hello made one. */
+#define conn_debug(c, ...)                                                                         \
+    do {                                                                                           \
+        tdd_log_ctx prev_;                                                                         \
+        tdd_log_set_ctx(                                                                           \
+            (tdd_log_ctx){(c)->s ? (c)->s->id : 0, (c)->s && (c)->hello_done ? (c)->s->id : 0},    \
+            &prev_);                                                                               \
+        tdd_debug(__VA_ARGS__);                                                                    \
+        tdd_log_set_ctx(prev_, NULL);                                                              \
+    } while (0)
 static void conn_close(tdd_conn *c);
 static void conn_shutdown(tdd_conn *c);
 static void watch_arm(tdd_conn *c);
@@ -102,8 +115,8 @@ static void write_done(write_req *wr, int status)
     c->active_ms = c->wq_moved_ms = uv_now(loop);
     tdd_storage_unref(wr->hold);
     if (status < 0 && status != UV_ECANCELED)
-        tdd_debug("session %llu: write failed: %s", (unsigned long long)(c->s ? c->s->id : 0),
-                  uv_strerror(status));
+        conn_debug(c, "connection %llu: write failed: %s",
+                   (unsigned long long)(c->s ? c->s->id : 0), uv_strerror(status));
     bool resume = wr->resume;
     free(wr);
     if (resume)
@@ -762,8 +775,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     if (nread < 0) {
         if (nread != UV_EOF)
-            tdd_debug("session %llu: read: %s", (unsigned long long)(c->s ? c->s->id : 0),
-                      uv_strerror((int)nread));
+            conn_debug(c, "connection %llu: read: %s", (unsigned long long)(c->s ? c->s->id : 0),
+                       uv_strerror((int)nread));
         conn_close(c);
         return;
     }
@@ -912,8 +925,9 @@ static void tls_after_write(uv_write_t *w, int status)
     write_req *done = ch->done;
     free(ch);
     if (status < 0 && status != UV_ECANCELED)
-        tdd_debug("connection from %s: write failed: %s", c->s ? c->s->peer : "?",
-                  uv_strerror(status));
+        conn_debug(c, "connection %llu from %s: write failed: %s",
+                   (unsigned long long)(c->s ? c->s->id : 0), c->s ? c->s->peer : "?",
+                   uv_strerror(status));
     finish_writes(done, status);
     if (!c->tls_dead)
         tls_pump_out(c);
@@ -1040,8 +1054,9 @@ static void tls_pump_in(tdd_conn *c)
         ssize_t n = tdd_tls_read(c->tls, b.base, b.len);
         if (!was_done && tdd_tls_handshake_done(c->tls)) {
             const char *who = tdd_tls_peer(c->tls);
-            tdd_debug("connection from %s: %s%s%s", c->s ? c->s->peer : "?",
-                      tdd_tls_version(c->tls), who[0] ? ", client " : "", who);
+            conn_debug(c, "connection %llu from %s: %s%s%s",
+                       (unsigned long long)(c->s ? c->s->id : 0), c->s ? c->s->peer : "?",
+                       tdd_tls_version(c->tls), who[0] ? ", client " : "", who);
         }
         if (n > 0) {
             conn_received(c, &b, (size_t)n);
@@ -1182,9 +1197,9 @@ static void conn_close(tdd_conn *c)
             tdd_info("session %llu closed: peer %s, client '%s', %llu requests",
                      (unsigned long long)c->s->id, c->s->peer, c->s->client_name,
                      (unsigned long long)c->s->requests);
-        tdd_log_set_ctx(prev, NULL);
         if (!c->hello_done)
             tdd_debug("connection %llu closed before Hello", (unsigned long long)c->s->id);
+        tdd_log_set_ctx(prev, NULL);
         if (!held) {
             tdd_resume_release(c->s);
             tdd_session_close(c->s);
@@ -1494,7 +1509,11 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     peer_name(c, is_tcp, c->s->peer, sizeof c->s->peer);
-    tdd_debug("session %llu opened from %s", (unsigned long long)c->s->id, c->s->peer);
+    /* not a session yet: that is Hello's, once the token checks out */
+    tdd_log_ctx prev;
+    tdd_log_set_ctx((tdd_log_ctx){c->s->id, 0}, &prev);
+    tdd_debug("connection %llu accepted from %s", (unsigned long long)c->s->id, c->s->peer);
+    tdd_log_set_ctx(prev, NULL);
     watch_arm(c);
     start_reading(c);
 }
@@ -1583,7 +1602,8 @@ static int listen_tcp(listener *l, const char *hostport, char *why, size_t wn)
     bool v6 = ss.ss_family == AF_INET6;
     if ((prc = check_exposure(&ss, l->tls, why, wn)))
         return prc;
-    if (!is_loopback(&ss) && !tdd_cfg.token_len && !l->tls)
+    l->bare = !is_loopback(&ss) && !l->tls; /* SIGHUP may not take its token away */
+    if (l->bare && !tdd_cfg.token_len)
         tdd_warn("INSECURE: listening on %s without TLS or a token (--insecure): anyone who "
                  "can reach it can read every tensor and run code on this machine's devices",
                  hostport);
@@ -1747,7 +1767,8 @@ static int listen_fd(listener *l, const char *num, char *why, size_t wn)
         snprintf(l->endpoint, sizeof l->endpoint, "unix://%s",
                  ((struct sockaddr_un *)&ss)->sun_path);
     } else if (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) {
-        if (!is_loopback(&ss) && !tdd_cfg.token_len) {
+        l->bare = !is_loopback(&ss);
+        if (l->bare && !tdd_cfg.token_len) {
             snprintf(why, wn, "a listener beyond loopback needs a token (--token-file)");
             return UV_EACCES;
         }
@@ -1917,6 +1938,30 @@ int tdd_server_start(uv_loop_t *lp, const tdd_config *cfg, tdd_request_fn on_req
     }
     fflush(stdout);
     return 0;
+}
+
+int tdd_server_reload_tls(const tdd_config *cfg, char *why, size_t wn)
+{
+    if (!tls_ctx)
+        return 1;
+    if (!cfg->tls_cert[0] || !cfg->tls_key[0]) {
+        snprintf(why, wn, "a tls:// listener needs --tls-cert and --tls-key");
+        return -1;
+    }
+    tdd_tls_ctx *x = tdd_tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, why, wn);
+    if (!x)
+        return -1;
+    tdd_tls_ctx_free(tls_ctx); /* open connections hold a reference to its SSL_CTX */
+    tls_ctx = x;
+    return 0;
+}
+
+bool tdd_server_needs_token(void)
+{
+    for (int i = 0; i < nlisteners; i++)
+        if (listeners[i].bare)
+            return true;
+    return false;
 }
 
 uint32_t tdd_server_admitted(void)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "td_error_set.h"
 
 tdd_session *tdd_sessions;
 uint64_t tdd_nsessions;
@@ -96,6 +97,8 @@ tdd_session *tdd_session_new(struct tdd_conn *conn)
     }
     s->acct->refs = 1;
     s->acct->limit = tdd_cfg.session_memory;
+    s->max_handles = tdd_cfg.max_handles;
+    s->max_id_runs = tdd_cfg.max_id_runs;
     s->id = next_session_id++;
     s->refs = 1;
     s->conn = conn;
@@ -148,14 +151,14 @@ static int id_runs_grow(tdd_session *s, td_error *err)
 {
     if (s->n_id_runs < s->cap_id_runs)
         return 0;
-    if (s->n_id_runs >= tdd_cfg.max_id_runs)
+    if (s->n_id_runs >= s->max_id_runs)
         return tdd_err_resource(err, "handle id runs", 1, 0,
                                 "this session's handle ids are scattered over %zu runs of "
                                 "consecutive ids, the limit (--max-id-runs): count ids up instead",
                                 s->n_id_runs);
     size_t cap = s->cap_id_runs ? 2 * s->cap_id_runs : 4;
-    if (cap > tdd_cfg.max_id_runs)
-        cap = (size_t)tdd_cfg.max_id_runs;
+    if (cap > s->max_id_runs)
+        cap = (size_t)s->max_id_runs;
     uint64_t more = (cap - s->cap_id_runs) * sizeof(tdd_id_run);
     int rc = tdd_account_charge(s->acct, more, err);
     if (rc)
@@ -503,7 +506,7 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
         }
         return TD_EHANDLE_IN_USE;
     }
-    if (s->nhandles >= tdd_cfg.max_handles)
+    if (s->nhandles >= s->max_handles)
         return tdd_err_resource(err, "handles", 1, 0, "session holds %llu handles, the limit",
                                 (unsigned long long)s->nhandles);
     if (where == ID_ALONE) {

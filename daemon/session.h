@@ -70,6 +70,9 @@ typedef struct tdd_session {
     struct tdd_conn *conn; /* NULL once the connection is gone */
     tdd_handle_table handles;
     uint64_t nhandles;
+    /* --max-handles and --max-id-runs when the session opened (SIGHUP changes the
+     * options for sessions opened after it) */
+    uint64_t max_handles, max_id_runs;
     /* Every id the session has bound, as sorted runs [lo, hi] that neither overlap nor
      * touch: ids are never reused within a session, and a released id is told apart
      * from one never seen. A client counting ids up keeps this at one run. */

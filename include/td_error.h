@@ -122,19 +122,6 @@ typedef struct {
     } detail;
 } td_error;
 
-/* The one builder of a td_error (common/errors.c): code and a printf-style message,
- * the detail cleared; returns code. err may be NULL. */
-int td_error_set(td_error *err, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-int td_error_vset(td_error *err, int code, const char *fmt, va_list ap)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 0)))
-#endif
-    ;
-
 #ifdef __cplusplus
 }
 #endif

@@ -34,14 +34,21 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 9
+#define TD_VERSION_MINOR 10
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
+/* The same as text, "MAJOR.MINOR.PATCH". These three macros are the project's one version:
+ * the daemon (--version, HelloReply.server), tdctl, the Python client and tensordd.pc
+ * take theirs from here. */
+#define TD__STR(x) #x
+#define TD__XSTR(x) TD__STR(x)
+#define TD_VERSION_STRING                                                                          \
+    TD__XSTR(TD_VERSION_MAJOR) "." TD__XSTR(TD_VERSION_MINOR) "." TD__XSTR(TD_VERSION_PATCH)
 
 /* The version of the library linked at run time, as TD_VERSION_HEX: compare the two
  * to find a header and a library that differ. */
 unsigned int td_version(void);
-/* The same as text: "0.2.0". */
+/* The same as text: TD_VERSION_STRING of the library's build ("MAJOR.MINOR.PATCH"). */
 const char *td_version_string(void);
 
 /* ------------------------------------------------------------------ client */
@@ -59,6 +66,31 @@ typedef struct {
  * tls:// verifies the daemon's certificate against the system's CAs (td_connect_tls
  * names others). */
 int td_connect(const char *endpoint, const td_connect_opts *opts, td_client **out, td_error *err);
+
+/* Connect options that can grow: an opaque set of named options (libcurl's and sqlite's
+ * way), so that a new option is a new name, never a new field that breaks programs built
+ * against an older header. td_connect_opts and td_tls_opts stay as they are (frozen).
+ *
+ *   td_options *o = td_options_new();
+ *   td_options_set(o, "token_file", "/etc/tensordd/token", &err);
+ *   td_options_set_int(o, "timeout_ms", 5000, &err);
+ *   rc = td_connect_with("tcp://10.0.0.5:7070", o, &c, &err);
+ *   td_options_free(o);
+ *
+ * Names (strings): token, token_file (the token is its first line, read at connect),
+ * client_name, ca_file, cert_file, key_file (tls://, as td_tls_opts); (integers):
+ * timeout_ms, no_verify, resume_window_s (as td_connect_resume). A name this library does
+ * not know, or a value of the wrong kind, is TD_EINVALID_ARGUMENT from the setter: a
+ * program built for a newer library finds out there, not by misbehaving. */
+typedef struct td_options td_options;
+/* NULL when out of memory. */
+td_options *td_options_new(void);
+void td_options_free(td_options *o);
+/* The value is copied; NULL unsets the option. */
+int td_options_set(td_options *o, const char *name, const char *value, td_error *err);
+int td_options_set_int(td_options *o, const char *name, int64_t value, td_error *err);
+/* td_connect_resume with the options of o (NULL: none). */
+int td_connect_with(const char *endpoint, const td_options *o, td_client **out, td_error *err);
 
 /* TLS options of a tls:// endpoint (TLS 1.2 or later). */
 typedef struct {
@@ -156,6 +188,8 @@ td_attr td_attr_int(const char *name, int64_t v);
 td_attr td_attr_float(const char *name, double v);
 td_attr td_attr_bool(const char *name, int v);
 td_attr td_attr_ints(const char *name, const int64_t *v, size_t n);
+td_attr td_attr_floats(const char *name, const double *v, size_t n);
+td_attr td_attr_str(const char *name, const char *v);
 
 typedef struct {
     const td_device *device; /* creation ops; NULL: cpu:0 */
@@ -295,6 +329,21 @@ typedef struct {
 } td_stats;
 
 int td_stats_get(td_client *c, td_stats *out, td_error *err);
+
+/* One session, as td_stats_sessions reports it. The record may grow at its end in a later
+ * version: the caller passes the size it was compiled with, and the library writes no
+ * more of each entry than that. */
+typedef struct {
+    uint64_t session_id, handles, bytes_in_use, requests;
+    uint64_t memory_limit; /* its quota (--session-memory when it opened); 0: none */
+    char peer[64], client_name[64];
+} td_session_info;
+
+/* Every session of the daemon, without td_stats' limit of 64: fills up to cap entries of
+ * entry_size bytes each (sizeof(td_session_info)) and sets *n to the number of sessions
+ * (may exceed cap: call again with room for *n). */
+int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t entry_size, size_t *n,
+                      td_error *err);
 
 /* ---- autodiff */
 

@@ -14,7 +14,9 @@ cpu and memory requests and limits) runs as the Dockerfile's user with no privil
 escalation; the ConfigMap's file uses only option names, is mounted where the daemon
 reads it, and names a token file that is the Secret's key where the Secret is mounted;
 readiness and liveness probes ask /healthz on the metrics address of that file (liveness
-not failing on a 503: a daemon at --max-sessions is alive); the image's TENSORDD_*
+not failing on a 503: a daemon at --max-sessions is alive; as httpGet, liveness asks
+/livez); the token Secret is not a manifest (applying it would reset the token); the
+ClusterIP Service has sessionAffinity: ClientIP; the image's TENSORDD_*
 variables, which override the file, are cleared or agree; memory-cap is below the memory
 limit; the Service selects the pods and targets the port the file listens on; the
 kustomization lists every manifest. Process groups across the pods: a headless Service
@@ -157,7 +159,10 @@ def dockerfile(path, env_names):
         fail("Dockerfile: HEALTHCHECK without TENSORDD_METRICS_LISTEN (no /healthz to ask)")
     else:
         url = re.search(r"https?://\S+", hc[0])
-        if not url or not url.group(0).endswith("/healthz") or host_port(url.group(0)) != metrics:
+        asked = host_port(url.group(0)) if url else None
+        if metrics and metrics[0] in ("0.0.0.0", "[::]") and asked:
+            asked = (metrics[0], asked[1]) if asked[0] in ("127.0.0.1", "localhost") else asked
+        if not url or not url.group(0).endswith("/healthz") or asked != metrics:
             fail("Dockerfile: HEALTHCHECK does not ask /healthz on %s:%d" % metrics)
     final_runs = " ".join(r for w, r in final["ins"] if w == "RUN")
     installed = {p for seg in re.findall(r"apt-get install([^&;]*)", final_runs)
@@ -203,9 +208,13 @@ def k8s(kdir, options, docker, tensordd):
     by_kind = {}
     for f, d in docs:
         by_kind.setdefault(d.get("kind"), []).append(d)
-    for kind in ("Namespace", "ConfigMap", "Secret", "DaemonSet", "Service", "Kustomization"):
+    for kind in ("Namespace", "ConfigMap", "DaemonSet", "Service", "Kustomization"):
         if kind not in by_kind:
             fail("k8s: no %s" % kind)
+    for sec in by_kind.get("Secret", []):
+        fail("k8s: Secret %s is a manifest: `kubectl apply -k` would write its token back on "
+             "every apply; create it once (kustomization.yaml says how)"
+             % sec["metadata"].get("name"))
     if bad:
         return
     kust = by_kind["Kustomization"][0]
@@ -275,18 +284,19 @@ def k8s(kdir, options, docker, tensordd):
     if conf_path != want_conf:
         fail("DaemonSet: the daemon reads %s but the ConfigMap is mounted at %s"
              % (want_conf, conf_path))
-    sec = by_kind["Secret"][0]
+    # the token Secret (created once, not a manifest): the volume whose key lands on it
     token_file = cfg.get("token-file")
+    secret = None
     if not token_file:
         fail("ConfigMap: no token-file (a listener beyond loopback needs a token)")
     else:
-        found = False
-        for key in list(sec.get("stringData", {})) + list(sec.get("data", {})):
-            if mounted_path("secret", sec["metadata"]["name"], key) == token_file:
-                found = True
-        if not found:
-            fail("DaemonSet: token-file %s is not where the Secret %s's key is mounted"
-                 % (token_file, sec["metadata"]["name"]))
+        for v in vols.values():
+            src = v.get("secret")
+            if src and mounted_path("secret", src.get("secretName"), "token") == token_file:
+                secret = src.get("secretName")
+        if not secret:
+            fail("DaemonSet: token-file %s is not where a Secret's key `token` is mounted"
+                 % token_file)
     # the image's environment overrides the file: cleared or in agreement
     if docker:
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
@@ -322,8 +332,11 @@ def k8s(kdir, options, docker, tensordd):
                      "would be restarted with its sessions")
         elif "httpGet" in p:
             g = p["httpGet"]
-            if g.get("path") != "/healthz" or (metrics and g.get("port") != metrics[1]):
-                fail("DaemonSet: %s httpGet is not /healthz on port %s" % (name, metrics))
+            # liveness: /livez (200 whenever the loop answers), since an httpGet fails on
+            # /healthz's 503 and a daemon at --max-sessions is alive
+            want = "/healthz" if name == "readinessProbe" else "/livez"
+            if g.get("path") != want or (metrics and g.get("port") != metrics[1]):
+                fail("DaemonSet: %s httpGet is not %s on port %s" % (name, want, metrics))
             if metrics and metrics[0] in ("127.0.0.1", "[::1]", "localhost") and \
                     not pod.get("hostNetwork"):
                 fail("DaemonSet: %s httpGet cannot reach %s:%d on the pod's loopback"
@@ -340,6 +353,10 @@ def k8s(kdir, options, docker, tensordd):
     ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
     for svc in by_kind["Service"]:
         what = "Service %s" % svc["metadata"].get("name")
+        if svc["spec"].get("clusterIP") != "None" and \
+                svc["spec"].get("sessionAffinity") != "ClientIP":
+            fail("%s: no sessionAffinity: ClientIP (a client's next connection, or its "
+                 "resume, could land on another node's daemon)" % what)
         if svc["spec"].get("selector", {}).items() - labels.items():
             fail("%s: its selector does not match the DaemonSet's pods" % what)
         for sp in svc["spec"].get("ports", []):
@@ -376,7 +393,7 @@ def k8s(kdir, options, docker, tensordd):
     if not m or env_from.get(m.group(1)) != "status.podIP":
         fail("DaemonSet: no --group-address $(VAR) with VAR the pod's status.podIP: the "
              "daemons of a process group could not reach each other")
-    return {"ns": ns, "headless": headless, "secret": sec["metadata"]["name"],
+    return {"ns": ns, "headless": headless, "secret": secret,
             "token_path": token_file, "mounted_path": mounted_path}
 
 def job(path, ctx):
@@ -460,7 +477,8 @@ def main():
     if bad:
         return 1
     print("deploy: Dockerfile (multi-stage, non-root, HEALTHCHECK on /healthz) and k8s "
-          "manifests (GPU DaemonSet, probes on /healthz, token Secret, ConfigMap of options%s, "
+          "manifests (GPU DaemonSet, httpGet probes on /healthz and /livez, token Secret "
+          "created once, Service with session affinity, ConfigMap of options%s, "
           "headless Service for process groups, %d training Job(s)) agree"
           % (", checked by tensordd --check-config" if tensordd else "", len(jobs)))
     return 0

@@ -7,6 +7,7 @@ Fails (exit 1, one line per finding) unless:
     "### " heading naming it and a row in the spec's request table;
   - every ErrorCode value has a row "| `NAME` | number |" in the spec's error table, with
     the proto's number;
+  - every DType value (but DTYPE_INVALID) has a row in the payload dtype table;
 and, the other way round, unless every name SPEC writes in backticks outside code blocks
 exists in PROTO: a CamelCase name is a message, an enum or a request; an UPPER_CASE name
 is an enum value; `Message.field` is a field of that message.
@@ -75,6 +76,10 @@ def main():
         elif str(num) not in got:
             bad.append("error code %s is %d in the proto, the spec's row says %s"
                        % (code, num, got[0] or "nothing"))
+    for dt in sorted(v for v in enums.get("DType", {}) if v != "DTYPE_INVALID"):
+        if dt not in row_names:
+            bad.append("dtype %s has no row '| `%s` | itemsize | element |' in the payload "
+                       "dtype table" % (dt, dt))
 
     for n in sorted(named):
         if re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)*", n):

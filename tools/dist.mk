@@ -42,7 +42,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/tensordd $(DESTDIR)$(PREFIX)/bin/tdctl
 	rm -f $(DESTDIR)$(LIBDIR)/libtensordd.a $(DESTDIR)$(LIBDIR)/libtensordd.so \
 	    $(DESTDIR)$(LIBDIR)/libtensordd.so.$(TD_SOVERSION) $(DESTDIR)$(LIBDIR)/pkgconfig/tensordd.pc
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/include/,$(notdir $(LIB_HEADERS)))
+	rm -f $(addprefix $(DESTDIR)$(INCLUDEDIR)/,$(notdir $(LIB_HEADERS)))
 	rm -f $(DESTDIR)$(MANDIR)/man8/tensordd.8 $(DESTDIR)$(MANDIR)/man1/tdctl.1 \
 	    $(DESTDIR)$(MANDIR)/man3/libtensordd.3
 	rm -rf $(DESTDIR)$(PYDIR)/tensordd $(DESTDIR)$(PYDIR)/tensordd-*.dist-info

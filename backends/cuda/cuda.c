@@ -38,6 +38,7 @@
 #include "dtype.h"
 #include "iter.h"
 #include "kernels.h"
+#include "td_error_set.h"
 #ifdef TDC_EMU
 #include "emu/emu_cublas.h"
 #endif

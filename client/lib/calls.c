@@ -626,6 +626,16 @@ td_attr td_attr_ints(const char *name, const int64_t *v, size_t n)
     return (td_attr){.name = name, .kind = TD_ATTR_INTS, .ints = v, .n = n};
 }
 
+td_attr td_attr_floats(const char *name, const double *v, size_t n)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_FLOATS, .floats = v, .n = n};
+}
+
+td_attr td_attr_str(const char *name, const char *v)
+{
+    return (td_attr){.name = name, .kind = TD_ATTR_STR, .s = v};
+}
+
 /* Protobuf views of a caller's attrs: one allocation, pointing into theirs. */
 typedef struct {
     Tensordd__V1__Attr **ptrs;
@@ -824,6 +834,42 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err)
                  si->peer ? si->peer : "");
         snprintf(out->session_list[i].client_name, sizeof out->session_list[i].client_name, "%s",
                  si->client_name ? si->client_name : "");
+    }
+    td__reply_free(&r);
+    return td__take_early(c, err);
+}
+
+int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t entry_size, size_t *n,
+                      td_error *err)
+{
+    int rc = check_client(c, err);
+    if (rc)
+        return rc;
+    if (!n || (cap && !out) || (cap && entry_size == 0))
+        return td__fail(err, TD_EINVALID_ARGUMENT, "no output, or an entry size of 0");
+    Tensordd__V1__Stats st = TENSORDD__V1__STATS__INIT;
+    REQ(req, stats, STATS, &st);
+    td__reply r;
+    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+        return rc;
+    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_STATS || !r.msg->stats || r.payload_len)
+        return unexpected(c, &r, "Stats", err);
+    const Tensordd__V1__StatsReply *s = r.msg->stats;
+    *n = s->n_session_list;
+    size_t take = entry_size < sizeof(td_session_info) ? entry_size : sizeof(td_session_info);
+    for (size_t i = 0; i < s->n_session_list && i < cap; i++) {
+        const Tensordd__V1__SessionInfo *si = s->session_list[i];
+        td_session_info e;
+        memset(&e, 0, sizeof e);
+        e.session_id = si->session_id;
+        e.handles = si->handles;
+        e.bytes_in_use = si->bytes_in_use;
+        e.requests = si->requests;
+        e.memory_limit = si->memory_limit;
+        snprintf(e.peer, sizeof e.peer, "%s", si->peer ? si->peer : "");
+        snprintf(e.client_name, sizeof e.client_name, "%s", si->client_name ? si->client_name : "");
+        /* a caller built with a smaller (older) record gets its prefix, at its stride */
+        memcpy((char *)out + i * entry_size, &e, take);
     }
     td__reply_free(&r);
     return td__take_early(c, err);

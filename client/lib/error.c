@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "td_error_set.h"
 
 int td__fail(td_error *err, int code, const char *fmt, ...)
 {

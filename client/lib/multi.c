@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "td_error_set.h"
 #include "tensordd.h"
 
 struct td_multi_member {

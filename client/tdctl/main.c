@@ -35,8 +35,8 @@ typedef struct {
 /* ---------------------------------------------------------------- help */
 
 static const char main_usage[] =
-    "usage: tdctl [--endpoint E] [--token-file F] [--timeout MS] [TLS options] SUBCOMMAND "
-    "[ARGS]\n"
+    "usage: tdctl [--endpoint E] [--token-file F] [--timeout MS] [TLS options]\n"
+    "             SUBCOMMAND [ARGS]\n"
     "\n"
     "Subcommands:\n"
     "  devices    list the daemon's devices (backend:ordinal, name, memory)\n"
@@ -47,16 +47,16 @@ static const char main_usage[] =
     "\n"
     "Options:\n"
     "  --endpoint E     tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (default\n"
-    "                   $TENSORDD_ENDPOINT,"
-    "                   else " DEFAULT_ENDPOINT ")\n"
+    "                   $TENSORDD_ENDPOINT, else " DEFAULT_ENDPOINT ")\n"
     "  --token-file F   read the daemon's auth token from F\n"
     "  --timeout MS     give up when the daemon is silent this long (default: wait)\n"
-    "  --ca-file F      tls://: the CA certificates (PEM) the daemon's certificate must\n"
-    "                   chain to (default: the system's)\n"
+    "  --ca-file F      tls://: the CA certificates (PEM) the daemon's certificate\n"
+    "                   must chain to (default: the system's)\n"
     "  --cert F         tls://: this client's certificate (PEM), for mutual TLS\n"
     "  --key F          tls://: its private key (PEM; default: in --cert's file)\n"
     "  --no-verify      tls://: do not check the daemon's certificate (testing only)\n"
     "  --help           this text; `tdctl SUBCOMMAND --help` for a subcommand\n"
+    "  --version        tdctl's version (the project's, libtensordd's) and protocol\n"
     "\n"
     "Exit status: 0 ok, 1 the daemon answered an error, 2 usage or bad input file,\n"
     "3 cannot connect (or the connection was lost).\n";
@@ -71,16 +71,18 @@ static const char stats_usage[] =
     "usage: tdctl stats [--json] [--metrics URL]\n"
     "Prints the daemon's counters: sessions, handles, tensors alive, bytes in/out,\n"
     "requests, errors by code name, memory per device. --json prints one JSON object.\n"
-    "  --metrics URL   also the numbers only its metrics endpoint serves (the daemon's\n"
-    "                  --metrics-listen, e.g. http://127.0.0.1:9470): requests by type,\n"
-    "                  ops by name with mean latency, queue depth per device, sessions'\n"
-    "                  quota use, sessions opened and failed authentications\n";
+    "  --metrics URL   also the numbers only its metrics endpoint serves (the\n"
+    "                  daemon's --metrics-listen, e.g. http://127.0.0.1:9470):\n"
+    "                  requests by type, ops by name with mean latency, queue depth\n"
+    "                  per device, sessions opened and failed authentications\n"
+    "Per-session detail (peer, client, handles, memory) is `tdctl sessions`.\n";
 static const char sessions_usage[] =
     "usage: tdctl sessions [--json]\n"
     "Lists the daemon's sessions (this one included): id, peer, client name,\n"
     "handles, bytes in use, requests.\n";
 static const char apply_usage[] =
-    "usage: tdctl apply OP IN.npy [IN2.npy ...] -o OUT.npy [--device D] [--attr KEY=VALUE ...]\n"
+    "usage: tdctl apply OP IN.npy [IN2.npy ...] -o OUT.npy [--device D]\n"
+    "                   [--attr KEY=VALUE ...]\n"
     "Uploads the inputs, runs OP (PyTorch's name: add, matmul, relu, sum, ...) on the\n"
     "daemon and downloads the result into OUT.npy.\n"
     "  --device D          where the inputs live (default cpu:0)\n"
@@ -88,7 +90,8 @@ static const char apply_usage[] =
     "                      (true/false), an int list (1,2) or a float list (0.5,1);\n"
     "                      anything else is sent as a string\n"
     ".npy support: format v1/v2/v3, C order, dtypes <f4 <f8 <f2 <i4 <i8 |b1.\n"
-    "A progress bar is drawn on stderr for transfers over 8 MiB when it is a terminal.\n";
+    "A progress bar is drawn on stderr for transfers over 8 MiB when it is a\n"
+    "terminal.\n";
 
 static int usage_error(const char *usage, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -442,19 +445,54 @@ static int get_stats(global_opts *g, td_stats *s)
     return rc;
 }
 
-static void print_sessions_json(const td_stats *s)
+/* Every session (td_stats_sessions: no limit on their number). */
+typedef struct {
+    td_session_info *v;
+    size_t n;
+} session_list;
+
+static int get_sessions(global_opts *g, session_list *out)
 {
-    size_t n = s->nsessions < 64 ? s->nsessions : 64;
+    td_client *c;
+    int rc = open_client(g, &c);
+    if (rc)
+        return rc;
+    td_error e;
+    size_t n = 0, cap = 0;
+    out->v = NULL;
+    /* sessions may open between the count and the list: a few tries, then what fits */
+    for (int tries = 0; tries < 4; tries++) {
+        if ((rc = td_stats_sessions(c, out->v, cap, sizeof *out->v, &n, &e)) != 0) {
+            rc = report("stats", rc, &e);
+            break;
+        }
+        if (n <= cap)
+            break;
+        free(out->v);
+        cap = n + 16;
+        if (!(out->v = calloc(cap, sizeof *out->v))) {
+            fprintf(stderr, "tdctl: out of memory\n");
+            rc = EXIT_DAEMON;
+            break;
+        }
+    }
+    out->n = n < cap ? n : cap;
+    td_close(c);
+    return rc;
+}
+
+static void print_sessions_json(const session_list *s)
+{
     putchar('[');
-    for (size_t i = 0; i < n; i++) {
-        printf("%s{\"session_id\":%" PRIu64 ",\"peer\":", i ? "," : "",
-               s->session_list[i].session_id);
-        json_str(s->session_list[i].peer);
+    for (size_t i = 0; i < s->n; i++) {
+        const td_session_info *x = &s->v[i];
+        printf("%s{\"session_id\":%" PRIu64 ",\"peer\":", i ? "," : "", x->session_id);
+        json_str(x->peer);
         printf(",\"client_name\":");
-        json_str(s->session_list[i].client_name);
-        printf(",\"handles\":%" PRIu64 ",\"bytes_in_use\":%" PRIu64 ",\"requests\":%" PRIu64 "}",
-               s->session_list[i].handles, s->session_list[i].bytes_in_use,
-               s->session_list[i].requests);
+        json_str(x->client_name);
+        printf(",\"handles\":%" PRIu64 ",\"bytes_in_use\":%" PRIu64 ",\"memory_limit\":%" PRIu64
+               ",\"requests\":%" PRIu64 "}",
+               x->handles, x->bytes_in_use, x->memory_limit, x->requests);
     }
     putchar(']');
 }
@@ -471,8 +509,8 @@ static int fetch_metrics(const char *url, const global_opts *g, metrics_page *m)
 {
     char err[300];
     size_t len;
-    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000, &m->page, &len, err,
-                       sizeof err)) {
+    if (tdctl_http_get(url, g->timeout_ms ? g->timeout_ms : 10000, g->token_file ? g->token : NULL,
+                       &m->page, &len, err, sizeof err)) {
         fprintf(stderr, "tdctl: stats --metrics: %s\n", err);
         return EXIT_CONNECT;
     }
@@ -510,7 +548,7 @@ static void op_latency(const metrics_page *m, const char *op, double *count, dou
     }
 }
 
-static void print_metrics(const metrics_page *m, int json)
+static void print_metrics(const metrics_page *m, const session_list *ss, int json)
 {
     const char *sep = "";
     if (json) {
@@ -551,20 +589,12 @@ static void print_metrics(const metrics_page *m, int json)
                 sep = ",";
             }
         printf("},\"session_memory\":[");
-        sep = "";
-        for (size_t i = 0; i < m->n; i++) {
-            const tdctl_sample *s = &m->v[i];
-            if (strcmp(s->name, "tensordd_session_memory_bytes"))
-                continue;
-            double limit = 0;
-            for (size_t k = 0; k < m->n; k++)
-                if (strcmp(m->v[k].name, "tensordd_session_memory_limit_bytes") == 0 &&
-                    strcmp(tdctl_label(&m->v[k], "session"), tdctl_label(s, "session")) == 0)
-                    limit = m->v[k].value;
-            printf("%s{\"session_id\":%s,\"client_name\":", sep, tdctl_label(s, "session"));
-            json_str(tdctl_label(s, "client"));
-            printf(",\"bytes_in_use\":%.0f,\"limit\":%.0f}", s->value, limit);
-            sep = ",";
+        for (size_t i = 0; i < ss->n; i++) {
+            printf("%s{\"session_id\":%" PRIu64 ",\"client_name\":", i ? "," : "",
+                   ss->v[i].session_id);
+            json_str(ss->v[i].client_name);
+            printf(",\"bytes_in_use\":%" PRIu64 ",\"limit\":%" PRIu64 "}", ss->v[i].bytes_in_use,
+                   ss->v[i].memory_limit);
         }
         printf("]");
         return;
@@ -592,14 +622,13 @@ static void print_metrics(const metrics_page *m, int json)
         if (strcmp(m->v[i].name, "tensordd_device_queue_depth") == 0)
             printf("  %-10s %.0f\n", tdctl_label(&m->v[i], "device"), m->v[i].value);
     printf("session memory:\n");
-    for (size_t i = 0; i < m->n; i++) {
-        const tdctl_sample *s = &m->v[i];
-        if (strcmp(s->name, "tensordd_session_memory_bytes") == 0) {
-            char a[32];
-            human((uint64_t)s->value, a, sizeof a);
-            printf("  session %-8s %-20s %12s\n", tdctl_label(s, "session"),
-                   tdctl_label(s, "client"), a);
-        }
+    for (size_t i = 0; i < ss->n; i++) {
+        char a[32], l[32] = "no quota";
+        human(ss->v[i].bytes_in_use, a, sizeof a);
+        if (ss->v[i].memory_limit)
+            human(ss->v[i].memory_limit, l, sizeof l);
+        printf("  session %-8" PRIu64 " %-20s %12s of %s\n", ss->v[i].session_id,
+               ss->v[i].client_name, a, l);
     }
 }
 
@@ -628,7 +657,10 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
     if ((rc = get_stats(g, &s)) != 0)
         return rc;
     metrics_page mp = {0};
+    session_list ss = {0};
     if (metrics_url && (rc = fetch_metrics(metrics_url, g, &mp)) != 0)
+        return rc;
+    if ((rc = get_sessions(g, &ss)) != 0)
         return rc;
     char dev[40];
     if (g->json) {
@@ -651,12 +683,13 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
                    i ? "," : "", dev, s.memory[i].bytes_in_use, s.memory[i].peak_bytes);
         }
         printf("],\"session_list\":");
-        print_sessions_json(&s);
+        print_sessions_json(&ss);
         if (metrics_url)
-            print_metrics(&mp, 1);
+            print_metrics(&mp, &ss, 1);
         printf("}\n");
         free(mp.page);
         free(mp.v);
+        free(ss.v);
         return 0;
     }
     char a[32], b[32];
@@ -687,9 +720,10 @@ static int cmd_stats(int argc, char **argv, global_opts *g)
         printf("  %-10s in use %12s   peak %12s\n", dev, a, b);
     }
     if (metrics_url)
-        print_metrics(&mp, 0);
+        print_metrics(&mp, &ss, 0);
     free(mp.page);
     free(mp.v);
+    free(ss.v);
     return 0;
 }
 
@@ -698,26 +732,24 @@ static int cmd_sessions(int argc, char **argv, global_opts *g)
     int rc = simple_args(argc, argv, g, sessions_usage, 1);
     if (rc)
         return rc < 0 ? 0 : rc;
-    static td_stats s;
-    if ((rc = get_stats(g, &s)) != 0)
+    session_list s = {0};
+    if ((rc = get_sessions(g, &s)) != 0)
         return rc;
     if (g->json) {
         print_sessions_json(&s);
         putchar('\n');
+        free(s.v);
         return 0;
     }
     printf("%-8s %-28s %-20s %8s %12s %10s\n", "SESSION", "PEER", "CLIENT", "HANDLES", "BYTES",
            "REQUESTS");
-    size_t n = s.nsessions < 64 ? s.nsessions : 64;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < s.n; i++) {
         char b[32];
-        human(s.session_list[i].bytes_in_use, b, sizeof b);
-        printf("%-8" PRIu64 " %-28s %-20s %8" PRIu64 " %12s %10" PRIu64 "\n",
-               s.session_list[i].session_id, s.session_list[i].peer, s.session_list[i].client_name,
-               s.session_list[i].handles, b, s.session_list[i].requests);
+        human(s.v[i].bytes_in_use, b, sizeof b);
+        printf("%-8" PRIu64 " %-28s %-20s %8" PRIu64 " %12s %10" PRIu64 "\n", s.v[i].session_id,
+               s.v[i].peer, s.v[i].client_name, s.v[i].handles, b, s.v[i].requests);
     }
-    if (s.nsessions > n)
-        printf("(%zu more not listed)\n", s.nsessions - n);
+    free(s.v);
     return 0;
 }
 
@@ -1057,6 +1089,10 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ||
             strcmp(argv[i], "help") == 0) {
             fputs(main_usage, stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
+            printf("tdctl %s (protocol %d)\n", td_version_string(), TD_PROTOCOL_VERSION);
             return 0;
         }
         if (argv[i][0] == '-')

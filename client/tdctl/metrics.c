@@ -1,7 +1,7 @@
 /* metrics.c -- tdctl stats --metrics URL: the daemon's /metrics page (HTTP/1.0 GET on
  * its --metrics-listen address) read into samples, for the numbers the Stats request
  * does not carry: requests by type, ops by name with their latency, queue depth per
- * device, sessions' quota use. */
+ * device. A daemon whose metrics are beyond loopback asks for its token (bearer). */
 #include "metrics.h"
 
 #include <errno.h>
@@ -38,8 +38,8 @@ static int wait_fd(int fd, short events, double deadline)
     }
 }
 
-int tdctl_http_get(const char *url, int timeout_ms, char **body, size_t *len, char *err,
-                   size_t errlen)
+int tdctl_http_get(const char *url, int timeout_ms, const char *bearer, char **body, size_t *len,
+                   char *err, size_t errlen)
 {
     char host[256], port[16] = "80";
     const char *path = "/metrics";
@@ -84,8 +84,10 @@ int tdctl_http_get(const char *url, int timeout_ms, char **body, size_t *len, ch
         return -1;
     }
     freeaddrinfo(ai);
-    char req[512];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, host);
+    char req[2048];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\n%s%s%s\r\n", path, host,
+                     bearer ? "Authorization: Bearer " : "", bearer ? bearer : "",
+                     bearer ? "\r\n" : "");
     if (n < 0 || (size_t)n >= sizeof req || write(fd, req, (size_t)n) != n) {
         snprintf(err, errlen, "%s: cannot send the request", url);
         close(fd);

@@ -4,10 +4,11 @@
 
 #include <stddef.h>
 
-/* GET url (http://HOST:PORT[/path], default path /metrics); *body (malloc'd, NUL
- * terminated) on status 200. -1 with err filled otherwise. timeout_ms 0: no limit. */
-int tdctl_http_get(const char *url, int timeout_ms, char **body, size_t *len, char *err,
-                   size_t errlen);
+/* GET url (http://HOST:PORT[/path], default path /metrics), with "Authorization: Bearer"
+ * when bearer is not NULL; *body (malloc'd, NUL terminated) on status 200. -1 with err
+ * filled otherwise. timeout_ms 0: no limit. */
+int tdctl_http_get(const char *url, int timeout_ms, const char *bearer, char **body, size_t *len,
+                   char *err, size_t errlen);
 
 #define TDCTL_MAX_LABELS 4
 typedef struct {

@@ -13,6 +13,7 @@ typedef struct {
     int enabled;       /* stderr is a terminal */
     const char *label; /* "upload A.npy" */
     uint64_t total, last_done;
+    uint64_t start_done; /* done at the first sample: the rate counts from it */
     double start, last_draw;
     int drawn;
 } progress_bar;

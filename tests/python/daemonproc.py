@@ -18,7 +18,7 @@ START_TIMEOUT = 20.0
 
 
 class Proc:
-    def __init__(self, args, env=None, stderr_path=None, expect=("listening on",)):
+    def __init__(self, args, env=None, stderr_path=None, expect=("listening on",), prefix=()):
         self.stderr_path = stderr_path or tempfile.mkstemp(prefix="tdd-ops-", suffix=".err")[1]
         self._own_stderr = stderr_path is None
         self._stderr_kept = None
@@ -27,7 +27,8 @@ class Proc:
                                          "LISTEN_", "CREDENTIALS_DIRECTORY"))}
         full_env.update(env or {})
         self.err = open(self.stderr_path, "a")
-        self.proc = subprocess.Popen([TDD_BIN, *args], stdout=subprocess.PIPE, stderr=self.err,
+        # prefix: a command that execs the daemon (`ip netns exec NS`)
+        self.proc = subprocess.Popen([*prefix, TDD_BIN, *args], stdout=subprocess.PIPE, stderr=self.err,
                                      stdin=subprocess.DEVNULL, text=True, bufsize=1,
                                      env=full_env)
         self.stdout: list[str] = []

@@ -180,3 +180,31 @@ def test_stdout_on_the_journal_gets_no_second_listening_line():
     finally:
         os.close(fd)
         os.unlink(path)
+
+
+def test_debug_lines_carry_conn_and_no_session_opens_before_authentication(tmp_path):
+    """Every JSON line about a connection names it ("conn"); a connection whose Hello
+    fails authentication is logged as accepted, never as a session opened."""
+    tok = tmp_path / "tok"
+    tok.write_text("right\n")
+    tok.chmod(0o600)
+    with Proc(["--listen", "tcp://127.0.0.1:0", "--token-file", str(tok), "--log-format",
+               "json", "--log-level", "debug"]) as d:
+        with pytest.raises(tensordd.UnauthenticatedError):
+            one_session(d.endpoint, token="wrong")
+        one_session(d.endpoint, token="right")
+    recs = [json.loads(line) for line in d.stderr_lines()]
+    about_conns = [r for r in recs if re.search(r"\b(connection|session) \d+\b", r["msg"])]
+    assert about_conns, recs
+    for r in about_conns:
+        n = int(re.search(r"\b(?:connection|session) (\d+)\b", r["msg"]).group(1))
+        assert r.get("conn") == n, r
+    failed = [r for r in recs if "authentication failed" in r["msg"]]
+    assert len(failed) == 1, recs
+    bad = failed[0]["conn"]
+    assert "session" not in failed[0], failed[0]
+    assert not any(re.match(rf"session {bad} opened", r["msg"]) for r in recs), recs
+    assert any(r["msg"].startswith(f"connection {bad} accepted from 127.0.0.1:")
+               and r["level"] == "debug" for r in recs), recs
+    opened = [r for r in recs if re.match(r"session \d+ opened", r["msg"])]
+    assert len(opened) == 1 and opened[0]["session"] == opened[0]["conn"] != bad, opened

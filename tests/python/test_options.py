@@ -1,6 +1,7 @@
 """The daemon's options come from one table: --help lists each with its default,
 and a bad value is one line naming the flag and what it takes, exit code 2."""
 
+import re
 import subprocess
 
 import pytest
@@ -71,3 +72,47 @@ def test_loop_serves_with_and_without_polling(start_daemon, poll):
         for _ in range(50):
             assert float((s.tensor(a) * 2).sum().numpy()) == 30.0
     assert d.stop() == 0, d.log()
+
+
+def option_blocks(text):
+    """--help's option entries: {flag: its text, lines joined}."""
+    blocks, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^  (--[a-z0-9-]+)", line)
+        if m:
+            cur = m.group(1)
+            blocks[cur] = line[len(m.group(0)):]
+        elif cur and line.startswith(" " * 27):
+            blocks[cur] += " " + line.strip()
+        else:
+            cur = None
+    return {k: " ".join(v.split()) for k, v in blocks.items()}
+
+
+COMMANDS = {"--help", "--version", "--check-config"}
+
+
+def test_every_option_help_ends_with_its_default():
+    r = run("--help")
+    blocks = option_blocks(r.stdout)
+    assert len(blocks) > 50, r.stdout
+    for flag, text in blocks.items():
+        if flag in COMMANDS:
+            continue
+        assert re.search(r"\(default [^()]+(\([^()]*\))?[^()]*\)$", text), (flag, text)
+    # texts once cut at 320 bytes lost their ends
+    assert blocks["--poll-us"].endswith("(default 100)"), blocks["--poll-us"]
+    assert "where shmem has no huge pages" in blocks["--memfd-storage-min"]
+    assert blocks["--memfd-storage-min"].endswith("(default never)")
+
+
+def test_man_page_has_every_default():
+    """tensordd(8) is made from --help: it keeps the defaults the help ends with."""
+    import os
+    man = os.path.join(os.path.dirname(TDD_BIN), "man", "tensordd.8")
+    if not os.path.exists(man):
+        pytest.skip("no man page built (make man)")
+    page = open(man).read().replace("\\-", "-").replace("\\e", "\\")
+    page = " ".join(re.sub(r"^\.\S+.*$", "", page, flags=re.M).split())
+    assert "(default 100)" in page and "(default never)" in page
+    assert "where shmem has no huge pages" in page

@@ -129,3 +129,59 @@ def test_no_progress_bar_when_piped(tdctl, daemon, tmp_path):
     assert r.returncode == 0
     assert "MiB/s" not in r.stderr and "ETA" not in r.stderr and "\r" not in r.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "neg.npy"), -a)
+
+
+def test_progress_rates_are_physical(tdctl, daemon, tmp_path):
+    """The first sample may already count a whole buffer sent before the clock started:
+    no drawn rate may be one that no loopback copy reaches (100 GiB/s), nor an ETA
+    shown for it."""
+    import re
+    _big_inputs(tmp_path)
+    master, slave = pty.openpty()
+    p = subprocess.Popen([tdctl, "--endpoint", daemon.endpoint, "apply", "neg",
+                          str(tmp_path / "big.npy"), "-o", str(tmp_path / "neg.npy")],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert p.wait(60) == 0
+    frames = [f for f in seen.decode(errors="replace").split("\r") if "MiB/s" in f]
+    assert frames, seen
+    for f in frames:
+        m = re.search(r"(\S+) MiB/s", f)
+        assert m, f
+        if m.group(1) != "--":
+            assert float(m.group(1)) < 100 * 1024, f
+
+
+def test_help_text_has_no_broken_lines(tdctl):
+    """Every help line is one option or sentence: past the column where a description
+    starts, no run of spaces (a missing newline glued two lines together)."""
+    import re
+    texts = [subprocess.run([tdctl, "--help"], capture_output=True, text=True,
+                            timeout=30).stdout]
+    for sub in ("devices", "ping", "stats", "sessions", "apply"):
+        texts.append(subprocess.run([tdctl, sub, "--help"], capture_output=True, text=True,
+                                    timeout=30).stdout)
+    for text in texts:
+        for line in text.splitlines():
+            body = line.strip()
+            parts = re.split(r" {2,}", body, maxsplit=1)
+            assert len(parts) == 1 or "  " not in parts[1], line
+            assert len(line) <= 80, line
+
+
+def test_version_flag(tdctl):
+    r = subprocess.run([tdctl, "--version"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("tdctl "), (r.returncode, r.stdout)

@@ -43,7 +43,7 @@ def map_globals(path):
 
 
 def record(path):
-    soname, syms, sizes = None, set(), {}
+    soname, syms, sizes, compat = None, set(), {}, set()
     for line in open(path, encoding="utf-8"):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -51,13 +51,16 @@ def record(path):
         w = line.split()
         if w[0] == "soname" and len(w) == 2:
             soname = w[1]
+        elif w[0] == "compat" and len(w) == 2:
+            compat.add(w[1])
+            syms.add(w[1])
         elif w[0] in ("size", "value") and len(w) == 3:
             sizes[(w[0], w[1])] = int(w[2])
         elif len(w) == 1:
             syms.add(w[0])
         else:
             sys.exit("check_abi: %s: cannot read line %r" % (path, line))
-    return soname, syms, sizes
+    return soname, syms, sizes, compat
 
 
 def exported(lib):
@@ -88,12 +91,17 @@ def main():
     a = ap.parse_args()
 
     bad = []
-    soname, rec, rec_sizes = record(a.symbols)
+    soname, rec, rec_sizes, compat = record(a.symbols)
     exp = exported(a.lib)
     decl = header_functions(a.headers)
     mapped = map_globals(a.map)
 
     for s in sorted(exp):
+        if s in compat:
+            if s in decl:
+                bad.append("%s is recorded as compat (exported for old programs only) but a "
+                           "header declares it" % s)
+            continue
         if not s.startswith("td_") or s.startswith("td__") or s not in decl:
             bad.append("exported but not a public td_ function of the headers: %s" % s)
     have = soname_of(a.lib)
@@ -108,7 +116,9 @@ def main():
                    % (s, a.symbols))
     for s in sorted(decl - mapped):
         bad.append("%s is declared in the headers but not in %s (it would be hidden)" % (s, a.map))
-    for s in sorted(mapped - decl):
+    for s in sorted(compat - mapped):
+        bad.append("%s is recorded as compat but not in %s (it would disappear)" % (s, a.map))
+    for s in sorted(mapped - decl - compat):
         bad.append("%s is in %s but no header declares it" % (s, a.map))
     if a.sizes:
         got = {}

@@ -15,8 +15,9 @@ next synchronising call (numpy(), sync(), backward(), ...) as a typed
 The session last opened by :func:`connect` (or entered with ``with``) is the
 *default session*: the module-level calls (``tensordd.tensor``,
 ``tensordd.zeros``, ``tensordd.no_grad``, ... and :mod:`tensordd.nn`'s layers)
-run on it, so torch code ports by changing its imports.
-"""
+run on it, so torch code that keeps to tensordd's ops ports with its imports
+changed and a session opened (in-place updates of parameters outside the
+optimizers, and ops the daemon lacks, need edits)."""
 
 import os as _os
 import pkgutil as _pkgutil
@@ -61,6 +62,8 @@ from .session import (DEFAULT_ENDPOINT, PROTOCOL_VERSION, Session, connect, defa
 from .tensor import Tensor
 from .multi import MultiSession, connect_many  # noqa: E402 (after session and tensor)
 from . import optim  # noqa: E402 (after Tensor: optim imports it)
+from . import nn  # noqa: E402,F401 (torch.nn's place: tensordd.nn after `import tensordd`)
+from . import parallel  # noqa: E402,F401 (tensordd.parallel after `import tensordd`)
 
 from ._version import __version__  # noqa: E402,F401
 

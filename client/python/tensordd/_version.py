@@ -1,3 +1,5 @@
-"""The client's version (read by pyproject.toml without importing the package)."""
+"""The client's version (read by pyproject.toml without importing the package).
+Written by make from include/tensordd.h's TD_VERSION_* (the project's one version);
+tests/python/test_version.py checks that they agree."""
 
-__version__ = "0.2.0"
+__version__ = "0.10.0"

@@ -1054,6 +1054,20 @@ class Session:
         resp, _ = self._roundtrip(req, _Call("list_devices"))
         return resp.devices.devices
 
+    def list_ops(self) -> dict:
+        """The daemon's op table (ListOps), by op name: {"kind", "inputs", "min_inputs",
+        "max_inputs", "attrs": {name: {"type", "required", "default", "bounds"}}}: what a
+        client needs to call an op without a list of its own."""
+        req = self._new_request()
+        req.list_ops.SetInParent()
+        resp, _ = self._roundtrip(req, _Call("list_ops"))
+        return {o.name: {"kind": o.kind, "inputs": o.inputs, "min_inputs": o.min_inputs,
+                         "max_inputs": o.max_inputs,
+                         "attrs": {a.name: {"type": a.type, "required": a.required,
+                                            "default": a.default_value, "bounds": a.bounds}
+                                   for a in o.attrs}}
+                for o in resp.ops.ops}
+
     def stats(self) -> dict:
         """The daemon's counters (StatsReply) as a dict.
 
@@ -1081,7 +1095,8 @@ class Session:
                        for m in s.memory},
             "session_list": [{"session_id": x.session_id, "peer": x.peer,
                               "client_name": x.client_name, "handles": x.handles,
-                              "bytes_in_use": x.bytes_in_use, "requests": x.requests}
+                              "bytes_in_use": x.bytes_in_use, "requests": x.requests,
+                              "memory_limit": x.memory_limit}
                              for x in s.session_list],
         }
 

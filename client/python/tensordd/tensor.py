@@ -1034,12 +1034,13 @@ class Tensor:
         return self._op("triu", diagonal=int(diagonal))
 
     def gather(self, dim: int, index: "Tensor") -> "Tensor":
-        """Values along dim at the positions of index (``torch.gather``)."""
-        return self._session.op("gather", self, index, dim=int(dim))
+        """Values along dim at the positions of index (``torch.gather``; any integer
+        dtype, sent as int64)."""
+        return self._session.op("gather", self, _as_index(index), dim=int(dim))
 
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
         """The entries of index (a 1-D integer tensor) along dim (``torch.index_select``)."""
-        return self._session.op("index_select", self, index, dim=int(dim))
+        return self._session.op("index_select", self, _as_index(index), dim=int(dim))
 
     def __getitem__(self, key):
         """Indexing as in PyTorch (and numpy): ints, slices (negative steps too),
@@ -1402,3 +1403,11 @@ def _is_dtype(x) -> bool:
     if isinstance(x, Device):
         return False
     return canonical_name(x, strict=False) is not None
+
+
+def _as_index(t):
+    """An integer index tensor narrower than int64 (uint8, int8, int16, int32) cast to
+    int64, the daemon's index dtype; anything else as it is (the daemon judges it)."""
+    if isinstance(t, Tensor) and t.dtype in ("uint8", "int8", "int16", "int32"):
+        return t.to(dtype="int64")
+    return t

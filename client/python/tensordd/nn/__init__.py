@@ -385,17 +385,31 @@ class Linear(Module):
 
 
 class Embedding(Module):
-    """A lookup table (num_embeddings, embedding_dim) drawn from N(0, 1)."""
+    """A lookup table (num_embeddings, embedding_dim) drawn from N(0, 1); ``padding_idx``'s
+    row starts at zero and gets no gradient; ``max_norm`` as :func:`F.embedding`."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None,
+                 max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False,
+                 device=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = Parameter(_rng.standard_normal((num_embeddings, embedding_dim))
-                                .astype(np.float32), device=device)
+        if padding_idx is not None and padding_idx < 0:
+            padding_idx += num_embeddings
+        if padding_idx is not None and not 0 <= padding_idx < num_embeddings:
+            raise ValueError(f"Embedding: padding_idx {padding_idx} is not a row")
+        if scale_grad_by_freq or sparse:
+            raise NotImplementedError("Embedding: scale_grad_by_freq and sparse are not "
+                                      "supported")
+        self.padding_idx, self.max_norm, self.norm_type = padding_idx, max_norm, norm_type
+        w = _rng.standard_normal((num_embeddings, embedding_dim)).astype(np.float32)
+        if padding_idx is not None:
+            w[padding_idx] = 0
+        self.weight = Parameter(w, device=device)
 
     def forward(self, idx):
         """The layer applied to its input (what calling the module does)."""
-        return F.embedding(idx, self.weight)
+        return F.embedding(idx, self.weight, padding_idx=self.padding_idx,
+                           max_norm=self.max_norm, norm_type=self.norm_type)
 
     def extra_repr(self):
         """The layer's settings as repr shows them (torch's hook)."""

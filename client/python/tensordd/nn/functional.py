@@ -151,9 +151,39 @@ def adaptive_avg_pool2d(input, output_size):  # noqa: A002
     return _op("adaptive_avg_pool2d", input, output_size=_pair(output_size))
 
 
-def embedding(input, weight):  # noqa: A002
-    """Rows of weight at the integer indices (``torch.nn.functional.embedding``)."""
-    return _op("embedding", input, weight)
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # noqa: A002
+              scale_grad_by_freq=False, sparse=False):
+    """Rows of weight at the integer indices (``torch.nn.functional.embedding``; any
+    integer index dtype). ``padding_idx``: its positions give their row as is and send it
+    no gradient. ``max_norm``: rows whose ``norm_type``-norm exceeds it come out scaled to
+    it, the gradient reaching weight as torch's does; unlike torch the table itself is not
+    renormalized in place (the daemon has no in-place ops on parameters), so a row keeps
+    being scaled at each lookup instead of once."""
+    if scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: scale_grad_by_freq and sparse are not supported")
+    out = _op("embedding", _as_index(input), weight)
+    if max_norm is not None:
+        p = float(norm_type)
+        norms = out.abs().pow(p).sum(-1, keepdim=True).pow(1.0 / p)
+        scale = (float(max_norm) / (norms + 1e-7)).clamp(max=1.0)
+        out = out + (out * scale - out).detach()  # the scaled rows, the identity's gradient
+    if padding_idx is not None:
+        if padding_idx < 0:
+            padding_idx += weight.shape[0]
+        if not 0 <= padding_idx < weight.shape[0]:
+            raise ValueError(f"embedding: padding_idx {padding_idx} is not a row of weight")
+        keep = (_as_index(input) != padding_idx).unsqueeze(-1)
+        out = out.where(keep, out.detach())  # same values; no gradient at padding positions
+    return out
+
+
+_NARROW_INTS = ("uint8", "int8", "int16", "int32")
+
+
+def _as_index(t):
+    """An integer index tensor as int64, the daemon's index dtype (torch takes narrower
+    integers in places; a cast costs one small op)."""
+    return t.to(dtype="int64") if isinstance(t, Tensor) and t.dtype in _NARROW_INTS else t
 
 
 def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002
