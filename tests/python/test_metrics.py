@@ -326,6 +326,9 @@ def test_healthz_is_503_while_draining():
                                                           shape=[n])), b"\0" * (4 * n)))
         for i in range(4):  # 64 MiB of answers it will not read
             c.sendall(frame(pb.Request(id=3 + i, download=pb.Download(handle=1))))
+        # the first answer has begun: the daemon holds the rest for us (a SIGTERM that came
+        # before it read the requests would find nothing to drain, and exit)
+        assert c.recv(16, socket.MSG_PEEK)
         assert get(d.metrics + "/healthz")[0] == 200
         d.proc.send_signal(signal.SIGTERM)
         for _ in range(400):
