@@ -437,6 +437,50 @@ def test_raw_resume_sends_the_missed_answer_again_and_says_what_was_applied(rdae
     assert raw_hello(rdaemon.port, resume_token=token).error.code == pb.CONNECTION_LOST
 
 
+def test_an_answer_sent_again_on_resume_has_the_bytes_it_was_answered_with(rdaemon):
+    """Download(running_mean) is answered [0, 0, 0]; a pipelined training-mode batch_norm
+    then updates running_mean in place while the connection is lost. The client resumes
+    from before the Download: the answer it gets again is the one made, [0, 0, 0], not
+    the tensor's bytes of now."""
+    a = Raw(rdaemon.port)
+    token = a.hello(resume_window=30).hello.resume_token
+    x = np.array([[4, 5, 6], [5, 6, 7], [6, 7, 8], [7, 8, 9]], np.float32)  # means 5.5 6.5 7.5
+    for h, arr in ((1, x), (2, np.zeros(3, np.float32)), (3, np.ones(3, np.float32))):
+        a.send(pb.Request(id=1 + h, upload=pb.Upload(handle=h, dtype=pb.DTYPE_F32,
+                                                     shape=arr.shape)), arr.tobytes())
+    a.send(pb.Request(id=5, download=pb.Download(handle=2)))
+    first, payload = a.recv()
+    assert first.id == 5 and np.frombuffer(payload, np.float32).tolist() == [0, 0, 0]
+    op = pb.Op(op="batch_norm", inputs=[1, 2, 3], outputs=[4],
+               attrs=[pb.Attr(name="training", b=True), pb.Attr(name="momentum", f=1.0),
+                      pb.Attr(name="eps", f=1e-5)])
+    a.send(pb.Request(id=6, op=op))
+    o = Raw(rdaemon.port)
+    o.hello()
+    deadline = time.monotonic() + 20
+    for k in range(10**6):  # until the update has run (bounded)
+        o.send(pb.Request(id=2 + k, stats=pb.Stats()))
+        if o.recv()[0].stats.tasks_pending == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    o.close()
+    a.close()
+    b = Raw(rdaemon.port)
+    r = b.hello(id=7, resume_token=token, last_received=4)
+    assert r.hello.resumed and r.hello.last_applied == 6
+    again, payload = b.recv()
+    assert again.id == 5 and again.WhichOneof("body") == "tensor"
+    assert np.frombuffer(payload, np.float32).tolist() == [0, 0, 0]
+    # the update did happen: the tensor now holds the batch's means
+    b.send(pb.Request(id=8, download=pb.Download(handle=2)))
+    now, payload = b.recv()
+    assert now.id == 8
+    np.testing.assert_allclose(np.frombuffer(payload, np.float32), [5.5, 6.5, 7.5], rtol=1e-6)
+    b.send(pb.Request(id=9, goodbye=pb.Goodbye()))
+    assert b.recv()[0].id == 9
+    b.close()
+
+
 def test_a_token_presented_while_the_old_connection_lives_takes_the_session_over(rdaemon):
     """A network that went silent: the daemon still thinks the old connection alive. The
     token (with the same auth) takes the session; the old connection is closed."""
