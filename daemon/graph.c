@@ -340,9 +340,18 @@ int tdd_h_replay(tdd_req *r)
         s->replaying = g;
     }
     int rc = TDD_DISPATCH_DONE;
+    uint64_t spent = 0; /* recorded bytes run in this turn of the loop */
     s->quiet = true;
     while (g->at < g->n) {
+        /* A replay is charged as the requests it expands into would be: at most
+         * --replay-slice of them per turn of the loop, and none while the session has
+         * --max-inflight queued (the server calls it again then). */
+        if (!g->cur && (spent >= tdd_cfg.replay_slice || s->inflight >= tdd_cfg.max_inflight)) {
+            rc = TDD_DISPATCH_YIELD;
+            break;
+        }
         if (!g->cur) {
+            spent += g->reqs[g->at].len + 16;
             const recorded *q = &g->reqs[g->at];
             g->cur = tensordd__v1__request__unpack(NULL, q->len, q->msg);
             if (!g->cur) { /* it was packed here: cannot happen short of memory */
@@ -366,7 +375,7 @@ int tdd_h_replay(tdd_req *r)
         g->at++;
     }
     s->quiet = false;
-    if (rc == TDD_DISPATCH_BLOCK && !s->closed)
+    if ((rc == TDD_DISPATCH_BLOCK || rc == TDD_DISPATCH_YIELD) && !s->closed)
         return rc;
     s->replaying = NULL;
     replay_end(g);
