@@ -17,6 +17,7 @@ static uint32_t n_held;
 void tdd_resume_init(uv_loop_t *l)
 {
     loop = l;
+    tdd_session_on_write(tdd_resume_before_write);
 }
 
 uint32_t tdd_resume_held(void)

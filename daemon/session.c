@@ -54,6 +54,19 @@ void tdd_session_set_hooks(const tdd_session_hooks *h)
     hooks = *h;
 }
 
+static tdd_session_write_fn write_fn;
+
+void tdd_session_on_write(tdd_session_write_fn fn)
+{
+    write_fn = fn;
+}
+
+void tdd_session_before_write(tdd_session *s, const tdd_storage *st)
+{
+    if (write_fn && s->resume)
+        write_fn(s, st);
+}
+
 static tdd_session_close_fn close_fns[TDD_SESSION_CLOSE_FNS];
 static int n_close_fns;
 
