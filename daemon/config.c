@@ -136,6 +136,10 @@ static const option_row rows[] = {
      "runs of consecutive handle ids a session may have used (ids are never reused)"},
     {"max-graph-bytes", "BYTES", OPT_BYTES, FIELD(max_graph_bytes), 16 * M, K, G, NULL,
      "requests one recorded graph (GraphBegin .. GraphEnd) may hold, packed"},
+    {"replay-slice", "BYTES", OPT_BYTES, FIELD(replay_slice), 64 * K, 1, 16 * M, NULL,
+     "recorded requests (packed) a Replay runs per turn of the daemon's loop before the "
+     "other connections are served; a replay also waits, as reading does, while its "
+     "session has --max-inflight requests queued"},
     {"session-memory", "BYTES", OPT_BYTES, FIELD(session_memory), 0, 0, UINT64_MAX, "none",
      "memory quota per session (tensors, graph and bookkeeping)"},
     {"memory-cap", "BYTES", OPT_BYTES, FIELD(memory_cap), 0, 0, UINT64_MAX, "physical memory",

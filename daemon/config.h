@@ -29,6 +29,7 @@ typedef struct tdd_config {
     uint32_t max_msg;         /* largest protobuf request */
     uint64_t max_payload;     /* largest raw payload */
     uint64_t max_graph_bytes; /* a recorded graph's requests, packed */
+    uint64_t replay_slice;    /* a Replay's recorded requests (packed bytes) per loop turn */
     int64_t max_numel;        /* largest tensor, in elements */
     uint64_t max_handles;     /* live handles per session */
     uint64_t max_id_runs;     /* runs of consecutive ids a session may have bound */

@@ -38,6 +38,10 @@ struct tdd_conn {
     /* A synchronising request waiting for the session's queued work. */
     Tensordd__V1__Request *blocked;
     bool blocked_ran; /* (dispatch) its handler ran and waits for the work it queued */
+    /* The blocked request yielded (TDD_DISPATCH_YIELD): it is called again after the
+     * loop's next turn (yielded), then as soon as its session has room (wait_room:
+     * fewer than --max-inflight requests queued) rather than none queued. */
+    bool yielded, wait_room;
     /* Requests are unpacked into this arena (one malloc-free bump region,
      * reset per request) unless arena_req, the request living there, is
      * still in use, when a nested one is unpacked with malloc. */
@@ -90,7 +94,10 @@ enum {
     TDD_DISPATCH_DONE = 0,    /* handled; the request is freed */
     TDD_DISPATCH_BLOCK = 1,   /* retry once the session's queued work is done */
     TDD_DISPATCH_PAYLOAD = 2, /* read plen payload bytes to pdst, then call pdone */
-    TDD_DISPATCH_CLOSE = 3    /* close after pending writes (protocol-level failure) */
+    TDD_DISPATCH_CLOSE = 3,   /* close after pending writes (protocol-level failure) */
+    /* handled in part (a Replay's slice): call again on a later turn of the loop, once
+     * the session has fewer than --max-inflight requests queued */
+    TDD_DISPATCH_YIELD = 4
 };
 
 /* What the server calls for each request it unpacked (dispatch.c's tdd_dispatch, handed

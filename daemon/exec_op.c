@@ -380,8 +380,10 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
      * the optimizers' are (autodiff refuses a backward through what it saved before), and
      * their readers wait for this op */
     for (int i = 0; i < n_in; i++)
-        if (ot->args.inplace_in & (1u << i))
+        if (ot->args.inplace_in & (1u << i)) {
             in[i]->t.st->version++;
+            tdd_session_before_write(s, in[i]->t.st); /* a kept answer's bytes stay as sent */
+        }
     session_task_begin(&ot->st, s, req_id, want_reply);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
@@ -450,6 +452,7 @@ int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value
     tdd_queue *lane = tdd_device_lane(dev, s->id);
     dst->fq = lane;
     dst->fseq = tdd_queue_next_seq(lane);
+    tdd_session_before_write(s, dst->t.st);
     session_task_begin(&ot->st, s, req_id, false);
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
@@ -619,6 +622,7 @@ int tdd_submit_work(tdd_session *s, tdd_device *dev, tdd_work_fn fn, tdd_work_do
     wt->fn = fn;
     wt->done = done;
     wt->arg = arg;
+    tdd_session_before_write(s, NULL); /* what fn writes is not known here */
     session_task_begin(&wt->st, s, 0, false);
     wt->st.base.run = work_run;
     wt->st.base.done = work_done;

@@ -35,6 +35,10 @@ typedef struct {
 
 typedef struct tdd_graph {
     long refs;
+    /* What the graph keeps (itself, its inputs, its requests and their table) is charged
+     * to its session's memory account (--session-memory) while it lives. */
+    tdd_account *acct;
+    uint64_t charged;
     recorded *reqs;
     size_t n, cap, bytes;
     graph_input *in;
@@ -69,7 +73,17 @@ static void graph_unref(void *obj)
         free(g->reqs[i].msg);
     free(g->reqs);
     free(g->in);
+    tdd_account_credit(g->acct, g->charged);
+    tdd_account_unref(g->acct);
     free(g);
+}
+
+static int graph_charge(tdd_graph *g, uint64_t nbytes, td_error *err)
+{
+    int rc = tdd_account_charge(g->acct, nbytes, err);
+    if (!rc)
+        g->charged += nbytes;
+    return rc;
 }
 
 void tdd_graph_break(tdd_session *s, const td_error *err)
@@ -95,23 +109,38 @@ void tdd_graph_record(tdd_session *s, const Request *req)
         tdd_graph_break(s, &err);
         return;
     }
+    td_error err;
     if (g->n == g->cap) {
         size_t cap = g->cap ? 2 * g->cap : 32;
+        if (graph_charge(g, (cap - g->cap) * sizeof(recorded), &err))
+            goto refused;
         recorded *r = realloc(g->reqs, cap * sizeof *r);
-        if (!r)
+        if (!r) {
+            g->charged -= (cap - g->cap) * sizeof(recorded);
+            tdd_account_credit(g->acct, (cap - g->cap) * sizeof(recorded));
             goto oom;
+        }
         g->reqs = r;
         g->cap = cap;
     }
+    /* the request as kept: its bytes and the allocator's header and rounding */
+    uint64_t cost = (uint64_t)len + 16;
+    if (graph_charge(g, cost, &err))
+        goto refused;
     uint8_t *msg = malloc(len ? len : 1);
-    if (!msg)
+    if (!msg) {
+        g->charged -= cost;
+        tdd_account_credit(g->acct, cost);
         goto oom;
+    }
     tensordd__v1__request__pack(req, msg);
     g->reqs[g->n++] = (recorded){msg, len};
     g->bytes += len;
     return;
-oom:;
-    td_error err;
+refused: /* the session's memory cannot hold the graph: GraphEnd fails with why */
+    tdd_graph_break(s, &err);
+    return;
+oom:
     tdd_err_set(&err, TD_ERESOURCE_EXHAUSTED, "out of host memory recording the graph");
     tdd_graph_break(s, &err);
 }
@@ -153,6 +182,12 @@ int tdd_h_graph_begin(tdd_req *r)
     g->refs = 1;
     g->in = in;
     g->nin = gb->n_inputs;
+    g->acct = s->acct;
+    s->acct->refs++; /* a graph may outlive its session briefly (a replay's reference) */
+    if (graph_charge(g, sizeof *g + (gb->n_inputs ? gb->n_inputs : 1) * sizeof *in, &err)) {
+        graph_unref(g);
+        return tdd_answer_error(r, &err);
+    }
     s->capture = g;
     tdd_answer_ok(r);
     return TDD_DISPATCH_DONE;
@@ -305,9 +340,18 @@ int tdd_h_replay(tdd_req *r)
         s->replaying = g;
     }
     int rc = TDD_DISPATCH_DONE;
+    uint64_t spent = 0; /* recorded bytes run in this turn of the loop */
     s->quiet = true;
     while (g->at < g->n) {
+        /* A replay is charged as the requests it expands into would be: at most
+         * --replay-slice of them per turn of the loop, and none while the session has
+         * --max-inflight queued (the server calls it again then). */
+        if (!g->cur && (spent >= tdd_cfg.replay_slice || s->inflight >= tdd_cfg.max_inflight)) {
+            rc = TDD_DISPATCH_YIELD;
+            break;
+        }
         if (!g->cur) {
+            spent += g->reqs[g->at].len + 16;
             const recorded *q = &g->reqs[g->at];
             g->cur = tensordd__v1__request__unpack(NULL, q->len, q->msg);
             if (!g->cur) { /* it was packed here: cannot happen short of memory */
@@ -331,7 +375,7 @@ int tdd_h_replay(tdd_req *r)
         g->at++;
     }
     s->quiet = false;
-    if (rc == TDD_DISPATCH_BLOCK && !s->closed)
+    if ((rc == TDD_DISPATCH_BLOCK || rc == TDD_DISPATCH_YIELD) && !s->closed)
         return rc;
     s->replaying = NULL;
     replay_end(g);

@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "reply.h"
+#include "wire.h"
 
 static uv_loop_t *loop;
 static tdd_resume *all; /* every resumable session, held or attached */
@@ -16,6 +17,7 @@ static uint32_t n_held;
 void tdd_resume_init(uv_loop_t *l)
 {
     loop = l;
+    tdd_session_on_write(tdd_resume_before_write);
 }
 
 uint32_t tdd_resume_held(void)
@@ -103,6 +105,54 @@ void tdd_resume_keep(tdd_session *s, uint64_t id, const uint8_t *msg, size_t mle
     r->kept_payload = payload;
     r->kept_plen = plen;
     r->kept_hold = hold;
+}
+
+/* The kept answer in place of one that cannot be kept: an error for its request. */
+static void keep_error(tdd_resume *r, td_error *err)
+{
+    uint64_t id = r->kept_id;
+    drop_kept(r);
+    err->request_id = id;
+    tdd_wire_error w;
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
+    resp.error = tdd_wire_error_fill(&w, err, id);
+    size_t n = protobuf_c_message_get_packed_size(&resp.base);
+    uint8_t *msg = malloc(n ? n : 1);
+    if (!msg)
+        return;
+    protobuf_c_message_pack(&resp.base, msg);
+    r->kept_id = id;
+    r->kept_msg = msg;
+    r->kept_len = n;
+}
+
+void tdd_resume_before_write(tdd_session *s, const tdd_storage *st)
+{
+    tdd_resume *r = s ? s->resume : NULL;
+    if (!r || !r->kept_hold || (st && st != r->kept_hold))
+        return;
+    /* Only the kept answer holds it: nothing can write it any more. */
+    if (atomic_load(&r->kept_hold->refs) == 1)
+        return;
+    td_error err;
+    tdd_storage *copy = NULL;
+    if (r->kept_plen)
+        copy = tdd_storage_alloc(tdd_default_device(), (size_t)r->kept_plen, s->acct, s->id, &err);
+    if (r->kept_plen && !copy) {
+        tdd_warn("session %llu: the answer to request %llu (%llu bytes) cannot be kept for "
+                 "resume: %s",
+                 (unsigned long long)s->id, (unsigned long long)r->kept_id,
+                 (unsigned long long)r->kept_plen, err.message);
+        keep_error(r, &err);
+        return;
+    }
+    if (copy)
+        memcpy(copy->data, r->kept_payload, (size_t)r->kept_plen);
+    tdd_storage_unref(r->kept_hold);
+    r->kept_hold = copy;
+    r->kept_payload = copy ? copy->data : NULL;
 }
 
 static void timer_closed(uv_handle_t *h)

@@ -62,6 +62,11 @@ void tdd_resume_payload_done(tdd_session *s);
  * place of the one kept before. No-op unless s is resumable and id is not 0. */
 void tdd_resume_keep(tdd_session *s, uint64_t id, const uint8_t *msg, size_t mlen,
                      const void *payload, uint64_t plen, tdd_storage *hold);
+/* Work is about to be queued for s that may write st (NULL: any storage): when the kept
+ * answer's payload is st's bytes by reference, they are copied first (charged to s), so
+ * that an answer, once made, never changes when it is sent again. Short of memory the
+ * kept answer becomes a RESOURCE_EXHAUSTED error for its request. */
+void tdd_resume_before_write(tdd_session *s, const tdd_storage *st);
 /* c's connection is gone: holds its session for its window when it is resumable (true),
  * else false (the caller frees it). Takes a copy of c's blocked request. */
 bool tdd_resume_hold(tdd_conn *c);

@@ -77,6 +77,8 @@ static void conn_shutdown(tdd_conn *c);
 static void watch_arm(tdd_conn *c);
 static void conn_resume(tdd_conn *c);
 static void conn_kick(tdd_conn *c);
+static void yield_turn(tdd_conn *c);
+static void yield_close(void);
 
 /* ---------------------------------------------------------------- writes */
 
@@ -712,6 +714,10 @@ static void handle_frame(tdd_conn *c)
         c->blocked = req;
         watch_arm(c); /* the client's end is looked for while it waits */
         break;
+    case TDD_DISPATCH_YIELD:
+        c->blocked = req;
+        yield_turn(c);
+        break;
     case TDD_DISPATCH_PAYLOAD:
         tdd_resume_payload_begin(c->s, req->id);
         request_free(c, req);
@@ -832,16 +838,77 @@ static void conn_resume(tdd_conn *c)
     conn_kick(c);
 }
 
+/* ---------------------------------------------------------------- yields */
+
+/* Connections whose blocked request yielded (a Replay's slice ran) are called again from
+ * an idle handle, once per turn of the loop: the poll between two turns serves every
+ * other connection, and a replay's requests are bounded per turn as a connection's
+ * reads are (conn_process). */
+static uv_idle_t yield_idle;
+static bool yield_idle_init;
+
+static void on_yield_turn(uv_idle_t *h)
+{
+    bool any = false;
+    for (tdd_conn *c = conns, *next; c; c = next) {
+        next = c->next;
+        if (!c->yielded || c->closing)
+            continue;
+        c->yielded = false;
+        c->wait_room = true; /* now as soon as the session has room */
+        any = true;
+        conn_kick(c);
+    }
+    if (!any)
+        uv_idle_stop(h);
+}
+
+/* The last connection is gone at shutdown: nothing yields any more. */
+static void yield_close(void)
+{
+    if (yield_idle_init && !uv_is_closing((uv_handle_t *)&yield_idle))
+        uv_close((uv_handle_t *)&yield_idle, NULL);
+}
+
+static void yield_turn(tdd_conn *c)
+{
+    c->yielded = true;
+    c->wait_room = false;
+    if (!yield_idle_init) {
+        uv_idle_init(loop, &yield_idle);
+        uv_unref((uv_handle_t *)&yield_idle); /* it keeps no loop alive by itself */
+        yield_idle_init = true;
+    }
+    if (!uv_is_active((uv_handle_t *)&yield_idle))
+        uv_idle_start(&yield_idle, on_yield_turn);
+}
+
+/* Whether c's blocked request is to be called again now. */
+static bool blocked_ready(const tdd_conn *c)
+{
+    if (!c->blocked || c->paused || !c->s || c->yielded)
+        return false;
+    if (c->wait_room)
+        return c->s->inflight < tdd_cfg.max_inflight;
+    return c->s->inflight == 0;
+}
+
 static void conn_kick(tdd_conn *c)
 {
     if (!c || c->closing)
         return;
-    if (c->blocked && c->paused == 0 && c->s && c->s->inflight == 0) {
+    if (blocked_ready(c)) {
         Tensordd__V1__Request *req = c->blocked;
         c->blocked = NULL;
+        c->wait_room = false;
         int rc = on_request(c, req, 0);
         if (rc == TDD_DISPATCH_BLOCK) {
             c->blocked = req;
+            return;
+        }
+        if (rc == TDD_DISPATCH_YIELD) {
+            c->blocked = req;
+            yield_turn(c);
             return;
         }
         request_free(c, req);
@@ -1151,6 +1218,7 @@ static void after_close(uv_handle_t *h)
         for (int i = 0; i < nlisteners; i++)
             if (!uv_is_closing(&listeners[i].h.handle))
                 uv_close(&listeners[i].h.handle, NULL);
+        yield_close();
     }
 }
 
@@ -2000,6 +2068,8 @@ void tdd_server_shutdown(void)
         trim_armed = false;
         uv_close((uv_handle_t *)&trim_timer, NULL);
     }
+    if (!conns)
+        yield_close();
     tdd_info("shutting down: %llu session(s) open", (unsigned long long)tdd_nsessions);
     tdd_resume_drop_all(); /* held sessions have no connection to say goodbye on */
     for (int i = 0; i < nlisteners; i++) {

@@ -55,6 +55,31 @@ void tdd_session_set_hooks(const tdd_session_hooks *h)
     hooks = *h;
 }
 
+static tdd_session_write_fn write_fn;
+
+void tdd_session_on_write(tdd_session_write_fn fn)
+{
+    write_fn = fn;
+}
+
+void tdd_session_before_write(tdd_session *s, const tdd_storage *st)
+{
+    if (write_fn && s->resume)
+        write_fn(s, st);
+}
+
+static tdd_session_close_fn close_fns[TDD_SESSION_CLOSE_FNS];
+static int n_close_fns;
+
+void tdd_session_on_close(tdd_session_close_fn fn)
+{
+    for (int i = 0; i < n_close_fns; i++)
+        if (close_fns[i] == fn)
+            return;
+    if (n_close_fns < TDD_SESSION_CLOSE_FNS)
+        close_fns[n_close_fns++] = fn;
+}
+
 void tdd_value_unref(tdd_value *v)
 {
     if (!v || --v->refs > 0)
@@ -219,6 +244,8 @@ static void free_obj(td_handle_kind kind, bool poisoned, void *obj)
 
 void tdd_session_close(tdd_session *s)
 {
+    for (int i = 0; i < n_close_fns; i++)
+        close_fns[i](s);
     tdd_handle_table t = s->handles;
     s->handles = (tdd_handle_table){0}; /* freeing an object must not find the table half-gone */
     uint64_t charged = s->n_reserved;

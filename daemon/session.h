@@ -113,6 +113,20 @@ typedef struct {
     void (*session_free)(tdd_session *s);
 } tdd_session_hooks;
 void tdd_session_set_hooks(const tdd_session_hooks *h);
+/* Called by tdd_session_close, first, for every way a session ends (Goodbye, a dropped
+ * connection, a resume window that ran out, shutdown): what a layer above keeps for the
+ * session outside its handle table, holding a reference on it (a push whose verdict no
+ * request will collect), is dropped there. At most TDD_SESSION_CLOSE_FNS; a function
+ * added twice is called once. */
+typedef void (*tdd_session_close_fn)(tdd_session *s);
+/* Work that may write st (NULL: any storage) is about to be queued for s: the layer that
+ * keeps answers by reference (resume.c) copies what it keeps of st first. Submission
+ * calls tdd_session_before_write; the keeper sets the function (one). */
+typedef void (*tdd_session_write_fn)(tdd_session *s, const tdd_storage *st);
+void tdd_session_on_write(tdd_session_write_fn fn);
+void tdd_session_before_write(tdd_session *s, const tdd_storage *st);
+#define TDD_SESSION_CLOSE_FNS 4
+void tdd_session_on_close(tdd_session_close_fn fn);
 
 extern tdd_session *tdd_sessions; /* every live session */
 extern uint64_t tdd_nsessions;

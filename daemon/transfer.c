@@ -818,6 +818,20 @@ static push *find_push(tdd_session *s, uint64_t req_id)
     return NULL;
 }
 
+/* s ends: a push decided while no request of s could collect its verdict (its session
+ * held for resume, whose window then ran out) is freed with its tensor; one not yet
+ * decided is freed by decide, which finds s closed. */
+static void session_closed(tdd_session *s)
+{
+    for (push *p = pushes, *next; p; p = next) {
+        next = p->next;
+        if (p->s == s && p->decided && !p->taken) {
+            p->taken = true;
+            push_maybe_free(p);
+        }
+    }
+}
+
 /* The answer to TransferSend, once its push is decided. */
 static int answer(tdd_req *r, push *p)
 {
@@ -835,6 +849,7 @@ int tdd_h_transfer_send(tdd_req *r)
 {
     tdd_session *s = r->c->s;
     const Tensordd__V1__TransferSend *ts = r->req->transfer_send;
+    tdd_session_on_close(session_closed);
     push *p = find_push(s, r->req->id);
     if (p)
         return p->decided ? answer(r, p) : TDD_DISPATCH_BLOCK;

@@ -11,7 +11,10 @@
  * synchronising one's; a Stats reply counts exactly the handles the model holds (every
  * new id a request named is bound, the failed ones to placeholders, until released;
  * not counted once a graph was replayed, which binds again what its requests bound);
- * the daemon never closes the connection. At the end the session is closed and the
+ * the daemon never closes the connection. A marker byte after a Sync loses the connection
+ * and resumes the session on a new one (its handles, graphs and counts the same). Graphs
+ * replay a request or two per turn of the daemon's loop (--replay-slice), at a few queued
+ * (--max-inflight). At the end the session says Goodbye and the
  * daemon must hold no session, no memory and no tensor. A broken invariant aborts.
  * Built as a corpus replayer for `make test` (TDD_FUZZ_REPLAY) and as a libFuzzer
  * target for `make fuzz FUZZ_TARGET=session`. */
@@ -35,6 +38,10 @@ static void tune(tdd_config *c)
     c->cpu_devices = 1;
     c->device_lanes = 2;
     c->memory_cap = 256u << 20;
+    /* A replay yields after every request or two, and waits at a few queued: the paths
+     * a long replay takes (server.c's yields) on every graph the programs replay. */
+    c->replay_slice = 64;
+    c->max_inflight = 4;
 }
 
 /* ---------------------------------------------------------------- the program's bytes */
@@ -70,8 +77,11 @@ typedef struct {
     int kinds[MAX_HANDLES];
     int n; /* handles bound in the daemon, by the model */
     uint64_t expect[MAX_EXPECT];
-    int nexpect;   /* answers owed */
-    bool replayed; /* a Replay rebinds what its graph bound: handles no longer counted */
+    int nexpect;       /* answers owed */
+    bool replayed;     /* a Replay rebinds what its graph bound: handles no longer counted */
+    uint8_t token[16]; /* the session's resume token (Hello asks for a window) */
+    size_t token_len;
+    int resumes;
     input in;
 } client;
 
@@ -500,15 +510,72 @@ static void check_stats(client *c)
     tensordd__v1__response__free_unpacked(r, NULL);
 }
 
+static int connect_daemon(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fz_port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa))
+        broken("cannot connect to the in-process daemon");
+    struct timeval tv = {.tv_sec = 30};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int one = 1; /* small requests then a wait for the answer: no Nagle delay */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+/* Hello, resumable (a window the session never reaches: it ends with Goodbye); with
+ * c->token_len, it resumes that session instead, having received every answer. */
 static void hello(client *c)
 {
     Tensordd__V1__Hello h = TENSORDD__V1__HELLO__INIT;
     h.min_version = 1;
     h.max_version = 1;
     h.client_name = (char *)"fuzz_session";
+    h.resume_window = 30;
+    bool resuming = c->token_len > 0;
+    if (resuming) {
+        h.resume_token.data = c->token;
+        h.resume_token.len = c->token_len;
+        h.last_received = c->next_req;
+    }
     Request req = TENSORDD__V1__REQUEST__INIT;
     req.body_case = TENSORDD__V1__REQUEST__BODY_HELLO;
     req.hello = &h;
+    send_req(c, &req, NULL, 0, true);
+    Response *r = await(c, req.id);
+    if (r->body_case != TENSORDD__V1__RESPONSE__BODY_HELLO)
+        broken("Hello not answered with HelloReply: %s",
+               r->body_case == TENSORDD__V1__RESPONSE__BODY_ERROR ? r->error->message : "?");
+    if (resuming && !r->hello->resumed)
+        broken("the session was not resumed");
+    if (!resuming && r->hello->resume_token.len == sizeof c->token) {
+        memcpy(c->token, r->hello->resume_token.data, sizeof c->token);
+        c->token_len = sizeof c->token;
+    }
+    tensordd__v1__response__free_unpacked(r, NULL);
+}
+
+/* The connection is lost between two requests, every answer received: the session is
+ * held (or still attached, when the daemon has not seen the close yet: the token takes
+ * it over); a new connection resumes it and the program goes on there. */
+static void lose_and_resume(client *c)
+{
+    if (!c->token_len || c->resumes >= 4)
+        return;
+    c->resumes++;
+    close(c->fd);
+    c->fd = connect_daemon();
+    hello(c);
+}
+
+/* A resumable session ends with Goodbye (a plain close would hold it for its window). */
+static void goodbye(client *c)
+{
+    Tensordd__V1__Goodbye gb = TENSORDD__V1__GOODBYE__INIT;
+    Request req = TENSORDD__V1__REQUEST__INIT;
+    req.body_case = TENSORDD__V1__REQUEST__BODY_GOODBYE;
+    req.goodbye = &gb;
     sync_point(c, &req);
 }
 
@@ -521,15 +588,7 @@ static void *run_client(void *arg)
 {
     job *j = arg;
     client c = {.in = j->in};
-    c.fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)fz_port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (c.fd < 0 || connect(c.fd, (struct sockaddr *)&sa, sizeof sa))
-        broken("cannot connect to the in-process daemon");
-    struct timeval tv = {.tv_sec = 30};
-    setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    int one = 1; /* small requests then a wait for the answer: no Nagle delay */
-    setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c.fd = connect_daemon();
     hello(&c);
     for (int steps = 0; more(&c.in) && steps < 200; steps++) {
         switch (take(&c.in) % 13) {
@@ -566,12 +625,19 @@ static void *run_client(void *arg)
         default:
             do_sync(&c);
             check_stats(&c);
+            /* (a marker byte, peeked: the programs without it read as before) */
+            if (c.in.n && c.in.p[0] == 0xA5) {
+                take(&c.in);
+                lose_and_resume(&c);
+                check_stats(&c);
+            }
         }
     }
     do_sync(&c);
     check_stats(&c);
     if (c.nexpect)
         broken("%d answers never came", c.nexpect);
+    goodbye(&c);
     close(c.fd);
     atomic_store(&j->done, 1);
     return NULL;

@@ -7,6 +7,9 @@ the same first error.
 
 from __future__ import annotations
 
+import socket
+import time
+
 import numpy as np
 import pytest
 
@@ -154,3 +157,88 @@ def test_goodbye_while_recording_ends_the_session(daemon):
     assert s.closed
     with tensordd.connect(daemon.endpoint, timeout=60) as o:
         assert o.stats()["sessions"] == 1
+
+
+# ---------------------------------------------------------------- replays share the loop
+
+def raw_record(c, pb, body, graph):
+    """On raw connection c: GraphBegin, the frames in body, GraphEnd(graph); its answer."""
+    c.send(pb.Request(id=2, graph_begin=pb.GraphBegin()))
+    c.c.sendall(body)
+    c.send(pb.Request(id=3, graph_end=pb.GraphEnd(graph=graph)))
+    return c.recv()[0]
+
+
+def test_pipelined_replays_leave_the_loop_to_other_clients(start_daemon):
+    """A graph of 150,000 small requests replayed by 10 pipelined 12-byte frames: the
+    replays run a slice per turn of the loop, so a second client's Hello and Sync are
+    answered while the storm is still in progress (its trailing Sync unanswered)."""
+    from test_resume import Raw, frame_of
+    from tensordd import tensordd_pb2 as pb
+
+    d = start_daemon("--cpu-devices", "1")
+    a = Raw(d.port)
+    a.hello()
+    one = frame_of(pb.Request(id=3, set_grad_mode=pb.SetGradMode(enabled=True)))
+    assert raw_record(a, pb, one * 150_000, graph=1).WhichOneof("body") == "ok"
+    a.c.sendall(b"".join(frame_of(pb.Request(id=10 + k, replay=pb.Replay(graph=1)))
+                         for k in range(10)) + frame_of(pb.Request(id=99, sync=pb.Sync())))
+    b = Raw(d.port)
+    assert b.hello().WhichOneof("body") == "hello"
+    b.send(pb.Request(id=2, sync=pb.Sync()))
+    assert b.recv()[0].WhichOneof("body") == "ok"
+    # the storm is not over: nothing has come back to a yet
+    a.c.setblocking(False)
+    try:
+        early = a.c.recv(16)
+    except BlockingIOError:
+        early = None
+    a.c.setblocking(True)
+    a.c.settimeout(300)
+    assert early is None, "the replays ended before another client was served"
+    r = a.recv()[0]
+    assert r.id == 99 and r.WhichOneof("body") == "ok", r
+    b.close()
+    a.close()
+
+
+def test_a_replay_queues_no_more_than_max_inflight(start_daemon):
+    """A graph of 600 sums of a 1M-element tensor, each released at once, replayed: the
+    work queued at any time stays within --max-inflight, as a client's pipelined requests
+    would (a replay waits for room rather than queueing its whole graph at once)."""
+    from test_resume import Raw, frame_of
+    from tensordd import tensordd_pb2 as pb
+
+    d = start_daemon("--cpu-devices", "1", "--max-inflight", "8", "--inline-work", "0")
+    a = Raw(d.port)
+    a.hello()
+    x = np.ones(1 << 20, np.float32)
+    a.send(pb.Request(id=1, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32, shape=x.shape)),
+           x.tobytes())
+    body = b"".join(frame_of(pb.Request(id=4, op=pb.Op(op="sum", inputs=[1], outputs=[100 + k])))
+                    + frame_of(pb.Request(id=5, release=pb.Release(handles=[100 + k])))
+                    for k in range(600))
+    assert raw_record(a, pb, body, graph=2).WhichOneof("body") == "ok"
+    b = Raw(d.port)
+    b.hello()
+    a.send(pb.Request(id=10, replay=pb.Replay(graph=2)))
+    a.send(pb.Request(id=11, sync=pb.Sync()))
+    pending = []
+    a.c.setblocking(False)
+    deadline = time.monotonic() + 300
+    for k in range(10**7):  # Stats from b until a's Sync is answered (bounded)
+        b.send(pb.Request(id=20 + k, stats=pb.Stats()))
+        pending.append(b.recv()[0].stats.tasks_pending)
+        try:
+            if a.c.recv(1, socket.MSG_PEEK):
+                break
+        except BlockingIOError:
+            pass
+        assert time.monotonic() < deadline, "the replay did not end"
+        time.sleep(0.001)
+    a.c.setblocking(True)
+    r = a.recv()[0]
+    assert r.id == 11 and r.WhichOneof("body") == "ok", r
+    assert max(pending) <= 8, pending
+    b.close()
+    a.close()

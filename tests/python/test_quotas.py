@@ -6,12 +6,15 @@ dropped. Against a real daemon."""
 from __future__ import annotations
 
 import gc
+import struct
 
 import numpy as np
 import pytest
 
 import tensordd
 from helpers import require_autodiff
+from tensordd import tensordd_pb2 as pb
+from test_resume import Raw
 
 QUOTA = 1 << 20  # 1 MiB
 
@@ -113,3 +116,66 @@ def test_gradients_entries_are_charged(start_daemon):
         gc.collect()
         s.sync()
         assert my_bytes(s) == before
+
+
+# ---------------------------------------------------------------- recorded graphs (GraphEnd)
+
+def padded(req, nbytes):
+    """req serialised with nbytes of an unknown length-delimited field (number 1000) after
+    it: a request the daemon accepts, records and packs again at that size."""
+    pad = b"\x00" * nbytes
+    n, length = nbytes, b""
+    while True:
+        length += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            break
+    return req.SerializeToString() + b"\xc2\x3e" + length + pad  # tag: (1000 << 3) | 2
+
+
+def record(c, first_id, n_requests, pad):
+    """GraphBegin, n_requests SetGradMode(True) each padded by pad bytes, GraphEnd(graph=77):
+    GraphEnd's answer."""
+    c.send(pb.Request(id=first_id, graph_begin=pb.GraphBegin()))
+    for k in range(n_requests):
+        msg = padded(pb.Request(id=first_id + 1 + k, set_grad_mode=pb.SetGradMode(enabled=True)),
+                     pad)
+        c.c.sendall(struct.pack("<IIQ", 0x01444454, len(msg), 0) + msg)
+    c.send(pb.Request(id=first_id + 1 + n_requests, graph_end=pb.GraphEnd(graph=77)))
+    return c.recv()[0]
+
+
+def session_bytes(c, req_id, sid):
+    c.send(pb.Request(id=req_id, stats=pb.Stats()))
+    (me,) = [x for x in c.recv()[0].stats.session_list if x.session_id == sid]
+    return me.bytes_in_use
+
+
+def test_a_recorded_graph_is_charged_to_the_session_quota(start_daemon):
+    """A graph keeps its requests, packed: that memory is the session's. With a 1 MiB quota,
+    a graph of 2 requests of 300 KB is held (and charged: the session's bytes grow by as
+    much, and fall back when it is released); one of 4 does not fit, and its GraphEnd is
+    RESOURCE_EXHAUSTED, however many times it is tried."""
+    d = start_daemon("--session-memory", str(QUOTA))
+    c = Raw(d.port)
+    sid = c.hello().hello.session_id
+    base = session_bytes(c, 2, sid)
+    ans = record(c, 10, 2, 300_000)
+    assert ans.WhichOneof("body") == "ok", ans
+    held = session_bytes(c, 20, sid)
+    assert held - base >= 600_000, (base, held)
+    c.send(pb.Request(id=21, release=pb.Release(handles=[77])))
+    c.send(pb.Request(id=22, sync=pb.Sync()))
+    assert c.recv()[0].WhichOneof("body") == "ok"
+    after = session_bytes(c, 23, sid)  # (the session remembers the graph's id: 64 bytes)
+    assert after <= held - 600_000, (base, held, after)
+    for attempt in range(3):
+        first = 100 * (attempt + 1)
+        ans = record(c, first, 4, 300_000)
+        assert ans.WhichOneof("body") == "error", ans
+        assert ans.error.code == pb.RESOURCE_EXHAUSTED, ans
+        assert "session memory" in ans.error.message, ans
+        assert session_bytes(c, first + 50, sid) == after
+    c.send(pb.Request(id=999, goodbye=pb.Goodbye()))
+    assert c.recv()[0].id == 999
+    c.close()

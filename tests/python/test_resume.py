@@ -368,6 +368,11 @@ def test_a_held_session_counts_against_max_sessions_and_its_resume_is_admitted(s
 
 # ---------------------------------------------------------------- the protocol, raw
 
+def frame_of(req, payload=b""):
+    msg = req.SerializeToString()
+    return struct.pack("<IIQ", 0x01444454, len(msg), len(payload)) + msg + payload
+
+
 class Raw:
     """A raw connection: frames out, frames (with payloads) in."""
 
@@ -433,6 +438,50 @@ def test_raw_resume_sends_the_missed_answer_again_and_says_what_was_applied(rdae
     assert raw_hello(rdaemon.port, resume_token=token).error.code == pb.CONNECTION_LOST
 
 
+def test_an_answer_sent_again_on_resume_has_the_bytes_it_was_answered_with(rdaemon):
+    """Download(running_mean) is answered [0, 0, 0]; a pipelined training-mode batch_norm
+    then updates running_mean in place while the connection is lost. The client resumes
+    from before the Download: the answer it gets again is the one made, [0, 0, 0], not
+    the tensor's bytes of now."""
+    a = Raw(rdaemon.port)
+    token = a.hello(resume_window=30).hello.resume_token
+    x = np.array([[4, 5, 6], [5, 6, 7], [6, 7, 8], [7, 8, 9]], np.float32)  # means 5.5 6.5 7.5
+    for h, arr in ((1, x), (2, np.zeros(3, np.float32)), (3, np.ones(3, np.float32))):
+        a.send(pb.Request(id=1 + h, upload=pb.Upload(handle=h, dtype=pb.DTYPE_F32,
+                                                     shape=arr.shape)), arr.tobytes())
+    a.send(pb.Request(id=5, download=pb.Download(handle=2)))
+    first, payload = a.recv()
+    assert first.id == 5 and np.frombuffer(payload, np.float32).tolist() == [0, 0, 0]
+    op = pb.Op(op="batch_norm", inputs=[1, 2, 3], outputs=[4],
+               attrs=[pb.Attr(name="training", b=True), pb.Attr(name="momentum", f=1.0),
+                      pb.Attr(name="eps", f=1e-5)])
+    a.send(pb.Request(id=6, op=op))
+    o = Raw(rdaemon.port)
+    o.hello()
+    deadline = time.monotonic() + 20
+    for k in range(10**6):  # until the update has run (bounded)
+        o.send(pb.Request(id=2 + k, stats=pb.Stats()))
+        if o.recv()[0].stats.tasks_pending == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    o.close()
+    a.close()
+    b = Raw(rdaemon.port)
+    r = b.hello(id=7, resume_token=token, last_received=4)
+    assert r.hello.resumed and r.hello.last_applied == 6
+    again, payload = b.recv()
+    assert again.id == 5 and again.WhichOneof("body") == "tensor"
+    assert np.frombuffer(payload, np.float32).tolist() == [0, 0, 0]
+    # the update did happen: the tensor now holds the batch's means
+    b.send(pb.Request(id=8, download=pb.Download(handle=2)))
+    now, payload = b.recv()
+    assert now.id == 8
+    np.testing.assert_allclose(np.frombuffer(payload, np.float32), [5.5, 6.5, 7.5], rtol=1e-6)
+    b.send(pb.Request(id=9, goodbye=pb.Goodbye()))
+    assert b.recv()[0].id == 9
+    b.close()
+
+
 def test_a_token_presented_while_the_old_connection_lives_takes_the_session_over(rdaemon):
     """A network that went silent: the daemon still thinks the old connection alive. The
     token (with the same auth) takes the session; the old connection is closed."""
@@ -454,3 +503,111 @@ def test_a_token_presented_while_the_old_connection_lives_takes_the_session_over
     assert new.recv()[0].id == 6
     new.close()
     old.close()
+
+
+# ---------------------------------------------------------------- every session end frees
+
+def counters(endpoint):
+    """sessions, handles, bytes in use and tensors alive, seen from a fresh session."""
+    with tensordd.connect(endpoint, timeout=20) as o:
+        st = o.stats()
+    mem = sum(m["bytes_in_use"] for m in st["memory"].values())
+    return st["sessions"], st["handles"], mem, st["tensors_alive"]
+
+
+def settle_counters(endpoint, want, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    got = counters(endpoint)
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        got = counters(endpoint)
+    assert got == want, f"(sessions, handles, bytes, tensors) {got} did not return to {want}"
+
+
+class SilentTarget:
+    """A loopback listener standing in for a push's target daemon: it takes the push's
+    connection, says nothing, and hangs up when told (the push then fails with IO)."""
+
+    def __init__(self):
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(4)
+        self.endpoint = f"tcp://127.0.0.1:{self.lsock.getsockname()[1]}"
+
+    def accept(self, timeout=20):
+        self.lsock.settimeout(timeout)
+        c, _ = self.lsock.accept()
+        return c
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lsock.close()
+
+
+def wait_log(d, text, count=1, timeout=20):
+    """Until the daemon has logged text count times (bounded)."""
+    def seen():  # the whole log, read through a file of its own (no shared offset)
+        with open(f"/proc/{d.proc.pid}/fd/2") as f:
+            return f.read().count(text)
+
+    deadline = time.monotonic() + timeout
+    while seen() < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert seen() >= count, d.log()
+
+
+class StalledRaw(Raw):
+    """A raw connection that reads nothing, through a small receive buffer: the daemon's
+    answers to it stall (the write timeout then closes it as a lost connection)."""
+
+    def __init__(self, port):
+        self.c = socket.socket()
+        self.c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.c.settimeout(10)
+        self.c.connect(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize("end", ["window_runs_out", "resumed_then_goodbye", "dropped_unresumable"])
+def test_a_push_decided_while_its_session_is_held_is_freed_at_every_session_end(start_daemon, end):
+    """TransferSend to a target that hangs up only after the client's connection was lost
+    (its answers stalled past --write-timeout): the push is decided while nothing can
+    collect its verdict. However the session then ends, the daemon's counters return to
+    what they were, the pushed tensor included."""
+    d = start_daemon("--cpu-devices", "1", "--max-resume-window", "3", "--write-timeout", "1",
+                     "--max-write-queue", "1G")
+    base = counters(d.endpoint)
+    data = np.arange(256 * 256, dtype=np.float32).tobytes()
+    n_describe = 150000  # their answers (about 7 MB) overfill the socket buffers
+    with SilentTarget() as tgt:
+        for rnd in range(2):
+            a = StalledRaw(d.port)
+            r = a.hello(resume_window=0 if end == "dropped_unresumable" else 3)
+            token = r.hello.resume_token
+            a.send(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32,
+                                                     shape=[256, 256])), data)
+            # answers that fill the socket and stall there
+            desc = b"".join(frame_of(pb.Request(id=3 + k, describe=pb.Describe(handle=1)))
+                            for k in range(n_describe))
+            a.c.sendall(desc)
+            push_id = 3 + n_describe
+            a.send(pb.Request(id=push_id, transfer_send=pb.TransferSend(
+                tensor=1, endpoint=tgt.endpoint, token="", capability=b"\x01" * 16)))
+            pushed = tgt.accept()  # the push is connected and waits for Hello's answer
+            if end == "dropped_unresumable":
+                wait_log(d, "replies made no progress", rnd + 1)
+            else:
+                wait_log(d, "held 3s for resume", rnd + 1)
+            pushed.close()  # the push fails now, while its session is held
+            if end == "resumed_then_goodbye":
+                b = Raw(d.port)
+                r = b.hello(id=push_id + 1, resume_token=token, last_received=push_id)
+                assert r.hello.resumed and r.hello.last_applied >= push_id - 1
+                ans, _ = b.recv()  # TransferSend's verdict, on the new connection
+                assert ans.id == push_id and ans.error.code == pb.IO, ans
+                b.send(pb.Request(id=push_id + 2, goodbye=pb.Goodbye()))
+                assert b.recv()[0].id == push_id + 2
+                b.close()
+            a.close()
+            settle_counters(d.endpoint, base)
