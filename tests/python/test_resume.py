@@ -576,7 +576,7 @@ def test_a_push_decided_while_its_session_is_held_is_freed_at_every_session_end(
     collect its verdict. However the session then ends, the daemon's counters return to
     what they were, the pushed tensor included."""
     d = start_daemon("--cpu-devices", "1", "--max-resume-window", "3", "--write-timeout", "1",
-                     "--max-write-queue", "1G")
+                     "--max-write-queue", "1G", "--transfer-peers", "127.0.0.1")
     base = counters(d.endpoint)
     data = np.arange(256 * 256, dtype=np.float32).tobytes()
     n_describe = 150000  # their answers (about 7 MB) overfill the socket buffers
