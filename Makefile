@@ -151,7 +151,7 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
         install test-install test-gpu-build fuzz \
         bench clean format \
-        lint check-deps check-layers
+        lint check-deps check-layers test-layers
 .DEFAULT_GOAL := all
 
 all: $(TARGETS)
@@ -321,7 +321,7 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
-	    test-gpu-build test-python test-emu test-abi test-protocol-doc test-deploy
+	    test-gpu-build test-python test-emu test-abi test-protocol-doc test-deploy test-layers
 	@$(MAKE) --no-print-directory check-layers
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
@@ -429,10 +429,16 @@ test-install:
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
 
-# Calls only go down in daemon/: tools/layers.txt orders the files, and the built
-# objects' symbols (nm) must agree. A sub-make, so that the objects are built as usual.
-check-layers: $(DAEMON_OBJ) $(call obj,daemon/main.c)
-	@bash tools/check_layers.sh $(BUILD)/obj
+# Calls and includes only go down in daemon/, backends/, client/ and below: tools/layers.txt
+# orders the files, and the built objects' symbols (nm) and the sources' includes must agree.
+# test-layers breaks a scratch copy in each way the lint forbids and expects it to fail.
+LAYER_OBJ := $(call obj,daemon/main.c) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ) $(CLIENT_OBJ) \
+             $(call obj,$(TDCTL_SRC))
+check-layers: $(LAYER_OBJ)
+	@$(PY) tools/check_layers.py $(BUILD)/obj
+
+test-layers: $(LAYER_OBJ)
+	@PY=$(PY) bash tests/layers/break.sh $(BUILD)/obj
 
 lint:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
