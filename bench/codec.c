@@ -60,7 +60,7 @@ enum { MAX_ROUNDS = 64 };
             t[r] = (cpu_now() - t0) / (double)n * 1e9;                                             \
         }                                                                                          \
         qsort(t, (size_t)rounds, sizeof t[0], cmp_double);                                         \
-        printf("%-34s %8.1f ns  (min %.1f, max %.1f)\n", name, t[rounds / 2], t[0],              \
+        printf("%-34s %8.1f ns  (min %.1f, max %.1f)\n", name, t[rounds / 2], t[0],                \
                t[rounds - 1]);                                                                     \
     } while (0)
 
