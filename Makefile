@@ -52,7 +52,7 @@ ifeq ($(WERROR),1)
 WARN += -Werror
 endif
 OPT ?= -O2 -g
-CPPFLAGS := -D_GNU_SOURCE -Iinclude -Iproto -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
+CPPFLAGS := -D_GNU_SOURCE -Iinclude -Iproto -Icommon -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
 CFLAGS := -std=c11 $(OPT) -fPIC -pthread $(WARN)
 LDFLAGS := -pthread
 ifneq ($(SAN),)
@@ -460,7 +460,7 @@ test-wire-keys:
 
 lint:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
-	cppcheck --quiet --enable=warning,performance --inline-suppr -Iinclude -Iproto -Ibackends \
+	cppcheck --quiet --enable=warning,performance --inline-suppr -Iinclude -Iproto -Icommon -Ibackends \
 	    -Idaemon daemon backends client proto common
 	@$(MAKE) --no-print-directory check-layers
 

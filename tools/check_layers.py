@@ -27,7 +27,7 @@ SOURCE_DIRS = ("daemon", "backends", "client/lib", "client/tdctl", "client/pytho
                "proto", "common", "include")
 SOURCE_EXT = (".c", ".h", ".cc", ".cu", ".cpp")
 # Where "#include "x.h"" is looked for after the includer's own directory (the Makefile's -I).
-INCLUDE_PATH = ("include", "proto", "backends", "daemon")
+INCLUDE_PATH = ("include", "proto", "common", "backends", "daemon")
 # Objects the Makefile always builds; the cuda backend and the Python accelerator are
 # checked when their objects are there.
 REQUIRED_OBJ_DIRS = ("daemon", "backends", "backends/ref", "backends/cpu", "client/lib",
@@ -88,17 +88,18 @@ class Layers:
                 self.exact[p] = name
 
     def layer_of(self, rel: str) -> str | None:
-        """A file's layer: named exactly; else a header takes its .c's; else a glob's."""
+        """A file's layer: named exactly; else a pattern's (the first, highest, that
+        matches); else, for a header, its .c's."""
         if rel in self.exact:
             return self.exact[rel]
+        for pat, name in self.globs:
+            if fnmatch.fnmatchcase(rel, pat):
+                return name
         stem, ext = os.path.splitext(rel)
         if ext == ".h":
             for cext in (".c", ".cc", ".cu"):
                 if stem + cext in self.exact:
                     return self.exact[stem + cext]
-        for pat, name in self.globs:
-            if fnmatch.fnmatchcase(rel, pat):
-                return name
         return None
 
     def allowed(self, a: str, b: str) -> bool:
@@ -278,13 +279,14 @@ def main() -> int:
                       f" in {g} ({layers.describe(layer[g])}, not below it)", file=sys.stderr)
                 upward += 1
 
-    # A header and its .c are one file for circles (a .c that includes its own header
-    # while the header's users call the .c is no circle).
+    # A header and its .c in one layer are one file for circles (a .c that includes its own
+    # header while the header's users call the .c is no circle); a header placed in a lower
+    # layer (it declares the helpers below its .c too) stands alone.
     def unit(rel: str) -> str:
         stem, ext = os.path.splitext(rel)
         if ext == ".h":
             for cext in (".c", ".cc", ".cu"):
-                if stem + cext in known:
+                if stem + cext in known and layer[stem + cext] == layer[rel]:
                     return stem + cext
         return rel
 

@@ -40,7 +40,7 @@ lint >/dev/null || { echo "layers-break: the untouched copy fails the lint" >&2;
 sed -i '0,/#include "tensor.h"/s//#include "tensor.h"\n#include "session.h"/' \
     "$scratch/src/backends/tensor.c"
 expect_fail "backends/tensor.c including daemon/session.h" \
-    "backends/tensor.c:[0-9]* (backends/backends) includes daemon/session.h"
+    "backends/tensor.c:[0-9]* (backends/backend-base) includes daemon/session.h"
 
 # 2. An upward call: common/ calling into the daemon (an object built here, in the
 # scratch tree only, calling a function that daemon/log.o defines).
@@ -60,14 +60,22 @@ cc -c "$scratch/src/client/lib/layers_probe.c" -o "$scratch/obj/client/lib/layer
 expect_fail "client/lib calling $sym (daemon/log.c)" \
     "client/lib/layers_probe.c (client/libtensordd) calls $sym"
 
-# 4. A circle across layers: two daemon layers including each other's headers.
+# 4. An upward call inside the backends: a reference kernel calling the cpu backend's table.
+fresh
+printf 'struct tdd_opcall;\n_Bool tdd_cpu_native(const struct tdd_opcall *c);\n_Bool td_layers_probe(void);\n_Bool td_layers_probe(void) { return tdd_cpu_native(0); }\n' \
+    >"$scratch/src/backends/ref/layers_probe.c"
+cc -c "$scratch/src/backends/ref/layers_probe.c" -o "$scratch/obj/backends/ref/layers_probe.o"
+expect_fail "backends/ref/ calling tdd_cpu_native (backends/cpu/cpu.c)" \
+    "backends/ref/layers_probe.c (backends/ref-kernels) calls tdd_cpu_native, defined in backends/cpu/cpu.c"
+
+# 5. A circle across layers: two daemon layers including each other's headers.
 fresh
 sed -i '0,/#include "session.h"/s//#include "session.h"\n#include "reply.h"/' \
     "$scratch/src/daemon/wire.h"
 expect_fail "daemon/wire.h including daemon/reply.h, whose .c calls wire.c's (a circle)" \
     "a circle across layers: .*daemon/reply.c .*daemon/wire.c"
 
-# 5. A file with no layer.
+# 6. A file with no layer.
 fresh
 echo '/* unplaced.c -- placed nowhere. */' >"$scratch/src/daemon/unplaced.c"
 expect_fail "a daemon file with no layer" "daemon/unplaced.c has no layer"
