@@ -47,7 +47,7 @@ grep -q '^#define TD_KEY_REQUEST_TRACE 0x18u' "$scratch/gen/tensordd_keys.h"
 grep -q '^K_OP_PRIORITY = b"\\x40"' "$scratch/py/tensordd/_wire_keys.py"
 
 # 4. The C codecs, unchanged, against the new protobuf-c.
-cflags=(-std=c11 -O1 -D_GNU_SOURCE -Wall -Wextra -Werror -I"$scratch/gen" -Iinclude -Iproto
+cflags=(-std=c11 -O1 -D_GNU_SOURCE -Wall -Wextra -Werror -I"$scratch/gen" -Iinclude -Iproto -Icommon
         -Ibackends -Idaemon $(pkg-config --cflags libuv libprotobuf-c 2>/dev/null))
 cat >"$scratch/check.c" <<'CEOF'
 /* The hand codecs on messages with and without the new fields, against protobuf-c. */
@@ -158,7 +158,7 @@ int main(void)
     return fails != 0;
 }
 CEOF
-for src in daemon/wire.c client/lib/wire.c proto/utf8.c common/errors.c; do
+for src in daemon/wire.c client/lib/wire.c proto/utf8.c common/errors.c common/tdd_err.c; do
     $CC "${cflags[@]}" -c "$src" -o "$scratch/$(echo "$src" | tr / _).o"
 done
 $CC "${cflags[@]}" -c "$scratch/gen/tensordd.pb-c.c" -o "$scratch/pbc.o" -Wno-error
@@ -187,6 +187,9 @@ rel = pb.Request.FromString(_codec.frame_release(6, [1, 2])[16:])
 assert list(rel.release.handles) == [1, 2] and rel.trace == 0
 bw = pb.Request.FromString(_codec.frame_backward(7, 3, 4)[16:])
 assert (bw.backward.loss, bw.backward.grads, bw.backward.pipelined) == (3, 4, True)
+st = pb.Request.FromString(_codec.frame_optimizer_step(8, 5, 4)[16:])
+assert (st.optimizer_step.optimizer, st.optimizer_step.grads, st.optimizer_step.pipelined) == \
+    (5, 4, True)
 if _codec.parse_tensor_reply is not None:
     r = pb.Response(id=5, tensor=pb.TensorInfo(handle=9, dtype=1, shape=[4],
                                                device=pb.Device(backend="cpu")))

@@ -121,29 +121,27 @@ def py_frame_upload(rid: int, handle: int, wire: int, shape, device: bytes,
 
 
 _UPLOAD_REQUIRES_GRAD = K_UPLOAD_REQUIRES_GRAD + b"\x01"
-
-
-def _frame_pipelined(rid: int, tag: bytes, a_tag: bytes, a: int, b_tag: bytes, b: int,
-                     pipelined_tag: bytes) -> bytes:
-    """The frame of Request{id: rid, <tag>: {<a_tag>: a, <b_tag>: b, <pipelined_tag>: true}}:
-    the body's fields in number order (the callers' are), pipelined last."""
-    body = b"".join((a_tag, _varint(a), b_tag, _varint(b), pipelined_tag, b"\x01"))
-    msg = b"".join((K_REQUEST_ID, _varint(rid), tag, _varint(len(body)), body))
-    return _pack_header(_MAGIC, len(msg), 0) + msg
+_BACKWARD_PIPELINED = K_BACKWARD_PIPELINED + b"\x01"
+_OPTIMIZER_STEP_PIPELINED = K_OPTIMIZER_STEP_PIPELINED + b"\x01"
 
 
 def frame_backward(rid: int, loss: int, grads: int) -> bytes:
     """The frame of Request{id: rid, backward: Backward{loss, grads, pipelined: true}}
-    (Request field 20; Backward.loss 1, .grads 4): the training step's backward."""
-    return _frame_pipelined(rid, K_REQUEST_BACKWARD, K_BACKWARD_LOSS, loss, K_BACKWARD_GRADS, grads,
-                            K_BACKWARD_PIPELINED)
+    (the training step's backward): the body's fields in number order, pipelined last."""
+    body = b"".join((K_BACKWARD_LOSS, _varint(loss), K_BACKWARD_GRADS, _varint(grads),
+                     _BACKWARD_PIPELINED))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_BACKWARD, _varint(len(body)), body))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
 def frame_optimizer_step(rid: int, optimizer: int, grads: int) -> bytes:
     """The frame of Request{id: rid, optimizer_step: OptimizerStep{optimizer, grads,
-    pipelined: true}} (Request field 26; OptimizerStep.optimizer 1, .grads 2)."""
-    return _frame_pipelined(rid, K_REQUEST_OPTIMIZER_STEP, K_OPTIMIZER_STEP_OPTIMIZER, optimizer,
-                            K_OPTIMIZER_STEP_GRADS, grads, K_OPTIMIZER_STEP_PIPELINED)
+    pipelined: true}}: the body's fields in number order, pipelined last."""
+    body = b"".join((K_OPTIMIZER_STEP_OPTIMIZER, _varint(optimizer), K_OPTIMIZER_STEP_GRADS,
+                     _varint(grads), _OPTIMIZER_STEP_PIPELINED))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_OPTIMIZER_STEP, _varint(len(body)),
+                    body))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
 def py_append_op(wbuf: bytearray, rid: int, name: str, inputs, out: int,
