@@ -3,7 +3,8 @@
 
     tools/gen_wire_keys.py PROTO --c OUT.h --py OUT.py [--protoc PROTOC]
 
-protoc reads the .proto (as for protobuf-c's and protobuf's own code) and this writes, for
+protoc reads the .proto (as for protobuf-c's and protobuf's own code; its descriptor set is
+read here without the protobuf runtime) and this writes, for
 every field of every message, its number and its key ((number << 3) | wire type, as a varint
 on the wire):
   - a C header (build/gen/tensordd_keys.h): TD_FIELD_<MSG>_<FIELD> (the number),
@@ -25,17 +26,93 @@ import subprocess
 import sys
 import tempfile
 
-from google.protobuf import descriptor_pb2
-
-FDP = descriptor_pb2.FieldDescriptorProto
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
-WIRE_TYPE = {
-    FDP.TYPE_DOUBLE: I64, FDP.TYPE_FLOAT: I32, FDP.TYPE_INT64: VARINT, FDP.TYPE_UINT64: VARINT,
-    FDP.TYPE_INT32: VARINT, FDP.TYPE_FIXED64: I64, FDP.TYPE_FIXED32: I32, FDP.TYPE_BOOL: VARINT,
-    FDP.TYPE_STRING: LEN, FDP.TYPE_GROUP: 3, FDP.TYPE_MESSAGE: LEN, FDP.TYPE_BYTES: LEN,
-    FDP.TYPE_UINT32: VARINT, FDP.TYPE_ENUM: VARINT, FDP.TYPE_SFIXED32: I32,
-    FDP.TYPE_SFIXED64: I64, FDP.TYPE_SINT32: VARINT, FDP.TYPE_SINT64: VARINT,
-}
+# google/protobuf/descriptor.proto's FieldDescriptorProto.Type, by number -> wire type
+WIRE_TYPE = {1: I64, 2: I32, 3: VARINT, 4: VARINT, 5: VARINT, 6: I64, 7: I32, 8: VARINT,
+             9: LEN, 10: 3, 11: LEN, 12: LEN, 13: VARINT, 14: VARINT, 15: I32, 16: I64,
+             17: VARINT, 18: VARINT}
+LABEL_REPEATED = 3
+
+
+# protoc's descriptor set is read here by hand, not with the protobuf runtime: a package
+# build (pip's isolated environment) has protoc but not google.protobuf. Only the fields
+# used below are kept (google/protobuf/descriptor.proto's numbers).
+def _records(buf: bytes):
+    """(field number, value) of each field of a protobuf message: ints or bytes."""
+    i = 0
+    while i < len(buf):
+        key, i = _get_varint(buf, i)
+        num, wt = key >> 3, key & 7
+        if wt == VARINT:
+            v, i = _get_varint(buf, i)
+        elif wt == LEN:
+            n, i = _get_varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wt == I64:
+            v, i = buf[i:i + 8], i + 8
+        elif wt == I32:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"wire type {wt} in a descriptor")
+        yield num, v
+
+
+def _get_varint(buf: bytes, i: int):
+    v = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return v, i
+
+
+class Field:
+    def __init__(self, buf: bytes):
+        self.name, self.number, self.label, self.type = "", 0, 1, 0
+        self.oneof_index, self.proto3_optional, self.packed = None, False, None
+        for num, v in _records(buf):
+            if num == 1:
+                self.name = v.decode()
+            elif num == 3:
+                self.number = v
+            elif num == 4:
+                self.label = v
+            elif num == 5:
+                self.type = v
+            elif num == 8:  # FieldOptions
+                for onum, ov in _records(v):
+                    if onum == 2:
+                        self.packed = bool(ov)
+            elif num == 9:
+                self.oneof_index = v
+            elif num == 17:
+                self.proto3_optional = bool(v)
+
+
+class Message:
+    def __init__(self, buf: bytes):
+        self.name, self.field, self.nested_type = "", [], []
+        for num, v in _records(buf):
+            if num == 1:
+                self.name = v.decode()
+            elif num == 2:
+                self.field.append(Field(v))
+            elif num == 3:
+                self.nested_type.append(Message(v))
+
+
+class File:
+    def __init__(self, buf: bytes):
+        self.package, self.syntax, self.message_type = "", "proto2", []
+        for num, v in _records(buf):
+            if num == 2:
+                self.package = v.decode()
+            elif num == 4:
+                self.message_type.append(Message(v))
+            elif num == 12:
+                self.syntax = v.decode()
 WIRE_NAME = {VARINT: "varint", I64: "64-bit", LEN: "length-delimited", I32: "32-bit"}
 
 
@@ -53,15 +130,14 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def read_proto(proto: str, protoc: str) -> descriptor_pb2.FileDescriptorProto:
+def read_proto(proto: str, protoc: str) -> File:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "set.pb")
         subprocess.run([protoc, f"-I{os.path.dirname(os.path.abspath(proto))}",
                         f"--descriptor_set_out={out}", os.path.abspath(proto)], check=True)
-        fds = descriptor_pb2.FileDescriptorSet()
         with open(out, "rb") as f:
-            fds.ParseFromString(f.read())
-    return fds.file[0]
+            files = [File(v) for num, v in _records(f.read()) if num == 1]
+    return files[0]
 
 
 def fields(fd: descriptor_pb2.FileDescriptorProto):
@@ -74,12 +150,11 @@ def fields(fd: descriptor_pb2.FileDescriptorProto):
             yield mname, None
             for f in m.field:
                 wt = WIRE_TYPE[f.type]
-                repeated = f.label == FDP.LABEL_REPEATED
-                packed = repeated and wt != LEN and (
-                    f.options.packed if f.options.HasField("packed") else proto3)
+                repeated = f.label == LABEL_REPEATED
+                packed = repeated and wt != LEN and (f.packed if f.packed is not None else proto3)
                 key = (f.number << 3) | (LEN if packed else wt)
                 unpacked = (f.number << 3) | wt if packed else None
-                plain = not f.HasField("oneof_index") or f.proto3_optional
+                plain = f.oneof_index is None or f.proto3_optional
                 yield mname, (f.name, f.number, key, unpacked, LEN if packed else wt,
                               ("repeated " if repeated else "") + ("packed " if packed else ""),
                               plain)
