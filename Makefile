@@ -184,7 +184,8 @@ $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h: proto/tensordd.proto
 	@echo "  PROTOC-C $<"
 	$(Q)protoc-c --c_out=$(BUILD)/gen -Iproto $<
 
-$(BUILD)/python/tensordd/tensordd_pb2.py: proto/tensordd.proto
+# (with the keys' module: the package imports both)
+$(BUILD)/python/tensordd/tensordd_pb2.py: proto/tensordd.proto | $(KEYS_PY)
 	@mkdir -p $(dir $@)
 	@echo "  PROTOC   $@"
 	$(Q)protoc --python_out=$(dir $@) -Iproto $<
