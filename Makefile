@@ -52,7 +52,7 @@ ifeq ($(WERROR),1)
 WARN += -Werror
 endif
 OPT ?= -O2 -g
-CPPFLAGS := -D_GNU_SOURCE -Iinclude -Iproto -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
+CPPFLAGS := -D_GNU_SOURCE -Iinclude -Iproto -Icommon -Ibackends -Idaemon -I$(BUILD)/gen $(OPENBLAS_CFLAGS)
 CFLAGS := -std=c11 $(OPT) -fPIC -pthread $(WARN)
 LDFLAGS := -pthread
 ifneq ($(SAN),)
@@ -111,6 +111,11 @@ GEN := $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h
 # The Python client's generated module goes to the build directory, never the source tree:
 # from the tree, PYTHONPATH=client/python:$(BUILD)/python (the package also finds build/python).
 PYGEN := $(BUILD)/python/tensordd/tensordd_pb2.py
+# Every field's key, for the hand-written codecs (daemon/wire.c, client/lib/wire.c, the Python
+# client's _codec.py and _speedups.c): generated from the .proto by tools/gen_wire_keys.py.
+KEYS_H := $(BUILD)/gen/tensordd_keys.h
+KEYS_PY := $(BUILD)/python/tensordd/_wire_keys.py
+PYGEN += $(KEYS_PY)
 
 COMMON_SRC := proto/frame.c proto/utf8.c $(wildcard common/*.c)
 BACKEND_SRC := backends/tensor.c backends/ops.c backends/pool.c $(wildcard backends/ops_*.c) \
@@ -151,7 +156,7 @@ TARGETS := $(BUILD)/tensordd $(BUILD)/libtensordd.so $(BUILD)/libtensordd.a $(BU
 .PHONY: all deps run test test-unit test-integration test-python test-fuzz test-rss test-docs docs \
         install test-install test-gpu-build fuzz \
         bench clean format \
-        lint check-deps check-layers
+        lint check-deps check-layers test-layers test-wire-keys
 .DEFAULT_GOAL := all
 
 all: $(TARGETS)
@@ -179,10 +184,17 @@ $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h: proto/tensordd.proto
 	@echo "  PROTOC-C $<"
 	$(Q)protoc-c --c_out=$(BUILD)/gen -Iproto $<
 
-$(PYGEN): proto/tensordd.proto
+# (with the keys' module: the package imports both)
+$(BUILD)/python/tensordd/tensordd_pb2.py: proto/tensordd.proto | $(KEYS_PY)
 	@mkdir -p $(dir $@)
 	@echo "  PROTOC   $@"
 	$(Q)protoc --python_out=$(dir $@) -Iproto $<
+
+$(KEYS_H) $(KEYS_PY) &: proto/tensordd.proto tools/gen_wire_keys.py
+	@mkdir -p $(BUILD)/gen $(dir $(KEYS_PY))
+	@echo "  GEN      $(KEYS_H) $(KEYS_PY)"
+	$(Q)$(PY) tools/gen_wire_keys.py $< --c $(KEYS_H) --py $(KEYS_PY)
+	$(Q)touch $(KEYS_H) $(KEYS_PY)
 
 # generated code is not ours to warn about
 $(GEN_OBJ): $(BUILD)/gen/tensordd.pb-c.c
@@ -190,7 +202,8 @@ $(GEN_OBJ): $(BUILD)/gen/tensordd.pb-c.c
 	@echo "  CC       $<"
 	$(Q)$(CC) $(CPPFLAGS) -std=c11 $(OPT) -fPIC $(filter -fsanitize=%,$(CFLAGS)) -c $< -o $@
 
-$(BUILD)/obj/%.o: %.c $(BUILD)/gen/tensordd.pb-c.h
+# (the keys' header: order-only, as the files that include it depend on it through their .d)
+$(BUILD)/obj/%.o: %.c $(BUILD)/gen/tensordd.pb-c.h | $(KEYS_H)
 	@mkdir -p $(dir $@)
 	@echo "  CC       $<"
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -337,7 +350,8 @@ $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
 test: deps
 	@$(MAKE) --no-print-directory all $(BUILD)/tests/unit $(BUILD)/tests/integration $(BENCH_BINS)
 	@$(MAKE) --no-print-directory test-unit test-integration test-rss test-fuzz test-docs test-install \
-	    test-gpu-build test-python test-emu test-abi test-protocol-doc test-deploy
+	    test-gpu-build test-python test-emu test-abi test-protocol-doc test-deploy test-layers \
+	    test-wire-keys
 	@$(MAKE) --no-print-directory check-layers
 
 test-rss: $(BUILD)/tensordd $(BUILD)/bench/transfer
@@ -454,14 +468,25 @@ test-install:
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
 
-# Calls only go down in daemon/: tools/layers.txt orders the files, and the built
-# objects' symbols (nm) must agree. A sub-make, so that the objects are built as usual.
-check-layers: $(DAEMON_OBJ) $(call obj,daemon/main.c)
-	@bash tools/check_layers.sh $(BUILD)/obj
+# Calls and includes only go down in daemon/, backends/, client/ and below: tools/layers.txt
+# orders the files, and the built objects' symbols (nm) and the sources' includes must agree.
+# test-layers breaks a scratch copy in each way the lint forbids and expects it to fail.
+LAYER_OBJ := $(call obj,daemon/main.c) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ) $(CLIENT_OBJ) \
+             $(call obj,$(TDCTL_SRC))
+check-layers: $(LAYER_OBJ)
+	@$(PY) tools/check_layers.py $(BUILD)/obj
+
+test-layers: $(LAYER_OBJ)
+	@PY=$(PY) bash tests/layers/break.sh $(BUILD)/obj
+
+# A field added to the .proto's hot messages (in a scratch copy) needs no codec edit: the keys
+# are generated, and each hand-written codec leaves a message that sets the field to protobuf.
+test-wire-keys:
+	@PY=$(PY) CC=$(CC) bash tests/wire/add_field.sh
 
 lint:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h' '*.cu')
-	cppcheck --quiet --enable=warning,performance --inline-suppr -Iinclude -Iproto -Ibackends \
+	cppcheck --quiet --enable=warning,performance --inline-suppr -Iinclude -Iproto -Icommon -Ibackends \
 	    -Idaemon daemon backends client proto common
 	@$(MAKE) --no-print-directory check-layers
 

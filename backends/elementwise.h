@@ -23,7 +23,7 @@
  * U, lo, hi int64 (clamp's bounds). The backend narrows the result to the output dtype (a cast;
  * bool: nonzero is true).
  *
- * Adding an elementwise op: a row here, its attribute schema entry (ops.c, tdd_op_schema)
+ * Adding an elementwise op: a row here, its attribute schema entry (ops_schema.c, tdd_op_schema)
  * and its backward formula (daemon/autograd_fn.c). The conformance suite generates its cases
  * from the row (tests/unit/test_conformance.c). */
 #ifndef TDD_ELEMENTWISE_H

@@ -7,7 +7,7 @@
  * cases on every dtype and backend from the table (generated_elementwise).
  *
  * Adding any other op (the recipe): a TDD_OPS line here, its entry in the attribute schema
- * (tdd_op_schema in ops.c: inputs and every attribute; an op without one fails
+ * (tdd_op_schema in ops_schema.c: inputs and every attribute; an op without one fails
  * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
  * kernel (ref/), a cpu kernel (cpu/, or the documented fallback to the ref
  * kernel), a row in the conformance table (tests/unit/test_conformance_cases.c).
@@ -28,7 +28,7 @@
  *  - "reduction" is "mean" (default), "sum" or "none".
  *
  * Attributes: each op's, with type, default and bounds, are data in tdd_op_schema
- * (ops.c), below as tdd_opschema; docs/ops.md lists them (make docs). Adding an attribute
+ * (ops_schema.c), below as tdd_opschema; docs/ops.md lists them (make docs). Adding an attribute
  * to an op: its row in the op's schema array, then the read in its prepare rule
  * (tdd_p_int & co., ops_impl.h); test_attr_schema.c fails when the two disagree.
  */
@@ -36,6 +36,7 @@
 #define TDD_OPS_H
 
 #include "opcodes.h"
+#include "tdd_err.h"
 #include "tensor.h"
 
 typedef struct {
@@ -47,7 +48,7 @@ typedef struct {
 
 extern const tdd_opdef tdd_opdefs[TDD_OP_COUNT];
 
-/* The attribute schema: every attribute each op accepts, as data (backends/ops.c,
+/* The attribute schema: every attribute each op accepts, as data (backends/ops_schema.c,
  * tdd_op_schema). tdd_op_prepare checks a request's attributes against it before any
  * op rule runs: an attribute the op does not accept, one of the wrong type, or one named
  * twice is INVALID_ARGUMENT naming it (and the attributes the op accepts). The types say
@@ -224,18 +225,7 @@ int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordin
 /* conv1d as the backends run it: conv2d on [N, C, 1, L] views (the arguments are conv2d's). */
 int tdd_conv1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 
-/* Helpers for error filling (printf-style message). */
-int tdd_err_set(td_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-int tdd_err_shape(td_error *err, const int64_t *expected, int en, const int64_t *got, int gn,
-                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-int tdd_err_arg(td_error *err, const char *argument, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-int tdd_err_dtypes(td_error *err, td_dtype expected, td_dtype got, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* RESOURCE_EXHAUSTED naming the resource (a quota or cap) and what was asked and left. */
-int tdd_err_resource(td_error *err, const char *resource, uint64_t requested, uint64_t available,
-                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* tdd_err_set & co., the error builders every layer uses: common/tdd_err.h. */
 
 /* The values integer dtype dt holds (bool: 0, 1; int64 and the floats: int64's). */
 void tdd_int_range(td_dtype dt, int64_t *lo, int64_t *hi);

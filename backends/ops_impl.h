@@ -53,6 +53,10 @@ int tdd_p_shape(const tdd_prep *p, const char *name, int64_t *shape, int *ndim);
  * range, float dtypes a finite value past their largest, bool takes anything.
  * INVALID_ARGUMENT naming the attribute. */
 int tdd_p_fits(const tdd_prep *p, const td_attr *a, td_dtype dt);
+/* An attribute kind's name ("an int", ...), and INVALID_ARGUMENT for attribute a of the wrong
+ * kind (want: what it must be). */
+const char *tdd_attr_kind_name(td_attr_kind k);
+int tdd_p_wrong_kind(const tdd_prep *p, const td_attr *a, const char *want);
 
 int tdd_prep_shape(tdd_prep *p);  /* ops_shape.c: views, copies, joins, indexing */
 int tdd_prep_nn(tdd_prep *p);     /* ops_nn.c: linalg, NN ops, losses */

@@ -6,3 +6,14 @@
 .PHONY: bench-smoke
 bench-smoke: all $(BENCH_BINS)
 	@BUILD=$(BUILD) PY=$(PY) bash bench/run.sh --quick
+
+# make bench-codec: the hand-written wire codecs' CPU time per message, in process (bench/codec.c;
+# it links the daemon's objects for daemon/wire.c). Not part of bench/run.sh.
+.PHONY: bench-codec
+$(BUILD)/bench/codec: bench/codec.c $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ) $(call obj,client/lib/wire.c)
+	@mkdir -p $(dir $@)
+	@echo "  LINK     $@"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $^ $(DAEMON_LIBS) -o $@
+
+bench-codec: $(BUILD)/bench/codec
+	$(BUILD)/bench/codec $(BENCH_ARGS)

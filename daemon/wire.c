@@ -5,6 +5,7 @@
 #include "wire.h"
 
 #include "pbwire.h"
+#include "tensordd_keys.h"
 #include "utf8.h"
 
 void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d)
@@ -126,30 +127,18 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
 
 /* ---------------------------------------------------------------- small replies */
 
-/* Response field numbers (proto/tensordd.proto) as keys: (field << 3) | wire type. */
-#define KEY_RESPONSE_ID 0x08     /* 1, varint */
-#define KEY_RESPONSE_OK 0x5a     /* 11, length-delimited */
-#define KEY_RESPONSE_TENSOR 0x72 /* 14, length-delimited */
-#define KEY_TI_HANDLE 0x08       /* TensorInfo.handle = 1 */
-#define KEY_TI_DTYPE 0x10        /* TensorInfo.dtype = 2 */
-#define KEY_TI_SHAPE 0x1a        /* TensorInfo.shape = 3, packed */
-#define KEY_TI_DEVICE 0x22       /* TensorInfo.device = 4 */
-#define KEY_TI_REQUIRES_GRAD 0x28
-#define KEY_DEV_BACKEND 0x0a /* Device.backend = 1 */
-#define KEY_DEV_ORDINAL 0x10 /* Device.ordinal = 2 */
-
 static uint8_t *put_id(uint8_t *p, uint64_t id)
 {
     if (!id)
         return p;
-    *p++ = KEY_RESPONSE_ID;
+    p = td_pb_put_key(p, TD_KEY_RESPONSE_ID);
     return td_pb_put_varint(p, id);
 }
 
 size_t tdd_wire_ok(uint8_t *out, uint64_t id)
 {
     uint8_t *p = put_id(out, id);
-    *p++ = KEY_RESPONSE_OK;
+    p = td_pb_put_key(p, TD_KEY_RESPONSE_OK);
     *p++ = 0;
     return (size_t)(p - out);
 }
@@ -160,7 +149,8 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
     const char *be = v->dev->be->name;
     size_t blen = strnlen(be, 15);
     uint32_t ordinal = (uint32_t)v->dev->ordinal;
-    size_t dlen = (blen ? 1 + 1 + blen : 0) + (ordinal ? 1 + td_pb_varint_len(ordinal) : 0);
+    size_t dlen = (blen ? TD_KEY_LEN_DEVICE_BACKEND + 1 + blen : 0) +
+                  (ordinal ? TD_KEY_LEN_DEVICE_ORDINAL + td_pb_varint_len(ordinal) : 0);
 
     int ndim = v->t.ndim < 0 ? 0 : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM : v->t.ndim;
     size_t slen = 0;
@@ -168,42 +158,43 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
         slen += td_pb_varint_len((uint64_t)v->t.shape[i]);
     int64_t dtype = (int32_t)v->t.dtype; /* an enum: negative values take 10 bytes */
 
-    size_t tlen = (v->handle ? 1 + td_pb_varint_len(v->handle) : 0) +
-                  (dtype ? 1 + td_pb_varint_len((uint64_t)dtype) : 0) +
-                  (slen ? 1 + td_pb_varint_len(slen) + slen : 0) + 1 + td_pb_varint_len(dlen) +
-                  dlen + (v->requires_grad ? 2 : 0);
+    size_t tlen = (v->handle ? TD_KEY_LEN_TENSOR_INFO_HANDLE + td_pb_varint_len(v->handle) : 0) +
+                  (dtype ? TD_KEY_LEN_TENSOR_INFO_DTYPE + td_pb_varint_len((uint64_t)dtype) : 0) +
+                  (slen ? TD_KEY_LEN_TENSOR_INFO_SHAPE + td_pb_varint_len(slen) + slen : 0) +
+                  TD_KEY_LEN_TENSOR_INFO_DEVICE + td_pb_varint_len(dlen) + dlen +
+                  (v->requires_grad ? TD_KEY_LEN_TENSOR_INFO_REQUIRES_GRAD + 1 : 0);
 
     uint8_t *p = put_id(out, id);
-    *p++ = KEY_RESPONSE_TENSOR;
+    p = td_pb_put_key(p, TD_KEY_RESPONSE_TENSOR);
     p = td_pb_put_varint(p, tlen);
     if (v->handle) {
-        *p++ = KEY_TI_HANDLE;
+        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_HANDLE);
         p = td_pb_put_varint(p, v->handle);
     }
     if (dtype) {
-        *p++ = KEY_TI_DTYPE;
+        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_DTYPE);
         p = td_pb_put_varint(p, (uint64_t)dtype);
     }
     if (slen) {
-        *p++ = KEY_TI_SHAPE;
+        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_SHAPE);
         p = td_pb_put_varint(p, slen);
         for (int i = 0; i < ndim; i++)
             p = td_pb_put_varint(p, (uint64_t)v->t.shape[i]);
     }
-    *p++ = KEY_TI_DEVICE;
+    p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_DEVICE);
     p = td_pb_put_varint(p, dlen);
     if (blen) {
-        *p++ = KEY_DEV_BACKEND;
+        p = td_pb_put_key(p, TD_KEY_DEVICE_BACKEND);
         *p++ = (uint8_t)blen;
         memcpy(p, be, blen);
         p += blen;
     }
     if (ordinal) {
-        *p++ = KEY_DEV_ORDINAL;
+        p = td_pb_put_key(p, TD_KEY_DEVICE_ORDINAL);
         p = td_pb_put_varint(p, ordinal);
     }
     if (v->requires_grad) {
-        *p++ = KEY_TI_REQUIRES_GRAD;
+        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_REQUIRES_GRAD);
         *p++ = 1;
     }
     return (size_t)(p - out);
@@ -248,7 +239,7 @@ static bool decode_op(td_pb_reader r, ProtobufCAllocator *al, Tensordd__V1__Op *
             return false;
         seen |= 1u << (key >> 3);
         switch (key) {
-        case 0x0a: { /* op = 1 */
+        case TD_KEY_OP_OP: {
             if (!td_pb_get_bytes(&r, &f) || f.p == f.end)
                 return false;
             size_t n = (size_t)(f.end - f.p);
@@ -260,20 +251,20 @@ static bool decode_op(td_pb_reader r, ProtobufCAllocator *al, Tensordd__V1__Op *
             op->op = s;
             break;
         }
-        case 0x12: /* inputs = 2, packed */
+        case TD_KEY_OP_INPUTS:
             if (!td_pb_get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_inputs, &op->inputs))
                 return false;
             break;
-        case 0x1a: /* outputs = 3, packed */
+        case TD_KEY_OP_OUTPUTS:
             if (!td_pb_get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_outputs, &op->outputs))
                 return false;
             break;
-        case 0x30: /* dtype = 6 */
+        case TD_KEY_OP_DTYPE:
             if (!td_pb_get_varint(&r, &v) || v > INT32_MAX)
                 return false;
             op->dtype = (Tensordd__V1__DType)v;
             break;
-        case 0x38: /* requires_grad = 7 */
+        case TD_KEY_OP_REQUIRES_GRAD:
             if (!td_pb_get_varint(&r, &v) || v > 1)
                 return false;
             op->requires_grad = (protobuf_c_boolean)v;
@@ -300,24 +291,24 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
         if (!td_pb_get_key(&r, &key))
             return NULL;
         switch (key) {
-        case 0x08: /* id = 1 */
+        case TD_KEY_REQUEST_ID:
             if (has_id || !td_pb_get_varint(&r, &v))
                 return NULL;
             req->id = v;
             has_id = true;
             break;
-        case 0x10: /* want_reply = 2 */
+        case TD_KEY_REQUEST_WANT_REPLY:
             if (has_want || !td_pb_get_varint(&r, &v) || v > 1)
                 return NULL;
             req->want_reply = (protobuf_c_boolean)v;
             has_want = true;
             break;
-        case 0x72: /* op = 14 */
+        case TD_KEY_REQUEST_OP:
             if (req->body_case || !td_pb_get_bytes(&r, &f) || !decode_op(f, al, &req->op))
                 return NULL;
             req->body_case = TENSORDD__V1__REQUEST__BODY_OP;
             break;
-        case 0x7a: { /* release = 15 */
+        case TD_KEY_REQUEST_RELEASE: {
             if (req->body_case || !td_pb_get_bytes(&r, &f))
                 return NULL;
             Tensordd__V1__Release *rl = al->alloc(al->allocator_data, sizeof *rl);
@@ -325,17 +316,16 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
                 return NULL;
             tensordd__v1__release__init(rl);
             td_pb_reader h;
-            if (!td_pb_get_key(&f, &key) || key != 0x0a || !td_pb_get_bytes(&f, &h) ||
-                f.p != f.end || !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
+            if (!td_pb_get_key(&f, &key) || key != TD_KEY_RELEASE_HANDLES ||
+                !td_pb_get_bytes(&f, &h) || f.p != f.end ||
+                !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
                 return NULL;
             req->release = rl;
             req->body_case = TENSORDD__V1__REQUEST__BODY_RELEASE;
             break;
         }
-        case 0x8a: /* sync = 17: two-byte key 0x8a 0x01 */
-        default:
-            if (key != ((17u << 3) | 2) || req->body_case || !td_pb_get_bytes(&r, &f) ||
-                f.p != f.end)
+        case TD_KEY_REQUEST_SYNC: {
+            if (req->body_case || !td_pb_get_bytes(&r, &f) || f.p != f.end)
                 return NULL;
             Tensordd__V1__Sync *sy = al->alloc(al->allocator_data, sizeof *sy);
             if (!sy)
@@ -344,6 +334,9 @@ Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, Pro
             req->sync = sy;
             req->body_case = TENSORDD__V1__REQUEST__BODY_SYNC;
             break;
+        }
+        default: /* any other field: protobuf-c's decoder */
+            return NULL;
         }
     }
     return req;

@@ -2,7 +2,8 @@
  * hand-written codecs for small messages share (daemon/wire.c, client/lib/wire.c):
  * varints out, and varints, keys and length-delimited fields in, with the limits
  * protobuf-c applies, so that what these accept protobuf-c accepts too
- * (tests/unit/test_wire.c holds both codecs to protobuf-c). */
+ * (tests/unit/test_wire.c holds both codecs to protobuf-c). The keys themselves are
+ * generated from the .proto (tensordd_keys.h, tools/gen_wire_keys.py). */
 #ifndef TD_PBWIRE_H
 #define TD_PBWIRE_H
 
@@ -28,6 +29,16 @@ static inline uint8_t *td_pb_put_varint(uint8_t *p, uint64_t v)
     }
     *p++ = (uint8_t)v;
     return p;
+}
+
+/* A key (tensordd_keys.h's TD_KEY_*, a constant): one byte for fields 1-15, more after. */
+static inline uint8_t *td_pb_put_key(uint8_t *p, uint32_t key)
+{
+    if (key < 0x80) {
+        *p++ = (uint8_t)key;
+        return p;
+    }
+    return td_pb_put_varint(p, key);
 }
 
 /* Bytes being read: [p, end). */

@@ -13,6 +13,7 @@
 
 #include "internal.h"
 #include "pbwire.h"
+#include "tensordd_keys.h"
 
 /* A length-delimited field's size: key + length + bytes. */
 static size_t ld(size_t keylen, size_t len)
@@ -28,44 +29,96 @@ static size_t packed_len(const uint64_t *a, size_t n)
     return s;
 }
 
-static uint8_t *put_packed(uint8_t *p, uint8_t key, const uint64_t *a, size_t n, size_t len)
+static uint8_t *put_packed(uint8_t *p, uint32_t key, const uint64_t *a, size_t n, size_t len)
 {
     if (!n)
         return p;
-    *p++ = key;
+    p = td_pb_put_key(p, key);
     p = td_pb_put_varint(p, len);
     for (size_t i = 0; i < n; i++)
         p = td_pb_put_varint(p, a[i]);
     return p;
 }
 
-/* Field keys, (number << 3) | wire type, from proto/tensordd.proto. */
-enum {
-    K_REQ_ID = 0x08,
-    K_REQ_WANT_REPLY = 0x10,
-    K_REQ_OP = 0x72,      /* 14 */
-    K_REQ_RELEASE = 0x7a, /* 15 */
-    K_OP_NAME = 0x0a,
-    K_OP_INPUTS = 0x12,
-    K_OP_OUTPUTS = 0x1a,
-    K_OP_DEVICE = 0x2a,
-    K_OP_DTYPE = 0x30,
-    K_OP_REQUIRES_GRAD = 0x38,
-    K_DEV_BACKEND = 0x0a,
-    K_DEV_ORDINAL = 0x10,
-    K_RELEASE_HANDLES = 0x0a,
-};
-/* Sync = 17 takes a two-byte key. */
-static const uint8_t K_REQ_SYNC[2] = {0x8a, 0x01};
-
 typedef struct {
     size_t name, in, out, dev, backend, body;
 } op_sizes;
 
+/* The fields this file writes, per message (a oneof's members are its body switch's). A
+ * field the .proto gains later is not written here: a message that sets one is left to
+ * protobuf-c, checked only once the message has more fields than these (a constant). */
+static const uint32_t req_written[] = {TD_FIELD_REQUEST_ID, TD_FIELD_REQUEST_WANT_REPLY};
+static const uint32_t op_written[] = {
+    TD_FIELD_OP_OP,     TD_FIELD_OP_INPUTS, TD_FIELD_OP_OUTPUTS,      TD_FIELD_OP_ATTRS,
+    TD_FIELD_OP_DEVICE, TD_FIELD_OP_DTYPE,  TD_FIELD_OP_REQUIRES_GRAD};
+static const uint32_t dev_written[] = {TD_FIELD_DEVICE_BACKEND, TD_FIELD_DEVICE_ORDINAL};
+static const uint32_t rel_written[] = {TD_FIELD_RELEASE_HANDLES};
+#define N_WRITTEN(a) (sizeof(a) / sizeof(a)[0])
+
+/* Whether every field of m outside written[] (and outside a oneof) is at its default,
+ * which proto3 leaves out of the bytes. */
+static int others_default(const ProtobufCMessage *m, const uint32_t *written, size_t n)
+{
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        size_t k = 0;
+        while (k < n && written[k] != f->id)
+            k++;
+        if (k < n || (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF))
+            continue;
+        const char *base = (const char *)m;
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            if (*(const size_t *)(const void *)(base + f->quantifier_offset))
+                return 0;
+            continue;
+        }
+        if (f->label == PROTOBUF_C_LABEL_OPTIONAL &&
+            *(const protobuf_c_boolean *)(const void *)(base + f->quantifier_offset))
+            return 0;
+        const void *v = base + f->offset;
+        switch (f->type) {
+        case PROTOBUF_C_TYPE_STRING: {
+            const char *str = *(char *const *)v;
+            if (str && *str)
+                return 0;
+            break;
+        }
+        case PROTOBUF_C_TYPE_MESSAGE:
+            if (*(void *const *)v)
+                return 0;
+            break;
+        case PROTOBUF_C_TYPE_BYTES:
+            if (((const ProtobufCBinaryData *)v)->len)
+                return 0;
+            break;
+        default: { /* a scalar, 1 to 8 bytes: zero when unset */
+            size_t size =
+                f->type == PROTOBUF_C_TYPE_BOOL ? sizeof(protobuf_c_boolean)
+                : f->type == PROTOBUF_C_TYPE_INT64 || f->type == PROTOBUF_C_TYPE_UINT64 ||
+                        f->type == PROTOBUF_C_TYPE_SINT64 || f->type == PROTOBUF_C_TYPE_FIXED64 ||
+                        f->type == PROTOBUF_C_TYPE_SFIXED64 || f->type == PROTOBUF_C_TYPE_DOUBLE
+                    ? 8
+                    : 4;
+            static const unsigned char zero[8];
+            if (memcmp(v, zero, size))
+                return 0;
+        }
+        }
+    }
+    return 1;
+}
+
+/* others_default, only for a message with fields (outside a oneof) this file does not know:
+ * nplain is a constant. */
+#define KNOWN_ONLY(m, nplain, written)                                                             \
+    ((nplain) <= N_WRITTEN(written) || others_default(&(m)->base, written, N_WRITTEN(written)))
+
 static size_t device_len(const Tensordd__V1__Device *d, size_t *backend)
 {
     *backend = d->backend ? strlen(d->backend) : 0;
-    return (*backend ? ld(1, *backend) : 0) + (d->ordinal ? 1 + td_pb_varint_len(d->ordinal) : 0);
+    return (*backend ? ld(TD_KEY_LEN_DEVICE_BACKEND, *backend) : 0) +
+           (d->ordinal ? TD_KEY_LEN_DEVICE_ORDINAL + td_pb_varint_len(d->ordinal) : 0);
 }
 
 /* Sizes the body into z->body; 0 when the request is not one this file encodes. */
@@ -74,38 +127,42 @@ static int body_len(const Tensordd__V1__Request *req, op_sizes *z)
     switch (req->body_case) {
     case TENSORDD__V1__REQUEST__BODY_OP: {
         const Tensordd__V1__Op *op = req->op;
-        if (!op || op->n_attrs || op->base.n_unknown_fields)
+        if (!op || op->n_attrs || op->base.n_unknown_fields ||
+            !KNOWN_ONLY(op, TD_NPLAIN_OP, op_written))
             return 0;
         z->name = op->op ? strlen(op->op) : 0;
         z->in = packed_len(op->inputs, op->n_inputs);
         z->out = packed_len(op->outputs, op->n_outputs);
-        size_t n = (z->name ? ld(1, z->name) : 0) + (op->n_inputs ? ld(1, z->in) : 0) +
-                   (op->n_outputs ? ld(1, z->out) : 0);
+        size_t n = (z->name ? ld(TD_KEY_LEN_OP_OP, z->name) : 0) +
+                   (op->n_inputs ? ld(TD_KEY_LEN_OP_INPUTS, z->in) : 0) +
+                   (op->n_outputs ? ld(TD_KEY_LEN_OP_OUTPUTS, z->out) : 0);
         if (op->device) {
-            if (op->device->base.n_unknown_fields)
+            if (op->device->base.n_unknown_fields ||
+                !KNOWN_ONLY(op->device, TD_NPLAIN_DEVICE, dev_written))
                 return 0;
             z->dev = device_len(op->device, &z->backend);
-            n += ld(1, z->dev);
+            n += ld(TD_KEY_LEN_OP_DEVICE, z->dev);
         }
         /* an enum is an int32: a negative one takes 10 bytes */
         if (op->dtype)
-            n += 1 + td_pb_varint_len((uint64_t)(int64_t)(int32_t)op->dtype);
+            n += TD_KEY_LEN_OP_DTYPE + td_pb_varint_len((uint64_t)(int64_t)(int32_t)op->dtype);
         if (op->requires_grad)
-            n += 2;
+            n += TD_KEY_LEN_OP_REQUIRES_GRAD + 1;
         z->body = n;
         return 1;
     }
     case TENSORDD__V1__REQUEST__BODY_RELEASE: {
         const Tensordd__V1__Release *r = req->release;
-        if (!r || r->base.n_unknown_fields)
+        if (!r || r->base.n_unknown_fields || !KNOWN_ONLY(r, TD_NPLAIN_RELEASE, rel_written))
             return 0;
         z->in = packed_len(r->handles, r->n_handles);
-        z->body = r->n_handles ? ld(1, z->in) : 0;
+        z->body = r->n_handles ? ld(TD_KEY_LEN_RELEASE_HANDLES, z->in) : 0;
         return 1;
     }
     case TENSORDD__V1__REQUEST__BODY_SYNC:
         z->body = 0;
-        return req->sync && !req->sync->base.n_unknown_fields;
+        return req->sync && !req->sync->base.n_unknown_fields &&
+               (TD_NPLAIN_SYNC == 0 || others_default(&req->sync->base, NULL, 0));
     default:
         return 0;
     }
@@ -118,11 +175,15 @@ size_t td__request_fast_size(const Tensordd__V1__Request *req, td__req_sizes *zs
     op_sizes *z = (op_sizes *)zs->z;
     _Static_assert(sizeof(op_sizes) <= sizeof zs->z, "td__req_sizes too small");
     memset(z, 0, sizeof *z);
-    if (req->base.n_unknown_fields || !body_len(req, z))
+    if (req->base.n_unknown_fields || !KNOWN_ONLY(req, TD_NPLAIN_REQUEST, req_written) ||
+        !body_len(req, z))
         return 0;
-    size_t keylen = req->body_case == TENSORDD__V1__REQUEST__BODY_SYNC ? 2 : 1;
-    return (req->id ? 1 + td_pb_varint_len(req->id) : 0) + (req->want_reply ? 2 : 0) +
-           ld(keylen, z->body);
+    size_t keylen = req->body_case == TENSORDD__V1__REQUEST__BODY_OP ? TD_KEY_LEN_REQUEST_OP
+                    : req->body_case == TENSORDD__V1__REQUEST__BODY_RELEASE
+                        ? TD_KEY_LEN_REQUEST_RELEASE
+                        : TD_KEY_LEN_REQUEST_SYNC;
+    return (req->id ? TD_KEY_LEN_REQUEST_ID + td_pb_varint_len(req->id) : 0) +
+           (req->want_reply ? TD_KEY_LEN_REQUEST_WANT_REPLY + 1 : 0) + ld(keylen, z->body);
 }
 
 size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_sizes *zs,
@@ -131,58 +192,58 @@ size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_siz
     const op_sizes *z = (const op_sizes *)zs->z;
     uint8_t *p = out;
     if (req->id) {
-        *p++ = K_REQ_ID;
+        p = td_pb_put_key(p, TD_KEY_REQUEST_ID);
         p = td_pb_put_varint(p, req->id);
     }
     if (req->want_reply) {
-        *p++ = K_REQ_WANT_REPLY;
+        p = td_pb_put_key(p, TD_KEY_REQUEST_WANT_REPLY);
         *p++ = 1;
     }
     switch (req->body_case) {
     case TENSORDD__V1__REQUEST__BODY_OP: {
         const Tensordd__V1__Op *op = req->op;
-        *p++ = K_REQ_OP;
+        p = td_pb_put_key(p, TD_KEY_REQUEST_OP);
         p = td_pb_put_varint(p, z->body);
         if (z->name) {
-            *p++ = K_OP_NAME;
+            p = td_pb_put_key(p, TD_KEY_OP_OP);
             p = td_pb_put_varint(p, z->name);
             memcpy(p, op->op, z->name);
             p += z->name;
         }
-        p = put_packed(p, K_OP_INPUTS, op->inputs, op->n_inputs, z->in);
-        p = put_packed(p, K_OP_OUTPUTS, op->outputs, op->n_outputs, z->out);
+        p = put_packed(p, TD_KEY_OP_INPUTS, op->inputs, op->n_inputs, z->in);
+        p = put_packed(p, TD_KEY_OP_OUTPUTS, op->outputs, op->n_outputs, z->out);
         if (op->device) {
-            *p++ = K_OP_DEVICE;
+            p = td_pb_put_key(p, TD_KEY_OP_DEVICE);
             p = td_pb_put_varint(p, z->dev);
             if (z->backend) {
-                *p++ = K_DEV_BACKEND;
+                p = td_pb_put_key(p, TD_KEY_DEVICE_BACKEND);
                 p = td_pb_put_varint(p, z->backend);
                 memcpy(p, op->device->backend, z->backend);
                 p += z->backend;
             }
             if (op->device->ordinal) {
-                *p++ = K_DEV_ORDINAL;
+                p = td_pb_put_key(p, TD_KEY_DEVICE_ORDINAL);
                 p = td_pb_put_varint(p, op->device->ordinal);
             }
         }
         if (op->dtype) {
-            *p++ = K_OP_DTYPE;
+            p = td_pb_put_key(p, TD_KEY_OP_DTYPE);
             p = td_pb_put_varint(p, (uint64_t)(int64_t)(int32_t)op->dtype);
         }
         if (op->requires_grad) {
-            *p++ = K_OP_REQUIRES_GRAD;
+            p = td_pb_put_key(p, TD_KEY_OP_REQUIRES_GRAD);
             *p++ = 1;
         }
         break;
     }
     case TENSORDD__V1__REQUEST__BODY_RELEASE:
-        *p++ = K_REQ_RELEASE;
+        p = td_pb_put_key(p, TD_KEY_REQUEST_RELEASE);
         p = td_pb_put_varint(p, z->body);
-        p = put_packed(p, K_RELEASE_HANDLES, req->release->handles, req->release->n_handles, z->in);
+        p = put_packed(p, TD_KEY_RELEASE_HANDLES, req->release->handles, req->release->n_handles,
+                       z->in);
         break;
     default: /* Sync */
-        *p++ = K_REQ_SYNC[0];
-        *p++ = K_REQ_SYNC[1];
+        p = td_pb_put_key(p, TD_KEY_REQUEST_SYNC);
         *p++ = 0;
         break;
     }
@@ -209,7 +270,9 @@ static int check_device(td_pb_reader r)
     while (r.p < r.end) {
         if (!td_pb_get_key(&r, &key))
             return 0;
-        if (key == 0x0a ? !td_pb_get_bytes(&r, &f) : key == 0x10 ? !td_pb_get_varint(&r, &v) : 1)
+        if (key == TD_KEY_DEVICE_BACKEND   ? !td_pb_get_bytes(&r, &f)
+            : key == TD_KEY_DEVICE_ORDINAL ? !td_pb_get_varint(&r, &v)
+                                           : 1)
             return 0;
     }
     return 1;
@@ -224,18 +287,18 @@ static int check_tensor_info(td_pb_reader r)
         if (!td_pb_get_key(&r, &key))
             return 0;
         switch (key) {
-        case 0x08: /* handle */
-        case 0x10: /* dtype */
-        case 0x18: /* shape, one unpacked element */
-        case 0x28: /* requires_grad */
+        case TD_KEY_TENSOR_INFO_HANDLE:
+        case TD_KEY_TENSOR_INFO_DTYPE:
+        case TD_KEY_TENSOR_INFO_SHAPE_UNPACKED: /* one element */
+        case TD_KEY_TENSOR_INFO_REQUIRES_GRAD:
             if (!td_pb_get_varint(&r, &v))
                 return 0;
             break;
-        case 0x1a: /* shape, packed */
+        case TD_KEY_TENSOR_INFO_SHAPE: /* packed */
             if (!td_pb_get_bytes(&r, &f) || !varints(f))
                 return 0;
             break;
-        case 0x22: /* device */
+        case TD_KEY_TENSOR_INFO_DEVICE:
             if (!td_pb_get_bytes(&r, &f) || !check_device(f))
                 return 0;
             break;
@@ -256,11 +319,11 @@ int td__glance_response(const uint8_t *msg, size_t len, uint64_t *id, int *body_
     while (r.p < r.end) {
         if (!td_pb_get_key(&r, &key))
             return 0;
-        if (key == 0x08) {
+        if (key == TD_KEY_RESPONSE_ID) {
             if (!td_pb_get_varint(&r, &v))
                 return 0;
             *id = v;
-        } else if (key == 0x5a || key == 0x72) { /* ok = 11, tensor = 14 */
+        } else if (key == TD_KEY_RESPONSE_OK || key == TD_KEY_RESPONSE_TENSOR) {
             if (*body_case || !td_pb_get_bytes(&r, &body))
                 return 0;
             *body_case = (int)(key >> 3);

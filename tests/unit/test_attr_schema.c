@@ -1,4 +1,4 @@
-/* test_attr_schema.c -- the attribute schema (tdd_op_schema in backends/ops.c) held to the
+/* test_attr_schema.c -- the attribute schema (tdd_op_schema in backends/ops_schema.c) held to the
  * code: every op has an entry; every attribute the prepare code reads, over every row of
  * the conformance table and each of its dtypes, is in its op's schema, and every attribute
  * in a schema is read by some row; and tdd_op_prepare refuses an unknown, mistyped or
@@ -16,7 +16,8 @@ START_TEST(every_op_has_a_schema)
     for (int op = 0; op < TDD_OP_COUNT; op++) {
         const tdd_opschema *s = &tdd_op_schema[op];
         const char *nm = tdd_opdefs[op].name;
-        ck_assert_msg(s->inputs != NULL, "op %s has no schema entry (tdd_op_schema, ops.c)", nm);
+        ck_assert_msg(s->inputs != NULL, "op %s has no schema entry (tdd_op_schema, ops_schema.c)",
+                      nm);
         ck_assert_msg(s->n_attrs == 0 || s->attrs, "op %s: schema without attributes", nm);
         ck_assert_msg((s->inputs[0] == 0) == (tdd_opdefs[op].max_inputs == 0),
                       "op %s: documented inputs \"%s\" disagree with its arity", nm, s->inputs);
@@ -114,7 +115,8 @@ START_TEST(prepare_reads_only_schema_attributes)
     }
     tdd_attr_read_hook = NULL;
     for (int k = 0; k < nstray; k++)
-        fprintf(stderr, "attr schema: %s, not in its schema (tdd_op_schema, backends/ops.c)\n",
+        fprintf(stderr,
+                "attr schema: %s, not in its schema (tdd_op_schema, backends/ops_schema.c)\n",
                 stray[k]);
     ck_assert_msg(nstray == 0, "%d attribute(s) read by prepare are missing from the schema",
                   nstray);

@@ -97,7 +97,7 @@ END_TEST
 /* ------------------------------------------------------------------ attribute extremes */
 
 /* Every small table row again with each scalar attribute of its op (tdd_op_schema in
- * backends/ops.c) at its extremes, and each ordered pair reversed: prepare either refuses
+ * backends/ops_schema.c) at its extremes, and each ordered pair reversed: prepare either refuses
  * it with a typed error (INVALID_ARGUMENT naming an attribute, RESOURCE_EXHAUSTED, ...)
  * or every backend runs it and agrees with ref (issue 8: tril/triu with diagonal INT64_MAX
  * and clamp with min > max or a NaN bound differed, and overflowed under UBSan). */
@@ -123,7 +123,7 @@ typedef struct {
     char kind; /* i, f, b */
 } gen_attr;
 
-/* The scalar attributes of op's schema (tdd_op_schema in backends/ops.c: ints, "int or int
+/* The scalar attributes of op's schema (tdd_op_schema in backends/ops_schema.c: ints, "int or int
  * list", numbers, bools, unless marked no_extremes) and its ordered pairs (indices into at). */
 static int gen_parse(tdd_op op, gen_attr *at, int max, int pairs[][2], int *npairs)
 {

@@ -18,6 +18,17 @@ from __future__ import annotations
 import os
 import struct
 
+# Every field's key as the bytes that begin it, generated from proto/tensordd.proto
+# (tools/gen_wire_keys.py; build/python/tensordd/_wire_keys.py in the tree).
+from ._wire_keys import (K_BACKWARD_GRADS, K_BACKWARD_LOSS, K_BACKWARD_PIPELINED,
+                         K_DOWNLOAD_HANDLE, K_OP_INPUTS, K_OP_OP, K_OP_OUTPUTS,
+                         K_OPTIMIZER_STEP_GRADS, K_OPTIMIZER_STEP_OPTIMIZER,
+                         K_OPTIMIZER_STEP_PIPELINED, K_RELEASE_HANDLES, K_REQUEST_BACKWARD,
+                         K_REQUEST_DOWNLOAD, K_REQUEST_ID, K_REQUEST_OP,
+                         K_REQUEST_OPTIMIZER_STEP, K_REQUEST_RELEASE, K_REQUEST_UPLOAD,
+                         K_UPLOAD_DTYPE, K_UPLOAD_HANDLE, K_UPLOAD_REQUIRES_GRAD,
+                         K_UPLOAD_SHAPE)
+
 __all__ = ["ACCELERATED", "append_op", "copy_into", "py_append_op", "py_copy_into", "encode_op", "frame_op", "frame_download", "frame_release",
            "frame_upload", "frame_backward", "frame_optimizer_step", "parse_tensor_reply",
            "download", "set_download_types", "op", "set_op_types", "numpy",
@@ -56,15 +67,15 @@ def py_encode_op(rid: int, name: str, inputs, out: int, extra: bytes = b"") -> b
     head = _OP_NAMES.get(name)
     if head is None:
         b = name.encode()
-        head = _OP_NAMES[name] = b"\x0a" + _varint(len(b)) + b
+        head = _OP_NAMES[name] = K_OP_OP + _varint(len(b)) + b
     if len(inputs) == 1:
         ins = _varint(inputs[0])
     else:
         ins = b"".join([_varint(h) for h in inputs])
     o = _varint(out)
-    body = b"".join((head, b"\x12", _SMALL_VARINTS[len(ins)] if len(ins) < 0x80
-                     else _varint(len(ins)), ins, b"\x1a", _SMALL_VARINTS[len(o)], o, extra))
-    return b"".join((b"\x08", _varint(rid), b"\x72", _varint(len(body)), body))
+    body = b"".join((head, K_OP_INPUTS, _SMALL_VARINTS[len(ins)] if len(ins) < 0x80
+                     else _varint(len(ins)), ins, K_OP_OUTPUTS, _SMALL_VARINTS[len(o)], o, extra))
+    return b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_OP, _varint(len(body)), body))
 
 
 def py_frame_op(rid: int, name: str, inputs, out: int, extra: bytes = b"") -> bytes:
@@ -76,7 +87,8 @@ def py_frame_op(rid: int, name: str, inputs, out: int, extra: bytes = b"") -> by
 def py_frame_download(rid: int, handle: int) -> bytes:
     """The frame of Request{id: rid, download: Download{handle}} (field 13)."""
     h = _varint(handle)
-    msg = b"".join((b"\x08", _varint(rid), b"\x6a", _SMALL_VARINTS[len(h) + 1], b"\x08", h))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_DOWNLOAD,
+                    _SMALL_VARINTS[len(K_DOWNLOAD_HANDLE) + len(h)], K_DOWNLOAD_HANDLE, h))
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
@@ -84,10 +96,10 @@ def py_frame_release(rid: int, handles) -> bytes:
     """The frame of Request{id: rid, release: Release{handles}} (field 15; packed)."""
     hs = b"".join([_varint(h) for h in handles])
     if hs:
-        body = b"".join((b"\x0a", _varint(len(hs)), hs))
+        body = b"".join((K_RELEASE_HANDLES, _varint(len(hs)), hs))
     else:
         body = b""
-    msg = b"".join((b"\x08", _varint(rid), b"\x7a", _varint(len(body)), body))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_RELEASE, _varint(len(body)), body))
     return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
@@ -99,33 +111,37 @@ def py_frame_upload(rid: int, handle: int, wire: int, shape, device: bytes,
     length included)."""
     if shape:
         dims = b"".join([_varint(d) for d in shape])
-        dims = b"".join((b"\x1a", _varint(len(dims)), dims))
+        dims = b"".join((K_UPLOAD_SHAPE, _varint(len(dims)), dims))
     else:
         dims = b""
-    body = b"".join((b"\x08", _varint(handle), b"\x10", _SMALL_VARINTS[wire], dims, device,
-                     b"\x28\x01" if requires_grad else b""))
-    msg = b"".join((b"\x08", _varint(rid), b"\x62", _varint(len(body)), body))
+    body = b"".join((K_UPLOAD_HANDLE, _varint(handle), K_UPLOAD_DTYPE, _SMALL_VARINTS[wire], dims,
+                     device, _UPLOAD_REQUIRES_GRAD if requires_grad else b""))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_UPLOAD, _varint(len(body)), body))
     return _pack_header(_MAGIC, len(msg), nbytes) + msg
 
 
-def _frame_pipelined(rid: int, tag: bytes, a: int, b_tag: bytes, b: int) -> bytes:
-    """The frame of Request{id: rid, <tag>: {field 1: a, <b_tag>: b, pipelined: true}}:
-    the body's fields in number order, pipelined (field 15, varint) last."""
-    body = b"".join((b"\x08", _varint(a), b_tag, _varint(b), b"\x78\x01"))
-    msg = b"".join((b"\x08", _varint(rid), tag, _varint(len(body)), body))
-    return _pack_header(_MAGIC, len(msg), 0) + msg
+_UPLOAD_REQUIRES_GRAD = K_UPLOAD_REQUIRES_GRAD + b"\x01"
+_BACKWARD_PIPELINED = K_BACKWARD_PIPELINED + b"\x01"
+_OPTIMIZER_STEP_PIPELINED = K_OPTIMIZER_STEP_PIPELINED + b"\x01"
 
 
 def frame_backward(rid: int, loss: int, grads: int) -> bytes:
     """The frame of Request{id: rid, backward: Backward{loss, grads, pipelined: true}}
-    (Request field 20; Backward.loss 1, .grads 4): the training step's backward."""
-    return _frame_pipelined(rid, b"\xa2\x01", loss, b"\x20", grads)
+    (the training step's backward): the body's fields in number order, pipelined last."""
+    body = b"".join((K_BACKWARD_LOSS, _varint(loss), K_BACKWARD_GRADS, _varint(grads),
+                     _BACKWARD_PIPELINED))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_BACKWARD, _varint(len(body)), body))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
 def frame_optimizer_step(rid: int, optimizer: int, grads: int) -> bytes:
     """The frame of Request{id: rid, optimizer_step: OptimizerStep{optimizer, grads,
-    pipelined: true}} (Request field 26; OptimizerStep.optimizer 1, .grads 2)."""
-    return _frame_pipelined(rid, b"\xd2\x01", optimizer, b"\x10", grads)
+    pipelined: true}}: the body's fields in number order, pipelined last."""
+    body = b"".join((K_OPTIMIZER_STEP_OPTIMIZER, _varint(optimizer), K_OPTIMIZER_STEP_GRADS,
+                     _varint(grads), _OPTIMIZER_STEP_PIPELINED))
+    msg = b"".join((K_REQUEST_ID, _varint(rid), K_REQUEST_OPTIMIZER_STEP, _varint(len(body)),
+                    body))
+    return _pack_header(_MAGIC, len(msg), 0) + msg
 
 
 def py_append_op(wbuf: bytearray, rid: int, name: str, inputs, out: int,

@@ -26,6 +26,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "tensordd_keys.h" /* every field's key, generated from proto/tensordd.proto */
+
 #define MAGIC 0x01444454u /* "TDD" + frame version 1 (proto/frame.h) */
 #define HEADER 16
 #define MAX_DIMS 64
@@ -50,6 +52,16 @@ static char *put_varint(char *p, uint64_t v)
     }
     *p++ = (char)v;
     return p;
+}
+
+/* A key (TD_KEY_*, a constant): one byte for fields 1-15, more after. */
+static inline char *put_key(char *p, uint32_t key)
+{
+    if (key < 0x80) {
+        *p++ = (char)key;
+        return p;
+    }
+    return put_varint(p, key);
 }
 
 static char *put_header(char *p, size_t msg_len)
@@ -134,9 +146,11 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
     }
     Py_DECREF(seq);
     size_t out_len = varint_len(out);
-    size_t body = 1 + varint_len((uint64_t)name_len) + (size_t)name_len + 1 + varint_len(ins_len) +
-                  ins_len + 1 + varint_len(out_len) + out_len + (size_t)extra_len;
-    size_t msg = 1 + varint_len(rid) + 1 + varint_len(body) + body;
+    size_t body = TD_KEY_LEN_OP_OP + varint_len((uint64_t)name_len) + (size_t)name_len +
+                  TD_KEY_LEN_OP_INPUTS + varint_len(ins_len) + ins_len + TD_KEY_LEN_OP_OUTPUTS +
+                  varint_len(out_len) + out_len + (size_t)extra_len;
+    size_t msg =
+        TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_OP + varint_len(body) + body;
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
     char *p;
@@ -160,19 +174,19 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
     }
     if (framed)
         p = put_header(p, msg);
-    *p++ = 0x08; /* Request.id */
+    p = put_key(p, TD_KEY_REQUEST_ID);
     p = put_varint(p, rid);
-    *p++ = 0x72; /* Request.op (14) */
+    p = put_key(p, TD_KEY_REQUEST_OP);
     p = put_varint(p, body);
-    *p++ = 0x0a; /* Op.op */
+    p = put_key(p, TD_KEY_OP_OP);
     p = put_varint(p, (uint64_t)name_len);
     memcpy(p, name, (size_t)name_len);
     p += name_len;
-    *p++ = 0x12; /* Op.inputs, packed */
+    p = put_key(p, TD_KEY_OP_INPUTS); /* packed */
     p = put_varint(p, ins_len);
     for (Py_ssize_t i = 0; i < n; i++)
         p = put_varint(p, ins[i]);
-    *p++ = 0x1a; /* Op.outputs, packed */
+    p = put_key(p, TD_KEY_OP_OUTPUTS); /* packed */
     p = put_varint(p, out_len);
     p = put_varint(p, out);
     if (extra_len)
@@ -247,17 +261,18 @@ static PyObject *frame_download(PyObject *self, PyObject *const *args, Py_ssize_
     uint64_t rid, handle;
     if (as_u64(rid_o, &rid) < 0 || as_u64(handle_o, &handle) < 0)
         return NULL;
-    size_t body = 1 + varint_len(handle);
-    size_t msg = 1 + varint_len(rid) + 1 + varint_len(body) + body;
+    size_t body = TD_KEY_LEN_DOWNLOAD_HANDLE + varint_len(handle);
+    size_t msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_DOWNLOAD +
+                 varint_len(body) + body;
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
     if (res == NULL)
         return NULL;
     char *p = put_header(PyBytes_AS_STRING(res), msg);
-    *p++ = 0x08;
+    p = put_key(p, TD_KEY_REQUEST_ID);
     p = put_varint(p, rid);
-    *p++ = 0x6a; /* Request.download (13) */
+    p = put_key(p, TD_KEY_REQUEST_DOWNLOAD);
     p = put_varint(p, body);
-    *p++ = 0x08; /* Download.handle */
+    p = put_key(p, TD_KEY_DOWNLOAD_HANDLE);
     put_varint(p, handle);
     return res;
 }
@@ -285,20 +300,21 @@ static PyObject *frame_release(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         hs_len += varint_len(h);
     }
-    size_t body = n ? 1 + varint_len(hs_len) + hs_len : 0;
-    size_t msg = 1 + varint_len(rid) + 1 + varint_len(body) + body;
+    size_t body = n ? TD_KEY_LEN_RELEASE_HANDLES + varint_len(hs_len) + hs_len : 0;
+    size_t msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_RELEASE +
+                 varint_len(body) + body;
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
     if (res == NULL) {
         Py_DECREF(seq);
         return NULL;
     }
     char *p = put_header(PyBytes_AS_STRING(res), msg);
-    *p++ = 0x08;
+    p = put_key(p, TD_KEY_REQUEST_ID);
     p = put_varint(p, rid);
-    *p++ = 0x7a; /* Request.release (15) */
+    p = put_key(p, TD_KEY_REQUEST_RELEASE);
     p = put_varint(p, body);
     if (n) {
-        *p++ = 0x0a; /* Release.handles, packed */
+        p = put_key(p, TD_KEY_RELEASE_HANDLES); /* packed */
         p = put_varint(p, hs_len);
         for (Py_ssize_t i = 0; i < n; i++) /* (checked above: cannot fail) */
             p = put_varint(p, (uint64_t)PyLong_AsUnsignedLongLong(items[i]));
@@ -359,14 +375,14 @@ static int parse_device(reader r, tensor_info *t)
         uint64_t key, v;
         if (get_varint(&r, &key) < 0)
             return -1;
-        if (key == 0x0a && !seen_b) {
+        if (key == TD_KEY_DEVICE_BACKEND && !seen_b) {
             reader s;
             if (get_bytes(&r, &s) < 0)
                 return -1;
             t->backend = (const char *)s.p;
             t->backend_len = (size_t)(s.end - s.p);
             seen_b = 1;
-        } else if (key == 0x10 && !seen_o) {
+        } else if (key == TD_KEY_DEVICE_ORDINAL && !seen_o) {
             if (get_varint(&r, &v) < 0)
                 return -1;
             t->ordinal = v & 0xFFFFFFFFu; /* uint32: protobuf keeps the low 32 bits */
@@ -388,17 +404,16 @@ static int parse_info(reader r, tensor_info *t)
         if (get_varint(&r, &key) < 0)
             return -1;
         switch (key) {
-        case 0x08: /* handle */
-        case 0x10: /* dtype */
-        case 0x28: /* requires_grad */
-        {
+        case TD_KEY_TENSOR_INFO_HANDLE:
+        case TD_KEY_TENSOR_INFO_DTYPE:
+        case TD_KEY_TENSOR_INFO_REQUIRES_GRAD: {
             int bit = 1 << (key >> 3);
             if ((seen & bit) || get_varint(&r, &v) < 0)
                 return -1;
             seen |= bit;
-            if (key == 0x08) {
+            if (key == TD_KEY_TENSOR_INFO_HANDLE) {
                 t->handle = v;
-            } else if (key == 0x10) {
+            } else if (key == TD_KEY_TENSOR_INFO_DTYPE) {
                 if (v > 0x7FFFFFFFu) /* (negative or out of int32 range: protobuf's call) */
                     return -1;
                 t->dtype = (int64_t)v;
@@ -407,12 +422,12 @@ static int parse_info(reader r, tensor_info *t)
             }
             break;
         }
-        case 0x18: /* one shape value */
+        case TD_KEY_TENSOR_INFO_SHAPE_UNPACKED: /* one shape value */
             if (t->ndim == MAX_DIMS || get_varint(&r, &v) < 0)
                 return -1;
             t->shape[t->ndim++] = (int64_t)v;
             break;
-        case 0x1a: { /* packed shape values */
+        case TD_KEY_TENSOR_INFO_SHAPE: { /* packed shape values */
             reader s;
             if (get_bytes(&r, &s) < 0)
                 return -1;
@@ -423,11 +438,12 @@ static int parse_info(reader r, tensor_info *t)
             }
             break;
         }
-        case 0x22: { /* device */
+        case TD_KEY_TENSOR_INFO_DEVICE: {
             reader s;
-            if ((seen & (1 << 4)) || get_bytes(&r, &s) < 0 || parse_device(s, t) < 0)
+            if ((seen & (1 << TD_FIELD_TENSOR_INFO_DEVICE)) || get_bytes(&r, &s) < 0 ||
+                parse_device(s, t) < 0)
                 return -1;
-            seen |= 1 << 4;
+            seen |= 1 << TD_FIELD_TENSOR_INFO_DEVICE;
             break;
         }
         default:
@@ -449,10 +465,10 @@ static int parse_reply(const unsigned char *p, size_t len, uint64_t *id, tensor_
         uint64_t key;
         if (get_varint(&r, &key) < 0) {
             ok = 0;
-        } else if (key == 0x08 && !seen_id) {
+        } else if (key == TD_KEY_RESPONSE_ID && !seen_id) {
             ok = get_varint(&r, id) == 0;
             seen_id = 1;
-        } else if (key == 0x72 && !seen_body) { /* Response.tensor (14) */
+        } else if (key == TD_KEY_RESPONSE_TENSOR && !seen_body) {
             reader s;
             ok = get_bytes(&r, &s) == 0 && parse_info(s, t) == 0;
             seen_body = 1;
@@ -735,10 +751,12 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
             hs_len += varint_len(h);
         }
     }
-    size_t rel_body = nrel ? 1 + varint_len(hs_len) + hs_len : 0;
-    size_t rel_msg = 1 + varint_len(rrid) + 1 + varint_len(rel_body) + rel_body;
-    size_t dl_body = 1 + varint_len(handle);
-    size_t dl_msg = 1 + varint_len(rid) + 1 + varint_len(dl_body) + dl_body;
+    size_t rel_body = nrel ? TD_KEY_LEN_RELEASE_HANDLES + varint_len(hs_len) + hs_len : 0;
+    size_t rel_msg = TD_KEY_LEN_REQUEST_ID + varint_len(rrid) + TD_KEY_LEN_REQUEST_RELEASE +
+                     varint_len(rel_body) + rel_body;
+    size_t dl_body = TD_KEY_LEN_DOWNLOAD_HANDLE + varint_len(handle);
+    size_t dl_msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_DOWNLOAD +
+                    varint_len(dl_body) + dl_body;
     size_t flen = (rrid ? HEADER + rel_msg : 0) + HEADER + dl_msg;
     char small[1024];
     char *frames = flen <= sizeof small ? small : PyMem_Malloc(flen);
@@ -750,12 +768,12 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
     char *p = frames;
     if (rrid) {
         p = put_header(p, rel_msg);
-        *p++ = 0x08;
+        p = put_key(p, TD_KEY_REQUEST_ID);
         p = put_varint(p, rrid);
-        *p++ = 0x7a; /* Request.release (15) */
+        p = put_key(p, TD_KEY_REQUEST_RELEASE);
         p = put_varint(p, rel_body);
         if (nrel) {
-            *p++ = 0x0a; /* Release.handles, packed */
+            p = put_key(p, TD_KEY_RELEASE_HANDLES); /* packed */
             p = put_varint(p, hs_len);
             for (Py_ssize_t i = 0; i < nrel; i++) /* (checked above: cannot fail) */
                 p = put_varint(p,
@@ -764,11 +782,11 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
     }
     Py_XDECREF(seq);
     p = put_header(p, dl_msg);
-    *p++ = 0x08;
+    p = put_key(p, TD_KEY_REQUEST_ID);
     p = put_varint(p, rid);
-    *p++ = 0x6a; /* Request.download (13) */
+    p = put_key(p, TD_KEY_REQUEST_DOWNLOAD);
     p = put_varint(p, dl_body);
-    *p++ = 0x08; /* Download.handle */
+    p = put_key(p, TD_KEY_DOWNLOAD_HANDLE);
     put_varint(p, handle);
     /* ---- out in one writev; the write buffer is emptied whatever happens (as flush) */
     Py_buffer wv;

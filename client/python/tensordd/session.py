@@ -39,6 +39,7 @@ from ._codec import frame_release as _frame_release
 from ._codec import frame_upload as _frame_upload
 from ._codec import parse_tensor_reply as _parse_tensor_reply
 from ._codec import set_download_types as _set_download_types
+from ._wire_keys import K_UPLOAD_DEVICE
 from ._codec import set_numpy_types as _set_numpy_types
 from ._codec import set_op_types as _set_op_types
 from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError, _byte_view
@@ -240,7 +241,7 @@ def _upload_device(device):
     msg = pb.Device()
     dev._to_proto(msg)
     raw = msg.SerializeToString()
-    out = (dev, b"\x22" + bytes((len(raw),)) + raw) if len(raw) < 0x80 else (dev, None)
+    out = (dev, K_UPLOAD_DEVICE + bytes((len(raw),)) + raw) if len(raw) < 0x80 else (dev, None)
     if isinstance(device, (str, Device)):
         if len(_UPLOAD_DEVICES) >= 256:  # (many spellings: bounded, like _ATTR_BYTES)
             _UPLOAD_DEVICES.clear()
