@@ -1,6 +1,7 @@
 /* tdd_err.c -- the daemon's error builders (tdd_err.h): the td_error a failure returns,
  * with its typed detail. */
 #include "tdd_err.h"
+#include "td_error_set.h"
 
 #include <stdarg.h>
 #include <stdio.h>
