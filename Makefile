@@ -293,7 +293,7 @@ $(BUILD)/tests/fuzz_target: tests/fuzz/fuzz_frame.c $(DAEMON_OBJ) $(BACKEND_OBJ)
 
 fuzz:
 	@$(MAKE) --no-print-directory deps APT_PKGS="$(FUZZ_PKGS)"
-	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SAN=address,undefined WERROR=0 \
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang CXX=clang++ SAN=address,undefined WERROR=0 \
 	    OPT="-O1 -g -fsanitize=fuzzer-no-link" NVCC= build/fuzz/tests/fuzz_target
 	@mkdir -p build/fuzz/corpus
 	cd build/fuzz && ASAN_OPTIONS=quarantine_size_mb=16:detect_leaks=1 ./tests/fuzz_target \

@@ -21,7 +21,7 @@ test-fuzz-session: $(BUILD)/tests/fuzz_session_replay
 
 fuzz-session:
 	@$(MAKE) --no-print-directory deps APT_PKGS="$(FUZZ_PKGS)"
-	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang SAN=address,undefined WERROR=0 \
+	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang CXX=clang++ SAN=address,undefined WERROR=0 \
 	    OPT="-O1 -g -fsanitize=fuzzer-no-link" NVCC= build/fuzz/tests/fuzz_session
 	@mkdir -p build/fuzz/corpus_session
 	cd build/fuzz && ASAN_OPTIONS=quarantine_size_mb=16:detect_leaks=1 ./tests/fuzz_session \
