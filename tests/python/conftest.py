@@ -42,6 +42,11 @@ def _generated_path() -> None:
 _generated_path()
 
 import tensordd  # noqa: E402
+
+try:  # the torch device's guard, before any test's backward starts torch's autograd engine
+    import tensordd.torch  # noqa: E402,F401
+except ImportError:
+    pass
 from fakeserver import FakeServer  # noqa: E402
 
 TDD_BIN = os.environ.get("TDD_BIN", os.path.join(ROOT, "build", "tensordd"))

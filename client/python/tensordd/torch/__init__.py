@@ -481,3 +481,9 @@ def coverage_table() -> str:
 
 
 from . import _ops  # noqa: E402 (the mappings use the names above)
+
+
+# At import, not at the first device(): torch's autograd engine sizes its per-device queues
+# from the registered device guards once, at the process's first backward, so the guard must
+# be in place before any backward runs (a script imports this module before training).
+_register()
