@@ -579,7 +579,11 @@ def test_a_push_decided_while_its_session_is_held_is_freed_at_every_session_end(
                      "--max-write-queue", "1G", "--transfer-peers", "127.0.0.1")
     base = counters(d.endpoint)
     data = np.arange(256 * 256, dtype=np.float32).tobytes()
-    n_describe = 150000  # their answers (about 7 MB) overfill the socket buffers
+    # ListOps, whose answers (about 16 KiB each, 8 MiB in all) overfill the socket buffers:
+    # few requests, so the TransferSend behind them is read well within --write-timeout of
+    # the moment the answers stall, however slow the machine (150,000 Describes were not).
+    # (Not Downloads: an answer with a payload pauses the session until it is written.)
+    n_stall = 500
     with SilentTarget() as tgt:
         for rnd in range(2):
             a = StalledRaw(d.port)
@@ -588,10 +592,10 @@ def test_a_push_decided_while_its_session_is_held_is_freed_at_every_session_end(
             a.send(pb.Request(id=2, upload=pb.Upload(handle=1, dtype=pb.DTYPE_F32,
                                                      shape=[256, 256])), data)
             # answers that fill the socket and stall there
-            desc = b"".join(frame_of(pb.Request(id=3 + k, describe=pb.Describe(handle=1)))
-                            for k in range(n_describe))
-            a.c.sendall(desc)
-            push_id = 3 + n_describe
+            stall = b"".join(frame_of(pb.Request(id=3 + k, list_ops=pb.ListOps()))
+                             for k in range(n_stall))
+            a.c.sendall(stall)
+            push_id = 3 + n_stall
             a.send(pb.Request(id=push_id, transfer_send=pb.TransferSend(
                 tensor=1, endpoint=tgt.endpoint, token="", capability=b"\x01" * 16)))
             pushed = tgt.accept()  # the push is connected and waits for Hello's answer
