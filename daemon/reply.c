@@ -18,16 +18,10 @@ static void keep_detached(tdd_session *s, uint64_t req_id, int rc, const td_erro
 {
     uint8_t small[TDD_WIRE_SMALL_MAX];
     if (rc) {
-        tdd_wire_error w;
-        Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
-        r.id = req_id;
-        r.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
-        r.error = tdd_wire_error_fill(&w, err, req_id);
-        size_t n = protobuf_c_message_get_packed_size(&r.base);
-        uint8_t *msg = malloc(n ? n : 1);
+        size_t n;
+        uint8_t *msg = tdd_wire_error_packed(req_id, err, &n);
         if (!msg)
             return;
-        protobuf_c_message_pack(&r.base, msg);
         tdd_resume_keep(s, req_id, msg, n, NULL, 0, NULL);
         free(msg);
     } else if (v) {

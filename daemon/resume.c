@@ -113,16 +113,10 @@ static void keep_error(tdd_resume *r, td_error *err)
     uint64_t id = r->kept_id;
     drop_kept(r);
     err->request_id = id;
-    tdd_wire_error w;
-    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
-    resp.id = id;
-    resp.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
-    resp.error = tdd_wire_error_fill(&w, err, id);
-    size_t n = protobuf_c_message_get_packed_size(&resp.base);
-    uint8_t *msg = malloc(n ? n : 1);
+    size_t n;
+    uint8_t *msg = tdd_wire_error_packed(id, err, &n);
     if (!msg)
         return;
-    protobuf_c_message_pack(&resp.base, msg);
     r->kept_id = id;
     r->kept_msg = msg;
     r->kept_len = n;

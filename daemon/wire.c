@@ -1,5 +1,6 @@
 /* wire.c -- the one place where a td_error becomes a protobuf Error. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "wire.h"
@@ -123,6 +124,20 @@ Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
         break;
     }
     return e;
+}
+
+uint8_t *tdd_wire_error_packed(uint64_t id, const td_error *err, size_t *n)
+{
+    tdd_wire_error w;
+    Tensordd__V1__Response r = TENSORDD__V1__RESPONSE__INIT;
+    r.id = id;
+    r.body_case = TENSORDD__V1__RESPONSE__BODY_ERROR;
+    r.error = tdd_wire_error_fill(&w, err, id);
+    *n = protobuf_c_message_get_packed_size(&r.base);
+    uint8_t *msg = malloc(*n ? *n : 1);
+    if (msg)
+        protobuf_c_message_pack(&r.base, msg);
+    return msg;
 }
 
 /* ---------------------------------------------------------------- small replies */

@@ -52,6 +52,9 @@ typedef struct {
 
 Tensordd__V1__Error *tdd_wire_error_fill(tdd_wire_error *w, const td_error *err,
                                          uint64_t request_id);
+/* A whole error Response for request id, packed into a malloc'd buffer of *n bytes (kept
+ * for resume); NULL when out of memory. */
+uint8_t *tdd_wire_error_packed(uint64_t id, const td_error *err, size_t *n);
 void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d);
 
 #endif
