@@ -787,6 +787,32 @@ int td_to_device(td_client *c, td_handle h, const td_device *device, td_handle *
 
 /* ---------------------------------------------------------------- stats */
 
+/* One Stats round trip: the reply (to free with td__reply_free) and its body. */
+static int stats_call(td_client *c, td__reply *r, const Tensordd__V1__StatsReply **s, td_error *err)
+{
+    Tensordd__V1__Stats st = TENSORDD__V1__STATS__INIT;
+    REQ(req, stats, STATS, &st);
+    int rc = td__call(c, &req, NULL, 0, r, err);
+    if (rc)
+        return rc;
+    if (r->msg->body_case != TENSORDD__V1__RESPONSE__BODY_STATS || !r->msg->stats || r->payload_len)
+        return unexpected(c, r, "Stats", err);
+    *s = r->msg->stats;
+    return 0;
+}
+
+static void session_info_from_pb(const Tensordd__V1__SessionInfo *si, td_session_info *e)
+{
+    memset(e, 0, sizeof *e);
+    e->session_id = si->session_id;
+    e->handles = si->handles;
+    e->bytes_in_use = si->bytes_in_use;
+    e->requests = si->requests;
+    e->memory_limit = si->memory_limit;
+    snprintf(e->peer, sizeof e->peer, "%s", si->peer ? si->peer : "");
+    snprintf(e->client_name, sizeof e->client_name, "%s", si->client_name ? si->client_name : "");
+}
+
 int td_stats_get(td_client *c, td_stats *out, td_error *err)
 {
     int rc = check_client(c, err);
@@ -794,14 +820,10 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err)
         return rc;
     if (!out)
         return td__fail(err, TD_EINVALID_ARGUMENT, "no output");
-    Tensordd__V1__Stats st = TENSORDD__V1__STATS__INIT;
-    REQ(req, stats, STATS, &st);
     td__reply r;
-    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+    const Tensordd__V1__StatsReply *s;
+    if ((rc = stats_call(c, &r, &s, err)) != 0)
         return rc;
-    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_STATS || !r.msg->stats || r.payload_len)
-        return unexpected(c, &r, "Stats", err);
-    const Tensordd__V1__StatsReply *s = r.msg->stats;
     memset(out, 0, sizeof *out);
     out->sessions = s->sessions;
     out->handles = s->handles;
@@ -825,15 +847,14 @@ int td_stats_get(td_client *c, td_stats *out, td_error *err)
     size_t maxs = sizeof out->session_list / sizeof out->session_list[0];
     out->nsessions = s->n_session_list;
     for (size_t i = 0; i < s->n_session_list && i < maxs; i++) {
-        const Tensordd__V1__SessionInfo *si = s->session_list[i];
-        out->session_list[i].session_id = si->session_id;
-        out->session_list[i].handles = si->handles;
-        out->session_list[i].bytes_in_use = si->bytes_in_use;
-        out->session_list[i].requests = si->requests;
-        snprintf(out->session_list[i].peer, sizeof out->session_list[i].peer, "%s",
-                 si->peer ? si->peer : "");
-        snprintf(out->session_list[i].client_name, sizeof out->session_list[i].client_name, "%s",
-                 si->client_name ? si->client_name : "");
+        td_session_info e;
+        session_info_from_pb(s->session_list[i], &e);
+        out->session_list[i].session_id = e.session_id;
+        out->session_list[i].handles = e.handles;
+        out->session_list[i].bytes_in_use = e.bytes_in_use;
+        out->session_list[i].requests = e.requests;
+        memcpy(out->session_list[i].peer, e.peer, sizeof e.peer);
+        memcpy(out->session_list[i].client_name, e.client_name, sizeof e.client_name);
     }
     td__reply_free(&r);
     return td__take_early(c, err);
@@ -847,27 +868,15 @@ int td_stats_sessions(td_client *c, td_session_info *out, size_t cap, size_t ent
         return rc;
     if (!n || (cap && !out) || (cap && entry_size == 0))
         return td__fail(err, TD_EINVALID_ARGUMENT, "no output, or an entry size of 0");
-    Tensordd__V1__Stats st = TENSORDD__V1__STATS__INIT;
-    REQ(req, stats, STATS, &st);
     td__reply r;
-    if ((rc = td__call(c, &req, NULL, 0, &r, err)) != 0)
+    const Tensordd__V1__StatsReply *s;
+    if ((rc = stats_call(c, &r, &s, err)) != 0)
         return rc;
-    if (r.msg->body_case != TENSORDD__V1__RESPONSE__BODY_STATS || !r.msg->stats || r.payload_len)
-        return unexpected(c, &r, "Stats", err);
-    const Tensordd__V1__StatsReply *s = r.msg->stats;
     *n = s->n_session_list;
     size_t take = entry_size < sizeof(td_session_info) ? entry_size : sizeof(td_session_info);
     for (size_t i = 0; i < s->n_session_list && i < cap; i++) {
-        const Tensordd__V1__SessionInfo *si = s->session_list[i];
         td_session_info e;
-        memset(&e, 0, sizeof e);
-        e.session_id = si->session_id;
-        e.handles = si->handles;
-        e.bytes_in_use = si->bytes_in_use;
-        e.requests = si->requests;
-        e.memory_limit = si->memory_limit;
-        snprintf(e.peer, sizeof e.peer, "%s", si->peer ? si->peer : "");
-        snprintf(e.client_name, sizeof e.client_name, "%s", si->client_name ? si->client_name : "");
+        session_info_from_pb(s->session_list[i], &e);
         /* a caller built with a smaller (older) record gets its prefix, at its stride */
         memcpy((char *)out + i * entry_size, &e, take);
     }
