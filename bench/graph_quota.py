@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import struct
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procstat import rss, start_daemon  # noqa: E402
 from replay_storm import Raw, load_pb  # noqa: E402
-
-
-def rss(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def varint(n):
@@ -48,22 +39,8 @@ def main():
     ap.add_argument("--pad", type=int, default=3_900_000)
     a = ap.parse_args()
     pb = load_pb(a.build)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    d = subprocess.Popen([os.path.join(a.build, "tensordd"), "--listen", f"tcp://127.0.0.1:{port}",
-                          "--cpu-devices", "1", "--log-level", "warn", "--session-memory",
-                          str(a.quota)])
+    d, port = start_daemon(a.build, "--cpu-devices", "1", "--session-memory", str(a.quota))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         c = Raw(port, pb)
         sid = c.hello().hello.session_id
         time.sleep(0.2)

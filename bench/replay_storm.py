@@ -16,12 +16,14 @@ import argparse
 import os
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from procstat import start_daemon  # noqa: E402
+
 MAGIC = 0x01444454
 
 
@@ -77,21 +79,8 @@ def main():
     ap.add_argument("daemon_args", nargs="*")
     a = ap.parse_args()
     pb = load_pb(a.build)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    d = subprocess.Popen([os.path.join(a.build, "tensordd"), "--listen", f"tcp://127.0.0.1:{port}",
-                          "--cpu-devices", "1", "--log-level", "warn", *a.daemon_args])
+    d, port = start_daemon(a.build, "--cpu-devices", "1", *a.daemon_args)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
         c = Raw(port, pb)
         c.hello()
         c.send(pb.Request(id=2, graph_begin=pb.GraphBegin()))

@@ -20,6 +20,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import procstat  # noqa: E402
+
 
 def make_pki(d):
     def ossl(*a):
@@ -55,8 +58,7 @@ def main():
             ctx = ssl.create_default_context(cafile=os.path.join(d, "ca.pem"))
 
             def rss():
-                with open(f"/proc/{p.pid}/status") as f:
-                    return next(int(x.split()[1]) // 1024 for x in f if x.startswith("VmRSS"))
+                return procstat.rss(p.pid) >> 20
 
             def conns():
                 page = urllib.request.urlopen(murl, timeout=10).read().decode()
