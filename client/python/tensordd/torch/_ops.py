@@ -393,29 +393,12 @@ def _view_metas(func, args, kwargs):
 
 
 def _view_slow(func, args, kwargs):
-    src = args[0]
-    flat, spec = tree_flatten((args, kwargs))
-    metas = []
-    for a in flat:
-        if isinstance(a, DaemonTensor):
-            if a._st.dev is not src._st.dev:
-                raise RuntimeError(_DEVICE_ERR.format(src.device, a.device))
-            metas.append(_meta_of(a, view=a is src))
-        elif isinstance(a, torch.Tensor):
-            raise RuntimeError(_DEVICE_ERR.format(src.device, a.device))
-        else:
-            metas.append(a)
-    margs, mkwargs = tree_unflatten(metas, spec)
-    out = func(*margs, **mkwargs)
-    st = src._st
+    out = _view_metas(func, args, kwargs)  # checked: same device, same dtype
+    st = args[0]._st
 
     def wrap(m):
         if not isinstance(m, torch.Tensor):
             return m
-        if m.dtype != st.dtype:
-            raise NotImplementedError(f"tensordd.torch: the view {func} changes the dtype "
-                                      f"({st.dtype} -> {m.dtype}); the daemon cannot "
-                                      f"reinterpret bytes")
         return DaemonTensor(st, tuple(m.shape), m.stride(), m.storage_offset())
 
     if isinstance(out, (list, tuple)):
