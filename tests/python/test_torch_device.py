@@ -143,6 +143,13 @@ def test_writing_an_expanded_view_is_refused(dev):
         e.add_(1)
 
 
+def test_a_view_that_reinterprets_bytes_is_refused_naming_the_dtypes(dev):
+    x = torch.arange(4.0).to(dev)
+    with pytest.raises(NotImplementedError, match="float32 -> torch.int32"):
+        x.view(torch.int32)
+    assert x.view(torch.float32).cpu().tolist() == [0.0, 1.0, 2.0, 3.0]  # same dtype: a view
+
+
 def test_inplace_ops_on_a_parameter_update_it(dev):
     p = nn.Parameter(torch.ones(3).to(dev))
     with torch.no_grad():
