@@ -82,7 +82,18 @@ typedef struct {
     /* ordered scalar pairs the op expects, space-separated "a<=b" (clamp's "min<=max"):
      * the conformance generator also tries each reversed. NULL: none. */
     const char *ordered;
+    /* its outputs: how many (0 reads as 1; TDD_OUTPUTS_PIECES: one per piece, known only
+     * from the inputs: split, chunk), and an attribute that, given as true, adds one
+     * (max_pool2d's "return_indices"); ListOps sends both, so clients need no list */
+    int n_outputs;
+    const char *outputs_with;
 } tdd_opschema;
+
+#define TDD_OUTPUTS_PIECES (-1)
+
+/* How many outputs op makes with these attributes, from its schema; 0 when that depends
+ * on the inputs (split, chunk). tdd_op_prepare's count agrees (test_conformance.c). */
+int tdd_op_num_outputs(tdd_op op, const td_attr *attrs, size_t n_attrs);
 
 /* Indexed by op; every op has an entry (inputs != NULL; test_optable.c holds it). */
 extern const tdd_opschema tdd_op_schema[TDD_OP_COUNT];

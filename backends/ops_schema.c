@@ -184,6 +184,10 @@ static const tdd_attrdef s_randint[] = {A("low", INT, "0", "< high"), R("high", 
     {                                                                                              \
         in, arr, (int)(sizeof arr / sizeof arr[0]), ord                                            \
     }
+#define S_OUT(in, arr, n, with)                                                                    \
+    {                                                                                              \
+        in, arr, (int)(sizeof arr / sizeof arr[0]), NULL, n, with                                  \
+    }
 #define S_NONE(in)                                                                                 \
     {                                                                                              \
         in, NULL, 0, NULL                                                                          \
@@ -247,8 +251,8 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_AMIN] = S(RED_IN, s_reduce),
     [TDD_OP_ARGMAX] = S(RED_IN, s_argmax),
     [TDD_OP_ARGMIN] = S(RED_IN, s_argmax),
-    [TDD_OP_MAX] = S("input (outputs: values, int64 indices)", s_max_dim),
-    [TDD_OP_MIN] = S("input (outputs: values, int64 indices)", s_max_dim),
+    [TDD_OP_MAX] = S_OUT("input (outputs: values, int64 indices)", s_max_dim, 2, NULL),
+    [TDD_OP_MIN] = S_OUT("input (outputs: values, int64 indices)", s_max_dim, 2, NULL),
     [TDD_OP_VAR] = S(RED_IN, s_varstd),
     [TDD_OP_STD] = S(RED_IN, s_varstd),
     [TDD_OP_LOGSUMEXP] = S(RED_IN, s_reduce),
@@ -274,8 +278,8 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_SLICE] = S_ORD("input", s_slice, "start<=stop"),
     [TDD_OP_CONTIGUOUS] = S_NONE("input"),
     [TDD_OP_DETACH] = S_NONE("input"),
-    [TDD_OP_SPLIT] = S("input", s_split),
-    [TDD_OP_CHUNK] = S("input", s_chunk),
+    [TDD_OP_SPLIT] = S_OUT("input (outputs: one per piece)", s_split, TDD_OUTPUTS_PIECES, NULL),
+    [TDD_OP_CHUNK] = S_OUT("input (outputs: one per piece)", s_chunk, TDD_OUTPUTS_PIECES, NULL),
     [TDD_OP_CLONE] = S_NONE("input"),
     [TDD_OP_CAST] = S("input", s_cast),
     [TDD_OP_CAT] = S("tensors (1 to 16)", s_cat),
@@ -299,9 +303,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_TRIL] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_TRIU] = S("input (>= 2-D)", s_diagonal),
     [TDD_OP_PAD] = S("input", s_pad),
-    [TDD_OP_SORT] = S("input (outputs: values, int64 indices)", s_sort),
+    [TDD_OP_SORT] = S_OUT("input (outputs: values, int64 indices)", s_sort, 2, NULL),
     [TDD_OP_ARGSORT] = S("input (output: int64 indices)", s_sort),
-    [TDD_OP_TOPK] = S("input (outputs: values, int64 indices)", s_topk),
+    [TDD_OP_TOPK] = S_OUT("input (outputs: values, int64 indices)", s_topk, 2, NULL),
     [TDD_OP_CROSS_ENTROPY] =
         S("input [N, C, d...] or [C], target (int64 [N, d...] or []; or class probabilities "
           "shaped as the input), weight [C] (optional)",
@@ -330,7 +334,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_CONV_TRANSPOSE2D] = S("input [N, C, H, W] or [C, H, W], weight [C, O/groups, kh, "
                                   "kw], bias [O] (optional)",
                                   s_conv_transpose2d),
-    [TDD_OP_MAX_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_max_pool2d),
+    [TDD_OP_MAX_POOL2D] = S_OUT("input [N, C, H, W] or [C, H, W] (outputs: values, and int64 "
+                                "indices with return_indices)",
+                                s_max_pool2d, 1, "return_indices"),
     [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_adaptive),
     [TDD_OP_FULL] = S("", s_full),
@@ -366,6 +372,22 @@ const tdd_attrdef *tdd_op_attr(tdd_op op, const char *name)
         if (strcmp(s->attrs[i].name, name) == 0)
             return &s->attrs[i];
     return NULL;
+}
+
+int tdd_op_num_outputs(tdd_op op, const td_attr *attrs, size_t n_attrs)
+{
+    if ((unsigned)op >= TDD_OP_COUNT)
+        return 0;
+    const tdd_opschema *s = &tdd_op_schema[op];
+    if (s->n_outputs == TDD_OUTPUTS_PIECES)
+        return 0;
+    int n = s->n_outputs ? s->n_outputs : 1;
+    for (size_t i = 0; s->outputs_with && i < n_attrs; i++)
+        if (attrs[i].name && strcmp(attrs[i].name, s->outputs_with) == 0 &&
+            ((attrs[i].kind == TD_ATTR_BOOL && attrs[i].b) ||
+             (attrs[i].kind == TD_ATTR_INT && attrs[i].i)))
+            return n + 1;
+    return n;
 }
 
 const char *tdd_attrtype_name(tdd_attrtype t)

@@ -314,6 +314,8 @@ int tdd_h_list_ops(tdd_req *r)
         os[op].inputs = (char *)(uintptr_t)(sc->inputs ? sc->inputs : "");
         os[op].min_inputs = (uint32_t)d->min_inputs;
         os[op].max_inputs = (uint32_t)d->max_inputs;
+        os[op].num_outputs = (uint32_t)tdd_op_num_outputs((tdd_op)op, NULL, 0);
+        os[op].outputs_with = (char *)(uintptr_t)(sc->outputs_with ? sc->outputs_with : "");
         os[op].attrs = &asp[k];
         for (int i = 0; i < sc->n_attrs; i++, k++) {
             const tdd_attrdef *a = &sc->attrs[i];

@@ -24,7 +24,7 @@ def require_ops(session, *names: str) -> None:
     missing = []
     for name in names:
         if name not in _known:
-            session.op(name)
+            session.op(name, num_outputs=1)
             try:
                 session.sync()
                 _known[name] = True

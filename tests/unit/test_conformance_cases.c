@@ -862,6 +862,14 @@ void conf_run_attrs(const conf_case *c, td_dtype dt, int variant, conf_backend *
         snprintf(res->msg, sizeof res->msg, "prepare: %.200s", err.message);
         goto done;
     }
+    /* the output count ListOps tells clients is the one prepare makes */
+    int want_out = tdd_op_num_outputs(def->op, attrs, n_attrs);
+    if (want_out && want_out != n_out) {
+        res->prep_rc = TD_EINTERNAL;
+        snprintf(res->msg, sizeof res->msg, "prepare made %d outputs, the schema says %d", n_out,
+                 want_out);
+        goto done;
+    }
     for (int b = 0; b < 2; b++) {
         if (!bes[b])
             continue;

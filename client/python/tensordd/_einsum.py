@@ -95,7 +95,7 @@ def _diagonal(t: Tensor, labels: list) -> tuple[Tensor, list]:
         n = max(n0, n1)
         shape = [1] * len(labels)
         shape[d0] = shape[d1] = n
-        eye = t.session.op("eye", n=n, dtype=t.dtype, device=t.device).reshape(*shape)
+        eye = t.session._op("eye", n=n, dtype=t.dtype, device=t.device).reshape(*shape)
         t = (t * eye).sum(dim=d1)
         labels = labels[:d1] + labels[d1 + 1:]
 

@@ -341,6 +341,7 @@ class Session:
         #: unless set (a client behind a proxy or NAT sees the daemon at another address)
         self.peer_endpoint = endpoint
         self._multi = None  # the tensordd.multi.MultiSession this session is part of
+        self._op_outputs = None  # op name -> (num_outputs, outputs_with), from ListOps
         self._ids = itertools.count(1)
         self._handles = itertools.count(1)
         self._calls: dict[int, _Call] = {}
@@ -901,16 +902,37 @@ class Session:
         finally:
             os.close(fd)
 
-    def op(self, name: str, *tensors: "Tensor", num_outputs: int = 1, dtype=None,
-           device=None, requires_grad: bool = False, **attrs):
+    def op(self, name: str, *tensors: "Tensor", num_outputs: int | None = None, **kwargs):
         """Runs the op `name` (PyTorch's names) on tensors, asynchronously.
 
         Keyword arguments become op attributes (int, float, bool, str, lists
         of ints or floats; None is left out), except ``dtype`` (creation ops
         and casts), ``device`` (where creation ops run), ``requires_grad``
         (creation ops) and ``num_outputs`` (ops with several results).
-        Returns the output Tensor, or a tuple of num_outputs Tensors.
+        Returns the output Tensor, or a tuple of Tensors for an op with several
+        outputs (``topk``, ``sort``, ``max`` with ``dim``...): how many comes from the
+        daemon's op table (ListOps, asked once per session, at the first op called
+        without ``num_outputs``). ``split`` and ``chunk`` make one output per piece,
+        which only their inputs tell: pass ``num_outputs`` for them.
         """
+        if num_outputs is None:
+            num_outputs = self._num_outputs(name, kwargs)
+        return self._op(name, *tensors, num_outputs=num_outputs, **kwargs)
+
+    def _num_outputs(self, name: str, attrs: dict) -> int:
+        table = self._op_outputs
+        if table is None:
+            table = self._op_outputs = {
+                o.name: (o.num_outputs, o.outputs_with) for o in self._list_ops().ops}
+        n, with_attr = table.get(name, (1, ""))
+        if n == 0:
+            raise ValueError(f"op {name}: makes one output per piece, which depends on its "
+                             f"inputs: pass num_outputs")
+        return n + 1 if with_attr and attrs.get(with_attr) else n
+
+    def _op(self, name: str, *tensors: "Tensor", num_outputs: int = 1, dtype=None,
+            device=None, requires_grad: bool = False, **attrs):
+        """op() with num_outputs given (1 by default): the client's own calls."""
         try:
             inputs = [t._handle for t in tensors if t._session is self]
         except AttributeError:
@@ -968,7 +990,7 @@ class Session:
     # ---- creation ops
 
     def _create(self, name, shape, device, dtype, requires_grad, **attrs) -> "Tensor":
-        return self.op(name, shape=_shape_arg(shape), device=device or DEFAULT_DEVICE,
+        return self._op(name, shape=_shape_arg(shape), device=device or DEFAULT_DEVICE,
                        dtype=dtype, requires_grad=requires_grad, **attrs)
 
     def zeros(self, *shape, device=None, dtype=None, requires_grad=False) -> "Tensor":
@@ -1001,17 +1023,17 @@ class Session:
         """
         if end is None:
             start, end = 0, start
-        return self.op("arange", start=_number(start, "start"), end=_number(end, "end"),
+        return self._op("arange", start=_number(start, "start"), end=_number(end, "end"),
                        step=_number(step, "step"), device=device or DEFAULT_DEVICE,
                        dtype=dtype, requires_grad=requires_grad)
 
     def cat(self, tensors, dim: int = 0) -> "Tensor":
         """Concatenation along an existing dim (``torch.cat``)."""
-        return self.op("cat", *tensors, dim=int(dim))
+        return self._op("cat", *tensors, dim=int(dim))
 
     def stack(self, tensors, dim: int = 0) -> "Tensor":
         """Stacking along a new dim (``torch.stack``)."""
-        return self.op("stack", *tensors, dim=int(dim))
+        return self._op("stack", *tensors, dim=int(dim))
 
     # ================================================================ session calls
 
@@ -1055,19 +1077,24 @@ class Session:
         resp, _ = self._roundtrip(req, _Call("list_devices"))
         return resp.devices.devices
 
-    def list_ops(self) -> dict:
-        """The daemon's op table (ListOps), by op name: {"kind", "inputs", "min_inputs",
-        "max_inputs", "attrs": {name: {"type", "required", "default", "bounds"}}}: what a
-        client needs to call an op without a list of its own."""
+    def _list_ops(self):
         req = self._new_request()
         req.list_ops.SetInParent()
         resp, _ = self._roundtrip(req, _Call("list_ops"))
+        return resp.ops
+
+    def list_ops(self) -> dict:
+        """The daemon's op table (ListOps), by op name: {"kind", "inputs", "min_inputs",
+        "max_inputs", "num_outputs", "outputs_with", "attrs": {name: {"type", "required",
+        "default", "bounds"}}}: what a client needs to call an op without a list of its own
+        (num_outputs 0: one output per piece, as split and chunk make)."""
         return {o.name: {"kind": o.kind, "inputs": o.inputs, "min_inputs": o.min_inputs,
-                         "max_inputs": o.max_inputs,
+                         "max_inputs": o.max_inputs, "num_outputs": o.num_outputs,
+                         "outputs_with": o.outputs_with,
                          "attrs": {a.name: {"type": a.type, "required": a.required,
                                             "default": a.default_value, "bounds": a.bounds}
                                    for a in o.attrs}}
-                for o in resp.ops.ops}
+                for o in self._list_ops().ops}
 
     def stats(self) -> dict:
         """The daemon's counters (StatsReply) as a dict.

@@ -287,7 +287,7 @@ class Tensor:
             k = REPR_EDGE_ITEMS
             if size > 2 * k:
                 idx = np.concatenate([np.arange(k), np.arange(size - k, size)]).astype(np.int64)
-                out = session.op("index_select", out, session.tensor(idx, device=self.device),
+                out = session._op("index_select", out, session.tensor(idx, device=self.device),
                                  dim=d)
                 cut.append(True)
             else:
@@ -390,7 +390,7 @@ class Tensor:
                 if out is not None:
                     return out
             return self._session._op_fast(name, [self._handle])
-        return self._session.op(name, self, *others, **attrs)
+        return self._session._op(name, self, *others, **attrs)
 
     def _unary(self, name: str) -> "Tensor":
         """_op(name) without further inputs or attributes (no argument packing)."""
@@ -405,9 +405,9 @@ class Tensor:
         stays an int, so an integer tensor keeps its dtype (``int64 + 1`` is int64, as
         in torch); a float makes an integer tensor's result float32."""
         if isinstance(other, Tensor):
-            return self._session.op(name, self, other)
+            return self._session._op(name, self, other)
         if _is_scalar(other):
-            return self._session.op(name, self, other=int(other) if _is_int(other)
+            return self._session._op(name, self, other=int(other) if _is_int(other)
                                     else float(other))
         return NotImplemented
 
@@ -443,7 +443,7 @@ class Tensor:
 
     def __matmul__(self, other):
         if isinstance(other, Tensor):
-            return self._session.op("matmul", self, other)
+            return self._session._op("matmul", self, other)
         return NotImplemented
 
     def __pow__(self, exponent):
@@ -458,7 +458,7 @@ class Tensor:
         if not self.is_floating_point_dtype and not isinstance(base, (int, np.integer)):
             dt = "float32"
         b = self._session.tensor(np.array(base), device=self.device, dtype=dt)
-        return self._session.op("pow", b, self)
+        return self._session._op("pow", b, self)
 
     def __floordiv__(self, other):
         return self.floor_divide(other)
@@ -505,7 +505,7 @@ class Tensor:
         if self.dtype != "bool" or other.dtype != "bool":
             raise TypeError(f"{sym} is supported on bool tensors only (got {self.dtype} and "
                             f"{other.dtype}: the daemon has no bitwise integer ops)")
-        return self._session.op(op, self, other)
+        return self._session._op(op, self, other)
 
     def _full_like_scalar(self, value) -> "Tensor":
         """A 0-d tensor holding value, of self's dtype (float32 for a float value and
@@ -690,29 +690,29 @@ class Tensor:
 
     def matmul(self, other: "Tensor") -> "Tensor":
         """Matrix product with torch.matmul's broadcasting rules (``self @ other``)."""
-        return self._session.op("matmul", self, other)
+        return self._session._op("matmul", self, other)
 
     def mm(self, other: "Tensor") -> "Tensor":
         """2-D matrix product (``torch.mm``)."""
-        return self._session.op("matmul", self, other)
+        return self._session._op("matmul", self, other)
 
     def bmm(self, other: "Tensor") -> "Tensor":
         """Batched matrix product of (b, n, m) and (b, m, p) tensors."""
-        return self._session.op("bmm", self, other)
+        return self._session._op("bmm", self, other)
 
     def pow(self, exponent):
         """self ** exponent: a scalar exponent (attr) or a tensor of exponents."""
         if isinstance(exponent, Tensor):
-            return self._session.op("pow", self, exponent)
+            return self._session._op("pow", self, exponent)
         return self._op("pow", other=float(exponent))
 
     def maximum(self, other: "Tensor") -> "Tensor":
         """Elementwise maximum of two tensors (``torch.maximum``; NaN propagates)."""
-        return self._session.op("maximum", self, other)
+        return self._session._op("maximum", self, other)
 
     def minimum(self, other: "Tensor") -> "Tensor":
         """Elementwise minimum of two tensors (``torch.minimum``; NaN propagates)."""
-        return self._session.op("minimum", self, other)
+        return self._session._op("minimum", self, other)
 
     def eq(self, other):
         """``self == other`` elementwise: a bool tensor (``torch.eq``)."""
@@ -745,11 +745,11 @@ class Tensor:
 
     def masked_fill(self, mask: "Tensor", value) -> "Tensor":
         """self with value where mask (bool, broadcastable) is true."""
-        return self._session.op("masked_fill", self, mask, value=value)
+        return self._session._op("masked_fill", self, mask, value=value)
 
     def where(self, condition: "Tensor", other: "Tensor") -> "Tensor":
         """Elements of self where condition holds, else of other (``torch.where(c, self, other)``)."""
-        return self._session.op("where", condition, self, other)
+        return self._session._op("where", condition, self, other)
 
     # ------------------------------------------------------------ elementwise
 
@@ -937,7 +937,7 @@ class Tensor:
     def multinomial(self, num_samples: int, replacement: bool = False) -> "Tensor":
         """int64 category draws from the rows of this tensor's non-negative weights
         (``torch.multinomial``), from the session's random stream."""
-        return self.session.op("multinomial", self, num_samples=int(num_samples),
+        return self.session._op("multinomial", self, num_samples=int(num_samples),
                                replacement=bool(replacement))
 
     def softmax(self, dim: int):
@@ -1006,13 +1006,13 @@ class Tensor:
         the sizes listed. Needs the size of dim (a Describe if not yet known)."""
         if isinstance(split_size, (list, tuple)):
             sizes = [int(k) for k in split_size]
-            return self._session.op("split", self, split_sizes=sizes, dim=int(dim),
+            return self._session._op("split", self, split_sizes=sizes, dim=int(dim),
                                     num_outputs=len(sizes))
         size, step = self.shape[dim], int(split_size)
         if step <= 0:
             raise ValueError("split_size must be positive")
         count = max(1, -(-size // step))
-        return _as_tuple(self._session.op("split", self, split_size=step, dim=int(dim),
+        return _as_tuple(self._session._op("split", self, split_size=step, dim=int(dim),
                                           num_outputs=count))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple:
@@ -1022,7 +1022,7 @@ class Tensor:
         size = self.shape[dim]
         step = max(1, -(-size // int(chunks)))
         count = max(1, -(-size // step))
-        return _as_tuple(self._session.op("chunk", self, chunks=int(chunks), dim=int(dim),
+        return _as_tuple(self._session._op("chunk", self, chunks=int(chunks), dim=int(dim),
                                           num_outputs=count))
 
     def tril(self, diagonal: int = 0):
@@ -1036,11 +1036,11 @@ class Tensor:
     def gather(self, dim: int, index: "Tensor") -> "Tensor":
         """Values along dim at the positions of index (``torch.gather``; any integer
         dtype, sent as int64)."""
-        return self._session.op("gather", self, _as_index(index), dim=int(dim))
+        return self._session._op("gather", self, _as_index(index), dim=int(dim))
 
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
         """The entries of index (a 1-D integer tensor) along dim (``torch.index_select``)."""
-        return self._session.op("index_select", self, _as_index(index), dim=int(dim))
+        return self._session._op("index_select", self, _as_index(index), dim=int(dim))
 
     def __getitem__(self, key):
         """Indexing as in PyTorch (and numpy): ints, slices (negative steps too),
@@ -1109,7 +1109,7 @@ class Tensor:
             d = d % len(shape) if shape else d
             idx = self._session.tensor(np.arange(shape[d] - 1, -1, -1, dtype=np.int64),
                                        device=self.device)
-            out = self._session.op("index_select", out, idx, dim=d)
+            out = self._session._op("index_select", out, idx, dim=d)
             out._meta_from(self, shape)
         return out
 
@@ -1132,7 +1132,7 @@ class Tensor:
             if shape is None:
                 shape = list(self.shape)
             idx = np.arange(shape[d], dtype=np.int64)[k]
-            out = self._session.op("index_select", self,
+            out = self._session._op("index_select", self,
                                    self._session.tensor(idx, device=self.device), dim=d)
             shape[d] = len(idx)
             out._meta_from(self, shape)
@@ -1154,10 +1154,10 @@ class Tensor:
             else:
                 ishape = list(k.shape)
                 if len(ishape) == 1:
-                    out = session.op("index_select", self, k, dim=d)
+                    out = session._op("index_select", self, k, dim=d)
                 else:
                     flat = k.reshape(-1)
-                    out = session.op("index_select", self, flat, dim=d)
+                    out = session._op("index_select", self, flat, dim=d)
                     out = out.reshape(*shape[:d], *ishape, *shape[d + 1:])
                 shape[d:d + 1] = ishape
                 out._meta_from(self, shape)
@@ -1176,7 +1176,7 @@ class Tensor:
                                      f"with size {n}")
                 idx = (mask.astype(np.int64) % n) if n else mask.astype(np.int64)
                 it = session.tensor(idx.reshape(-1), device=self.device)
-                out = session.op("index_select", self, it, dim=d)
+                out = session._op("index_select", self, it, dim=d)
                 if idx.ndim != 1:
                     out = out.reshape(*shape[:d], *idx.shape, *shape[d + 1:])
                 shape[d:d + 1] = list(idx.shape)
@@ -1193,7 +1193,7 @@ class Tensor:
         if m != 1:
             src = self.reshape(*shape[:d], merged, *shape[d + m:])
         it = session.tensor(flat, device=self.device)
-        out = session.op("index_select", src, it, dim=d)
+        out = session._op("index_select", src, it, dim=d)
         shape[d:d + m] = [len(flat)]
         out._meta_from(self, shape)
         return out, d + 1

@@ -14,7 +14,7 @@ __all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "s
 
 
 def _op(name, *inputs, **attrs):
-    return inputs[0].session.op(name, *[t for t in inputs if t is not None], **attrs)
+    return inputs[0].session._op(name, *[t for t in inputs if t is not None], **attrs)
 
 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002

@@ -190,7 +190,7 @@ class _Storage:
 
     def value(self):
         if self.h is None:  # (torch.empty: never read before being written, usually)
-            self.h = self.dev.session.op("zeros", shape=[self.numel], device=self.dev.ddev,
+            self.h = self.dev.session._op("zeros", shape=[self.numel], device=self.dev.ddev,
                                          dtype=_dt(self.dtype))
             self.shape = (self.numel,)
         return self.h
@@ -200,7 +200,7 @@ class _Storage:
         if f is not None and f[0] == self.version:
             return f[1]
         h = self.value()
-        v = h if len(self.shape) == 1 else self.dev.session.op("reshape", h, shape=[-1])
+        v = h if len(self.shape) == 1 else self.dev.session._op("reshape", h, shape=[-1])
         self._flat = (self.version, v)
         return v
 
@@ -326,29 +326,29 @@ def _derive(st: _Storage, size, stride, off):
     dev = st.dev
     s = dev.session
     if n == 0:
-        return s.op("zeros", shape=list(size), device=dev.ddev, dtype=_dt(st.dtype))
+        return s._op("zeros", shape=list(size), device=dev.ddev, dtype=_dt(st.dtype))
     h = st.value()
     if any(x == 0 and sz > 1 for x, sz in zip(stride, size)):  # expanded dims
         size1 = tuple(1 if x == 0 else sz for x, sz in zip(stride, size))
         v = _derive(st, size1, stride, off)
-        return s.op("expand", v, shape=list(size))
+        return s._op("expand", v, shape=list(size))
     if off == 0 and n == st.numel:
         if _is_contig(size, stride):
-            return h if size == st.shape else s.op("reshape", h, shape=list(size))
+            return h if size == st.shape else s._op("reshape", h, shape=list(size))
         perm = _perm_of(size, stride)
         if perm is not None:
             psize = tuple(size[p] for p in perm)
-            v = h if psize == st.shape else s.op("reshape", h, shape=list(psize))
+            v = h if psize == st.shape else s._op("reshape", h, shape=list(psize))
             inv = [0] * len(perm)
             for j, p in enumerate(perm):
                 inv[p] = j
-            return s.op("permute", v, dims=inv)
+            return s._op("permute", v, dims=inv)
     if _is_contig(size, stride):
-        v = s.op("slice", st.flat(), dim=0, start=off, stop=off + n)
-        return v if len(size) == 1 else s.op("reshape", v, shape=list(size))
+        v = s._op("slice", st.flat(), dim=0, start=off, stop=off + n)
+        return v if len(size) == 1 else s._op("reshape", v, shape=list(size))
     idx = dev.index_of(st.numel, size, stride, off)
-    v = s.op("index_select", st.flat(), idx, dim=0)
-    return v if len(size) == 1 else s.op("reshape", v, shape=list(size))
+    v = s._op("index_select", st.flat(), idx, dim=0)
+    return v if len(size) == 1 else s._op("reshape", v, shape=list(size))
 
 
 def _write(t: DaemonTensor, v) -> None:
@@ -369,7 +369,7 @@ def _write(t: DaemonTensor, v) -> None:
             return
         perm = _perm_of(size, stride)
         if perm is not None:
-            st.set(s.op("permute", v, dims=list(perm)), [size[p] for p in perm])
+            st.set(s._op("permute", v, dims=list(perm)), [size[p] for p in perm])
             t._vc = (st.version, v)
             return
     if any(x == 0 and sz > 1 for x, sz in zip(stride, size)):
@@ -377,19 +377,19 @@ def _write(t: DaemonTensor, v) -> None:
                            "tensor refers to a single memory location. Please clone() the "
                            "tensor before performing the operation.")
     f = st.flat()
-    vf = v if len(size) == 1 else s.op("reshape", v, shape=[-1])
+    vf = v if len(size) == 1 else s._op("reshape", v, shape=[-1])
     if _is_contig(size, stride):
         parts = []
         if off > 0:
-            parts.append(s.op("slice", f, dim=0, start=0, stop=off))
+            parts.append(s._op("slice", f, dim=0, start=0, stop=off))
         parts.append(vf)
         if off + n < st.numel:
-            parts.append(s.op("slice", f, dim=0, start=off + n, stop=st.numel))
-        new = parts[0] if len(parts) == 1 else s.op("cat", *parts, dim=0)
+            parts.append(s._op("slice", f, dim=0, start=off + n, stop=st.numel))
+        new = parts[0] if len(parts) == 1 else s._op("cat", *parts, dim=0)
     else:
         idx, mask = st.dev.index_of(st.numel, size, stride, off, mask=True)
-        z = s.op("zeros", shape=[st.numel], device=st.dev.ddev, dtype=_dt(st.dtype))
-        new = s.op("where", mask, s.op("scatter_add", z, idx, vf, dim=0), f)
+        z = s._op("zeros", shape=[st.numel], device=st.dev.ddev, dtype=_dt(st.dtype))
+        new = s._op("where", mask, s._op("scatter_add", z, idx, vf, dim=0), f)
     st.set(new, (st.numel,))
     t._vc = (st.version, v)
 

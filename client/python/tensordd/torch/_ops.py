@@ -77,14 +77,14 @@ class _Ctx:
         self.margs = margs
 
     def op(self, name, *ins, **attrs):
-        return self.s.op(name, *ins, **attrs)
+        return self.s._op(name, *ins, **attrs)
 
     def create(self, name, shape, dtype, **attrs):
-        return self.s.op(name, shape=[int(x) for x in shape], device=self.d, dtype=_dt(dtype),
+        return self.s._op(name, shape=[int(x) for x in shape], device=self.d, dtype=_dt(dtype),
                          **attrs)
 
     def full(self, shape, value, dtype):
-        return self.s.op("full", shape=[int(x) for x in shape], value=_num(value, dtype),
+        return self.s._op("full", shape=[int(x) for x in shape], value=_num(value, dtype),
                          device=self.d, dtype=_dt(dtype))
 
     def scalar(self, value, dtype):
@@ -128,7 +128,7 @@ def _cast(c, v, dtype):
         return v
     if v._dtype is not None and _TORCH_DT.get(v._dtype) == dtype:
         return v
-    out = c.s.op("cast", v, dtype=_dt(dtype))
+    out = c.s._op("cast", v, dtype=_dt(dtype))
     out._dtype = _dt(dtype)
     out._shape = v._shape
     return out
@@ -562,7 +562,7 @@ def _copy_(func, args, kwargs):
         if tuple(src.shape) != tuple(dst.shape):
             torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
             if isinstance(src, DaemonTensor):
-                v = dev.session.op("expand", v, shape=list(dst.shape))
+                v = dev.session._op("expand", v, shape=list(dst.shape))
         _write(dst, v)
         return dst
     host = _download(src)
@@ -635,7 +635,7 @@ for _op, _fill in ((aten.bernoulli_.float, lambda h, *a, **k: h.bernoulli_(*a, *
 def _zero_(func, args, kwargs):
     self = args[0]
     d = self._st.dev
-    _write(self, d.session.op("zeros", shape=list(self.shape), device=d.ddev,
+    _write(self, d.session._op("zeros", shape=list(self.shape), device=d.ddev,
                               dtype=_dt(self.dtype)))
     return self
 
@@ -728,7 +728,7 @@ def _unsafe_view(func, args, kwargs):
     m = func(_meta_of(src), size)
     v = _value(src)
     if tuple(m.shape) != tuple(src.shape):
-        v = src._st.dev.session.op("reshape", v, shape=list(m.shape))
+        v = src._st.dev.session._op("reshape", v, shape=list(m.shape))
     return _new(src._st.dev, v, tuple(m.shape), src.dtype)
 
 
@@ -1000,12 +1000,12 @@ def _min_all(c, a):
 
 @impl(aten.max.dim, uses="max (values, indices)")
 def _max_dim(c, a, dim, keepdim=False):
-    return c.s.op("max", a, num_outputs=2, dim=int(dim), keepdim=bool(keepdim))
+    return c.s._op("max", a, num_outputs=2, dim=int(dim), keepdim=bool(keepdim))
 
 
 @impl(aten.min.dim, uses="min (values, indices)")
 def _min_dim(c, a, dim, keepdim=False):
-    return c.s.op("min", a, num_outputs=2, dim=int(dim), keepdim=bool(keepdim))
+    return c.s._op("min", a, num_outputs=2, dim=int(dim), keepdim=bool(keepdim))
 
 
 @impl(aten.argmax.default, uses="argmax")
@@ -1179,13 +1179,13 @@ def _pad(c, a, pad, value=0):
 
 @impl(aten.topk.default, uses="topk")
 def _topk(c, a, k, dim=-1, largest=True, sorted=True):  # noqa: A002
-    return c.s.op("topk", a, num_outputs=2, k=int(k), dim=int(dim), largest=bool(largest),
+    return c.s._op("topk", a, num_outputs=2, k=int(k), dim=int(dim), largest=bool(largest),
                   sorted=bool(sorted))
 
 
 @impl(aten.sort.default, aten.sort.stable, uses="sort")
 def _sort(c, a, dim=-1, descending=False, *, stable=None):
-    return c.s.op("sort", a, num_outputs=2, dim=int(dim), descending=bool(descending))
+    return c.s._op("sort", a, num_outputs=2, dim=int(dim), descending=bool(descending))
 
 
 # ---------------------------------------------------------------- nn
@@ -1518,7 +1518,7 @@ def _native_layer_norm_backward(c, go, a, normalized_shape, mean, rstd, w, b, ou
 def _max_pool2d_with_indices(c, a, kernel_size, stride=(), padding=0, dilation=1,
                              ceil_mode=False):
     stride = list(stride) if stride else list(kernel_size)
-    return c.s.op("max_pool2d", a, num_outputs=2, kernel_size=list(kernel_size),
+    return c.s._op("max_pool2d", a, num_outputs=2, kernel_size=list(kernel_size),
                   stride=stride, padding=_spatial(padding if isinstance(padding, (list, tuple))
                                                    else [padding], 2),
                   dilation=_spatial(dilation if isinstance(dilation, (list, tuple))
