@@ -83,6 +83,25 @@ def test_factories_and_host_copies(dev):
     assert bool((d > -100).all()) is True
 
 
+def test_factories_given_the_device_equal_torchs(dev):
+    """torch.arange(n, device=dev) & co. (positions in a transformer, eye for an identity)
+    equal torch's own; randperm follows manual_seed as the client's CPU generator."""
+    cases = [lambda d: torch.arange(5, device=d), lambda d: torch.arange(1.0, 4.0, device=d),
+             lambda d: torch.arange(0, 10, 3, device=d, dtype=torch.int32),
+             lambda d: torch.linspace(-1, 1, 7, device=d), lambda d: torch.logspace(0, 2, 3, device=d),
+             lambda d: torch.eye(3, device=d), lambda d: torch.eye(2, 4, device=d),
+             lambda d: torch.tril_indices(3, 3, device=d),
+             lambda d: torch.triu_indices(3, 4, 1, device=d)]
+    for make in cases:
+        want, got = make("cpu"), make(dev)
+        assert got.device == dev and got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.cpu(), want)
+    torch.manual_seed(7)
+    want = torch.randperm(20)
+    torch.manual_seed(7)
+    assert torch.equal(torch.randperm(20, device=dev).cpu(), want)
+
+
 def test_numpy_needs_cpu_first_as_with_cuda(dev):
     d = torch.arange(6.0).to(dev)
     with pytest.raises(TypeError):

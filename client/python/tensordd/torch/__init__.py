@@ -455,6 +455,23 @@ def _k_copy_from(src, dst, non_blocking=False):
     return _copy_(torch.ops.aten.copy_.default, (dst, src), {})
 
 
+# Factories whose values are a function of their arguments (and of the client's CPU
+# generator, for randperm, as manual_seed seeds the initialisation's draws): made on the host
+# and uploaded once, so that torch.arange(n, device=dev) works as with CUDA.
+_HOST_FACTORIES = ("arange.default", "arange.start", "arange.start_step", "linspace.default",
+                   "logspace.default", "eye.default", "eye.m", "randperm.default",
+                   "randperm.generator", "tril_indices.default", "triu_indices.default")
+
+
+def _host_factory(overload):
+    def kernel(*args, **kwargs):
+        device = kwargs.pop("device", None)
+        kwargs.pop("pin_memory", None)
+        host = overload(*args, **kwargs, device=torch.device("cpu"))
+        return host.to(device)
+    return kernel
+
+
 def _register() -> None:
     global _registered, _lib
     if _registered:
@@ -465,6 +482,10 @@ def _register() -> None:
     _lib.impl("empty.memory_format", _k_empty)
     _lib.impl("empty_strided", _k_empty_strided)
     _lib.impl("_copy_from", _k_copy_from)
+    for name in _HOST_FACTORIES:
+        packet, _, overload = name.partition(".")
+        _lib.impl(packet if overload == "default" else name,
+                  _host_factory(getattr(getattr(torch.ops.aten, packet), overload)))
     _registered = True
 
 

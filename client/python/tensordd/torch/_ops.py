@@ -1626,6 +1626,10 @@ def coverage():
                                         "PrivateUse1 kernel: a storage, zeros if read first")
     seen["aten.empty_strided.default"] = ("aten.empty_strided.default", "factory",
                                           "PrivateUse1 kernel: a storage, zeros if read first")
+    from . import _HOST_FACTORIES
+    for f in _HOST_FACTORIES:
+        seen[f"aten.{f}"] = (f"aten.{f}", "factory", "PrivateUse1 kernel: made on the host "
+                             "(randperm: the client's CPU generator), then an upload")
     return sorted(seen.values())
 
 
