@@ -17,3 +17,13 @@ $(BUILD)/bench/codec: bench/codec.c $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ) $
 
 bench-codec: $(BUILD)/bench/codec
 	$(BUILD)/bench/codec $(BENCH_ARGS)
+
+# make bench-scale: how the daemon's cost grows with sessions and live handles (bench/scale.py):
+# a table in bench/scale.md and a plot in bench/scale.png (python3-matplotlib, installed here
+# when missing and run as root: plotting is the only use). BENCH_ARGS passes options.
+.PHONY: bench-scale
+bench-scale: all
+	@if ! $(PY) -c 'import matplotlib' 2>/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-matplotlib \
+	        >$(or $(TMPDIR),/tmp)/tensordd-bench-deps.log 2>&1 || echo "bench-scale: no matplotlib: table only"; fi
+	$(PY) bench/scale.py $(BUILD) $(BENCH_ARGS)
