@@ -247,6 +247,12 @@ done:
     return rc;
 }
 
+size_t tdd_dispatch_new_ids(const Request *req, uint64_t *ids)
+{
+    const request_row *row = row_of(req);
+    return row && row->new_ids ? row->new_ids(req, ids) : 0;
+}
+
 int tdd_dispatch_replayed(tdd_conn *c, Request *req, bool first)
 {
     const request_row *row = row_of(req);
