@@ -288,3 +288,21 @@ def test_graph_end_inputs_are_checked(session):
     assert e.value.code == "SHAPE_MISMATCH"
     g.replay(x0, session.tensor(np.full((2, 2), 2.0, np.float32)))
     np.testing.assert_array_equal(y.numpy(), np.full((2, 2), 4.0, np.float32))
+
+
+def test_a_replayed_op_may_read_the_id_it_binds_again(session):
+    # The state's slot is given the graph's own output, and the one recorded op both reads
+    # it (through the slot) and binds it again: it reads the previous replay's value.
+    state = session.tensor(np.zeros(4, np.float32))
+    x0 = session.tensor(np.ones(4, np.float32))
+    with session.capture(x0) as g:
+        total = state + x0
+        g.add_inputs(state)
+    for i in range(2, 6):
+        g.replay(np.full(4, float(i), np.float32), total)
+    np.testing.assert_array_equal(total.numpy(), np.full(4, 1.0 + 2 + 3 + 4 + 5, np.float32))
+    session.sync()
+    handles = session.stats()["handles"]
+    g.replay(np.ones(4, np.float32), total)
+    session.sync()
+    assert session.stats()["handles"] <= handles + 1  # the old value went with its binding
