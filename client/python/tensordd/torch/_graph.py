@@ -43,6 +43,8 @@ class _Capture:
 
     def read(self, st):
         if id(st) not in self.inputs and id(st) not in self.written:
+            if st.dev.session is not self.session:
+                self.refuse(f"reading a tensor of another session ({st.dev.tdev})")
             h = st.h
             if h._handle < self.first_id:
                 self.inputs[id(st)] = (st, h, tuple(st.shape))
