@@ -17,6 +17,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tensordd.torch as tt  # noqa: E402
+from tensordd.torch._graph import _STEP_HOOK  # noqa: E402
 
 WARMUP = 2
 STEPS = 8
@@ -175,3 +176,19 @@ def test_one_capture_at_a_time(dev):
                 pass
     with pytest.raises(TypeError):
         tt.graph(object())
+
+
+def test_an_optimizer_computing_on_the_host_is_refused(dev):
+    # torch 1.13's Adam keeps its step count on the host (capturable=True is CUDA-only):
+    # its bias correction would stay the captured step's, so the capture fails naming it.
+    model = mlp().to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(6, 12).to(dev), torch.randint(0, 5, (6,)).to(dev)
+    step(model, opt, x, y).item()
+    opt.zero_grad(set_to_none=True)
+    g = tt.Graph()
+    with pytest.raises(RuntimeError, match="Adam.step.. reading its state 'step' on the host"):
+        with tt.graph(g, device=dev):
+            step(model, opt, x, y)
+    assert torch.optim.Optimizer._optimizer_step_code is _STEP_HOOK  # put back
+    step(model, opt, x, y).item()  # the hook is gone: eager steps go on

@@ -24,10 +24,16 @@ the graph, and what the block cannot record raises RuntimeError naming it: readi
 value (``.item()``, ``.cpu()``, ``bool()``, ``print``), copying host data to the
 device, random fills (drawn on the host). Make optimizer state before capturing (a few
 eager steps first, as torch.cuda.graph's documentation says: an SGD momentum buffer
-made inside the block would be made again, not carried, by every replay).
+made inside the block would be made again, not carried, by every replay). An
+optimizer whose state keeps a CPU tensor for a device parameter (Adam's step count) is
+refused at its step(): it computes on the host from it.
 """
 
 from __future__ import annotations
+
+import torch
+
+_STEP_HOOK = torch.optim.Optimizer._optimizer_step_code
 
 
 class _Capture:
@@ -59,6 +65,26 @@ class _Capture:
         if self.refused is None:
             self.refused = msg
         raise RuntimeError(msg)
+
+
+def _host_state_check(opt):
+    """Run by torch after every optimizer step (Optimizer._optimizer_step_code) while a
+    graph is captured: an optimizer whose state for a parameter on the device holds a CPU
+    tensor (Adam's and AdamW's step count, torch 1.13's capturable=True being CUDA-only)
+    computes on the host from it, which a replay would not do again."""
+    from . import _cap
+
+    if _cap is None:
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.device.type != "privateuseone":
+                continue
+            for k, v in opt.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                    _cap.refuse(f"{type(opt).__name__}.step() reading its state {k!r} on the "
+                                f"host (a CPU tensor: what it computes from it would stay "
+                                f"the captured step's)")
 
 
 class Graph:
@@ -94,11 +120,13 @@ class Graph:
         self._g, self._session = ng, s
         pkg._epoch += 1  # nothing derived before the capture is read inside it
         pkg._cap = _Capture(s, ng._first_id)
+        torch.optim.Optimizer._optimizer_step_code = _host_state_check
 
     def capture_end(self, exc_type=None, exc=None, tb=None) -> None:
         from .. import torch as pkg
 
         cap, pkg._cap = pkg._cap, None
+        torch.optim.Optimizer._optimizer_step_code = _STEP_HOOK
         ng = self._g
         if cap is None or ng is None:
             raise RuntimeError("tensordd.torch: no capture in progress")
