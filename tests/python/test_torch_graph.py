@@ -192,3 +192,31 @@ def test_an_optimizer_computing_on_the_host_is_refused(dev):
             step(model, opt, x, y)
     assert torch.optim.Optimizer._optimizer_step_code is _STEP_HOOK  # put back
     step(model, opt, x, y).item()  # the hook is gone: eager steps go on
+
+
+def test_replays_hold_a_bounded_number_of_handles(dev):
+    make, shape = MODELS["mlp"]
+    torch.manual_seed(0)
+    model = make().to(dev)
+    opt = optimizer(model)
+    data = batches(shape, 3, seed=2)
+    for x, y in data[:2]:
+        opt.zero_grad(set_to_none=True)
+        step(model, opt, x.to(dev), y.to(dev))
+    static_x, static_y = data[2][0].to(dev), data[2][1].to(dev)
+    opt.zero_grad(set_to_none=True)
+    g = tt.Graph()
+    with tt.graph(g, device=dev):
+        loss = step(model, opt, static_x, static_y)
+    s = tt.session_of(dev)
+    counts = []
+    for i in range(30):
+        static_x.copy_(data[i % 2][0])
+        static_y.copy_(data[i % 2][1])
+        g.replay()
+        loss.item()
+        if i in (9, 29):
+            s.flush()
+            s.sync()
+            counts.append(s.stats()["handles"])
+    assert counts[1] <= counts[0] + 2, counts  # replays rebind, they do not pile up
