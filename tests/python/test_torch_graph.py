@@ -1,6 +1,7 @@
 """Graph capture on the tensordd torch device (tensordd.torch.Graph / graph), held to
-local PyTorch: a model trained eagerly for a few steps, then by replays of one captured
-step (forward, backward, opt.step()), ends with the parameters local PyTorch's same
+local PyTorch: a model (an MLP; a conv net with batch norm, whose running statistics
+and batch count are carried too) trained eagerly for a few steps, then by replays of
+one captured step (forward, backward, opt.step()), ends with the state local PyTorch's same
 steps give (float32: rtol 1e-4, atol 1e-5, as the device's model tests), and so does the
 same training sent op by op (eager) on the device. What a capture cannot replay (a read
 of a value, an upload, a random fill) raises RuntimeError naming it.
@@ -35,7 +36,8 @@ def mlp():
 
 
 def convnet():
-    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.MaxPool2d(2),
                          nn.Conv2d(4, 6, 3), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 2 * 2, 5))
 
 
