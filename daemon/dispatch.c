@@ -247,6 +247,24 @@ done:
     return rc;
 }
 
+/* Whether req reads the tensor id (an Op's or ToDevice's input). */
+static bool reads(const Request *req, uint64_t id)
+{
+    if (req->body_case == TENSORDD__V1__REQUEST__BODY_OP) {
+        for (size_t i = 0; i < req->op->n_inputs; i++)
+            if (req->op->inputs[i] == id)
+                return true;
+    } else if (req->body_case == TENSORDD__V1__REQUEST__BODY_TO_DEVICE)
+        return req->to_device->input == id;
+    return false;
+}
+
+size_t tdd_dispatch_new_ids(const Request *req, uint64_t *ids)
+{
+    const request_row *row = row_of(req);
+    return row && row->new_ids ? row->new_ids(req, ids) : 0;
+}
+
 int tdd_dispatch_replayed(tdd_conn *c, Request *req, bool first)
 {
     const request_row *row = row_of(req);
@@ -260,7 +278,9 @@ int tdd_dispatch_replayed(tdd_conn *c, Request *req, bool first)
     size_t n = row->new_ids ? row->new_ids(req, ids) : 0;
     for (size_t i = 0; first && i < n; i++) {
         td_error ignored;
-        if (tdd_handle_find(s, ids[i]))
+        /* (one the request also reads, a replay's input given the graph's own output,
+         * stays bound until the new value is: tdd_handle_check_new allows it) */
+        if (tdd_handle_find(s, ids[i]) && !reads(req, ids[i]))
             tdd_handle_release(s, ids[i], &ignored);
     }
     int rc = TDD_DISPATCH_BLOCK;

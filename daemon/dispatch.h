@@ -17,4 +17,7 @@ int tdd_dispatch_check_table(void);
  * BLOCK), when the new ids it names are released if bound. A TDD_DISPATCH_* code. */
 int tdd_dispatch_replayed(tdd_conn *c, Tensordd__V1__Request *req, bool first);
 
+/* The ids req names as new handles (at most TDD_MAX_OP_OUTPUTS, into ids): their count. */
+size_t tdd_dispatch_new_ids(const Tensordd__V1__Request *req, uint64_t *ids);
+
 #endif

@@ -193,6 +193,84 @@ int tdd_h_graph_begin(tdd_req *r)
     return TDD_DISPATCH_DONE;
 }
 
+static int cmp_id(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The ids g's recorded requests name as new handles, sorted (*n of them; NULL with *n 0
+ * when there are none or memory runs out: then nothing is refused for it). */
+static uint64_t *graph_new_ids(const tdd_graph *g, size_t *n)
+{
+    uint64_t *all = NULL;
+    size_t k = 0, cap = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        Request *q = tensordd__v1__request__unpack(NULL, g->reqs[i].len, g->reqs[i].msg);
+        if (!q)
+            continue;
+        uint64_t ids[TDD_MAX_OP_OUTPUTS];
+        size_t m = tdd_dispatch_new_ids(q, ids);
+        tensordd__v1__request__free_unpacked(q, NULL);
+        if (k + m > cap) {
+            size_t ncap = cap ? 2 * cap : 64;
+            while (ncap < k + m)
+                ncap *= 2;
+            uint64_t *na = realloc(all, ncap * sizeof *na);
+            if (!na)
+                break;
+            all = na;
+            cap = ncap;
+        }
+        memcpy(all + k, ids, m * sizeof *ids);
+        k += m;
+    }
+    if (k)
+        qsort(all, k, sizeof *all, cmp_id);
+    *n = k;
+    return all;
+}
+
+/* GraphEnd's inputs, after GraphBegin's: each a live tensor the graph did not bind, named
+ * once. */
+static int add_inputs(tdd_session *s, tdd_graph *g, const Tensordd__V1__GraphEnd *ge, td_error *err)
+{
+    if (!ge->n_inputs)
+        return 0;
+    size_t nin = g->nin + ge->n_inputs;
+    if (graph_charge(g, ge->n_inputs * sizeof *g->in, err))
+        return err->code;
+    graph_input *in = realloc(g->in, nin * sizeof *in);
+    if (!in)
+        return tdd_err_set(err, TD_ERESOURCE_EXHAUSTED, "out of host memory");
+    g->in = in;
+    size_t nnew;
+    uint64_t *bound = graph_new_ids(g, &nnew);
+    int rc = 0;
+    for (size_t i = 0; i < ge->n_inputs && !rc; i++) {
+        uint64_t id = ge->inputs[i];
+        tdd_value *v;
+        if ((rc = tdd_value_get(s, id, &v, err)))
+            break;
+        for (size_t k = 0; k < g->nin && !rc; k++)
+            if (g->in[k].id == id)
+                rc = tdd_err_arg(err, "inputs", "handle %llu is an input of the graph already",
+                                 (unsigned long long)id);
+        if (!rc && nnew && bsearch(&id, bound, nnew, sizeof *bound, cmp_id))
+            rc = tdd_err_arg(err, "inputs",
+                             "handle %llu is bound by the graph's own requests (an input is "
+                             "a tensor live before GraphBegin)",
+                             (unsigned long long)id);
+        if (rc)
+            break;
+        in[g->nin] = (graph_input){.id = id, .dtype = v->t.dtype, .ndim = v->t.ndim, .dev = v->dev};
+        memcpy(in[g->nin].shape, v->t.shape, sizeof in[g->nin].shape);
+        g->nin++;
+    }
+    free(bound);
+    return rc;
+}
+
 int tdd_h_graph_end(tdd_req *r)
 {
     tdd_session *s = r->c->s;
@@ -212,7 +290,7 @@ int tdd_h_graph_end(tdd_req *r)
         else if (g->broken) {
             err = g->err;
             rc = err.code;
-        } else
+        } else if (!(rc = add_inputs(s, g, ge, &err)))
             rc = tdd_handle_check_new(s, ge->graph, &err);
         if (rc)
             tdd_answer_error(r, &err);

@@ -512,16 +512,25 @@ static int reserve(tdd_session *s, uint64_t id, td_error *err)
     return 0;
 }
 
+/* Whether id is one the request being replayed binds again. */
+static bool rebinding(const tdd_session *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->n_rebind; i++)
+        if (s->rebind[i] == id)
+            return true;
+    return false;
+}
+
 int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
 {
     if (id == 0)
         return tdd_err_arg(err, "handle", "handle id 0 is reserved");
     bool live = tdd_handle_find(s, id) != NULL;
     id_place where = id_where(s, id);
-    bool rebind = false;
-    for (size_t i = 0; i < s->n_rebind && !live; i++)
-        rebind |= s->rebind[i] == id;
-    if (live || (where == ID_BOUND && !rebind)) {
+    bool rebind = rebinding(s, id);
+    /* A replayed request may bind again an id it also reads (graph.c): still bound
+     * here, its old value is dropped when the new one is bound. */
+    if ((live && !rebind) || (where == ID_BOUND && !rebind)) {
         tdd_err_set(err, TD_EHANDLE_IN_USE,
                     live ? "handle %llu is already in use"
                          : "handle %llu was bound and released earlier in this session: handle "
@@ -533,7 +542,7 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
         }
         return TD_EHANDLE_IN_USE;
     }
-    if (s->nhandles >= s->max_handles)
+    if (!live && s->nhandles >= s->max_handles)
         return tdd_err_resource(err, "handles", 1, 0, "session holds %llu handles, the limit",
                                 (unsigned long long)s->nhandles);
     if (where == ID_ALONE) {
@@ -546,6 +555,10 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
 
 static void handle_put(tdd_session *s, uint64_t id, td_handle_kind kind, bool poisoned, void *obj)
 {
+    if (s->n_rebind && rebinding(s, id) && tdd_handle_find(s, id)) {
+        td_error ignored; /* the previous replay's value, read by this request: dropped now */
+        tdd_handle_release(s, id, &ignored);
+    }
     /* The charge reserved when id was checked moves to the entry; without one (not
      * checked) it is charged now, and an entry the account cannot hold stays uncharged. */
     size_t r = reserved_at(s, id);

@@ -419,6 +419,13 @@ int td_optimizer_load_state(td_client *c, td_handle optimizer, size_t n, const i
  * session's pending error. Releases (td_release) are held back while recording. */
 int td_graph_begin(td_client *c, const td_handle *inputs, size_t n, td_error *err);
 int td_graph_end(td_client *c, td_handle *graph, td_error *err);
+/* td_graph_end naming more inputs, found while recording: tensors made before
+ * td_graph_begin that the recorded requests read. td_replay then takes td_graph_begin's
+ * inputs followed by these, and may be given a handle the recording bound in the place of
+ * one (the previous replay's updated state). INVALID_ARGUMENT when the recording binds
+ * one of them or one is named twice. */
+int td_graph_end_with(td_client *c, td_handle *graph, const td_handle *inputs, size_t n,
+                      td_error *err);
 int td_replay(td_client *c, td_handle graph, const td_handle *inputs, size_t n, td_error *err);
 
 #ifdef __cplusplus

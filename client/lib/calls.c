@@ -1132,21 +1132,49 @@ int td_graph_begin(td_client *c, const td_handle *inputs, size_t n, td_error *er
     gb.n_inputs = n;
     REQ(req, graph_begin, GRAPH_BEGIN, &gb);
     rc = td__call(c, &req, NULL, 0, NULL, err);
-    if (!rc)
+    if (!rc) {
         c->capturing = 1;
+        c->capture_first = c->next_handle;
+    }
     return rc;
 }
 
 int td_graph_end(td_client *c, td_handle *graph, td_error *err)
 {
+    return td_graph_end_with(c, graph, NULL, 0, err);
+}
+
+int td_graph_end_with(td_client *c, td_handle *graph, const td_handle *inputs, size_t n,
+                      td_error *err)
+{
     int rc = check_client(c, err);
     if (rc)
         return rc;
+    /* The releases held back: those of handles the recording bound go out before GraphEnd,
+     * recorded (each replay frees again what it bound and the client dropped); those of
+     * handles from before it after it (recorded, a replay would release them again). */
+    size_t total = c->nrel, k = 0;
+    for (size_t i = 0; i < total; i++)
+        if (c->rel[i] >= c->capture_first) {
+            uint64_t h = c->rel[i];
+            c->rel[i] = c->rel[k];
+            c->rel[k++] = h;
+        }
+    c->nrel = k;
     c->capturing = 0;
+    rc = td__flush(c, err);
+    memmove(c->rel, c->rel + k, (total - k) * sizeof *c->rel);
+    c->nrel = total - k;
+    if (rc)
+        return rc;
+    c->capturing = 1;
     Tensordd__V1__GraphEnd ge = TENSORDD__V1__GRAPH_END__INIT;
     ge.graph = c->next_handle++;
+    ge.inputs = (uint64_t *)inputs;
+    ge.n_inputs = n;
     REQ(req, graph_end, GRAPH_END, &ge);
     rc = call_ok(c, &req, err);
+    c->capturing = 0;
     if (rc) {
         td_handle h = ge.graph; /* bound to a failed placeholder */
         td_release(c, &h, 1, NULL);

@@ -31,7 +31,8 @@ struct td_client {
 
     uint64_t *rel; /* handles released but not yet sent */
     size_t nrel, relcap;
-    int capturing; /* a graph is being recorded: releases wait (td_graph_begin) */
+    int capturing;          /* a graph is being recorded: releases wait (td_graph_begin) */
+    uint64_t capture_first; /* the first handle id the recording's requests bind */
 
     uint8_t *rbuf; /* bytes received but not yet consumed: rbuf[rpos..rlen) */
     size_t rpos, rlen, rcap;

@@ -528,6 +528,47 @@ static void sgd_steps(td_client *c, int replay, float *w_out)
     }
 }
 
+/* A recurrence total = state + x: the state, made before the recording, is named as an
+ * input at its end (td_graph_end_with); each replay is given the previous replay's total
+ * in its place (the one recorded op reads it and binds it again). A tensor made before the
+ * recording and released inside it stays released, not released again by a replay. */
+START_TEST(test_graph_end_inputs)
+{
+    td_client *c = it_client("graph_end_inputs");
+    td_error e;
+    int64_t s3[1] = {3};
+    float z[3] = {0, 0, 0}, one[3] = {1, 1, 1};
+    td_handle state = up(c, "cpu:0", TD_F32, 1, s3, z, 0);
+    td_handle x0 = up(c, "cpu:0", TD_F32, 1, s3, one, 0);
+    td_handle before = up(c, "cpu:0", TD_F32, 1, s3, one, 0), graph = 0;
+    ck_assert_int_eq(td_graph_begin(c, &x0, 1, &e), 0);
+    td_handle total = op1(c, "add", state, x0, NULL, 0);
+    td_handle tmp = op1(c, "mul", total, before, NULL, 0);
+    ck_assert_int_eq(td_release(c, &tmp, 1, &e), 0);    /* made inside: recorded */
+    ck_assert_int_eq(td_release(c, &before, 1, &e), 0); /* from before: after GraphEnd */
+    /* (total: bound by the recording itself) */
+    ck_assert_int_eq(td_graph_end_with(c, &graph, &total, 1, &e), TD_EINVALID_ARGUMENT);
+    ck_assert(strstr(e.message, "bound by the graph") != NULL);
+    before = up(c, "cpu:0", TD_F32, 1, s3, one, 0);
+    ck_assert_int_eq(td_graph_begin(c, &x0, 1, &e), 0);
+    total = op1(c, "add", state, x0, NULL, 0);
+    ck_assert_int_eq(td_release(c, &before, 1, &e), 0); /* not recorded: no replay repeats it */
+    ck_assert_int_eq(td_graph_end_with(c, &graph, &state, 1, &e), 0);
+    for (int k = 2; k <= 4; k++) {
+        float xv[3] = {(float)k, (float)k, (float)k};
+        td_handle in[2] = {up(c, "cpu:0", TD_F32, 1, s3, xv, 0), total};
+        ck_assert_int_eq(td_replay(c, graph, in, 2, &e), 0);
+        ck_assert_int_eq(td_release(c, in, 1, &e), 0);
+    }
+    float got[3];
+    down(c, total, got, sizeof got);
+    for (int i = 0; i < 3; i++)
+        ck_assert(got[i] == 1.0f + 2 + 3 + 4);
+    ck_assert_int_eq(td_sync(c, &e), 0);
+    td_close(c);
+}
+END_TEST
+
 START_TEST(test_graph_replay)
 {
     td_client *c = it_client("graph");
@@ -934,6 +975,7 @@ Suite *it_autograd_suite(void)
     tcase_add_test(tc, test_optimizer_state);
     tcase_add_test(tc, test_optimizer_step_attrs);
     tcase_add_test(tc, test_graph_replay);
+    tcase_add_test(tc, test_graph_end_inputs);
     tcase_add_loop_test(tc, test_gradcheck_f64, 0, (int)(sizeof grad_cases / sizeof grad_cases[0]));
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("training");

@@ -242,3 +242,67 @@ def test_a_replay_queues_no_more_than_max_inflight(start_daemon):
     assert max(pending) <= 8, pending
     b.close()
     a.close()
+
+
+def test_inputs_named_at_graph_end_carry_state_between_replays(session):
+    # A recurrence: the state is a tensor made before the block and named as an input at
+    # GraphEnd; each replay is given the previous replay's output (an id the graph binds
+    # again) in its place. The oracle is numpy's same recurrence.
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    xs = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(5)]
+    state = session.tensor(a)
+    x0 = session.tensor(xs[0])
+    with session.capture(x0) as g:
+        out = state * 0.5 + x0
+        g.add_inputs(state)
+    want = a * np.float32(0.5) + xs[0]
+    for x in xs[1:]:
+        g.replay(x, out)  # the state's slot takes the latest output
+        want = want * np.float32(0.5) + x
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(state.numpy(), a)  # the recorded input is left as it was
+    with pytest.raises(TypeError):
+        g.replay(xs[0])  # two inputs now: x0's, then the state's
+
+
+def test_graph_end_inputs_are_checked(session):
+    x0 = session.tensor(np.ones((2, 2), np.float32))
+    w = session.tensor(np.ones((2, 2), np.float32))
+    with pytest.raises(tensordd.Error) as e:  # bound by the graph itself
+        with session.capture(x0) as g:
+            y = x0 @ w
+            g.add_inputs(y)
+    assert e.value.code == "INVALID_ARGUMENT" and "bound by the graph" in str(e.value)
+    with pytest.raises(tensordd.Error) as e:  # named twice
+        with session.capture(x0) as g:
+            y = x0 @ w
+            g.add_inputs(w, x0)
+    assert e.value.code == "INVALID_ARGUMENT" and "input of the graph already" in str(e.value)
+    with session.capture(x0) as g:
+        y = x0 @ w
+        g.add_inputs(w)
+    g.replay(x0, session.tensor(np.ones((2, 3), np.float32)))  # the late input's shape
+    with pytest.raises(tensordd.Error) as e:
+        session.sync()
+    assert e.value.code == "SHAPE_MISMATCH"
+    g.replay(x0, session.tensor(np.full((2, 2), 2.0, np.float32)))
+    np.testing.assert_array_equal(y.numpy(), np.full((2, 2), 4.0, np.float32))
+
+
+def test_a_replayed_op_may_read_the_id_it_binds_again(session):
+    # The state's slot is given the graph's own output, and the one recorded op both reads
+    # it (through the slot) and binds it again: it reads the previous replay's value.
+    state = session.tensor(np.zeros(4, np.float32))
+    x0 = session.tensor(np.ones(4, np.float32))
+    with session.capture(x0) as g:
+        total = state + x0
+        g.add_inputs(state)
+    for i in range(2, 6):
+        g.replay(np.full(4, float(i), np.float32), total)
+    np.testing.assert_array_equal(total.numpy(), np.full(4, 1.0 + 2 + 3 + 4 + 5, np.float32))
+    session.sync()
+    handles = session.stats()["handles"]
+    g.replay(np.ones(4, np.float32), total)
+    session.sync()
+    assert session.stats()["handles"] <= handles + 1  # the old value went with its binding

@@ -19,10 +19,18 @@ a failed replay poisons what its requests would have, and its first error is rai
 by the next synchronising call. Downloads, ``item()`` and ``sync()`` inside the
 block run but are not recorded; creating tensors from host data (uploads) or an
 optimizer inside it is refused (make them before). While recording, releases of
-dropped tensors are held back and sent after the block: a recorded release would
-free, on replay, what the client still holds.
+dropped tensors are held back: those of tensors the block made are sent at its end,
+recorded (each replay frees again what it made and the client dropped); those of
+tensors made before it after it (a recorded one would free, on the next replay, what
+is gone already).
+
+``step.add_inputs(*tensors)`` inside the block names more inputs, found while recording:
+tensors made before the block that the recorded requests read (GraphEnd's inputs). A
+replay then takes the capture's inputs followed by these.
 """
 from __future__ import annotations
+
+import itertools
 
 from . import errors as _errors
 
@@ -35,6 +43,7 @@ class Graph:
         self._inputs = list(inputs)  # the recorded input Tensors (kept alive)
         self._handle = None
         self._keep = ()
+        self._late = []  # add_inputs(): sent with GraphEnd
 
     def __enter__(self) -> "Graph":
         s = self._session
@@ -46,6 +55,9 @@ class Graph:
                 raise TypeError(f"capture inputs must be Tensors of this session, got {t!r}")
             t.shape  # noqa: B018 -- dtype, shape and device known (replays upload like them)
         s._emit_releases()  # earlier releases are not part of the graph
+        first = next(s._handles)  # ids from here on are bound by the graph's requests
+        s._handles = itertools.count(first)
+        self._first_id = first
         req = s._new_request()
         req.graph_begin.inputs.extend(t._handle for t in self._inputs)
         s._send(req, _errors_call("graph_begin"))
@@ -54,20 +66,49 @@ class Graph:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         s = self._session
-        s._capturing = False
         if not s._open:
+            s._capturing = False
             return
         handle = s._new_handle()
         req = s._new_request()
         req.graph_end.graph = handle
+        req.graph_end.inputs.extend(t._handle for t in self._late)
+        # Releases held back: those of ids the block bound go out before GraphEnd, recorded
+        # (each replay frees again what it bound and the client dropped); those of tensors
+        # made before the block after it (a recorded one would free, on the next replay,
+        # what is gone already).
+        held = s._pending_release
+        s._pending_release = [h for h in held if h >= self._first_id]
+        s._capturing = False
+        s._emit_releases()
+        s._pending_release = [h for h in held if h < self._first_id]
+        s._capturing = True
         try:
-            s._roundtrip(req, _errors_call("graph_end", outputs=(handle,)))
+            s._roundtrip(req, _errors_call("graph_end", [t._handle for t in self._late],
+                                           outputs=(handle,)))
         except _errors.Error:
             s._release_later(handle)  # bound to a failed placeholder
             if exc_type is None:
                 raise
             return
+        finally:
+            s._capturing = False
+        # a replay substitutes every use of them: their dtype, shape and device suffice
+        self._inputs += [_Spec(t.shape, t.dtype, t.device) for t in self._late]
+        self._late = []
         self._handle = handle
+
+    def add_inputs(self, *tensors) -> None:
+        """Inside the block: tensors of this session, made before it, that the recorded
+        requests read and that a replay replaces (after the capture's own inputs)."""
+        s = self._session
+        if not s._capturing:
+            raise RuntimeError("add_inputs() is for inside the capture block")
+        for t in tensors:
+            if getattr(t, "_session", None) is not s:
+                raise TypeError(f"graph inputs must be Tensors of this session, got {t!r}")
+            t.shape  # noqa: B018 -- dtype, shape and device known (replays check them)
+        self._late.extend(tensors)
 
     def __del__(self):
         s = getattr(self, "_session", None)
@@ -99,6 +140,17 @@ class Graph:
         req.replay.inputs.extend(t._handle for t in tensors)
         s._send(req, _errors_call("replay", handles=[t._handle for t in tensors]))
         self._keep = tensors  # their releases go out after the Replay that reads them
+
+
+class _Spec:
+    """What a replay needs of an input named by add_inputs(): dtype, shape, device."""
+
+    __slots__ = ("shape", "dtype", "device")
+
+    def __init__(self, shape, dtype, device):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = device
 
 
 def _errors_call(what, handles=(), outputs=()):

@@ -40,7 +40,7 @@ from ..device import Device
 from ..session import Session, connect
 
 __all__ = ["device", "DaemonTensor", "session_of", "daemon_device_of", "coverage",
-           "coverage_table", "synchronize"]
+           "coverage_table", "synchronize", "Graph", "graph"]
 
 _DT_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
              torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64",
@@ -75,6 +75,8 @@ class _Dev:
         key = (numel, size, stride, off, mask)
         got = self._idx_cache.get(key)
         if got is not None:
+            if _cap is not None:
+                _cap.keep.append(got)  # a constant the graph reads: kept while it lives
             return got
         base = np.arange(numel, dtype=np.int64)
         span = off + sum((s - 1) * st for s, st in zip(size, stride) if s > 0)
@@ -85,6 +87,9 @@ class _Dev:
         idx = np.lib.stride_tricks.as_strided(base[off:], shape=size,
                                               strides=[8 * s for s in stride]).reshape(-1)
         s = self.session
+        if _cap is not None:
+            _cap.refuse(f"a strided view's index (size {list(size)}, stride {list(stride)}) "
+                        f"seen the first time (run the step once before capturing it)")
         idx_t = s.tensor(np.ascontiguousarray(idx), device=self.ddev)
         if mask:
             m = np.zeros(numel, dtype=np.bool_)
@@ -99,6 +104,11 @@ class _Dev:
 
 
 _devices: list = []
+# The graph being captured (tensordd.torch._graph), or None; _epoch changes when one
+# begins, so that no value derived before it (the caches of _value and flat) is read
+# inside it: the graph's inputs are then the storages' own handles.
+_cap = None
+_epoch = 0
 _sessions: dict = {}  # endpoint -> Session this module opened
 _lock = threading.Lock()
 
@@ -187,24 +197,30 @@ class _Storage:
         self.shape = shape
         self.version = 0
         self._flat = None
+        if _cap is not None and h is not None:
+            _cap.wrote(self)  # made by the graph: a replay binds its handle again
 
     def value(self):
         if self.h is None:  # (torch.empty: never read before being written, usually)
             self.h = self.dev.session._op("zeros", shape=[self.numel], device=self.dev.ddev,
                                          dtype=_dt(self.dtype))
             self.shape = (self.numel,)
+        elif _cap is not None:
+            _cap.read(self)
         return self.h
 
     def flat(self):
         f = self._flat
-        if f is not None and f[0] == self.version:
+        if f is not None and f[0] == self.version and f[2] == _epoch:
             return f[1]
         h = self.value()
         v = h if len(self.shape) == 1 else self.dev.session._op("reshape", h, shape=[-1])
-        self._flat = (self.version, v)
+        self._flat = (self.version, v, _epoch)
         return v
 
     def set(self, v, shape) -> None:
+        if _cap is not None:
+            _cap.wrote(self)
         self.h = v
         self.shape = tuple(shape)
         self.version += 1
@@ -310,14 +326,14 @@ def _value(t: DaemonTensor):
     its storage (cached until the storage changes)."""
     st = t._st
     vc = t._vc
-    if vc is not None and vc[0] == st.version:
+    if vc is not None and vc[0] == st.version and vc[2] == _epoch:
         return vc[1]
     size, stride, off = t._geo
     v = _derive(st, size, stride, off)
     v._shape = size
     v._dtype = _dt(st.dtype)
     v._device = st.dev.ddev
-    t._vc = (st.version, v)
+    t._vc = (st.version, v, _epoch)
     return v
 
 
@@ -365,12 +381,12 @@ def _write(t: DaemonTensor, v) -> None:
     if off == 0 and n == st.numel:
         if _is_contig(size, stride):
             st.set(v, size)
-            t._vc = (st.version, v)
+            t._vc = (st.version, v, _epoch)
             return
         perm = _perm_of(size, stride)
         if perm is not None:
             st.set(s._op("permute", v, dims=list(perm)), [size[p] for p in perm])
-            t._vc = (st.version, v)
+            t._vc = (st.version, v, _epoch)
             return
     if any(x == 0 and sz > 1 for x, sz in zip(stride, size)):
         raise RuntimeError("unsupported operation: more than one element of the written-to "
@@ -391,7 +407,7 @@ def _write(t: DaemonTensor, v) -> None:
         z = s._op("zeros", shape=[st.numel], device=st.dev.ddev, dtype=_dt(st.dtype))
         new = s._op("where", mask, s._op("scatter_add", z, idx, vf, dim=0), f)
     st.set(new, (st.numel,))
-    t._vc = (st.version, v)
+    t._vc = (st.version, v, _epoch)
 
 
 def _new(dev: _Dev, v, size, dtype) -> DaemonTensor:
@@ -402,7 +418,7 @@ def _new(dev: _Dev, v, size, dtype) -> DaemonTensor:
     v._device = dev.ddev
     st = _Storage(dev, dtype, _prod(size), v, size)
     t = DaemonTensor(st, size, _contig_strides(size), 0)
-    t._vc = (0, v)
+    t._vc = (0, v, _epoch)
     return t
 
 
@@ -414,9 +430,12 @@ def _empty(dev: _Dev, size, stride, dtype) -> DaemonTensor:
     return DaemonTensor(st, size, stride, 0)
 
 
-def _download(t: DaemonTensor) -> torch.Tensor:
+def _download(t: DaemonTensor, what: str = "reading a value (.item(), .cpu(), bool(), print)"
+              ) -> torch.Tensor:
     """t's values as a CPU torch tensor (one round trip; raises the session's first
     asynchronous error)."""
+    if _cap is not None:
+        _cap.refuse(what)
     arr = _value(t).numpy()
     if not arr.flags.writeable or not arr.flags.c_contiguous:
         arr = np.array(arr, order="C")
@@ -502,6 +521,7 @@ def coverage_table() -> str:
 
 
 from . import _ops  # noqa: E402 (the mappings use the names above)
+from ._graph import Graph, graph  # noqa: E402
 
 
 # At import, not at the first device(): torch's autograd engine sizes its per-device queues

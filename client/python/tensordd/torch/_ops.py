@@ -518,8 +518,11 @@ def _target_dev(device):
     return _dev_of(device)
 
 
-def _upload(dev, host: torch.Tensor, dtype):
+def _upload(dev, host: torch.Tensor, dtype, what="copying host data to the device (an upload)"):
     """A CPU tensor uploaded to dev as dtype: a daemon value."""
+    from . import _cap
+    if _cap is not None:
+        _cap.refuse(what)
     host = host.detach()
     if host.dtype != dtype:
         host = host.to(dtype)
@@ -589,7 +592,7 @@ def _to_copy(func, args, kwargs):
 
 @special(aten._local_scalar_dense.default, uses="host: download")
 def _local_scalar_dense(func, args, kwargs):
-    return _download(args[0]).item()
+    return _download(args[0], ".item() (aten._local_scalar_dense)").item()
 
 
 @special(aten.equal.default, uses="host: download both")
@@ -601,7 +604,7 @@ def _equal(func, args, kwargs):
 
 @special(aten.nonzero.default, uses="host: download, upload (synchronising, as CUDA's)")
 def _nonzero(func, args, kwargs):
-    host = torch.nonzero(_download(args[0]))
+    host = torch.nonzero(_download(args[0], "torch.nonzero (its output's size is a value)"))
     dev = args[0]._st.dev
     return _new(dev, _upload(dev, host, torch.int64), host.shape, torch.int64)
 
@@ -611,7 +614,8 @@ def _rand_fill(fill, uses):
         self = args[0]
         host = torch.empty(tuple(self.shape), dtype=self.dtype)
         fill(host, *args[1:], **kwargs)
-        _write(self, _upload(self._st.dev, host, self.dtype))
+        _write(self, _upload(self._st.dev, host, self.dtype,
+                             f"{func} (random numbers are drawn on the host, then uploaded)"))
         return self
     return h
 
