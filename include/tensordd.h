@@ -34,7 +34,7 @@ extern "C" {
  * only on an incompatible change of its interface; tools/abi/libtensordd.symbols
  * lists what it exports (make test fails when a listed symbol disappears). */
 #define TD_VERSION_MAJOR 0
-#define TD_VERSION_MINOR 10
+#define TD_VERSION_MINOR 11
 #define TD_VERSION_PATCH 0
 #define TD_VERSION_HEX ((TD_VERSION_MAJOR << 16) | (TD_VERSION_MINOR << 8) | TD_VERSION_PATCH)
 /* The same as text, "MAJOR.MINOR.PATCH". These three macros are the project's one version:

@@ -2,4 +2,4 @@
 Written by make from include/tensordd.h's TD_VERSION_* (the project's one version);
 tests/python/test_version.py checks that they agree."""
 
-__version__ = "0.10.0"
+__version__ = "0.11.0"
