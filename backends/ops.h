@@ -142,6 +142,8 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
  *  conv1d: conv2d's, for the input seen as [N, C, 1, L] (tdd_conv1d_by_parts)
+ *  max_pool1d/avg_pool1d: max_pool2d's/avg_pool2d's, for the input seen as [N, C, 1, L]
+ *      (tdd_pool1d_by_parts)
  *  conv_transpose2d: ints[0] stride, ints[1] padding, ints[2] dilation, ints[3] output_padding,
  *      i[0] groups, flags bit 2 = bias
  *  scaled_dot_product_attention: f[0] dropout_p, f[1] scale, i[0] is_causal, i[1] mask (0 none,
@@ -224,6 +226,17 @@ int tdd_max_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal
 int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 /* conv1d as the backends run it: conv2d on [N, C, 1, L] views (the arguments are conv2d's). */
 int tdd_conv1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+/* max_pool1d/avg_pool1d as the backends run them: max_pool2d/avg_pool2d on [N, C, 1, L] views
+ * (the arguments are the 2-D pool's). */
+int tdd_pool1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+
+/* The op table's composite column: how call c runs as other ops of the table (one of the
+ * by_parts helpers above), or NULL when the backend's own kernel runs it. Every backend's
+ * execute asks first and passes itself as run, so a composite op needs no backend edit;
+ * supports() answers for a composite as for its parts (the parts are asked again as they
+ * run). */
+typedef int (*tdd_composite_fn)(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+tdd_composite_fn tdd_op_composite(const tdd_opcall *c);
 
 /* tdd_err_set & co., the error builders every layer uses: common/tdd_err.h. */
 

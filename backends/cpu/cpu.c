@@ -499,12 +499,9 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
 {
     cpu_ctx *cc = ctx;
     int nt = cc ? cc->threads : 1;
-    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* sgemm, then elementwise */
-        return tdd_addmm_by_parts(c, cpu_execute, ctx, ordinal);
-    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
-        return tdd_max_by_parts(c, cpu_execute, ctx, ordinal);
-    if (c->op == TDD_OP_CONV1D) /* conv2d's kernel on [N, C, 1, L] views */
-        return tdd_conv1d_by_parts(c, cpu_execute, ctx, ordinal);
+    tdd_composite_fn parts = tdd_op_composite(c); /* run as other ops (ops.h) */
+    if (parts)
+        return parts(c, cpu_execute, ctx, ordinal);
     (void)ordinal;
     if (!tdd_cpu_native(c))
         return tdd_ref_run(c);

@@ -788,29 +788,13 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     const int dtype = TD_EUNSUPPORTED_DTYPE;
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
-    /* Every op of the table, no default: an op added to the table fails this build until
-     * it is placed here (as in ref and cpu). */
-    switch (c->op) {
-#define TDC_EW_CASE(e, name, lo, hi, kind) case TDD_OP_##e:
-        TDD_BINARY_OPS(TDC_EW_CASE, TDD_EW_SKIP)
-        TDD_UNARY_OPS(TDC_EW_CASE, TDD_EW_SKIP)
-#undef TDC_EW_CASE
-        /* elementwise.h's expressions: float, double or int64 */
+    if (tdd_ew_arity(c->op)) /* elementwise.h's expressions: float, double or int64 */
         return tdd_dtype_is_float(g->cdtype) || tdd_ew_imode(c->op) != TDD_EWI_NONE ? 0 : dtype;
-    case TDD_OP_TRANSPOSE:
-    case TDD_OP_PERMUTE:
-    case TDD_OP_RESHAPE:
-    case TDD_OP_VIEW:
-    case TDD_OP_FLATTEN:
-    case TDD_OP_SQUEEZE:
-    case TDD_OP_UNSQUEEZE:
-    case TDD_OP_EXPAND:
-    case TDD_OP_SLICE:
-    case TDD_OP_CONTIGUOUS:
-    case TDD_OP_DETACH:
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
-        return 0;      /* a view, or a C-order copy of any dtype */
+    /* a composite (ops.h: its parts are asked as they run); a view, or a C-order copy of any
+     * dtype (the op table's kind) */
+    if (tdd_op_composite(c) || tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
+        return 0;
+    switch (c->op) {
     case TDD_OP_WHERE: /* a select of one dtype (kernel_dtype converts the others) */
         return c->in[0]->dtype == TD_BOOL ? 0 : dtype;
     case TDD_OP_MASKED_FILL:
@@ -876,17 +860,10 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     case TDD_OP_ARGSORT:
     case TDD_OP_TOPK: /* ranks of dense lines, any dtype */
         return 0;
-    case TDD_OP_MAX:
-    case TDD_OP_MIN: /* amax/amin and argmax/argmin (tdd_max_by_parts) */
-    case TDD_OP_ADDMM:
-    case TDD_OP_BADDBMM: /* matmul/bmm and elementwise ops (tdd_addmm_by_parts) */
-        return 0;
     case TDD_OP_ADAPTIVE_AVG_POOL2D: /* f32/f64 (f16/bf16 widened), dense */
     case TDD_OP_GROUP_NORM:
         return 0;
     case TDD_OP_BATCH_NORM: /* any float dtype as it is (the running stats written in place) */
-        return 0;
-    case TDD_OP_CONV1D: /* conv2d's (tdd_conv1d_by_parts) */
         return 0;
     case TDD_OP_CONV_TRANSPOSE2D: /* f32/f64 (f16/bf16 widened), dense */
         return 0;
@@ -901,7 +878,7 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
         return g->dtype == TD_I64 || g->dtype == TD_I32 ? 0 : dtype;
     case TDD_OP_ARANGE:
         return g->dtype == TD_F32 || g->dtype == TD_F64 || g->dtype == TD_I64 ? 0 : dtype;
-    case TDD_OP_COUNT:
+    default: /* not in this table: the daemon answers UNSUPPORTED_OP for cuda */
         break;
     }
     return TD_EUNSUPPORTED_OP;
@@ -1940,14 +1917,9 @@ static int execute_call(void *ctx, int ordinal, const tdd_opcall *c)
     int rc = dev_failed(dv);
     if (rc)
         return rc;
-    if (c->op == TDD_OP_CLAMP && c->n_in > 1) /* tensor bounds: maximum, then minimum */
-        return tdd_clamp_by_tensors(c, cuda_execute, ctx, ordinal);
-    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* the product, then elementwise */
-        return tdd_addmm_by_parts(c, cuda_execute, ctx, ordinal);
-    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
-        return tdd_max_by_parts(c, cuda_execute, ctx, ordinal);
-    if (c->op == TDD_OP_CONV1D) /* conv2d on [N, C, 1, L] views */
-        return tdd_conv1d_by_parts(c, cuda_execute, ctx, ordinal);
+    tdd_composite_fn parts = tdd_op_composite(c); /* run as other ops (ops.h) */
+    if (parts)
+        return parts(c, cuda_execute, ctx, ordinal);
     if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
