@@ -443,8 +443,8 @@ static int prep_conv1d(tdd_prep *p)
     if (w->ndim != 3)
         return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
                              "conv1d: weight must be [O, C/groups, k]");
-    static const char *const names[3] = {"stride", "padding", "dilation"}, *const keep[1] = {
-                                                                               "groups"};
+    static const char *const names[3] = {"stride", "padding", "dilation"};
+    static const char *const keep[1] = {"groups"};
     static const int64_t lead[3] = {1, 0, 1};
     int64_t pairs[3][2];
     td_attr as[4];

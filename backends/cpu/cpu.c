@@ -206,9 +206,12 @@ bool tdd_cpu_native(const tdd_opcall *c)
     if (tdd_dtype_is_small_int(g->cdtype))
         return false;
     if (c->op == TDD_OP_CLAMP && c->n_in > 1)
-        return false; /* tensor bounds: the reference's maximum then minimum */
+        return false; /* tensor bounds: maximum, then minimum (the composite column, ops.h), each
+                       * asked here on its own */
     if (arity)
         return ew_native(c, arity);
+    if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
+        return true; /* views do nothing; their copies move bytes of any dtype */
     switch (c->op) {
     case TDD_OP_WHERE:
         return inputs_are(c, 1, 3, ct); /* a select: any dtype */
@@ -235,21 +238,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
     case TDD_OP_BMM:
     case TDD_OP_LINEAR: /* f16/bf16 convert to f32 for sgemm */
         return tdd_dtype_is_float(c->in[0]->dtype);
-    case TDD_OP_TRANSPOSE:
-    case TDD_OP_PERMUTE:
-    case TDD_OP_RESHAPE:
-    case TDD_OP_VIEW:
-    case TDD_OP_FLATTEN:
-    case TDD_OP_SQUEEZE:
-    case TDD_OP_UNSQUEEZE:
-    case TDD_OP_EXPAND:
-    case TDD_OP_SLICE:
-    case TDD_OP_CONTIGUOUS:
-    case TDD_OP_DETACH:
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
     case TDD_OP_CLONE:
-        return true; /* views do nothing; copies move bytes of any dtype */
+        return true; /* copies move bytes of any dtype */
     case TDD_OP_CAST:
         return true;     /* every pair converts as ref does (cpu_cast.c) */
     case TDD_OP_ONE_HOT: /* output i64 (ops_shape.c); cpu_one_hot fills it row by row */
@@ -281,6 +271,8 @@ bool tdd_cpu_native(const tdd_opcall *c)
                tdd_is_contiguous(c->in[1]);
     case TDD_OP_CONV2D:
     case TDD_OP_CONV1D: /* conv2d's kernel (tdd_conv1d_by_parts) */
+    case TDD_OP_MAX_POOL1D:
+    case TDD_OP_AVG_POOL1D: /* the 2-D pools' kernels (tdd_pool1d_by_parts) */
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D: /* f16/bf16 through f32 copies */
         return tdd_dtype_is_float(c->in[0]->dtype);
