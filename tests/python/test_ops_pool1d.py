@@ -95,6 +95,21 @@ def test_avg_pool1d_values_and_gradient_match_torch(s, dev, form):
 
 
 @pytest.mark.parametrize("dev", DEVICES)
+def test_pool1d_modules_match_torch(s, dev):
+    """nn.MaxPool1d / nn.AvgPool1d take torch's positional order."""
+    x = np.random.default_rng(3).uniform(-2, 2, (2, 3, 10)).astype(np.float32)
+    pairs = [(tensordd.nn.MaxPool1d(3, 2, 1, 1, True, True),
+              torch.nn.MaxPool1d(3, 2, 1, 1, True, True)),
+             (tensordd.nn.AvgPool1d(4, 3, 2, True, False), torch.nn.AvgPool1d(4, 3, 2, True, False))]
+    for m, t in pairs:
+        got, want = m(s.tensor(x, device=dev)), t(torch.tensor(x))
+        if isinstance(want, tuple):
+            np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+            got, want = got[0], want[0]
+        close(got.numpy(), want.numpy(), np.float32, type(m).__name__)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
 def test_pool1d_refuses_what_torch_refuses(s, dev):
     x = s.tensor(np.ones((2, 3, 8), np.float32), device=dev)
     # padding over half the kernel (torch: "pad should be at most half of kernel size")
