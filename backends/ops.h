@@ -1,18 +1,27 @@
 /* ops.h -- the op table: names, arities, kinds, and the shape/attribute rules
  * every backend relies on.
  *
+ * An op's facts are columns of tables indexed by op (docs/adding-an-op.md counts the edits):
+ * this table (name, arity, kind; views are the kind VIEW, never listed again), the attribute
+ * schema (ops_schema.c), the composite column (ops.c, tdd_op_composite: the op run as other
+ * ops on every backend), cuda's kernel table (cuda_kernels in cuda/cuda.c) and the daemon's
+ * backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output, shape-only).
+ *
  * Adding an elementwise op: a row in backends/elementwise.h (its name, arity, dtype rule
  * and scalar expression, which ref, cpu and the CUDA kernels all expand), its schema entry
- * (below), its backward formula (daemon/autograd_fn.c); the conformance suite generates its
- * cases on every dtype and backend from the table (generated_elementwise).
+ * (below), its backward formula (daemon/autograd_fn.c, and its bw_rows row when it saves the
+ * output or needs only shapes); the conformance suite generates its cases on every dtype and
+ * backend from the table (generated_elementwise).
  *
- * Adding any other op (the recipe): a TDD_OPS line here, its entry in the attribute schema
- * (tdd_op_schema in ops_schema.c: inputs and every attribute; an op without one fails
- * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
- * kernel (ref/), a cpu kernel (cpu/, or the documented fallback to the ref
- * kernel), a row in the conformance table (tests/unit/test_conformance_cases.c).
- * The kernels' switches have no default, so the compiler names any backend
- * that forgot an op.
+ * Adding any other op (the recipe): a TDD_OPS line (opcodes.h), its entry in the attribute
+ * schema (tdd_op_schema in ops_schema.c: inputs and every attribute; an op without one fails
+ * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), then either
+ * an entry in the composite column (ops.c: it runs as other ops; no backend edit, as
+ * max_pool1d/avg_pool1d) or its kernels: ref (ref/, the oracle: the conformance table holds
+ * the others to it), cpu (cpu/ and tdd_cpu_native's rule, or the documented
+ * fallback to the ref kernel), cuda (kernels.cu and a cuda_kernels row; no row: UNSUPPORTED_OP
+ * on cuda, as docs/ops.md shows); its backward (daemon/autograd_fn.c); rows in the
+ * conformance table (tests/unit/test_conformance_cases.c); make docs.
  *
  * Conventions shared by the ops:
  *  - dims may be negative (counted from the end), as in PyTorch;

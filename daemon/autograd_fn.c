@@ -132,7 +132,14 @@ typedef struct {
     bool saves_output;
     bool shape_only; /* the inputs' shapes (in the node) are enough: no data saved */
     bw_formula formula;
+    /* notes the attributes the formula reads in the node (n->ex) when it is made, or NULL */
+    void (*note)(tdd_node *n, const tdd_attrs *as, int nd);
 } bw_row;
+
+static void note_transpose(tdd_node *n, const tdd_attrs *as, int nd);
+static void note_permute(tdd_node *n, const tdd_attrs *as, int nd);
+static void note_slice(tdd_node *n, const tdd_attrs *as, int nd);
+static void note_dim(tdd_node *n, const tdd_attrs *as, int nd);
 
 static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
 static int f_conv1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
@@ -182,6 +189,11 @@ static const bw_row bw_rows[TDD_OP_COUNT] = {
     [TDD_OP_CUMSUM] = SHAPE_ONLY,
     [TDD_OP_SOFTMAX] = OUT_SHAPE_ONLY,
     [TDD_OP_LOG_SOFTMAX] = OUT_SHAPE_ONLY,
+    [TDD_OP_TRANSPOSE] = {.note = note_transpose},
+    [TDD_OP_PERMUTE] = {.note = note_permute},
+    [TDD_OP_SLICE] = {.note = note_slice},
+    [TDD_OP_SPLIT] = {.note = note_dim},
+    [TDD_OP_CHUNK] = {.note = note_dim},
     [TDD_OP_CLONE] = SHAPE_ONLY,
     [TDD_OP_CAST] = SHAPE_ONLY,
     [TDD_OP_CAT] = SHAPE_ONLY,
@@ -250,40 +262,43 @@ static int64_t norm_dim(int64_t d, int nd)
     return d < 0 ? d + n : d;
 }
 
+/* The attributes a view's formula reads, noted in the node (n->ex) when it is made. */
+static void note_transpose(tdd_node *n, const tdd_attrs *as, int nd)
+{
+    n->ex[0] = norm_dim(attr_int(as, "dim0", 0), nd);
+    n->ex[1] = norm_dim(attr_int(as, "dim1", 0), nd);
+}
+
+static void note_permute(tdd_node *n, const tdd_attrs *as, int nd)
+{
+    const td_attr *a = tdd_attr_get(as, "dims");
+    for (int d = 0; a && a->kind == TD_ATTR_INTS && d < nd && (size_t)d < a->n; d++)
+        n->ex[d] = norm_dim(a->ints[d], nd);
+}
+
+static void note_slice(tdd_node *n, const tdd_attrs *as, int nd)
+{
+    /* The same clamping as the op's (Python slices). */
+    int64_t d = norm_dim(attr_int(as, "dim", 0), nd);
+    int64_t size = n->in[0].shape[d], start = attr_int(as, "start", 0);
+    if (start < 0)
+        start = start < -size ? 0 : start + size;
+    if (start > size)
+        start = size;
+    n->ex[0] = d;
+    n->ex[1] = start;
+    n->ex[2] = attr_int(as, "step", 1);
+}
+
+static void note_dim(tdd_node *n, const tdd_attrs *as, int nd) /* split, chunk */
+{
+    n->ex[0] = norm_dim(attr_int(as, "dim", 0), nd);
+}
+
 void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *as)
 {
-    int nd = n->in[0].ndim;
-    switch (n->op) {
-    case TDD_OP_TRANSPOSE:
-        n->ex[0] = norm_dim(attr_int(as, "dim0", 0), nd);
-        n->ex[1] = norm_dim(attr_int(as, "dim1", 0), nd);
-        break;
-    case TDD_OP_PERMUTE: {
-        const td_attr *a = tdd_attr_get(as, "dims");
-        for (int d = 0; a && a->kind == TD_ATTR_INTS && d < nd && (size_t)d < a->n; d++)
-            n->ex[d] = norm_dim(a->ints[d], nd);
-        break;
-    }
-    case TDD_OP_SLICE: {
-        /* The same clamping as the op's (Python slices). */
-        int64_t d = norm_dim(attr_int(as, "dim", 0), nd);
-        int64_t size = n->in[0].shape[d], start = attr_int(as, "start", 0);
-        if (start < 0)
-            start = start < -size ? 0 : start + size;
-        if (start > size)
-            start = size;
-        n->ex[0] = d;
-        n->ex[1] = start;
-        n->ex[2] = attr_int(as, "step", 1);
-        break;
-    }
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
-        n->ex[0] = norm_dim(attr_int(as, "dim", 0), nd);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)n->op < TDD_OP_COUNT && bw_rows[n->op].note)
+        bw_rows[n->op].note(n, as, n->in[0].ndim);
 }
 
 /* ---------------------------------------------------------------- formulas */
