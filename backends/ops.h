@@ -4,7 +4,8 @@
  * An op's facts are columns of tables indexed by op (docs/adding-an-op.md counts the edits):
  * this table (name, arity, kind; views are the kind VIEW, never listed again), the attribute
  * schema (ops_schema.c), the composite column (ops.c, tdd_op_composite: the op run as other
- * ops on every backend), cuda's kernel table (cuda_kernels in cuda/cuda.c) and the daemon's
+ * ops on every backend), the kernel tables of cpu and cuda (cpu_kernels in cpu/cpu.c,
+ * cuda_kernels in cuda/cuda.c) and the daemon's
  * backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output, shape-only).
  *
  * Adding an elementwise op: a row in backends/elementwise.h (its name, arity, dtype rule
@@ -18,10 +19,10 @@
  * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), then either
  * an entry in the composite column (ops.c: it runs as other ops; no backend edit, as
  * max_pool1d/avg_pool1d) or its kernels: ref (ref/, the oracle: the conformance table holds
- * the others to it), cpu (cpu/ and tdd_cpu_native's rule, or the documented
- * fallback to the ref kernel), cuda (kernels.cu and a cuda_kernels row; no row: UNSUPPORTED_OP
- * on cuda, as docs/ops.md shows); its backward (daemon/autograd_fn.c); rows in the
- * conformance table (tests/unit/test_conformance_cases.c); make docs.
+ * the others to it), cpu (cpu/ and a cpu_kernels row in cpu/cpu.c: when it runs, its kernel;
+ * no row: the documented fallback to the ref kernel), cuda (kernels.cu and a cuda_kernels row; no
+ * row: UNSUPPORTED_OP on cuda, as docs/ops.md shows); its backward (daemon/autograd_fn.c); rows in
+ * the conformance table (tests/unit/test_conformance_cases.c); make docs.
  *
  * Conventions shared by the ops:
  *  - dims may be negative (counted from the end), as in PyTorch;
