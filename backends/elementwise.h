@@ -24,8 +24,9 @@
  * bool: nonzero is true).
  *
  * Adding an elementwise op: a row here, its attribute schema entry (ops_schema.c, tdd_op_schema)
- * and its backward formula (daemon/autograd_fn.c). The conformance suite generates its cases
- * from the row (tests/unit/test_conformance.c). */
+ * and its backward formula (daemon/autograd_fn.c; a bw_rows row there when the formula reads
+ * the output or only the inputs' shapes). The conformance suite generates its cases from the
+ * row (tests/unit/test_conformance.c). */
 #ifndef TDD_ELEMENTWISE_H
 #define TDD_ELEMENTWISE_H
 

@@ -98,6 +98,8 @@ typedef enum {
     X(MAX_POOL2D, "max_pool2d", 1, 1, NN)                                                          \
     X(AVG_POOL2D, "avg_pool2d", 1, 1, NN)                                                          \
     X(ADAPTIVE_AVG_POOL2D, "adaptive_avg_pool2d", 1, 1, NN)                                        \
+    X(MAX_POOL1D, "max_pool1d", 1, 1, NN)                                                          \
+    X(AVG_POOL1D, "avg_pool1d", 1, 1, NN)                                                          \
     X(FULL, "full", 0, 0, CREATE)                                                                  \
     X(ZEROS, "zeros", 0, 0, CREATE)                                                                \
     X(ONES, "ones", 0, 0, CREATE)                                                                  \

@@ -311,6 +311,21 @@ int tdd_clamp_by_tensors(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ord
     return run(ctx, ordinal, &s);
 }
 
+/* The composite column, indexed by op (clamp only in its tensor-bounds form). */
+static const tdd_composite_fn composites[TDD_OP_COUNT] = {
+    [TDD_OP_CLAMP] = tdd_clamp_by_tensors,     [TDD_OP_ADDMM] = tdd_addmm_by_parts,
+    [TDD_OP_BADDBMM] = tdd_addmm_by_parts,     [TDD_OP_MAX] = tdd_max_by_parts,
+    [TDD_OP_MIN] = tdd_max_by_parts,           [TDD_OP_CONV1D] = tdd_conv1d_by_parts,
+    [TDD_OP_MAX_POOL1D] = tdd_pool1d_by_parts, [TDD_OP_AVG_POOL1D] = tdd_pool1d_by_parts,
+};
+
+tdd_composite_fn tdd_op_composite(const tdd_opcall *c)
+{
+    if ((unsigned)c->op >= TDD_OP_COUNT || (c->op == TDD_OP_CLAMP && c->n_in < 2))
+        return NULL;
+    return composites[c->op];
+}
+
 static int prep_unary(tdd_prep *p)
 {
     tdd_opargs *g = p->args;

@@ -1,18 +1,28 @@
 /* ops.h -- the op table: names, arities, kinds, and the shape/attribute rules
  * every backend relies on.
  *
+ * An op's facts are columns of tables indexed by op (docs/adding-an-op.md counts the edits):
+ * this table (name, arity, kind; views are the kind VIEW, never listed again), the attribute
+ * schema (ops_schema.c), the composite column (ops.c, tdd_op_composite: the op run as other
+ * ops on every backend), the kernel tables of cpu and cuda (cpu_kernels in cpu/cpu.c,
+ * cuda_kernels in cuda/cuda.c) and the daemon's
+ * backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output, shape-only).
+ *
  * Adding an elementwise op: a row in backends/elementwise.h (its name, arity, dtype rule
  * and scalar expression, which ref, cpu and the CUDA kernels all expand), its schema entry
- * (below), its backward formula (daemon/autograd_fn.c); the conformance suite generates its
- * cases on every dtype and backend from the table (generated_elementwise).
+ * (below), its backward formula (daemon/autograd_fn.c, and its bw_rows row when it saves the
+ * output or needs only shapes); the conformance suite generates its cases on every dtype and
+ * backend from the table (generated_elementwise).
  *
- * Adding any other op (the recipe): a TDD_OPS line here, its entry in the attribute schema
- * (tdd_op_schema in ops_schema.c: inputs and every attribute; an op without one fails
- * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), a ref
- * kernel (ref/), a cpu kernel (cpu/, or the documented fallback to the ref
- * kernel), a row in the conformance table (tests/unit/test_conformance_cases.c).
- * The kernels' switches have no default, so the compiler names any backend
- * that forgot an op.
+ * Adding any other op (the recipe): a TDD_OPS line (opcodes.h), its entry in the attribute
+ * schema (tdd_op_schema in ops_schema.c: inputs and every attribute; an op without one fails
+ * tests/unit/test_attr_schema.c), a case in tdd_op_prepare (ops.c and ops_*.c), then either
+ * an entry in the composite column (ops.c: it runs as other ops; no backend edit, as
+ * max_pool1d/avg_pool1d) or its kernels: ref (ref/, the oracle: the conformance table holds
+ * the others to it), cpu (cpu/ and a cpu_kernels row in cpu/cpu.c: when it runs, its kernel;
+ * no row: the documented fallback to the ref kernel), cuda (kernels.cu and a cuda_kernels row; no
+ * row: UNSUPPORTED_OP on cuda, as docs/ops.md shows); its backward (daemon/autograd_fn.c); rows in
+ * the conformance table (tests/unit/test_conformance_cases.c); make docs.
  *
  * Conventions shared by the ops:
  *  - dims may be negative (counted from the end), as in PyTorch;
@@ -153,6 +163,8 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
  *  conv1d: conv2d's, for the input seen as [N, C, 1, L] (tdd_conv1d_by_parts)
+ *  max_pool1d/avg_pool1d: max_pool2d's/avg_pool2d's, for the input seen as [N, C, 1, L]
+ *      (tdd_pool1d_by_parts)
  *  conv_transpose2d: ints[0] stride, ints[1] padding, ints[2] dilation, ints[3] output_padding,
  *      i[0] groups, flags bit 2 = bias
  *  scaled_dot_product_attention: f[0] dropout_p, f[1] scale, i[0] is_causal, i[1] mask (0 none,
@@ -235,6 +247,17 @@ int tdd_max_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal
 int tdd_addmm_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
 /* conv1d as the backends run it: conv2d on [N, C, 1, L] views (the arguments are conv2d's). */
 int tdd_conv1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+/* max_pool1d/avg_pool1d as the backends run them: max_pool2d/avg_pool2d on [N, C, 1, L] views
+ * (the arguments are the 2-D pool's). */
+int tdd_pool1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+
+/* The op table's composite column: how call c runs as other ops of the table (one of the
+ * by_parts helpers above), or NULL when the backend's own kernel runs it. Every backend's
+ * execute asks first and passes itself as run, so a composite op needs no backend edit;
+ * supports() answers for a composite as for its parts (the parts are asked again as they
+ * run). */
+typedef int (*tdd_composite_fn)(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal);
+tdd_composite_fn tdd_op_composite(const tdd_opcall *c);
 
 /* tdd_err_set & co., the error builders every layer uses: common/tdd_err.h. */
 

@@ -378,6 +378,59 @@ static tdd_tensor with_unit_row(const tdd_tensor *t)
     return u;
 }
 
+/* A 1-D op's attributes as its 2-D twin's (conv1d's and the 1-D pools'): each of names[0..n)
+ * present as an int or (l,) becomes the pair (lead[k], l); a string (conv1d's padding) and an
+ * empty list (the pools' stride: the kernel's) pass as they are; keep[] (bools, groups) pass
+ * as they are. as (room for n + n_keep) holds them, pairs the pairs. */
+static int widen_1d(tdd_prep *p, const char *const *names, const int64_t *lead, int n,
+                    const char *const *keep, int n_keep, td_attr *as, int64_t (*pairs)[2],
+                    tdd_opreq *req)
+{
+    size_t m = 0;
+    for (int k = 0; k < n; k++) {
+        const td_attr *a = tdd_p_get(p, names[k]);
+        if (!a)
+            continue;
+        as[m] = *a;
+        if (a->kind == TD_ATTR_INT || a->kind == TD_ATTR_BOOL ||
+            (a->kind == TD_ATTR_INTS && a->n == 1)) {
+            pairs[k][0] = lead[k];
+            pairs[k][1] = a->kind == TD_ATTR_INTS ? a->ints[0] : a->i;
+            as[m].kind = TD_ATTR_INTS;
+            as[m].ints = pairs[k];
+            as[m].n = 2;
+        } else if (a->kind == TD_ATTR_INTS && a->n == 0 && p->op != TDD_OP_CONV1D) {
+            /* the pools' stride=[]: the default */
+        } else if (a->kind != TD_ATTR_STR || p->op != TDD_OP_CONV1D ||
+                   strcmp(names[k], "padding")) {
+            return tdd_err_arg(
+                p->err, names[k], "%s: %s must be an int or (l,)%s", p->name, names[k],
+                p->op == TDD_OP_CONV1D && !strcmp(names[k], "padding") ? ", \"same\" or \"valid\""
+                                                                       : "");
+        }
+        m++;
+    }
+    for (int k = 0; k < n_keep; k++) {
+        const td_attr *a = tdd_p_get(p, keep[k]);
+        if (a)
+            as[m++] = *a;
+    }
+    *req = *p->req;
+    req->attrs.a = as;
+    req->attrs.n = m;
+    return 0;
+}
+
+/* The outputs of a 1-D op prepared as its 2-D twin: the unit row dropped. */
+static void drop_unit_row(tdd_prep *p)
+{
+    for (int i = 0; i < *p->n_out; i++) {
+        tdd_outdesc *o = &p->out[i];
+        o->shape[o->ndim - 2] = o->shape[o->ndim - 1];
+        o->ndim--;
+    }
+}
+
 /* conv1d: conv2d's rule on [N, C, 1, L] and [O, C/groups, 1, k] (the backends run it as that
  * conv2d: tdd_conv1d_by_parts), its attributes widened to (1, s), (0, p), (1, d); the output
  * [N, O, Lo] or [O, Lo]. */
@@ -391,46 +444,55 @@ static int prep_conv1d(tdd_prep *p)
         return tdd_err_shape(p->err, x->shape, x->ndim, w->shape, w->ndim,
                              "conv1d: weight must be [O, C/groups, k]");
     static const char *const names[3] = {"stride", "padding", "dilation"};
+    static const char *const keep[1] = {"groups"};
     static const int64_t lead[3] = {1, 0, 1};
     int64_t pairs[3][2];
     td_attr as[4];
-    size_t n = 0;
-    for (int k = 0; k < 3; k++) {
-        const td_attr *a = tdd_p_get(p, names[k]);
-        if (!a)
-            continue;
-        as[n] = *a;
-        if (a->kind == TD_ATTR_INT || a->kind == TD_ATTR_BOOL ||
-            (a->kind == TD_ATTR_INTS && a->n == 1)) {
-            pairs[k][0] = lead[k];
-            pairs[k][1] = a->kind == TD_ATTR_INTS ? a->ints[0] : a->i;
-            as[n].kind = TD_ATTR_INTS;
-            as[n].ints = pairs[k];
-            as[n].n = 2;
-        } else if (a->kind != TD_ATTR_STR || k != 1) {
-            return tdd_err_arg(p->err, names[k], "conv1d: %s must be an int or (l,)%s", names[k],
-                               k == 1 ? ", \"same\" or \"valid\"" : "");
-        }
-        n++;
-    }
-    const td_attr *ga = tdd_p_get(p, "groups");
-    if (ga)
-        as[n++] = *ga;
-    tdd_opreq req = *p->req;
-    req.attrs.a = as;
-    req.attrs.n = n;
+    tdd_opreq req;
+    int rc = widen_1d(p, names, lead, 3, keep, 1, as, pairs, &req);
+    if (rc)
+        return rc;
     tdd_tensor t[2] = {with_unit_row(x), with_unit_row(w)};
     const tdd_tensor *in[3] = {&t[0], &t[1], p->n_in > 2 ? p->in[2] : NULL};
     tdd_prep q = *p;
     q.op = TDD_OP_CONV2D;
     q.in = in;
     q.req = &req;
-    int rc = prep_conv_pool(&q);
+    if ((rc = prep_conv_pool(&q)))
+        return rc;
+    drop_unit_row(p);
+    return 0;
+}
+
+/* max_pool1d/avg_pool1d: max_pool2d's/avg_pool2d's rule on [N, C, 1, L] (the backends run it as
+ * that pool: tdd_pool1d_by_parts), kernel_size, stride, dilation widened to (1, k), padding to
+ * (0, p); the outputs [N, C, Lo] or [C, Lo] (max_pool1d's indices: positions in L). */
+static int prep_pool1d(tdd_prep *p)
+{
+    const tdd_tensor *x = p->in[0];
+    if (x->ndim != 2 && x->ndim != 3)
+        return tdd_err_arg(p->err, "input", "%s: input must be [N, C, L] or [C, L], got %d-D",
+                           p->name, x->ndim);
+    bool mx = p->op == TDD_OP_MAX_POOL1D;
+    static const char *const names[4] = {"kernel_size", "stride", "padding", "dilation"};
+    static const char *const keep_max[2] = {"ceil_mode", "return_indices"},
+                             *const keep_avg[2] = {"ceil_mode", "count_include_pad"};
+    static const int64_t lead[4] = {1, 1, 0, 1};
+    int64_t pairs[4][2];
+    td_attr as[6];
+    tdd_opreq req;
+    int rc = widen_1d(p, names, lead, mx ? 4 : 3, mx ? keep_max : keep_avg, 2, as, pairs, &req);
     if (rc)
         return rc;
-    tdd_outdesc *o = &p->out[0]; /* drop the unit row */
-    o->shape[o->ndim - 2] = o->shape[o->ndim - 1];
-    o->ndim--;
+    tdd_tensor t = with_unit_row(x);
+    const tdd_tensor *in[1] = {&t};
+    tdd_prep q = *p;
+    q.op = mx ? TDD_OP_MAX_POOL2D : TDD_OP_AVG_POOL2D;
+    q.in = in;
+    q.req = &req;
+    if ((rc = prep_conv_pool(&q)))
+        return rc;
+    drop_unit_row(p);
     return 0;
 }
 
@@ -483,6 +545,19 @@ static int prep_conv_transpose2d(tdd_prep *p)
     g->dtype = g->cdtype = x->dtype;
     tdd_p_out(p, 0, x->dtype, shape, nd);
     return 0;
+}
+
+int tdd_pool1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
+{
+    tdd_tensor x = with_unit_row(c->in[0]), y[2];
+    tdd_opcall s = *c;
+    s.op = c->op == TDD_OP_MAX_POOL1D ? TDD_OP_MAX_POOL2D : TDD_OP_AVG_POOL2D;
+    s.in[0] = &x;
+    for (int i = 0; i < c->n_out && i < 2; i++) {
+        y[i] = with_unit_row(c->out[i]);
+        s.out[i] = &y[i];
+    }
+    return run(ctx, ordinal, &s);
 }
 
 int tdd_conv1d_by_parts(const tdd_opcall *c, tdd_run_fn run, void *ctx, int ordinal)
@@ -806,6 +881,9 @@ int tdd_prep_nn(tdd_prep *p)
         return prep_interp(p);
     case TDD_OP_CONV1D:
         return prep_conv1d(p);
+    case TDD_OP_MAX_POOL1D:
+    case TDD_OP_AVG_POOL1D:
+        return prep_pool1d(p);
     case TDD_OP_CONV_TRANSPOSE2D:
         return prep_conv_transpose2d(p);
     case TDD_OP_CONV2D:

@@ -157,6 +157,18 @@ static const tdd_attrdef s_avg_pool2d[] = {
     A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (h, w)"),
     A("padding", INT_OR_INTS, "0", "<= kernel_size / 2"), A("ceil_mode", BOOL, "false", NULL),
     A("count_include_pad", BOOL, "true", NULL)};
+static const tdd_attrdef s_max_pool1d[] = {
+    R("kernel_size", INT_OR_INTS, ">= 1; an int or (l,)"),
+    A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (l,)"),
+    A("padding", INT_OR_INTS, "0", "<= kernel_size / 2; an int or (l,)"),
+    A("dilation", INT_OR_INTS, "1", ">= 1; an int or (l,)"),
+    A("ceil_mode", BOOL, "false", NULL),
+    AX("return_indices", BOOL, "false", "true adds an int64 output (index into L)")};
+static const tdd_attrdef s_avg_pool1d[] = {
+    R("kernel_size", INT_OR_INTS, ">= 1; an int or (l,)"),
+    A("stride", INT_OR_INTS, "kernel_size", ">= 1; an int or (l,)"),
+    A("padding", INT_OR_INTS, "0", "<= kernel_size / 2; an int or (l,)"),
+    A("ceil_mode", BOOL, "false", NULL), A("count_include_pad", BOOL, "true", NULL)};
 static const tdd_attrdef s_full[] = {
     R("shape", INTS, ">= 0 each"),
     R("value", NUM, "fits the dtype"),
@@ -339,6 +351,8 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
                                 s_max_pool2d, 1, "return_indices"),
     [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_adaptive),
+    [TDD_OP_MAX_POOL1D] = S("input [N, C, L] or [C, L]", s_max_pool1d),
+    [TDD_OP_AVG_POOL1D] = S("input [N, C, L] or [C, L]", s_avg_pool1d),
     [TDD_OP_FULL] = S("", s_full),
     [TDD_OP_ZEROS] = S("", s_create_shape),
     [TDD_OP_ONES] = S("", s_create_shape),

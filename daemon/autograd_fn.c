@@ -122,71 +122,109 @@ static tdd_value *zeros_in(tdd_bw *b, const tdd_node_in *x)
 
 /* ---------------------------------------------------------------- what is saved */
 
+/* The backward row of each op, indexed by op: what its formula keeps from the forward (the
+ * output; whether it needs its inputs' data or only their shapes, which the node always keeps)
+ * and, for an op whose formula is a function of its own, that function (the rest are the
+ * kind's formula: tdd_backward_formula). A view's inputs are never saved (the op table's
+ * kind: their shapes are all the formula needs). */
+typedef int (*bw_formula)(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+typedef struct {
+    bool saves_output;
+    bool shape_only; /* the inputs' shapes (in the node) are enough: no data saved */
+    bw_formula formula;
+    /* notes the attributes the formula reads in the node (n->ex) when it is made, or NULL */
+    void (*note)(tdd_node *n, const tdd_attrs *as, int nd);
+} bw_row;
+
+static void note_transpose(tdd_node *n, const tdd_attrs *as, int nd);
+static void note_permute(tdd_node *n, const tdd_attrs *as, int nd);
+static void note_slice(tdd_node *n, const tdd_attrs *as, int nd);
+static void note_dim(tdd_node *n, const tdd_attrs *as, int nd);
+
+static int f_conv2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+static int f_conv1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+static int f_conv_transpose2d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+static int f_sdpa(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+static int f_batch_norm(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+static int f_interp(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+static int f_pool1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin);
+
+#define SAVES_OUT                                                                                  \
+    {                                                                                              \
+        .saves_output = true                                                                       \
+    }
+#define SHAPE_ONLY                                                                                 \
+    {                                                                                              \
+        .shape_only = true                                                                         \
+    }
+#define OUT_SHAPE_ONLY                                                                             \
+    {                                                                                              \
+        .saves_output = true, .shape_only = true                                                   \
+    }
+static const bw_row bw_rows[TDD_OP_COUNT] = {
+    [TDD_OP_ADD] = SHAPE_ONLY,
+    [TDD_OP_SUB] = SHAPE_ONLY,
+    [TDD_OP_DIV] = SAVES_OUT,
+    [TDD_OP_POW] = SAVES_OUT,
+    [TDD_OP_NEG] = SHAPE_ONLY,
+    [TDD_OP_EXP] = OUT_SHAPE_ONLY,
+    [TDD_OP_EXPM1] = OUT_SHAPE_ONLY,
+    [TDD_OP_SQRT] = OUT_SHAPE_ONLY,
+    [TDD_OP_RSQRT] = OUT_SHAPE_ONLY,
+    [TDD_OP_TANH] = OUT_SHAPE_ONLY,
+    [TDD_OP_SIGMOID] = OUT_SHAPE_ONLY,
+    [TDD_OP_RECIPROCAL] = OUT_SHAPE_ONLY,
+    [TDD_OP_FLOOR] = SHAPE_ONLY,
+    [TDD_OP_CEIL] = SHAPE_ONLY,
+    [TDD_OP_ROUND] = SHAPE_ONLY,
+    [TDD_OP_SIGN] = SHAPE_ONLY,
+    [TDD_OP_SUM] = SHAPE_ONLY,
+    [TDD_OP_MEAN] = SHAPE_ONLY,
+    [TDD_OP_AMAX] = SAVES_OUT,
+    [TDD_OP_AMIN] = SAVES_OUT,
+    [TDD_OP_STD] = SAVES_OUT,
+    [TDD_OP_LOGSUMEXP] = SAVES_OUT,
+    [TDD_OP_PROD] = SAVES_OUT,
+    [TDD_OP_SUM_TO] = SHAPE_ONLY,
+    [TDD_OP_CUMSUM] = SHAPE_ONLY,
+    [TDD_OP_SOFTMAX] = OUT_SHAPE_ONLY,
+    [TDD_OP_LOG_SOFTMAX] = OUT_SHAPE_ONLY,
+    [TDD_OP_TRANSPOSE] = {.note = note_transpose},
+    [TDD_OP_PERMUTE] = {.note = note_permute},
+    [TDD_OP_SLICE] = {.note = note_slice},
+    [TDD_OP_SPLIT] = {.note = note_dim},
+    [TDD_OP_CHUNK] = {.note = note_dim},
+    [TDD_OP_CLONE] = SHAPE_ONLY,
+    [TDD_OP_CAST] = SHAPE_ONLY,
+    [TDD_OP_CAT] = SHAPE_ONLY,
+    [TDD_OP_STACK] = SHAPE_ONLY,
+    [TDD_OP_TRIL] = SHAPE_ONLY,
+    [TDD_OP_TRIU] = SHAPE_ONLY,
+    [TDD_OP_PAD] = SHAPE_ONLY,
+    [TDD_OP_DROPOUT] = OUT_SHAPE_ONLY,
+    [TDD_OP_SDPA] = {.formula = f_sdpa},
+    [TDD_OP_BATCH_NORM] = {.formula = f_batch_norm},
+    [TDD_OP_INTERPOLATE] = {.formula = f_interp},
+    [TDD_OP_CONV2D] = {.formula = f_conv2d},
+    [TDD_OP_CONV1D] = {.formula = f_conv1d},
+    [TDD_OP_CONV_TRANSPOSE2D] = {.formula = f_conv_transpose2d},
+    [TDD_OP_AVG_POOL2D] = SHAPE_ONLY,
+    [TDD_OP_MAX_POOL1D] = {.formula = f_pool1d},
+    [TDD_OP_AVG_POOL1D] = {.shape_only = true, .formula = f_pool1d},
+};
+#undef SAVES_OUT
+#undef SHAPE_ONLY
+#undef OUT_SHAPE_ONLY
+
 bool tdd_formula_saves_output(tdd_op op)
 {
-    switch (op) {
-    case TDD_OP_DIV:
-    case TDD_OP_POW:
-    case TDD_OP_EXP:
-    case TDD_OP_EXPM1:
-    case TDD_OP_SQRT:
-    case TDD_OP_RSQRT:
-    case TDD_OP_TANH:
-    case TDD_OP_SIGMOID:
-    case TDD_OP_RECIPROCAL:
-    case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX:
-    case TDD_OP_LOGSUMEXP:
-    case TDD_OP_AMAX:
-    case TDD_OP_AMIN:
-    case TDD_OP_STD:
-    case TDD_OP_PROD:
-    case TDD_OP_DROPOUT:
-        return true;
-    default:
-        return false;
-    }
+    return (unsigned)op < TDD_OP_COUNT && bw_rows[op].saves_output;
 }
 
 bool tdd_formula_saves_inputs(tdd_op op)
 {
-    if (tdd_opdefs[op].kind == TDD_KIND_VIEW)
-        return false; /* the op table's views: their shapes are all the formula needs */
-    switch (op) {
-    /* Shape-only formulas: the metadata kept in the node is enough. */
-    case TDD_OP_ADD:
-    case TDD_OP_SUB:
-    case TDD_OP_NEG:
-    case TDD_OP_EXP:
-    case TDD_OP_EXPM1:
-    case TDD_OP_SQRT:
-    case TDD_OP_RSQRT:
-    case TDD_OP_TANH:
-    case TDD_OP_SIGMOID:
-    case TDD_OP_RECIPROCAL:
-    case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX:
-    case TDD_OP_FLOOR:
-    case TDD_OP_CEIL:
-    case TDD_OP_ROUND:
-    case TDD_OP_SIGN:
-    case TDD_OP_SUM:
-    case TDD_OP_MEAN:
-    case TDD_OP_SUM_TO:
-    case TDD_OP_CUMSUM:
-    case TDD_OP_CLONE:
-    case TDD_OP_CAST:
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_PAD:
-    case TDD_OP_DROPOUT:
-    case TDD_OP_AVG_POOL2D:
-        return false;
-    default:
-        return true;
-    }
+    return (unsigned)op < TDD_OP_COUNT && tdd_opdefs[op].kind != TDD_KIND_VIEW &&
+           !bw_rows[op].shape_only;
 }
 
 /* batch_norm's running stats in training: the formula recomputes the batch's statistics,
@@ -224,40 +262,43 @@ static int64_t norm_dim(int64_t d, int nd)
     return d < 0 ? d + n : d;
 }
 
+/* The attributes a view's formula reads, noted in the node (n->ex) when it is made. */
+static void note_transpose(tdd_node *n, const tdd_attrs *as, int nd)
+{
+    n->ex[0] = norm_dim(attr_int(as, "dim0", 0), nd);
+    n->ex[1] = norm_dim(attr_int(as, "dim1", 0), nd);
+}
+
+static void note_permute(tdd_node *n, const tdd_attrs *as, int nd)
+{
+    const td_attr *a = tdd_attr_get(as, "dims");
+    for (int d = 0; a && a->kind == TD_ATTR_INTS && d < nd && (size_t)d < a->n; d++)
+        n->ex[d] = norm_dim(a->ints[d], nd);
+}
+
+static void note_slice(tdd_node *n, const tdd_attrs *as, int nd)
+{
+    /* The same clamping as the op's (Python slices). */
+    int64_t d = norm_dim(attr_int(as, "dim", 0), nd);
+    int64_t size = n->in[0].shape[d], start = attr_int(as, "start", 0);
+    if (start < 0)
+        start = start < -size ? 0 : start + size;
+    if (start > size)
+        start = size;
+    n->ex[0] = d;
+    n->ex[1] = start;
+    n->ex[2] = attr_int(as, "step", 1);
+}
+
+static void note_dim(tdd_node *n, const tdd_attrs *as, int nd) /* split, chunk */
+{
+    n->ex[0] = norm_dim(attr_int(as, "dim", 0), nd);
+}
+
 void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *as)
 {
-    int nd = n->in[0].ndim;
-    switch (n->op) {
-    case TDD_OP_TRANSPOSE:
-        n->ex[0] = norm_dim(attr_int(as, "dim0", 0), nd);
-        n->ex[1] = norm_dim(attr_int(as, "dim1", 0), nd);
-        break;
-    case TDD_OP_PERMUTE: {
-        const td_attr *a = tdd_attr_get(as, "dims");
-        for (int d = 0; a && a->kind == TD_ATTR_INTS && d < nd && (size_t)d < a->n; d++)
-            n->ex[d] = norm_dim(a->ints[d], nd);
-        break;
-    }
-    case TDD_OP_SLICE: {
-        /* The same clamping as the op's (Python slices). */
-        int64_t d = norm_dim(attr_int(as, "dim", 0), nd);
-        int64_t size = n->in[0].shape[d], start = attr_int(as, "start", 0);
-        if (start < 0)
-            start = start < -size ? 0 : start + size;
-        if (start > size)
-            start = size;
-        n->ex[0] = d;
-        n->ex[1] = start;
-        n->ex[2] = attr_int(as, "step", 1);
-        break;
-    }
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
-        n->ex[0] = norm_dim(attr_int(as, "dim", 0), nd);
-        break;
-    default:
-        break;
-    }
+    if ((unsigned)n->op < TDD_OP_COUNT && bw_rows[n->op].note)
+        bw_rows[n->op].note(n, as, n->in[0].ndim);
 }
 
 /* ---------------------------------------------------------------- formulas */
@@ -982,20 +1023,23 @@ static tdd_value *unit_row(tdd_bw *b, tdd_value *v, const tdd_node_in *like, tdd
     return as->v;
 }
 
-/* conv1d is conv2d on [N, C, 1, L] (its arguments are conv2d's): conv2d's formula on the
- * widened operands, the gradients narrowed back. */
-static int f_conv1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+/* A 1-D op that is its 2-D twin on [N, C, 1, L] (its arguments are the twin's): the twin's
+ * formula on the first n_wide operands widened, the gradients narrowed back. */
+static int f_unit_row(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin, tdd_op twin,
+                      int n_wide, bw_formula formula)
 {
     tdd_node_in in[3];
     tdd_node_out out = n->out[0];
     tdd_node m = *n;
-    m.op = TDD_OP_CONV2D;
+    m.op = twin;
     m.in = in;
     m.out = &out;
-    unit_row(b, n->in[0].v, &n->in[0], &in[0]);
-    unit_row(b, n->in[1].v, &n->in[1], &in[1]);
-    if (n->n_in > 2)
-        in[2] = n->in[2];
+    for (int k = 0; k < n->n_in && k < 3; k++) {
+        if (k < n_wide)
+            unit_row(b, n->in[k].v, &n->in[k], &in[k]);
+        else
+            in[k] = n->in[k];
+    }
     int nd = out.ndim;
     out.shape[nd] = out.shape[nd - 1];
     out.shape[nd - 1] = 1;
@@ -1003,11 +1047,17 @@ static int f_conv1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
     tdd_value *g4 = unsqueeze(b, g, nd - 1);
     if (b->rc)
         return b->rc;
-    int rc = f_conv2d(b, &m, g4, gin);
-    for (int k = 0; k < 2 && !rc; k++)
+    int rc = formula(b, &m, g4, gin);
+    for (int k = 0; k < n_wide && !rc; k++)
         if (gin[k])
             gin[k] = reshape(b, gin[k], n->in[k].shape, n->in[k].ndim);
     return rc ? rc : b->rc;
+}
+
+/* conv1d is conv2d on [N, C, 1, L]: input and weight widened */
+static int f_conv1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    return f_unit_row(b, n, g, gin, TDD_OP_CONV2D, 2, f_conv2d);
 }
 
 /* conv_transpose2d is conv2d's adjoint in its input: gx = conv2d(g, w) (the same stride,
@@ -1388,18 +1438,6 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             gin[bi] = g;
         return b->rc;
     }
-    case TDD_OP_CONV2D:
-        return f_conv2d(b, n, g, gin);
-    case TDD_OP_SDPA:
-        return f_sdpa(b, n, g, gin);
-    case TDD_OP_BATCH_NORM:
-        return f_batch_norm(b, n, g, gin);
-    case TDD_OP_INTERPOLATE:
-        return f_interp(b, n, g, gin);
-    case TDD_OP_CONV1D:
-        return f_conv1d(b, n, g, gin);
-    case TDD_OP_CONV_TRANSPOSE2D:
-        return f_conv_transpose2d(b, n, g, gin);
     case TDD_OP_GROUP_NORM: { /* layer_norm's formula over [N, G, C/G * S] */
         int nd = xi->ndim;
         int64_t N = xi->shape[0], C = xi->shape[1], G = a->i[0];
@@ -1755,9 +1793,18 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
     return b->rc;
 }
 
+/* max_pool1d/avg_pool1d are max_pool2d/avg_pool2d on [N, C, 1, L] (tdd_pool1d_by_parts) */
+static int f_pool1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    tdd_op twin = n->op == TDD_OP_MAX_POOL1D ? TDD_OP_MAX_POOL2D : TDD_OP_AVG_POOL2D;
+    return f_unit_row(b, n, g, gin, twin, 1, f_nn);
+}
+
 int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin)
 {
     tdd_value *g = n->out[0].grad;
+    if ((unsigned)n->op < TDD_OP_COUNT && bw_rows[n->op].formula)
+        return bw_rows[n->op].formula(b, n, g, gin);
     switch (tdd_opdefs[n->op].kind) {
     case TDD_KIND_BINARY:
         return f_binary(b, n, g, gin);

@@ -2,8 +2,8 @@
  * float, integer and bool dtypes threaded on the backend's own teams (cpu_threads.c),
  * f16/bf16 through f32; storage from a caching allocator (pool.h).
  * Calls it has no fast kernel for run on the reference kernels, single-threaded;
- * tdd_cpu_native says which, and docs/ops.md shows it. This file is the dispatch and the
- * backend table; the kernels are cpu_*.c, their shared helpers cpu_kit.c. */
+ * tdd_cpu_native (the kernel table, cpu_kernels) says which, and docs/ops.md shows it. This file is
+ * the dispatch and the backend table; the kernels are cpu_*.c, their shared helpers cpu_kit.c. */
 #include <cblas.h>
 #include <malloc.h>
 #include <stdint.h>
@@ -191,11 +191,169 @@ static bool ew_native(const tdd_opcall *c, int arity)
            cpu_ints_to_float(c); /* integer inputs, float compute: converted first */
 }
 
+/* ------------------------------------------------------------------ the kernel table */
+
+/* When an op's fast kernel runs (the rest: the reference's kernels, documented in docs/ops.md).
+ * The small integer dtypes and the elementwise and view ops are decided before these. */
+static bool any_dtype(const tdd_opcall *c)
+{
+    (void)c;
+    return true;
+}
+
+static bool float_in(const tdd_opcall *c)
+{
+    return tdd_dtype_is_float(c->in[0]->dtype);
+}
+
+static bool float_or_ints_in(const tdd_opcall *c) /* integer inputs converted first */
+{
+    return tdd_dtype_is_float(c->in[0]->dtype) || cpu_ints_to_float(c);
+}
+
+static bool float_out(const tdd_opcall *c)
+{
+    return is_f(c->args->dtype);
+}
+
+static bool where_native(const tdd_opcall *c) /* a select: any dtype */
+{
+    return inputs_are(c, 1, 3, c->args->cdtype);
+}
+
+static bool masked_fill_native(const tdd_opcall *c) /* the value as a tensor: the reference */
+{
+    return c->in[0]->dtype == c->args->cdtype && c->n_in == 2;
+}
+
+static bool one_hot_native(const tdd_opcall *c) /* output i64 (ops_shape.c), row by row */
+{
+    return tdd_is_contiguous(c->out[0]) && c->out[0]->dtype == TD_I64 &&
+           (c->in[0]->dtype == TD_I64 || c->in[0]->dtype == TD_I32);
+}
+
+static bool gather_native(const tdd_opcall *c) /* a 0-d input with a 1-D index: the reference */
+{
+    return c->in[0]->ndim > 0 || c->in[1]->ndim == 0;
+}
+
+static bool class_loss_native(const tdd_opcall *c)
+{ /* [N, C] or [C] rows; weights, soft targets, [N, C, d...]: the reference */
+    return tdd_dtype_is_float(c->in[0]->dtype) && c->in[0]->ndim <= 2 && !c->args->flags;
+}
+
+static bool batch_norm_native(const tdd_opcall *c) /* a dense input (cpu_norm.c) */
+{
+    return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]);
+}
+
+static bool convt_native(const tdd_opcall *c) /* dense input and weight (cpu_convt.c) */
+{
+    return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]) &&
+           tdd_is_contiguous(c->in[1]);
+}
+
+static bool join_native(const tdd_opcall *c) /* mixed dtypes convert (the reference does) */
+{
+    return inputs_are(c, 0, c->n_in, c->out[0]->dtype);
+}
+
+static bool contiguous_out(const tdd_opcall *c) /* rows of a C-contiguous output */
+{
+    return tdd_is_contiguous(c->out[0]);
+}
+
+static bool pad_native(const tdd_opcall *c) /* mode constant; the others: the reference */
+{
+    return tdd_is_contiguous(c->out[0]) && c->args->i[0] == 0;
+}
+
+static bool dropout_native(const tdd_opcall *c) /* the reference's draws: bit-identical */
+{
+    return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->out[0]);
+}
+
+/* cpu's kernel table, indexed by op: when the fast kernel runs (native; NULL: never, the
+ * reference's kernel runs), and for the index and nn kinds the kernel (the other kinds
+ * dispatch by kind: cpu_execute) and whether f16/bf16 inputs go through f32 copies (widen). */
+typedef struct {
+    bool (*native)(const tdd_opcall *c);
+    int (*run)(const tdd_opcall *c, int nt);
+    bool widen;
+} cpu_kernel;
+
+static const cpu_kernel cpu_kernels[TDD_OP_COUNT] = {
+    [TDD_OP_WHERE] = {where_native},
+    [TDD_OP_MASKED_FILL] = {masked_fill_native},
+    /* every dtype the op accepts: float, integer or bool runs */
+    [TDD_OP_SUM] = {any_dtype},
+    [TDD_OP_AMAX] = {any_dtype},
+    [TDD_OP_AMIN] = {any_dtype},
+    [TDD_OP_ARGMAX] = {any_dtype},
+    [TDD_OP_ARGMIN] = {any_dtype},
+    [TDD_OP_PROD] = {any_dtype},
+    [TDD_OP_SUM_TO] = {any_dtype},
+    [TDD_OP_MEAN] = {float_or_ints_in},
+    [TDD_OP_VAR] = {float_or_ints_in},
+    [TDD_OP_STD] = {float_or_ints_in},
+    [TDD_OP_LOGSUMEXP] = {float_or_ints_in},
+    /* f16/bf16 lines widened to f32 (cpu_reduce.c) */
+    [TDD_OP_CUMSUM] = {float_in},
+    [TDD_OP_SOFTMAX] = {float_in},
+    [TDD_OP_LOG_SOFTMAX] = {float_in},
+    /* f16/bf16 convert to f32 for sgemm */
+    [TDD_OP_MATMUL] = {float_in},
+    [TDD_OP_BMM] = {float_in},
+    [TDD_OP_LINEAR] = {float_in},
+    [TDD_OP_FULL] = {float_out},
+    [TDD_OP_ZEROS] = {float_out},
+    [TDD_OP_ONES] = {float_out},
+    [TDD_OP_RAND] = {float_out},
+    [TDD_OP_RANDN] = {float_out},
+    /* copies move bytes of any dtype; casts: every pair converts as ref does (cpu_cast.c;
+     * same-dtype too: ref round-trips floats through double/f32, which rewrites NaN payloads
+     * that a byte copy would keep) */
+    [TDD_OP_CLONE] = {any_dtype, cpu_copy},
+    [TDD_OP_CAST] = {any_dtype, cpu_cast},
+    [TDD_OP_ONE_HOT] = {one_hot_native, cpu_one_hot},
+    [TDD_OP_CAT] = {join_native, cpu_index},
+    [TDD_OP_STACK] = {join_native, cpu_index},
+    [TDD_OP_TRIL] = {contiguous_out, cpu_index},
+    [TDD_OP_TRIU] = {contiguous_out, cpu_index},
+    [TDD_OP_PAD] = {pad_native, cpu_index},
+    [TDD_OP_DROPOUT] = {dropout_native, cpu_index},
+    /* in double from any float dtype: never via f32 copies */
+    [TDD_OP_BATCH_NORM] = {batch_norm_native, cpu_batch_norm},
+    [TDD_OP_GATHER] = {gather_native, cpu_gather, true},
+    [TDD_OP_SCATTER_ADD] = {gather_native, cpu_scatter_add, true},
+    /* index moves copy elements of any dtype */
+    [TDD_OP_INDEX_SELECT] = {any_dtype, cpu_gather, true},
+    [TDD_OP_EMBEDDING] = {any_dtype, cpu_gather, true},
+    [TDD_OP_CROSS_ENTROPY] = {class_loss_native, cpu_class_loss, true},
+    [TDD_OP_NLL_LOSS] = {class_loss_native, cpu_class_loss, true},
+    /* rows worked in double */
+    [TDD_OP_MSE_LOSS] = {float_in, cpu_pointwise_loss, true},
+    [TDD_OP_BCE_WITH_LOGITS] = {float_in, cpu_pointwise_loss, true},
+    [TDD_OP_LAYER_NORM] = {float_in, cpu_layer_norm, true},
+    [TDD_OP_CONV_TRANSPOSE2D] = {convt_native, cpu_conv_transpose2d, true},
+    [TDD_OP_CONV2D] = {float_in, cpu_conv2d, true},
+    [TDD_OP_MAX_POOL2D] = {float_in, cpu_pool2d, true},
+    [TDD_OP_AVG_POOL2D] = {float_in, cpu_pool2d, true},
+    /* composites (ops.h): their parts run here; native says so in docs/ops.md */
+    [TDD_OP_CONV1D] = {float_in},
+    [TDD_OP_MAX_POOL1D] = {float_in},
+    [TDD_OP_AVG_POOL1D] = {float_in},
+    /* rows in double as the reference's (cpu_attn.c) */
+    [TDD_OP_SDPA] = {float_in, cpu_sdpa, true},
+    /* arange, linspace, eye, randint, embedding_bag, multinomial: the reference's */
+};
+
 bool tdd_cpu_native(const tdd_opcall *c)
 {
     const tdd_opargs *g = c->args;
-    td_dtype ct = g->cdtype;
-    int arity = (unsigned)c->op < TDD_OP_COUNT ? tdd_ew_arity(c->op) : 0;
+    if ((unsigned)c->op >= TDD_OP_COUNT)
+        return false;
+    int arity = tdd_ew_arity(c->op);
     /* uint8, int8, int16 anywhere: the reference's kernels (documented in docs/ops.md) */
     for (int k = 0; k < c->n_in; k++)
         if (tdd_dtype_is_small_int(c->in[k]->dtype))
@@ -206,105 +364,14 @@ bool tdd_cpu_native(const tdd_opcall *c)
     if (tdd_dtype_is_small_int(g->cdtype))
         return false;
     if (c->op == TDD_OP_CLAMP && c->n_in > 1)
-        return false; /* tensor bounds: the reference's maximum then minimum */
+        return false; /* tensor bounds: maximum, then minimum (the composite column, ops.h), each
+                       * asked here on its own */
     if (arity)
         return ew_native(c, arity);
-    switch (c->op) {
-    case TDD_OP_WHERE:
-        return inputs_are(c, 1, 3, ct); /* a select: any dtype */
-    case TDD_OP_MASKED_FILL:            /* the value as a tensor: the reference */
-        return c->in[0]->dtype == ct && c->n_in == 2;
-    case TDD_OP_SUM:
-    case TDD_OP_AMAX:
-    case TDD_OP_AMIN:
-    case TDD_OP_ARGMAX:
-    case TDD_OP_ARGMIN:
-    case TDD_OP_PROD:
-    case TDD_OP_SUM_TO:
-        return true; /* every dtype the op accepts: float, integer or bool runs */
-    case TDD_OP_MEAN:
-    case TDD_OP_VAR:
-    case TDD_OP_STD:
-    case TDD_OP_LOGSUMEXP:
-        return tdd_dtype_is_float(c->in[0]->dtype) || cpu_ints_to_float(c);
-    case TDD_OP_CUMSUM:
-    case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX: /* f16/bf16 lines widened to f32 (cpu_reduce.c) */
-        return tdd_dtype_is_float(c->in[0]->dtype);
-    case TDD_OP_MATMUL:
-    case TDD_OP_BMM:
-    case TDD_OP_LINEAR: /* f16/bf16 convert to f32 for sgemm */
-        return tdd_dtype_is_float(c->in[0]->dtype);
-    case TDD_OP_TRANSPOSE:
-    case TDD_OP_PERMUTE:
-    case TDD_OP_RESHAPE:
-    case TDD_OP_VIEW:
-    case TDD_OP_FLATTEN:
-    case TDD_OP_SQUEEZE:
-    case TDD_OP_UNSQUEEZE:
-    case TDD_OP_EXPAND:
-    case TDD_OP_SLICE:
-    case TDD_OP_CONTIGUOUS:
-    case TDD_OP_DETACH:
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
-    case TDD_OP_CLONE:
-        return true; /* views do nothing; copies move bytes of any dtype */
-    case TDD_OP_CAST:
-        return true;     /* every pair converts as ref does (cpu_cast.c) */
-    case TDD_OP_ONE_HOT: /* output i64 (ops_shape.c); cpu_one_hot fills it row by row */
-        return tdd_is_contiguous(c->out[0]) && c->out[0]->dtype == TD_I64 &&
-               (c->in[0]->dtype == TD_I64 || c->in[0]->dtype == TD_I32);
-    case TDD_OP_FULL:
-    case TDD_OP_ZEROS:
-    case TDD_OP_ONES:
-    case TDD_OP_RAND:
-    case TDD_OP_RANDN:
-        return is_f(g->dtype);
-    case TDD_OP_GATHER:
-    case TDD_OP_SCATTER_ADD: /* a 0-d input with a 1-D index: the reference */
-        return c->in[0]->ndim > 0 || c->in[1]->ndim == 0;
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_EMBEDDING:
-        return true; /* index moves copy elements of any dtype */
-    case TDD_OP_CROSS_ENTROPY:
-    case TDD_OP_NLL_LOSS: /* [N, C] or [C] rows; weights, soft targets, [N, C, d...]: ref */
-        return tdd_dtype_is_float(c->in[0]->dtype) && c->in[0]->ndim <= 2 && !c->args->flags;
-    case TDD_OP_MSE_LOSS:
-    case TDD_OP_BCE_WITH_LOGITS:
-    case TDD_OP_LAYER_NORM:
-        return tdd_dtype_is_float(c->in[0]->dtype); /* rows worked in double */
-    case TDD_OP_BATCH_NORM:                         /* a dense input (cpu_norm.c) */
-        return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]);
-    case TDD_OP_CONV_TRANSPOSE2D: /* dense input and weight (cpu_convt.c; f16/bf16 via f32) */
-        return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->in[0]) &&
-               tdd_is_contiguous(c->in[1]);
-    case TDD_OP_CONV2D:
-    case TDD_OP_CONV1D: /* conv2d's kernel (tdd_conv1d_by_parts) */
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D: /* f16/bf16 through f32 copies */
-        return tdd_dtype_is_float(c->in[0]->dtype);
-    case TDD_OP_CAT:
-    case TDD_OP_STACK: /* raw element moves; mixed dtypes convert (the reference does) */
-        return inputs_are(c, 0, c->n_in, c->out[0]->dtype);
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU: /* rows of a C-contiguous output (cpu_index.c) */
-        return tdd_is_contiguous(c->out[0]);
-    case TDD_OP_PAD: /* the same, mode constant; reflect, replicate, circular: the reference */
-        return tdd_is_contiguous(c->out[0]) && c->args->i[0] == 0;
-    case TDD_OP_SDPA: /* rows in double as the reference's (cpu_attn.c); f16/bf16 via f32 */
-        return tdd_dtype_is_float(c->in[0]->dtype);
-    case TDD_OP_DROPOUT: /* the reference's draws and rounding: bit-identical */
-        return tdd_dtype_is_float(c->in[0]->dtype) && tdd_is_contiguous(c->out[0]);
-    case TDD_OP_ARANGE:
-    case TDD_OP_LINSPACE:
-    case TDD_OP_EYE:
-    case TDD_OP_RANDINT:
-        return false;
-    default: /* the elementwise expression ops: ew_native, above */
-        break;
-    }
-    return false;
+    if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
+        return true; /* views do nothing; their copies move bytes of any dtype */
+    bool (*native)(const tdd_opcall *) = cpu_kernels[c->op].native;
+    return native && native(c);
 }
 
 /* The pool's raw allocator. Blocks of 4 MiB and more are mappings of their own on 2 MiB
@@ -499,12 +566,9 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
 {
     cpu_ctx *cc = ctx;
     int nt = cc ? cc->threads : 1;
-    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* sgemm, then elementwise */
-        return tdd_addmm_by_parts(c, cpu_execute, ctx, ordinal);
-    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
-        return tdd_max_by_parts(c, cpu_execute, ctx, ordinal);
-    if (c->op == TDD_OP_CONV1D) /* conv2d's kernel on [N, C, 1, L] views */
-        return tdd_conv1d_by_parts(c, cpu_execute, ctx, ordinal);
+    tdd_composite_fn parts = tdd_op_composite(c); /* run as other ops (ops.h) */
+    if (parts)
+        return parts(c, cpu_execute, ctx, ordinal);
     (void)ordinal;
     if (!tdd_cpu_native(c))
         return tdd_ref_run(c);
@@ -527,27 +591,8 @@ static int cpu_execute(void *ctx, int ordinal, const tdd_opcall *c)
     case TDD_KIND_NN:
         break;
     }
-    switch (c->op) {
-    case TDD_OP_CLONE:
-        return cpu_copy(c, nt);
-    case TDD_OP_CAST:
-        /* same-dtype casts too: ref round-trips floats through double/f32, which
-         * rewrites NaN payloads (f16/bf16) that a byte copy would keep */
-        return cpu_cast(c, nt);
-    case TDD_OP_ONE_HOT:
-        return cpu_one_hot(c, nt);
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_PAD:
-    case TDD_OP_DROPOUT:
-        return cpu_index(c, nt);
-    case TDD_OP_BATCH_NORM: /* in double from any float dtype: never via f32 copies */
-        return cpu_batch_norm(c, nt);
-    default: /* gather, scatter_add, index_select, embedding and the nn ops */
-        return cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, cpu_nn) : cpu_nn(c, nt);
-    }
+    const cpu_kernel *k = &cpu_kernels[c->op]; /* native: the table has its kernel */
+    return k->widen && cpu_is_half(c->in[0]->dtype) ? cpu_via_f32(c, nt, k->run) : k->run(c, nt);
 }
 
 const tdd_backend tdd_backend_cpu = {

@@ -67,7 +67,13 @@ void cpu_gemm(bool f64, bool ta, bool tb, int64_t M, int64_t N, int64_t K, doubl
               const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C,
               int64_t ldc);
 extern int tdd_cpu_gemm_threads;
-int cpu_nn(const tdd_opcall *c, int nt); /* cpu_nn.c: conv, pools, norms, losses, index */
+/* cpu_nn.c: conv2d, layer_norm, the losses, the index moves (f32/f64; f16/bf16 via f32) */
+int cpu_conv2d(const tdd_opcall *c, int nt);
+int cpu_layer_norm(const tdd_opcall *c, int nt);
+int cpu_class_loss(const tdd_opcall *c, int nt);     /* cross_entropy, nll_loss */
+int cpu_pointwise_loss(const tdd_opcall *c, int nt); /* mse_loss, bce_with_logits */
+int cpu_gather(const tdd_opcall *c, int nt);         /* gather, index_select, embedding */
+int cpu_scatter_add(const tdd_opcall *c, int nt);
 /* cpu_pool.c: max_pool2d and avg_pool2d of f32/f64 (f16/bf16 via f32), any strides */
 int cpu_pool2d(const tdd_opcall *c, int nt);
 /* cpu_norm.c: batch_norm of a dense input, any float dtype (the running stats in place) */

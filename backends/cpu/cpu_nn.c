@@ -317,7 +317,7 @@ static int conv_run(const tdd_opcall *c, const conv_geom *q, int nt)
     return 0;
 }
 
-static int cpu_conv2d(const tdd_opcall *c, int nt)
+int cpu_conv2d(const tdd_opcall *c, int nt)
 {
     conv_geom q;
     conv_geom_init(c, &q);
@@ -385,7 +385,7 @@ static void ln_part(void *arg, int t, int use)
 /* Rows of D elements (the normalised trailing dims), one thread per block of rows;
  * each row is loaded into a per-thread double buffer, so any layout and float dtype
  * takes the same path. */
-static int cpu_layer_norm(const tdd_opcall *c, int nt)
+int cpu_layer_norm(const tdd_opcall *c, int nt)
 {
     const tdd_opargs *g = c->args;
     const tdd_tensor *x = c->in[0];
@@ -484,7 +484,7 @@ static void cl_part(void *arg, int part, int use)
 
 /* cross_entropy / nll_loss over rows of [N, C] (or one row [C]); rows split across
  * threads, the total summed per thread and combined. */
-static int cpu_class_loss(const tdd_opcall *c, int nt)
+int cpu_class_loss(const tdd_opcall *c, int nt)
 {
     const tdd_opargs *g = c->args;
     const tdd_tensor *x = c->in[0], *t = c->in[1];
@@ -573,7 +573,7 @@ static void pw_part(void *arg, int k, int use)
     jb->total[k] = p.total;
 }
 
-static int cpu_pointwise_loss(const tdd_opcall *c, int nt)
+int cpu_pointwise_loss(const tdd_opcall *c, int nt)
 {
     const tdd_tensor *x = c->in[0];
     tdd_tensor *y = c->out[0];
@@ -656,7 +656,7 @@ GATHER_FN(gather_u16, uint16_t)
 GATHER_FN(gather_u32, uint32_t)
 GATHER_FN(gather_u64, uint64_t)
 
-static int cpu_gather(const tdd_opcall *c, int nt)
+int cpu_gather(const tdd_opcall *c, int nt)
 {
     tdd_tensor *y = c->out[0];
     const bool emb = c->op == TDD_OP_EMBEDDING;
@@ -779,7 +779,7 @@ static void scatter_run(void *vc, int64_t n, const int64_t *off, const int64_t *
     }
 }
 
-static int cpu_scatter_add(const tdd_opcall *c, int nt)
+int cpu_scatter_add(const tdd_opcall *c, int nt)
 {
     const tdd_tensor *x = c->in[0], *ix = c->in[1], *src = c->in[2];
     tdd_tensor *y = c->out[0];
@@ -814,35 +814,4 @@ static int cpu_scatter_add(const tdd_opcall *c, int nt)
     int use = it.numel * s.L >= CPU_PAR_MIN ? nt : 1;
     cpu_par_iter_n(&it, scatter_run, &s, use, it.numel * s.L);
     return atomic_load(&s.bad) ? TD_EINVALID_ARGUMENT : 0;
-}
-
-int cpu_nn(const tdd_opcall *c, int nt)
-{
-    switch (c->op) {
-    case TDD_OP_CONV2D:
-        return cpu_conv2d(c, nt);
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return cpu_pool2d(c, nt);
-    case TDD_OP_LAYER_NORM:
-        return cpu_layer_norm(c, nt);
-    case TDD_OP_CONV_TRANSPOSE2D:
-        return cpu_conv_transpose2d(c, nt);
-    case TDD_OP_CROSS_ENTROPY:
-    case TDD_OP_NLL_LOSS:
-        return cpu_class_loss(c, nt);
-    case TDD_OP_MSE_LOSS:
-    case TDD_OP_BCE_WITH_LOGITS:
-        return cpu_pointwise_loss(c, nt);
-    case TDD_OP_GATHER:
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_EMBEDDING:
-        return cpu_gather(c, nt);
-    case TDD_OP_SCATTER_ADD:
-        return cpu_scatter_add(c, nt);
-    case TDD_OP_SDPA:
-        return cpu_sdpa(c, nt);
-    default:
-        return TD_EINTERNAL;
-    }
 }

@@ -780,7 +780,21 @@ static bool is_half(td_dtype dt)
     return dt == TD_F16 || dt == TD_BF16;
 }
 
-/* Exactly what execute runs; the daemon asks before every call. */
+/* The kernel table (cuda_kernels, below the kernels' dispatch functions), indexed by op: */
+typedef struct {
+    int (*run)(cuda_dev *dv, const tdd_opcall *c); /* NULL: not on cuda */
+    uint32_t dtypes;                       /* bit dt set: output dtype dt runs (0: every one) */
+    bool (*accepts)(const tdd_opcall *c);  /* a rule beyond the output dtype, or NULL */
+    bool as_is;                            /* operands of every dtype as they are: no widening */
+    bool dense;                            /* operands dense (others through a dense copy) */
+    bool (*dense_if)(const tdd_opcall *c); /* dense only when this holds */
+} cuda_kernel;
+
+static const cuda_kernel cuda_kernels[TDD_OP_COUNT];
+
+/* Exactly what execute runs; the daemon asks before every call. Elementwise ops: their
+ * expressions (elementwise.h); composites (ops.h): their parts are asked as they run; views: a
+ * view, or a C-order copy of any dtype (the op table's kind); the rest: the kernel table. */
 static int cuda_supports(void *ctx, const tdd_opcall *c)
 {
     (void)ctx;
@@ -788,123 +802,16 @@ static int cuda_supports(void *ctx, const tdd_opcall *c)
     const int dtype = TD_EUNSUPPORTED_DTYPE;
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
-    /* Every op of the table, no default: an op added to the table fails this build until
-     * it is placed here (as in ref and cpu). */
-    switch (c->op) {
-#define TDC_EW_CASE(e, name, lo, hi, kind) case TDD_OP_##e:
-        TDD_BINARY_OPS(TDC_EW_CASE, TDD_EW_SKIP)
-        TDD_UNARY_OPS(TDC_EW_CASE, TDD_EW_SKIP)
-#undef TDC_EW_CASE
-        /* elementwise.h's expressions: float, double or int64 */
+    if (tdd_ew_arity(c->op)) /* float, double or int64 */
         return tdd_dtype_is_float(g->cdtype) || tdd_ew_imode(c->op) != TDD_EWI_NONE ? 0 : dtype;
-    case TDD_OP_TRANSPOSE:
-    case TDD_OP_PERMUTE:
-    case TDD_OP_RESHAPE:
-    case TDD_OP_VIEW:
-    case TDD_OP_FLATTEN:
-    case TDD_OP_SQUEEZE:
-    case TDD_OP_UNSQUEEZE:
-    case TDD_OP_EXPAND:
-    case TDD_OP_SLICE:
-    case TDD_OP_CONTIGUOUS:
-    case TDD_OP_DETACH:
-    case TDD_OP_SPLIT:
-    case TDD_OP_CHUNK:
-        return 0;      /* a view, or a C-order copy of any dtype */
-    case TDD_OP_WHERE: /* a select of one dtype (kernel_dtype converts the others) */
-        return c->in[0]->dtype == TD_BOOL ? 0 : dtype;
-    case TDD_OP_MASKED_FILL:
-        return c->in[0]->dtype == g->dtype ? 0 : dtype;
-    case TDD_OP_GATHER:
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_EMBEDDING:
-    case TDD_OP_ONE_HOT: /* element moves of any dtype; integer indices */
+    if (tdd_op_composite(c) || tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
         return 0;
-    case TDD_OP_EMBEDDING_BAG:
-    case TDD_OP_EMBEDDING_BAG_BACKWARD: /* f32, f64 (tdc_embedding_bag) */
-        return g->dtype == TD_F32 || g->dtype == TD_F64 ? 0 : dtype;
-    case TDD_OP_MULTINOMIAL: /* f32, f64 weights (tdc_multinomial) */
-        return c->in[0]->dtype == TD_F32 || c->in[0]->dtype == TD_F64 ? 0 : dtype;
-    case TDD_OP_SCATTER_ADD: /* f16/bf16 accumulate in f32 copies */
-        return 0;
-    case TDD_OP_CROSS_ENTROPY: /* f32 and f64 kernels; f16/bf16 through f32 */
-    case TDD_OP_NLL_LOSS:
-    case TDD_OP_MSE_LOSS:
-    case TDD_OP_BCE_WITH_LOGITS:
-    case TDD_OP_LAYER_NORM:
-        return 0;
-    case TDD_OP_CONV2D: /* f32 (f16/bf16 widened) through sgemm; f64 directly */
-        return 0;
-    case TDD_OP_DROPOUT:
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D: /* f64 too */
-        return 0;
-    case TDD_OP_SUM:
-    case TDD_OP_MEAN:
-    case TDD_OP_AMAX:
-    case TDD_OP_AMIN:
-    case TDD_OP_PROD:
-    case TDD_OP_VAR:
-    case TDD_OP_STD:
-    case TDD_OP_LOGSUMEXP:
-    case TDD_OP_SUM_TO:
-    case TDD_OP_ARGMAX:
-    case TDD_OP_ARGMIN:
-    case TDD_OP_CUMSUM:
-    case TDD_OP_SOFTMAX:
-    case TDD_OP_LOG_SOFTMAX: /* f32, f64, int64 kernels; the rest widened (kernel_dtype) */
-        return 0;
-    case TDD_OP_MATMUL:
-    case TDD_OP_BMM:
-    case TDD_OP_LINEAR: /* sgemm; f16/bf16 through f32 copies; f64 and integers: tdc_gemm */
-        return 0;
-    case TDD_OP_CLONE:
-    case TDD_OP_CAST:
-    case TDD_OP_FULL:
-    case TDD_OP_ZEROS:
-    case TDD_OP_ONES:
-    case TDD_OP_EYE:
-        return 0;
-    case TDD_OP_CAT:
-    case TDD_OP_STACK: /* copies, or casts of the inputs of another dtype */
-        return 0;
-    case TDD_OP_PAD:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-        return 0;
-    case TDD_OP_SORT:
-    case TDD_OP_ARGSORT:
-    case TDD_OP_TOPK: /* ranks of dense lines, any dtype */
-        return 0;
-    case TDD_OP_MAX:
-    case TDD_OP_MIN: /* amax/amin and argmax/argmin (tdd_max_by_parts) */
-    case TDD_OP_ADDMM:
-    case TDD_OP_BADDBMM: /* matmul/bmm and elementwise ops (tdd_addmm_by_parts) */
-        return 0;
-    case TDD_OP_ADAPTIVE_AVG_POOL2D: /* f32/f64 (f16/bf16 widened), dense */
-    case TDD_OP_GROUP_NORM:
-        return 0;
-    case TDD_OP_BATCH_NORM: /* any float dtype as it is (the running stats written in place) */
-        return 0;
-    case TDD_OP_CONV1D: /* conv2d's (tdd_conv1d_by_parts) */
-        return 0;
-    case TDD_OP_CONV_TRANSPOSE2D: /* f32/f64 (f16/bf16 widened), dense */
-        return 0;
-    case TDD_OP_SDPA:        /* strided operands, f16/bf16 widened; a bool mask as bytes */
-    case TDD_OP_INTERPOLATE: /* dense planes, f16/bf16 widened */
-        return 0;
-    case TDD_OP_RAND:
-    case TDD_OP_RANDN: /* f16/bf16: the f32 draws rounded (via_copies) */
-    case TDD_OP_LINSPACE:
-        return tdd_dtype_is_float(g->dtype) ? 0 : dtype;
-    case TDD_OP_RANDINT:
-        return g->dtype == TD_I64 || g->dtype == TD_I32 ? 0 : dtype;
-    case TDD_OP_ARANGE:
-        return g->dtype == TD_F32 || g->dtype == TD_F64 || g->dtype == TD_I64 ? 0 : dtype;
-    case TDD_OP_COUNT:
-        break;
-    }
-    return TD_EUNSUPPORTED_OP;
+    const cuda_kernel *k = &cuda_kernels[c->op];
+    if (!k->run)
+        return TD_EUNSUPPORTED_OP;
+    if (k->dtypes && !(k->dtypes & (1u << g->dtype)))
+        return dtype;
+    return k->accepts && !k->accepts(c) ? dtype : 0;
 }
 
 /* ------------------------------------------------------------------ layouts */
@@ -1754,25 +1661,8 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
         return TD_I32; /* atomic adds of 4 bytes; the sums wrap back the same way */
     if (c->op == TDD_OP_MASKED_FILL && c->n_in == 3 && !out && t == c->in[2])
         return c->out[0]->dtype; /* the value tensor, converted to the output's dtype */
-    switch (c->op) {
-    case TDD_OP_MASKED_FILL:
-    case TDD_OP_GATHER:
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_EMBEDDING:
-    case TDD_OP_ONE_HOT:
-    case TDD_OP_CLONE:
-    case TDD_OP_CAST:
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
-    case TDD_OP_PAD:
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-    case TDD_OP_DROPOUT:
-    case TDD_OP_BATCH_NORM:
+    if (cuda_kernels[c->op].as_is)
         return t->dtype; /* any dtype as it is */
-    default:
-        break;
-    }
     if (is_half(t->dtype))
         return TD_F32;
     if (tdd_opdefs[c->op].kind == TDD_KIND_REDUCE && !tdd_dtype_is_float(t->dtype)) {
@@ -1787,27 +1677,8 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
 /* Ops whose kernels take dense operands only (anything else goes through a dense copy). */
 static bool wants_dense(const tdd_opcall *c)
 {
-    switch (c->op) {
-    case TDD_OP_LAYER_NORM:
-    case TDD_OP_CONV2D:
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return true;
-    case TDD_OP_SORT:
-    case TDD_OP_ARGSORT:
-    case TDD_OP_TOPK:
-    case TDD_OP_ADAPTIVE_AVG_POOL2D:
-    case TDD_OP_GROUP_NORM:
-    case TDD_OP_BATCH_NORM: /* the running stats updated in place are dense (prepare) */
-    case TDD_OP_INTERPOLATE:
-    case TDD_OP_CONV_TRANSPOSE2D:
-        return true;
-    case TDD_OP_CROSS_ENTROPY: /* [N, C, d...], weights, soft targets: flattened, dense */
-    case TDD_OP_NLL_LOSS:
-        return c->in[0]->ndim > 2 || c->args->flags != 0;
-    default:
-        return false;
-    }
+    const cuda_kernel *k = &cuda_kernels[c->op];
+    return k->dense || (k->dense_if && k->dense_if(c));
 }
 
 static bool needs_copy(const tdd_opcall *c, const tdd_tensor *t, bool out)
@@ -1940,14 +1811,9 @@ static int execute_call(void *ctx, int ordinal, const tdd_opcall *c)
     int rc = dev_failed(dv);
     if (rc)
         return rc;
-    if (c->op == TDD_OP_CLAMP && c->n_in > 1) /* tensor bounds: maximum, then minimum */
-        return tdd_clamp_by_tensors(c, cuda_execute, ctx, ordinal);
-    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM) /* the product, then elementwise */
-        return tdd_addmm_by_parts(c, cuda_execute, ctx, ordinal);
-    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN) /* amax/amin, then argmax/argmin */
-        return tdd_max_by_parts(c, cuda_execute, ctx, ordinal);
-    if (c->op == TDD_OP_CONV1D) /* conv2d on [N, C, 1, L] views */
-        return tdd_conv1d_by_parts(c, cuda_execute, ctx, ordinal);
+    tdd_composite_fn parts = tdd_op_composite(c); /* run as other ops (ops.h) */
+    if (parts)
+        return parts(c, cuda_execute, ctx, ordinal);
     if ((rc = cuda_supports(ctx, c)))
         return rc;
     if ((rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
@@ -2016,192 +1882,257 @@ static int exec_interp(cuda_dev *dv, const tdd_opcall *c)
                    tdd_opdefs[c->op].name);
 }
 
+/* where(cond, a, b) and masked_fill(input, mask, value): operands y, cond, a[, b]; masked_fill's
+ * mask goes first; with a value tensor it is where(mask, value, input) */
+static int exec_select(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *y = c->out[0];
+    bool w = c->op == TDD_OP_WHERE, t = !w && c->n_in == 3, sel = w || t;
+    const tdd_tensor *ts[4] = {y, w ? c->in[0] : c->in[1],
+                               w   ? c->in[1]
+                               : t ? c->in[2]
+                                   : c->in[0],
+                               w   ? c->in[2]
+                               : t ? c->in[0]
+                                   : NULL};
+    tdc_layout l;
+    layout_of(&l, y->shape, y->ndim, sel ? 4 : 3, ts);
+    cudaError_t e = tdc_select(&slot_now(dv)->kd, &l, tdd_data(y), tdd_data(ts[1]), tdd_data(ts[2]),
+                               sel ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
+                               sel ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
+    return cuda_rc(dv, e, tdd_opdefs[c->op].name);
+}
+
+static int exec_softmax(cuda_dev *dv, const tdd_opcall *c)
+{
+    return exec_rows(dv, c, TDC_SOFTMAX);
+}
+
+static int exec_log_softmax(cuda_dev *dv, const tdd_opcall *c)
+{
+    return exec_rows(dv, c, TDC_LOG_SOFTMAX);
+}
+
+static int exec_cumsum(cuda_dev *dv, const tdd_opcall *c)
+{
+    return exec_rows(dv, c, TDC_CUMSUM);
+}
+
+/* clone, and cast (same-dtype: a copy) */
+static int exec_cast(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    if (x->dtype == y->dtype)
+        return copy_dense(dv, tdd_data(y), x);
+    const tdd_tensor *ts[2] = {y, x};
+    tdc_layout l;
+    layout_of(&l, y->shape, y->ndim, 2, ts);
+    return cuda_rc(
+        dv, tdc_cast(&slot_now(dv)->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), (int)x->dtype),
+        "cast");
+}
+
+static int exec_conv_transpose2d(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *w = c->in[1], *y = c->out[0];
+    const tdd_opargs *g = c->args;
+    int nd = x->ndim;
+    tdc_convt_args a = {.N = nd == 4 ? x->shape[0] : 1,
+                        .Ci = x->shape[nd - 3],
+                        .H = x->shape[nd - 2],
+                        .W = x->shape[nd - 1],
+                        .Co = y->shape[nd - 3],
+                        .Ho = y->shape[nd - 2],
+                        .Wo = y->shape[nd - 1],
+                        .KH = w->shape[2],
+                        .KW = w->shape[3],
+                        .G = g->i[0],
+                        .sh = g->ints[0][0],
+                        .sw = g->ints[0][1],
+                        .ph = g->ints[1][0],
+                        .pw = g->ints[1][1],
+                        .dh = g->ints[2][0],
+                        .dw = g->ints[2][1]};
+    return cuda_rc(dv,
+                   tdc_conv_transpose2d(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(w),
+                                        (g->flags & 4u) ? tdd_data(c->in[2]) : NULL, tdd_data(y),
+                                        &a),
+                   "conv_transpose2d");
+}
+
+static int exec_batch_norm(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    const tdd_opargs *g = c->args;
+    int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
+    int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
+    bool stats = g->flags & 1u;
+    return cuda_rc(dv,
+                   tdc_batch_norm(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                                  stats ? tdd_data(c->in[1]) : NULL,
+                                  stats ? tdd_data(c->in[2]) : NULL,
+                                  (g->flags & 2u) ? tdd_data(c->in[3]) : NULL,
+                                  (g->flags & 4u) ? tdd_data(c->in[4]) : NULL, N, C, S,
+                                  (int)g->i[0], g->f[1], g->f[0]),
+                   "batch_norm");
+}
+
+static int exec_group_norm(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    const tdd_opargs *g = c->args;
+    int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
+    int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
+    return cuda_rc(dv,
+                   tdc_group_norm(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
+                                  (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
+                                  (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, N, C, S, g->i[0],
+                                  g->f[0]),
+                   "group_norm");
+}
+
+static int exec_adaptive_avg_pool2d(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    int nd = x->ndim;
+    int64_t hw = x->shape[nd - 2] * x->shape[nd - 1], planes = hw ? tdd_numel(x) / hw : 0;
+    return cuda_rc(dv,
+                   tdc_adaptive_avg_pool2d(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x),
+                                           tdd_data(y), planes, x->shape[nd - 2], x->shape[nd - 1],
+                                           y->shape[nd - 2], y->shape[nd - 1]),
+                   tdd_opdefs[c->op].name);
+}
+
+static int exec_sort(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *x = c->in[0], *y = c->out[0];
+    const tdd_opargs *g = c->args;
+    int d = (int)g->i[0];
+    int64_t outer = 1, inner = 1, L = x->ndim ? x->shape[d] : 1;
+    for (int k = 0; k < x->ndim; k++) {
+        if (k < d)
+            outer *= x->shape[k];
+        else if (k > d)
+            inner *= x->shape[k];
+    }
+    bool arg = c->op == TDD_OP_ARGSORT;
+    return cuda_rc(dv,
+                   tdc_sort(&slot_now(dv)->kd, tdd_data(x), (int)x->dtype,
+                            (int)td_dtype_size(x->dtype), outer, L, inner, g->i[2], (int)g->i[1],
+                            arg ? NULL : tdd_data(y), (int64_t *)tdd_data(arg ? y : c->out[1])),
+                   tdd_opdefs[c->op].name);
+}
+
+/* The rules of the table's rows that an output-dtype mask does not say. */
+static bool where_accepts(const tdd_opcall *c) /* a select of one dtype (kernel_dtype) */
+{
+    return c->in[0]->dtype == TD_BOOL;
+}
+
+static bool masked_fill_accepts(const tdd_opcall *c)
+{
+    return c->in[0]->dtype == c->args->dtype;
+}
+
+static bool multinomial_accepts(const tdd_opcall *c) /* f32, f64 weights (tdc_multinomial) */
+{
+    return c->in[0]->dtype == TD_F32 || c->in[0]->dtype == TD_F64;
+}
+
+static bool loss_dense_if(const tdd_opcall *c) /* [N, C, d...], weights, soft targets */
+{
+    return c->in[0]->ndim > 2 || c->args->flags != 0;
+}
+
+#define DT(t) (1u << TD_##t)
+#define FLOATS (DT(F16) | DT(BF16) | DT(F32) | DT(F64))
+/* cuda's kernel table: each op's dispatch function and what it runs (f16/bf16 operands are
+ * widened to f32 unless as_is; the reductions' integer operands to int64: kernel_dtype). An op
+ * absent here (and neither elementwise, a view nor a composite) is UNSUPPORTED_OP on cuda. */
+static const cuda_kernel cuda_kernels[TDD_OP_COUNT] = {
+    [TDD_OP_WHERE] = {.run = exec_select, .accepts = where_accepts},
+    [TDD_OP_MASKED_FILL] = {.run = exec_select, .accepts = masked_fill_accepts, .as_is = true},
+    /* reductions: f32, f64, int64 kernels; the rest widened (kernel_dtype) */
+    [TDD_OP_SUM] = {.run = exec_reduce},
+    [TDD_OP_MEAN] = {.run = exec_reduce},
+    [TDD_OP_AMAX] = {.run = exec_reduce},
+    [TDD_OP_AMIN] = {.run = exec_reduce},
+    [TDD_OP_ARGMAX] = {.run = exec_reduce},
+    [TDD_OP_ARGMIN] = {.run = exec_reduce},
+    [TDD_OP_VAR] = {.run = exec_reduce},
+    [TDD_OP_STD] = {.run = exec_reduce},
+    [TDD_OP_LOGSUMEXP] = {.run = exec_reduce},
+    [TDD_OP_PROD] = {.run = exec_reduce},
+    [TDD_OP_SUM_TO] = {.run = exec_reduce},
+    [TDD_OP_CUMSUM] = {.run = exec_cumsum},
+    [TDD_OP_SOFTMAX] = {.run = exec_softmax},
+    [TDD_OP_LOG_SOFTMAX] = {.run = exec_log_softmax},
+    /* sgemm; f16/bf16 through f32 copies; f64 and integers: tdc_gemm */
+    [TDD_OP_MATMUL] = {.run = exec_matmul},
+    [TDD_OP_BMM] = {.run = exec_matmul},
+    [TDD_OP_LINEAR] = {.run = exec_matmul},
+    /* copies, casts, joins, index moves: any dtype as it is */
+    [TDD_OP_CLONE] = {.run = exec_cast, .as_is = true},
+    [TDD_OP_CAST] = {.run = exec_cast, .as_is = true},
+    [TDD_OP_CAT] = {.run = exec_join, .as_is = true},
+    [TDD_OP_STACK] = {.run = exec_join, .as_is = true},
+    [TDD_OP_GATHER] = {.run = exec_index, .as_is = true},
+    [TDD_OP_SCATTER_ADD] = {.run = exec_index}, /* f16/bf16 accumulate in f32 copies */
+    [TDD_OP_INDEX_SELECT] = {.run = exec_index, .as_is = true},
+    [TDD_OP_ONE_HOT] = {.run = exec_index, .as_is = true},
+    [TDD_OP_EMBEDDING] = {.run = exec_index, .as_is = true},
+    [TDD_OP_EMBEDDING_BAG] = {.run = exec_bag, .dtypes = DT(F32) | DT(F64)},
+    [TDD_OP_EMBEDDING_BAG_BACKWARD] = {.run = exec_bag, .dtypes = DT(F32) | DT(F64)},
+    [TDD_OP_MULTINOMIAL] = {.run = exec_bag, .accepts = multinomial_accepts},
+    [TDD_OP_TRIL] = {.run = exec_tri, .as_is = true},
+    [TDD_OP_TRIU] = {.run = exec_tri, .as_is = true},
+    [TDD_OP_PAD] = {.run = exec_pad, .as_is = true},
+    /* ranks of dense lines, any dtype */
+    [TDD_OP_SORT] = {.run = exec_sort, .dense = true},
+    [TDD_OP_ARGSORT] = {.run = exec_sort, .dense = true},
+    [TDD_OP_TOPK] = {.run = exec_sort, .dense = true},
+    /* f32 and f64 kernels; f16/bf16 through f32 */
+    [TDD_OP_CROSS_ENTROPY] = {.run = exec_loss, .dense_if = loss_dense_if},
+    [TDD_OP_NLL_LOSS] = {.run = exec_loss, .dense_if = loss_dense_if},
+    [TDD_OP_MSE_LOSS] = {.run = exec_pointwise_loss},
+    [TDD_OP_BCE_WITH_LOGITS] = {.run = exec_pointwise_loss},
+    [TDD_OP_LAYER_NORM] = {.run = exec_nn, .dense = true},
+    [TDD_OP_GROUP_NORM] = {.run = exec_group_norm, .dense = true},
+    /* any float dtype as it is (the running stats, dense, written in place) */
+    [TDD_OP_BATCH_NORM] = {.run = exec_batch_norm, .as_is = true, .dense = true},
+    [TDD_OP_DROPOUT] = {.run = exec_nn, .as_is = true},
+    /* strided operands, f16/bf16 widened; a bool mask as bytes */
+    [TDD_OP_SDPA] = {.run = exec_sdpa},
+    [TDD_OP_INTERPOLATE] = {.run = exec_interp, .dense = true},
+    /* f32 (f16/bf16 widened) through sgemm; f64 directly */
+    [TDD_OP_CONV2D] = {.run = exec_conv2d, .dense = true},
+    [TDD_OP_CONV_TRANSPOSE2D] = {.run = exec_conv_transpose2d, .dense = true},
+    [TDD_OP_MAX_POOL2D] = {.run = exec_nn, .dense = true},
+    [TDD_OP_AVG_POOL2D] = {.run = exec_nn, .dense = true},
+    [TDD_OP_ADAPTIVE_AVG_POOL2D] = {.run = exec_adaptive_avg_pool2d, .dense = true},
+    [TDD_OP_FULL] = {.run = exec_create},
+    [TDD_OP_ZEROS] = {.run = exec_create},
+    [TDD_OP_ONES] = {.run = exec_create},
+    [TDD_OP_EYE] = {.run = exec_create},
+    [TDD_OP_ARANGE] = {.run = exec_create, .dtypes = DT(F32) | DT(F64) | DT(I64)},
+    [TDD_OP_LINSPACE] = {.run = exec_create, .dtypes = FLOATS},
+    /* f16/bf16: the f32 draws rounded (via_copies) */
+    [TDD_OP_RAND] = {.run = exec_create, .dtypes = FLOATS},
+    [TDD_OP_RANDN] = {.run = exec_create, .dtypes = FLOATS},
+    [TDD_OP_RANDINT] = {.run = exec_create, .dtypes = DT(I64) | DT(I32)},
+};
+#undef DT
+#undef FLOATS
+
 static int execute_op(cuda_dev *dv, const tdd_opcall *c)
 {
     if (tdd_ew_arity(c->op) == 2)
         return fast_f32(c) ? exec_binary(dv, c) : exec_ew(dv, c);
     if (tdd_ew_arity(c->op) == 1)
         return fast_f32(c) ? exec_unary(dv, c) : exec_ew(dv, c);
-    const tdd_tensor *y = c->out[0];
     if (tdd_opdefs[c->op].kind == TDD_KIND_VIEW)
-        return c->args->out_view ? 0 : copy_dense(dv, tdd_data(y), c->in[0]);
-    switch (c->op) {
-    case TDD_OP_WHERE:
-    case TDD_OP_MASKED_FILL: {
-        /* operands y, cond, a[, b]: masked_fill's mask goes first; with a value tensor it is
-         * where(mask, value, input) */
-        bool w = c->op == TDD_OP_WHERE, t = !w && c->n_in == 3, sel = w || t;
-        const tdd_tensor *ts[4] = {y, w ? c->in[0] : c->in[1],
-                                   w   ? c->in[1]
-                                   : t ? c->in[2]
-                                       : c->in[0],
-                                   w   ? c->in[2]
-                                   : t ? c->in[0]
-                                       : NULL};
-        tdc_layout l;
-        layout_of(&l, y->shape, y->ndim, sel ? 4 : 3, ts);
-        cudaError_t e =
-            tdc_select(&slot_now(dv)->kd, &l, tdd_data(y), tdd_data(ts[1]), tdd_data(ts[2]),
-                       sel ? tdd_data(ts[3]) : NULL, (int)td_dtype_size(y->dtype),
-                       sel ? 0 : element_bits(y->dtype, c->args->f[0], c->args->n[0]));
-        return cuda_rc(dv, e, tdd_opdefs[c->op].name);
-    }
-    case TDD_OP_GATHER:
-    case TDD_OP_INDEX_SELECT:
-    case TDD_OP_EMBEDDING:
-    case TDD_OP_ONE_HOT:
-    case TDD_OP_SCATTER_ADD:
-        return exec_index(dv, c);
-    case TDD_OP_CROSS_ENTROPY:
-    case TDD_OP_NLL_LOSS:
-        return exec_loss(dv, c);
-    case TDD_OP_EMBEDDING_BAG:
-    case TDD_OP_EMBEDDING_BAG_BACKWARD:
-    case TDD_OP_MULTINOMIAL:
-        return exec_bag(dv, c);
-    case TDD_OP_MSE_LOSS:
-    case TDD_OP_BCE_WITH_LOGITS:
-        return exec_pointwise_loss(dv, c);
-    case TDD_OP_DROPOUT:
-    case TDD_OP_LAYER_NORM:
-    case TDD_OP_MAX_POOL2D:
-    case TDD_OP_AVG_POOL2D:
-        return exec_nn(dv, c);
-    case TDD_OP_CONV2D:
-        return exec_conv2d(dv, c);
-    case TDD_OP_SOFTMAX:
-        return exec_rows(dv, c, TDC_SOFTMAX);
-    case TDD_OP_LOG_SOFTMAX:
-        return exec_rows(dv, c, TDC_LOG_SOFTMAX);
-    case TDD_OP_CUMSUM:
-        return exec_rows(dv, c, TDC_CUMSUM);
-    case TDD_OP_MATMUL:
-    case TDD_OP_BMM:
-    case TDD_OP_LINEAR:
-        return exec_matmul(dv, c);
-    case TDD_OP_CLONE:
-        return copy_dense(dv, tdd_data(y), c->in[0]);
-    case TDD_OP_CAST: {
-        const tdd_tensor *x = c->in[0];
-        if (x->dtype == y->dtype)
-            return copy_dense(dv, tdd_data(y), x);
-        const tdd_tensor *ts[2] = {y, x};
-        tdc_layout l;
-        layout_of(&l, y->shape, y->ndim, 2, ts);
-        return cuda_rc(
-            dv,
-            tdc_cast(&slot_now(dv)->kd, &l, tdd_data(y), (int)y->dtype, tdd_data(x), (int)x->dtype),
-            "cast");
-    }
-    case TDD_OP_CAT:
-    case TDD_OP_STACK:
-        return exec_join(dv, c);
-    case TDD_OP_PAD:
-        return exec_pad(dv, c);
-    case TDD_OP_CONV_TRANSPOSE2D: {
-        const tdd_tensor *x = c->in[0], *w = c->in[1];
-        const tdd_opargs *g = c->args;
-        int nd = x->ndim;
-        tdc_convt_args a = {.N = nd == 4 ? x->shape[0] : 1,
-                            .Ci = x->shape[nd - 3],
-                            .H = x->shape[nd - 2],
-                            .W = x->shape[nd - 1],
-                            .Co = y->shape[nd - 3],
-                            .Ho = y->shape[nd - 2],
-                            .Wo = y->shape[nd - 1],
-                            .KH = w->shape[2],
-                            .KW = w->shape[3],
-                            .G = g->i[0],
-                            .sh = g->ints[0][0],
-                            .sw = g->ints[0][1],
-                            .ph = g->ints[1][0],
-                            .pw = g->ints[1][1],
-                            .dh = g->ints[2][0],
-                            .dw = g->ints[2][1]};
-        return cuda_rc(
-            dv,
-            tdc_conv_transpose2d(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(w),
-                                 (g->flags & 4u) ? tdd_data(c->in[2]) : NULL, tdd_data(y), &a),
-            "conv_transpose2d");
-    }
-    case TDD_OP_BATCH_NORM: {
-        const tdd_tensor *x = c->in[0];
-        const tdd_opargs *g = c->args;
-        int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
-        int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
-        bool stats = g->flags & 1u;
-        return cuda_rc(dv,
-                       tdc_batch_norm(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
-                                      stats ? tdd_data(c->in[1]) : NULL,
-                                      stats ? tdd_data(c->in[2]) : NULL,
-                                      (g->flags & 2u) ? tdd_data(c->in[3]) : NULL,
-                                      (g->flags & 4u) ? tdd_data(c->in[4]) : NULL, N, C, S,
-                                      (int)g->i[0], g->f[1], g->f[0]),
-                       "batch_norm");
-    }
-    case TDD_OP_GROUP_NORM: {
-        const tdd_tensor *x = c->in[0];
-        const tdd_opargs *g = c->args;
-        int64_t N = x->shape[0], C = x->shape[1], n = tdd_numel(x);
-        int64_t S = N != 0 && C != 0 ? n / (N * C) : 0;
-        return cuda_rc(dv,
-                       tdc_group_norm(&slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y),
-                                      (g->flags & 1u) ? tdd_data(c->in[1]) : NULL,
-                                      (g->flags & 2u) ? tdd_data(c->in[2]) : NULL, N, C, S, g->i[0],
-                                      g->f[0]),
-                       "group_norm");
-    }
-    case TDD_OP_ADAPTIVE_AVG_POOL2D: {
-        const tdd_tensor *x = c->in[0];
-        int nd = x->ndim;
-        int64_t hw = x->shape[nd - 2] * x->shape[nd - 1], planes = hw ? tdd_numel(x) / hw : 0;
-        return cuda_rc(dv,
-                       tdc_adaptive_avg_pool2d(
-                           &slot_now(dv)->kd, (int)x->dtype, tdd_data(x), tdd_data(y), planes,
-                           x->shape[nd - 2], x->shape[nd - 1], y->shape[nd - 2], y->shape[nd - 1]),
-                       tdd_opdefs[c->op].name);
-    }
-    case TDD_OP_SORT:
-    case TDD_OP_ARGSORT:
-    case TDD_OP_TOPK: {
-        const tdd_tensor *x = c->in[0];
-        const tdd_opargs *g = c->args;
-        int d = (int)g->i[0];
-        int64_t outer = 1, inner = 1, L = x->ndim ? x->shape[d] : 1;
-        for (int k = 0; k < x->ndim; k++) {
-            if (k < d)
-                outer *= x->shape[k];
-            else if (k > d)
-                inner *= x->shape[k];
-        }
-        bool arg = c->op == TDD_OP_ARGSORT;
-        return cuda_rc(dv,
-                       tdc_sort(&slot_now(dv)->kd, tdd_data(x), (int)x->dtype,
-                                (int)td_dtype_size(x->dtype), outer, L, inner, g->i[2],
-                                (int)g->i[1], arg ? NULL : tdd_data(y),
-                                (int64_t *)tdd_data(arg ? y : c->out[1])),
-                       tdd_opdefs[c->op].name);
-    }
-    case TDD_OP_SDPA:
-        return exec_sdpa(dv, c);
-    case TDD_OP_INTERPOLATE:
-        return exec_interp(dv, c);
-    case TDD_OP_TRIL:
-    case TDD_OP_TRIU:
-        return exec_tri(dv, c);
-    case TDD_OP_FULL:
-    case TDD_OP_ZEROS:
-    case TDD_OP_ONES:
-    case TDD_OP_EYE:
-    case TDD_OP_ARANGE:
-    case TDD_OP_LINSPACE:
-    case TDD_OP_RAND:
-    case TDD_OP_RANDN:
-    case TDD_OP_RANDINT:
-        return exec_create(dv, c);
-    default:
-        return exec_reduce(dv, c); /* the rest of what supports() lets through */
-    }
+        return c->args->out_view ? 0 : copy_dense(dv, tdd_data(c->out[0]), c->in[0]);
+    return cuda_kernels[c->op].run(dv, c); /* supports() let only the table's ops through */
 }
 
 const tdd_backend tdd_backend_cuda = {

@@ -20,14 +20,9 @@ int tdd_ref_run(const tdd_opcall *c)
 {
     if ((unsigned)c->op >= TDD_OP_COUNT)
         return TD_EUNSUPPORTED_OP;
-    if (c->op == TDD_OP_CLAMP && c->n_in > 1)
-        return tdd_clamp_by_tensors(c, ref_run_sub, NULL, 0);
-    if (c->op == TDD_OP_ADDMM || c->op == TDD_OP_BADDBMM)
-        return tdd_addmm_by_parts(c, ref_run_sub, NULL, 0);
-    if (c->op == TDD_OP_MAX || c->op == TDD_OP_MIN)
-        return tdd_max_by_parts(c, ref_run_sub, NULL, 0);
-    if (c->op == TDD_OP_CONV1D)
-        return tdd_conv1d_by_parts(c, ref_run_sub, NULL, 0);
+    tdd_composite_fn parts = tdd_op_composite(c); /* run as other ops (ops.h) */
+    if (parts)
+        return parts(c, ref_run_sub, NULL, 0);
     switch (tdd_opdefs[c->op].kind) {
     case TDD_KIND_BINARY:
     case TDD_KIND_UNARY:

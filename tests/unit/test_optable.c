@@ -1,4 +1,5 @@
-/* test_optable.c -- every op in the table is found by its name, and nothing else is. */
+/* test_optable.c -- every op in the table is found by its name, and nothing else is; the
+ * composite column names the ops run as other ops. */
 #include <check.h>
 #include <string.h>
 
@@ -35,6 +36,78 @@ START_TEST(test_names_unique)
 }
 END_TEST
 
+/* The composite column: which calls run as other ops, and what the 1-D pools run as. */
+static tdd_opcall seen[4];
+static tdd_tensor seen_in[4], seen_out[4];
+static int n_seen;
+
+static int record(void *ctx, int ordinal, const tdd_opcall *c)
+{
+    (void)ctx;
+    (void)ordinal;
+    if (n_seen < 4) {
+        seen[n_seen] = *c;
+        seen_in[n_seen] = *c->in[0];
+        seen_out[n_seen] = *c->out[0];
+        n_seen++;
+    }
+    return 0;
+}
+
+static tdd_tensor tensor_of(int ndim, const int64_t *shape)
+{
+    tdd_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = TD_F32;
+    t.ndim = ndim;
+    memcpy(t.shape, shape, (size_t)ndim * sizeof *shape);
+    tdd_set_contiguous(&t);
+    return t;
+}
+
+START_TEST(test_composite_column)
+{
+    tdd_opargs a;
+    memset(&a, 0, sizeof a);
+    static const int64_t xs[3] = {2, 3, 11}, ys[3] = {2, 3, 5};
+    tdd_tensor x = tensor_of(3, xs), y = tensor_of(3, ys), lo = tensor_of(3, xs);
+    tdd_opcall c = {.args = &a, .n_in = 1, .n_out = 1, .in = {&x}, .out = {&y}};
+    /* clamp is a composite only with tensor bounds; an op with kernels is none */
+    c.op = TDD_OP_CLAMP;
+    ck_assert(tdd_op_composite(&c) == NULL);
+    c.n_in = 2;
+    c.in[1] = &lo;
+    ck_assert(tdd_op_composite(&c) != NULL);
+    c.n_in = 1;
+    c.op = TDD_OP_MAX_POOL2D;
+    ck_assert(tdd_op_composite(&c) == NULL);
+    for (int i = 0; i < TDD_OP_COUNT; i++) { /* views and creation ops never are */
+        c.op = (tdd_op)i;
+        if (tdd_opdefs[i].kind == TDD_KIND_VIEW || tdd_opdefs[i].kind == TDD_KIND_CREATE)
+            ck_assert_msg(!tdd_op_composite(&c), "%s: a composite", tdd_opdefs[i].name);
+    }
+    /* the 1-D pools: the 2-D pool once, on [N, C, 1, L] views of the same storage */
+    static const tdd_op pools[2][2] = {{TDD_OP_MAX_POOL1D, TDD_OP_MAX_POOL2D},
+                                       {TDD_OP_AVG_POOL1D, TDD_OP_AVG_POOL2D}};
+    for (int k = 0; k < 2; k++) {
+        c.op = pools[k][0];
+        tdd_composite_fn f = tdd_op_composite(&c);
+        ck_assert(f != NULL);
+        n_seen = 0;
+        ck_assert_int_eq(f(&c, record, NULL, 0), 0);
+        ck_assert_int_eq(n_seen, 1);
+        ck_assert_int_eq(seen[0].op, pools[k][1]);
+        ck_assert_ptr_eq(seen[0].args, &a);
+        ck_assert_int_eq(seen_in[0].ndim, 4);
+        ck_assert_int_eq(seen_in[0].shape[2], 1);
+        ck_assert_int_eq(seen_in[0].shape[3], 11);
+        ck_assert_int_eq(seen_in[0].strides[3], 1);
+        ck_assert_int_eq(seen_out[0].ndim, 4);
+        ck_assert_int_eq(seen_out[0].shape[3], 5);
+    }
+}
+END_TEST
+
 Suite *optable_suite(void)
 {
     Suite *s = suite_create("optable");
@@ -42,6 +115,7 @@ Suite *optable_suite(void)
     tcase_add_test(tc, test_every_op_by_name);
     tcase_add_test(tc, test_unknown_names);
     tcase_add_test(tc, test_names_unique);
+    tcase_add_test(tc, test_composite_column);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -692,6 +692,33 @@ class AvgPool2d(Module):
         return F.avg_pool2d(x, *self.args)
 
 
+class MaxPool1d(Module):
+    """1-D max pooling (``torch.nn.MaxPool1d``)."""
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False,
+                 ceil_mode=False):
+        super().__init__()
+        self.args = (kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+    def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
+        return F.max_pool1d(x, *self.args)
+
+
+class AvgPool1d(Module):
+    """1-D average pooling (``torch.nn.AvgPool1d``)."""
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True):
+        super().__init__()
+        self.args = (kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+    def forward(self, x):
+        """The layer applied to its input (what calling the module does)."""
+        return F.avg_pool1d(x, *self.args)
+
+
+__all__ += ["MaxPool1d", "AvgPool1d"]
+
+
 class MSELoss(Module):
     """Mean squared error (``torch.nn.MSELoss``)."""
     def __init__(self, reduction: str = "mean"):

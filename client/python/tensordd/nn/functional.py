@@ -10,7 +10,7 @@ __all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "s
            "log_softmax", "cross_entropy", "nll_loss", "mse_loss",
            "binary_cross_entropy_with_logits", "layer_norm", "embedding", "dropout", "conv2d",
            "max_pool2d", "avg_pool2d", "one_hot", "batch_norm", "adaptive_avg_pool2d", "conv1d",
-           "conv_transpose2d"]
+           "conv_transpose2d", "max_pool1d", "avg_pool1d"]
 
 
 def _op(name, *inputs, **attrs):
@@ -264,6 +264,24 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0):  # noqa: A002
     """2-D average pooling (``torch.nn.functional.avg_pool2d``)."""
     return _op("avg_pool2d", input, kernel_size=_pair(kernel_size),
                stride=None if stride is None else _pair(stride), padding=_pair(padding))
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
+               ceil_mode=False, return_indices=False):
+    """1-D max pooling (``torch.nn.functional.max_pool1d``); with return_indices, the values
+    and the int64 positions in L of the maxima."""
+    return _op("max_pool1d", input, kernel_size=_single(kernel_size),
+               stride=None if stride is None else _single(stride), padding=_single(padding),
+               dilation=_single(dilation), ceil_mode=bool(ceil_mode),
+               return_indices=bool(return_indices), num_outputs=2 if return_indices else 1)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False,  # noqa: A002
+               count_include_pad=True):
+    """1-D average pooling (``torch.nn.functional.avg_pool1d``)."""
+    return _op("avg_pool1d", input, kernel_size=_single(kernel_size),
+               stride=None if stride is None else _single(stride), padding=_single(padding),
+               ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
 
 
 def one_hot(tensor, num_classes=-1):
