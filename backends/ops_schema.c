@@ -351,7 +351,9 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
                                 s_max_pool2d, 1, "return_indices"),
     [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_adaptive),
-    [TDD_OP_MAX_POOL1D] = S("input [N, C, L] or [C, L]", s_max_pool1d),
+    [TDD_OP_MAX_POOL1D] = S_OUT("input [N, C, L] or [C, L] (outputs: values, and int64 indices "
+                                "with return_indices)",
+                                s_max_pool1d, 1, "return_indices"),
     [TDD_OP_AVG_POOL1D] = S("input [N, C, L] or [C, L]", s_avg_pool1d),
     [TDD_OP_FULL] = S("", s_full),
     [TDD_OP_ZEROS] = S("", s_create_shape),
