@@ -11,6 +11,7 @@ EMU_BUILD ?= $(if $(filter build,$(BUILD)),build/emu,$(patsubst %-emu,%,$(BUILD)
 EMU_KERNELS := backends/cuda/kernels.cu
 EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
                $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/tests/emu_checks \
+               $(EMU_BUILD)/tests/emu_profile \
                $(EMU_BUILD)/python/tensordd/tensordd_pb2.py \
                $(EMU_BUILD)/tools/opcoverage $(EMU_BUILD)/python/tensordd/_torch_guard.so
 
@@ -72,6 +73,13 @@ $(BUILD)/tests/emu_selftest: tests/gpu/emu_selftest.cpp $(BUILD)/obj/backends/cu
 # Its memory checks (memcheck, racecheck, initcheck) on kernels instrumented as kernels.cu is.
 # Compiled instrumented, linked without the sanitizer's library (runtime.cpp is its run time).
 $(BUILD)/tests/emu_checks: tests/gpu/emu_checks.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $<"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
+	$(Q)$(CXX) $@.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o $(OPENBLAS_LIBS) -pthread -o $@
+
+# Its per-launch profile (TDD_EMU_PROFILE) against hand-counted traffic of small kernels.
+$(BUILD)/tests/emu_profile: tests/gpu/emu_profile.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $<"
 	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
