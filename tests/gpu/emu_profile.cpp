@@ -36,6 +36,16 @@ __global__ void add(const float *a, const float *b, float *y, int n)
         y[i] = a[i] + b[i];
 }
 
+// float4 at a time (the host compiler may load the fields one by one: a GPU loads 16 bytes).
+__global__ void add4(const float4 *a, const float4 *b, float4 *y, int n4)
+{
+    int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n4) {
+        float4 x = a[i], w = b[i];
+        y[i] = make_float4(x.x + w.x, x.y + w.y, x.z + w.z, x.w + w.w);
+    }
+}
+
 // Thread i reads x[i * stride].
 __global__ void gather_strided(const float *x, float *y, int n, int stride)
 {
@@ -136,6 +146,17 @@ int main()
     CHECK(field(r, "read_sectors") == 2 * (31 * 4 + 1) &&
               field(r, "read_ideal_sectors") == field(r, "read_sectors"),
           "%s", r.c_str());
+
+    // ---- the same as float4: 250 lanes, 8 requests (7 warps of 512 bytes, one of 416) each
+    tdc_launch(1, 256, 0, nullptr, add4)((const float4 *)a, (const float4 *)b, (float4 *)y, 250);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "add4");
+    r = record(path, "add4");
+    CHECK(field(r, "read_bytes") == 8ull * n && field(r, "write_bytes") == 4ull * n, "%s",
+          r.c_str());
+    CHECK(field(r, "read_sectors") == 250 && field(r, "read_ideal_sectors") == 250 &&
+              field(r, "write_sectors") == 125 && field(r, "write_ideal_sectors") == 125,
+          "%s", r.c_str());
+    CHECK(field(r, "read_requests") == 2 * 8 && field(r, "write_requests") == 8, "%s", r.c_str());
 
     // ---- every 32nd float of a (128 bytes apart): a sector per lane, 4 would hold the bytes
     float *x;

@@ -952,6 +952,18 @@ struct prof_launch {
     // the block's warp requests not counted yet, and each lane's executions of each address
     std::unordered_map<prof_key, std::vector<prof_access>, prof_key_hash> pending;
     std::unordered_map<uint64_t, uint32_t> occ; // (pc, thread) -> executions
+    // each thread's last accesses, where a vector load or store split by the host compiler
+    // into its fields (the next field, at another code address) joins the first
+    struct last_access {
+        std::vector<prof_access> *req = nullptr;
+        size_t at = 0;
+        uintptr_t pc = 0;
+    };
+    struct last_accesses {
+        last_access a[4];
+        unsigned next = 0;
+    };
+    std::vector<last_accesses> last;
 };
 
 // The distinct bytes a request's accesses cover.
@@ -1023,6 +1035,7 @@ void prof_flush()
     }
     p->pending.clear();
     p->occ.clear();
+    p->last.clear();
 }
 
 void prof_access_at(const void *pc, uintptr_t a, size_t n, bool w, bool shared)
@@ -1032,10 +1045,30 @@ void prof_access_at(const void *pc, uintptr_t a, size_t n, bool w, bool shared)
     if (!p || !r || r->cur < 0)
         return;
     uint32_t tid = (uint32_t)r->cur;
-    uint64_t ok = (uint64_t)(uintptr_t)pc * 1024u + tid; // threads < 1024
-    uint32_t occ = p->occ[ok]++;
-    p->pending[prof_key{(uintptr_t)pc, tid / 32, occ}].push_back(
-        prof_access{a, (uint32_t)n, (uint8_t)w, (uint8_t)shared});
+    if (p->last.size() <= tid)
+        p->last.resize((size_t)r->n);
+    prof_launch::last_accesses &ls = p->last[tid];
+    // A float4 (or float2) the host compiler loads field by field is one 16-byte (8-byte)
+    // access on a GPU: an access from other code to the bytes right after one of the
+    // thread's last four, within one aligned 16 bytes, extends it.
+    prof_launch::last_access *hit = nullptr;
+    for (prof_launch::last_access &la : ls.a) {
+        prof_access *prev = la.req ? &(*la.req)[la.at] : nullptr;
+        if (prev && la.pc != (uintptr_t)pc && prev->w == w && prev->shared == shared &&
+            prev->a + prev->n == a && (a + n - 1) >> 4 == prev->a >> 4) {
+            prev->n += (uint32_t)n;
+            la.pc = (uintptr_t)pc;
+            hit = &la;
+            break;
+        }
+    }
+    if (!hit) {
+        uint64_t ok = (uint64_t)(uintptr_t)pc * 1024u + tid; // threads < 1024
+        uint32_t occ = p->occ[ok]++;
+        std::vector<prof_access> &req = p->pending[prof_key{(uintptr_t)pc, tid / 32, occ}];
+        req.push_back(prof_access{a, (uint32_t)n, (uint8_t)w, (uint8_t)shared});
+        ls.a[ls.next++ % 4] = prof_launch::last_access{&req, req.size() - 1, (uintptr_t)pc};
+    }
     if (shared)
         return;
     p->bytes[w] += n;
