@@ -160,6 +160,13 @@ def main():
           flush=True)
     loss = step(model, opt, xd, yd, flat)
     print("loss", loss, flush=True)
+    if workload == "gpt":
+        # the step's attention (forward): per layer, batch and head, query i attends keys
+        # 0..i; each pair costs a score (E multiply-adds) and a weighted row of v (Ev)
+        T, d, heads, layers, batch = 32, 64, 4, 2, 2
+        E = Ev = d // heads
+        pairs = layers * batch * heads * T * (T + 1) // 2
+        print("attention-flops", 2 * pairs * (E + Ev), flush=True)
     tensordd.set_default_session(None)
     sess.close(raise_errors=False)
 
