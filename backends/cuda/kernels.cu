@@ -1014,6 +1014,61 @@ __global__ void reduce_partials(const T *part, int nsplit, int64_t nout, T *y, i
     }
 }
 
+// One warp per output for short reductions (nred <= 32) over a dense innermost dim: lane r
+// reads element r, so each warp's loads are one contiguous run (a thread per output would
+// read a row per lane, a sector per lane).
+template <typename T>
+__global__ void reduce_warp(__grid_constant__ const tdc_reduce_layout l, const T *x, T *y, int comb,
+                            int map, int fin, const T *aux, double scale)
+{
+    int64_t warps = gstride() / 32;
+    int lane = threadIdx.x & 31;
+    for (int64_t o = gtid() / 32; o < l.nout; o += warps) { // warp-uniform
+        int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
+        T a = aux ? aux[o] : (T)0;
+        T acc = r_init<T>(comb);
+        for (int64_t r = lane; r < l.nred; r += 32)
+            acc = r_comb(comb, acc,
+                         r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+        acc = warp_reduce(comb, acc);
+        if (lane == 0)
+            y[o] = r_finish(fin, acc, a, scale);
+    }
+}
+
+// Reductions over outer dims whose kept innermost dim is dense, with too few outputs for a
+// thread each (a bias gradient: [N, C] summed over N): a block of 32 x kColRows threads per
+// 32 neighbouring outputs, threadIdx.x over the outputs (a warp reads a contiguous run of
+// each reduced row), threadIdx.y striding the reduced elements, combined in shared memory.
+constexpr int kColRows = 16;
+
+template <typename T>
+__global__ void reduce_cols(__grid_constant__ const tdc_reduce_layout l, const T *x, T *y, int comb,
+                            int map, int fin, const T *aux, double scale)
+{
+    __shared__ T sh[kColRows][33];
+    const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+    for (int64_t o0 = (int64_t)blockIdx.x * 32; o0 < l.nout; o0 += (int64_t)gridDim.x * 32) {
+        const int64_t o = o0 + tx;
+        const bool in = o < l.nout;
+        const int64_t base = in ? flat_offset(l.kshape, l.kstride, l.nk, o) : 0;
+        const T a = in && aux ? aux[o] : (T)0;
+        T acc = r_init<T>(comb);
+        if (in)
+            for (int64_t r = ty; r < l.nred; r += blockDim.y)
+                acc = r_comb(comb, acc,
+                             r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+        sh[ty][tx] = acc;
+        __syncthreads();
+        if (ty == 0 && in) {
+            for (int k = 1; k < (int)blockDim.y; k++)
+                acc = r_comb(comb, acc, sh[k][tx]);
+            y[o] = r_finish(fin, acc, a, scale);
+        }
+        __syncthreads(); // sh is read: the next tile may overwrite it
+    }
+}
+
 // One thread per output: for short reductions, and for reductions over an outer dim where
 // neighbouring threads then read neighbouring elements.
 template <typename T>
@@ -1827,6 +1882,18 @@ static cudaError_t reduce_t(const tdc_dev *d, const tdc_reduce_layout *l, T *y, 
                             int comb, int map, int fin, const T *aux, double scale)
 {
     cudaStream_t s = d->stream;
+    if (l->nred <= 32 && l->nr > 0 && l->rstride[l->nr - 1] == 1) {
+        tdc_launch(grid_for(d, l->nout * 32), kThreads, 0, s, reduce_warp<T>)(*l, x, y, comb, map,
+                                                                              fin, aux, scale);
+        return launched();
+    }
+    if (l->nout >= 32 && l->nout < 1024 && l->nr > 0 && l->nk > 0 && l->rstride[l->nr - 1] != 1 &&
+        l->kstride[l->nk - 1] == 1) {
+        int64_t tiles = (l->nout + 31) / 32, cap = (int64_t)(d->sms > 0 ? d->sms : 1) * 8;
+        tdc_launch((int)(tiles < cap ? tiles : cap), dim3(32, kColRows), 0, s,
+                   reduce_cols<T>)(*l, x, y, comb, map, fin, aux, scale);
+        return launched();
+    }
     if (thread_per_output(l)) {
         tdc_launch(grid_for(d, l->nout), kThreads, 0, s, reduce_thread<T>)(*l, x, y, comb, map, fin,
                                                                            aux, scale);
