@@ -1887,8 +1887,9 @@ static cudaError_t reduce_t(const tdc_dev *d, const tdc_reduce_layout *l, T *y, 
                                                                               fin, aux, scale);
         return launched();
     }
-    if (l->nout >= 32 && l->nout < 1024 && l->nr > 0 && l->nk > 0 && l->rstride[l->nr - 1] != 1 &&
-        l->kstride[l->nk - 1] == 1) {
+    // (under 32 outputs lanes idle: only while one block's 512 threads suffice for nred)
+    if (l->nout < 1024 && (l->nout >= 32 || l->nred <= 65536) && l->nr > 0 && l->nk > 0 &&
+        l->rstride[l->nr - 1] != 1 && l->kstride[l->nk - 1] == 1) {
         int64_t tiles = (l->nout + 31) / 32, cap = (int64_t)(d->sms > 0 ? d->sms : 1) * 8;
         tdc_launch((int)(tiles < cap ? tiles : cap), dim3(32, kColRows), 0, s,
                    reduce_cols<T>)(*l, x, y, comb, map, fin, aux, scale);
