@@ -8,7 +8,8 @@ with ptxas's register and shared-memory counts for kernels.cu, against the roofl
         layout, the GPT) each on its own emulated daemon (cuda:0 with 132 SMs, so grids are
         sized as on an H200), profiles the second training step and writes the report
     gpu_report.py report --ptxas FILE NAME=PROFILE.jsonl...
-        the report of profiles already taken
+        the report of profiles already taken (run leaves each step's records in
+        BUILD/gpu_report_NAME.step.jsonl, NAME one of mlp, resnet18, gpt)
 
 The model, per launch (every figure is the emulator's count unless it says otherwise):
   sector traffic   32 x the distinct 32-byte sectors each warp request touches, summed over
@@ -373,6 +374,8 @@ def main():
             prof = os.path.join(a.build, f"gpu_report_{wl}.jsonl")
             start, attn = run_workload(a.build, wl, prof, a.timeout)
             profiles[wl] = read_profile(prof, start)
+            with open(os.path.join(a.build, f"gpu_report_{wl}.step.jsonl"), "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in profiles[wl])
             if attn is not None:
                 expected[wl] = attn
     else:
