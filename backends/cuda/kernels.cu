@@ -1014,24 +1014,29 @@ __global__ void reduce_partials(const T *part, int nsplit, int64_t nout, T *y, i
     }
 }
 
-// One warp per output for short reductions (nred <= 32) over a dense innermost dim: lane r
-// reads element r, so each warp's loads are one contiguous run (a thread per output would
-// read a row per lane, a sector per lane).
+// Short reductions (nred <= 32) over a dense innermost dim: each warp takes 32 / seg outputs,
+// seg (a power of two >= nred) lanes each, lane r of a segment reading element r, so a warp
+// reads neighbouring rows as one contiguous run (a thread per output would read a row per
+// lane, a sector per lane); segments combine by shuffles within themselves.
 template <typename T>
 __global__ void reduce_warp(__grid_constant__ const tdc_reduce_layout l, const T *x, T *y, int comb,
-                            int map, int fin, const T *aux, double scale)
+                            int map, int fin, const T *aux, double scale, int seg)
 {
-    int64_t warps = gstride() / 32;
-    int lane = threadIdx.x & 31;
-    for (int64_t o = gtid() / 32; o < l.nout; o += warps) { // warp-uniform
-        int64_t base = flat_offset(l.kshape, l.kstride, l.nk, o);
-        T a = aux ? aux[o] : (T)0;
+    const int64_t per = 32 / seg, warps = gstride() / 32;
+    const int lane = threadIdx.x & 31, r = lane % seg;
+    for (int64_t o0 = gtid() / 32 * per; o0 < l.nout; o0 += warps * per) { // warp-uniform
+        const int64_t o = o0 + lane / seg;
+        const bool in = o < l.nout;
+        T a = in && aux ? aux[o] : (T)0;
         T acc = r_init<T>(comb);
-        for (int64_t r = lane; r < l.nred; r += 32)
-            acc = r_comb(comb, acc,
-                         r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
-        acc = warp_reduce(comb, acc);
-        if (lane == 0)
+        if (in && r < l.nred)
+            acc = r_map(map,
+                        x[flat_offset(l.kshape, l.kstride, l.nk, o) +
+                          flat_offset(l.rshape, l.rstride, l.nr, r)],
+                        a);
+        for (int s = seg / 2; s > 0; s >>= 1)
+            acc = r_comb(comb, acc, __shfl_xor_sync(0xffffffffu, acc, s));
+        if (in && r == 0)
             y[o] = r_finish(fin, acc, a, scale);
     }
 }
@@ -1883,8 +1888,11 @@ static cudaError_t reduce_t(const tdc_dev *d, const tdc_reduce_layout *l, T *y, 
 {
     cudaStream_t s = d->stream;
     if (l->nred <= 32 && l->nr > 0 && l->rstride[l->nr - 1] == 1) {
-        tdc_launch(grid_for(d, l->nout * 32), kThreads, 0, s, reduce_warp<T>)(*l, x, y, comb, map,
-                                                                              fin, aux, scale);
+        int seg = 1;
+        while (seg < l->nred)
+            seg *= 2;
+        tdc_launch(grid_for(d, (l->nout * seg + 31) / 32 * 32), kThreads, 0, s,
+                   reduce_warp<T>)(*l, x, y, comb, map, fin, aux, scale, seg);
         return launched();
     }
     // (under 32 outputs lanes idle: only while one block's 512 threads suffice for nred)

@@ -71,12 +71,14 @@ def test_creation_on_cuda_matches_torch(gs, fn, tfn, dtype):
 
 
 # Reductions whose layouts take each of the cuda backend's reduction kernels: short rows over
-# the dense innermost dim (a warp per output), outer dims with under 1024 dense kept outputs (a
-# block per 32 outputs), outer dims with >= 1024 outputs (a thread each), long rows (a block
-# per output, split across blocks when outputs are few); with each map (plain, exp-sub for
-# logsumexp, squared deviation for var) and combine.
+# the dense innermost dim (several to a warp, the last warp part-filled), outer dims with
+# under 1024 dense kept outputs (a block per 32 outputs), outer dims with >= 1024 outputs (a
+# thread each), long rows (a block per output, split across blocks when outputs are few);
+# with each map (plain, exp-sub for logsumexp, squared deviation for var) and combine.
 REDUCTION_LAYOUTS = [
     ("short_rows", (64, 10), -1),
+    ("short_rows_part_warp", (5, 7, 3), -1),
+    ("row_of_one", (45, 1), -1),
     ("columns", (300, 70), 0),
     ("few_columns", (300, 10), 0),
     ("columns_3d", (6, 50, 40), (0, 1)),
