@@ -16,6 +16,14 @@
 
 #include "kernels.h"
 
+// n floating-point operations by this thread: counted in the emulator's per-launch profile
+// (TDD_EMU_PROFILE, tools/gpu_report.py), nothing on a GPU.
+#ifdef TDC_EMU
+#define TDC_FLOPS(n) ::tdc_emu::flops(n)
+#else
+#define TDC_FLOPS(n) ((void)0)
+#endif
+
 namespace
 {
 
@@ -1006,6 +1014,66 @@ __global__ void reduce_partials(const T *part, int nsplit, int64_t nout, T *y, i
     }
 }
 
+// Short reductions (nred <= 32) over a dense innermost dim: each warp takes 32 / seg outputs,
+// seg (a power of two >= nred) lanes each, lane r of a segment reading element r, so a warp
+// reads neighbouring rows as one contiguous run (a thread per output would read a row per
+// lane, a sector per lane); segments combine by shuffles within themselves.
+template <typename T>
+__global__ void reduce_warp(__grid_constant__ const tdc_reduce_layout l, const T *x, T *y, int comb,
+                            int map, int fin, const T *aux, double scale, int seg)
+{
+    const int64_t per = 32 / seg, warps = gstride() / 32;
+    const int lane = threadIdx.x & 31, r = lane % seg;
+    for (int64_t o0 = gtid() / 32 * per; o0 < l.nout; o0 += warps * per) { // warp-uniform
+        const int64_t o = o0 + lane / seg;
+        const bool in = o < l.nout;
+        T a = in && aux ? aux[o] : (T)0;
+        T acc = r_init<T>(comb);
+        if (in && r < l.nred)
+            acc = r_map(map,
+                        x[flat_offset(l.kshape, l.kstride, l.nk, o) +
+                          flat_offset(l.rshape, l.rstride, l.nr, r)],
+                        a);
+        for (int s = seg / 2; s > 0; s >>= 1)
+            acc = r_comb(comb, acc, __shfl_xor_sync(0xffffffffu, acc, s));
+        if (in && r == 0)
+            y[o] = r_finish(fin, acc, a, scale);
+    }
+}
+
+// Reductions over outer dims whose kept innermost dim is dense, with too few outputs for a
+// thread each (a bias gradient: [N, C] summed over N): a block of 32 x kColRows threads per
+// 32 neighbouring outputs, threadIdx.x over the outputs (a warp reads a contiguous run of
+// each reduced row), threadIdx.y striding the reduced elements, combined in shared memory.
+constexpr int kColRows = 16;
+
+template <typename T>
+__global__ void reduce_cols(__grid_constant__ const tdc_reduce_layout l, const T *x, T *y, int comb,
+                            int map, int fin, const T *aux, double scale)
+{
+    __shared__ T sh[kColRows][33];
+    const int tx = (int)threadIdx.x, ty = (int)threadIdx.y;
+    for (int64_t o0 = (int64_t)blockIdx.x * 32; o0 < l.nout; o0 += (int64_t)gridDim.x * 32) {
+        const int64_t o = o0 + tx;
+        const bool in = o < l.nout;
+        const int64_t base = in ? flat_offset(l.kshape, l.kstride, l.nk, o) : 0;
+        const T a = in && aux ? aux[o] : (T)0;
+        T acc = r_init<T>(comb);
+        if (in)
+            for (int64_t r = ty; r < l.nred; r += blockDim.y)
+                acc = r_comb(comb, acc,
+                             r_map(map, x[base + flat_offset(l.rshape, l.rstride, l.nr, r)], a));
+        sh[ty][tx] = acc;
+        __syncthreads();
+        if (ty == 0 && in) {
+            for (int k = 1; k < (int)blockDim.y; k++)
+                acc = r_comb(comb, acc, sh[k][tx]);
+            y[o] = r_finish(fin, acc, a, scale);
+        }
+        __syncthreads(); // sh is read: the next tile may overwrite it
+    }
+}
+
 // One thread per output: for short reductions, and for reductions over an outer dim where
 // neighbouring threads then read neighbouring elements.
 template <typename T>
@@ -1242,16 +1310,24 @@ __global__ void dropout_kernel(__grid_constant__ const tdc_layout l, void *y, in
     }
 }
 
-// scaled_dot_product_attention: a thread per output element (row, e), one pass over the keys
-// with the softmax's running max and sum in registers (the scores are recomputed for each e:
-// L*S*E*Ev work, fine for the small heads it serves; no [L, S] buffer). Dropout draws as ref's.
-__global__ void sdpa_kernel(__grid_constant__ const tdc_sdpa_args a, int dt, const void *q,
-                            const void *k, const void *v, const void *m, void *y)
+// scaled_dot_product_attention: a block per query row, the keys in tiles of kSdpaTile. Each
+// key's score is computed once per row: a warp per key, its lanes over E (coalesced along
+// the row), summed by shuffles, into shared memory with the mask and the dropout draw (as
+// ref's); then every thread runs the softmax's running max and sum over the tile (the same
+// values in every thread) and accumulates its columns of v (up to kSdpaVec per thread, one
+// pass per blockDim * kSdpaVec columns). Work L*S*(E + Ev) per head, no [L, S] buffer.
+constexpr int kSdpaThreads = 128, kSdpaTile = 32, kSdpaVec = 8;
+
+__global__ void __launch_bounds__(kSdpaThreads)
+    sdpa_kernel(__grid_constant__ const tdc_sdpa_args a, int dt, const void *q, const void *k,
+                const void *v, const void *m, void *y)
 {
-    const int64_t n = a.rows * a.Ev;
+    __shared__ double sc[kSdpaTile], dm[kSdpaTile];
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = (int)(blockDim.x >> 5);
+    const int64_t chunk = (int64_t)blockDim.x * kSdpaVec;
     const double keep = a.p < 1.0 ? 1.0 / (1.0 - a.p) : 0.0;
-    for (int64_t t = gtid(); t < n; t += gstride()) {
-        int64_t e = t % a.Ev, r = t / a.Ev, i = r % a.L, rest = r / a.L;
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        int64_t i = r % a.L, rest = r / a.L;
         int64_t off[4] = {0, 0, 0, 0};
         for (int d = a.nb - 1; d >= 0; d--) {
             int64_t b = rest % a.bshape[d];
@@ -1259,38 +1335,74 @@ __global__ void sdpa_kernel(__grid_constant__ const tdc_sdpa_args a, int dt, con
             for (int o = 0; o < 4; o++)
                 off[o] += b * a.bst[o][d];
         }
-        double mx = -INFINITY, z = 0.0, acc = 0.0;
-        for (int64_t j = 0; j < a.S; j++) {
-            if (a.causal && j > i)
-                break;
-            int64_t mo = off[3] + i * a.rst[3][0] + j * a.rst[3][1];
-            if (a.mask == 1 && !((const uint8_t *)m)[mo])
-                continue;
-            double s = 0.0;
-            for (int64_t c = 0; c < a.E; c++)
-                s += load_f(q, dt, off[0] + i * a.rst[0][0] + c * a.rst[0][1]) *
-                     load_f(k, dt, off[1] + j * a.rst[1][0] + c * a.rst[1][1]);
-            s *= a.scale;
-            if (a.mask == 2)
-                s += load_f(m, dt, mo);
-            if (s == -INFINITY)
-                continue;
-            if (s > mx) {
-                double f = exp(mx - s);
-                z *= f;
-                acc *= f;
-                mx = s;
+        const int64_t qo = off[0] + i * a.rst[0][0];
+        const int64_t jend = a.causal ? (i + 1 < a.S ? i + 1 : a.S) : a.S;
+        for (int64_t e0 = 0; e0 < a.Ev; e0 += chunk) {
+            double mx = -INFINITY, z = 0.0, acc[kSdpaVec];
+            for (int u = 0; u < kSdpaVec; u++)
+                acc[u] = 0.0;
+            for (int64_t j0 = 0; j0 < jend; j0 += kSdpaTile) {
+                const int nt = (int)(jend - j0 < kSdpaTile ? jend - j0 : kSdpaTile);
+                for (int t = warp; t < nt; t += nw) { // warp-uniform: every lane shuffles
+                    const int64_t j = j0 + t, ko = off[1] + j * a.rst[1][0];
+                    double s = 0.0;
+                    for (int64_t c = lane; c < a.E; c += 32) {
+                        s += load_f(q, dt, qo + c * a.rst[0][1]) *
+                             load_f(k, dt, ko + c * a.rst[1][1]);
+                        TDC_FLOPS(2);
+                    }
+                    for (int o = 16; o > 0; o >>= 1)
+                        s += __shfl_xor_sync(0xffffffffu, s, o);
+                    if (lane == 0) {
+                        const int64_t mo = off[3] + i * a.rst[3][0] + j * a.rst[3][1];
+                        s *= a.scale;
+                        if (a.mask == 1 && !((const uint8_t *)m)[mo])
+                            s = -INFINITY; // not attended: skipped below
+                        else if (a.mask == 2)
+                            s += load_f(m, dt, mo);
+                        double d = 1.0;
+                        if (a.p > 0.0) {
+                            double u = (double)(rng_u64(a.seed, (uint64_t)(r * a.S + j)) >> 11) *
+                                       0x1.0p-53;
+                            d = u >= a.p ? keep : 0.0;
+                        }
+                        sc[t] = s;
+                        dm[t] = d;
+                    }
+                }
+                __syncthreads();
+                for (int t = 0; t < nt; t++) {
+                    const double s = sc[t];
+                    if (s == -INFINITY)
+                        continue;
+                    if (s > mx) {
+                        double f = exp(mx - s);
+                        z *= f;
+                        for (int u = 0; u < kSdpaVec; u++)
+                            acc[u] *= f;
+                        mx = s;
+                    }
+                    double w = exp(s - mx);
+                    z += w;
+                    w *= dm[t];
+                    const int64_t vo = off[2] + (j0 + t) * a.rst[2][0];
+                    for (int u = 0; u < kSdpaVec; u++) {
+                        const int64_t e = e0 + tid + (int64_t)u * blockDim.x;
+                        if (e < a.Ev) {
+                            acc[u] += w * load_f(v, dt, vo + e * a.rst[2][1]);
+                            TDC_FLOPS(2);
+                        }
+                    }
+                }
+                __syncthreads(); // the tile's scores are read: the next may overwrite them
             }
-            double w = exp(s - mx);
-            z += w;
-            if (a.p > 0.0) {
-                double u = (double)(rng_u64(a.seed, (uint64_t)(r * a.S + j)) >> 11) * 0x1.0p-53;
-                w *= u >= a.p ? keep : 0.0;
+            // nothing attended: 0 / 0, NaN as softmax over -inf; no keys at all: an empty sum
+            for (int u = 0; u < kSdpaVec; u++) {
+                const int64_t e = e0 + tid + (int64_t)u * blockDim.x;
+                if (e < a.Ev)
+                    store_f(y, dt, r * a.Ev + e, a.S ? acc[u] / z : 0.0);
             }
-            acc += w * load_f(v, dt, off[2] + j * a.rst[2][0] + e * a.rst[2][1]);
         }
-        // nothing attended: 0 / 0, NaN as softmax over -inf; no keys at all: an empty sum
-        store_f(y, dt, t, a.S ? acc / z : 0.0);
     }
 }
 
@@ -1775,6 +1887,22 @@ static cudaError_t reduce_t(const tdc_dev *d, const tdc_reduce_layout *l, T *y, 
                             int comb, int map, int fin, const T *aux, double scale)
 {
     cudaStream_t s = d->stream;
+    if (l->nred <= 32 && l->nr > 0 && l->rstride[l->nr - 1] == 1) {
+        int seg = 1;
+        while (seg < l->nred)
+            seg *= 2;
+        tdc_launch(grid_for(d, (l->nout * seg + 31) / 32 * 32), kThreads, 0, s,
+                   reduce_warp<T>)(*l, x, y, comb, map, fin, aux, scale, seg);
+        return launched();
+    }
+    // (under 32 outputs lanes idle: only while one block's 512 threads suffice for nred)
+    if (l->nout < 1024 && (l->nout >= 32 || l->nred <= 65536) && l->nr > 0 && l->nk > 0 &&
+        l->rstride[l->nr - 1] != 1 && l->kstride[l->nk - 1] == 1) {
+        int64_t tiles = (l->nout + 31) / 32, cap = (int64_t)(d->sms > 0 ? d->sms : 1) * 8;
+        tdc_launch((int)(tiles < cap ? tiles : cap), dim3(32, kColRows), 0, s,
+                   reduce_cols<T>)(*l, x, y, comb, map, fin, aux, scale);
+        return launched();
+    }
     if (thread_per_output(l)) {
         tdc_launch(grid_for(d, l->nout), kThreads, 0, s, reduce_thread<T>)(*l, x, y, comb, map, fin,
                                                                            aux, scale);
@@ -2084,8 +2212,9 @@ extern "C" cudaError_t tdc_sdpa(const tdc_dev *d, const tdc_sdpa_args *a, int dt
 {
     if (a->rows * a->Ev == 0)
         return cudaSuccess;
-    tdc_launch(grid_for(d, a->rows * a->Ev), kThreads, 0, d->stream, sdpa_kernel)(*a, dt, q, k, v,
-                                                                                  m, y);
+    const int64_t cap = (int64_t)(d->sms > 0 ? d->sms : 1) * 32;
+    tdc_launch((int)(a->rows < cap ? a->rows : cap), kSdpaThreads, 0, d->stream,
+               sdpa_kernel)(*a, dt, q, k, v, m, y);
     return launched();
 }
 

@@ -52,6 +52,8 @@ if want selftest && [ $emulated = 1 ]; then
     "$BUILD/tests/emu_selftest" 2>/dev/null
     echo "gpu: the emulator's memory checks ($BUILD/tests/emu_checks)"
     "$BUILD/tests/emu_checks" 2>/dev/null
+    echo "gpu: the emulator's per-launch profile ($BUILD/tests/emu_profile)"
+    "$BUILD/tests/emu_profile"
 fi
 # The conformance runner is in-process: the emulator takes its devices from the environment.
 if want conformance; then

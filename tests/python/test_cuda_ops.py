@@ -68,3 +68,39 @@ def test_creation_on_cuda_matches_torch(gs, fn, tfn, dtype):
     want = tfn(getattr(torch, dtype))
     assert got.device == DEV
     T.compare(got, want, exact=False, k=1, what=f"creation {dtype} on {DEV}")
+
+
+# Reductions whose layouts take each of the cuda backend's reduction kernels: short rows over
+# the dense innermost dim (several to a warp, the last warp part-filled), outer dims with
+# under 1024 dense kept outputs (a block per 32 outputs), outer dims with >= 1024 outputs (a
+# thread each), long rows (a block per output, split across blocks when outputs are few);
+# with each map (plain, exp-sub for logsumexp, squared deviation for var) and combine.
+REDUCTION_LAYOUTS = [
+    ("short_rows", (64, 10), -1),
+    ("short_rows_part_warp", (5, 7, 3), -1),
+    ("row_of_one", (45, 1), -1),
+    ("columns", (300, 70), 0),
+    ("few_columns", (300, 10), 0),
+    ("columns_3d", (6, 50, 40), (0, 1)),
+    ("many_columns", (5, 2000), 0),
+    ("long_rows", (3, 5000), 1),
+]
+
+
+@pytest.mark.parametrize("name,shape,dim", REDUCTION_LAYOUTS,
+                         ids=[r[0] for r in REDUCTION_LAYOUTS])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_reduction_layouts_on_cuda_match_torch(gs, name, shape, dim, dtype):
+    rng = np.random.default_rng(len(name) * 7 + len(dtype))
+    if dtype == "int64":
+        a = rng.integers(-50, 50, shape).astype(np.int64)
+        ops = ["sum", "amax", "amin"]
+    else:
+        a = rng.standard_normal(shape).astype(dtype)
+        ops = ["sum", "mean", "amax", "amin", "var", "logsumexp"]
+    x, tx = gs.tensor(a, device=DEV), torch.from_numpy(a)
+    for op in ops:
+        got = getattr(x, op)(dim)
+        want = getattr(tx, op)(dim)
+        T.compare(got, want, exact=dtype == "int64", k=shape[0] if dim == 0 else 8,
+                  what=f"{op} over {dim} of {shape} {dtype} on {DEV}")

@@ -77,6 +77,13 @@ SDPA = [
                           const(np.array([[True, False, True, True], [False] * 4,
                                           [True, True, False, False]]))], {}, [0, 1]),
     ("empty_keys", [f32(2, 3, 4), f32(2, 0, 4), f32(2, 0, 2)], {}, []),
+    # past the GPU kernel's tiles: keys over several 32-key tiles, E over a warp's 32 lanes,
+    # a causal row ending inside a tile, and more value columns than one pass of its block
+    ("many_keys_wide_e", [f32(2, 3, 40), f32(2, 70, 40), f32(2, 70, 6), bmask(3, 70)], {},
+     [0, 1, 2]),
+    ("causal_many_keys", [f32(1, 70, 5), f32(1, 70, 5), f32(1, 70, 3)], {"is_causal": True},
+     [0, 1, 2]),
+    ("wide_values", [f32(1, 2, 4), f32(1, 5, 4), f32(1, 5, 1030)], {}, [2]),
 ]
 
 # einsum: torch's grammar (implicit output, '...', diagonals, size-1 broadcast, 3 operands)

@@ -37,7 +37,12 @@
  *                            unordered conflicting accesses of one launch (racecheck) and
  *                            loads of memory nothing wrote (initcheck) are kernel faults.
  *                            Accesses outside an allocation's exact size (memcheck) are
- *                            faults in every mode. */
+ *                            faults in every mode.
+ *   TDD_EMU_PROFILE=PATH     one JSON line per kernel launch (and cuBLAS GEMM) appended to
+ *                            PATH: global bytes read and written, 32-byte sectors per warp
+ *                            request against the fewest possible (coalescing), the launch's
+ *                            distinct bytes, shared-memory bank wavefronts, FLOPs
+ *                            (runtime.cpp's profile section; tools/gpu_report.py reads it) */
 #ifndef TDC_EMU_H
 #define TDC_EMU_H
 

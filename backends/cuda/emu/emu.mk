@@ -11,10 +11,11 @@ EMU_BUILD ?= $(if $(filter build,$(BUILD)),build/emu,$(patsubst %-emu,%,$(BUILD)
 EMU_KERNELS := backends/cuda/kernels.cu
 EMU_TARGETS := $(EMU_BUILD)/tensordd $(EMU_BUILD)/tdctl $(EMU_BUILD)/tests/gpu_conformance \
                $(EMU_BUILD)/tests/emu_selftest $(EMU_BUILD)/tests/emu_checks \
+               $(EMU_BUILD)/tests/emu_profile \
                $(EMU_BUILD)/python/tensordd/tensordd_pb2.py \
                $(EMU_BUILD)/tools/opcoverage $(EMU_BUILD)/python/tensordd/_torch_guard.so
 
-.PHONY: emu test-emu
+.PHONY: emu test-emu gpu-report
 emu:
 	@$(MAKE) --no-print-directory TDD_EMU=1 BUILD=$(EMU_BUILD) SAN= NVCC= \
 	    CUDA_CPPFLAGS="-DTDC_EMU=1 -Ibackends/cuda/emu/include" CUDA_LIBS=-lstdc++ $(EMU_TARGETS)
@@ -76,3 +77,24 @@ $(BUILD)/tests/emu_checks: tests/gpu/emu_checks.cpp $(BUILD)/obj/backends/cuda/e
 	@echo "  CXX      $<"
 	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
 	$(Q)$(CXX) $@.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o $(OPENBLAS_LIBS) -pthread -o $@
+
+# Its per-launch profile (TDD_EMU_PROFILE) against hand-counted traffic of small kernels.
+$(BUILD)/tests/emu_profile: tests/gpu/emu_profile.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $<"
+	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
+	$(Q)$(CXX) $@.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o $(OPENBLAS_LIBS) -pthread -o $@
+
+# `make gpu-report`: one training step of the digits MLP, ResNet-18's layout and a GPT on
+# emulated cuda:0 (132 SMs), profiled (TDD_EMU_PROFILE) and set against an H200's roofline
+# with ptxas's registers and shared memory (tools/gpu_report.py): bench/gpu_report.md.
+$(EMU_BUILD)/kernels.ptxas.txt: backends/cuda/kernels.cu backends/cuda/kernels.h
+	@mkdir -p $(dir $@)
+	@echo "  PTXAS    $< (resource usage, sm_90)"
+	$(Q)if [ -x "$(or $(NVCC),/usr/local/cuda/bin/nvcc)" ]; then \
+	    $(or $(NVCC),/usr/local/cuda/bin/nvcc) -O2 -std=c++17 -arch=sm_90 -Xptxas -v -Iinclude \
+	        -Iproto -Ibackends -c $< -o $@.o 2>$@.tmp >/dev/null && rm -f $@.o && mv $@.tmp $@; \
+	else : >$@; fi
+gpu-report: emu $(EMU_BUILD)/kernels.ptxas.txt
+	@$(PY) tools/gpu_report.py run --build $(EMU_BUILD) --ptxas $(EMU_BUILD)/kernels.ptxas.txt \
+	    --out bench/gpu_report.md

@@ -89,6 +89,9 @@ enum warp_kind { W_IDX, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL, W_SYNC };
 void syncthreads();
 // An atomic's access of n bytes at p (bounds and initcheck; no race check).
 void atomic_access(const void *p, size_t n);
+// n floating-point operations by this thread, counted in the launch's profile record
+// (TDD_EMU_PROFILE; kernels.cu's TDC_FLOPS).
+void flops(uint64_t n);
 uint64_t warp_op(int kind, unsigned mask, uint64_t value, int param, int width);
 
 template <class T> T shfl(int kind, unsigned mask, T v, int param, int width)

@@ -123,6 +123,8 @@ int cfg_gpus = 0, cfg_sms = 0;
 uint64_t cfg_memory = 0;
 std::once_flag once;
 state *st;
+bool prof_on = false; // TDD_EMU_PROFILE (below)
+FILE *prof_file = nullptr;
 
 thread_local int cur_dev = 0;
 thread_local cudaError_t last_err = cudaSuccess;
@@ -170,6 +172,13 @@ void init_once()
         st->defer_later = env_u64("TDD_EMU_DEFER", 0) == 2;
         st->defer_depth = (size_t)env_u64("TDD_EMU_DEFER_DEPTH", 1024);
         st->defer_stream = (int)env_u64("TDD_EMU_DEFER_STREAM", 0);
+        const char *pp = getenv("TDD_EMU_PROFILE");
+        if (pp && *pp) {
+            prof_file = fopen(pp, "a");
+            if (!prof_file)
+                fprintf(stderr, "cuda emulator: TDD_EMU_PROFILE %s: cannot open\n", pp);
+            prof_on = prof_file != nullptr;
+        }
         if (st->defer_depth < 1)
             st->defer_depth = 1;
         install_fault_handler();
@@ -472,6 +481,9 @@ struct block_run {
 };
 
 thread_local block_run *run;
+struct prof_launch;
+thread_local prof_launch *prof = nullptr; // the launch profiled (TDD_EMU_PROFILE)
+void prof_flush();
 thread_local std::vector<void *> stacks; // per host thread, reused by every block
 thread_local std::vector<fiber> fibers;
 
@@ -528,6 +540,8 @@ void check_barrier(block_run *r)
         if (r->f[i].state == WAIT_BAR)
             r->f[i].state = RUNNABLE;
     r->at_barrier = 0;
+    if (prof)
+        prof_flush(); // every thread is here: the warp requests before it are whole
     r->nbar++;
 }
 
@@ -891,9 +905,221 @@ void race_check(uintptr_t a, size_t n, bool w, bool shared)
     }
 }
 
+// ------------------------------------------------------------------ profile
+//
+// TDD_EMU_PROFILE=path: one line per kernel launch (and per cuBLAS GEMM) appended to path,
+// JSON, with what the launch asked of memory (tools/gpu_report.py reads them):
+//   global loads and stores: bytes the threads asked for; per warp request (the accesses of
+//   one instruction by a warp's lanes: the same code address, its Nth execution by each lane
+//   since the block's last barrier) the distinct 32-byte sectors touched, and the fewest that
+//   could hold the distinct bytes asked for (coalescing = ideal / sectors); the distinct
+//   bytes the whole launch read and wrote (its footprint: the least traffic it could make)
+//   shared memory: per warp request the wavefronts its banks take (32 banks of 4 bytes: the
+//   most distinct words any bank serves) and the fewest the bytes need (128 per wavefront);
+//   the difference is the bank conflicts' cost
+//   flops: what the kernel counted with TDC_FLOPS (kernels.h; 0 where it counts none), or a
+//   GEMM's 2*m*n*k
+// Off (no path): the access hooks test one flag and do nothing more.
+
+std::mutex prof_mu;
+
+struct prof_access {
+    uintptr_t a;
+    uint32_t n;
+    uint8_t w, shared;
+};
+struct prof_key {
+    uintptr_t pc;
+    uint32_t warp, occ;
+    bool operator==(const prof_key &o) const
+    {
+        return pc == o.pc && warp == o.warp && occ == o.occ;
+    }
+};
+struct prof_key_hash {
+    size_t operator()(const prof_key &k) const
+    {
+        uint64_t h = (uint64_t)k.pc * 0x9e3779b97f4a7c15ull;
+        h ^= ((uint64_t)k.warp << 32 | k.occ) + 0x7f4a7c159e3779b9ull + (h << 6) + (h >> 2);
+        return (size_t)h;
+    }
+};
+struct prof_launch {
+    uint64_t bytes[2] = {}, sectors[2] = {}, ideal[2] = {}, requests[2] = {};
+    uint64_t sh_bytes = 0, sh_requests = 0, sh_wavefronts = 0, sh_ideal = 0, flops = 0;
+    uint64_t uniq[2] = {}; // footprint counted elsewhere (a GEMM's), besides foot's
+    std::unordered_map<uint64_t, uint32_t> foot[2]; // sector -> the bytes touched, a bit each
+    // the block's warp requests not counted yet, and each lane's executions of each address
+    std::unordered_map<prof_key, std::vector<prof_access>, prof_key_hash> pending;
+    std::unordered_map<uint64_t, uint32_t> occ; // (pc, thread) -> executions
+    // each thread's last accesses, where a vector load or store split by the host compiler
+    // into its fields (the next field, at another code address) joins the first
+    struct last_access {
+        std::vector<prof_access> *req = nullptr;
+        size_t at = 0;
+        uintptr_t pc = 0;
+    };
+    struct last_accesses {
+        last_access a[4];
+        unsigned next = 0;
+    };
+    std::vector<last_accesses> last;
+};
+
+// The distinct bytes a request's accesses cover.
+uint64_t union_bytes(std::vector<std::pair<uintptr_t, uintptr_t>> &iv)
+{
+    std::sort(iv.begin(), iv.end());
+    uint64_t total = 0;
+    uintptr_t lo = 0, hi = 0;
+    bool open = false;
+    for (auto &x : iv) {
+        if (open && x.first <= hi) {
+            hi = std::max(hi, x.second);
+            continue;
+        }
+        if (open)
+            total += hi - lo;
+        lo = x.first;
+        hi = x.second;
+        open = true;
+    }
+    return open ? total + (hi - lo) : total;
+}
+
+// Counts the block's pending warp requests (every one is complete: the block ended or all
+// its threads are at a barrier).
+void prof_flush()
+{
+    prof_launch *p = prof;
+    std::vector<std::pair<uintptr_t, uintptr_t>> iv[2];
+    std::vector<uintptr_t> sec[2];
+    for (auto &kv : p->pending) {
+        for (int i = 0; i < 2; i++) {
+            iv[i].clear();
+            sec[i].clear();
+        }
+        std::vector<std::pair<uintptr_t, uintptr_t>> shiv;
+        std::unordered_map<uint32_t, std::vector<uintptr_t>> banks;
+        for (const prof_access &x : kv.second) {
+            if (x.shared) {
+                shiv.emplace_back(x.a, x.a + x.n);
+                for (uintptr_t wd = x.a >> 2; wd <= (x.a + x.n - 1) >> 2; wd++)
+                    banks[(uint32_t)(wd & 31)].push_back(wd);
+                p->sh_bytes += x.n;
+                continue;
+            }
+            iv[x.w].emplace_back(x.a, x.a + x.n);
+            for (uintptr_t s = x.a >> 5; s <= (x.a + x.n - 1) >> 5; s++)
+                sec[x.w].push_back(s);
+        }
+        for (int i = 0; i < 2; i++) {
+            if (iv[i].empty())
+                continue;
+            std::sort(sec[i].begin(), sec[i].end());
+            p->sectors[i] += (uint64_t)(std::unique(sec[i].begin(), sec[i].end()) - sec[i].begin());
+            p->ideal[i] += (union_bytes(iv[i]) + 31) / 32;
+            p->requests[i]++;
+        }
+        if (!shiv.empty()) {
+            uint64_t wf = 0;
+            for (auto &b : banks) {
+                std::sort(b.second.begin(), b.second.end());
+                wf = std::max(wf, (uint64_t)(std::unique(b.second.begin(), b.second.end()) -
+                                             b.second.begin()));
+            }
+            p->sh_wavefronts += wf;
+            p->sh_ideal += (union_bytes(shiv) + 127) / 128;
+            p->sh_requests++;
+        }
+    }
+    p->pending.clear();
+    p->occ.clear();
+    p->last.clear();
+}
+
+void prof_access_at(const void *pc, uintptr_t a, size_t n, bool w, bool shared)
+{
+    prof_launch *p = prof;
+    block_run *r = run;
+    if (!p || !r || r->cur < 0)
+        return;
+    uint32_t tid = (uint32_t)r->cur;
+    if (p->last.size() <= tid)
+        p->last.resize((size_t)r->n);
+    prof_launch::last_accesses &ls = p->last[tid];
+    // A float4 (or float2) the host compiler loads field by field is one 16-byte (8-byte)
+    // access on a GPU: an access from other code to the bytes right after one of the
+    // thread's last four, within one aligned 16 bytes, extends it.
+    prof_launch::last_access *hit = nullptr;
+    for (prof_launch::last_access &la : ls.a) {
+        prof_access *prev = la.req ? &(*la.req)[la.at] : nullptr;
+        if (prev && la.pc != (uintptr_t)pc && prev->w == w && prev->shared == shared &&
+            prev->a + prev->n == a && (a + n - 1) >> 4 == prev->a >> 4) {
+            prev->n += (uint32_t)n;
+            la.pc = (uintptr_t)pc;
+            hit = &la;
+            break;
+        }
+    }
+    if (!hit) {
+        uint64_t ok = (uint64_t)(uintptr_t)pc * 1024u + tid; // threads < 1024
+        uint32_t occ = p->occ[ok]++;
+        std::vector<prof_access> &req = p->pending[prof_key{(uintptr_t)pc, tid / 32, occ}];
+        req.push_back(prof_access{a, (uint32_t)n, (uint8_t)w, (uint8_t)shared});
+        ls.a[ls.next++ % 4] = prof_launch::last_access{&req, req.size() - 1, (uintptr_t)pc};
+    }
+    if (shared)
+        return;
+    p->bytes[w] += n;
+    for (uintptr_t b = a; b < a + n;) {
+        uintptr_t s = b >> 5, end = std::min(a + n, (s + 1) << 5);
+        uint32_t bits =
+            (uint32_t)((end - b == 32 ? 0xffffffffull : ((1ull << (end - b)) - 1)) << (b & 31));
+        p->foot[w][s] |= bits;
+        b = end;
+    }
+}
+
+// Appends a launch's line to the profile.
+void prof_write(long k, int d, const char *name, dim3 grid, dim3 block, const prof_launch &p)
+{
+    uint64_t uniq[2] = {p.uniq[0], p.uniq[1]};
+    for (int i = 0; i < 2; i++)
+        for (auto &kv : p.foot[i])
+            uniq[i] += (uint64_t)__builtin_popcount(kv.second);
+    std::string nm;
+    for (const char *c = name; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            nm += '\\';
+        if ((unsigned char)*c >= 32)
+            nm += *c;
+    }
+    std::lock_guard<std::mutex> g(prof_mu);
+    fprintf(prof_file,
+            "{\"launch\": %ld, \"device\": %d, \"kernel\": \"%s\", \"grid\": [%u, %u, %u], "
+            "\"block\": [%u, %u, %u], \"read_bytes\": %llu, \"write_bytes\": %llu, "
+            "\"read_sectors\": %llu, \"write_sectors\": %llu, \"read_ideal_sectors\": %llu, "
+            "\"write_ideal_sectors\": %llu, \"read_requests\": %llu, \"write_requests\": %llu, "
+            "\"read_unique\": %llu, \"write_unique\": %llu, \"shared_bytes\": %llu, "
+            "\"shared_requests\": %llu, \"shared_wavefronts\": %llu, "
+            "\"shared_ideal_wavefronts\": %llu, \"flops\": %llu}\n",
+            k, d, nm.c_str(), grid.x, grid.y, grid.z, block.x, block.y, block.z,
+            (unsigned long long)p.bytes[0], (unsigned long long)p.bytes[1],
+            (unsigned long long)p.sectors[0], (unsigned long long)p.sectors[1],
+            (unsigned long long)p.ideal[0], (unsigned long long)p.ideal[1],
+            (unsigned long long)p.requests[0], (unsigned long long)p.requests[1],
+            (unsigned long long)uniq[0], (unsigned long long)uniq[1],
+            (unsigned long long)p.sh_bytes, (unsigned long long)p.sh_requests,
+            (unsigned long long)p.sh_wavefronts, (unsigned long long)p.sh_ideal,
+            (unsigned long long)p.flops);
+    fflush(prof_file);
+}
+
 // Every kernel load and store (n bytes at p; w: a store). Host code (the launch wrappers
 // in kernels.cu) runs outside any block and is not checked.
-void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_yield = true)
+void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_yield = true,
+                const void *pc = nullptr)
 {
     block_run *r = run;
     if (!r || r->cur < 0 || n == 0)
@@ -934,6 +1160,11 @@ void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_y
             kernel_fault(cudaErrorIllegalAddress, "thread %d: %zu-byte %s %s", r->cur, n,
                          w ? "store" : "load", why);
     }
+    // Profiled at the address a 256-byte aligned cudaMalloc would give (the emulator's
+    // allocations end at a page boundary: their start is only 16-byte aligned), so the
+    // sectors counted are a GPU's.
+    if (prof_on && pc && (global || is_shared(a)))
+        prof_access_at(pc, global ? a - (c.lo & 4095) : a, n, w, !global);
     bool shared = !global && st->check && is_shared(a);
     if (!st->check || (!global && !shared))
         return;
@@ -1022,6 +1253,9 @@ void run_grid(int d, long k, dim3 grid, dim3 block, const char *name, thread_bod
     launch_started();
     gridDim = grid;
     blockDim = block;
+    prof_launch *outer_prof = prof;
+    std::unique_ptr<prof_launch> pl(prof_on ? new prof_launch : nullptr);
+    prof = pl.get();
     bool ok = true;
     for (unsigned z = 0; z < grid.z && ok; z++)
         for (unsigned y = 0; y < grid.y && ok; y++)
@@ -1029,8 +1263,13 @@ void run_grid(int d, long k, dim3 grid, dim3 block, const char *name, thread_bod
                 blockIdx = uint3{x, y, z};
                 r.blk = (z * grid.y + y) * grid.x + x;
                 ok = run_block(&r);
+                if (prof)
+                    prof_flush();
             }
     run = outer;
+    if (pl && ok)
+        prof_write(k, d, name, grid, block, *pl);
+    prof = outer_prof;
     if (!ok) {
         fprintf(stderr,
                 "cuda emulator: kernel %s <<<(%u,%u,%u), (%u,%u,%u)>>> faulted in "
@@ -1700,6 +1939,19 @@ tdc_emu_cublas_sgemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cub
                         ldb, be, c + i * sc, ldc);
         for (int i = 0; i < batch; i++)
             mark_init(c + i * sc, span(m, n, ldc) * sizeof(float));
+        if (prof_on) { // cuBLAS's traffic taken as the least its operands need
+            prof_launch p;
+            uint64_t b = (uint64_t)batch * 4, rd = b * ((uint64_t)m * k + (uint64_t)k * n),
+                     wr = b * (uint64_t)m * n;
+            if (be != 0.0f)
+                rd += wr;
+            p.bytes[0] = p.uniq[0] = rd;
+            p.bytes[1] = p.uniq[1] = wr;
+            p.sectors[0] = p.ideal[0] = (rd + 31) / 32;
+            p.sectors[1] = p.ideal[1] = (wr + 31) / 32;
+            p.flops = (uint64_t)batch * (uint64_t)m * n * (2 * (uint64_t)k + (be != 0.0f));
+            prof_write(0, d, "cublasSgemm", dim3(), dim3(), p);
+        }
     });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1718,7 +1970,13 @@ namespace tdc_emu
 {
 void atomic_access(const void *p, size_t n)
 {
-    mem_access(p, n, true, true);
+    mem_access(p, n, true, true, true, __builtin_return_address(0));
+}
+
+void flops(uint64_t n)
+{
+    if (prof)
+        prof->flops += n;
 }
 } // namespace tdc_emu
 
@@ -1728,19 +1986,19 @@ extern "C" {
 #define TDC_EMU_ACCESS(n)                                                                          \
     void __tsan_read##n(void *p)                                                                   \
     {                                                                                              \
-        mem_access(p, n, false);                                                                   \
+        mem_access(p, n, false, false, true, __builtin_return_address(0));                         \
     }                                                                                              \
     void __tsan_write##n(void *p)                                                                  \
     {                                                                                              \
-        mem_access(p, n, true);                                                                    \
+        mem_access(p, n, true, false, true, __builtin_return_address(0));                          \
     }                                                                                              \
     void __tsan_unaligned_read##n(void *p)                                                         \
     {                                                                                              \
-        mem_access(p, n, false);                                                                   \
+        mem_access(p, n, false, false, true, __builtin_return_address(0));                         \
     }                                                                                              \
     void __tsan_unaligned_write##n(void *p)                                                        \
     {                                                                                              \
-        mem_access(p, n, true);                                                                    \
+        mem_access(p, n, true, false, true, __builtin_return_address(0));                          \
     }
 TDC_EMU_ACCESS(1)
 TDC_EMU_ACCESS(2)
@@ -1750,11 +2008,11 @@ TDC_EMU_ACCESS(16)
 #undef TDC_EMU_ACCESS
 void __tsan_read_range(void *p, size_t n)
 {
-    mem_access(p, n, false);
+    mem_access(p, n, false, false, true, __builtin_return_address(0));
 }
 void __tsan_write_range(void *p, size_t n)
 {
-    mem_access(p, n, true);
+    mem_access(p, n, true, false, true, __builtin_return_address(0));
 }
 void __tsan_init(void)
 {
