@@ -27,3 +27,13 @@ bench-scale: all
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-matplotlib \
 	        >$(or $(TMPDIR),/tmp)/tensordd-bench-deps.log 2>&1 || echo "bench-scale: no matplotlib: table only"; fi
 	$(PY) bench/scale.py $(BUILD) $(BENCH_ARGS)
+
+# make bench-compare A=TREE_A B=TREE_B: two built source trees (a base commit's:
+# `git worktree add /tmp/base COMMIT && make -C /tmp/base -j2`) in alternating turns on the
+# same benchmark (bench/cpu_rows.py: CPU per training step of the GEMM-bound models), then
+# each row's B/A ratio as min / median / max over the turns (bench/compare.py).
+# COMPARE_ARGS='--turns 7 -- --models big --scale 2' passes options.
+.PHONY: bench-compare
+bench-compare:
+	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make bench-compare A=TREE_A B=TREE_B" >&2; exit 2; }
+	$(PY) bench/compare.py $(A) $(B) $(COMPARE_ARGS)

@@ -18,10 +18,9 @@ import statistics
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the model and the steps, written once)
+from localblas import set_threads  # noqa: E402
 from train_step import cpu_ns  # noqa: E402
 
 CASE = ("conv", (8, 1, 28, 28), "SGD", 1e-2)
@@ -54,7 +53,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--blocks", type=int, default=5)
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    set_threads(1)  # its OpenBLAS too (localblas.py), as the daemon's --threads 1
     import tensordd as td
 
     td.connect(a.endpoint, timeout=600)

@@ -39,6 +39,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from torch.distributed.optim import DistributedOptimizer
 
+from localblas import set_threads
 from pingpong import echo_ping
 from procstat import faults
 
@@ -208,11 +209,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--pid", type=int, help="the daemon's pid: its page faults per step")
     ap.add_argument("--threads", type=int, default=1,
-                    help="intra-op threads of local PyTorch and PyTorch RPC's server (start "
-                    "the daemon with --threads N to match)")
+                    help="intra-op threads of local PyTorch and PyTorch RPC's server, their "
+                    "OpenBLAS's included (start the daemon with --threads N to match)")
     ap.add_argument("--ps", help=argparse.SUPPRESS)  # the RPC server child: the store's path
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    set_threads(a.threads)  # its OpenBLAS's GEMMs too (localblas.py)
     if a.ps:
         rpc.init_rpc("ps", rank=1, world_size=2, rpc_backend_options=rpc_options(a.ps))
         rpc.shutdown()

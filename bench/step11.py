@@ -18,9 +18,8 @@ import statistics
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from localblas import set_threads  # noqa: E402
 from peers import local_step, tdd_step  # noqa: E402
 from pingpong import echo_ping  # noqa: E402
 
@@ -67,7 +66,7 @@ def p50(fn, reps=2000):
 
 def main():
     endpoint, pid = sys.argv[1], int(sys.argv[2])
-    torch.set_num_threads(1)
+    set_threads(1)  # its OpenBLAS too (localblas.py)
     td.connect(endpoint, timeout=600)
     cases = [("sgd", "mlp", (64, 64), "SGD", 1e-2, 100), ("adam", "mlp", (64, 64), "Adam", 1e-3, 100),
              ("conv", "conv", (8, 1, 28, 28), "SGD", 1e-2, 20)]

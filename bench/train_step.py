@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import tensordd
+from localblas import set_threads
 from procstat import faults
 
 STEPS, BLOCKS = 50, 7
@@ -54,10 +55,10 @@ def cpu_ns(pid):
     return total
 
 
-def cpu_per_step(step, pid, steps=STEPS * 6):
+def cpu_per_step(step, pid, steps=STEPS * 6, warmup=10):
     """(client, daemon) CPU microseconds per step over steps steps: less disturbed by
     other work on the machine than the wall clock (the daemon's: None without pid)."""
-    for _ in range(10):
+    for _ in range(warmup):
         step()
     d0, c0 = cpu_ns(pid), time.process_time()
     for _ in range(steps):
@@ -92,7 +93,7 @@ def main():
     w2 = (rng.standard_normal((128, 10)) * 0.1).astype(np.float32)
     b2 = np.zeros(10, np.float32)
 
-    torch.set_num_threads(1)
+    set_threads(1)  # its OpenBLAS's GEMMs too (localblas.py), as the daemon's --threads 1
     tp = [torch.tensor(a, requires_grad=True) for a in (w1, b1, w2, b2)]
     topt = torch.optim.Adam(tp, lr=1e-3)
 
@@ -159,7 +160,7 @@ def main():
         print("RESULT alloc.faults.replay %.4f <=0" % ((f1 - f0) / (STEPS * 4)))
     print("RESULT train.mlp_adam.replay %.4f <=0.8" % (replayed / local))  # bench/summary.py
     small_sgd(endpoint, pid, x, y, (w1, b1, w2, b2))
-    big_mlp(endpoint)
+    big_mlp(endpoint, pid)
     return 0
 
 
@@ -196,9 +197,11 @@ def small_sgd(endpoint, pid, x, y, init):
               (client, daemon, (client + daemon) / cpu_local, cpu_local))
 
 
-def big_mlp(endpoint, steps=5, nblocks=5):
+def big_mlp(endpoint, pid=None, steps=5, nblocks=5):
     """MLP 784-1024-1024-10, batch 256, SGD: GEMMs and elementwise kernels big enough
-    to run on every thread of the device (what idle-thread spinning slows down)."""
+    to run on every thread of the device (what idle-thread spinning slows down). Its
+    time is GEMMs: the CPU time per step (the daemon's against local PyTorch's, the same
+    OpenBLAS on as many threads) is the figure that the machine's load moves least."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((256, 784)).astype(np.float32)
     y = rng.integers(0, 10, 256).astype(np.int64)
@@ -223,6 +226,7 @@ def big_mlp(endpoint, steps=5, nblocks=5):
         topt.step()
 
     local = blocks(torch_step, steps, nblocks, warmup=2)
+    cpu_local, _ = cpu_per_step(torch_step, None, steps * 4, warmup=2)
     with tensordd.connect(endpoint) as s:
         params = [s.tensor(a, requires_grad=True) for a in init]
         opt = tensordd.optim.SGD(params, lr=1e-2)
@@ -238,10 +242,16 @@ def big_mlp(endpoint, steps=5, nblocks=5):
             s.sync()
 
         remote = blocks(remote_step, steps, nblocks, warmup=2)
+        client, daemon = cpu_per_step(remote_step, pid, steps * 4, warmup=2)
     print("MLP 784-1024-1024-10 training step, batch 256, SGD (median of %d blocks of %d)" %
           (nblocks, steps))
     print("  local PyTorch (1 thread)  %7.3f ms" % (local * 1e3))
     print("  tensordd over loopback    %7.3f ms   %.2fx local" % (remote * 1e3, remote / local))
+    if daemon is not None:
+        print("  CPU per step (ms): daemon %.2f, client %.2f; local PyTorch %.2f; "
+              "daemon / local %.2fx, (daemon + client) / local %.2fx" %
+              (daemon / 1e3, client / 1e3, cpu_local / 1e3, daemon / cpu_local,
+               (daemon + client) / cpu_local))
 
 
 if __name__ == "__main__":

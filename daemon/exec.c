@@ -96,6 +96,10 @@ static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
 static tdd_task *done_head, *done_tail;
 static uint64_t pending;
 static int draining;
+static bool wake_owed; /* under done_mu: the list holds completions no wake-up announced */
+/* Completions a worker posts without waking the loop in a row, at most (their replies and
+ * freed memory wait for the run's end). */
+#define DEFER_MAX 32
 
 /* The loop may end once nothing is pending: the completion handle stops
  * holding it open. */
@@ -121,6 +125,7 @@ static void drain_done(void)
     pthread_mutex_lock(&done_mu);
     tdd_task *t = done_head;
     done_head = done_tail = NULL;
+    wake_owed = false;
     pthread_mutex_unlock(&done_mu);
     while (t) {
         tdd_task *next = t->next;
@@ -173,7 +178,19 @@ void tdd_exec_close(void)
  * the whole list at once, so a completion added behind others is drained with
  * them, after the wake-up their first one sent (one write per batch, not one
  * system call per task). */
-static void post_done(tdd_task *t)
+static void wake_loop(void)
+{
+    /* A full pipe (EAGAIN) already holds a wake-up; nothing else can fail here. */
+    ssize_t n;
+    do
+        n = write(wake_fd[1], "", 1);
+    while (n < 0 && errno == EINTR);
+}
+
+/* defer: the worker runs a quick task of the same queue next (tdd_task.quick) and
+ * wakes the loop after it (flush_done) instead of now: the list's first completion then
+ * owes the wake-up. */
+static void post_done(tdd_task *t, bool defer)
 {
     t->next = NULL;
     pthread_mutex_lock(&done_mu);
@@ -183,14 +200,25 @@ static void post_done(tdd_task *t)
     else
         done_head = t;
     done_tail = t;
+    bool wake = false;
+    if (defer)
+        wake_owed |= first;
+    else if (first || wake_owed)
+        wake = true, wake_owed = false;
     pthread_mutex_unlock(&done_mu);
-    if (first) {
-        /* A full pipe (EAGAIN) already holds a wake-up; nothing else can fail here. */
-        ssize_t n;
-        do
-            n = write(wake_fd[1], "", 1);
-        while (n < 0 && errno == EINTR);
-    }
+    if (wake)
+        wake_loop();
+}
+
+/* Sends a wake-up that a deferred completion owes. */
+static void flush_done(void)
+{
+    pthread_mutex_lock(&done_mu);
+    bool wake = wake_owed;
+    wake_owed = false;
+    pthread_mutex_unlock(&done_mu);
+    if (wake)
+        wake_loop();
 }
 
 /* ---------------------------------------------------------------- the worker */
@@ -237,9 +265,17 @@ static void *worker(void *arg)
     pthread_mutex_lock(&l->mu);
     l->started = true; /* tdd_lane_new returns once the priority is set */
     pthread_cond_broadcast(&l->cv);
+    int deferred = 0; /* completions posted since this worker last woke the loop */
     for (;;) {
         uint64_t seen = atomic_load(&dep_epoch); /* before looking: a later event wakes us */
         tdd_queue *q = pick(l);
+        if (deferred && (!q || !q->head->quick)) { /* a deferred wake-up is due now */
+            pthread_mutex_unlock(&l->mu);
+            flush_done();
+            deferred = 0;
+            pthread_mutex_lock(&l->mu);
+            continue;
+        }
         if (!q) {
             if (!l->first_on) {
                 if (l->stop)
@@ -274,11 +310,17 @@ static void *worker(void *arg)
         /* the lane's count first: who sees the queue's sees it (tdd_queue_idle) */
         atomic_fetch_add_explicit(&l->completed, 1, memory_order_release);
         atomic_store_explicit(&q->completed, t->seq, memory_order_release);
+        /* Its wake-up waits for the next task's when that one is quick, of the same
+         * queue, the lane's only one, and can start now: the loop wakes once per run. */
+        tdd_task *nx = q->head;
+        bool defer = t->quick && nx && nx->quick && l->first_on == q && !q->next_on &&
+                     deferred < DEFER_MAX && (!nx->ready || nx->ready(nx));
         /* After completed is published (done() may submit again), and outside mu: the
          * wake-up write must not hold up the loop's submits. */
         pthread_mutex_unlock(&l->mu);
         dep_bump();
-        post_done(t);
+        post_done(t, defer);
+        deferred = defer ? deferred + 1 : 0;
         pthread_mutex_lock(&l->mu);
     }
     pthread_mutex_unlock(&l->mu);
@@ -516,7 +558,7 @@ static void *detached_main(void *arg)
     d.t->more = false;
     d.t->run(d.t);
     dep_bump(); /* a queue may wait on what it did (tdd_queue_wait) */
-    post_done(d.t);
+    post_done(d.t, false);
     return NULL;
 }
 

@@ -24,6 +24,11 @@ struct tdd_task {
     tdd_queue *q;
     uint64_t seq; /* position in q, from 1 */
     bool more;
+    /* Set by the submitter: run neither blocks nor needs the loop thread (a host kernel
+     * whose inputs are ready when ready says so). The lane's worker may then post the
+     * completion before it without waking the loop, when it is the next task of the only
+     * queue on the lane: one wake-up for a session's run of kernels, not one per kernel. */
+    bool quick;
 };
 
 /* Starts the completion path on loop. */

@@ -388,6 +388,8 @@ int tdd_submit_op_named(tdd_session *s, uint64_t req_id, bool want_reply, tdd_op
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
     ot->st.base.ready = op_ready;
+    /* a host kernel: it waits on nothing that op_ready has not seen run */
+    ot->st.base.quick = dev->be->host_memory;
     ot->t0 = uv_hrtime();
     if (can_run_inline(ot)) {
         for (int i = 0; i < nout; i++)
@@ -457,6 +459,7 @@ int tdd_submit_assign(tdd_session *s, uint64_t req_id, tdd_value *dst, tdd_value
     ot->st.base.run = op_run;
     ot->st.base.done = op_done;
     ot->st.base.ready = op_ready;
+    ot->st.base.quick = dev->be->host_memory;
     ot->t0 = uv_hrtime();
     if (can_run_inline(ot)) {
         dst->fq = NULL; /* ready now */

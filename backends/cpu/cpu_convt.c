@@ -1,6 +1,8 @@
 /* cpu_convt.c -- conv_transpose2d on the cpu backend: per image and group, one gemm makes
  * the columns (w_g^T x_g: [Co/G * kh * kw, H * W]), then col2im adds each column entry into
- * the output position its tap lands on. Dense
+ * the output position its tap lands on (each entry of a tap's column to a distinct position,
+ * the taps in order: a column's in-range run found once per tap, no bounds test per entry).
+ * Dense
  * f32/f64 operands (f16/bf16 through f32 copies); anything else runs on the reference. */
 #include <limits.h>
 #include <stdlib.h>
@@ -19,6 +21,8 @@ typedef struct {
     {                                                                                              \
         const int64_t Cig = q->Ci / q->G, Cog = q->Co / q->G, KK = q->KH * q->KW;                  \
         const int64_t L = q->H * q->W, Lo = q->Ho * q->Wo, R = Cog * KK;                           \
+        const int64_t H = q->H, W = q->W, Ho = q->Ho, Wo = q->Wo, KW = q->KW, sh = q->sh;          \
+        const int64_t sw = q->sw, ph = q->ph, pw = q->pw, dh = q->dh, dw = q->dw;                  \
         T *col = malloc((size_t)(R * L) * sizeof(T));                                              \
         if (!col)                                                                                  \
             return TD_ERESOURCE_EXHAUSTED;                                                         \
@@ -38,16 +42,23 @@ typedef struct {
                         yp[e] = bv;                                                                \
                     for (int64_t k = 0; k < KK; k++) {                                             \
                         const T *cr = col + (ocl * KK + k) * L;                                    \
-                        int64_t kh = k / q->KW, kw = k % q->KW;                                    \
-                        for (int64_t ih = 0; ih < q->H; ih++) {                                    \
-                            int64_t oh = ih * q->sh - q->ph + kh * q->dh;                          \
-                            if (oh < 0 || oh >= q->Ho)                                             \
+                        const int64_t kh = k / KW, off = k % KW * dw - pw;                         \
+                        /* the columns iw whose tap lands in the row: ow = iw * sw + off */        \
+                        const int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;                    \
+                        int64_t hi = Wo - 1 - off >= 0 ? (Wo - 1 - off) / sw + 1 : 0;              \
+                        hi = hi < W ? hi : W;                                                      \
+                        for (int64_t ih = 0; ih < H; ih++) {                                       \
+                            const int64_t oh = ih * sh - ph + kh * dh;                             \
+                            if (oh < 0 || oh >= Ho)                                                \
                                 continue;                                                          \
-                            for (int64_t iw = 0; iw < q->W; iw++) {                                \
-                                int64_t ow = iw * q->sw - q->pw + kw * q->dw;                      \
-                                if (ow >= 0 && ow < q->Wo)                                         \
-                                    yp[oh * q->Wo + ow] += cr[ih * q->W + iw];                     \
-                            }                                                                      \
+                            T *restrict yr = yp + oh * Wo;                                         \
+                            const T *restrict cw = cr + ih * W;                                    \
+                            if (sw == 1)                                                           \
+                                for (int64_t iw = lo; iw < hi; iw++)                               \
+                                    yr[iw + off] += cw[iw];                                        \
+                            else                                                                   \
+                                for (int64_t iw = lo; iw < hi; iw++)                               \
+                                    yr[iw * sw + off] += cw[iw];                                   \
                         }                                                                          \
                     }                                                                              \
                 }                                                                                  \

@@ -522,6 +522,18 @@ static void create_run(void *vc, int64_t n, const int64_t *off, const int64_t *s
     const cr_ctx *c = vc;
     (void)st; /* outputs of creation ops are contiguous: one run covers them */
     int64_t i0 = off[0] - 0;
+    if (c->op != TDD_OP_RAND && c->op != TDD_OP_RANDN) { /* a constant: a plain fill */
+        if (c->f64) {
+            double *y = (double *)(void *)c->y + off[0], v = c->g->f[0];
+            for (int64_t i = 0; i < n; i++)
+                y[i] = v;
+        } else {
+            float *y = (float *)(void *)c->y + off[0], v = (float)c->g->f[0];
+            for (int64_t i = 0; i < n; i++)
+                y[i] = v;
+        }
+        return;
+    }
     if (c->f64) {
         double *y = (double *)(void *)c->y + off[0];
         for (int64_t i = 0; i < n; i++) {

@@ -1,8 +1,9 @@
 /* test_exec.c -- a lane's scheduling (daemon/exec.h): each session's queue in its own
  * order, the queues served one task at a time in turn, a task not ready skipped until its
  * producer on another lane has run, a task asking to run again (a chunked kernel's next
- * piece) going to the back of the turn. The order tasks ran in is recorded and compared
- * with the one the rules give. */
+ * piece) going to the back of the turn, a run of quick tasks announced to the loop once
+ * but every completion delivered. The order tasks ran in is recorded and compared with the
+ * one the rules give. */
 #include <check.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -11,6 +12,8 @@
 #include "exec.h"
 
 Suite *exec_suite(void);
+
+static uv_loop_t loop;
 
 #define MAXLOG 64
 
@@ -26,6 +29,7 @@ typedef struct {
     tdd_queue *after_q;
     uint64_t after_seq;
     bool gate; /* holds the worker until gate_open */
+    bool quick;
 } rec_task;
 
 static void rec_run(tdd_task *t)
@@ -50,14 +54,31 @@ static bool rec_ready(tdd_task *t)
     return !r->after_q || tdd_queue_reached(r->after_q, r->after_seq);
 }
 
+static char done_order[MAXLOG + 1];
+static int ndone; /* loop thread */
+
 static void rec_done(tdd_task *t)
 {
-    (void)t;
+    if (ndone < MAXLOG)
+        done_order[ndone] = ((rec_task *)t)->tag;
+    ndone++;
+}
+
+/* Runs the loop until n completions have been delivered (or about 10 s went by). */
+static void deliver(int n)
+{
+    for (int i = 0; i < 10000 && ndone < n; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 static void reset(void)
 {
     memset(order, 0, sizeof order);
+    memset(done_order, 0, sizeof done_order);
+    ndone = 0;
     atomic_store(&norder, 0);
     atomic_store(&gate_open, 0);
 }
@@ -69,10 +90,9 @@ static uint64_t put(tdd_queue *q, rec_task *r, rec_task init)
     r->base.run = rec_run;
     r->base.done = rec_done;
     r->base.ready = rec_ready;
+    r->base.quick = init.quick;
     return tdd_queue_submit(q, &r->base);
 }
-
-static uv_loop_t loop;
 
 static void setup(void)
 {
@@ -176,6 +196,35 @@ START_TEST(test_idle_is_the_sessions_or_the_lanes)
 }
 END_TEST
 
+START_TEST(test_a_run_of_quick_tasks_delivers_every_completion)
+{
+    tdd_lane *l = tdd_lane_new("t/0", true, 0);
+    tdd_queue *a = tdd_lane_queue(l, 1);
+    static rec_task t[8]; /* completions are drained after the test returns */
+    put(a, &t[0], (rec_task){.tag = 'G', .gate = true, .quick = true});
+    for (int i = 1; i < 5; i++)
+        put(a, &t[i], (rec_task){.tag = (char)('0' + i), .quick = true});
+    atomic_store(&gate_open, 1);
+    tdd_queue_wait(a, 5);
+    deliver(5); /* the run's last completion wakes the loop for all five */
+    ck_assert_int_eq(ndone, 5);
+    ck_assert_str_eq(done_order, "G1234");
+    /* quick ones before a task that may block: theirs are delivered while it blocks */
+    atomic_store(&gate_open, 0);
+    put(a, &t[5], (rec_task){.tag = 'a', .quick = true});
+    put(a, &t[6], (rec_task){.tag = 'b', .quick = true});
+    put(a, &t[7], (rec_task){.tag = 'S', .gate = true});
+    deliver(7);
+    ck_assert_int_eq(ndone, 7);
+    ck_assert(!tdd_queue_reached(a, 8));
+    atomic_store(&gate_open, 1);
+    tdd_queue_wait(a, 8);
+    deliver(8);
+    ck_assert_str_eq(done_order, "G1234abS");
+    tdd_lane_free(l);
+}
+END_TEST
+
 Suite *exec_suite(void)
 {
     Suite *s = suite_create("exec");
@@ -185,6 +234,7 @@ Suite *exec_suite(void)
     tcase_add_test(tc, test_a_task_waits_for_its_producer_without_holding_the_lane);
     tcase_add_test(tc, test_a_task_run_in_pieces_takes_turns);
     tcase_add_test(tc, test_idle_is_the_sessions_or_the_lanes);
+    tcase_add_test(tc, test_a_run_of_quick_tasks_delivers_every_completion);
     suite_add_tcase(s, tc);
     return s;
 }
