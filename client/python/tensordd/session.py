@@ -916,7 +916,8 @@ class Session:
         which only their inputs tell: pass ``num_outputs`` for them.
         """
         if num_outputs is None:
-            num_outputs = self._num_outputs(name, kwargs)
+            # (a closed session asks nothing: _op raises the call's own error, or CLOSED)
+            num_outputs = self._num_outputs(name, kwargs) if self._open else 1
         return self._op(name, *tensors, num_outputs=num_outputs, **kwargs)
 
     def _num_outputs(self, name: str, attrs: dict) -> int:
