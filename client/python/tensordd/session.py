@@ -923,8 +923,8 @@ class Session:
     def _num_outputs(self, name: str, attrs: dict) -> int:
         table = self._op_outputs
         if table is None:
-            table = self._op_outputs = {
-                o.name: (o.num_outputs, o.outputs_with) for o in self._list_ops().ops}
+            self._list_ops()
+            table = self._op_outputs
         n, with_attr = table.get(name, (1, ""))
         if n == 0:
             raise ValueError(f"op {name}: makes one output per piece, which depends on its "
@@ -1082,6 +1082,7 @@ class Session:
         req = self._new_request()
         req.list_ops.SetInParent()
         resp, _ = self._roundtrip(req, _Call("list_ops"))
+        self._op_outputs = {o.name: (o.num_outputs, o.outputs_with) for o in resp.ops.ops}
         return resp.ops
 
     def list_ops(self) -> dict:
