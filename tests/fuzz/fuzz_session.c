@@ -64,6 +64,31 @@ static void tune(tdd_config *c)
     c->group_timeout_s = 1;
 }
 
+/* A loopback port that takes connections (the kernel's backlog) and never answers: a
+ * push there waits for the Hello's answer until --transfer-timeout. Drained before
+ * each input. */
+static int silent_fd = -1, silent_port;
+
+static void silent_listen(void)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof sa;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    silent_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (silent_fd < 0 || bind(silent_fd, (struct sockaddr *)&sa, sizeof sa) ||
+        listen(silent_fd, 64) || getsockname(silent_fd, (struct sockaddr *)&sa, &len)) {
+        fprintf(stderr, "fuzz_session: no silent listener\n");
+        exit(1);
+    }
+    silent_port = ntohs(sa.sin_port);
+}
+
+static void silent_drain(void)
+{
+    for (int fd; (fd = accept(silent_fd, NULL, NULL)) >= 0;)
+        close(fd);
+}
+
 /* ---------------------------------------------------------------- the program's bytes */
 
 typedef struct {
@@ -720,11 +745,12 @@ static void do_accept(client *c)
 }
 
 /* TransferSend of a tensor to the daemon itself (the push lands in this session), to a
- * loopback port nobody listens on, to an address --transfer-peers refuses, over TLS to a
- * plain listener, or to a malformed endpoint; with one of the session's capabilities, a
- * made-up one, or one of the wrong length. Answered (sync) unless in_flight: then the
- * answer is owed and the caller loses the connection before it comes. Returns the handle
- * an Ok binds (0: none). */
+ * loopback port that accepts and never answers (the push fails after --transfer-timeout,
+ * long enough for the connection to drop meanwhile), to one nobody listens on, to an address
+ * --transfer-peers refuses, over TLS to a plain listener, or to a malformed endpoint; with one of
+ * the session's capabilities, a made-up one, or one of the wrong length. Answered (sync) unless
+ * in_flight: then the answer is owed and the caller loses the connection before it comes. Returns
+ * the handle an Ok binds (0: none). */
 static uint64_t send_transfer(client *c, bool in_flight)
 {
     unsigned b = take(&c->in);
@@ -732,8 +758,10 @@ static uint64_t send_transfer(client *c, bool in_flight)
     switch (b % 8) {
     case 0:
     case 1:
-    case 2:
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", fz_port);
+        break;
+    case 2:
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", silent_port);
         break;
     case 3:
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:1");
@@ -762,7 +790,7 @@ static uint64_t send_transfer(client *c, bool in_flight)
         int i = (int)(take(&c->in) % (unsigned)c->ncaps);
         ts.capability.data = c->caps[i].key;
         ts.capability.len = 16;
-        if (b % 8 < 3)
+        if (b % 8 < 2)
             lands = c->caps[i].handle;
     } else {
         ts.capability.data = made_up;
@@ -831,7 +859,7 @@ static void send_group_create(client *c, bool in_flight)
 }
 
 /* GroupConnect with the addresses the last exchange answered (a peer's own, or made up),
- * or AllReduce on a group; each answered. */
+ * or AllReduce, Broadcast or AllGather on a group; each answered. */
 static void do_group(client *c)
 {
     unsigned b = take(&c->in);
@@ -856,15 +884,41 @@ static void do_group(client *c)
         sync_point(c, &req);
         return;
     }
-    uint64_t t = pick(c, KIND_TENSOR);
-    Tensordd__V1__AllReduce ar = TENSORDD__V1__ALL_REDUCE__INIT;
-    ar.group = pick(c, KIND_GROUP);
-    ar.op = (Tensordd__V1__ReduceOp)((b >> 2) % 4);
-    ar.tensors = &t;
-    ar.n_tensors = (b >> 4) & 1;
-    req.body_case = TENSORDD__V1__REQUEST__BODY_ALL_REDUCE;
-    req.all_reduce = &ar;
-    sync_point(c, &req);
+    uint64_t t = pick(c, KIND_TENSOR), g = pick(c, KIND_GROUP);
+    switch ((b >> 5) % 4) {
+    case 2: {
+        Tensordd__V1__Broadcast bc = TENSORDD__V1__BROADCAST__INIT;
+        bc.group = g;
+        bc.root = (b >> 2) % 3;
+        bc.tensors = &t;
+        bc.n_tensors = (b >> 4) & 1;
+        req.body_case = TENSORDD__V1__REQUEST__BODY_BROADCAST;
+        req.broadcast = &bc;
+        sync_point(c, &req);
+        return;
+    }
+    case 3: {
+        Tensordd__V1__AllGather ag = TENSORDD__V1__ALL_GATHER__INIT;
+        ag.group = g;
+        ag.tensor = t;
+        ag.output = ++c->next_id;
+        req.body_case = TENSORDD__V1__REQUEST__BODY_ALL_GATHER;
+        req.all_gather = &ag;
+        sync_point(c, &req);
+        model_bind(c, ag.output, KIND_TENSOR);
+        return;
+    }
+    default: {
+        Tensordd__V1__AllReduce ar = TENSORDD__V1__ALL_REDUCE__INIT;
+        ar.group = g;
+        ar.op = (Tensordd__V1__ReduceOp)((b >> 2) % 4);
+        ar.tensors = &t;
+        ar.n_tensors = (b >> 4) & 1;
+        req.body_case = TENSORDD__V1__REQUEST__BODY_ALL_REDUCE;
+        req.all_reduce = &ar;
+        sync_point(c, &req);
+    }
+    }
 }
 
 static void do_transfer(client *c)
@@ -996,6 +1050,9 @@ static void *run_client(void *arg)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fz_start("fuzz_session", tune);
+    if (silent_fd < 0)
+        silent_listen();
+    silent_drain();
     job j = {.in = {data, size}};
     if (size >= 2 && data[0] == 0xF5) { /* a marker, then the mode byte */
         j.mode = data[1];

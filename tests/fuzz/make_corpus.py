@@ -90,8 +90,9 @@ def accept(b=0, n=4):
     return sync() + bytes([TRANSFER, 1, b, n])
 
 def send(b=0, tensor=0, cap=0):
-    """After a Sync: TransferSend; b%8 the endpoint (0: the daemon itself, 3: a closed
-    port, 4: [::1], refused by --transfer-peers, 5: TLS to a plain listener, 6, 7: bad)."""
+    """After a Sync: TransferSend; b%8 the endpoint (0, 1: the daemon itself, 2: a port
+    that never answers, 3: a closed port, 4: [::1], refused by --transfer-peers, 5: TLS to
+    a plain listener, 6, 7: bad)."""
     return sync() + bytes([TRANSFER, 0, b, tensor]) + (bytes([cap]) if b >> 6 < 3 else b"")
 
 def group(name=0, world=1, rank=0, exchange=0, cpu=0):
@@ -115,25 +116,31 @@ def session_seeds():
     # TLS to a plain listener, bad endpoints, a made-up capability, a bad token, a size
     # the capability does not say, a bad accept (cuda, unknown dtype, a bound handle)
     s["transfer_paths"] = upload_f32(4) + accept() + send() + send() + accept() + \
-        send(3) + send(4) + send(5) + send(6) + send(7) + send(0xC0) + send(56) + \
+        send(2) + send(3) + send(4) + send(5) + send(6) + send(7) + send(0xC0) + send(56) + \
         accept(0, 2) + send(0, 0, 2) + accept(0xF0) + accept(0x0C) + accept(0x0F) + \
         sync() + bytes([DOWNLOAD, 0x0F]) + sync()
-    # groups: one rank of one (store, exchange + connect, all-reduce), a rank whose peers
+    # groups: one rank of one (store, exchange + connect, all-reduce sum and average,
+    # broadcast, a root out of range, all-gather), a rank whose peers
     # never come (0 of 2, 1 of 2, 2 of 3 is 1 of 3 here), bad names and world sizes
     s["group_paths"] = upload_f32(3) + create(world=2) + sync() + bytes([GROUP, 19, 0, 1]) + \
         bytes([RELEASE, 0, 1]) + create() + sync() + bytes([GROUP, 19, 0, 1]) + \
+        sync() + bytes([GROUP, 23, 0, 1]) + sync() + bytes([GROUP, 83, 0, 1]) + \
+        sync() + bytes([GROUP, 87, 0, 1]) + sync() + bytes([GROUP, 99, 0, 1]) + \
         create(name=1, exchange=1) + sync() + bytes([GROUP, 2 | (1 << 2), 2]) + \
         sync() + bytes([GROUP, 19, 0, 2]) + \
         sync() + bytes([GROUP, 2 | (1 << 2) | (1 << 4) | (3 << 5), 2]) + \
         create(name=2) + create(world=0) + create(name=3) + create(name=1) + \
         create(name=1, exchange=1, cpu=1) + sync() + bytes([GROUP, 2 | (3 << 2), 0]) + sync()
-    # held sessions: a TransferSend to itself, one to a closed port, and a GroupCreate
-    # whose rank 0 never comes, each in flight as the connection drops; resumed
+    # held sessions: a TransferSend to itself, one to a port that never answers, one to a
+    # closed port, and a GroupCreate whose rank 0 never comes, each in flight as the
+    # connection drops; resumed
     s["held_in_flight"] = upload_f32(4) + accept() + sync() + bytes([HELD, 1, 0, 0, 0]) + \
+        accept() + sync() + bytes([HELD, 1, 2, 0, 0]) + \
         sync() + bytes([HELD, 1, 3, 0, 0]) + sync() + bytes([HELD, 0, group(world=2, rank=1)]) + \
         sync() + bytes([HELD, 0, group(world=1)]) + sync()
     # held sessions left to expire (a resume window of 1 s, no Goodbye), a request in flight
     s["expire_transfer"] = mode(4) + upload_f32(4) + accept() + sync() + bytes([END, 1, 0, 0, 0])
+    s["expire_silent_push"] = mode(4) + upload_f32(4) + accept() + sync() + bytes([END, 1, 2, 0, 0])
     s["expire_group"] = mode(4) + upload_f32(2) + sync() + bytes([END, 0, group(world=2)])
     s["expire_held_quota"] = mode(5) + upload_f32(4) + accept() + sync() + bytes([HELD, 1, 0, 0, 0]) + \
         bytes([GRAPH, 0]) + relu() * 30 + bytes([GRAPH, 1]) + sync() + bytes([END, 0, group(world=2, rank=1)])
