@@ -29,6 +29,7 @@
  * Built as a corpus replayer for `make test` (TDD_FUZZ_REPLAY) and as a libFuzzer
  * target for `make fuzz-session`; tests/fuzz/make_corpus.py writes its seed programs. */
 #include <arpa/inet.h>
+#include <ftw.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
@@ -42,6 +43,20 @@
 
 typedef Tensordd__V1__Request Request;
 typedef Tensordd__V1__Response Response;
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* The group store goes with the process (a rendezvous cut short leaves keys in it). */
+static void remove_store(void)
+{
+    if (tdd_cfg.group_store_dir[0])
+        nftw(tdd_cfg.group_store_dir, remove_one, 8, FTW_DEPTH | FTW_PHYS);
+}
 
 static void tune(tdd_config *c)
 {
@@ -59,8 +74,10 @@ static void tune(tdd_config *c)
     c->transfer_timeout_s = 1;
     c->transfer_window_s = 2;
     char dir[] = "/tmp/tdd-fuzz-groups-XXXXXX";
-    if (mkdtemp(dir))
+    if (mkdtemp(dir)) {
         snprintf(c->group_store_dir, sizeof c->group_store_dir, "%s", dir);
+        atexit(remove_store);
+    }
     c->group_timeout_s = 1;
 }
 
