@@ -205,6 +205,27 @@ template <typename T> void allreduce_as(tdd_gloo *g, void *buf, size_t count, td
 
 } // namespace
 
+// The directory store with --group-timeout on every wait: Gloo's rendezvous reads the
+// other ranks' keys with get(), which waits through wait(keys), whose timeout is Gloo's
+// default (30 s) whatever the context's: a rank other than 0 whose rank 0 never came
+// waited 30 s, not --group-timeout.
+class TimedFileStore : public gloo::rendezvous::FileStore
+{
+  public:
+    TimedFileStore(const std::string &path, std::chrono::milliseconds timeout)
+        : gloo::rendezvous::FileStore(path), timeout_(timeout)
+    {
+    }
+    using gloo::rendezvous::FileStore::wait;
+    void wait(const std::vector<std::string> &keys) override
+    {
+        gloo::rendezvous::FileStore::wait(keys, timeout_);
+    }
+
+  private:
+    std::chrono::milliseconds timeout_;
+};
+
 // Removes this rank's keys from the store's directory, and the directory once empty.
 static void forget_keys(gloo::rendezvous::FileStore *store, const char *dir)
 {
@@ -228,7 +249,7 @@ extern "C" tdd_gloo *tdd_gloo_connect(const char *address, const char *dir, int 
         g = new tdd_gloo;
         g->timeout = std::chrono::milliseconds(timeout_ms);
         auto d = device_for(address);
-        store.reset(new gloo::rendezvous::FileStore(dir));
+        store.reset(new TimedFileStore(dir, g->timeout));
         auto rc = std::make_shared<gloo::rendezvous::Context>(rank, size);
         g->ctx = rc;
         rc->setTimeout(g->timeout);

@@ -418,6 +418,20 @@ def test_missing_rank_times_out(daemons):
             s.close(raise_errors=False)
 
 
+def test_rank_whose_rank_0_never_comes_times_out(daemons):
+    """A rank other than 0 waits in the store for rank 0's key (Gloo reads it through the
+    store's wait without a timeout of its own, so its default of 30 s applied): it too
+    answers TIMEOUT after --group-timeout (2 s here), well within this session's 15 s."""
+    s = tensordd.connect(daemons[1].endpoint, timeout=15, token=TOKEN)
+    try:
+        for rank, world in [(1, 2), (2, 3)]:
+            with pytest.raises(tensordd.TimedOutError, match=f"rank {rank} of {world}"):
+                parallel.create_group(s, f"rank-0-never-comes-{world}", rank, world)
+        s.sync()
+    finally:
+        s.close(raise_errors=False)
+
+
 @pytest.mark.parametrize("waiting", [0, 1])
 def test_rank_that_never_connects_times_out(hosts, store, waiting):
     """Addresses through the client, and one rank never sends GroupConnect: the other's
