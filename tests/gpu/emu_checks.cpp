@@ -11,17 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static int failures, checks;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "emu_check.h"
 
 __global__ void fill_upto(float *y, int n, int inclusive)
 {

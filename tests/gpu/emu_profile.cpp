@@ -17,17 +17,7 @@
 
 #include "emu/emu_cublas.h"
 
-static int failures, checks;
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "emu_check.h"
 
 __global__ void add(const float *a, const float *b, float *y, int n)
 {

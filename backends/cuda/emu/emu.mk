@@ -65,21 +65,21 @@ $(BUILD)/tests/gpu_conformance: $(call obj,tests/gpu/conformance.c tests/unit/te
 	$(Q)$(CC) $(LDFLAGS) $^ $(DAEMON_LIBS) -o $@
 
 # The emulator held to CUDA's semantics with kernels of its own (tests/gpu/emu_selftest.cpp).
-$(BUILD)/tests/emu_selftest: tests/gpu/emu_selftest.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+$(BUILD)/tests/emu_selftest: tests/gpu/emu_selftest.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o tests/gpu/emu_check.h
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $<"
-	$(Q)$(CXX) $(EMU_CXXFLAGS) -Ibackends/cuda/emu/include $^ $(OPENBLAS_LIBS) -pthread -o $@
+	$(Q)$(CXX) $(EMU_CXXFLAGS) -Ibackends/cuda/emu/include $(filter-out %.h,$^) $(OPENBLAS_LIBS) -pthread -o $@
 
 # Its memory checks (memcheck, racecheck, initcheck) on kernels instrumented as kernels.cu is.
 # Compiled instrumented, linked without the sanitizer's library (runtime.cpp is its run time).
-$(BUILD)/tests/emu_checks: tests/gpu/emu_checks.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+$(BUILD)/tests/emu_checks: tests/gpu/emu_checks.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o tests/gpu/emu_check.h
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $<"
 	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
 	$(Q)$(CXX) $@.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o $(OPENBLAS_LIBS) -pthread -o $@
 
 # Its per-launch profile (TDD_EMU_PROFILE) against hand-counted traffic of small kernels.
-$(BUILD)/tests/emu_profile: tests/gpu/emu_profile.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+$(BUILD)/tests/emu_profile: tests/gpu/emu_profile.cpp $(BUILD)/obj/backends/cuda/emu/runtime.emu.o tests/gpu/emu_check.h
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $<"
 	$(Q)$(CXX) $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -c $< -o $@.o
