@@ -321,15 +321,15 @@ $(BUILD)/tools/opcoverage: tools/opcoverage.c tests/unit/test_conformance_cases.
 
 # docs/ops.md comes from the emulated build (`make emu` builds its opcoverage), whose cuda
 # column is the same on every machine; the PyTorch comparison's counts are the line
-# tests/python/test_opinfo.py holds them to.
-OPINFO_COUNTS := tests/python/opinfo_counts.txt
+# tests/python/ops/test_opinfo.py holds them to.
+OPINFO_COUNTS := tests/python/ops/opinfo_counts.txt
 docs: emu $(BUILD)/tensordd
 	$(EMU_BUILD)/tools/opcoverage $(OPINFO_COUNTS) > docs/ops.md
 	@echo "docs/ops.md regenerated"
 	$(PY) tools/man/genman.py options-md $(BUILD)/tensordd > docs/options.md
 	@echo "docs/options.md regenerated"
 
-# docs/torch_coverage.md: the torch device's aten op table (tests/python/test_torch_device.py
+# docs/torch_coverage.md: the torch device's aten op table (tests/python/torch_device/test_torch_device.py
 # checks it).
 .PHONY: docs-torch
 docs-torch: $(PYGEN) $(TORCH_GUARD)
@@ -381,7 +381,7 @@ test-fuzz:
 	else echo "fuzz: no targets yet"; fi
 
 test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
-	@if ls tests/python/test_*.py >/dev/null 2>&1; then \
+	@if ls tests/python/*/test_*.py >/dev/null 2>&1; then \
 	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python:$(BUILD)/python \
 	        $(PY) -m pytest -q -rs -p no:cacheprovider tests/python; \
 	else echo "python: no tests yet"; fi

@@ -432,7 +432,7 @@ def test_port_save_load_and_state_dict_pickling(dev, tmp_path):
 
 def test_coverage_table_is_generated_and_matches_the_docs():
     import os
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     with open(os.path.join(root, "docs", "torch_coverage.md"), encoding="utf-8") as f:
         doc = f.read()
     table = tt.coverage_table()
