@@ -10,6 +10,9 @@
 #   BUILD=build TDD_GPU_ARGS="" bash tests/gpu/suites.sh                  (tests/gpu/run.sh)
 #   bash tests/gpu/suites.sh [selftest] [conformance [OP...]] [pytest] [digits]   some steps only
 # GPU_PYTEST="tests/python/gpu/x.py ..." replaces the pytest files (make test-emu's race-mode pass).
+# A test that runs on every device takes cuda:0 as a parameter (tests/python/gpusuite.py,
+# host_and_cuda); with TDD_GPU_ARGS set only that parameter is collected, so a file or a
+# test named here runs its cuda cases.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/emu}
@@ -21,11 +24,14 @@ emulated=0
 # the emulator (where ResNet-18 and the transformer take minutes each) the MNIST one.
 torch_models=tests/python/torch_device/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch
 [ $emulated = 1 ] && torch_models+="[mnist]"
-GPU_PYTEST=${GPU_PYTEST:-tests/python/gpu/test_cuda_ops.py \
-    tests/python/gpu/test_cuda_grads.py tests/python/gpu/test_cuda_devices.py \
-    tests/python/gpu/test_cuda_optim.py \
-    tests/python/ops/test_batch_norm.py tests/python/gpu/test_cuda_resnet.py \
-    tests/python/gpu/test_cuda_double_backward.py tests/python/gpu/test_cuda_conv_input_grad.py \
+GPU_PYTEST=${GPU_PYTEST:-tests/python/ops/test_ops_torch.py \
+    tests/python/autograd/test_grad_torch.py::test_grad_matches_torch \
+    tests/python/gpu/test_cuda_devices.py tests/python/gpu/test_cuda_optim.py \
+    tests/python/ops/test_embedding_bag.py::test_embedding_bag_matches_torch \
+    tests/python/ops/test_batch_norm.py tests/python/models/test_resnet.py \
+    tests/python/autograd/test_double_backward.py::test_hvp_matches_torch \
+    tests/python/autograd/test_double_backward.py::test_gradient_penalty_matches_torch \
+    tests/python/autograd/test_conv_input_grad.py \
     tests/python/ops/test_torch_arg_forms.py tests/python/ops/test_small_int_dtypes.py \
     tests/python/ops/test_attention.py tests/python/models/test_transformer.py \
     tests/python/gpu/test_cuda_parallel.py tests/python/gpu/test_cuda_streams.py \

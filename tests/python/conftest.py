@@ -171,6 +171,35 @@ def session(daemon):
     s.close(raise_errors=False)
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: the case runs on cuda:0 (a GPU daemon; gpusuite.devices)")
+
+
+@pytest.fixture(scope="module")
+def cuda_daemon():
+    """A daemon per test module with cpu:0, cpu:1, ref:0 and the GPUs TDD_GPU_ARGS gives
+    (the emulated ones under make test-emu); started only for a test on cuda."""
+    d = Daemon("--cpu-devices", "2", *os.environ.get("TDD_GPU_ARGS", "").split())
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture
+def device_session(request, device):
+    """A session on a daemon that serves the test's `device` parameter: the run's daemon
+    for cpu:N and ref:0, the module's sim_daemon for sim:N, its cuda_daemon for cuda:N."""
+    kind = device.split(":")[0]
+    d = request.getfixturevalue({"cuda": "cuda_daemon", "sim": "sim_daemon"}.get(kind, "daemon"))
+    s = tensordd.connect(d.endpoint, timeout=120)
+    if device not in [str(x) for x in s.devices()]:
+        s.close(raise_errors=False)
+        pytest.fail(f"{device} is not served:\n{d.log()}")
+    yield s
+    s.close(raise_errors=False)
+
+
 @pytest.fixture
 def fake():
     """fake(handler=None) -> a started FakeServer, closed after the test."""

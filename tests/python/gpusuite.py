@@ -1,9 +1,13 @@
-"""What the cuda test files share. They run only when TDD_GPU_ARGS is set: `make test-emu`
+"""What the cuda tests share. They run only when TDD_GPU_ARGS is set: `make test-emu`
 sets it to start the emulated daemon (build/emu/tensordd --emu-gpus 2 ...), and
-tests/gpu/run.sh sets it to "" on a GPU machine."""
+tests/gpu/run.sh sets it to "" on a GPU machine.
+
+A test that runs the same check on every device takes the device as a parameter
+(`devices(...)`) and its session from the `device_session` fixture (conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -52,3 +56,38 @@ def declined(e: Exception) -> bool:
     if isinstance(e, tensordd.PoisonedError):
         return e.origin_code in DECLINED
     return getattr(e, "code", None) in DECLINED
+
+
+CUDA = "cuda:0"
+
+
+def host_and_cuda(host: list, cuda: list) -> list:
+    """The parameters of a test that runs on host devices and on cuda:0: `host` and `cuda`
+    (pytest.params), the cuda ones marked `cuda` and skipped without TDD_GPU_ARGS. With
+    it (the GPU suites) only the cuda ones are collected, so tests/gpu/suites.sh runs a
+    test's cuda cases by naming the test."""
+    marks = [pytest.mark.cuda, only_with_gpu]
+    cuda = [pytest.param(*p.values, id=p.id, marks=[*p.marks, *marks]) for p in cuda]
+    return cuda if GPU_ARGS is not None else [*host, *cuda]
+
+
+def devices(*host: str) -> list:
+    """The values of a `device` parameter: the host devices given (cpu:0, ref:0, sim:0),
+    and cuda:0 (host_and_cuda)."""
+    return host_and_cuda([pytest.param(d, id=d) for d in host], [pytest.param(CUDA, id=CUDA)])
+
+
+@contextlib.contextmanager
+def declines_skip(device: str, session=None):
+    """On cuda a case the backend declines (typed UNSUPPORTED_OP/UNSUPPORTED_DTYPE, or a
+    poison of one) is skipped, so the passed count is what cuda runs; on any other device
+    it fails. The session, when given, is synced at the end: a declined op answers at the
+    next synchronising call."""
+    try:
+        yield
+        if session is not None:
+            session.sync()
+    except tensordd.Error as e:
+        if device.startswith("cuda") and declined(e):
+            pytest.skip(f"cuda declines: {e}")
+        raise

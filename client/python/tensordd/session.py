@@ -14,6 +14,10 @@ The client allocates every handle id and request id (from 1, never reused),
 so ops return their output Tensor at once, before the daemon has run them.
 The session remembers a short description of recent requests to say, in an
 error, which call failed ("op matmul(#3, #4)").
+
+Session is the public facade; what it inherits is in two rooms: _requestlog.RequestLog
+(ids, handles, the calls remembered, the Release batch) and _session_io.SessionIO
+(sending, round trips, replies and errors, shutting down on a broken connection).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from . import tensordd_pb2 as pb
+from ._requestlog import _CALL_TRIM, _RELEASE_BATCH, _as_call, _Call
+from ._session_io import SessionIO
 from ._codec import append_op as _append_op
 from ._codec import download as _download_c
 from ._codec import op as _op_c
@@ -96,21 +102,6 @@ def _read_token_file(path: str) -> str:
         raise local_error("UNAUTHENTICATED", f"token file {path}: no token on its first line")
     return token
 
-# Released handles wait for a synchronising request, a large upload or this
-# many of them, then go out as one Release.
-_RELEASE_BATCH = 256
-# How many request descriptions the session keeps for error messages.
-_CALL_MEMORY = 1 << 16
-_CALL_TRIM = 2 * _CALL_MEMORY
-# The requests the daemon answers with the session's pending error, if any
-# (synchronising: dispatch.c's REQ_SYNC rows, docs/protocol.md section 3).
-_SYNC_BODIES = frozenset({"download", "sync", "backward", "grad", "grad_remove", "grad_replace",
-                          "optimizer_step", "goodbye", "optimizer_state",
-                          "optimizer_load_state", "graph_end", "transfer_send"})
-# Codes after which the daemon closes the connection.
-_FATAL = {"PROTOCOL_ERROR", "FRAME_TOO_LARGE", "VERSION_MISMATCH", "UNAUTHENTICATED"}
-
-
 def connect(endpoint: str | None = None, token: str | None = None, timeout: float | None = None,
             *, token_file: str | None = None, ca_file: str | None = None,
             cert: str | None = None, key: str | None = None, verify: bool = True,
@@ -176,39 +167,6 @@ def connect(endpoint: str | None = None, token: str | None = None, timeout: floa
     session.memfd_threshold = int(memfd_threshold)
     _default = session
     return session
-
-
-class _Call:
-    """A description of a request for error messages, formatted only when needed:
-    ``what(#in, ...) -> #out, ... suffix``."""
-
-    __slots__ = ("what", "handles", "outputs", "suffix")
-
-    def __init__(self, what: str, handles=(), suffix: str = "", outputs=()):
-        self.what = what
-        self.handles = handles
-        self.outputs = outputs
-        self.suffix = suffix
-
-    def __str__(self) -> str:
-        text = f"{self.what}({_fmt_handles(self.handles)})" if self.handles else self.what
-        if self.outputs:
-            text += f" -> {_fmt_handles(self.outputs)}"
-        return f"{text} {self.suffix}" if self.suffix else text
-
-
-def _as_call(call) -> _Call:
-    """A _Call from a request description: the hot paths keep a plain tuple
-    (what, handles, outputs) and leave the formatting to an error, if any."""
-    if isinstance(call, _Call):
-        return call
-    if len(call) == 2:  # (what, handles)
-        return _Call(call[0], call[1])
-    if len(call) == 5:  # an upload of the fast path
-        _, handle, name, shape, dev = call
-        return _Call(f"upload #{handle}", suffix=f"{name}{tuple(shape)} on {dev}")
-    name, inputs, out = call  # an op of the fast path
-    return _Call("op " + name, tuple(inputs), outputs=(out,))
 
 
 # Devices named by replies: immutable, so one object per (backend, ordinal) is shared.
@@ -312,13 +270,7 @@ def _scalar_out(name: str, attrs: dict) -> bool:
     return attrs.get("reduction", "mean") != "none"
 
 
-def _fmt_handles(handles) -> str:
-    if len(handles) > 8:
-        return f"#{handles[0]}, ... {len(handles)} handles"
-    return ", ".join(f"#{h}" for h in handles)
-
-
-class Session:
+class Session(SessionIO):
     """A session with tensordd. Use :func:`connect` to open one.
 
     A context manager: leaving the ``with`` block closes the session, which
@@ -466,97 +418,11 @@ class Session:
         finally:
             self._shutdown()
 
-    def _shutdown(self, why: str | None = None) -> None:
-        if why and self._open:
-            self._closed_why = why
-        self._open = False
-        self._pending_release.clear()
-        self._conn.close()
-
     def __repr__(self) -> str:
         state = f"session {self.session_id}" if self._open else "closed"
         return f"<tensordd.Session {self.endpoint} {state}>"
 
     # ================================================================ plumbing
-
-    def _new_request(self) -> "pb.Request":
-        """An empty Request; its id is given when it is queued (ids follow wire order)."""
-        return pb.Request()
-
-    def _new_handle(self) -> int:
-        return next(self._handles)
-
-    def _next_request_id(self) -> int:
-        """The id the next request will get (none is used up)."""
-        nxt = next(self._ids)
-        self._ids = itertools.count(nxt)  # ids are consecutive: put it back
-        return nxt
-
-    def _reserve_handles(self, n: int) -> int:
-        """The first of n consecutive fresh handle ids (a request that binds a range)."""
-        first = next(self._handles)
-        self._handles = itertools.count(first + max(n, 1))
-        return first
-
-    def _release_later(self, handle: int) -> None:
-        """Queues a handle for the next Release batch (called from __del__)."""
-        if self._open:
-            self._pending_release.append(handle)
-
-    def _emit_releases(self) -> None:
-        if not self._pending_release or self._capturing:
-            return
-        handles, self._pending_release = self._pending_release, []
-        rid = next(self._ids)
-        self._calls[rid] = ("release", handles)
-        self._conn.write_frame(_frame_release(rid, handles), rid)
-
-    def _check_open(self) -> None:
-        if not self._open:
-            raise local_error("CLOSED", self._closed_why)
-
-    def _describe(self, request_id: int) -> str | None:
-        call = self._calls.get(request_id)
-        return str(_as_call(call)) if call is not None else None
-
-    def _send(self, req: "pb.Request", call: _Call, payload=None) -> None:
-        """Queues a fire-and-forget request.
-
-        Releases due are queued first when this request will put bytes on
-        the wire anyway (a large payload) or enough of them have piled up.
-        """
-        self._check_open()
-        if len(self._pending_release) >= _RELEASE_BATCH or (
-                payload is not None and payload.nbytes >= ZERO_COPY_THRESHOLD):
-            self._emit_releases()
-        req.id = next(self._ids)
-        self._write(req.id, req.SerializeToString(), call, payload)
-
-    def _write(self, rid: int, msg: bytes, call: _Call, payload=None) -> None:
-        """Queues request rid, encoded as msg."""
-        self._calls[rid] = call
-        try:
-            self._conn.write(msg, payload, rid)
-        except (OSError, FrameError) as e:
-            self._fail_io(e, call)
-        except BaseException:  # interrupted mid-frame: the stream is unusable
-            self._shutdown(f"the session was interrupted while sending {call}")
-            raise
-
-    def _send_frame(self, rid: int, frame: bytes, call) -> None:
-        """Queues request rid, a whole frame encoded by hand (_codec), described by call."""
-        if not self._open:
-            raise local_error("CLOSED", self._closed_why)
-        if len(self._pending_release) >= _RELEASE_BATCH:
-            self._emit_releases()
-        self._calls[rid] = call
-        try:
-            self._conn.write_frame(frame, rid)
-        except (OSError, FrameError) as e:
-            self._fail_io(e, _as_call(call))
-        except BaseException:  # interrupted mid-frame: the stream is unusable
-            self._shutdown(f"the session was interrupted while sending {_as_call(call)}")
-            raise
 
     def _op_fast(self, name: str, inputs: list, extra: bytes = b"") -> "Tensor":
         """op() for the common case (tensor inputs, one output, no attributes or
@@ -590,122 +456,6 @@ class Session:
             self._shutdown(f"the session was interrupted while sending {_as_call(call)}")
             raise
         return Tensor(self, out)
-
-    def _roundtrip(self, req: "pb.Request", call: _Call) -> tuple["pb.Response", int]:
-        """Sends a synchronising request and reads its Response.
-
-        Returns (response, payload length); the payload is left in the stream
-        for the caller (only Download has one). Raises the typed Error the
-        response carries, naming the call that failed.
-        """
-        self._check_open()
-        if self._deferred and req.WhichOneof("body") in _SYNC_BODIES:
-            raise self._deferred.pop(0)  # the daemon would have answered this request with it
-        self._emit_releases()
-        req.id = next(self._ids)
-        self._calls[req.id] = call
-        self._busy = True
-        try:
-            try:
-                self._conn.write(req.SerializeToString(), None, req.id)
-                self._conn.flush()
-            except (OSError, FrameError) as e:
-                self._fail_io(e, call)
-            try:
-                raw, payload_len = self._conn.read_frame_head()
-            except (OSError, FrameError) as e:
-                self._fail_io(e, call)
-        except Error:
-            raise
-        except BaseException:
-            # KeyboardInterrupt & co. between request and reply: the reply
-            # would answer the next call; refuse further calls instead.
-            self._shutdown(f"the session was interrupted during {call}")
-            raise
-        finally:
-            self._busy = False
-        return self._reply(raw, req.id, payload_len, call)
-
-    def _reply(self, raw, rid: int, payload_len: int, call) -> tuple["pb.Response", int]:
-        """The Response raw answering request rid (checked; an error raised)."""
-        try:
-            resp = pb.Response.FromString(raw)
-        except DecodeError as e:
-            self._shutdown()
-            raise local_error("PROTOCOL_ERROR", f"undecodable response: {e}", str(call)) from e
-        # An error may come with another id (0: the daemon's last word before
-        # closing); anything else must answer this request.
-        body = resp.WhichOneof("body")
-        if resp.id == 0 and body != "error":
-            # The daemon's goodbye when it shuts down (SIGTERM): Response{id 0, ok}.
-            self._shutdown("the daemon closed the session (it is shutting down)")
-            raise local_error("CLOSED", "the daemon closed the session (it is shutting down)",
-                              str(call))
-        if resp.id != rid and body != "error":
-            self._shutdown()
-            raise local_error("PROTOCOL_ERROR",
-                              f"got a reply to request #{resp.id} while waiting for #{rid}",
-                              str(call))
-        if body == "error":
-            if payload_len:
-                try:
-                    self._conn.skip(payload_len)
-                except (OSError, FrameError) as e:
-                    self._fail_io(e, call)
-            self._raise_error(resp.error)
-        self._forget_calls()
-        return resp, payload_len
-
-    def _raise_error(self, err: "pb.Error"):
-        exc = error_from_proto(err, self._describe(err.request_id))
-        call = self._calls.get(err.request_id)
-        # A transfer's target refused the source (its token, say): this session goes on.
-        pushed = isinstance(call, _Call) and call.what == "transfer_send"
-        if exc.code in _FATAL and not pushed:
-            self._shutdown(f"the daemon closed the session after {exc}")
-        raise exc
-
-    def _forget_calls(self) -> None:
-        """Keeps the call memory bounded: at least the last _CALL_MEMORY requests, at
-        most twice that (ids are ascending, so are the keys). The oldest go all at once,
-        the dict rebuilt: deleting them one by one from its front left holes that every
-        later pass walked over again (tens of microseconds per round trip)."""
-        calls = self._calls
-        if len(calls) >= _CALL_TRIM:
-            self._calls = dict(itertools.islice(calls.items(), len(calls) - _CALL_MEMORY,
-                                                None))
-
-    def _fail_io(self, exc: BaseException, call: _Call):
-        """The connection broke: raise the daemon's last word if it left one."""
-        if isinstance(exc, socket.timeout):
-            self._shutdown()
-            raise local_error("TIMEOUT", "the daemon did not answer in time", str(call)) from exc
-        final = self._salvage_final_error() if isinstance(exc, OSError) and self._open else None
-        self._shutdown(f"connection lost: {exc}")
-        if final is not None and final.code == pb.OK:
-            final = None
-        if final is not None:
-            raise error_from_proto(final, self._describe(final.request_id)) from exc
-        if isinstance(exc, FrameError):
-            raise local_error("PROTOCOL_ERROR", str(exc), str(call)) from exc
-        raise local_error("CLOSED", f"connection lost: {exc}", str(call)) from exc
-
-    def _salvage_final_error(self):
-        """After a failed write: the Error the daemon sent before closing, if any."""
-        try:
-            self._conn.sock.settimeout(0.5)
-            for _ in range(64):  # replies still in the stream come first
-                raw, n = self._conn.read_frame_head()
-                if n:
-                    self._conn.skip(n)
-                resp = pb.Response.FromString(raw)
-                if resp.WhichOneof("body") == "error":
-                    return resp.error
-                if resp.id == 0:  # the daemon's goodbye (shutting down)
-                    return None
-        except Exception:
-            return None
-        return None
 
     # ================================================================ tensors
 

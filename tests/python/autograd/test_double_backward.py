@@ -6,9 +6,12 @@ on CPU, the same computation on the same random inputs on both sides.
   formula, its argument forms, views, broadcasting, reuse) differentiated twice: the
   first gradients g_i of loss = sum(op(x) * w) with create_graph, then the
   Hessian-vector product d/dx_j sum_i <g_i, v_i> for random v_i, on cpu:0 in float32
-  and float64 and on ref:0 in float64;
+  and float64 and on ref:0 in float64 (in the GPU suites CUDA_SWEEP's cases on cuda:0 in
+  float32, kept few: the emulator runs each kernel on the host; a case whose passes need
+  an op or dtype the cuda backend declines, typed, is skipped there);
 - a WGAN-GP gradient penalty ||grad_x D(x)||: its value and its gradient to D's
-  parameters, through grad() and through backward(create_graph=True) + Gradients.get;
+  parameters (with tanh in float32 on cuda:0 too), through grad() and through
+  backward(create_graph=True) + Gradients.get;
 - Hessian-vector products of MLP losses (linear, relu/tanh/gelu/sigmoid,
   softmax/log_softmax, cross_entropy, mse_loss, layer_norm, conv2d);
 - grad-of: non-leaf inputs, allow_unused, several outputs with grad_outputs;
@@ -35,6 +38,7 @@ import pytest
 
 import tensordd
 import tensordd.nn.functional as TF
+from gpusuite import CUDA, declines_skip, host_and_cuda
 from helpers import require_autodiff
 from test_grad_torch import CASES
 
@@ -49,6 +53,13 @@ TOLS = {"float32": (1e-4, 1e-4), "float64": (1e-9, 1e-11)}
 def ad(session):
     require_autodiff(session)
     return session
+
+
+@pytest.fixture
+def dad(device_session):
+    """ad on the test's device."""
+    require_autodiff(device_session)
+    return device_session
 
 
 def _tol(dtype, k=1):
@@ -76,10 +87,29 @@ def _sweep_params():
 
 
 SWEEP = _sweep_params()
+# The sweep's cases on cuda:0 (float32).
+CUDA_SWEEP = ("tanh", "sigmoid", "gelu", "mul-bcast", "div-bcast", "matmul-2d-2d",
+              "softmax-dim1", "log_softmax-dim-1", "logsumexp-dim1", "cross_entropy-mean",
+              "mse_loss-mean", "layer_norm-affine", "mlp")
 
 
-@pytest.mark.parametrize("c,device,dtype", SWEEP)
-def test_hvp_matches_torch(ad, c, device, dtype):
+def _device_sweep():
+    """SWEEP on the host devices, CUDA_SWEEP on cuda:0 (the GPU suites)."""
+    return host_and_cuda(SWEEP, [pytest.param(c, CUDA, "float32", id=f"{c.name}-{CUDA}-float32")
+                                 for c in CASES if c.name in CUDA_SWEEP])
+
+
+def test_cuda_sweep_cases_exist():
+    assert set(CUDA_SWEEP) <= {c.name for c in CASES if not c.xfail}
+
+
+@pytest.mark.parametrize("c,device,dtype", _device_sweep())
+def test_hvp_matches_torch(dad, c, device, dtype):
+    with declines_skip(device):
+        _check_hvp(dad, c, device, dtype)
+
+
+def _check_hvp(ad, c, device, dtype):
     rng = np.random.default_rng(zlib.crc32(f"dbl/{c.name}/{dtype}".encode()))
     arrays = [(make(rng, dtype), g) for make, g in c.inputs]
     ts = [ad.tensor(a, device=device, requires_grad=g) for a, g in arrays]
@@ -244,9 +274,21 @@ def _gp_arrays(dtype, seed=3):
     return x, ps
 
 
-@pytest.mark.parametrize("act", ["tanh", "relu", "gelu", "sigmoid"])
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_gradient_penalty_matches_torch(ad, act, dtype):
+def _gp_params():
+    """Each activation in float32 and float64 on cpu:0; tanh in float32 on cuda:0."""
+    return host_and_cuda(
+        [pytest.param(dtype, act, "cpu:0", id=f"{dtype}-{act}-cpu:0")
+         for act in ("tanh", "relu", "gelu", "sigmoid") for dtype in ("float32", "float64")],
+        [pytest.param("float32", "tanh", CUDA, id=f"float32-tanh-{CUDA}")])
+
+
+@pytest.mark.parametrize("dtype,act,device", _gp_params())
+def test_gradient_penalty_matches_torch(dad, act, dtype, device):
+    with declines_skip(device):
+        _check_gradient_penalty(dad, act, dtype, device)
+
+
+def _check_gradient_penalty(ad, act, dtype, device):
     x0, ps0 = _gp_arrays(dtype)
     tx = torch.tensor(x0, requires_grad=True)
     tps = [torch.tensor(p, requires_grad=True) for p in ps0]
@@ -254,8 +296,8 @@ def test_gradient_penalty_matches_torch(ad, act, dtype):
     tgp = ((tgx.square().sum(1).sqrt() - 1.0).square()).mean()
     tgrads = torch.autograd.grad(tgp, tps[:3])  # (the output bias does not reach grad_x)
 
-    x = ad.tensor(x0, requires_grad=True)
-    ps = [ad.tensor(p, requires_grad=True) for p in ps0]
+    x = ad.tensor(x0, device=device, requires_grad=True)
+    ps = [ad.tensor(p, device=device, requires_grad=True) for p in ps0]
     (gx,) = agrad(_disc(_slib(ad), x, ps, act).sum(), x, create_graph=True)
     assert gx.requires_grad
     gp = ((gx.square().sum(1).sqrt() - 1.0).square()).mean()
@@ -263,6 +305,7 @@ def test_gradient_penalty_matches_torch(ad, act, dtype):
     rtol, atol = _tol(dtype, 6)
     np.testing.assert_allclose(gp.numpy(), _np(tgp), rtol=rtol, atol=atol)
     for n, (a, b) in enumerate(zip(grads, tgrads)):
+        assert a.device == device
         np.testing.assert_allclose(a.numpy(), _np(b), rtol=rtol, atol=atol,
                                    err_msg=f"gradient penalty ({act}): parameter {n}")
 

@@ -7,7 +7,10 @@ requires_grad, loss = (op(leaves) * w).sum() with a random weighting w,
 loss.backward() on both sides, then every leaf's gradient
 (tensordd: grads.get(leaf).numpy()) is compared with torch's .grad.
 Every case runs on cpu:0 and ref:0, in float32 and float64; each
-case x device x dtype is its own test id. Cases cover broadcasting inputs
+case x device x dtype is its own test id. In the GPU suites every case the
+daemon differentiates (not the xfail ones) runs on cuda:0 in float32 instead;
+a case whose forward or backward needs an op or dtype the cuda backend declines
+(typed) is skipped there, so the passed count is what runs on cuda. Cases cover broadcasting inputs
 (gradients reduced back to the input's shape), non-contiguous inputs
 (transposed, sliced, expanded, permuted views of leaves), a leaf used
 several times (gradient accumulation), batched/broadcast matmul, the losses,
@@ -38,6 +41,7 @@ import numpy as np
 import pytest
 
 import tensordd
+from gpusuite import CUDA, declines_skip, host_and_cuda
 from helpers import require_autodiff
 
 torch = pytest.importorskip("torch")
@@ -454,20 +458,34 @@ def _tol(dtype, k):
     return rtol * scale, atol * scale
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("c", _params())
-def test_grad_matches_torch(ad, c, device, dtype):
+def _device_params():
+    """Every case on cpu:0 and ref:0 in each of DTYPES; on cuda:0 the cases the daemon
+    differentiates (no xfail), in float32. Ids: case-device-dtype."""
+    def on(devs, dtypes, xfail):
+        return [pytest.param(p.values[0], dev, dtype, id=f"{p.id}-{dev}-{dtype}", marks=p.marks)
+                for dev in devs for p in _params() if xfail or not p.values[0].xfail
+                for dtype in dtypes]
+    return host_and_cuda(on(DEVICES, DTYPES, True), on([CUDA], ["float32"], False))
+
+
+@pytest.mark.parametrize("c,device,dtype", _device_params())
+def test_grad_matches_torch(device_session, c, device, dtype):
+    ad = device_session
+    require_autodiff(ad)
     rng = np.random.default_rng(zlib.crc32(f"{c.name}/{dtype}".encode()))
     arrays = [(make(rng, dtype), grad) for make, grad in c.inputs]
-    ts = [ad.tensor(a, device=device, requires_grad=g) for a, g in arrays]
     tts = [torch.tensor(a, requires_grad=g) for a, g in arrays]
 
     tout = c.tfn(*tts)
     w = rng.uniform(0.5, 1.5, tuple(tout.shape)).astype(str(tout.dtype).replace("torch.", ""))
     tloss = (tout * torch.from_numpy(w)).sum()
     tloss.backward()
+    with declines_skip(device):
+        _check_grads(ad, c, device, dtype, arrays, tts, tout, tloss, w)
 
+
+def _check_grads(ad, c, device, dtype, arrays, tts, tout, tloss, w):
+    ts = [ad.tensor(a, device=device, requires_grad=g) for a, g in arrays]
     out = c.fn(ad, *ts)
     assert tuple(out.shape) == tuple(tout.shape)
     loss = (out * ad.tensor(w, device=device)).sum()

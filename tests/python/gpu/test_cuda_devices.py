@@ -1,7 +1,7 @@
 """cuda devices through the daemon (issue 10): the grad_replace mismatch matrix with
 real GPU devices, device memory accounting, and the emulator's fault injection.
 
-Runs only when TDD_GPU_ARGS is set (see test_cuda_ops.py). The fault injections need the
+Runs only when TDD_GPU_ARGS is set (gpusuite.py). The fault injections need the
 emulated build (`--emu-gpus` in TDD_GPU_ARGS): its TDD_EMU_FAIL_ALLOC and
 TDD_EMU_STICKY_LAUNCH (backends/cuda/emu/emu.h) make the Nth device allocation fail and
 the Nth kernel launch fault, which a real GPU cannot be asked to do.

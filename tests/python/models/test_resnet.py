@@ -7,8 +7,8 @@ train 4 steps on 4x3x8x8 batches with SGD (momentum, weight decay) or Adam, then
 eval-mode forward. Losses, every parameter, the BatchNorm running stats and
 num_batches_tracked must match torch's. Tolerances (float32 throughout): losses rtol 1e-4 /
 atol 1e-5; parameters and running stats after the steps rtol 1e-4 / atol 1e-5; the eval
-logits rtol 1e-4 / atol 1e-4 (measured on cpu:0: at most 3.3e-7 apart). On cpu:0 here; the
-same on emulated cuda:0 in test_cuda_resnet.py (the GPU suites).
+logits rtol 1e-4 / atol 1e-4 (measured on cpu:0: at most 3.3e-7 apart). On cpu:0, and on
+cuda:0 in the GPU suites (the same model moved there with model.to).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import tensordd
+from gpusuite import devices
 
 torch = pytest.importorskip("torch")
 
@@ -122,7 +123,8 @@ def check_resnet_matches_torch(opt_name, dev):
     assert not np.allclose(t_state["bn.running_var"].numpy(), 1.0)
 
 
+@pytest.mark.parametrize("device", devices("cpu:0"))
 @pytest.mark.parametrize("opt_name", ["sgd", "adam"])
-def test_resnet_matches_torch(session, opt_name):
-    assert tensordd.default_session() is session
-    check_resnet_matches_torch(opt_name, "cpu:0")
+def test_resnet_matches_torch(device_session, opt_name, device):
+    assert tensordd.default_session() is device_session
+    check_resnet_matches_torch(opt_name, device)

@@ -4,7 +4,8 @@ and multinomial's draws: their law (chi-square), no repeats without replacement,
 the same samples for the same seed, and the typed refusals.
 
 embedding_bag: every mode x (1-D input with offsets, 2-D input, include_last_offset,
-padding_idx, per_sample_weights, empty bags) on cpu:0 and ref:0, forward and the
+padding_idx, per_sample_weights, empty bags) on cpu:0 and ref:0 (in the GPU suites the
+cases with offsets on cuda:0), forward and the
 gradients of a weighted sum of the output, within rtol 1e-5, atol 1e-6
 (float32; the daemon sums in double and rounds once, torch in float).
 
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 import tensordd
+from gpusuite import CUDA, host_and_cuda
 from tensordd.nn import functional as F
 
 torch = pytest.importorskip("torch")
@@ -57,9 +59,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("device", ["cpu:0", "ref:0"])
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_embedding_bag_matches_torch(session, device, case):
+@pytest.mark.parametrize("case,device", host_and_cuda(
+    [pytest.param(case, dev, id=f"{case}-{dev}") for dev in ("cpu:0", "ref:0")
+     for case in range(len(CASES))],
+    [pytest.param(case, CUDA, id=f"{case}-{CUDA}") for case in (0, 2, 3, 5, 6)]))
+def test_embedding_bag_matches_torch(device_session, device, case):
+    session = device_session
     mode, ix, off, last, pad, psw = CASES[case]
     w = session.tensor(W, device=device, requires_grad=True)
     i, o, p = _ours(session, device, ix, off, psw)

@@ -1,7 +1,8 @@
 """The daemon's ops through the Python client against PyTorch (issue 4).
 
 Table-driven: every op of the daemon's op table (backends/ops.h) that PyTorch
-has, on cpu:0 and ref:0, in float32 and float64 (plus int64 and bool where
+has, on cpu:0 and ref:0 (cuda:0 in the GPU suites: a case the cuda backend declines,
+typed, is skipped there), in float32 and float64 (plus int64 and bool where
 PyTorch allows them), on random inputs from a numpy RNG seeded per case.
 Each case runs the same computation through tensordd and through torch (on
 tensors of the same dtype) and compares the output's dtype, shape and values.
@@ -33,10 +34,12 @@ import zlib
 import numpy as np
 import pytest
 
+from gpusuite import declines_skip, devices
+
 torch = pytest.importorskip("torch")
 FN = torch.nn.functional
 
-DEVICES = ("cpu:0", "ref:0")
+DEVICES = devices("cpu:0", "ref:0")
 F = ("float32", "float64")
 FI = F + ("int64",)
 FIB = FI + ("bool",)
@@ -709,12 +712,14 @@ def _seed(*parts) -> int:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("c,dtype", _params())
-def test_op_matches_torch(session, c, dtype, device):
+def test_op_matches_torch(device_session, c, dtype, device):
+    session = device_session
     rng = np.random.default_rng(_seed(c.name, dtype))
     arrays = [spec(rng, dtype) for spec in c.inputs]
     ts = [session.tensor(a, device=device) for a in arrays]
     want = c.tfn(*[torch.from_numpy(np.array(a)) for a in arrays])
-    got = c.fn(session, *ts)
+    with declines_skip(device, session):
+        got = c.fn(session, *ts)
     for g in _as_list(got):
         assert g.device == device
     compare(got, want, exact=c.exact, k=c.k, what=f"{c.name} {dtype} on {device}")
@@ -771,8 +776,9 @@ def _create_params():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fn,tfn,dtype", _create_params())
-def test_creation_matches_torch(session, fn, tfn, dtype, device):
-    got = fn(session, device, dtype)
+def test_creation_matches_torch(device_session, fn, tfn, dtype, device):
+    with declines_skip(device, device_session):
+        got = fn(device_session, device, dtype)
     want = tfn(getattr(torch, dtype))
     assert got.device == device
     # linspace: PyTorch computes from both ends; allow an ulp-scale difference
@@ -790,7 +796,44 @@ def test_creation_matches_torch(session, fn, tfn, dtype, device):
     pytest.param(lambda s, d: s.arange(0.0, 1.0, 0.125, device=d),
                  lambda: torch.arange(0.0, 1.0, 0.125), "float32", id="arange-floats-float32"),
 ])
-def test_creation_default_dtype_as_torch(session, fn, tfn, dtype, device):
-    got, want = fn(session, device), tfn()
+def test_creation_default_dtype_as_torch(device_session, fn, tfn, dtype, device):
+    got, want = fn(device_session, device), tfn()
     assert str(want.dtype) == f"torch.{dtype}"
     compare(got, want, what=f"creation default dtype on {device}")
+
+
+# Reductions whose layouts take each of the cuda backend's reduction kernels: short rows over
+# the dense innermost dim (several to a warp, the last warp part-filled), outer dims with
+# under 1024 dense kept outputs (a block per 32 outputs), outer dims with >= 1024 outputs (a
+# thread each), long rows (a block per output, split across blocks when outputs are few);
+# with each map (plain, exp-sub for logsumexp, squared deviation for var) and combine.
+REDUCTION_LAYOUTS = [
+    ("short_rows", (64, 10), -1),
+    ("short_rows_part_warp", (5, 7, 3), -1),
+    ("row_of_one", (45, 1), -1),
+    ("columns", (300, 70), 0),
+    ("few_columns", (300, 10), 0),
+    ("columns_3d", (6, 50, 40), (0, 1)),
+    ("many_columns", (5, 2000), 0),
+    ("long_rows", (3, 5000), 1),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,shape,dim", REDUCTION_LAYOUTS,
+                         ids=[r[0] for r in REDUCTION_LAYOUTS])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_reduction_layouts_match_torch(device_session, name, shape, dim, dtype, device):
+    rng = np.random.default_rng(len(name) * 7 + len(dtype))
+    if dtype == "int64":
+        a = rng.integers(-50, 50, shape).astype(np.int64)
+        ops = ["sum", "amax", "amin"]
+    else:
+        a = rng.standard_normal(shape).astype(dtype)
+        ops = ["sum", "mean", "amax", "amin", "var", "logsumexp"]
+    x, tx = device_session.tensor(a, device=device), torch.from_numpy(a)
+    for op in ops:
+        got = getattr(x, op)(dim)
+        want = getattr(tx, op)(dim)
+        compare(got, want, exact=dtype == "int64", k=shape[0] if dim == 0 else 8,
+                what=f"{op} over {dim} of {shape} {dtype} on {device}")
