@@ -26,43 +26,14 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include "tensordd_keys.h" /* every field's key, generated from proto/tensordd.proto */
+/* the fast codec the daemon and libtensordd compile too, its keys generated from the .proto */
+#include "wirecodec.h"
 
 #define MAGIC 0x01444454u /* "TDD" + frame version 1 (proto/frame.h) */
 #define HEADER 16
 #define MAX_DIMS 64
 
 /* ------------------------------------------------------------------ encoding */
-
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static char *put_varint(char *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (char)((v & 0x7F) | 0x80);
-        v >>= 7;
-    }
-    *p++ = (char)v;
-    return p;
-}
-
-/* A key (TD_KEY_*, a constant): one byte for fields 1-15, more after. */
-static inline char *put_key(char *p, uint32_t key)
-{
-    if (key < 0x80) {
-        *p++ = (char)key;
-        return p;
-    }
-    return put_varint(p, key);
-}
 
 static char *put_header(char *p, size_t msg_len)
 {
@@ -134,7 +105,6 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
             return PyErr_NoMemory();
         }
     }
-    size_t ins_len = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (as_u64(items[i], &ins[i]) < 0) {
             if (ins != small)
@@ -142,15 +112,13 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
             Py_DECREF(seq);
             return NULL;
         }
-        ins_len += varint_len(ins[i]);
     }
     Py_DECREF(seq);
-    size_t out_len = varint_len(out);
-    size_t body = TD_KEY_LEN_OP_OP + varint_len((uint64_t)name_len) + (size_t)name_len +
-                  TD_KEY_LEN_OP_INPUTS + varint_len(ins_len) + ins_len + TD_KEY_LEN_OP_OUTPUTS +
-                  varint_len(out_len) + out_len + (size_t)extra_len;
-    size_t msg =
-        TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_OP + varint_len(body) + body;
+    td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_OP};
+    w.op = (td_wire_op){.name = name, .name_len = (size_t)name_len, .inputs = ins,
+                        .n_inputs = (size_t)n, .outputs = &out, .n_outputs = 1,
+                        .attrs = (const uint8_t *)extra, .attrs_len = (size_t)extra_len};
+    size_t msg = td_wire_request_size(&w);
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
     char *p;
@@ -167,30 +135,11 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
         res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
         p = res ? PyBytes_AS_STRING(res) : NULL;
     }
-    if (res == NULL) {
-        if (ins != small)
-            PyMem_Free(ins);
-        return NULL;
+    if (res != NULL) {
+        if (framed)
+            p = put_header(p, msg);
+        td_wire_request_put((uint8_t *)p, &w);
     }
-    if (framed)
-        p = put_header(p, msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_OP);
-    p = put_varint(p, body);
-    p = put_key(p, TD_KEY_OP_OP);
-    p = put_varint(p, (uint64_t)name_len);
-    memcpy(p, name, (size_t)name_len);
-    p += name_len;
-    p = put_key(p, TD_KEY_OP_INPUTS); /* packed */
-    p = put_varint(p, ins_len);
-    for (Py_ssize_t i = 0; i < n; i++)
-        p = put_varint(p, ins[i]);
-    p = put_key(p, TD_KEY_OP_OUTPUTS); /* packed */
-    p = put_varint(p, out_len);
-    p = put_varint(p, out);
-    if (extra_len)
-        memcpy(p, extra, (size_t)extra_len);
     if (ins != small)
         PyMem_Free(ins);
     return res;
@@ -261,20 +210,48 @@ static PyObject *frame_download(PyObject *self, PyObject *const *args, Py_ssize_
     uint64_t rid, handle;
     if (as_u64(rid_o, &rid) < 0 || as_u64(handle_o, &handle) < 0)
         return NULL;
-    size_t body = TD_KEY_LEN_DOWNLOAD_HANDLE + varint_len(handle);
-    size_t msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_DOWNLOAD +
-                 varint_len(body) + body;
+    td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_DOWNLOAD, .handle = handle};
+    size_t msg = td_wire_request_size(&w);
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
     if (res == NULL)
         return NULL;
     char *p = put_header(PyBytes_AS_STRING(res), msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_DOWNLOAD);
-    p = put_varint(p, body);
-    p = put_key(p, TD_KEY_DOWNLOAD_HANDLE);
-    put_varint(p, handle);
+    td_wire_request_put((uint8_t *)p, &w);
     return res;
+}
+
+/* The handles of a Python sequence as uint64s: in small (nsmall of them) when they fit, else
+ * in PyMem_Malloc'd memory (free with free_u64s); NULL with an exception set. */
+static uint64_t *u64s(PyObject *o, const char *what, uint64_t *small, size_t nsmall, size_t *n)
+{
+    PyObject *seq = PySequence_Fast(o, what);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint64_t *a = (size_t)len <= nsmall ? small : PyMem_Malloc((size_t)len * sizeof *a);
+    if (a == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        if (as_u64(items[i], &a[i]) < 0) {
+            if (a != small)
+                PyMem_Free(a);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    *n = (size_t)len;
+    return a;
+}
+
+static void free_u64s(uint64_t *a, const uint64_t *small)
+{
+    if (a != small)
+        PyMem_Free(a);
 }
 
 static PyObject *frame_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -282,201 +259,34 @@ static PyObject *frame_release(PyObject *self, PyObject *const *args, Py_ssize_t
     (void)self;
     if (!nargs_ok("frame_release", nargs, 2))
         return NULL;
-    PyObject *rid_o = args[0], *handles_o = args[1];
-    uint64_t rid;
-    if (as_u64(rid_o, &rid) < 0)
+    uint64_t rid, small[16];
+    if (as_u64(args[0], &rid) < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(handles_o, "handles must be a sequence");
-    if (seq == NULL)
+    td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_RELEASE};
+    uint64_t *hs = u64s(args[1], "handles must be a sequence", small, 16, &w.n_handles);
+    if (hs == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    size_t hs_len = 0;
-    for (Py_ssize_t i = 0; i < n; i++) { /* sizes first: values checked here */
-        uint64_t h;
-        if (as_u64(items[i], &h) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        hs_len += varint_len(h);
-    }
-    size_t body = n ? TD_KEY_LEN_RELEASE_HANDLES + varint_len(hs_len) + hs_len : 0;
-    size_t msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_RELEASE +
-                 varint_len(body) + body;
+    w.handles = hs;
+    size_t msg = td_wire_request_size(&w);
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
-    if (res == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    char *p = put_header(PyBytes_AS_STRING(res), msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_RELEASE);
-    p = put_varint(p, body);
-    if (n) {
-        p = put_key(p, TD_KEY_RELEASE_HANDLES); /* packed */
-        p = put_varint(p, hs_len);
-        for (Py_ssize_t i = 0; i < n; i++) /* (checked above: cannot fail) */
-            p = put_varint(p, (uint64_t)PyLong_AsUnsignedLongLong(items[i]));
-    }
-    Py_DECREF(seq);
+    if (res != NULL)
+        td_wire_request_put((uint8_t *)put_header(PyBytes_AS_STRING(res), msg), &w);
+    free_u64s(hs, small);
     return res;
 }
 
 /* ------------------------------------------------------------------ decoding */
 
 typedef struct {
-    const unsigned char *p, *end;
-} reader;
-
-/* 0 and the value, or -1 on a truncated or over-long varint. */
-static int get_varint(reader *r, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && r->p < r->end; shift += 7) {
-        unsigned char b = *r->p++;
-        v |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            if (shift == 63 && b > 1)
-                return -1;
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* A length-delimited field's bytes. */
-static int get_bytes(reader *r, reader *sub)
-{
-    uint64_t n;
-    if (get_varint(r, &n) < 0 || n > (uint64_t)(r->end - r->p))
-        return -1;
-    sub->p = r->p;
-    sub->end = r->p + n;
-    r->p += n;
-    return 0;
-}
-
-typedef struct {
-    uint64_t handle, ordinal;
-    int64_t dtype;
+    td_wire_tensor w;
     int64_t shape[MAX_DIMS];
-    int ndim, requires_grad;
-    const char *backend;
-    size_t backend_len;
 } tensor_info;
-
-/* Device{backend = 1 (string), ordinal = 2 (uint32)}; -1: not the plain form. */
-static int parse_device(reader r, tensor_info *t)
-{
-    int seen_b = 0, seen_o = 0;
-    while (r.p < r.end) {
-        uint64_t key, v;
-        if (get_varint(&r, &key) < 0)
-            return -1;
-        if (key == TD_KEY_DEVICE_BACKEND && !seen_b) {
-            reader s;
-            if (get_bytes(&r, &s) < 0)
-                return -1;
-            t->backend = (const char *)s.p;
-            t->backend_len = (size_t)(s.end - s.p);
-            seen_b = 1;
-        } else if (key == TD_KEY_DEVICE_ORDINAL && !seen_o) {
-            if (get_varint(&r, &v) < 0)
-                return -1;
-            t->ordinal = v & 0xFFFFFFFFu; /* uint32: protobuf keeps the low 32 bits */
-            seen_o = 1;
-        } else {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* TensorInfo{handle 1, dtype 2, shape 3 (int64, packed or not), device 4,
- * requires_grad 5}; each scalar at most once, else -1 (protobuf decides). */
-static int parse_info(reader r, tensor_info *t)
-{
-    int seen = 0;
-    while (r.p < r.end) {
-        uint64_t key, v;
-        if (get_varint(&r, &key) < 0)
-            return -1;
-        switch (key) {
-        case TD_KEY_TENSOR_INFO_HANDLE:
-        case TD_KEY_TENSOR_INFO_DTYPE:
-        case TD_KEY_TENSOR_INFO_REQUIRES_GRAD: {
-            int bit = 1 << (key >> 3);
-            if ((seen & bit) || get_varint(&r, &v) < 0)
-                return -1;
-            seen |= bit;
-            if (key == TD_KEY_TENSOR_INFO_HANDLE) {
-                t->handle = v;
-            } else if (key == TD_KEY_TENSOR_INFO_DTYPE) {
-                if (v > 0x7FFFFFFFu) /* (negative or out of int32 range: protobuf's call) */
-                    return -1;
-                t->dtype = (int64_t)v;
-            } else {
-                t->requires_grad = v != 0;
-            }
-            break;
-        }
-        case TD_KEY_TENSOR_INFO_SHAPE_UNPACKED: /* one shape value */
-            if (t->ndim == MAX_DIMS || get_varint(&r, &v) < 0)
-                return -1;
-            t->shape[t->ndim++] = (int64_t)v;
-            break;
-        case TD_KEY_TENSOR_INFO_SHAPE: { /* packed shape values */
-            reader s;
-            if (get_bytes(&r, &s) < 0)
-                return -1;
-            while (s.p < s.end) {
-                if (t->ndim == MAX_DIMS || get_varint(&s, &v) < 0)
-                    return -1;
-                t->shape[t->ndim++] = (int64_t)v;
-            }
-            break;
-        }
-        case TD_KEY_TENSOR_INFO_DEVICE: {
-            reader s;
-            if ((seen & (1 << TD_FIELD_TENSOR_INFO_DEVICE)) || get_bytes(&r, &s) < 0 ||
-                parse_device(s, t) < 0)
-                return -1;
-            seen |= 1 << TD_FIELD_TENSOR_INFO_DEVICE;
-            break;
-        }
-        default:
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* 1 when msg is a plain Response{id, tensor{...}} (its id and fields in *id, *t), else 0. */
 static int parse_reply(const unsigned char *p, size_t len, uint64_t *id, tensor_info *t)
 {
-    reader r = {p, p + len};
-    memset(t, 0, sizeof *t);
-    t->backend = "";
-    *id = 0;
-    int seen_id = 0, seen_body = 0, ok = 1;
-    while (ok && r.p < r.end) {
-        uint64_t key;
-        if (get_varint(&r, &key) < 0) {
-            ok = 0;
-        } else if (key == TD_KEY_RESPONSE_ID && !seen_id) {
-            ok = get_varint(&r, id) == 0;
-            seen_id = 1;
-        } else if (key == TD_KEY_RESPONSE_TENSOR && !seen_body) {
-            reader s;
-            ok = get_bytes(&r, &s) == 0 && parse_info(s, t) == 0;
-            seen_body = 1;
-        } else {
-            ok = 0;
-        }
-    }
-    return ok && seen_body;
+    return td_wire_response_get(p, len, id, &t->w, t->shape, MAX_DIMS) ==
+           TD_FIELD_RESPONSE_TENSOR;
 }
 
 static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
@@ -494,19 +304,19 @@ static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
         Py_INCREF(res);
         goto out;
     }
-    PyObject *backend = PyUnicode_DecodeUTF8(t.backend, (Py_ssize_t)t.backend_len, NULL);
+    PyObject *backend = PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
     if (backend == NULL) { /* not UTF-8: protobuf says what that is */
         PyErr_Clear();
         res = Py_None;
         Py_INCREF(res);
         goto out;
     }
-    PyObject *shape = PyTuple_New(t.ndim);
+    PyObject *shape = PyTuple_New(t.w.ndim);
     if (shape == NULL) {
         Py_DECREF(backend);
         goto out;
     }
-    for (int i = 0; i < t.ndim; i++) {
+    for (int i = 0; i < t.w.ndim; i++) {
         PyObject *d = PyLong_FromLongLong(t.shape[i]);
         if (d == NULL) {
             Py_DECREF(shape);
@@ -515,9 +325,9 @@ static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
         }
         PyTuple_SET_ITEM(shape, i, d);
     }
-    res = Py_BuildValue("(KKLNNKO)", (unsigned long long)id, (unsigned long long)t.handle,
-                        (long long)t.dtype, shape, backend, (unsigned long long)t.ordinal,
-                        t.requires_grad ? Py_True : Py_False);
+    res = Py_BuildValue("(KKLNNKO)", (unsigned long long)id, (unsigned long long)t.w.handle,
+                        (long long)t.w.dtype, shape, backend, (unsigned long long)t.w.device.ordinal,
+                        t.w.requires_grad ? Py_True : Py_False);
 out:
     PyBuffer_Release(&view);
     return res;
@@ -731,63 +541,33 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
     if (wbuf == NULL)
         return NULL;
     /* ---- the Release and Download frames, after what is queued */
-    PyObject *seq = NULL;
-    Py_ssize_t nrel = 0;
-    size_t hs_len = 0;
+    uint64_t hsmall[16], *hs = NULL;
+    td_wire_request rw = {.id = rrid, .body = TD_FIELD_REQUEST_RELEASE};
+    td_wire_request dw = {.id = rid, .body = TD_FIELD_REQUEST_DOWNLOAD, .handle = handle};
     if (rrid) {
-        seq = PySequence_Fast(rel, "release handles must be a sequence");
-        if (seq == NULL) {
+        hs = u64s(rel, "release handles must be a sequence", hsmall, 16, &rw.n_handles);
+        if (hs == NULL) {
             Py_DECREF(wbuf);
             return NULL;
         }
-        nrel = PySequence_Fast_GET_SIZE(seq);
-        for (Py_ssize_t i = 0; i < nrel; i++) {
-            uint64_t h;
-            if (as_u64(PySequence_Fast_ITEMS(seq)[i], &h) < 0) {
-                Py_DECREF(seq);
-                Py_DECREF(wbuf);
-                return NULL;
-            }
-            hs_len += varint_len(h);
-        }
+        rw.handles = hs;
     }
-    size_t rel_body = nrel ? TD_KEY_LEN_RELEASE_HANDLES + varint_len(hs_len) + hs_len : 0;
-    size_t rel_msg = TD_KEY_LEN_REQUEST_ID + varint_len(rrid) + TD_KEY_LEN_REQUEST_RELEASE +
-                     varint_len(rel_body) + rel_body;
-    size_t dl_body = TD_KEY_LEN_DOWNLOAD_HANDLE + varint_len(handle);
-    size_t dl_msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_DOWNLOAD +
-                    varint_len(dl_body) + dl_body;
+    size_t rel_msg = rrid ? td_wire_request_size(&rw) : 0, dl_msg = td_wire_request_size(&dw);
     size_t flen = (rrid ? HEADER + rel_msg : 0) + HEADER + dl_msg;
     char small[1024];
     char *frames = flen <= sizeof small ? small : PyMem_Malloc(flen);
     if (frames == NULL) {
-        Py_XDECREF(seq);
+        if (hs)
+            free_u64s(hs, hsmall);
         Py_DECREF(wbuf);
         return PyErr_NoMemory();
     }
     char *p = frames;
     if (rrid) {
-        p = put_header(p, rel_msg);
-        p = put_key(p, TD_KEY_REQUEST_ID);
-        p = put_varint(p, rrid);
-        p = put_key(p, TD_KEY_REQUEST_RELEASE);
-        p = put_varint(p, rel_body);
-        if (nrel) {
-            p = put_key(p, TD_KEY_RELEASE_HANDLES); /* packed */
-            p = put_varint(p, hs_len);
-            for (Py_ssize_t i = 0; i < nrel; i++) /* (checked above: cannot fail) */
-                p = put_varint(p,
-                               (uint64_t)PyLong_AsUnsignedLongLong(PySequence_Fast_ITEMS(seq)[i]));
-        }
+        p = (char *)td_wire_request_put((uint8_t *)put_header(p, rel_msg), &rw);
+        free_u64s(hs, hsmall);
     }
-    Py_XDECREF(seq);
-    p = put_header(p, dl_msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_DOWNLOAD);
-    p = put_varint(p, dl_body);
-    p = put_key(p, TD_KEY_DOWNLOAD_HANDLE);
-    put_varint(p, handle);
+    td_wire_request_put((uint8_t *)put_header(p, dl_msg), &dw);
     /* ---- out in one writev; the write buffer is emptied whatever happens (as flush) */
     Py_buffer wv;
     if (PyObject_GetBuffer(wbuf, &wv, PyBUF_SIMPLE) < 0) { /* (holds it while unlocked) */
@@ -854,7 +634,7 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
     uint64_t id;
     if (!parse_reply((const unsigned char *)in + HEADER, msg_len, &id, &t) || id != rid)
         goto leave_to_python;
-    PyObject *key = PyLong_FromLongLong((long long)t.dtype);
+    PyObject *key = PyLong_FromLongLong((long long)t.w.dtype);
     if (key == NULL)
         return NULL;
     PyObject *dtype = PyDict_GetItemWithError(np_dtypes, key); /* (borrowed) */
@@ -864,17 +644,17 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
             return NULL;
         goto leave_to_python; /* (a dtype not met yet: Python adds it) */
     }
-    PyObject *backend = PyUnicode_DecodeUTF8(t.backend, (Py_ssize_t)t.backend_len, NULL);
+    PyObject *backend = PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
     if (backend == NULL) {
         PyErr_Clear();
         goto leave_to_python;
     }
-    PyObject *shape = PyTuple_New(t.ndim);
+    PyObject *shape = PyTuple_New(t.w.ndim);
     if (shape == NULL) {
         Py_DECREF(backend);
         return NULL;
     }
-    for (int i = 0; i < t.ndim; i++) {
+    for (int i = 0; i < t.w.ndim; i++) {
         PyObject *d = PyLong_FromLongLong(t.shape[i]);
         if (d == NULL) {
             Py_DECREF(shape);
@@ -929,8 +709,8 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
         Py_DECREF(backend);
         return NULL;
     }
-    return Py_BuildValue("(NLNNKO)", arr, (long long)t.dtype, shape, backend,
-                         (unsigned long long)t.ordinal, t.requires_grad ? Py_True : Py_False);
+    return Py_BuildValue("(NLNNKO)", arr, (long long)t.w.dtype, shape, backend,
+                         (unsigned long long)t.w.device.ordinal, t.w.requires_grad ? Py_True : Py_False);
 leave_to_python:
     if (stash(conn, in, have) < 0)
         return NULL;
