@@ -157,8 +157,11 @@ size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
         .handle = v->handle,
         .dtype = (int32_t)v->t.dtype,
         .shape = v->t.shape,
-        .ndim = v->t.ndim < 0 ? 0 : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM : v->t.ndim,
-        .device = {.backend = be, .backend_len = strnlen(be, 15),
+        .ndim = v->t.ndim < 0             ? 0
+                : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM
+                                          : v->t.ndim,
+        .device = {.backend = be,
+                   .backend_len = strnlen(be, 15),
                    .ordinal = (uint32_t)v->dev->ordinal},
         .requires_grad = v->requires_grad,
     };

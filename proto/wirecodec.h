@@ -309,8 +309,8 @@ static inline bool td_wire_int32(uint64_t v, int32_t *out)
 }
 
 /* A non-empty packed repeated uint64 field, copied into al's memory. */
-static inline bool td_wire_get_packed(const td_pb_reader *f, const td_wire_alloc *al,
-                                      size_t *n_out, const uint64_t **out)
+static inline bool td_wire_get_packed(const td_pb_reader *f, const td_wire_alloc *al, size_t *n_out,
+                                      const uint64_t **out)
 {
     size_t n = 0;
     for (const uint8_t *q = f->p; q < f->end; q++)

@@ -1,6 +1,7 @@
 /* wire.c -- libtensordd's side of the fast codec (proto/wirecodec.h, shared with the daemon
- * and the Python client): the requests an op, a release or a sync sends go from protobuf-c's
- * structs into the codec's, and replies whose body the caller does not read are glanced at.
+ * and the Python client): the requests an op, a release, a download or a sync sends go from
+ * protobuf-c's structs into the codec's, and replies whose body the caller does not read are
+ * glanced at.
  *
  * protobuf-c sizes a message by walking its descriptors, then walks them again
  * to write it (and sizes every sub-message once more on the way); unpacking a
@@ -21,6 +22,7 @@ static const uint32_t op_written[] = {
     TD_FIELD_OP_DEVICE, TD_FIELD_OP_DTYPE,  TD_FIELD_OP_REQUIRES_GRAD};
 static const uint32_t dev_written[] = {TD_FIELD_DEVICE_BACKEND, TD_FIELD_DEVICE_ORDINAL};
 static const uint32_t rel_written[] = {TD_FIELD_RELEASE_HANDLES};
+static const uint32_t dl_written[] = {TD_FIELD_DOWNLOAD_HANDLE};
 #define N_WRITTEN(a) (sizeof(a) / sizeof(a)[0])
 
 /* Whether every field of m outside written[] (and outside a oneof) is at its default,
@@ -126,6 +128,14 @@ static int to_wire(const Tensordd__V1__Request *req, td_wire_request *w)
         w->n_handles = r->n_handles;
         return 1;
     }
+    case TENSORDD__V1__REQUEST__BODY_DOWNLOAD: {
+        const Tensordd__V1__Download *d = req->download;
+        if (!d || d->base.n_unknown_fields || !KNOWN_ONLY(d, TD_NPLAIN_DOWNLOAD, dl_written))
+            return 0;
+        w->body = TD_FIELD_REQUEST_DOWNLOAD;
+        w->handle = d->handle;
+        return 1;
+    }
     case TENSORDD__V1__REQUEST__BODY_SYNC:
         w->body = TD_FIELD_REQUEST_SYNC;
         return req->sync && !req->sync->base.n_unknown_fields &&
@@ -140,8 +150,7 @@ size_t td__request_fast_size(const Tensordd__V1__Request *req, td__req_sizes *z)
     return to_wire(req, &z->w) ? td_wire_request_size(&z->w) : 0;
 }
 
-size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_sizes *z,
-                             uint8_t *out)
+size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_sizes *z, uint8_t *out)
 {
     (void)req; /* (z holds it, moved by td__request_fast_size) */
     return (size_t)(td_wire_request_put(out, &z->w) - out);

@@ -115,9 +115,14 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
     }
     Py_DECREF(seq);
     td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_OP};
-    w.op = (td_wire_op){.name = name, .name_len = (size_t)name_len, .inputs = ins,
-                        .n_inputs = (size_t)n, .outputs = &out, .n_outputs = 1,
-                        .attrs = (const uint8_t *)extra, .attrs_len = (size_t)extra_len};
+    w.op = (td_wire_op){.name = name,
+                        .name_len = (size_t)name_len,
+                        .inputs = ins,
+                        .n_inputs = (size_t)n,
+                        .outputs = &out,
+                        .n_outputs = 1,
+                        .attrs = (const uint8_t *)extra,
+                        .attrs_len = (size_t)extra_len};
     size_t msg = td_wire_request_size(&w);
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
@@ -285,8 +290,7 @@ typedef struct {
 /* 1 when msg is a plain Response{id, tensor{...}} (its id and fields in *id, *t), else 0. */
 static int parse_reply(const unsigned char *p, size_t len, uint64_t *id, tensor_info *t)
 {
-    return td_wire_response_get(p, len, id, &t->w, t->shape, MAX_DIMS) ==
-           TD_FIELD_RESPONSE_TENSOR;
+    return td_wire_response_get(p, len, id, &t->w, t->shape, MAX_DIMS) == TD_FIELD_RESPONSE_TENSOR;
 }
 
 static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
@@ -304,7 +308,8 @@ static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
         Py_INCREF(res);
         goto out;
     }
-    PyObject *backend = PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
+    PyObject *backend =
+        PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
     if (backend == NULL) { /* not UTF-8: protobuf says what that is */
         PyErr_Clear();
         res = Py_None;
@@ -325,9 +330,10 @@ static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
         }
         PyTuple_SET_ITEM(shape, i, d);
     }
-    res = Py_BuildValue("(KKLNNKO)", (unsigned long long)id, (unsigned long long)t.w.handle,
-                        (long long)t.w.dtype, shape, backend, (unsigned long long)t.w.device.ordinal,
-                        t.w.requires_grad ? Py_True : Py_False);
+    res =
+        Py_BuildValue("(KKLNNKO)", (unsigned long long)id, (unsigned long long)t.w.handle,
+                      (long long)t.w.dtype, shape, backend, (unsigned long long)t.w.device.ordinal,
+                      t.w.requires_grad ? Py_True : Py_False);
 out:
     PyBuffer_Release(&view);
     return res;
@@ -644,7 +650,8 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
             return NULL;
         goto leave_to_python; /* (a dtype not met yet: Python adds it) */
     }
-    PyObject *backend = PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
+    PyObject *backend =
+        PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
     if (backend == NULL) {
         PyErr_Clear();
         goto leave_to_python;
@@ -710,7 +717,8 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
         return NULL;
     }
     return Py_BuildValue("(NLNNKO)", arr, (long long)t.w.dtype, shape, backend,
-                         (unsigned long long)t.w.device.ordinal, t.w.requires_grad ? Py_True : Py_False);
+                         (unsigned long long)t.w.device.ordinal,
+                         t.w.requires_grad ? Py_True : Py_False);
 leave_to_python:
     if (stash(conn, in, have) < 0)
         return NULL;
