@@ -13,8 +13,10 @@
  *   parse_tensor_reply(msg)                a plain Response{id, tensor{...}} as
  *       (id, handle, dtype, shape, backend, ordinal, requires_grad), or None for
  *       anything else (the caller then decodes it with protobuf).
- * Built when a compiler and Python's headers are there (python.mk, setup.py);
- * _codec.py falls back to pure Python without it. */
+ * The messages themselves are encoded and decoded by the fast codec the daemon and
+ * libtensordd compile too (proto/wirecodec.h); this file moves Python objects into and
+ * out of its structs. Built when a compiler and Python's headers are there (speedups.mk,
+ * setup.py); _codec.py falls back to pure Python without it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
