@@ -51,7 +51,8 @@ typedef struct {
 } td_wire_op;
 
 /* A Request: body is the oneof's field number (TD_FIELD_REQUEST_OP, _RELEASE, _SYNC,
- * _DOWNLOAD; protobuf-c's body_case has the same values), 0 for none. */
+ * _DOWNLOAD; protobuf-c's body_case has the same values), 0 for none. The encoder reads id,
+ * want_reply, body and that body's fields only (op, handles or handle). */
 typedef struct {
     uint64_t id;
     bool want_reply;
@@ -331,6 +332,23 @@ static inline bool td_wire_get_packed(const td_pb_reader *f, const td_wire_alloc
     return true;
 }
 
+/* An Op with every field at its default. */
+static inline void td_wire_op_clear(td_wire_op *op)
+{
+    op->name = NULL;
+    op->name_len = 0;
+    op->inputs = op->outputs = NULL;
+    op->n_inputs = op->n_outputs = 0;
+    op->attrs = NULL;
+    op->attrs_len = 0;
+    op->has_device = false;
+    op->device.backend = NULL;
+    op->device.backend_len = 0;
+    op->device.ordinal = 0;
+    op->dtype = 0;
+    op->requires_grad = false;
+}
+
 /* Op{op (non-empty), inputs, outputs, dtype, requires_grad}: no attrs, no device. */
 static inline bool td_wire_get_op(td_pb_reader r, const td_wire_alloc *al, td_wire_op *op)
 {
@@ -380,12 +398,18 @@ static inline bool td_wire_get_op(td_pb_reader r, const td_wire_alloc *al, td_wi
 }
 
 /* Request{id, want_reply, op (td_wire_get_op's) | release{handles (non-empty)} | sync{}} into
- * *r (zeroed first); false for anything else. */
+ * *r (id, want_reply, body, op, handles); false for anything else. (Fields are set one by one:
+ * zeroing the whole struct costs a string store that took as long as decoding the message.) */
 static inline bool td_wire_request_get(const uint8_t *msg, size_t len, const td_wire_alloc *al,
                                        td_wire_request *r)
 {
     td_pb_reader m = {msg, msg + len};
-    memset(r, 0, sizeof *r);
+    r->id = 0;
+    r->want_reply = false;
+    r->body = 0;
+    td_wire_op_clear(&r->op);
+    r->handles = NULL;
+    r->n_handles = 0;
     uint64_t seen = 0;
     while (m.p < m.end) {
         uint64_t key, v;

@@ -84,11 +84,10 @@ static int others_default(const ProtobufCMessage *m, const uint32_t *written, si
 #define KNOWN_ONLY(m, nplain, written)                                                             \
     ((nplain) <= N_WRITTEN(written) || others_default(&(m)->base, written, N_WRITTEN(written)))
 
-/* Moves req into the codec's struct; 0 when req is not one the codec encodes (a body it does
- * not write, an Op with attrs, a field it does not know set). */
+/* Moves req into the codec's struct (the fields its body needs); 0 when req is not one the codec
+ * encodes (a body it does not write, an Op with attrs, a field it does not know set). */
 static int to_wire(const Tensordd__V1__Request *req, td_wire_request *w)
 {
-    memset(w, 0, sizeof *w);
     if (req->base.n_unknown_fields || !KNOWN_ONLY(req, TD_NPLAIN_REQUEST, req_written))
         return 0;
     w->id = req->id;
@@ -100,6 +99,7 @@ static int to_wire(const Tensordd__V1__Request *req, td_wire_request *w)
             !KNOWN_ONLY(op, TD_NPLAIN_OP, op_written))
             return 0;
         w->body = TD_FIELD_REQUEST_OP;
+        td_wire_op_clear(&w->op);
         w->op.name = op->op;
         w->op.name_len = op->op ? strlen(op->op) : 0;
         w->op.inputs = op->inputs;

@@ -48,6 +48,14 @@ static char *put_header(char *p, size_t msg_len)
     return p + HEADER;
 }
 
+/* A request's id and body (its body's fields are the caller's to set). */
+static void request_head(td_wire_request *w, uint64_t id, uint32_t body)
+{
+    w->id = id;
+    w->want_reply = false;
+    w->body = body;
+}
+
 /* An unsigned 64-bit value from a Python int (OverflowError when negative or too big). */
 static int as_u64(PyObject *o, uint64_t *out)
 {
@@ -116,15 +124,17 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
         }
     }
     Py_DECREF(seq);
-    td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_OP};
-    w.op = (td_wire_op){.name = name,
-                        .name_len = (size_t)name_len,
-                        .inputs = ins,
-                        .n_inputs = (size_t)n,
-                        .outputs = &out,
-                        .n_outputs = 1,
-                        .attrs = (const uint8_t *)extra,
-                        .attrs_len = (size_t)extra_len};
+    td_wire_request w; /* (the fields the encoder reads, one by one: see wirecodec.h) */
+    request_head(&w, rid, TD_FIELD_REQUEST_OP);
+    td_wire_op_clear(&w.op);
+    w.op.name = name;
+    w.op.name_len = (size_t)name_len;
+    w.op.inputs = ins;
+    w.op.n_inputs = (size_t)n;
+    w.op.outputs = &out;
+    w.op.n_outputs = 1;
+    w.op.attrs = (const uint8_t *)extra;
+    w.op.attrs_len = (size_t)extra_len;
     size_t msg = td_wire_request_size(&w);
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
@@ -217,7 +227,9 @@ static PyObject *frame_download(PyObject *self, PyObject *const *args, Py_ssize_
     uint64_t rid, handle;
     if (as_u64(rid_o, &rid) < 0 || as_u64(handle_o, &handle) < 0)
         return NULL;
-    td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_DOWNLOAD, .handle = handle};
+    td_wire_request w;
+    request_head(&w, rid, TD_FIELD_REQUEST_DOWNLOAD);
+    w.handle = handle;
     size_t msg = td_wire_request_size(&w);
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
     if (res == NULL)
@@ -269,7 +281,8 @@ static PyObject *frame_release(PyObject *self, PyObject *const *args, Py_ssize_t
     uint64_t rid, small[16];
     if (as_u64(args[0], &rid) < 0)
         return NULL;
-    td_wire_request w = {.id = rid, .body = TD_FIELD_REQUEST_RELEASE};
+    td_wire_request w;
+    request_head(&w, rid, TD_FIELD_REQUEST_RELEASE);
     uint64_t *hs = u64s(args[1], "handles must be a sequence", small, 16, &w.n_handles);
     if (hs == NULL)
         return NULL;
@@ -550,8 +563,12 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
         return NULL;
     /* ---- the Release and Download frames, after what is queued */
     uint64_t hsmall[16], *hs = NULL;
-    td_wire_request rw = {.id = rrid, .body = TD_FIELD_REQUEST_RELEASE};
-    td_wire_request dw = {.id = rid, .body = TD_FIELD_REQUEST_DOWNLOAD, .handle = handle};
+    td_wire_request rw, dw;
+    request_head(&rw, rrid, TD_FIELD_REQUEST_RELEASE);
+    rw.handles = NULL;
+    rw.n_handles = 0;
+    request_head(&dw, rid, TD_FIELD_REQUEST_DOWNLOAD);
+    dw.handle = handle;
     if (rrid) {
         hs = u64s(rel, "release handles must be a sequence", hsmall, 16, &rw.n_handles);
         if (hs == NULL) {
