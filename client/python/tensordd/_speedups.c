@@ -766,17 +766,169 @@ static PyObject *download(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* ------------------------------------------------------------------ op */
 
-/* op(session, name, inputs[, extra]): Session._op_fast's common case in one call: when
- * the session is open, no Release batch is due, the connection keeps no resume journal
+/* ------------------------------------------------------------------ session state */
+
+/* SessionState: the bookkeeping of a session that the fast paths below (op, numpy) and the
+ * Python Session share, owned here: the Session keeps one (Session._state) and its
+ * attributes of these names (_open, _pending_release, ...) delegate to it, so this file reads
+ * and writes the fields of its own struct instead of a Python object's private attributes.
+ * tensordd/_state.py is its pure-Python twin (the same FIELDS, the same defaults), which the
+ * client uses without this accelerator; tests/python/test_session_state.py holds one to the
+ * other. */
+#define STATE_FIELDS(X)                                                                            \
+    X(F_OPEN, "open", "the session is usable (only True counts)")                                  \
+    X(F_CAPTURING, "capturing", "a graph is being recorded: releases wait")                        \
+    X(F_BUSY, "busy", "inside a round trip")                                                       \
+    X(F_MEMFD, "memfd", "downloads may come as a memfd")                                           \
+    X(F_DEFERRED, "deferred", "asynchronous failures, raised by the next synchronising call")      \
+    X(F_IDS, "ids", "the request id counter (an iterator)")                                        \
+    X(F_HANDLES, "handles", "the handle counter (an iterator)")                                    \
+    X(F_CALLS, "calls", "request id -> what it was")                                               \
+    X(F_PENDING_RELEASE, "pending_release", "handles to release with the next request")            \
+    X(F_CONN, "conn", "the Connection")
+#define FIELD_ENUM(e, name, doc) e,
+enum { STATE_FIELDS(FIELD_ENUM) N_FIELDS };
+#undef FIELD_ENUM
+#define FIELD_NAME(e, name, doc) name,
+static const char *const field_names[N_FIELDS] = {STATE_FIELDS(FIELD_NAME)};
+#undef FIELD_NAME
+
+typedef struct {
+    PyObject_HEAD PyObject *f[N_FIELDS];
+} state_object;
+
+static PyTypeObject state_type;
+static PyObject *count_fn; /* itertools.count */
+
+/* A field (a new reference); AttributeError when Python deleted it. */
+static PyObject *st_get(PyObject *st, int i)
+{
+    PyObject *v = ((state_object *)st)->f[i];
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "SessionState has no %s", field_names[i]);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+static void st_set(PyObject *st, int i, PyObject *v)
+{
+    Py_XSETREF(((state_object *)st)->f[i], Py_NewRef(v));
+}
+
+/* 1: the field is exactly True; 0: it is not; -1: deleted. */
+static int st_true(PyObject *st, int i)
+{
+    PyObject *v = ((state_object *)st)->f[i];
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "SessionState has no %s", field_names[i]);
+        return -1;
+    }
+    return v == Py_True;
+}
+
+/* next() of a counter field (StopIteration would be a bug: RuntimeError). */
+static PyObject *st_next(PyObject *st, int i)
+{
+    PyObject *it = st_get(st, i);
+    if (it == NULL)
+        return NULL;
+    PyObject *v = PyIter_Next(it);
+    Py_DECREF(it);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "an id counter ran out");
+    return v;
+}
+
+/* The defaults (as _state.py's): closed, nothing pending, both counters at 1. */
+static PyObject *state_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
+{
+    if ((args && PyTuple_GET_SIZE(args)) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "SessionState() takes no arguments");
+        return NULL;
+    }
+    state_object *st = (state_object *)tp->tp_alloc(tp, 0);
+    if (st == NULL)
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    st->f[F_OPEN] = Py_NewRef(Py_False);
+    st->f[F_CAPTURING] = Py_NewRef(Py_False);
+    st->f[F_BUSY] = Py_NewRef(Py_False);
+    st->f[F_MEMFD] = Py_NewRef(Py_False);
+    st->f[F_DEFERRED] = PyList_New(0);
+    st->f[F_IDS] = one ? PyObject_CallOneArg(count_fn, one) : NULL;
+    st->f[F_HANDLES] = one ? PyObject_CallOneArg(count_fn, one) : NULL;
+    st->f[F_CALLS] = PyDict_New();
+    st->f[F_PENDING_RELEASE] = PyList_New(0);
+    st->f[F_CONN] = Py_NewRef(Py_None);
+    Py_XDECREF(one);
+    for (int i = 0; i < N_FIELDS; i++)
+        if (st->f[i] == NULL) {
+            Py_DECREF(st);
+            return NULL;
+        }
+    return (PyObject *)st;
+}
+
+static int state_traverse(PyObject *o, visitproc visit, void *arg)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_VISIT(((state_object *)o)->f[i]);
+    return 0;
+}
+
+static int state_clear(PyObject *o)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_CLEAR(((state_object *)o)->f[i]);
+    return 0;
+}
+
+static void state_dealloc(PyObject *o)
+{
+    PyObject_GC_UnTrack(o);
+    state_clear(o);
+    Py_TYPE(o)->tp_free(o);
+}
+
+#define FIELD_MEMBER(e, name, doc)                                                                 \
+    {name, T_OBJECT_EX, offsetof(state_object, f) + (e) * sizeof(PyObject *), 0, doc},
+static PyMemberDef state_members[N_FIELDS + 1] = {STATE_FIELDS(FIELD_MEMBER){NULL, 0, 0, 0, NULL}};
+#undef FIELD_MEMBER
+
+static PyTypeObject state_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensordd._speedups.SessionState",
+    .tp_basicsize = sizeof(state_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A session's bookkeeping that the accelerator and the Python Session share.",
+    .tp_new = state_new,
+    .tp_traverse = state_traverse,
+    .tp_clear = state_clear,
+    .tp_dealloc = state_dealloc,
+    .tp_members = state_members,
+};
+
+/* op and numpy take one as their first argument. */
+static int is_state(PyObject *o, const char *fn)
+{
+    if (Py_IS_TYPE(o, &state_type))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s: the first argument must be a SessionState", fn);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ op */
+
+/* op(state, session, name, inputs[, extra]): Session._op_fast's common case in one call:
+ * when the session is open, no Release batch is due, the connection keeps no resume journal
  * and the frame leaves its write buffer under the high-water mark, the op's frame is
- * appended to it (request and handle ids from the session's counters, the call
- * remembered in session._calls as (name, inputs, out)) and the new Tensor(session, out)
- * is returned; else None and nothing is done (the caller's own path). set_op_types must
- * have run. */
+ * appended to it (request and handle ids from the state's counters, the call remembered in
+ * state.calls as (name, inputs, out)) and the new Tensor(session, out) is returned; else
+ * None and nothing is done (the caller's own path). state is the session's SessionState;
+ * set_op_types must have run. */
 
 static PyObject *tensor_type;
 static Py_ssize_t release_batch, high_water;
-static PyObject *s_open, *s_pending, *s_handles, *s_ids, *s_calls, *s_conn;
 
 /* Tensor.__init__(session, handle) without running it, where Tensor's attributes are
  * all __slots__ (set_op_types checks): the slots' offsets, and the value of _grad. */
@@ -841,41 +993,32 @@ static PyObject *set_op_types(PyObject *self, PyObject *const *args, Py_ssize_t 
     return Py_NewRef(Py_None);
 }
 
-/* 1: attribute name of o is exactly True; 0: it is not; -1: an error. */
-static int attr_is_true(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int r = v == Py_True;
-    Py_DECREF(v);
-    return r;
-}
-
 static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 4 && !nargs_ok("op", nargs, 3))
+    if (nargs != 5 && !nargs_ok("op", nargs, 4))
         return NULL;
     if (tensor_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "op: set_op_types() first");
         return NULL;
     }
-    PyObject *session = args[0], *name = args[1], *inputs = args[2];
-    PyObject *extra = nargs == 4 ? args[3] : NULL;
+    if (!is_state(args[0], "op"))
+        return NULL;
+    PyObject *st = args[0], *session = args[1], *name = args[2], *inputs = args[3];
+    PyObject *extra = nargs == 5 ? args[4] : NULL;
     if (extra != NULL && (!PyBytes_Check(extra) || PyBytes_GET_SIZE(extra) == 0))
         extra = NULL; /* (b"": none) */
-    int r = attr_is_true(session, s_open);
+    int r = st_true(st, F_OPEN);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *pending = PyObject_GetAttr(session, s_pending);
+    PyObject *pending = st_get(st, F_PENDING_RELEASE);
     if (pending == NULL)
         return NULL;
     Py_ssize_t npending = PyList_Check(pending) ? PyList_GET_SIZE(pending) : release_batch;
     Py_DECREF(pending);
     if (npending >= release_batch)
         Py_RETURN_NONE;
-    PyObject *conn = PyObject_GetAttr(session, s_conn);
+    PyObject *conn = st_get(st, F_CONN);
     if (conn == NULL)
         return NULL;
     PyObject *journal = PyObject_GetAttr(conn, s_journal);
@@ -912,22 +1055,10 @@ static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     PyObject *out = NULL, *rid = NULL, *call = NULL, *calls = NULL, *t = NULL;
-    PyObject *it = PyObject_GetAttr(session, s_handles);
-    if (it == NULL)
-        goto done;
-    out = PyIter_Next(it);
-    Py_DECREF(it);
-    if (out == NULL)
-        goto done;
-    it = PyObject_GetAttr(session, s_ids);
-    if (it == NULL)
-        goto done;
-    rid = PyIter_Next(it);
-    Py_DECREF(it);
-    if (rid == NULL)
+    if ((out = st_next(st, F_HANDLES)) == NULL || (rid = st_next(st, F_IDS)) == NULL)
         goto done;
     call = PyTuple_Pack(3, name, inputs, out);
-    calls = call ? PyObject_GetAttr(session, s_calls) : NULL;
+    calls = call ? st_get(st, F_CALLS) : NULL;
     if (calls == NULL || PyObject_SetItem(calls, rid, call) < 0)
         goto done;
     PyObject *fargs[5] = {rid, name, inputs, out, extra};
@@ -947,10 +1078,10 @@ done:
 
 /* ------------------------------------------------------------------ numpy */
 
-/* numpy(session, t): Tensor.numpy's whole download in one call, Session._download's
- * bookkeeping included (the Release of pending handles and the Download get the next
- * request ids, both remembered in session._calls; t's shape, dtype, device and
- * requires_grad are set from the answer; bfloat16 is widened). Returns the array; the
+/* numpy(state, session, t): Tensor.numpy's whole download in one call, Session._download's
+ * bookkeeping included, in state, the session's SessionState (the Release of pending handles
+ * and the Download get the next request ids, both remembered in state.calls; t's shape, dtype,
+ * device and requires_grad are set from the answer; bfloat16 is widened). Returns the array; the
  * request id (an int) when the Download went out but its answer is for Python's path
  * (Session._download_answer); None when nothing was done (a closed session, a pending
  * deferred error, a memfd-sized download, a connection download cannot use).
@@ -959,8 +1090,8 @@ done:
 static PyObject *dtype_names, *dtype_name_fn, *devices, *device_fn, *widen_fn;
 static Py_ssize_t call_trim;
 static long bf16_wire;
-static PyObject *s_deferred, *s_memfd, *s_capturing, *s_busy, *s_forget, *s_handle, *s_shape,
-    *s_dtype, *s_device, *s_rgrad, *s_release, *s_download;
+static PyObject *s_forget, *s_handle, *s_shape, *s_dtype, *s_device, *s_rgrad, *s_release,
+    *s_download;
 
 static PyObject *set_numpy_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -990,19 +1121,6 @@ static PyObject *set_numpy_types(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-/* next(it) of session attribute name (StopIteration would be a bug: RuntimeError). */
-static PyObject *next_of(PyObject *session, PyObject *name)
-{
-    PyObject *it = PyObject_GetAttr(session, name);
-    if (it == NULL)
-        return NULL;
-    PyObject *v = PyIter_Next(it);
-    Py_DECREF(it);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_RuntimeError, "an id counter ran out");
-    return v;
-}
-
 /* The value of dict[key], else fn(*args) (a new reference). */
 static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *fn, PyObject *const *args,
                                 size_t n)
@@ -1018,25 +1136,25 @@ static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *fn, PyO
 static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (!nargs_ok("numpy", nargs, 2))
+    if (!nargs_ok("numpy", nargs, 3) || !is_state(args[0], "numpy"))
         return NULL;
     if (socket_type == NULL || dtype_names == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "numpy: set_download_types() and "
                                             "set_numpy_types() first");
         return NULL;
     }
-    PyObject *session = args[0], *t = args[1];
-    int r = attr_is_true(session, s_open);
+    PyObject *st = args[0], *session = args[1], *t = args[2];
+    int r = st_true(st, F_OPEN);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *o = PyObject_GetAttr(session, s_deferred);
+    PyObject *o = st_get(st, F_DEFERRED);
     if (o == NULL)
         return NULL;
     int none_deferred = PyList_CheckExact(o) && PyList_GET_SIZE(o) == 0;
     Py_DECREF(o);
     if (!none_deferred)
         Py_RETURN_NONE;
-    if ((r = attr_is_true(session, s_memfd)) != 0) { /* (a size known: maybe a memfd's) */
+    if ((r = st_true(st, F_MEMFD)) != 0) { /* (a size known: maybe a memfd's) */
         if (r < 0)
             return NULL;
         o = PyObject_GetAttr(t, s_shape);
@@ -1046,7 +1164,7 @@ static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (o != Py_None)
             Py_RETURN_NONE;
     }
-    PyObject *conn = PyObject_GetAttr(session, s_conn);
+    PyObject *conn = st_get(st, F_CONN);
     if (conn == NULL)
         return NULL;
     int fd = conn_fd(conn);
@@ -1061,31 +1179,30 @@ static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     /* ---- from here on as Session._download: ids, the calls remembered */
     PyObject *rel = NULL, *rrid = NULL, *rid = NULL, *calls = NULL, *call = NULL, *res = NULL;
-    PyObject *pending = PyObject_GetAttr(session, s_pending);
+    PyObject *pending = st_get(st, F_PENDING_RELEASE);
     if (pending == NULL)
         goto done;
-    int capturing = attr_is_true(session, s_capturing);
+    int capturing = st_true(st, F_CAPTURING);
     if (capturing < 0)
         goto done;
-    calls = PyObject_GetAttr(session, s_calls);
+    calls = st_get(st, F_CALLS);
     if (calls == NULL)
         goto done;
     if (PyObject_IsTrue(pending) == 1 && !capturing) {
         PyObject *fresh = PyList_New(0);
-        if (fresh == NULL || PyObject_SetAttr(session, s_pending, fresh) < 0) {
-            Py_XDECREF(fresh);
+        if (fresh == NULL)
             goto done;
-        }
+        st_set(st, F_PENDING_RELEASE, fresh);
         Py_DECREF(fresh);
         rel = pending;
         pending = NULL;
-        if ((rrid = next_of(session, s_ids)) == NULL ||
+        if ((rrid = st_next(st, F_IDS)) == NULL ||
             (call = PyTuple_Pack(2, s_release, rel)) == NULL ||
             PyObject_SetItem(calls, rrid, call) < 0)
             goto done;
         Py_CLEAR(call);
     }
-    if ((rid = next_of(session, s_ids)) == NULL)
+    if ((rid = st_next(st, F_IDS)) == NULL)
         goto done;
     PyObject *hs = PyTuple_Pack(1, h);
     if (hs == NULL)
@@ -1097,22 +1214,11 @@ static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t 
     uint64_t rid_v, rrid_v = 0;
     if (as_u64(rid, &rid_v) < 0 || (rrid && as_u64(rrid, &rrid_v) < 0))
         goto done;
-    if (PyObject_SetAttr(session, s_busy, Py_True) < 0)
-        goto done;
+    st_set(st, F_BUSY, Py_True);
     PyObject *got = roundtrip(conn, fd, rid_v, handle, rrid_v, rel ? rel : Py_None);
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int busy_rc = PyObject_SetAttr(session, s_busy, Py_False);
-    if (got == NULL) {
-        if (busy_rc < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
+    st_set(st, F_BUSY, Py_False); /* (cannot fail: the exception, if any, stays set) */
+    if (got == NULL)
         goto done;
-    }
-    if (busy_rc < 0) {
-        Py_DECREF(got);
-        goto done;
-    }
     if (got == Py_True) { /* (the answer is Python's to read) */
         Py_DECREF(got);
         res = Py_NewRef(rid);
@@ -1185,13 +1291,13 @@ static PyMethodDef methods[] = {
     {"set_op_types", (PyCFunction)(void (*)(void))set_op_types, METH_FASTCALL,
      "set_op_types(Tensor, release batch, write high-water mark) for op."},
     {"op", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL,
-     "op(session, name, inputs[, extra]): Session._op_fast's common case; the new "
+     "op(state, session, name, inputs[, extra]): Session._op_fast's common case; the new "
      "Tensor, or None (see the source)."},
     {"set_numpy_types", (PyCFunction)(void (*)(void))set_numpy_types, METH_FASTCALL,
      "set_numpy_types(dtype names, dtype_name, devices, device, call trim, bf16 wire, "
      "widen) for numpy."},
     {"numpy", (PyCFunction)(void (*)(void))tensor_numpy, METH_FASTCALL,
-     "numpy(session, t): Tensor.numpy's download in one call; the array, a request id "
+     "numpy(state, session, t): Tensor.numpy's download in one call; the array, a request id "
      "whose answer is Python's to read, or None (see the source)."},
     {"parse_tensor_reply", parse_tensor_reply, METH_O,
      "(id, handle, dtype, shape, backend, ordinal, requires_grad) of a plain tensor "
@@ -1233,16 +1339,6 @@ PyMODINIT_FUNC PyInit__speedups(void)
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if ((conn_methods[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
-    s_open = PyUnicode_InternFromString("_open");
-    s_pending = PyUnicode_InternFromString("_pending_release");
-    s_handles = PyUnicode_InternFromString("_handles");
-    s_ids = PyUnicode_InternFromString("_ids");
-    s_calls = PyUnicode_InternFromString("_calls");
-    s_conn = PyUnicode_InternFromString("_conn");
-    s_deferred = PyUnicode_InternFromString("_deferred");
-    s_memfd = PyUnicode_InternFromString("_memfd");
-    s_capturing = PyUnicode_InternFromString("_capturing");
-    s_busy = PyUnicode_InternFromString("_busy");
     s_forget = PyUnicode_InternFromString("_forget_calls");
     s_handle = PyUnicode_InternFromString("_handle");
     s_shape = PyUnicode_InternFromString("_shape");
@@ -1251,13 +1347,37 @@ PyMODINIT_FUNC PyInit__speedups(void)
     s_rgrad = PyUnicode_InternFromString("_requires_grad");
     s_release = PyUnicode_InternFromString("release");
     s_download = PyUnicode_InternFromString("download");
-    if (!s_deferred || !s_memfd || !s_capturing || !s_busy || !s_forget || !s_handle || !s_shape ||
-        !s_dtype || !s_device || !s_rgrad || !s_release || !s_download)
-        return NULL;
-    if (!s_open || !s_pending || !s_handles || !s_ids || !s_calls || !s_conn)
+    if (!s_forget || !s_handle || !s_shape || !s_dtype || !s_device || !s_rgrad || !s_release ||
+        !s_download)
         return NULL;
     if (!s_journal || !s_want_fds || !s_sock || !s_wbuf || !s_rbuf || !s_rpos || !s_timeout ||
         !s_fileno)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *itertools = PyImport_ImportModule("itertools");
+    count_fn = itertools ? PyObject_GetAttrString(itertools, "count") : NULL;
+    Py_XDECREF(itertools);
+    if (count_fn == NULL || PyType_Ready(&state_type) < 0)
+        return NULL;
+    PyObject *fields = PyTuple_New(N_FIELDS);
+    if (fields == NULL)
+        return NULL;
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *f = PyUnicode_InternFromString(field_names[i]);
+        if (f == NULL) {
+            Py_DECREF(fields);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(fields, i, f);
+    }
+    int rc = PyDict_SetItemString(state_type.tp_dict, "FIELDS", fields);
+    Py_DECREF(fields);
+    if (rc < 0)
+        return NULL;
+    PyType_Modified(&state_type);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL || PyModule_AddObjectRef(m, "SessionState", (PyObject *)&state_type) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
 }
