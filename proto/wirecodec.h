@@ -493,7 +493,14 @@ static inline bool td_wire_get_tensor(td_pb_reader r, td_wire_tensor *t, int64_t
                                       int max_dims)
 {
     uint64_t seen = 0;
+    t->handle = 0;
+    t->dtype = 0;
     t->shape = shape_buf;
+    t->ndim = 0;
+    t->device.backend = "";
+    t->device.backend_len = 0;
+    t->device.ordinal = 0;
+    t->requires_grad = false;
     while (r.p < r.end) {
         uint64_t key, v;
         td_pb_reader f;
@@ -538,7 +545,7 @@ static inline bool td_wire_get_tensor(td_pb_reader r, td_wire_tensor *t, int64_t
 }
 
 /* Response{id, ok {} | tensor TensorInfo}: the body's field number (TD_FIELD_RESPONSE_OK or
- * _TENSOR; protobuf-c's body_case), id and, for a tensor, *t (zeroed first; its shape in
+ * _TENSOR; protobuf-c's body_case), id and, for a tensor, *t (every field set; its shape in
  * shape_buf, at most max_dims values, or only counted when max_dims < 0); 0 for anything
  * else (an Error above all), which must be decoded by protobuf. */
 static inline uint32_t td_wire_response_get(const uint8_t *msg, size_t len, uint64_t *id,
@@ -548,8 +555,6 @@ static inline uint32_t td_wire_response_get(const uint8_t *msg, size_t len, uint
     uint32_t which = 0;
     uint64_t seen = 0;
     *id = 0;
-    memset(t, 0, sizeof *t);
-    t->device.backend = "";
     while (m.p < m.end) {
         uint64_t key;
         if (!td_pb_get_key(&m, &key))
