@@ -11,6 +11,7 @@ SPEEDUPS := $(BUILD)/python/tensordd/_speedups$(PY_EXT_SUFFIX)
 endif
 # The pure-Python run: what the accelerator replaces, and the suites that drive it hardest.
 PURE_TESTS := tests/python/test_speedups.py tests/python/test_wire_fastpath.py \
+              tests/python/test_wire_codec.py tests/python/test_session_state.py \
               tests/python/test_session.py tests/python/test_offline.py \
               tests/python/test_release.py tests/python/test_python_repr.py \
               tests/python/test_torchlike_honest.py tests/python/test_resume.py

@@ -996,14 +996,12 @@ static PyObject *set_op_types(PyObject *self, PyObject *const *args, Py_ssize_t 
 static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 5 && !nargs_ok("op", nargs, 4))
+    if ((nargs != 5 && !nargs_ok("op", nargs, 4)) || !is_state(args[0], "op"))
         return NULL;
     if (tensor_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "op: set_op_types() first");
         return NULL;
     }
-    if (!is_state(args[0], "op"))
-        return NULL;
     PyObject *st = args[0], *session = args[1], *name = args[2], *inputs = args[3];
     PyObject *extra = nargs == 5 ? args[4] : NULL;
     if (extra != NULL && (!PyBytes_Check(extra) || PyBytes_GET_SIZE(extra) == 0))
