@@ -111,8 +111,9 @@ GEN := $(BUILD)/gen/tensordd.pb-c.c $(BUILD)/gen/tensordd.pb-c.h
 # The Python client's generated module goes to the build directory, never the source tree:
 # from the tree, PYTHONPATH=client/python:$(BUILD)/python (the package also finds build/python).
 PYGEN := $(BUILD)/python/tensordd/tensordd_pb2.py
-# Every field's key, for the hand-written codecs (daemon/wire.c, client/lib/wire.c, the Python
-# client's _codec.py and _speedups.c): generated from the .proto by tools/gen_wire_keys.py.
+# Every field's key, for the fast codec (proto/wirecodec.h, compiled into the daemon, libtensordd
+# and the Python accelerator) and the Python client's _codec.py: generated from the .proto by
+# tools/gen_wire_keys.py.
 KEYS_H := $(BUILD)/gen/tensordd_keys.h
 KEYS_PY := $(BUILD)/python/tensordd/_wire_keys.py
 PYGEN += $(KEYS_PY)
@@ -259,7 +260,7 @@ UNIT_SRC := $(wildcard tests/unit/*.c)
 INTEG_SRC := $(wildcard tests/integration/*.c)
 TEST_SUPPORT := $(call obj,$(wildcard tests/support/*.c))
 
-# test_wire.c checks client/lib/wire.c's hand packer against protobuf-c too (it needs
+# test_wire.c checks libtensordd's side of the fast codec against protobuf-c too (it needs
 # nothing else of the client library).
 $(BUILD)/tests/unit: $(call obj,$(UNIT_SRC)) $(DAEMON_OBJ) $(BACKEND_OBJ) $(COMMON_OBJ) \
                      $(call obj,client/lib/wire.c)
@@ -487,7 +488,8 @@ test-layers: $(LAYER_OBJ)
 	@PY=$(PY) bash tests/layers/break.sh $(BUILD)/obj
 
 # A field added to the .proto's hot messages (in a scratch copy) needs no codec edit: the keys
-# are generated, and each hand-written codec leaves a message that sets the field to protobuf.
+# are generated, the fast codec (proto/wirecodec.h) leaves a message that sets the field to
+# protobuf(-c), and peers built from the old and the new .proto read each other's messages.
 test-wire-keys:
 	@PY=$(PY) CC=$(CC) bash tests/wire/add_field.sh
 

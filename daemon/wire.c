@@ -5,9 +5,8 @@
 
 #include "wire.h"
 
-#include "pbwire.h"
-#include "tensordd_keys.h"
 #include "utf8.h"
+#include "wirecodec.h"
 
 void tdd_wire_device(Tensordd__V1__Device *out, char *backend_buf, size_t len, const tdd_device *d)
 {
@@ -142,217 +141,88 @@ uint8_t *tdd_wire_error_packed(uint64_t id, const td_error *err, size_t *n)
 
 /* ---------------------------------------------------------------- small replies */
 
-static uint8_t *put_id(uint8_t *p, uint64_t id)
-{
-    if (!id)
-        return p;
-    p = td_pb_put_key(p, TD_KEY_RESPONSE_ID);
-    return td_pb_put_varint(p, id);
-}
+/* The codec itself is proto/wirecodec.h's, shared with libtensordd and the Python client;
+ * here the daemon's objects go into and out of its structs. */
 
 size_t tdd_wire_ok(uint8_t *out, uint64_t id)
 {
-    uint8_t *p = put_id(out, id);
-    p = td_pb_put_key(p, TD_KEY_RESPONSE_OK);
-    *p++ = 0;
-    return (size_t)(p - out);
+    return (size_t)(td_wire_response_ok(out, id) - out);
 }
 
 size_t tdd_wire_tensor(uint8_t *out, uint64_t id, const tdd_value *v)
 {
     /* The device, as tdd_wire_device writes it: the backend name cut to 15 bytes. */
     const char *be = v->dev->be->name;
-    size_t blen = strnlen(be, 15);
-    uint32_t ordinal = (uint32_t)v->dev->ordinal;
-    size_t dlen = (blen ? TD_KEY_LEN_DEVICE_BACKEND + 1 + blen : 0) +
-                  (ordinal ? TD_KEY_LEN_DEVICE_ORDINAL + td_pb_varint_len(ordinal) : 0);
-
-    int ndim = v->t.ndim < 0 ? 0 : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM : v->t.ndim;
-    size_t slen = 0;
-    for (int i = 0; i < ndim; i++)
-        slen += td_pb_varint_len((uint64_t)v->t.shape[i]);
-    int64_t dtype = (int32_t)v->t.dtype; /* an enum: negative values take 10 bytes */
-
-    size_t tlen = (v->handle ? TD_KEY_LEN_TENSOR_INFO_HANDLE + td_pb_varint_len(v->handle) : 0) +
-                  (dtype ? TD_KEY_LEN_TENSOR_INFO_DTYPE + td_pb_varint_len((uint64_t)dtype) : 0) +
-                  (slen ? TD_KEY_LEN_TENSOR_INFO_SHAPE + td_pb_varint_len(slen) + slen : 0) +
-                  TD_KEY_LEN_TENSOR_INFO_DEVICE + td_pb_varint_len(dlen) + dlen +
-                  (v->requires_grad ? TD_KEY_LEN_TENSOR_INFO_REQUIRES_GRAD + 1 : 0);
-
-    uint8_t *p = put_id(out, id);
-    p = td_pb_put_key(p, TD_KEY_RESPONSE_TENSOR);
-    p = td_pb_put_varint(p, tlen);
-    if (v->handle) {
-        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_HANDLE);
-        p = td_pb_put_varint(p, v->handle);
-    }
-    if (dtype) {
-        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_DTYPE);
-        p = td_pb_put_varint(p, (uint64_t)dtype);
-    }
-    if (slen) {
-        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_SHAPE);
-        p = td_pb_put_varint(p, slen);
-        for (int i = 0; i < ndim; i++)
-            p = td_pb_put_varint(p, (uint64_t)v->t.shape[i]);
-    }
-    p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_DEVICE);
-    p = td_pb_put_varint(p, dlen);
-    if (blen) {
-        p = td_pb_put_key(p, TD_KEY_DEVICE_BACKEND);
-        *p++ = (uint8_t)blen;
-        memcpy(p, be, blen);
-        p += blen;
-    }
-    if (ordinal) {
-        p = td_pb_put_key(p, TD_KEY_DEVICE_ORDINAL);
-        p = td_pb_put_varint(p, ordinal);
-    }
-    if (v->requires_grad) {
-        p = td_pb_put_key(p, TD_KEY_TENSOR_INFO_REQUIRES_GRAD);
-        *p++ = 1;
-    }
-    return (size_t)(p - out);
+    td_wire_tensor t = {
+        .handle = v->handle,
+        .dtype = (int32_t)v->t.dtype,
+        .shape = v->t.shape,
+        .ndim = v->t.ndim < 0             ? 0
+                : v->t.ndim > TD_MAX_NDIM ? TD_MAX_NDIM
+                                          : v->t.ndim,
+        .device = {.backend = be,
+                   .backend_len = strnlen(be, 15),
+                   .ordinal = (uint32_t)v->dev->ordinal},
+        .requires_grad = v->requires_grad,
+    };
+    _Static_assert(TD_WIRE_TENSOR_MAX(15, TD_MAX_NDIM) <= TDD_WIRE_SMALL_MAX,
+                   "TDD_WIRE_SMALL_MAX too small for a TensorInfo");
+    return (size_t)(td_wire_response_tensor(out, id, &t) - out);
 }
 
 /* ---------------------------------------------------------------- small requests */
 
-/* A non-empty packed repeated uint64 field (uint64_t array from al). */
-static bool get_packed_u64(const td_pb_reader *f, ProtobufCAllocator *al, size_t *n_out,
-                           uint64_t **out)
+static void set_ops(Tensordd__V1__Op *op, const td_wire_op *w)
 {
-    size_t n = 0;
-    for (const uint8_t *q = f->p; q < f->end; q++)
-        n += *q < 0x80;
-    if (!n || f->end[-1] >= 0x80)
-        return false;
-    uint64_t *a = al->alloc(al->allocator_data, n * sizeof *a);
-    if (!a)
-        return false;
-    td_pb_reader r = *f;
-    for (size_t i = 0; i < n; i++)
-        if (!td_pb_get_varint(&r, &a[i]))
-            return false;
-    if (r.p != r.end)
-        return false;
-    *n_out = n;
-    *out = a;
-    return true;
-}
-
-static bool decode_op(td_pb_reader r, ProtobufCAllocator *al, Tensordd__V1__Op **out)
-{
-    Tensordd__V1__Op *op = al->alloc(al->allocator_data, sizeof *op);
-    if (!op)
-        return false;
     tensordd__v1__op__init(op);
-    unsigned seen = 0;
-    while (r.p < r.end) {
-        uint64_t key, v;
-        td_pb_reader f;
-        if (!td_pb_get_key(&r, &key) || key > 0xff || (seen & (1u << (key >> 3))))
-            return false;
-        seen |= 1u << (key >> 3);
-        switch (key) {
-        case TD_KEY_OP_OP: {
-            if (!td_pb_get_bytes(&r, &f) || f.p == f.end)
-                return false;
-            size_t n = (size_t)(f.end - f.p);
-            char *s = al->alloc(al->allocator_data, n + 1);
-            if (!s)
-                return false;
-            memcpy(s, f.p, n);
-            s[n] = 0;
-            op->op = s;
-            break;
-        }
-        case TD_KEY_OP_INPUTS:
-            if (!td_pb_get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_inputs, &op->inputs))
-                return false;
-            break;
-        case TD_KEY_OP_OUTPUTS:
-            if (!td_pb_get_bytes(&r, &f) || !get_packed_u64(&f, al, &op->n_outputs, &op->outputs))
-                return false;
-            break;
-        case TD_KEY_OP_DTYPE:
-            if (!td_pb_get_varint(&r, &v) || v > INT32_MAX)
-                return false;
-            op->dtype = (Tensordd__V1__DType)v;
-            break;
-        case TD_KEY_OP_REQUIRES_GRAD:
-            if (!td_pb_get_varint(&r, &v) || v > 1)
-                return false;
-            op->requires_grad = (protobuf_c_boolean)v;
-            break;
-        default: /* attrs, device, anything else: protobuf-c's decoder */
-            return false;
-        }
-    }
-    *out = op;
-    return true;
+    if (w->name) /* (else protobuf-c's empty string, as init leaves it) */
+        op->op = (char *)(uintptr_t)w->name;
+    op->n_inputs = w->n_inputs;
+    op->inputs = (uint64_t *)(uintptr_t)w->inputs;
+    op->n_outputs = w->n_outputs;
+    op->outputs = (uint64_t *)(uintptr_t)w->outputs;
+    op->dtype = (Tensordd__V1__DType)w->dtype;
+    op->requires_grad = w->requires_grad;
 }
 
 Tensordd__V1__Request *tdd_wire_request_fast(const uint8_t *msg, size_t len, ProtobufCAllocator *al)
 {
-    td_pb_reader r = {msg, msg + len};
+    td_wire_alloc wa = {al->alloc, al->allocator_data};
+    td_wire_request w;
+    if (!td_wire_request_get(msg, len, &wa, &w))
+        return NULL;
     Tensordd__V1__Request *req = al->alloc(al->allocator_data, sizeof *req);
     if (!req)
         return NULL;
     tensordd__v1__request__init(req);
-    bool has_id = false, has_want = false;
-    while (r.p < r.end) {
-        uint64_t key, v;
-        td_pb_reader f;
-        if (!td_pb_get_key(&r, &key))
+    req->id = w.id;
+    req->want_reply = w.want_reply;
+    switch (w.body) {
+    case TD_FIELD_REQUEST_OP:
+        req->op = al->alloc(al->allocator_data, sizeof *req->op);
+        if (!req->op)
             return NULL;
-        switch (key) {
-        case TD_KEY_REQUEST_ID:
-            if (has_id || !td_pb_get_varint(&r, &v))
-                return NULL;
-            req->id = v;
-            has_id = true;
-            break;
-        case TD_KEY_REQUEST_WANT_REPLY:
-            if (has_want || !td_pb_get_varint(&r, &v) || v > 1)
-                return NULL;
-            req->want_reply = (protobuf_c_boolean)v;
-            has_want = true;
-            break;
-        case TD_KEY_REQUEST_OP:
-            if (req->body_case || !td_pb_get_bytes(&r, &f) || !decode_op(f, al, &req->op))
-                return NULL;
-            req->body_case = TENSORDD__V1__REQUEST__BODY_OP;
-            break;
-        case TD_KEY_REQUEST_RELEASE: {
-            if (req->body_case || !td_pb_get_bytes(&r, &f))
-                return NULL;
-            Tensordd__V1__Release *rl = al->alloc(al->allocator_data, sizeof *rl);
-            if (!rl)
-                return NULL;
-            tensordd__v1__release__init(rl);
-            td_pb_reader h;
-            if (!td_pb_get_key(&f, &key) || key != TD_KEY_RELEASE_HANDLES ||
-                !td_pb_get_bytes(&f, &h) || f.p != f.end ||
-                !get_packed_u64(&h, al, &rl->n_handles, &rl->handles))
-                return NULL;
-            req->release = rl;
-            req->body_case = TENSORDD__V1__REQUEST__BODY_RELEASE;
-            break;
-        }
-        case TD_KEY_REQUEST_SYNC: {
-            if (req->body_case || !td_pb_get_bytes(&r, &f) || f.p != f.end)
-                return NULL;
-            Tensordd__V1__Sync *sy = al->alloc(al->allocator_data, sizeof *sy);
-            if (!sy)
-                return NULL;
-            tensordd__v1__sync__init(sy);
-            req->sync = sy;
-            req->body_case = TENSORDD__V1__REQUEST__BODY_SYNC;
-            break;
-        }
-        default: /* any other field: protobuf-c's decoder */
+        set_ops(req->op, &w.op);
+        req->body_case = TENSORDD__V1__REQUEST__BODY_OP;
+        break;
+    case TD_FIELD_REQUEST_RELEASE:
+        req->release = al->alloc(al->allocator_data, sizeof *req->release);
+        if (!req->release)
             return NULL;
-        }
+        tensordd__v1__release__init(req->release);
+        req->release->n_handles = w.n_handles;
+        req->release->handles = (uint64_t *)(uintptr_t)w.handles;
+        req->body_case = TENSORDD__V1__REQUEST__BODY_RELEASE;
+        break;
+    case TD_FIELD_REQUEST_SYNC:
+        req->sync = al->alloc(al->allocator_data, sizeof *req->sync);
+        if (!req->sync)
+            return NULL;
+        tensordd__v1__sync__init(req->sync);
+        req->body_case = TENSORDD__V1__REQUEST__BODY_SYNC;
+        break;
+    default: /* (a Request without a body: as protobuf-c decodes it) */
+        break;
     }
     return req;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gen_wire_keys.py -- every field's key, from proto/tensordd.proto, for the hand-written codecs.
+"""gen_wire_keys.py -- every field's key, from proto/tensordd.proto, for the fast wire codec.
 
     tools/gen_wire_keys.py PROTO --c OUT.h --py OUT.py [--protoc PROTOC]
 

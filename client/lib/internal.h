@@ -8,6 +8,7 @@
 #include "frame.h"
 #include "tensordd.h"
 #include "tensordd.pb-c.h"
+#include "wirecodec.h"
 
 /* Fire-and-forget requests pile up in the write buffer until a blocking call
  * or this many bytes: one send for many small frames. */
@@ -137,12 +138,12 @@ void td__reply_free(td__reply *r);
  * reported by the next synchronising call that would otherwise succeed. */
 int td__take_early(td_client *c, td_error *err);
 
-/* wire.c: hand-written protobuf for small calls. td__request_fast_size
+/* wire.c: the fast codec (proto/wirecodec.h) for small calls. td__request_fast_size
  * returns the packed size of req, or 0 when req is not one it encodes (an
  * Op with attrs, say: protobuf-c packs those); td__request_fast_pack then
  * writes exactly the bytes protobuf-c would. */
 typedef struct {
-    size_t z[6];
+    td_wire_request w;
 } td__req_sizes;
 size_t td__request_fast_size(const Tensordd__V1__Request *req, td__req_sizes *z);
 size_t td__request_fast_pack(const Tensordd__V1__Request *req, const td__req_sizes *z,

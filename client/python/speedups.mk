@@ -11,6 +11,7 @@ SPEEDUPS := $(BUILD)/python/tensordd/_speedups$(PY_EXT_SUFFIX)
 endif
 # The pure-Python run: what the accelerator replaces, and the suites that drive it hardest.
 PURE_TESTS := tests/python/transport/test_speedups.py tests/python/transport/test_wire_fastpath.py \
+              tests/python/transport/test_wire_codec.py tests/python/client/test_session_state.py \
               tests/python/client/test_session.py tests/python/client/test_offline.py \
               tests/python/client/test_release.py tests/python/client/test_python_repr.py \
               tests/python/client/test_torchlike_honest.py tests/python/transport/test_resume.py
@@ -20,11 +21,13 @@ speedups: $(SPEEDUPS)
 all: $(SPEEDUPS)
 test-python: $(SPEEDUPS) test-python-pure
 
-# It takes the wire's field keys from the header generated from the .proto (tensordd_keys.h).
-$(BUILD)/python/tensordd/_speedups$(PY_EXT_SUFFIX): client/python/tensordd/_speedups.c $(KEYS_H)
+# It compiles the fast codec (proto/wirecodec.h, with the wire's field keys generated from the
+# .proto: tensordd_keys.h) as the daemon and libtensordd do.
+$(BUILD)/python/tensordd/_speedups$(PY_EXT_SUFFIX): client/python/tensordd/_speedups.c $(KEYS_H) \
+                                                   proto/wirecodec.h proto/pbwire.h
 	@mkdir -p $(dir $@)
 	@echo "  CC       $<"
-	$(Q)$(CC) -std=c11 -O2 -g -fPIC -shared $(WARN) -isystem $(PY_INCLUDE) -I$(BUILD)/gen $< -o $@
+	$(Q)$(CC) -std=c11 -O2 -g -fPIC -shared $(WARN) -isystem $(PY_INCLUDE) -I$(BUILD)/gen -Iproto $< -o $@
 
 test-python-pure: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
 	TENSORDD_PURE=1 TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl \

@@ -29,7 +29,7 @@ from ._wire_keys import (K_BACKWARD_GRADS, K_BACKWARD_LOSS, K_BACKWARD_PIPELINED
                          K_UPLOAD_DTYPE, K_UPLOAD_HANDLE, K_UPLOAD_REQUIRES_GRAD,
                          K_UPLOAD_SHAPE)
 
-__all__ = ["ACCELERATED", "append_op", "copy_into", "py_append_op", "py_copy_into", "encode_op", "frame_op", "frame_download", "frame_release",
+__all__ = ["ACCELERATED", "SessionState", "append_op", "copy_into", "py_append_op", "py_copy_into", "encode_op", "frame_op", "frame_download", "frame_release",
            "frame_upload", "frame_backward", "frame_optimizer_step", "parse_tensor_reply",
            "download", "set_download_types", "op", "set_op_types", "numpy",
            "set_numpy_types", "py_encode_op", "py_frame_op",
@@ -165,6 +165,10 @@ def py_copy_into(dest, src, pos: int) -> tuple:
     return n, view.nbytes - n
 
 
+# A session's bookkeeping, shared with the accelerator's op and numpy (tensordd/_state.py;
+# the accelerator's own type when it is built).
+from ._state import SessionState  # noqa: E402
+
 encode_op = py_encode_op
 frame_op = py_frame_op
 append_op = py_append_op
@@ -178,20 +182,20 @@ parse_tensor_reply = None
 # The accelerator's whole Download round trip on a plain socket (Session._download).
 download = None
 set_download_types = None
-# ... and its whole Session._op_fast (op, set_op_types).
+# ... and its whole Session._op_fast (op(state, session, ...), set_op_types).
 op = None
 set_op_types = None
-# ... and Tensor.numpy's whole download (numpy, set_numpy_types).
+# ... and Tensor.numpy's whole download (numpy(state, session, t), set_numpy_types).
 numpy = None
 set_numpy_types = None
 ACCELERATED = False
 
 if os.environ.get("TENSORDD_PURE", "") in ("", "0"):
     try:
-        from ._speedups import (append_op, copy_into, download, encode_op,  # noqa: F811
-                                frame_download, frame_op, frame_release, numpy, op,
-                                parse_tensor_reply, set_download_types, set_numpy_types,
-                                set_op_types)
+        from ._speedups import (SessionState, append_op, copy_into,  # noqa: F811
+                                download, encode_op, frame_download, frame_op,
+                                frame_release, numpy, op, parse_tensor_reply,
+                                set_download_types, set_numpy_types, set_op_types)
         ACCELERATED = True
     except ImportError:
         pass

@@ -13,8 +13,10 @@
  *   parse_tensor_reply(msg)                a plain Response{id, tensor{...}} as
  *       (id, handle, dtype, shape, backend, ordinal, requires_grad), or None for
  *       anything else (the caller then decodes it with protobuf).
- * Built when a compiler and Python's headers are there (python.mk, setup.py);
- * _codec.py falls back to pure Python without it. */
+ * The messages themselves are encoded and decoded by the fast codec the daemon and
+ * libtensordd compile too (proto/wirecodec.h); this file moves Python objects into and
+ * out of its structs. Built when a compiler and Python's headers are there (speedups.mk,
+ * setup.py); _codec.py falls back to pure Python without it. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -26,43 +28,14 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include "tensordd_keys.h" /* every field's key, generated from proto/tensordd.proto */
+/* the fast codec the daemon and libtensordd compile too, its keys generated from the .proto */
+#include "wirecodec.h"
 
 #define MAGIC 0x01444454u /* "TDD" + frame version 1 (proto/frame.h) */
 #define HEADER 16
 #define MAX_DIMS 64
 
 /* ------------------------------------------------------------------ encoding */
-
-static size_t varint_len(uint64_t v)
-{
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static char *put_varint(char *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (char)((v & 0x7F) | 0x80);
-        v >>= 7;
-    }
-    *p++ = (char)v;
-    return p;
-}
-
-/* A key (TD_KEY_*, a constant): one byte for fields 1-15, more after. */
-static inline char *put_key(char *p, uint32_t key)
-{
-    if (key < 0x80) {
-        *p++ = (char)key;
-        return p;
-    }
-    return put_varint(p, key);
-}
 
 static char *put_header(char *p, size_t msg_len)
 {
@@ -73,6 +46,14 @@ static char *put_header(char *p, size_t msg_len)
     memcpy(p + 4, &len, 4);
     memcpy(p + 8, &payload, 8);
     return p + HEADER;
+}
+
+/* A request's id and body (its body's fields are the caller's to set). */
+static void request_head(td_wire_request *w, uint64_t id, uint32_t body)
+{
+    w->id = id;
+    w->want_reply = false;
+    w->body = body;
 }
 
 /* An unsigned 64-bit value from a Python int (OverflowError when negative or too big). */
@@ -134,7 +115,6 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
             return PyErr_NoMemory();
         }
     }
-    size_t ins_len = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (as_u64(items[i], &ins[i]) < 0) {
             if (ins != small)
@@ -142,15 +122,20 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
             Py_DECREF(seq);
             return NULL;
         }
-        ins_len += varint_len(ins[i]);
     }
     Py_DECREF(seq);
-    size_t out_len = varint_len(out);
-    size_t body = TD_KEY_LEN_OP_OP + varint_len((uint64_t)name_len) + (size_t)name_len +
-                  TD_KEY_LEN_OP_INPUTS + varint_len(ins_len) + ins_len + TD_KEY_LEN_OP_OUTPUTS +
-                  varint_len(out_len) + out_len + (size_t)extra_len;
-    size_t msg =
-        TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_OP + varint_len(body) + body;
+    td_wire_request w; /* (the fields the encoder reads, one by one: see wirecodec.h) */
+    request_head(&w, rid, TD_FIELD_REQUEST_OP);
+    td_wire_op_clear(&w.op);
+    w.op.name = name;
+    w.op.name_len = (size_t)name_len;
+    w.op.inputs = ins;
+    w.op.n_inputs = (size_t)n;
+    w.op.outputs = &out;
+    w.op.n_outputs = 1;
+    w.op.attrs = (const uint8_t *)extra;
+    w.op.attrs_len = (size_t)extra_len;
+    size_t msg = td_wire_request_size(&w);
     size_t total = msg + (framed ? HEADER : 0);
     PyObject *res;
     char *p;
@@ -167,30 +152,11 @@ static PyObject *op_request(PyObject *const *args, Py_ssize_t nargs, int framed,
         res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
         p = res ? PyBytes_AS_STRING(res) : NULL;
     }
-    if (res == NULL) {
-        if (ins != small)
-            PyMem_Free(ins);
-        return NULL;
+    if (res != NULL) {
+        if (framed)
+            p = put_header(p, msg);
+        td_wire_request_put((uint8_t *)p, &w);
     }
-    if (framed)
-        p = put_header(p, msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_OP);
-    p = put_varint(p, body);
-    p = put_key(p, TD_KEY_OP_OP);
-    p = put_varint(p, (uint64_t)name_len);
-    memcpy(p, name, (size_t)name_len);
-    p += name_len;
-    p = put_key(p, TD_KEY_OP_INPUTS); /* packed */
-    p = put_varint(p, ins_len);
-    for (Py_ssize_t i = 0; i < n; i++)
-        p = put_varint(p, ins[i]);
-    p = put_key(p, TD_KEY_OP_OUTPUTS); /* packed */
-    p = put_varint(p, out_len);
-    p = put_varint(p, out);
-    if (extra_len)
-        memcpy(p, extra, (size_t)extra_len);
     if (ins != small)
         PyMem_Free(ins);
     return res;
@@ -261,20 +227,50 @@ static PyObject *frame_download(PyObject *self, PyObject *const *args, Py_ssize_
     uint64_t rid, handle;
     if (as_u64(rid_o, &rid) < 0 || as_u64(handle_o, &handle) < 0)
         return NULL;
-    size_t body = TD_KEY_LEN_DOWNLOAD_HANDLE + varint_len(handle);
-    size_t msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_DOWNLOAD +
-                 varint_len(body) + body;
+    td_wire_request w;
+    request_head(&w, rid, TD_FIELD_REQUEST_DOWNLOAD);
+    w.handle = handle;
+    size_t msg = td_wire_request_size(&w);
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
     if (res == NULL)
         return NULL;
     char *p = put_header(PyBytes_AS_STRING(res), msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_DOWNLOAD);
-    p = put_varint(p, body);
-    p = put_key(p, TD_KEY_DOWNLOAD_HANDLE);
-    put_varint(p, handle);
+    td_wire_request_put((uint8_t *)p, &w);
     return res;
+}
+
+/* The handles of a Python sequence as uint64s: in small (nsmall of them) when they fit, else
+ * in PyMem_Malloc'd memory (free with free_u64s); NULL with an exception set. */
+static uint64_t *u64s(PyObject *o, const char *what, uint64_t *small, size_t nsmall, size_t *n)
+{
+    PyObject *seq = PySequence_Fast(o, what);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint64_t *a = (size_t)len <= nsmall ? small : PyMem_Malloc((size_t)len * sizeof *a);
+    if (a == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        if (as_u64(items[i], &a[i]) < 0) {
+            if (a != small)
+                PyMem_Free(a);
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    *n = (size_t)len;
+    return a;
+}
+
+static void free_u64s(uint64_t *a, const uint64_t *small)
+{
+    if (a != small)
+        PyMem_Free(a);
 }
 
 static PyObject *frame_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -282,201 +278,34 @@ static PyObject *frame_release(PyObject *self, PyObject *const *args, Py_ssize_t
     (void)self;
     if (!nargs_ok("frame_release", nargs, 2))
         return NULL;
-    PyObject *rid_o = args[0], *handles_o = args[1];
-    uint64_t rid;
-    if (as_u64(rid_o, &rid) < 0)
+    uint64_t rid, small[16];
+    if (as_u64(args[0], &rid) < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(handles_o, "handles must be a sequence");
-    if (seq == NULL)
+    td_wire_request w;
+    request_head(&w, rid, TD_FIELD_REQUEST_RELEASE);
+    uint64_t *hs = u64s(args[1], "handles must be a sequence", small, 16, &w.n_handles);
+    if (hs == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    size_t hs_len = 0;
-    for (Py_ssize_t i = 0; i < n; i++) { /* sizes first: values checked here */
-        uint64_t h;
-        if (as_u64(items[i], &h) < 0) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        hs_len += varint_len(h);
-    }
-    size_t body = n ? TD_KEY_LEN_RELEASE_HANDLES + varint_len(hs_len) + hs_len : 0;
-    size_t msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_RELEASE +
-                 varint_len(body) + body;
+    w.handles = hs;
+    size_t msg = td_wire_request_size(&w);
     PyObject *res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(HEADER + msg));
-    if (res == NULL) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    char *p = put_header(PyBytes_AS_STRING(res), msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_RELEASE);
-    p = put_varint(p, body);
-    if (n) {
-        p = put_key(p, TD_KEY_RELEASE_HANDLES); /* packed */
-        p = put_varint(p, hs_len);
-        for (Py_ssize_t i = 0; i < n; i++) /* (checked above: cannot fail) */
-            p = put_varint(p, (uint64_t)PyLong_AsUnsignedLongLong(items[i]));
-    }
-    Py_DECREF(seq);
+    if (res != NULL)
+        td_wire_request_put((uint8_t *)put_header(PyBytes_AS_STRING(res), msg), &w);
+    free_u64s(hs, small);
     return res;
 }
 
 /* ------------------------------------------------------------------ decoding */
 
 typedef struct {
-    const unsigned char *p, *end;
-} reader;
-
-/* 0 and the value, or -1 on a truncated or over-long varint. */
-static int get_varint(reader *r, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64 && r->p < r->end; shift += 7) {
-        unsigned char b = *r->p++;
-        v |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            if (shift == 63 && b > 1)
-                return -1;
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* A length-delimited field's bytes. */
-static int get_bytes(reader *r, reader *sub)
-{
-    uint64_t n;
-    if (get_varint(r, &n) < 0 || n > (uint64_t)(r->end - r->p))
-        return -1;
-    sub->p = r->p;
-    sub->end = r->p + n;
-    r->p += n;
-    return 0;
-}
-
-typedef struct {
-    uint64_t handle, ordinal;
-    int64_t dtype;
+    td_wire_tensor w;
     int64_t shape[MAX_DIMS];
-    int ndim, requires_grad;
-    const char *backend;
-    size_t backend_len;
 } tensor_info;
-
-/* Device{backend = 1 (string), ordinal = 2 (uint32)}; -1: not the plain form. */
-static int parse_device(reader r, tensor_info *t)
-{
-    int seen_b = 0, seen_o = 0;
-    while (r.p < r.end) {
-        uint64_t key, v;
-        if (get_varint(&r, &key) < 0)
-            return -1;
-        if (key == TD_KEY_DEVICE_BACKEND && !seen_b) {
-            reader s;
-            if (get_bytes(&r, &s) < 0)
-                return -1;
-            t->backend = (const char *)s.p;
-            t->backend_len = (size_t)(s.end - s.p);
-            seen_b = 1;
-        } else if (key == TD_KEY_DEVICE_ORDINAL && !seen_o) {
-            if (get_varint(&r, &v) < 0)
-                return -1;
-            t->ordinal = v & 0xFFFFFFFFu; /* uint32: protobuf keeps the low 32 bits */
-            seen_o = 1;
-        } else {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* TensorInfo{handle 1, dtype 2, shape 3 (int64, packed or not), device 4,
- * requires_grad 5}; each scalar at most once, else -1 (protobuf decides). */
-static int parse_info(reader r, tensor_info *t)
-{
-    int seen = 0;
-    while (r.p < r.end) {
-        uint64_t key, v;
-        if (get_varint(&r, &key) < 0)
-            return -1;
-        switch (key) {
-        case TD_KEY_TENSOR_INFO_HANDLE:
-        case TD_KEY_TENSOR_INFO_DTYPE:
-        case TD_KEY_TENSOR_INFO_REQUIRES_GRAD: {
-            int bit = 1 << (key >> 3);
-            if ((seen & bit) || get_varint(&r, &v) < 0)
-                return -1;
-            seen |= bit;
-            if (key == TD_KEY_TENSOR_INFO_HANDLE) {
-                t->handle = v;
-            } else if (key == TD_KEY_TENSOR_INFO_DTYPE) {
-                if (v > 0x7FFFFFFFu) /* (negative or out of int32 range: protobuf's call) */
-                    return -1;
-                t->dtype = (int64_t)v;
-            } else {
-                t->requires_grad = v != 0;
-            }
-            break;
-        }
-        case TD_KEY_TENSOR_INFO_SHAPE_UNPACKED: /* one shape value */
-            if (t->ndim == MAX_DIMS || get_varint(&r, &v) < 0)
-                return -1;
-            t->shape[t->ndim++] = (int64_t)v;
-            break;
-        case TD_KEY_TENSOR_INFO_SHAPE: { /* packed shape values */
-            reader s;
-            if (get_bytes(&r, &s) < 0)
-                return -1;
-            while (s.p < s.end) {
-                if (t->ndim == MAX_DIMS || get_varint(&s, &v) < 0)
-                    return -1;
-                t->shape[t->ndim++] = (int64_t)v;
-            }
-            break;
-        }
-        case TD_KEY_TENSOR_INFO_DEVICE: {
-            reader s;
-            if ((seen & (1 << TD_FIELD_TENSOR_INFO_DEVICE)) || get_bytes(&r, &s) < 0 ||
-                parse_device(s, t) < 0)
-                return -1;
-            seen |= 1 << TD_FIELD_TENSOR_INFO_DEVICE;
-            break;
-        }
-        default:
-            return -1;
-        }
-    }
-    return 0;
-}
 
 /* 1 when msg is a plain Response{id, tensor{...}} (its id and fields in *id, *t), else 0. */
 static int parse_reply(const unsigned char *p, size_t len, uint64_t *id, tensor_info *t)
 {
-    reader r = {p, p + len};
-    memset(t, 0, sizeof *t);
-    t->backend = "";
-    *id = 0;
-    int seen_id = 0, seen_body = 0, ok = 1;
-    while (ok && r.p < r.end) {
-        uint64_t key;
-        if (get_varint(&r, &key) < 0) {
-            ok = 0;
-        } else if (key == TD_KEY_RESPONSE_ID && !seen_id) {
-            ok = get_varint(&r, id) == 0;
-            seen_id = 1;
-        } else if (key == TD_KEY_RESPONSE_TENSOR && !seen_body) {
-            reader s;
-            ok = get_bytes(&r, &s) == 0 && parse_info(s, t) == 0;
-            seen_body = 1;
-        } else {
-            ok = 0;
-        }
-    }
-    return ok && seen_body;
+    return td_wire_response_get(p, len, id, &t->w, t->shape, MAX_DIMS) == TD_FIELD_RESPONSE_TENSOR;
 }
 
 static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
@@ -494,19 +323,20 @@ static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
         Py_INCREF(res);
         goto out;
     }
-    PyObject *backend = PyUnicode_DecodeUTF8(t.backend, (Py_ssize_t)t.backend_len, NULL);
+    PyObject *backend =
+        PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
     if (backend == NULL) { /* not UTF-8: protobuf says what that is */
         PyErr_Clear();
         res = Py_None;
         Py_INCREF(res);
         goto out;
     }
-    PyObject *shape = PyTuple_New(t.ndim);
+    PyObject *shape = PyTuple_New(t.w.ndim);
     if (shape == NULL) {
         Py_DECREF(backend);
         goto out;
     }
-    for (int i = 0; i < t.ndim; i++) {
+    for (int i = 0; i < t.w.ndim; i++) {
         PyObject *d = PyLong_FromLongLong(t.shape[i]);
         if (d == NULL) {
             Py_DECREF(shape);
@@ -515,9 +345,10 @@ static PyObject *parse_tensor_reply(PyObject *self, PyObject *arg)
         }
         PyTuple_SET_ITEM(shape, i, d);
     }
-    res = Py_BuildValue("(KKLNNKO)", (unsigned long long)id, (unsigned long long)t.handle,
-                        (long long)t.dtype, shape, backend, (unsigned long long)t.ordinal,
-                        t.requires_grad ? Py_True : Py_False);
+    res =
+        Py_BuildValue("(KKLNNKO)", (unsigned long long)id, (unsigned long long)t.w.handle,
+                      (long long)t.w.dtype, shape, backend, (unsigned long long)t.w.device.ordinal,
+                      t.w.requires_grad ? Py_True : Py_False);
 out:
     PyBuffer_Release(&view);
     return res;
@@ -731,63 +562,37 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
     if (wbuf == NULL)
         return NULL;
     /* ---- the Release and Download frames, after what is queued */
-    PyObject *seq = NULL;
-    Py_ssize_t nrel = 0;
-    size_t hs_len = 0;
+    uint64_t hsmall[16], *hs = NULL;
+    td_wire_request rw, dw;
+    request_head(&rw, rrid, TD_FIELD_REQUEST_RELEASE);
+    rw.handles = NULL;
+    rw.n_handles = 0;
+    request_head(&dw, rid, TD_FIELD_REQUEST_DOWNLOAD);
+    dw.handle = handle;
     if (rrid) {
-        seq = PySequence_Fast(rel, "release handles must be a sequence");
-        if (seq == NULL) {
+        hs = u64s(rel, "release handles must be a sequence", hsmall, 16, &rw.n_handles);
+        if (hs == NULL) {
             Py_DECREF(wbuf);
             return NULL;
         }
-        nrel = PySequence_Fast_GET_SIZE(seq);
-        for (Py_ssize_t i = 0; i < nrel; i++) {
-            uint64_t h;
-            if (as_u64(PySequence_Fast_ITEMS(seq)[i], &h) < 0) {
-                Py_DECREF(seq);
-                Py_DECREF(wbuf);
-                return NULL;
-            }
-            hs_len += varint_len(h);
-        }
+        rw.handles = hs;
     }
-    size_t rel_body = nrel ? TD_KEY_LEN_RELEASE_HANDLES + varint_len(hs_len) + hs_len : 0;
-    size_t rel_msg = TD_KEY_LEN_REQUEST_ID + varint_len(rrid) + TD_KEY_LEN_REQUEST_RELEASE +
-                     varint_len(rel_body) + rel_body;
-    size_t dl_body = TD_KEY_LEN_DOWNLOAD_HANDLE + varint_len(handle);
-    size_t dl_msg = TD_KEY_LEN_REQUEST_ID + varint_len(rid) + TD_KEY_LEN_REQUEST_DOWNLOAD +
-                    varint_len(dl_body) + dl_body;
+    size_t rel_msg = rrid ? td_wire_request_size(&rw) : 0, dl_msg = td_wire_request_size(&dw);
     size_t flen = (rrid ? HEADER + rel_msg : 0) + HEADER + dl_msg;
     char small[1024];
     char *frames = flen <= sizeof small ? small : PyMem_Malloc(flen);
     if (frames == NULL) {
-        Py_XDECREF(seq);
+        if (hs)
+            free_u64s(hs, hsmall);
         Py_DECREF(wbuf);
         return PyErr_NoMemory();
     }
     char *p = frames;
     if (rrid) {
-        p = put_header(p, rel_msg);
-        p = put_key(p, TD_KEY_REQUEST_ID);
-        p = put_varint(p, rrid);
-        p = put_key(p, TD_KEY_REQUEST_RELEASE);
-        p = put_varint(p, rel_body);
-        if (nrel) {
-            p = put_key(p, TD_KEY_RELEASE_HANDLES); /* packed */
-            p = put_varint(p, hs_len);
-            for (Py_ssize_t i = 0; i < nrel; i++) /* (checked above: cannot fail) */
-                p = put_varint(p,
-                               (uint64_t)PyLong_AsUnsignedLongLong(PySequence_Fast_ITEMS(seq)[i]));
-        }
+        p = (char *)td_wire_request_put((uint8_t *)put_header(p, rel_msg), &rw);
+        free_u64s(hs, hsmall);
     }
-    Py_XDECREF(seq);
-    p = put_header(p, dl_msg);
-    p = put_key(p, TD_KEY_REQUEST_ID);
-    p = put_varint(p, rid);
-    p = put_key(p, TD_KEY_REQUEST_DOWNLOAD);
-    p = put_varint(p, dl_body);
-    p = put_key(p, TD_KEY_DOWNLOAD_HANDLE);
-    put_varint(p, handle);
+    td_wire_request_put((uint8_t *)put_header(p, dl_msg), &dw);
     /* ---- out in one writev; the write buffer is emptied whatever happens (as flush) */
     Py_buffer wv;
     if (PyObject_GetBuffer(wbuf, &wv, PyBUF_SIMPLE) < 0) { /* (holds it while unlocked) */
@@ -854,7 +659,7 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
     uint64_t id;
     if (!parse_reply((const unsigned char *)in + HEADER, msg_len, &id, &t) || id != rid)
         goto leave_to_python;
-    PyObject *key = PyLong_FromLongLong((long long)t.dtype);
+    PyObject *key = PyLong_FromLongLong((long long)t.w.dtype);
     if (key == NULL)
         return NULL;
     PyObject *dtype = PyDict_GetItemWithError(np_dtypes, key); /* (borrowed) */
@@ -864,17 +669,18 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
             return NULL;
         goto leave_to_python; /* (a dtype not met yet: Python adds it) */
     }
-    PyObject *backend = PyUnicode_DecodeUTF8(t.backend, (Py_ssize_t)t.backend_len, NULL);
+    PyObject *backend =
+        PyUnicode_DecodeUTF8(t.w.device.backend, (Py_ssize_t)t.w.device.backend_len, NULL);
     if (backend == NULL) {
         PyErr_Clear();
         goto leave_to_python;
     }
-    PyObject *shape = PyTuple_New(t.ndim);
+    PyObject *shape = PyTuple_New(t.w.ndim);
     if (shape == NULL) {
         Py_DECREF(backend);
         return NULL;
     }
-    for (int i = 0; i < t.ndim; i++) {
+    for (int i = 0; i < t.w.ndim; i++) {
         PyObject *d = PyLong_FromLongLong(t.shape[i]);
         if (d == NULL) {
             Py_DECREF(shape);
@@ -929,8 +735,9 @@ static PyObject *roundtrip(PyObject *conn, int fd, uint64_t rid, uint64_t handle
         Py_DECREF(backend);
         return NULL;
     }
-    return Py_BuildValue("(NLNNKO)", arr, (long long)t.dtype, shape, backend,
-                         (unsigned long long)t.ordinal, t.requires_grad ? Py_True : Py_False);
+    return Py_BuildValue("(NLNNKO)", arr, (long long)t.w.dtype, shape, backend,
+                         (unsigned long long)t.w.device.ordinal,
+                         t.w.requires_grad ? Py_True : Py_False);
 leave_to_python:
     if (stash(conn, in, have) < 0)
         return NULL;
@@ -959,17 +766,169 @@ static PyObject *download(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 /* ------------------------------------------------------------------ op */
 
-/* op(session, name, inputs[, extra]): Session._op_fast's common case in one call: when
- * the session is open, no Release batch is due, the connection keeps no resume journal
+/* ------------------------------------------------------------------ session state */
+
+/* SessionState: the bookkeeping of a session that the fast paths below (op, numpy) and the
+ * Python Session share, owned here: the Session keeps one (Session._state) and its
+ * attributes of these names (_open, _pending_release, ...) delegate to it, so this file reads
+ * and writes the fields of its own struct instead of a Python object's private attributes.
+ * tensordd/_state.py is its pure-Python twin (the same FIELDS, the same defaults), which the
+ * client uses without this accelerator; tests/python/test_session_state.py holds one to the
+ * other. */
+#define STATE_FIELDS(X)                                                                            \
+    X(F_OPEN, "open", "the session is usable (only True counts)")                                  \
+    X(F_CAPTURING, "capturing", "a graph is being recorded: releases wait")                        \
+    X(F_BUSY, "busy", "inside a round trip")                                                       \
+    X(F_MEMFD, "memfd", "downloads may come as a memfd")                                           \
+    X(F_DEFERRED, "deferred", "asynchronous failures, raised by the next synchronising call")      \
+    X(F_IDS, "ids", "the request id counter (an iterator)")                                        \
+    X(F_HANDLES, "handles", "the handle counter (an iterator)")                                    \
+    X(F_CALLS, "calls", "request id -> what it was")                                               \
+    X(F_PENDING_RELEASE, "pending_release", "handles to release with the next request")            \
+    X(F_CONN, "conn", "the Connection")
+#define FIELD_ENUM(e, name, doc) e,
+enum { STATE_FIELDS(FIELD_ENUM) N_FIELDS };
+#undef FIELD_ENUM
+#define FIELD_NAME(e, name, doc) name,
+static const char *const field_names[N_FIELDS] = {STATE_FIELDS(FIELD_NAME)};
+#undef FIELD_NAME
+
+typedef struct {
+    PyObject_HEAD PyObject *f[N_FIELDS];
+} state_object;
+
+static PyTypeObject state_type;
+static PyObject *count_fn; /* itertools.count */
+
+/* A field (a new reference); AttributeError when Python deleted it. */
+static PyObject *st_get(PyObject *st, int i)
+{
+    PyObject *v = ((state_object *)st)->f[i];
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "SessionState has no %s", field_names[i]);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+static void st_set(PyObject *st, int i, PyObject *v)
+{
+    Py_XSETREF(((state_object *)st)->f[i], Py_NewRef(v));
+}
+
+/* 1: the field is exactly True; 0: it is not; -1: deleted. */
+static int st_true(PyObject *st, int i)
+{
+    PyObject *v = ((state_object *)st)->f[i];
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "SessionState has no %s", field_names[i]);
+        return -1;
+    }
+    return v == Py_True;
+}
+
+/* next() of a counter field (StopIteration would be a bug: RuntimeError). */
+static PyObject *st_next(PyObject *st, int i)
+{
+    PyObject *it = st_get(st, i);
+    if (it == NULL)
+        return NULL;
+    PyObject *v = PyIter_Next(it);
+    Py_DECREF(it);
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "an id counter ran out");
+    return v;
+}
+
+/* The defaults (as _state.py's): closed, nothing pending, both counters at 1. */
+static PyObject *state_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
+{
+    if ((args && PyTuple_GET_SIZE(args)) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "SessionState() takes no arguments");
+        return NULL;
+    }
+    state_object *st = (state_object *)tp->tp_alloc(tp, 0);
+    if (st == NULL)
+        return NULL;
+    PyObject *one = PyLong_FromLong(1);
+    st->f[F_OPEN] = Py_NewRef(Py_False);
+    st->f[F_CAPTURING] = Py_NewRef(Py_False);
+    st->f[F_BUSY] = Py_NewRef(Py_False);
+    st->f[F_MEMFD] = Py_NewRef(Py_False);
+    st->f[F_DEFERRED] = PyList_New(0);
+    st->f[F_IDS] = one ? PyObject_CallOneArg(count_fn, one) : NULL;
+    st->f[F_HANDLES] = one ? PyObject_CallOneArg(count_fn, one) : NULL;
+    st->f[F_CALLS] = PyDict_New();
+    st->f[F_PENDING_RELEASE] = PyList_New(0);
+    st->f[F_CONN] = Py_NewRef(Py_None);
+    Py_XDECREF(one);
+    for (int i = 0; i < N_FIELDS; i++)
+        if (st->f[i] == NULL) {
+            Py_DECREF(st);
+            return NULL;
+        }
+    return (PyObject *)st;
+}
+
+static int state_traverse(PyObject *o, visitproc visit, void *arg)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_VISIT(((state_object *)o)->f[i]);
+    return 0;
+}
+
+static int state_clear(PyObject *o)
+{
+    for (int i = 0; i < N_FIELDS; i++)
+        Py_CLEAR(((state_object *)o)->f[i]);
+    return 0;
+}
+
+static void state_dealloc(PyObject *o)
+{
+    PyObject_GC_UnTrack(o);
+    state_clear(o);
+    Py_TYPE(o)->tp_free(o);
+}
+
+#define FIELD_MEMBER(e, name, doc)                                                                 \
+    {name, T_OBJECT_EX, offsetof(state_object, f) + (e) * sizeof(PyObject *), 0, doc},
+static PyMemberDef state_members[N_FIELDS + 1] = {STATE_FIELDS(FIELD_MEMBER){NULL, 0, 0, 0, NULL}};
+#undef FIELD_MEMBER
+
+static PyTypeObject state_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensordd._speedups.SessionState",
+    .tp_basicsize = sizeof(state_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A session's bookkeeping that the accelerator and the Python Session share.",
+    .tp_new = state_new,
+    .tp_traverse = state_traverse,
+    .tp_clear = state_clear,
+    .tp_dealloc = state_dealloc,
+    .tp_members = state_members,
+};
+
+/* op and numpy take one as their first argument. */
+static int is_state(PyObject *o, const char *fn)
+{
+    if (Py_IS_TYPE(o, &state_type))
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s: the first argument must be a SessionState", fn);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ op */
+
+/* op(state, session, name, inputs[, extra]): Session._op_fast's common case in one call:
+ * when the session is open, no Release batch is due, the connection keeps no resume journal
  * and the frame leaves its write buffer under the high-water mark, the op's frame is
- * appended to it (request and handle ids from the session's counters, the call
- * remembered in session._calls as (name, inputs, out)) and the new Tensor(session, out)
- * is returned; else None and nothing is done (the caller's own path). set_op_types must
- * have run. */
+ * appended to it (request and handle ids from the state's counters, the call remembered in
+ * state.calls as (name, inputs, out)) and the new Tensor(session, out) is returned; else
+ * None and nothing is done (the caller's own path). state is the session's SessionState;
+ * set_op_types must have run. */
 
 static PyObject *tensor_type;
 static Py_ssize_t release_batch, high_water;
-static PyObject *s_open, *s_pending, *s_handles, *s_ids, *s_calls, *s_conn;
 
 /* Tensor.__init__(session, handle) without running it, where Tensor's attributes are
  * all __slots__ (set_op_types checks): the slots' offsets, and the value of _grad. */
@@ -1034,41 +993,30 @@ static PyObject *set_op_types(PyObject *self, PyObject *const *args, Py_ssize_t 
     return Py_NewRef(Py_None);
 }
 
-/* 1: attribute name of o is exactly True; 0: it is not; -1: an error. */
-static int attr_is_true(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    if (v == NULL)
-        return -1;
-    int r = v == Py_True;
-    Py_DECREF(v);
-    return r;
-}
-
 static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 4 && !nargs_ok("op", nargs, 3))
+    if ((nargs != 5 && !nargs_ok("op", nargs, 4)) || !is_state(args[0], "op"))
         return NULL;
     if (tensor_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "op: set_op_types() first");
         return NULL;
     }
-    PyObject *session = args[0], *name = args[1], *inputs = args[2];
-    PyObject *extra = nargs == 4 ? args[3] : NULL;
+    PyObject *st = args[0], *session = args[1], *name = args[2], *inputs = args[3];
+    PyObject *extra = nargs == 5 ? args[4] : NULL;
     if (extra != NULL && (!PyBytes_Check(extra) || PyBytes_GET_SIZE(extra) == 0))
         extra = NULL; /* (b"": none) */
-    int r = attr_is_true(session, s_open);
+    int r = st_true(st, F_OPEN);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *pending = PyObject_GetAttr(session, s_pending);
+    PyObject *pending = st_get(st, F_PENDING_RELEASE);
     if (pending == NULL)
         return NULL;
     Py_ssize_t npending = PyList_Check(pending) ? PyList_GET_SIZE(pending) : release_batch;
     Py_DECREF(pending);
     if (npending >= release_batch)
         Py_RETURN_NONE;
-    PyObject *conn = PyObject_GetAttr(session, s_conn);
+    PyObject *conn = st_get(st, F_CONN);
     if (conn == NULL)
         return NULL;
     PyObject *journal = PyObject_GetAttr(conn, s_journal);
@@ -1105,22 +1053,10 @@ static PyObject *op_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     PyObject *out = NULL, *rid = NULL, *call = NULL, *calls = NULL, *t = NULL;
-    PyObject *it = PyObject_GetAttr(session, s_handles);
-    if (it == NULL)
-        goto done;
-    out = PyIter_Next(it);
-    Py_DECREF(it);
-    if (out == NULL)
-        goto done;
-    it = PyObject_GetAttr(session, s_ids);
-    if (it == NULL)
-        goto done;
-    rid = PyIter_Next(it);
-    Py_DECREF(it);
-    if (rid == NULL)
+    if ((out = st_next(st, F_HANDLES)) == NULL || (rid = st_next(st, F_IDS)) == NULL)
         goto done;
     call = PyTuple_Pack(3, name, inputs, out);
-    calls = call ? PyObject_GetAttr(session, s_calls) : NULL;
+    calls = call ? st_get(st, F_CALLS) : NULL;
     if (calls == NULL || PyObject_SetItem(calls, rid, call) < 0)
         goto done;
     PyObject *fargs[5] = {rid, name, inputs, out, extra};
@@ -1140,10 +1076,10 @@ done:
 
 /* ------------------------------------------------------------------ numpy */
 
-/* numpy(session, t): Tensor.numpy's whole download in one call, Session._download's
- * bookkeeping included (the Release of pending handles and the Download get the next
- * request ids, both remembered in session._calls; t's shape, dtype, device and
- * requires_grad are set from the answer; bfloat16 is widened). Returns the array; the
+/* numpy(state, session, t): Tensor.numpy's whole download in one call, Session._download's
+ * bookkeeping included, in state, the session's SessionState (the Release of pending handles
+ * and the Download get the next request ids, both remembered in state.calls; t's shape, dtype,
+ * device and requires_grad are set from the answer; bfloat16 is widened). Returns the array; the
  * request id (an int) when the Download went out but its answer is for Python's path
  * (Session._download_answer); None when nothing was done (a closed session, a pending
  * deferred error, a memfd-sized download, a connection download cannot use).
@@ -1152,8 +1088,8 @@ done:
 static PyObject *dtype_names, *dtype_name_fn, *devices, *device_fn, *widen_fn;
 static Py_ssize_t call_trim;
 static long bf16_wire;
-static PyObject *s_deferred, *s_memfd, *s_capturing, *s_busy, *s_forget, *s_handle, *s_shape,
-    *s_dtype, *s_device, *s_rgrad, *s_release, *s_download;
+static PyObject *s_forget, *s_handle, *s_shape, *s_dtype, *s_device, *s_rgrad, *s_release,
+    *s_download;
 
 static PyObject *set_numpy_types(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1183,19 +1119,6 @@ static PyObject *set_numpy_types(PyObject *self, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-/* next(it) of session attribute name (StopIteration would be a bug: RuntimeError). */
-static PyObject *next_of(PyObject *session, PyObject *name)
-{
-    PyObject *it = PyObject_GetAttr(session, name);
-    if (it == NULL)
-        return NULL;
-    PyObject *v = PyIter_Next(it);
-    Py_DECREF(it);
-    if (v == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_RuntimeError, "an id counter ran out");
-    return v;
-}
-
 /* The value of dict[key], else fn(*args) (a new reference). */
 static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *fn, PyObject *const *args,
                                 size_t n)
@@ -1211,25 +1134,25 @@ static PyObject *lookup_or_call(PyObject *dict, PyObject *key, PyObject *fn, PyO
 static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (!nargs_ok("numpy", nargs, 2))
+    if (!nargs_ok("numpy", nargs, 3) || !is_state(args[0], "numpy"))
         return NULL;
     if (socket_type == NULL || dtype_names == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "numpy: set_download_types() and "
                                             "set_numpy_types() first");
         return NULL;
     }
-    PyObject *session = args[0], *t = args[1];
-    int r = attr_is_true(session, s_open);
+    PyObject *st = args[0], *session = args[1], *t = args[2];
+    int r = st_true(st, F_OPEN);
     if (r <= 0)
         return r < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *o = PyObject_GetAttr(session, s_deferred);
+    PyObject *o = st_get(st, F_DEFERRED);
     if (o == NULL)
         return NULL;
     int none_deferred = PyList_CheckExact(o) && PyList_GET_SIZE(o) == 0;
     Py_DECREF(o);
     if (!none_deferred)
         Py_RETURN_NONE;
-    if ((r = attr_is_true(session, s_memfd)) != 0) { /* (a size known: maybe a memfd's) */
+    if ((r = st_true(st, F_MEMFD)) != 0) { /* (a size known: maybe a memfd's) */
         if (r < 0)
             return NULL;
         o = PyObject_GetAttr(t, s_shape);
@@ -1239,7 +1162,7 @@ static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (o != Py_None)
             Py_RETURN_NONE;
     }
-    PyObject *conn = PyObject_GetAttr(session, s_conn);
+    PyObject *conn = st_get(st, F_CONN);
     if (conn == NULL)
         return NULL;
     int fd = conn_fd(conn);
@@ -1254,31 +1177,30 @@ static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     /* ---- from here on as Session._download: ids, the calls remembered */
     PyObject *rel = NULL, *rrid = NULL, *rid = NULL, *calls = NULL, *call = NULL, *res = NULL;
-    PyObject *pending = PyObject_GetAttr(session, s_pending);
+    PyObject *pending = st_get(st, F_PENDING_RELEASE);
     if (pending == NULL)
         goto done;
-    int capturing = attr_is_true(session, s_capturing);
+    int capturing = st_true(st, F_CAPTURING);
     if (capturing < 0)
         goto done;
-    calls = PyObject_GetAttr(session, s_calls);
+    calls = st_get(st, F_CALLS);
     if (calls == NULL)
         goto done;
     if (PyObject_IsTrue(pending) == 1 && !capturing) {
         PyObject *fresh = PyList_New(0);
-        if (fresh == NULL || PyObject_SetAttr(session, s_pending, fresh) < 0) {
-            Py_XDECREF(fresh);
+        if (fresh == NULL)
             goto done;
-        }
+        st_set(st, F_PENDING_RELEASE, fresh);
         Py_DECREF(fresh);
         rel = pending;
         pending = NULL;
-        if ((rrid = next_of(session, s_ids)) == NULL ||
+        if ((rrid = st_next(st, F_IDS)) == NULL ||
             (call = PyTuple_Pack(2, s_release, rel)) == NULL ||
             PyObject_SetItem(calls, rrid, call) < 0)
             goto done;
         Py_CLEAR(call);
     }
-    if ((rid = next_of(session, s_ids)) == NULL)
+    if ((rid = st_next(st, F_IDS)) == NULL)
         goto done;
     PyObject *hs = PyTuple_Pack(1, h);
     if (hs == NULL)
@@ -1290,22 +1212,11 @@ static PyObject *tensor_numpy(PyObject *self, PyObject *const *args, Py_ssize_t 
     uint64_t rid_v, rrid_v = 0;
     if (as_u64(rid, &rid_v) < 0 || (rrid && as_u64(rrid, &rrid_v) < 0))
         goto done;
-    if (PyObject_SetAttr(session, s_busy, Py_True) < 0)
-        goto done;
+    st_set(st, F_BUSY, Py_True);
     PyObject *got = roundtrip(conn, fd, rid_v, handle, rrid_v, rel ? rel : Py_None);
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int busy_rc = PyObject_SetAttr(session, s_busy, Py_False);
-    if (got == NULL) {
-        if (busy_rc < 0)
-            PyErr_Clear();
-        PyErr_Restore(et, ev, tb);
+    st_set(st, F_BUSY, Py_False); /* (cannot fail: the exception, if any, stays set) */
+    if (got == NULL)
         goto done;
-    }
-    if (busy_rc < 0) {
-        Py_DECREF(got);
-        goto done;
-    }
     if (got == Py_True) { /* (the answer is Python's to read) */
         Py_DECREF(got);
         res = Py_NewRef(rid);
@@ -1378,13 +1289,13 @@ static PyMethodDef methods[] = {
     {"set_op_types", (PyCFunction)(void (*)(void))set_op_types, METH_FASTCALL,
      "set_op_types(Tensor, release batch, write high-water mark) for op."},
     {"op", (PyCFunction)(void (*)(void))op_new, METH_FASTCALL,
-     "op(session, name, inputs[, extra]): Session._op_fast's common case; the new "
+     "op(state, session, name, inputs[, extra]): Session._op_fast's common case; the new "
      "Tensor, or None (see the source)."},
     {"set_numpy_types", (PyCFunction)(void (*)(void))set_numpy_types, METH_FASTCALL,
      "set_numpy_types(dtype names, dtype_name, devices, device, call trim, bf16 wire, "
      "widen) for numpy."},
     {"numpy", (PyCFunction)(void (*)(void))tensor_numpy, METH_FASTCALL,
-     "numpy(session, t): Tensor.numpy's download in one call; the array, a request id "
+     "numpy(state, session, t): Tensor.numpy's download in one call; the array, a request id "
      "whose answer is Python's to read, or None (see the source)."},
     {"parse_tensor_reply", parse_tensor_reply, METH_O,
      "(id, handle, dtype, shape, backend, ordinal, requires_grad) of a plain tensor "
@@ -1426,16 +1337,6 @@ PyMODINIT_FUNC PyInit__speedups(void)
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if ((conn_methods[i] = PyUnicode_InternFromString(names[i])) == NULL)
             return NULL;
-    s_open = PyUnicode_InternFromString("_open");
-    s_pending = PyUnicode_InternFromString("_pending_release");
-    s_handles = PyUnicode_InternFromString("_handles");
-    s_ids = PyUnicode_InternFromString("_ids");
-    s_calls = PyUnicode_InternFromString("_calls");
-    s_conn = PyUnicode_InternFromString("_conn");
-    s_deferred = PyUnicode_InternFromString("_deferred");
-    s_memfd = PyUnicode_InternFromString("_memfd");
-    s_capturing = PyUnicode_InternFromString("_capturing");
-    s_busy = PyUnicode_InternFromString("_busy");
     s_forget = PyUnicode_InternFromString("_forget_calls");
     s_handle = PyUnicode_InternFromString("_handle");
     s_shape = PyUnicode_InternFromString("_shape");
@@ -1444,13 +1345,37 @@ PyMODINIT_FUNC PyInit__speedups(void)
     s_rgrad = PyUnicode_InternFromString("_requires_grad");
     s_release = PyUnicode_InternFromString("release");
     s_download = PyUnicode_InternFromString("download");
-    if (!s_deferred || !s_memfd || !s_capturing || !s_busy || !s_forget || !s_handle || !s_shape ||
-        !s_dtype || !s_device || !s_rgrad || !s_release || !s_download)
-        return NULL;
-    if (!s_open || !s_pending || !s_handles || !s_ids || !s_calls || !s_conn)
+    if (!s_forget || !s_handle || !s_shape || !s_dtype || !s_device || !s_rgrad || !s_release ||
+        !s_download)
         return NULL;
     if (!s_journal || !s_want_fds || !s_sock || !s_wbuf || !s_rbuf || !s_rpos || !s_timeout ||
         !s_fileno)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *itertools = PyImport_ImportModule("itertools");
+    count_fn = itertools ? PyObject_GetAttrString(itertools, "count") : NULL;
+    Py_XDECREF(itertools);
+    if (count_fn == NULL || PyType_Ready(&state_type) < 0)
+        return NULL;
+    PyObject *fields = PyTuple_New(N_FIELDS);
+    if (fields == NULL)
+        return NULL;
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *f = PyUnicode_InternFromString(field_names[i]);
+        if (f == NULL) {
+            Py_DECREF(fields);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(fields, i, f);
+    }
+    int rc = PyDict_SetItemString(state_type.tp_dict, "FIELDS", fields);
+    Py_DECREF(fields);
+    if (rc < 0)
+        return NULL;
+    PyType_Modified(&state_type);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL || PyModule_AddObjectRef(m, "SessionState", (PyObject *)&state_type) < 0) {
+        Py_XDECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import math
 import os
 import socket
@@ -48,6 +49,7 @@ from ._codec import set_download_types as _set_download_types
 from ._wire_keys import K_UPLOAD_DEVICE
 from ._codec import set_numpy_types as _set_numpy_types
 from ._codec import set_op_types as _set_op_types
+from ._codec import SessionState as _SessionState
 from ._wire import WRITE_HIGH_WATER, ZERO_COPY_THRESHOLD, Connection, FrameError, _byte_view
 from .device import Device
 from .dtypes import bf16_bits_to_f32, dtype_name, f32_to_bf16_bits, to_numpy, to_wire
@@ -279,6 +281,9 @@ class Session(SessionIO):
 
     def __init__(self, conn: Connection, endpoint: str, token: str | None,
                  resume: float | None = None):
+        # The bookkeeping the accelerator shares (_state.py): _open, _pending_release, _ids,
+        # ... below are its fields (_delegate_to_state).
+        self._state = _SessionState()
         self._conn = conn
         # Same-host zero copy (connect's memfd): on, the threshold, and whether the daemon
         # has taken a memfd upload yet (the first one waits for its answer: a refusal
@@ -432,7 +437,7 @@ class Session(SessionIO):
         The call's description is kept as a tuple, formatted only when an error
         names it. With the accelerator, all of it in one call in the common case."""
         if _op_c is not None:
-            t = _op_c(self, name, inputs, extra)
+            t = _op_c(self._state, self, name, inputs, extra)
             if t is not None:
                 return t
         if not self._open:
@@ -1152,6 +1157,18 @@ for _w in pb.DType.values():  # (filled ahead: the accelerator reads this dict, 
     except (TypeError, ValueError, KeyError):
         pass
 del _w
+
+
+def _delegate_to_state(cls) -> None:
+    """cls._<field> for each field of SessionState: that field of self._state, read and
+    written (the accelerator's op and numpy read the state's own fields)."""
+    for name in _SessionState.FIELDS:
+        def setter(self, value, _name=name):
+            setattr(self._state, _name, value)
+        setattr(cls, "_" + name, property(operator.attrgetter("_state." + name), setter))
+
+
+_delegate_to_state(Session)
 _DTYPE_NAMES = {w: dtype_name(w) for w in pb.DType.values() if w}  # wire dtype -> its DType
 if _set_download_types is not None:  # (the accelerator reads into _NP_DTYPES' dtypes)
     _set_download_types(socket.socket, np.empty, _NP_DTYPES)

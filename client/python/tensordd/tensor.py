@@ -311,7 +311,7 @@ class Tensor:
         session = self._session
         if _numpy_c is not None:  # the accelerator: Session._download in one call
             try:
-                arr = _numpy_c(session, self)
+                arr = _numpy_c(session._state, session, self)
             except BaseException as e:
                 session._download_failed(e, self._handle)
             if arr is not None:
@@ -386,7 +386,8 @@ class Tensor:
     def _op(self, name: str, *others, **attrs) -> "Tensor":
         if not others and not attrs:  # what Session.op does for one tensor input
             if _op_c is not None:  # (the accelerator: Session._op_fast in one call)
-                out = _op_c(self._session, name, [self._handle])
+                s = self._session
+                out = _op_c(s._state, s, name, [self._handle])
                 if out is not None:
                     return out
             return self._session._op_fast(name, [self._handle])
@@ -395,7 +396,8 @@ class Tensor:
     def _unary(self, name: str) -> "Tensor":
         """_op(name) without further inputs or attributes (no argument packing)."""
         if _op_c is not None:  # (the accelerator: Session._op_fast in one call)
-            out = _op_c(self._session, name, [self._handle])
+            s = self._session
+            out = _op_c(s._state, s, name, [self._handle])
             if out is not None:
                 return out
         return self._session._op_fast(name, [self._handle])
