@@ -17,9 +17,9 @@ more than once (bench/run.sh --runs N) is summarised by its median. A line
 
 says why rows were not measured (torch missing). EXPECTED below is the list of rows issue
 11 asks for, then the torch device's; the table shows each with its value, target and
-verdict (met, missed), and MISSING for one no benchmark printed. Exit status: 0 when every expected row was printed
-or skipped, 1 when one is missing, 2 when a line is malformed or a row's target changes
-between lines.
+verdict (met, missed), and MISSING for one no benchmark printed. Exit status: 0 when every
+expected row was printed or skipped, 1 when one is missing, 2 when a line is malformed or a
+row's target changes between lines.
 """
 from __future__ import annotations
 
