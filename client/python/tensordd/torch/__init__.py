@@ -278,6 +278,13 @@ class DaemonTensor(torch.Tensor):
         r._vc = None
         return r
 
+    @property
+    def is_cuda(self):
+        # False, but during a capturable Adam/AdamW step (tensordd.torch._graph): torch
+        # 1.13 asserts is_cuda there, and its capturable path is what a replay needs
+        from ._graph import _as_cuda
+        return _as_cuda[0] > 0
+
     def __repr__(self, *, tensor_contents=None):
         try:
             host = self.detach().cpu()

@@ -609,9 +609,60 @@ def _nonzero(func, args, kwargs):
     return _new(dev, _upload(dev, host, torch.int64), host.shape, torch.int64)
 
 
+def _daemon_draw(func, self, args, kwargs):
+    """The value of a random fill of self drawn by the daemon (rand/randn from the
+    session's random stream: a graph's replay draws again), or None for a fill it does
+    not draw (random_, exponential_, a generator given)."""
+    if kwargs.get("generator") is not None or not self.dtype.is_floating_point:
+        return None
+    d = self._st.dev
+    s = d.session
+    shape = [int(x) for x in self.shape]
+    ft = "float32" if self.dtype in (torch.float16, torch.bfloat16) else _dt(self.dtype)
+
+    def arg(i, name, default):
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    if func is aten.bernoulli_.float:
+        p = float(arg(1, "p", 0.5))
+        v = s._op("lt", s._op("rand", shape=shape, device=d.ddev, dtype=ft), other=p)
+    elif func is aten.bernoulli_.Tensor:
+        p = args[1]
+        if not isinstance(p, DaemonTensor):
+            return None
+        pv = _value(p)
+        if p.dtype != torch.float32:
+            pv = s._op("cast", pv, dtype=ft)
+        r = s._op("rand", shape=shape, device=d.ddev, dtype=ft)
+        if tuple(p.shape) != tuple(self.shape):
+            pv = s._op("expand", pv, shape=shape)
+        v = s._op("lt", r, pv)
+    elif func is aten.uniform_.default:
+        lo, hi = float(arg(1, "from", 0.0)), float(arg(2, "to", 1.0))
+        v = s._op("rand", shape=shape, device=d.ddev, dtype=ft)
+        if (lo, hi) != (0.0, 1.0):
+            v = s._op("add", s._op("mul", v, other=hi - lo), other=lo)
+    elif func is aten.normal_.default:
+        mean, std = float(arg(1, "mean", 0.0)), float(arg(2, "std", 1.0))
+        v = s._op("randn", shape=shape, device=d.ddev, dtype=ft)
+        if (mean, std) != (0.0, 1.0):
+            v = s._op("add", s._op("mul", v, other=std), other=mean)
+    else:
+        return None
+    if func in (aten.bernoulli_.float, aten.bernoulli_.Tensor) or ft != _dt(self.dtype):
+        v = s._op("cast", v, dtype=_dt(self.dtype))
+    return v
+
+
 def _rand_fill(fill, uses):
     def h(func, args, kwargs):
         self = args[0]
+        from . import _cap
+        if _cap is not None:  # inside a capture: drawn by the daemon at every replay
+            v = _daemon_draw(func, self, args, kwargs)
+            if v is not None:
+                _write(self, v)
+                return self
         host = torch.empty(tuple(self.shape), dtype=self.dtype)
         fill(host, *args[1:], **kwargs)
         _write(self, _upload(self._st.dev, host, self.dtype,
@@ -621,7 +672,10 @@ def _rand_fill(fill, uses):
 
 
 # Random fills draw from torch's own (CPU) generator, so torch.manual_seed makes a
-# run on the device draw what the same run on the CPU draws.
+# run on the device draw what the same run on the CPU draws. Inside a graph capture the
+# floating-point ones (dropout's bernoulli_, uniform_, normal_) are the daemon's draws.
+_DAEMON_DRAWN = (aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default,
+                 aten.normal_.default)
 for _op, _fill in ((aten.bernoulli_.float, lambda h, *a, **k: h.bernoulli_(*a, **k)),
                    (aten.bernoulli_.Tensor,
                     lambda h, p, **k: h.bernoulli_(_download(p) if isinstance(p, DaemonTensor)
@@ -632,7 +686,10 @@ for _op, _fill in ((aten.bernoulli_.float, lambda h, *a, **k: h.bernoulli_(*a, *
                    (getattr(aten.random_, "from"), lambda h, *a, **k: h.random_(*a, **k)),
                    (aten.random_.to, lambda h, *a, **k: h.random_(*a, **k)),
                    (aten.exponential_.default, lambda h, *a, **k: h.exponential_(*a, **k))):
-    _SPECIAL[_op] = (_rand_fill(_fill, "host"), "host: torch's generator, then an upload")
+    _SPECIAL[_op] = (_rand_fill(_fill, "host"),
+                     "host: torch's generator, then an upload; captured: rand / randn / lt, "
+                     "drawn by the daemon at each replay" if _op in _DAEMON_DRAWN else
+                     "host: torch's generator, then an upload")
 
 
 @special(aten.zero_.default, uses="zeros")
