@@ -6,7 +6,8 @@ steps give (float32: rtol 1e-4, atol 1e-5, as the device's model tests), and so 
 same training sent op by op (eager) on the device; Adam and AdamW made with
 capturable=True (the step count on the device) too. Dropout and the other random fills a
 capture records are drawn by the daemon again at each replay: checked by the masks'
-statistics. What a capture cannot replay (a read of a value, an upload, a random fill drawn
+statistics. On cpu:0, and on cuda:0 when TDD_GPU_ARGS is set (make test-emu's emulated
+daemon). What a capture cannot replay (a read of a value, an upload, a random fill drawn
 on the host) raises RuntimeError naming it.
 """
 
@@ -22,6 +23,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tensordd.torch as tt  # noqa: E402
+from gpusuite import only_with_gpu, start_gpu_daemon  # noqa: E402
 from tensordd.torch._graph import _STEP_HOOK  # noqa: E402
 
 WARMUP = 2
@@ -30,8 +32,20 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 @pytest.fixture(scope="module")
-def dev(daemon):
-    return tt.device(daemon.endpoint, "cpu:0")
+def gpu_daemon():
+    d = start_gpu_daemon()
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture(scope="module", params=["cpu:0", pytest.param("cuda:0", marks=only_with_gpu)])
+def dev(request, daemon):
+    """The device the captures run on: cpu:0, and cuda:0 of the GPU suite's daemon (the
+    emulated one in make test-emu) when TDD_GPU_ARGS is set."""
+    if request.param == "cpu:0":
+        return tt.device(daemon.endpoint, "cpu:0")
+    return tt.device(request.getfixturevalue("gpu_daemon").endpoint, request.param)
 
 
 def mlp():
