@@ -202,7 +202,7 @@ class Graph:
                                        "storage's value at capture differ now; the graph "
                                        "reads one value for both (capture again)")
             if tuple(sts[0].shape) != shape:
-                h = s._op("reshape", h, shape=list(shape))
+                h = s._op("reshape", h, shape=tuple(shape))
             ins.append(h)
         s._emit_releases()
         ng.replay(*ins)
