@@ -1462,31 +1462,33 @@ def _native_batch_norm(c, a, w, b, running_mean, running_var, training, momentum
         n = _prod(shape) // shape[1]
         if running_mean is not None:
             _update_running(c, running_mean, mean, momentum)
-        if running_var is not None:
-            unbiased = c.op("mul", var, other=float(n) / max(n - 1, 1))
-            _update_running(c, running_var, unbiased, momentum)
+        if running_var is not None:  # (the unbiased variance)
+            _update_running(c, running_var, var, momentum, float(n) / max(n - 1, 1))
     else:
         mean = running_mean
         invstd = c.op("rsqrt", c.op("add", running_var, other=float(eps)))
-    y = c.op("mul", c.op("sub", a, c.op("reshape", mean, shape=bshape)),
-             c.op("reshape", invstd, shape=bshape))
-    if w is not None:
-        y = c.op("mul", y, c.op("reshape", w, shape=bshape))
-    if b is not None:
-        y = c.op("add", y, c.op("reshape", b, shape=bshape))
+    # y = a * scale + shift, scale = invstd * w, shift = b - mean * scale: the [C]
+    # factors first, then two passes over the input instead of four
+    scale = invstd if w is None else c.op("mul", invstd, w)
+    shift = c.op("mul", mean, scale)
+    shift = c.op("sub", b, shift) if b is not None else c.op("mul", shift, other=-1.0)
+    y = c.op("add", c.op("mul", a, c.op("reshape", scale, shape=bshape)),
+             c.op("reshape", shift, shape=bshape))
     if training:
         return y, mean, invstd
     return y, c.create("zeros", (0,), dt), c.create("zeros", (0,), dt)
 
 
-def _update_running(c, stat_value, batch, momentum):
-    """stat = (1 - momentum) * stat + momentum * batch, written into the running
+def _update_running(c, stat_value, batch, momentum, factor=1.0):
+    """stat = (1 - momentum) * stat + momentum * factor * batch, written into the running
     statistic's DaemonTensor (found by its value: _Ctx keeps the meta args)."""
     target = _RUNNING.get(id(stat_value))
     if target is None:
         raise RuntimeError("tensordd.torch: internal: a running statistic without its tensor")
     new = c.op("add", c.op("mul", stat_value, other=1.0 - float(momentum)), batch,
-               alpha=float(momentum))
+               alpha=float(momentum) * factor)
+    if c.out[0].dtype == target.dtype:  # all of one dtype: no cast
+        new._dtype = _dt(target.dtype)
     _write(target, _cast(c, new, target.dtype))
 
 
