@@ -107,6 +107,9 @@ py_suite() {
         bench train_step "$PY" bench/train_step.py "$ep" "$pid"
         bench peers "$PY" bench/peers.py "$ep" --pid "$pid" --threads "$threads" "${qflag[@]}"
         bench conv_step "$PY" bench/conv_step.py "$ep" "$pid" --steps "$(q 5 50)" --blocks "$(q 1 5)"
+        # the torch device: client cost per aten op; ResNet-18 and transformer steps / local
+        bench torch_device "$PY" bench/torch_device.py "$ep" "$(q 1 3)" "${qflag[@]}"
+        bench torch_models "$PY" bench/torch_models.py "$ep" --threads "$threads" "${qflag[@]}"
     fi
     stop_daemon
     # its own daemons, one queue per device against the default lanes
@@ -126,7 +129,7 @@ py_suite() {
     echo "command: bench/run.sh --runs $runs --c-runs $c_runs --threads $threads$(q ' --quick' '')"
     if [ "$have_torch" = 0 ]; then
         echo "torch is not installed ($PY -c 'import torch' fails): the PyTorch rows are skipped"
-        for r in 'train.*' 'rpc.*' alloc.faults.mlp_adam alloc.faults.mlp_sgd alloc.faults.big_mlp \
+        for r in 'train.*' 'rpc.*' 'torch.*' alloc.faults.mlp_adam alloc.faults.mlp_sgd alloc.faults.big_mlp \
             alloc.faults.conv alloc.faults.replay; do
             echo "SKIP $r torch is not installed"
         done

@@ -16,10 +16,10 @@ more than once (bench/run.sh --runs N) is summarised by its median. A line
     SKIP <name or prefix.*> <reason...>
 
 says why rows were not measured (torch missing). EXPECTED below is the list of rows issue
-11 asks for; the table shows each with its value, target and verdict (met, missed), and
-MISSING for one no benchmark printed. Exit status: 0 when every expected row was printed
-or skipped, 1 when one is missing, 2 when a line is malformed or a row's target changes
-between lines.
+11 asks for, then the torch device's; the table shows each with its value, target and
+verdict (met, missed), and MISSING for one no benchmark printed. Exit status: 0 when every
+expected row was printed or skipped, 1 when one is missing, 2 when a line is malformed or a
+row's target changes between lines.
 """
 from __future__ import annotations
 
@@ -59,6 +59,17 @@ EXPECTED = [
     ("alloc.upload4", "1 MiB uploads on 4 connections: tensordd / raw TCP (throughput)"),
     ("memfd.upload", "1 GiB upload: memfd (data in a sealed memfd) / TCP, speed"),
     ("memfd.download", "1 GiB download: memfd (mapped, every page read) / TCP, speed"),
+    # the torch device (bench/torch_device.py, bench/torch_models.py)
+    ("torch.client_us_per_op", "torch device: client CPU per aten op, MLP step, us"),
+    ("torch.resnet18.ops_per_step", "torch device: aten ops per ResNet-18 step"),
+    ("torch.resnet18.client_us_per_op", "torch device: client CPU per aten op, ResNet-18 step, us"),
+    ("torch.resnet18.eager", "ResNet-18 SGD step, torch device eager / local PyTorch"),
+    ("torch.resnet18.captured", "ResNet-18 SGD step, torch device captured / local PyTorch"),
+    ("torch.transformer.ops_per_step", "torch device: aten ops per transformer step"),
+    ("torch.transformer.client_us_per_op",
+     "torch device: client CPU per aten op, transformer step, us"),
+    ("torch.transformer.eager", "Transformer AdamW step, torch device eager / local PyTorch"),
+    ("torch.transformer.captured", "Transformer AdamW step, torch device captured / local"),
 ]
 
 NAME = re.compile(r"[a-z0-9_.]+\Z")

@@ -21,7 +21,8 @@ export TDD_GPU_ARGS=${TDD_GPU_ARGS-}
 emulated=0
 [[ "$TDD_GPU_ARGS" == *--emu-gpus* ]] && emulated=1
 # The torch device's model scripts on cuda:0 against local PyTorch: all three on a GPU; on
-# the emulator (where ResNet-18 and the transformer take minutes each) the MNIST one.
+# the emulator (where ResNet-18 and the transformer take minutes each) the MNIST one. The
+# torch device's graph captures (test_torch_graph.py) run on cpu:0 and cuda:0.
 torch_models=tests/python/torch_device/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch
 [ $emulated = 1 ] && torch_models+="[mnist]"
 GPU_PYTEST=${GPU_PYTEST:-tests/python/ops/test_ops_torch.py \
@@ -36,7 +37,8 @@ GPU_PYTEST=${GPU_PYTEST:-tests/python/ops/test_ops_torch.py \
     tests/python/ops/test_attention.py tests/python/models/test_transformer.py \
     tests/python/gpu/test_cuda_parallel.py tests/python/gpu/test_cuda_streams.py \
     tests/python/parallel/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
-    tests/python/transport/test_memfd.py::test_cuda_memfd $torch_models}
+    tests/python/transport/test_memfd.py::test_cuda_memfd \
+    tests/python/torch_device/test_torch_graph.py $torch_models}
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(selftest conformance pytest digits)

@@ -3,13 +3,18 @@ local PyTorch: a model (an MLP; a conv net with batch norm, whose running statis
 and batch count are carried too) trained eagerly for a few steps, then by replays of
 one captured step (forward, backward, opt.step()), ends with the state local PyTorch's same
 steps give (float32: rtol 1e-4, atol 1e-5, as the device's model tests), and so does the
-same training sent op by op (eager) on the device. What a capture cannot replay (a read
-of a value, an upload, a random fill) raises RuntimeError naming it.
+same training sent op by op (eager) on the device; Adam and AdamW made with
+capturable=True (the step count on the device) too. Dropout and the other random fills a
+capture records are drawn by the daemon again at each replay: checked by the masks'
+statistics. On cpu:0, and on cuda:0 when TDD_GPU_ARGS is set (make test-emu's emulated
+daemon). What a capture cannot replay (a read of a value, an upload, a random fill drawn
+on the host) raises RuntimeError naming it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 
@@ -18,6 +23,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import tensordd.torch as tt  # noqa: E402
+from gpusuite import only_with_gpu, start_gpu_daemon  # noqa: E402
 from tensordd.torch._graph import _STEP_HOOK  # noqa: E402
 
 WARMUP = 2
@@ -26,8 +32,20 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 @pytest.fixture(scope="module")
-def dev(daemon):
-    return tt.device(daemon.endpoint, "cpu:0")
+def gpu_daemon():
+    d = start_gpu_daemon()
+    yield d
+    rc = d.stop()
+    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+
+@pytest.fixture(scope="module", params=["cpu:0", pytest.param("cuda:0", marks=only_with_gpu)])
+def dev(request, daemon):
+    """The device the captures run on: cpu:0, and cuda:0 of the GPU suite's daemon (the
+    emulated one in make test-emu) when TDD_GPU_ARGS is set."""
+    if request.param == "cpu:0":
+        return tt.device(daemon.endpoint, "cpu:0")
+    return tt.device(request.getfixturevalue("gpu_daemon").endpoint, request.param)
 
 
 def mlp():
@@ -138,7 +156,7 @@ def test_static_input_is_read_at_each_replay_and_views_follow(dev):
     ("_local_scalar_dense", lambda x: bool((x > 0).all())),
     ("reading a value", lambda x: x.cpu()),
     ("upload", lambda x: x + torch.ones(3).to(x.device)),
-    ("random", lambda x: x.uniform_()),
+    ("random", lambda x: x.exponential_()),  # (drawn on the host; uniform_ is the daemon's)
 ])
 def test_what_cannot_be_replayed_raises_naming_it(dev, what, body):
     x = torch.ones(3, device=dev)
@@ -222,3 +240,150 @@ def test_replays_hold_a_bounded_number_of_handles(dev):
             s.sync()
             counts.append(s.stats()["handles"])
     assert counts[1] <= counts[0] + 2, counts  # replays rebind, they do not pile up
+
+
+@pytest.mark.parametrize("opt_name, kwargs", [
+    ("Adam", {"lr": 0.01}),
+    ("Adam", {"lr": 0.01, "weight_decay": 1e-2, "amsgrad": True}),
+    ("AdamW", {"lr": 0.01, "weight_decay": 1e-2, "betas": (0.8, 0.99)}),
+])
+def test_capturable_adam_replays_as_local_pytorch(dev, opt_name, kwargs):
+    # capturable=True keeps the step count on the device: each replay advances it and the
+    # bias corrections computed from it, as torch.cuda.graph's capturable Adam does. Local
+    # PyTorch runs the plain (host step count) Adam: the same arithmetic.
+    make, shape = MODELS["mlp"]
+    torch.manual_seed(0)
+    init = make()
+    data = batches(shape, WARMUP + STEPS, seed=3)
+    local = copy.deepcopy(init)
+    lopt = getattr(torch.optim, opt_name)(local.parameters(), **kwargs)
+    model = copy.deepcopy(init).to(dev)
+    opt = getattr(torch.optim, opt_name)(model.parameters(), capturable=True, **kwargs)
+    want, got = [], []
+    for x, y in data:
+        lopt.zero_grad(set_to_none=True)
+        want.append(step(local, lopt, x, y).item())
+    for x, y in data[:WARMUP]:
+        opt.zero_grad(set_to_none=True)
+        got.append(step(model, opt, x.to(dev), y.to(dev)).item())
+    static_x, static_y = data[WARMUP][0].to(dev), data[WARMUP][1].to(dev)
+    opt.zero_grad(set_to_none=True)
+    g = tt.Graph()
+    with tt.graph(g, device=dev):
+        loss = step(model, opt, static_x, static_y)
+    got.append(loss.item())
+    for x, y in data[WARMUP + 1:]:
+        static_x.copy_(x)
+        static_y.copy_(y)
+        g.replay()
+        got.append(loss.item())
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=RTOL, atol=ATOL)
+    for (k, w), p in zip(local.state_dict().items(), model.state_dict().values()):
+        torch.testing.assert_close(p.cpu(), w, rtol=RTOL, atol=ATOL, msg=f"{k}")
+    for p in model.parameters():
+        st = opt.state[p]
+        assert st["step"].device == dev
+        assert st["step"].cpu().item() == WARMUP + STEPS
+        lst = lopt.state[local.get_parameter(
+            next(n for n, q in model.named_parameters() if q is p))]
+        torch.testing.assert_close(st["exp_avg_sq"].cpu(), lst["exp_avg_sq"],
+                                   rtol=RTOL, atol=ATOL)
+    assert not next(model.parameters()).is_cuda  # only inside the optimizer's step
+
+
+def _kept(mask_values, p):
+    """The fraction of elements kept, after checking each is 0 or 1 / (1 - p)."""
+    kept = mask_values != 0
+    torch.testing.assert_close(mask_values[kept], torch.full_like(mask_values[kept], 1 / (1 - p)))
+    return kept
+
+
+def test_captured_dropout_draws_a_fresh_mask_at_each_replay(dev):
+    n, p, replays = 20000, 0.3, 6
+    x = torch.ones(n, device=dev)
+    g = tt.Graph()
+    with tt.graph(g, device=dev):
+        y = torch.nn.functional.dropout(x, p, training=True)
+    masks = [_kept(y.cpu(), p)]
+    for _ in range(replays):
+        g.replay()
+        masks.append(_kept(y.cpu(), p))
+    sigma = (p * (1 - p) / n) ** 0.5
+    for m in masks:  # each mask keeps 1 - p of the elements (within 5 sigma)
+        assert abs(m.float().mean().item() - (1 - p)) < 5 * sigma
+    for a, b in zip(masks, masks[1:]):  # independent draws: they agree on p^2 + (1-p)^2
+        agree = (a == b).float().mean().item()
+        want = p * p + (1 - p) * (1 - p)
+        assert abs(agree - want) < 5 * (want * (1 - want) / n) ** 0.5, agree
+    # a mask is not tied to the element's position: neighbours are as independent
+    m = masks[-1].float()
+    both = (m[1:] * m[:-1]).mean().item()
+    assert abs(both - (1 - p) ** 2) < 5 * ((1 - p) ** 2 * (1 - (1 - p) ** 2) / n) ** 0.5
+
+
+def test_captured_uniform_and_normal_fills_redraw(dev):
+    n = 20000
+    u = torch.empty(n, device=dev)
+    z = torch.empty(n, 2, device=dev, dtype=torch.float64)
+    g = tt.Graph()
+    with tt.graph(g, device=dev):
+        u.uniform_(-2.0, 3.0)
+        z.normal_(1.5, 0.5)
+    draws = []
+    for _ in range(3):
+        g.replay()
+        hu, hz = u.cpu(), z.cpu()
+        assert hz.dtype == torch.float64
+        assert hu.min().item() >= -2.0 and hu.max().item() < 3.0
+        assert abs(hu.mean().item() - 0.5) < 5 * 5 / (12 * n) ** 0.5
+        assert abs(hz.mean().item() - 1.5) < 5 * 0.5 / (2 * n) ** 0.5
+        assert abs(hz.std().item() - 0.5) < 0.02
+        draws.append(hu)
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+def test_eager_dropout_draws_torchs_stream(dev):
+    # outside a capture dropout draws from torch's CPU generator: manual_seed gives local
+    # PyTorch's mask
+    x = torch.randn(300)
+    torch.manual_seed(5)
+    want = torch.nn.functional.dropout(x, 0.4, training=True)
+    torch.manual_seed(5)
+    got = torch.nn.functional.dropout(x.to(dev), 0.4, training=True).cpu()
+    torch.testing.assert_close(got, want)
+
+
+def test_a_captured_step_with_dropout_and_adamw_trains(dev):
+    # dropout in the model and a capturable AdamW: replays give losses that differ from
+    # step to step on the same batch (fresh masks) and stay finite; with p = 0 the same
+    # capture gives local PyTorch's losses
+    def run(p, captured):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Dropout(p), nn.Linear(64, 5))
+        x, y = batches((12,), 1, seed=4)[0]
+        if not captured:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            out = []
+            for _ in range(5):
+                opt.zero_grad(set_to_none=True)
+                out.append(step(model, opt, x, y).item())
+            return out
+        model = model.to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+        sx, sy = x.to(dev), y.to(dev)
+        out = [step(model, opt, sx, sy).item()]
+        opt.zero_grad(set_to_none=True)
+        g = tt.Graph()
+        with tt.graph(g, device=dev):
+            loss = step(model, opt, sx, sy)
+        out.append(loss.item())
+        for _ in range(3):
+            g.replay()
+            out.append(loss.item())
+        return out
+
+    torch.testing.assert_close(torch.tensor(run(0.0, True)), torch.tensor(run(0.0, False)),
+                               rtol=RTOL, atol=ATOL)
+    losses = run(0.5, True)
+    assert all(math.isfinite(v) for v in losses)
+    assert len(set(losses)) == len(losses), losses

@@ -214,7 +214,7 @@ class _Storage:
         if f is not None and f[0] == self.version and f[2] == _epoch:
             return f[1]
         h = self.value()
-        v = h if len(self.shape) == 1 else self.dev.session._op("reshape", h, shape=[-1])
+        v = h if len(self.shape) == 1 else self.dev.session._op("reshape", h, shape=(-1,))
         self._flat = (self.version, v, _epoch)
         return v
 
@@ -277,6 +277,13 @@ class DaemonTensor(torch.Tensor):
         r._geo = (tuple(size), tuple(stride), offset)
         r._vc = None
         return r
+
+    @property
+    def is_cuda(self):
+        # False, but during a capturable Adam/AdamW step (tensordd.torch._graph): torch
+        # 1.13 asserts is_cuda there, and its capturable path is what a replay needs
+        from ._graph import _as_cuda
+        return _as_cuda[0] > 0
 
     def __repr__(self, *, tensor_contents=None):
         try:
@@ -342,29 +349,29 @@ def _derive(st: _Storage, size, stride, off):
     dev = st.dev
     s = dev.session
     if n == 0:
-        return s._op("zeros", shape=list(size), device=dev.ddev, dtype=_dt(st.dtype))
+        return s._op("zeros", shape=tuple(size), device=dev.ddev, dtype=_dt(st.dtype))
     h = st.value()
     if any(x == 0 and sz > 1 for x, sz in zip(stride, size)):  # expanded dims
         size1 = tuple(1 if x == 0 else sz for x, sz in zip(stride, size))
         v = _derive(st, size1, stride, off)
-        return s._op("expand", v, shape=list(size))
+        return s._op("expand", v, shape=tuple(size))
     if off == 0 and n == st.numel:
         if _is_contig(size, stride):
-            return h if size == st.shape else s._op("reshape", h, shape=list(size))
+            return h if size == st.shape else s._op("reshape", h, shape=tuple(size))
         perm = _perm_of(size, stride)
         if perm is not None:
             psize = tuple(size[p] for p in perm)
-            v = h if psize == st.shape else s._op("reshape", h, shape=list(psize))
+            v = h if psize == st.shape else s._op("reshape", h, shape=tuple(psize))
             inv = [0] * len(perm)
             for j, p in enumerate(perm):
                 inv[p] = j
-            return s._op("permute", v, dims=inv)
+            return s._op("permute", v, dims=tuple(inv))
     if _is_contig(size, stride):
         v = s._op("slice", st.flat(), dim=0, start=off, stop=off + n)
-        return v if len(size) == 1 else s._op("reshape", v, shape=list(size))
+        return v if len(size) == 1 else s._op("reshape", v, shape=tuple(size))
     idx = dev.index_of(st.numel, size, stride, off)
     v = s._op("index_select", st.flat(), idx, dim=0)
-    return v if len(size) == 1 else s._op("reshape", v, shape=list(size))
+    return v if len(size) == 1 else s._op("reshape", v, shape=tuple(size))
 
 
 def _write(t: DaemonTensor, v) -> None:
@@ -385,7 +392,7 @@ def _write(t: DaemonTensor, v) -> None:
             return
         perm = _perm_of(size, stride)
         if perm is not None:
-            st.set(s._op("permute", v, dims=list(perm)), [size[p] for p in perm])
+            st.set(s._op("permute", v, dims=tuple(perm)), [size[p] for p in perm])
             t._vc = (st.version, v, _epoch)
             return
     if any(x == 0 and sz > 1 for x, sz in zip(stride, size)):
@@ -393,7 +400,7 @@ def _write(t: DaemonTensor, v) -> None:
                            "tensor refers to a single memory location. Please clone() the "
                            "tensor before performing the operation.")
     f = st.flat()
-    vf = v if len(size) == 1 else s._op("reshape", v, shape=[-1])
+    vf = v if len(size) == 1 else s._op("reshape", v, shape=(-1,))
     if _is_contig(size, stride):
         parts = []
         if off > 0:

@@ -31,6 +31,9 @@ refused at its step(): it computes on the host from it.
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import torch
 
 _STEP_HOOK = torch.optim.Optimizer._optimizer_step_code
@@ -85,6 +88,37 @@ def _host_state_check(opt):
                     _cap.refuse(f"{type(opt).__name__}.step() reading its state {k!r} on the "
                                 f"host (a CPU tensor: what it computes from it would stay "
                                 f"the captured step's)")
+
+
+_as_cuda = [0]  # > 0 while a capturable Adam/AdamW step runs on device tensors
+
+
+def _capturable(fn):
+    """torch 1.13's capturable Adam/AdamW asserts ``param.is_cuda``; for this device's
+    tensors it runs with DaemonTensor.is_cuda true during the call (its ops are the
+    device's: pow, sqrt, div, addcdiv_ on the step count's 1-element tensor)."""
+
+    @functools.wraps(fn)
+    def run(params, *args, **kwargs):
+        from . import DaemonTensor
+
+        if not (kwargs.get("capturable") and params and isinstance(params[0], DaemonTensor)):
+            return fn(params, *args, **kwargs)
+        _as_cuda[0] += 1
+        try:
+            return fn(params, *args, **kwargs)
+        finally:
+            _as_cuda[0] -= 1
+
+    run._tensordd = True
+    return run
+
+
+for _modname, _name in (("torch.optim.adam", "_single_tensor_adam"),
+                        ("torch.optim.adamw", "_single_tensor_adamw")):
+    _mod = importlib.import_module(_modname)  # (torch.optim deletes its submodules' names)
+    if not getattr(getattr(_mod, _name), "_tensordd", False):
+        setattr(_mod, _name, _capturable(getattr(_mod, _name)))
 
 
 class Graph:
@@ -168,7 +202,7 @@ class Graph:
                                        "storage's value at capture differ now; the graph "
                                        "reads one value for both (capture again)")
             if tuple(sts[0].shape) != shape:
-                h = s._op("reshape", h, shape=list(shape))
+                h = s._op("reshape", h, shape=tuple(shape))
             ins.append(h)
         s._emit_releases()
         ng.replay(*ins)

@@ -77,6 +77,11 @@ class _Ctx:
         self.margs = margs
 
     def op(self, name, *ins, **attrs):
+        # list attributes as tuples: the session encodes a tuple of ints once and reuses
+        # the bytes (a list goes through protobuf at every call)
+        for k, v in attrs.items():
+            if type(v) is list:
+                attrs[k] = tuple(v)
         return self.s._op(name, *ins, **attrs)
 
     def create(self, name, shape, dtype, **attrs):
@@ -301,7 +306,7 @@ def _store(c, target: DaemonTensor, res, out_meta):
     if isinstance(res, _Out):
         res = res.v
     if out_meta is not None and tuple(out_meta.shape) != tuple(target.shape):
-        res = c.op("expand", res, shape=list(target.shape))
+        res = c.op("expand", res, shape=tuple(target.shape))
     res = _cast(c, res, target.dtype) if out_meta is None or out_meta.dtype != target.dtype \
         else res
     _write(target, res)
@@ -565,7 +570,7 @@ def _copy_(func, args, kwargs):
         if tuple(src.shape) != tuple(dst.shape):
             torch.empty(dst.shape, device="meta").copy_(torch.empty(src.shape, device="meta"))
             if isinstance(src, DaemonTensor):
-                v = dev.session._op("expand", v, shape=list(dst.shape))
+                v = dev.session._op("expand", v, shape=tuple(dst.shape))
         _write(dst, v)
         return dst
     host = _download(src)
@@ -609,9 +614,60 @@ def _nonzero(func, args, kwargs):
     return _new(dev, _upload(dev, host, torch.int64), host.shape, torch.int64)
 
 
+def _daemon_draw(func, self, args, kwargs):
+    """The value of a random fill of self drawn by the daemon (rand/randn from the
+    session's random stream: a graph's replay draws again), or None for a fill it does
+    not draw (random_, exponential_, a generator given)."""
+    if kwargs.get("generator") is not None or not self.dtype.is_floating_point:
+        return None
+    d = self._st.dev
+    s = d.session
+    shape = [int(x) for x in self.shape]
+    ft = "float32" if self.dtype in (torch.float16, torch.bfloat16) else _dt(self.dtype)
+
+    def arg(i, name, default):
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    if func is aten.bernoulli_.float:
+        p = float(arg(1, "p", 0.5))
+        v = s._op("lt", s._op("rand", shape=shape, device=d.ddev, dtype=ft), other=p)
+    elif func is aten.bernoulli_.Tensor:
+        p = args[1]
+        if not isinstance(p, DaemonTensor):
+            return None
+        pv = _value(p)
+        if p.dtype != torch.float32:
+            pv = s._op("cast", pv, dtype=ft)
+        r = s._op("rand", shape=shape, device=d.ddev, dtype=ft)
+        if tuple(p.shape) != tuple(self.shape):
+            pv = s._op("expand", pv, shape=shape)
+        v = s._op("lt", r, pv)
+    elif func is aten.uniform_.default:
+        lo, hi = float(arg(1, "from", 0.0)), float(arg(2, "to", 1.0))
+        v = s._op("rand", shape=shape, device=d.ddev, dtype=ft)
+        if (lo, hi) != (0.0, 1.0):
+            v = s._op("add", s._op("mul", v, other=hi - lo), other=lo)
+    elif func is aten.normal_.default:
+        mean, std = float(arg(1, "mean", 0.0)), float(arg(2, "std", 1.0))
+        v = s._op("randn", shape=shape, device=d.ddev, dtype=ft)
+        if (mean, std) != (0.0, 1.0):
+            v = s._op("add", s._op("mul", v, other=std), other=mean)
+    else:
+        return None
+    if func in (aten.bernoulli_.float, aten.bernoulli_.Tensor) or ft != _dt(self.dtype):
+        v = s._op("cast", v, dtype=_dt(self.dtype))
+    return v
+
+
 def _rand_fill(fill, uses):
     def h(func, args, kwargs):
         self = args[0]
+        from . import _cap
+        if _cap is not None:  # inside a capture: drawn by the daemon at every replay
+            v = _daemon_draw(func, self, args, kwargs)
+            if v is not None:
+                _write(self, v)
+                return self
         host = torch.empty(tuple(self.shape), dtype=self.dtype)
         fill(host, *args[1:], **kwargs)
         _write(self, _upload(self._st.dev, host, self.dtype,
@@ -621,7 +677,10 @@ def _rand_fill(fill, uses):
 
 
 # Random fills draw from torch's own (CPU) generator, so torch.manual_seed makes a
-# run on the device draw what the same run on the CPU draws.
+# run on the device draw what the same run on the CPU draws. Inside a graph capture the
+# floating-point ones (dropout's bernoulli_, uniform_, normal_) are the daemon's draws.
+_DAEMON_DRAWN = (aten.bernoulli_.float, aten.bernoulli_.Tensor, aten.uniform_.default,
+                 aten.normal_.default)
 for _op, _fill in ((aten.bernoulli_.float, lambda h, *a, **k: h.bernoulli_(*a, **k)),
                    (aten.bernoulli_.Tensor,
                     lambda h, p, **k: h.bernoulli_(_download(p) if isinstance(p, DaemonTensor)
@@ -632,14 +691,17 @@ for _op, _fill in ((aten.bernoulli_.float, lambda h, *a, **k: h.bernoulli_(*a, *
                    (getattr(aten.random_, "from"), lambda h, *a, **k: h.random_(*a, **k)),
                    (aten.random_.to, lambda h, *a, **k: h.random_(*a, **k)),
                    (aten.exponential_.default, lambda h, *a, **k: h.exponential_(*a, **k))):
-    _SPECIAL[_op] = (_rand_fill(_fill, "host"), "host: torch's generator, then an upload")
+    _SPECIAL[_op] = (_rand_fill(_fill, "host"),
+                     "host: torch's generator, then an upload; captured: rand / randn / lt, "
+                     "drawn by the daemon at each replay" if _op in _DAEMON_DRAWN else
+                     "host: torch's generator, then an upload")
 
 
 @special(aten.zero_.default, uses="zeros")
 def _zero_(func, args, kwargs):
     self = args[0]
     d = self._st.dev
-    _write(self, d.session._op("zeros", shape=list(self.shape), device=d.ddev,
+    _write(self, d.session._op("zeros", shape=tuple(self.shape), device=d.ddev,
                               dtype=_dt(self.dtype)))
     return self
 
@@ -653,7 +715,7 @@ def _fill_(func, args, kwargs):
         if value.dim() != 0:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
                                f"with {value.dim()} dimensions.")
-        v = c.op("expand", _cast(c, _value(value), self.dtype), shape=list(self.shape))
+        v = c.op("expand", _cast(c, _value(value), self.dtype), shape=tuple(self.shape))
     else:
         v = c.full(self.shape, value.item() if isinstance(value, torch.Tensor) else value,
                    self.dtype)
@@ -732,7 +794,7 @@ def _unsafe_view(func, args, kwargs):
     m = func(_meta_of(src), size)
     v = _value(src)
     if tuple(m.shape) != tuple(src.shape):
-        v = src._st.dev.session._op("reshape", v, shape=list(m.shape))
+        v = src._st.dev.session._op("reshape", v, shape=tuple(m.shape))
     return _new(src._st.dev, v, tuple(m.shape), src.dtype)
 
 
@@ -769,6 +831,8 @@ def _scalar_or_tensor_binary(name):
         if isinstance(b, _DTensor):
             b = _cast(c, b, dt)
             if alpha != 1:
+                if name in ("add", "sub"):  # the daemon's alpha: one op
+                    return c.op(name, a, b, alpha=_num(alpha, dt))
                 b = c.op("mul", b, other=_num(alpha, dt))
             return c.op(name, a, b)
         if alpha != 1:
@@ -1139,9 +1203,9 @@ def _index(c, a, indices):
         raise NotImplementedError("tensordd.torch: aten.index with other than one integer "
                                   "index tensor (boolean masks: the daemon has no nonzero)")
     d, idx = used[0]
-    flat = c.op("reshape", _cast(c, idx, torch.int64), shape=[-1])
+    flat = c.op("reshape", _cast(c, idx, torch.int64), shape=(-1,))
     out = c.op("index_select", a, flat, dim=d)
-    return c.op("reshape", out, shape=list(c.out.shape))
+    return c.op("reshape", out, shape=tuple(c.out.shape))
 
 
 @impl(aten.embedding.default, uses="embedding")
@@ -1176,12 +1240,12 @@ def _embedding_dense_backward(c, grad, indices, num_weights, padding_idx,
         raise NotImplementedError("tensordd.torch: embedding_dense_backward with "
                                   "scale_grad_by_freq")
     dim = _shape(grad)[-1]
-    idx = c.op("reshape", _cast(c, indices, torch.int64), shape=[-1, 1])
-    src = c.op("reshape", grad, shape=[-1, dim])
+    idx = c.op("reshape", _cast(c, indices, torch.int64), shape=(-1, 1))
+    src = c.op("reshape", grad, shape=(-1, dim))
     if padding_idx is not None and padding_idx >= 0:
         src = c.op("masked_fill", src, c.op("eq", idx, other=int(padding_idx)), value=0.0)
     n = _prod(_shape(indices))
-    idx = c.op("expand", idx, shape=[n, dim])
+    idx = c.op("expand", idx, shape=(n, dim))
     z = c.create("zeros", (num_weights, dim), c.out.dtype)
     return c.op("scatter_add", z, idx, src, dim=0)
 
@@ -1226,13 +1290,13 @@ def _log_softmax(c, a, dim, half_to_float=False):
 
 @impl(aten._softmax_backward_data.default, uses="mul, sum, sub")
 def _softmax_backward(c, grad, out, dim, input_dtype):
-    s = c.op("sum", c.op("mul", grad, out), dim=[int(dim)], keepdim=True)
+    s = c.op("sum", c.op("mul", grad, out), dim=(int(dim),), keepdim=True)
     return c.op("mul", out, c.op("sub", grad, s))
 
 
 @impl(aten._log_softmax_backward_data.default, uses="exp, sum, mul, sub")
 def _log_softmax_backward(c, grad, out, dim, input_dtype):
-    s = c.op("sum", grad, dim=[int(dim)], keepdim=True)
+    s = c.op("sum", grad, dim=(int(dim),), keepdim=True)
     return c.op("sub", grad, c.op("mul", c.op("exp", out), s))
 
 
@@ -1274,7 +1338,7 @@ def _nll_loss_forward(c, logp, target, weight, reduction, ignore_index):
                                                                      other=int(ignore_index))),
                     value=0)
         valid = c.op("mul", valid, c.op("index_select", weight,
-                                         c.op("reshape", safe, shape=[-1]), dim=0)
+                                         c.op("reshape", safe, shape=(-1,)), dim=0)
                      if len(_shape(target)) <= 1 else valid)
     total = c.op("sum", valid)
     return out, total
@@ -1290,7 +1354,7 @@ def _nll_loss_backward(c, grad, logp, target, weight, reduction, ignore_index, t
     dt = c.out.dtype
     target = _cast(c, target, torch.int64)
     if len(shape) == 1:
-        target = c.op("reshape", target, shape=[1])
+        target = c.op("reshape", target, shape=(1,))
     valid = c.op("ne", target, other=int(ignore_index))
     safe = c.op("masked_fill", target, c.op("logical_not", valid), value=0)
     w = _cast(c, valid, dt)
@@ -1304,8 +1368,8 @@ def _nll_loss_backward(c, grad, logp, target, weight, reduction, ignore_index, t
     n = 1 if len(shape) == 1 else shape[0]
     z = c.create("zeros", (n, shape[-1]), dt)
     out = c.op("scatter_add", z, c.op("unsqueeze", safe, dim=1),
-               c.op("unsqueeze", c.op("expand", w, shape=[n]), dim=1), dim=1)
-    return c.op("reshape", out, shape=list(shape)) if len(shape) == 1 else out
+               c.op("unsqueeze", c.op("expand", w, shape=(n,)), dim=1), dim=1)
+    return c.op("reshape", out, shape=tuple(shape)) if len(shape) == 1 else out
 
 
 @impl(aten.mse_loss.default, uses="mse_loss")
@@ -1334,14 +1398,14 @@ def _convolution(c, a, w, b, stride, padding, dilation, transposed, output_paddi
     if transposed:
         if nd != 4:
             raise NotImplementedError("tensordd.torch: transposed convolution other than 2-d")
-        return c.op("conv_transpose2d", *ins, stride=list(stride), padding=list(padding),
-                    output_padding=list(output_padding), groups=int(groups),
-                    dilation=list(dilation))
+        return c.op("conv_transpose2d", *ins, stride=tuple(stride), padding=tuple(padding),
+                    output_padding=tuple(output_padding), groups=int(groups),
+                    dilation=tuple(dilation))
     name = {3: "conv1d", 4: "conv2d"}.get(nd)
     if name is None:
         raise NotImplementedError(f"tensordd.torch: a {nd - 2}-d convolution")
-    return c.op(name, *ins, stride=list(stride), padding=list(padding),
-                dilation=list(dilation), groups=int(groups))
+    return c.op(name, *ins, stride=tuple(stride), padding=tuple(padding),
+                dilation=tuple(dilation), groups=int(groups))
 
 
 @impl(aten.convolution_backward.default,
@@ -1395,7 +1459,7 @@ def _convolution_backward(c, go, a, w, bias_sizes, stride, padding, dilation, tr
             gw = c.op("squeeze", gw, dim=2)
         gw = _Out(gw, (cout, cg, kw) if one_d else (cout, cg, kh, kw), dt)
     if output_mask[2]:
-        gb = _Out(c.op("sum", go, dim=[0, 2, 3]), (cout,), dt)
+        gb = _Out(c.op("sum", go, dim=(0, 2, 3)), (cout,), dt)
     return gi, gw, gb
 
 
@@ -1418,31 +1482,33 @@ def _native_batch_norm(c, a, w, b, running_mean, running_var, training, momentum
         n = _prod(shape) // shape[1]
         if running_mean is not None:
             _update_running(c, running_mean, mean, momentum)
-        if running_var is not None:
-            unbiased = c.op("mul", var, other=float(n) / max(n - 1, 1))
-            _update_running(c, running_var, unbiased, momentum)
+        if running_var is not None:  # (the unbiased variance)
+            _update_running(c, running_var, var, momentum, float(n) / max(n - 1, 1))
     else:
         mean = running_mean
         invstd = c.op("rsqrt", c.op("add", running_var, other=float(eps)))
-    y = c.op("mul", c.op("sub", a, c.op("reshape", mean, shape=bshape)),
-             c.op("reshape", invstd, shape=bshape))
-    if w is not None:
-        y = c.op("mul", y, c.op("reshape", w, shape=bshape))
-    if b is not None:
-        y = c.op("add", y, c.op("reshape", b, shape=bshape))
+    # y = a * scale + shift, scale = invstd * w, shift = b - mean * scale: the [C]
+    # factors first, then two passes over the input instead of four
+    scale = invstd if w is None else c.op("mul", invstd, w)
+    shift = c.op("mul", mean, scale)
+    shift = c.op("sub", b, shift) if b is not None else c.op("mul", shift, other=-1.0)
+    y = c.op("add", c.op("mul", a, c.op("reshape", scale, shape=bshape)),
+             c.op("reshape", shift, shape=bshape))
     if training:
         return y, mean, invstd
     return y, c.create("zeros", (0,), dt), c.create("zeros", (0,), dt)
 
 
-def _update_running(c, stat_value, batch, momentum):
-    """stat = (1 - momentum) * stat + momentum * batch, written into the running
+def _update_running(c, stat_value, batch, momentum, factor=1.0):
+    """stat = (1 - momentum) * stat + momentum * factor * batch, written into the running
     statistic's DaemonTensor (found by its value: _Ctx keeps the meta args)."""
     target = _RUNNING.get(id(stat_value))
     if target is None:
         raise RuntimeError("tensordd.torch: internal: a running statistic without its tensor")
-    new = c.op("add", c.op("mul", stat_value, other=1.0 - float(momentum)),
-               c.op("mul", batch, other=float(momentum)))
+    new = c.op("add", c.op("mul", stat_value, other=1.0 - float(momentum)), batch,
+               alpha=float(momentum) * factor)
+    if c.out[0].dtype == target.dtype:  # all of one dtype: no cast
+        new._dtype = _dt(target.dtype)
     _write(target, _cast(c, new, target.dtype))
 
 
@@ -1542,7 +1608,7 @@ def _native_layer_norm_backward(c, go, a, normalized_shape, mean, rstd, w, b, ou
 def _max_pool2d_with_indices(c, a, kernel_size, stride=(), padding=0, dilation=1,
                              ceil_mode=False):
     stride = list(stride) if stride else list(kernel_size)
-    return c.s._op("max_pool2d", a, num_outputs=2, kernel_size=list(kernel_size),
+    return c.s._op("max_pool2d", a, num_outputs=2, kernel_size=tuple(kernel_size),
                   stride=stride, padding=_spatial(padding if isinstance(padding, (list, tuple))
                                                    else [padding], 2),
                   dilation=_spatial(dilation if isinstance(dilation, (list, tuple))
@@ -1559,7 +1625,7 @@ def _max_pool2d_backward(c, go, a, kernel_size, stride, padding, dilation, ceil_
     z = c.create("zeros", lead + [hw], c.out.dtype)
     out = c.op("scatter_add", z, c.op("reshape", indices, shape=lead + [-1]),
                c.op("reshape", go, shape=lead + [-1]), dim=len(lead))
-    return c.op("reshape", out, shape=list(shape))
+    return c.op("reshape", out, shape=tuple(shape))
 
 
 @impl(aten.avg_pool2d.default, uses="avg_pool2d")
@@ -1567,15 +1633,15 @@ def _avg_pool2d(c, a, kernel_size, stride=(), padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
     if divisor_override is not None:
         raise NotImplementedError("tensordd.torch: avg_pool2d with divisor_override")
-    return c.op("avg_pool2d", a, kernel_size=list(kernel_size),
-                stride=list(stride) if stride else list(kernel_size),
-                padding=list(padding) if isinstance(padding, (list, tuple)) else [padding],
+    return c.op("avg_pool2d", a, kernel_size=tuple(kernel_size),
+                stride=tuple(stride) if stride else list(kernel_size),
+                padding=tuple(padding) if isinstance(padding, (list, tuple)) else [padding],
                 ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad))
 
 
 @impl(aten._adaptive_avg_pool2d.default, uses="adaptive_avg_pool2d")
 def _adaptive_avg_pool2d(c, a, output_size):
-    return c.op("adaptive_avg_pool2d", a, output_size=list(output_size))
+    return c.op("adaptive_avg_pool2d", a, output_size=tuple(output_size))
 
 
 @impl(aten._adaptive_avg_pool2d_backward.default, uses="expand, div (global pooling only)")
@@ -1584,7 +1650,7 @@ def _adaptive_avg_pool2d_backward(c, go, a):
     if tuple(_shape(go)[-2:]) != (1, 1):
         raise NotImplementedError("tensordd.torch: adaptive_avg_pool2d backward other than "
                                   "to 1x1")
-    return c.op("div", c.op("expand", go, shape=list(shape)),
+    return c.op("div", c.op("expand", go, shape=tuple(shape)),
                 other=float(shape[-1] * shape[-2]))
 
 
