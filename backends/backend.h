@@ -49,8 +49,13 @@ typedef struct tdd_backend {
     int (*supports)(void *ctx, const tdd_opcall *call);
     /* Runs one call on the device's worker thread. */
     int (*execute)(void *ctx, int ordinal, const tdd_opcall *call);
-    /* optional: wait for queued device work */
+    /* optional: wait for the calling session's queued device work (tdd_backend_session);
+     * a value check its kernels refused since the last read is its INVALID_ARGUMENT */
     int (*synchronize)(void *ctx, int ordinal);
+    /* optional: whether session issued work whose value checks (indices in range) are not
+     * read yet; a synchronising request (Sync) then calls synchronize() on the session's
+     * worker first. Any thread; makes nothing. NULL: checks are never deferred. */
+    bool (*checks_pending)(void *ctx, int ordinal, uint64_t session);
     /* optional: after alloc() returned NULL, on the thread that called it: fills err and
      * returns its code -- RESOURCE_EXHAUSTED naming the resource ("cuda:N memory"), the
      * requested and the free bytes, or DEVICE_UNAVAILABLE on a failed device. */

@@ -24,7 +24,8 @@
  * or int64 from elementwise.h; the other kernels are f32, f64 and int64, and via_copies runs
  * them on f16/bf16 (widened to f32, rounded back once), narrower integers and bool (widened),
  * and strided operands of the kernels that want dense ones. Kernels that check values (index
- * and class ranges, integer powers) read a device flag back: INVALID_ARGUMENT, synchronously. */
+ * and class ranges, integer powers) set a flag of their slot's ring (cuda_checks.h), read at
+ * the next download or synchronize: INVALID_ARGUMENT naming the op, then. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -35,6 +36,7 @@
 
 #include "backend.h"
 #include "cublas_abi.h"
+#include "cuda_checks.h"
 #include "dtype.h"
 #include "iter.h"
 #include "kernels.h"
@@ -109,6 +111,7 @@ typedef struct cuda_slot {
     cudaStream_t stream; /* NULL: not made (a session slot nobody uses) */
     cublasHandle_t blas;
     tdc_dev kd;
+    tdc_checks checks;     /* kernels' value checks, read at the next sync (cuda_checks.h) */
     int sessions;          /* sessions issuing on it (session slots); under the device's lock */
     pthread_mutex_t issue; /* the sessions sharing it issue one call at a time */
 } cuda_slot;
@@ -246,6 +249,8 @@ static void slot_close(cuda_slot *sl)
 {
     if (sl->stream)
         (void)cudaStreamSynchronize(sl->stream);
+    if (sl->stream)
+        tdc_checks_close(&sl->checks, &sl->kd, sl->stream);
     if (sl->blas)
         blas_api.destroy(sl->blas);
     if (sl->stream)
@@ -277,6 +282,7 @@ static int slot_open(cuda_slot *sl, int sms, char *why, size_t why_len)
     }
     sl->kd.stream = sl->stream;
     sl->kd.sms = sms;
+    tdc_checks_open(&sl->checks, &sl->kd);
     return 0;
 }
 
@@ -504,6 +510,7 @@ static void cuda_session_end(void *ctx, uint64_t session)
             dv->sess[i] = dv->sess[--dv->nsess];
             if (--sl->sessions == 0 && cudaSetDevice(dv->id) == cudaSuccess) {
                 (void)stream_after(dv, sl, &dv->slots[0]);
+                tdc_checks_close(&sl->checks, &sl->kd, dv->slots[0].stream);
                 for (size_t k = 0; k < dv->mem_cap; k++)
                     if (dv->mem[k].base && dv->mem[k].last == sl->idx)
                         dv->mem[k].last = 0;
@@ -717,6 +724,20 @@ static void cuda_free(void *ctx, int ordinal, void *p, size_t nbytes)
     pthread_mutex_unlock(&dv->lock);
 }
 
+/* After a read of sl's checks: the calling session's first refused one, as the op itself
+ * answered when its check synchronised. */
+static int checks_refused(cuda_dev *dv, cuda_slot *sl)
+{
+    tdd_op op;
+    if (!tdc_checks_take(&sl->checks, tdd_backend_session, &op))
+        return 0;
+    snprintf(last_err, sizeof last_err,
+             "%s on cuda:%d refused a value (an index or class out of range, or an integer "
+             "power or division it cannot take), found at this synchronising point",
+             op < TDD_OP_COUNT ? tdd_opdefs[op].name : "an op", dv->ord);
+    return TD_EINVALID_ARGUMENT;
+}
+
 static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, size_t n,
                           enum cudaMemcpyKind kind)
 {
@@ -734,10 +755,17 @@ static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, si
     cudaError_t e = cudaSuccess;
     if (!rc)
         e = cudaMemcpyAsync(dst, src, n, kind, sl->stream);
-    if (!rc && !e) /* the host buffer belongs to the caller once we return */
-        e = cudaStreamSynchronize(sl->stream);
+    /* The host buffer belongs to the caller once we return. A download is where the
+     * session learns of its refused value checks; an upload leaves them for it. */
+    if (!rc && !e)
+        e = kind == cudaMemcpyDeviceToHost ? tdc_checks_sync(&sl->checks, sl->stream)
+                                           : cudaStreamSynchronize(sl->stream);
+    if (!rc)
+        rc = cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
+    if (!rc && kind == cudaMemcpyDeviceToHost)
+        rc = checks_refused(dv, sl);
     call_end(sl);
-    return rc ? rc : cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
+    return rc;
 }
 
 static int cuda_from_host(void *ctx, int ordinal, void *dst, const void *src, size_t n)
@@ -757,12 +785,32 @@ static int cuda_synchronize(void *ctx, int ordinal)
         return TD_EINTERNAL;
     last_err[0] = 0;
     int rc = dev_failed(dv);
-    if (rc)
+    if (rc || (rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
         return rc;
-    cudaError_t e = cudaSetDevice(dv->id);
-    if (!e)
-        e = cudaStreamSynchronize(slot_for(dv, tdd_backend_session)->stream);
-    return cuda_rc(dv, e, "synchronize");
+    cuda_slot *sl = call_begin(dv);
+    rc = cuda_rc(dv, tdc_checks_sync(&sl->checks, sl->stream), "synchronize");
+    if (!rc)
+        rc = checks_refused(dv, sl);
+    call_end(sl);
+    return rc;
+}
+
+/* Whether the session's slot on dv holds value checks not read yet (the daemon's
+ * synchronising requests then synchronize() first). Makes no slot. */
+static bool cuda_checks_pending(void *ctx, int ordinal, uint64_t session)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv || atomic_load(&dv->failed))
+        return false;
+    bool pending = false;
+    pthread_mutex_lock(&dv->lock);
+    for (size_t i = 0; i < dv->nsess; i++)
+        if (dv->sess[i].session == session)
+            pending = tdc_checks_unread(&dv->slots[dv->sess[i].slot].checks);
+    if (!session)
+        pending = tdc_checks_unread(&dv->slots[0].checks);
+    pthread_mutex_unlock(&dv->lock);
+    return pending;
 }
 
 /* ------------------------------------------------------------------ op tables */
@@ -1800,6 +1848,7 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
     }
     if (!rc)
         rc = execute_call(ctx, ordinal, c);
+    tdc_checks_name(&sl->checks, tdd_backend_session, c->op);
     call_end(sl);
     return rc;
 }
@@ -2149,6 +2198,7 @@ const tdd_backend tdd_backend_cuda = {
     .supports = cuda_supports,
     .execute = cuda_execute,
     .synchronize = cuda_synchronize,
+    .checks_pending = cuda_checks_pending,
     .session_end = cuda_session_end,
     .alloc_error = cuda_alloc_error,
     .error_message = cuda_error_message,

@@ -1116,6 +1116,17 @@ void prof_write(long k, int d, const char *name, dim3 grid, dim3 block, const pr
     fflush(prof_file);
 }
 
+// Appends a host wait's line to the profile: what waited (cudaStreamSynchronize, ...) on
+// which device, so tests count the synchronisations a request costs.
+void prof_sync(const char *what, int d)
+{
+    if (!prof_on)
+        return;
+    std::lock_guard<std::mutex> g(prof_mu);
+    fprintf(prof_file, "{\"sync\": \"%s\", \"device\": %d}\n", what, d);
+    fflush(prof_file);
+}
+
 // Every kernel load and store (n bytes at p; w: a store). Host code (the launch wrappers
 // in kernels.cu) runs outside any block and is not checked.
 void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_yield = true,
@@ -1437,6 +1448,7 @@ cudaError_t cudaDeviceSynchronize(void)
 {
     if (!valid_dev(cur_dev))
         return fail(cudaErrorInvalidDevice);
+    prof_sync("cudaDeviceSynchronize", cur_dev);
     drain_device(cur_dev, false);
     finish(&st->devs[cur_dev].legacy);
     if (cudaError_t e = sticky(cur_dev))
@@ -1710,6 +1722,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     int d = dev_of(s);
     if (!valid_dev(d))
         return fail(cudaErrorInvalidDevice);
+    prof_sync("cudaStreamSynchronize", d);
     finish(stream_of(s));
     if (cudaError_t e = sticky(d))
         return fail(e);
@@ -1793,6 +1806,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     if (!e)
         return fail(cudaErrorInvalidResourceHandle);
+    prof_sync("cudaEventSynchronize", e->device);
     if (e->recorded && e->stream)
         force(e->stream, e->seq);
     return sticky(e->device);
