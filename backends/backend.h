@@ -24,6 +24,21 @@ typedef struct {
  * work on a stream of its own without every call carrying it. */
 extern _Thread_local uint64_t tdd_backend_session;
 
+/* One optimizer step of a group of parameters in one go (optim.c's update rules, the
+ * backend's fused kernel): SGD (kind 0), Adam (1), AdamW (2). */
+typedef struct {
+    int kind;
+    bool nesterov, maximize, amsgrad;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+} tdd_fused_hyper;
+
+typedef struct {
+    const tdd_tensor *p, *g; /* dense, one dtype */
+    const tdd_tensor *buf[3]; /* the kind's state (NULL where it keeps none), dense */
+    int64_t step;             /* the parameter's step count after this one */
+    unsigned fresh;           /* bit k: buf[k] holds nothing yet */
+} tdd_fused_param;
+
 typedef struct tdd_backend {
     const char *name; /* "ref", "cpu", "cuda" */
     /* Storage is host memory: uploads land and downloads leave directly. */
@@ -71,6 +86,12 @@ typedef struct tdd_backend {
      * for it (a stream) goes. Its storage may live on. A backend that has it orders each
      * session's work itself, so the daemon gives its devices several lanes. */
     void (*session_end)(void *ctx, uint64_t session);
+    /* optional: whether optim_step takes parameters of dtype dt for kind (tdd_fused_hyper). */
+    bool (*optim_fused)(void *ctx, int ordinal, int kind, td_dtype dt);
+    /* optional: one step of n parameters on the device, as the calling session's work
+     * (torch's fused optimizers: one launch per dtype); 0 or a TD_E* code. */
+    int (*optim_step)(void *ctx, int ordinal, const tdd_fused_hyper *h, const tdd_fused_param *ps,
+                      size_t n);
 } tdd_backend;
 
 extern const tdd_backend tdd_backend_ref;

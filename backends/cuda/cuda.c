@@ -37,6 +37,7 @@
 #include "backend.h"
 #include "cublas_abi.h"
 #include "cuda_checks.h"
+#include "cuda_optim.h"
 #include "dtype.h"
 #include "iter.h"
 #include "kernels.h"
@@ -2184,6 +2185,37 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
     return cuda_kernels[c->op].run(dv, c); /* supports() let only the table's ops through */
 }
 
+/* The fused optimizer step (cuda_optim.c) as one call of the session: its tensors wait for
+ * their last users on other slots first. */
+static bool cuda_optim_fused(void *ctx, int ordinal, int kind, td_dtype dt)
+{
+    (void)ctx, (void)ordinal;
+    return tdc_optim_fused(kind, dt);
+}
+
+static int cuda_optim_step(void *ctx, int ordinal, const tdd_fused_hyper *h,
+                           const tdd_fused_param *ps, size_t n)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv)
+        return TD_EINTERNAL;
+    last_err[0] = 0;
+    int rc = dev_failed(dv);
+    if (rc || (rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
+        return rc;
+    cuda_slot *sl = call_begin(dv);
+    for (size_t i = 0; i < n && !rc; i++)
+        for (int k = 0; k < 5 && !rc; k++) {
+            const tdd_tensor *t = k == 0 ? ps[i].p : k == 1 ? ps[i].g : ps[i].buf[k - 2];
+            if (t && t->st)
+                rc = mem_use(dv, sl, t->st->data, t->st->nbytes);
+        }
+    if (!rc)
+        rc = cuda_rc(dv, tdc_optim_group(&sl->kd, h, ps, n), "optimizer step");
+    call_end(sl);
+    return rc;
+}
+
 const tdd_backend tdd_backend_cuda = {
     .name = "cuda",
     .host_memory = false,
@@ -2199,6 +2231,8 @@ const tdd_backend tdd_backend_cuda = {
     .execute = cuda_execute,
     .synchronize = cuda_synchronize,
     .checks_pending = cuda_checks_pending,
+    .optim_fused = cuda_optim_fused,
+    .optim_step = cuda_optim_step,
     .session_end = cuda_session_end,
     .alloc_error = cuda_alloc_error,
     .error_message = cuda_error_message,
