@@ -17,6 +17,7 @@ typedef struct {
     int emu_sms;             /* multiprocessors each reports (0: the emulator's default) */
     uint32_t shm_blocks;     /* host storage blocks in memfds at most (cpu/cpu_shm.h) */
     int cuda_streams;        /* CUDA streams per GPU for sessions (0: the backend's default) */
+    bool cuda_tf32;          /* float32 GEMMs in TF32 (cuBLAS's tensor-op math) */
 } tdd_backend_config;
 
 /* The session whose work this thread issues now (0: none): the daemon sets it around a
@@ -33,7 +34,7 @@ typedef struct {
 } tdd_fused_hyper;
 
 typedef struct {
-    const tdd_tensor *p, *g; /* dense, one dtype */
+    const tdd_tensor *p, *g;  /* dense, one dtype */
     const tdd_tensor *buf[3]; /* the kind's state (NULL where it keeps none), dense */
     int64_t step;             /* the parameter's step count after this one */
     unsigned fresh;           /* bit k: buf[k] holds nothing yet */

@@ -57,6 +57,9 @@ static struct {
     tdd_cublas_sgemm_fn *sgemm;
     tdd_cublas_sgemm_strided_batched_fn *sgemm_strided_batched;
     tdd_cublas_status_string_fn *status_string;
+    tdd_cublas_set_math_mode_fn *set_math_mode;
+    tdd_cublas_gemm_ex_fn *gemm_ex;
+    tdd_cublas_gemm_strided_batched_ex_fn *gemm_strided_batched_ex;
 } blas_api;
 
 #ifndef TDD_CUDA_LIBDIR
@@ -81,6 +84,9 @@ static int blas_load(char *why, size_t why_len)
     blas_api.sgemm = tdc_emu_cublas_sgemm;
     blas_api.sgemm_strided_batched = tdc_emu_cublas_sgemm_strided_batched;
     blas_api.status_string = tdc_emu_cublas_status_string;
+    blas_api.set_math_mode = tdc_emu_cublas_set_math_mode;
+    blas_api.gemm_ex = tdc_emu_cublas_gemm_ex;
+    blas_api.gemm_strided_batched_ex = tdc_emu_cublas_gemm_strided_batched_ex;
     return 0;
 #endif
     static const char *const paths[] = {"libcublas.so.13", TDD_CUDA_LIBDIR "/libcublas.so.13",
@@ -94,7 +100,9 @@ static int blas_load(char *why, size_t why_len)
     if (!BLAS_SYM(create, "cublasCreate_v2") || !BLAS_SYM(destroy, "cublasDestroy_v2") ||
         !BLAS_SYM(set_stream, "cublasSetStream_v2") || !BLAS_SYM(sgemm, "cublasSgemm_v2") ||
         !BLAS_SYM(sgemm_strided_batched, "cublasSgemmStridedBatched") ||
-        !BLAS_SYM(status_string, "cublasGetStatusString")) {
+        !BLAS_SYM(status_string, "cublasGetStatusString") ||
+        !BLAS_SYM(set_math_mode, "cublasSetMathMode") || !BLAS_SYM(gemm_ex, "cublasGemmEx") ||
+        !BLAS_SYM(gemm_strided_batched_ex, "cublasGemmStridedBatchedEx")) {
         snprintf(why, why_len, "cuBLAS lacks a symbol: %s", dlerror());
         dlclose(blas_api.lib);
         blas_api.lib = NULL;
@@ -245,6 +253,7 @@ static int blas_rc(cublasStatus_t s)
 /* ------------------------------------------------------------------ devices */
 
 static int streams_per_device = 8; /* cuda_streams: slots for sessions per device */
+static bool gemm_tf32;             /* cuda_tf32: f32 GEMMs in TF32 (each handle's math mode) */
 
 static void slot_close(cuda_slot *sl)
 {
@@ -276,6 +285,8 @@ static int slot_open(cuda_slot *sl, int sms, char *why, size_t why_len)
         sl->blas = NULL;
     else
         s = blas_api.set_stream(sl->blas, sl->stream);
+    if (s == CUBLAS_STATUS_SUCCESS && gemm_tf32)
+        s = blas_api.set_math_mode(sl->blas, CUBLAS_TF32_TENSOR_OP_MATH);
     if (s != CUBLAS_STATUS_SUCCESS) {
         snprintf(why, why_len, "cuBLAS: %s", blas_api.status_string(s));
         slot_close(sl);
@@ -564,6 +575,7 @@ static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size
 {
     if (cfg && cfg->cuda_streams > 0)
         streams_per_device = cfg->cuda_streams;
+    gemm_tf32 = cfg && cfg->cuda_tf32;
 #ifdef TDC_EMU
     tdc_emu_configure(cfg ? cfg->emu_gpus : 0, cfg ? cfg->emu_gpu_memory : 0);
     tdc_emu_configure_sms(cfg ? cfg->emu_sms : 0);
@@ -1413,7 +1425,7 @@ static bool batch_stride(const tdd_tensor *v, int nb, int64_t *stride)
 }
 
 typedef struct {
-    const float *p;
+    const void *p;
     int64_t bstride;
     cublasOperation_t op;
     int ld;
@@ -1430,7 +1442,7 @@ static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch
         o->p = tdd_data(v);
         return 0;
     }
-    size_t bytes = (size_t)(batch * R * C) * sizeof(float);
+    size_t bytes = (size_t)(batch * R * C) * td_dtype_size(v->dtype);
     cudaError_t e = cudaMallocAsync(tmp, bytes ? bytes : 1, slot_now(dv)->stream);
     if (e)
         return cuda_rc(dv, e, "matmul scratch");
@@ -1479,10 +1491,12 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
     int64_t M = g->i[0], K = g->i[1], N = g->i[2], batch = 1;
     for (int d = 0; d < nb; d++)
         batch *= g->ints[0][d];
-    float *yp = tdd_data(c->out[0]);
+    void *yp = tdd_data(c->out[0]);
+    td_dtype dt = c->out[0]->dtype;
+    size_t es = td_dtype_size(dt);
     if (batch == 0 || M == 0 || N == 0)
         return 0;
-    if (c->out[0]->dtype != TD_F32)
+    if (dt != TD_F32 && !is_half(dt))
         return exec_gemm_naive(dv, c, &a, &b, &y, nb, M, N, K);
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX)
         return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
@@ -1494,13 +1508,12 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {&y, bias};
         tdc_layout l;
         layout_of(&l, y.shape, y.ndim, 2, ts);
-        rc = cuda_rc(dv, tdc_copy(&slot_now(dv)->kd, &l, yp, tdd_data(bias), 4), "linear bias");
+        rc = cuda_rc(dv, tdc_copy(&slot_now(dv)->kd, &l, yp, tdd_data(bias), (int)es),
+                     "linear bias");
         beta = 1.0f;
     } else if (K == 0) {
-        rc = cuda_rc(
-            dv,
-            cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), slot_now(dv)->stream),
-            "matmul");
+        rc = cuda_rc(dv, cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * es, slot_now(dv)->stream),
+                     "matmul");
     }
     if (rc || K == 0)
         return rc;
@@ -1513,7 +1526,17 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         const float one = 1.0f;
         int m = (int)M, n = (int)N, k = (int)K;
         cublasStatus_t s;
-        if (batch == 1)
+        cudaDataType ht = dt == TD_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        if (is_half(dt) && batch == 1) /* f16/bf16 in, f32 sums, rounded once on store */
+            s = blas_api.gemm_ex(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, ht, B.ld, A.p,
+                                 ht, A.ld, &beta, yp, ht, n, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT);
+        else if (is_half(dt))
+            s = blas_api.gemm_strided_batched_ex(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p,
+                                                 ht, B.ld, B.bstride, A.p, ht, A.ld, A.bstride,
+                                                 &beta, yp, ht, n, M * N, (int)batch,
+                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        else if (batch == 1)
             s = blas_api.sgemm(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p, A.ld,
                                &beta, yp, n);
         else
@@ -1712,6 +1735,9 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
         return c->out[0]->dtype; /* the value tensor, converted to the output's dtype */
     if (cuda_kernels[c->op].as_is)
         return t->dtype; /* any dtype as it is */
+    if (is_half(t->dtype) && cuda_kernels[c->op].run == exec_matmul && inputs_are(c, 0, t->dtype) &&
+        c->out[0]->dtype == t->dtype)
+        return t->dtype; /* cublasGemmEx: f16/bf16 operands, f32 sums */
     if (is_half(t->dtype))
         return TD_F32;
     if (tdd_opdefs[c->op].kind == TDD_KIND_REDUCE && !tdd_dtype_is_float(t->dtype)) {

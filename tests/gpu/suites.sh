@@ -30,6 +30,7 @@ GPU_PYTEST=${GPU_PYTEST:-tests/python/test_cuda_ops.py \
     tests/python/test_ops_attention.py tests/python/test_transformer.py \
     tests/python/test_cuda_parallel.py tests/python/test_cuda_streams.py \
     tests/python/test_cuda_checks.py tests/python/test_cuda_fused_optim.py \
+    tests/python/test_cuda_gemm_ex.py \
     tests/python/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
     tests/python/test_memfd.py::test_cuda_memfd $torch_models}
 
