@@ -28,7 +28,7 @@ EMU_RACE_OPS := sum mean var std logsumexp argmax softmax log_softmax cumsum lay
                 scatter_add embedding_bag cross_entropy nll_loss linspace cast
 EMU_RACE_PYTEST := tests/python/test_cuda_streams.py tests/python/test_cuda_devices.py \
                    tests/python/test_cuda_optim.py tests/python/test_cuda_checks.py \
-                   tests/python/test_cuda_fused_optim.py
+                   tests/python/test_cuda_fused_optim.py tests/python/test_cuda_gemm_ex.py
 test-emu: emu
 	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M" \
 	    bash tests/gpu/suites.sh
