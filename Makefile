@@ -127,8 +127,9 @@ BACKEND_SRC += $(filter-out backends/cuda/none.c,$(wildcard backends/cuda/*.c))
 CUDA_CU := $(wildcard backends/cuda/*.cu)
 else ifeq ($(TDD_EMU),1)
 # `make emu` (backends/cuda/emu/emu.mk): the cuda backend on the host compilers' emulator
-BACKEND_SRC += backends/cuda/cuda.c
-EMU_OBJ := $(BUILD)/obj/backends/cuda/kernels.emu.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
+BACKEND_SRC += $(filter-out backends/cuda/none.c,$(wildcard backends/cuda/*.c))
+EMU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.emu.o,$(wildcard backends/cuda/*.cu)) \
+           $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
 else
 BACKEND_SRC += backends/cuda/none.c
 endif

@@ -17,12 +17,28 @@ typedef struct {
     int emu_sms;             /* multiprocessors each reports (0: the emulator's default) */
     uint32_t shm_blocks;     /* host storage blocks in memfds at most (cpu/cpu_shm.h) */
     int cuda_streams;        /* CUDA streams per GPU for sessions (0: the backend's default) */
+    bool cuda_tf32;          /* float32 GEMMs in TF32 (cuBLAS's tensor-op math) */
 } tdd_backend_config;
 
 /* The session whose work this thread issues now (0: none): the daemon sets it around a
  * session's allocations and tasks, so a backend with streams (cuda) can put each session's
  * work on a stream of its own without every call carrying it. */
 extern _Thread_local uint64_t tdd_backend_session;
+
+/* One optimizer step of a group of parameters in one go (optim.c's update rules, the
+ * backend's fused kernel): SGD (kind 0), Adam (1), AdamW (2). */
+typedef struct {
+    int kind;
+    bool nesterov, maximize, amsgrad;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+} tdd_fused_hyper;
+
+typedef struct {
+    const tdd_tensor *p, *g;  /* dense, one dtype */
+    const tdd_tensor *buf[3]; /* the kind's state (NULL where it keeps none), dense */
+    int64_t step;             /* the parameter's step count after this one */
+    unsigned fresh;           /* bit k: buf[k] holds nothing yet */
+} tdd_fused_param;
 
 typedef struct tdd_backend {
     const char *name; /* "ref", "cpu", "cuda" */
@@ -49,8 +65,13 @@ typedef struct tdd_backend {
     int (*supports)(void *ctx, const tdd_opcall *call);
     /* Runs one call on the device's worker thread. */
     int (*execute)(void *ctx, int ordinal, const tdd_opcall *call);
-    /* optional: wait for queued device work */
+    /* optional: wait for the calling session's queued device work (tdd_backend_session);
+     * a value check its kernels refused since the last read is its INVALID_ARGUMENT */
     int (*synchronize)(void *ctx, int ordinal);
+    /* optional: whether session issued work whose value checks (indices in range) are not
+     * read yet; a synchronising request (Sync) then calls synchronize() on the session's
+     * worker first. Any thread; makes nothing. NULL: checks are never deferred. */
+    bool (*checks_pending)(void *ctx, int ordinal, uint64_t session);
     /* optional: after alloc() returned NULL, on the thread that called it: fills err and
      * returns its code -- RESOURCE_EXHAUSTED naming the resource ("cuda:N memory"), the
      * requested and the free bytes, or DEVICE_UNAVAILABLE on a failed device. */
@@ -66,6 +87,12 @@ typedef struct tdd_backend {
      * for it (a stream) goes. Its storage may live on. A backend that has it orders each
      * session's work itself, so the daemon gives its devices several lanes. */
     void (*session_end)(void *ctx, uint64_t session);
+    /* optional: whether optim_step takes parameters of dtype dt for kind (tdd_fused_hyper). */
+    bool (*optim_fused)(void *ctx, int ordinal, int kind, td_dtype dt);
+    /* optional: one step of n parameters on the device, as the calling session's work
+     * (torch's fused optimizers: one launch per dtype); 0 or a TD_E* code. */
+    int (*optim_step)(void *ctx, int ordinal, const tdd_fused_hyper *h, const tdd_fused_param *ps,
+                      size_t n);
 } tdd_backend;
 
 extern const tdd_backend tdd_backend_ref;

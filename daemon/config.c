@@ -96,6 +96,11 @@ static const option_row rows[] = {
      "CUDA streams per GPU for sessions' work: each session issues on a stream of its own "
      "(made at its first use of the GPU, destroyed when it ends), so sessions' kernels may "
      "overlap; sessions beyond N share them round robin"},
+    {"cuda-tf32", NULL, OPT_FLAG, FIELD(cuda_tf32), 0, 0, 1, "off",
+     "float32 GEMMs on cuda (matmul, bmm, linear, conv2d) in TF32 on the tensor cores "
+     "(inputs rounded to 10 mantissa bits, sums in float32), as PyTorch's "
+     "torch.backends.cuda.matmul.allow_tf32; off: full float32. float16 and bfloat16 GEMMs "
+     "always sum in float32"},
     {"log-level", "LEVEL", OPT_LOG, NOFIELD, 0, 0, 0, "info", "error, warn, info or debug"},
     {"log-format", "FORMAT", OPT_LOGFMT, NOFIELD, 0, 0, 0, "text",
      "text or json (one object per line: ts, level, msg, conn, session); with "

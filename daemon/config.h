@@ -26,6 +26,7 @@ typedef struct tdd_config {
     uint64_t emu_gpu_memory;  /* their memory each */
     int emu_sms;              /* their multiprocessors each */
     int cuda_streams;         /* CUDA streams per GPU for sessions; more share them */
+    uint32_t cuda_tf32;       /* float32 GEMMs in TF32 on the tensor cores */
     uint32_t max_msg;         /* largest protobuf request */
     uint64_t max_payload;     /* largest raw payload */
     uint64_t max_graph_bytes; /* a recorded graph's requests, packed */

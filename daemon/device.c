@@ -41,7 +41,8 @@ int tdd_devices_init(const tdd_config *cfg, char *note, size_t note_len)
                              .emu_gpu_memory = cfg->emu_gpu_memory,
                              .emu_sms = cfg->emu_sms,
                              .shm_blocks = cfg->max_memfd_storage,
-                             .cuda_streams = cfg->cuda_streams};
+                             .cuda_streams = cfg->cuda_streams,
+                             .cuda_tf32 = cfg->cuda_tf32 != 0};
     /* every device's caching allocator (pool.h) starts from these */
     tdd_pool_defaults = (tdd_pool_config){.cap = cfg->pool_cap,
                                           .limit = cfg->memory_cap,

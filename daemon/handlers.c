@@ -353,6 +353,7 @@ typedef struct {
     uint64_t req_id;
     bool want_reply;
     int rc;
+    char why[192]; /* what the device said of a failed copy (error_message) */
 } staged;
 
 static staged *staged_new(tdd_session *s, tdd_value *v, size_t nbytes, uint64_t req_id,
@@ -396,6 +397,8 @@ static int staged_to_host(void *arg)
     else
         st->rc = v->dev->be->to_host(v->dev->ctx, v->dev->ordinal, st->host->data, tdd_data(&v->t),
                                      st->host->nbytes);
+    if (st->rc && st->rc != TD_EPOISONED && v->dev->be->error_message)
+        v->dev->be->error_message(v->dev->ctx, v->dev->ordinal, st->rc, st->why, sizeof st->why);
     return st->rc;
 }
 
@@ -411,7 +414,8 @@ static void staged_download_done(void *arg, int rc)
         if (rc == TD_EPOISONED)
             tdd_err_poisoned(&err, st->v);
         else if (rc)
-            tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label, td_strerror(rc));
+            tdd_err_set(&err, rc, "download from %s: %s", st->v->dev->label,
+                        st->why[0] ? st->why : td_strerror(rc));
         if (rc)
             tdd_reply_done(s, st->req_id, true, rc, &err, NULL, false);
         else if (c)
@@ -1090,11 +1094,80 @@ int tdd_h_release(tdd_req *r)
     return TDD_DISPATCH_DONE;
 }
 
+/* A device whose kernels' value checks the session has not read yet (cuda: indices in
+ * range, read at a synchronising point rather than after each kernel): synchronize() on
+ * the session's worker reads them, and a refused one becomes the session's error. */
+typedef struct {
+    tdd_session *s;
+    tdd_device *dev;
+    char why[192];
+} checks_read;
+
+static int checks_read_run(void *arg)
+{
+    checks_read *k = arg;
+    int rc = k->dev->be->synchronize(k->dev->ctx, k->dev->ordinal);
+    if (rc && k->dev->be->error_message)
+        k->dev->be->error_message(k->dev->ctx, k->dev->ordinal, rc, k->why, sizeof k->why);
+    return rc;
+}
+
+static void checks_read_done(void *arg, int rc)
+{
+    checks_read *k = arg;
+    if (rc) {
+        td_error err;
+        tdd_err_set(&err, rc, "%s", k->why[0] ? k->why : td_strerror(rc));
+        tdd_session_fail(k->s, &err);
+    }
+    tdd_session_unref(k->s);
+    free(k);
+}
+
+/* Queues the reads of the devices with unread checks; the number queued. */
+static int checks_read_submit(tdd_session *s)
+{
+    int queued = 0;
+    for (int i = 0; i < tdd_device_count(); i++) {
+        tdd_device *dev = tdd_device_get(i);
+        const tdd_backend *be = dev->be;
+        if (!be->checks_pending || !be->synchronize ||
+            !be->checks_pending(dev->ctx, dev->ordinal, s->id))
+            continue;
+        checks_read *k = calloc(1, sizeof *k);
+        if (!k)
+            continue; /* read by the next download instead */
+        k->s = s;
+        k->dev = dev;
+        tdd_session_ref(s);
+        if (tdd_submit_work(s, dev, checks_read_run, checks_read_done, k)) {
+            tdd_session_unref(s);
+            free(k);
+            continue;
+        }
+        queued++;
+    }
+    return queued;
+}
+
 /* Sync and Goodbye: the generic path waited for the session's queued work and reported
- * its pending error, if any; what is left is the Ok. A client may leave on a failure it
- * has not seen yet: Goodbye tells it first. */
+ * its pending error, if any. A Sync first has the devices read the value checks of the
+ * work it waited for, and answers with what they found; then the Ok. A client may leave
+ * on a failure it has not seen yet: Goodbye tells it first. */
 int tdd_h_sync(tdd_req *r)
 {
+    tdd_session *s = r->c->s;
+    if (s && s->checks_req && s->checks_req == r->req->id) { /* the reads are done */
+        s->checks_req = 0;
+        if (!tdd_report_pending(r))
+            tdd_conn_send_ok(r->c, r->req->id);
+        return TDD_DISPATCH_DONE;
+    }
+    if (s && r->req->body_case == TENSORDD__V1__REQUEST__BODY_SYNC && r->req->id &&
+        checks_read_submit(s) > 0) {
+        s->checks_req = r->req->id;
+        return TDD_DISPATCH_BLOCK;
+    }
     tdd_conn_send_ok(r->c, r->req->id);
     return TDD_DISPATCH_DONE;
 }

@@ -394,14 +394,66 @@ typedef struct {
 typedef struct {
     opt_hyper h;
     tdd_session *s;
+    tdd_device *dev;
     size_t n;
     size_t failed; /* the first item whose update failed (worker side) */
     step_item it[];
 } step_batch;
 
+/* A batch on a device whose memory the loop cannot touch: the backend's fused step, one
+ * call for all of them (poisoned gradients fail their own update, as below). */
+static int batch_run_fused(step_batch *b)
+{
+    tdd_fused_param *ps = calloc(b->n ? b->n : 1, sizeof *ps);
+    if (!ps)
+        return TD_ERESOURCE_EXHAUSTED;
+    int first = 0;
+    size_t m = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const step_item *it = &b->it[i];
+        if (tdd_value_poisoned(it->gv)) {
+            if (!first) {
+                first = TD_EPOISONED;
+                b->failed = i;
+            }
+            continue;
+        }
+        tdd_fused_param *q = &ps[m++];
+        q->p = &it->pv->t;
+        q->g = &it->gv->t;
+        for (int k = 0; k < 3; k++)
+            q->buf[k] = it->bv[k] ? &it->bv[k]->t : NULL;
+        q->step = it->step;
+        q->fresh = it->fresh;
+    }
+    const opt_hyper *h = &b->h;
+    tdd_fused_hyper fh = {.kind = h->kind == OPT_SGD    ? 0
+                                  : h->kind == OPT_ADAM ? 1
+                                                        : 2,
+                          .nesterov = h->nesterov,
+                          .maximize = h->maximize,
+                          .amsgrad = h->amsgrad,
+                          .lr = h->lr,
+                          .momentum = h->momentum,
+                          .dampening = h->dampening,
+                          .weight_decay = h->weight_decay,
+                          .beta1 = h->beta1,
+                          .beta2 = h->beta2,
+                          .eps = h->eps};
+    int rc = m ? b->dev->be->optim_step(b->dev->ctx, b->dev->ordinal, &fh, ps, m) : 0;
+    free(ps);
+    if (rc && !first) {
+        first = rc;
+        b->failed = 0;
+    }
+    return first;
+}
+
 static int batch_run(void *arg)
 {
     step_batch *b = arg;
+    if (!b->dev->be->host_memory)
+        return batch_run_fused(b);
     int first = 0;
     for (size_t i = 0; i < b->n; i++) {
         const step_item *it = &b->it[i];
@@ -619,6 +671,19 @@ static int check_grad(const tdd_value *p, const tdd_value *g, td_error *err)
     return 0;
 }
 
+/* Whether parameter p steps on its device's fused kernel (device memory, a backend that
+ * has one for the kind and dtype, dense parameter and gradient). */
+static bool fused_for(const opt_hyper *h, const tdd_value *p, const tdd_value *g)
+{
+    const tdd_backend *be = p->dev->be;
+    if (h->foreach || !be->optim_step || !be->optim_fused ||
+        (h->kind != OPT_SGD && h->kind != OPT_ADAM && h->kind != OPT_ADAMW))
+        return false;
+    int kind = h->kind == OPT_SGD ? 0 : h->kind == OPT_ADAM ? 1 : 2;
+    return be->optim_fused(p->dev->ctx, p->dev->ordinal, kind, p->t.dtype) &&
+           tdd_is_contiguous(&p->t) && (!g || tdd_is_contiguous(&g->t));
+}
+
 int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_optim *o,
                        tdd_grads *grads, td_error *err)
 {
@@ -627,10 +692,14 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
      * update is queued: a failed step changes no parameter. */
     unsigned kept = tdd_optim_kept(&o->h), alloc = kept;
     /* Every parameter steps the same way: as ops when asked, or when one
-     * lives where the loop cannot loop over it. */
+     * lives where the loop cannot loop over it and its backend has no fused step for it
+     * (the fused step takes the host loop's batches, one backend call per device). */
     bool via_ops = o->h.foreach;
     for (size_t i = 0; i < o->n; i++)
-        via_ops |= !o->ps[i].p->dev->be->host_memory;
+        if (!o->ps[i].p->dev->be->host_memory) {
+            tdd_grad_entry *e = tdd_grads_find(grads, o->ps[i].p);
+            via_ops |= !fused_for(&o->h, o->ps[i].p, e ? e->grad : NULL);
+        }
     if (via_ops)
         alloc = 0; /* the ops make their state as results */
     /* Each parameter's gradient is looked up once (a hash lookup is a cache miss or two
@@ -718,6 +787,7 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
         }
         bat[d]->h = o->h;
         bat[d]->s = s;
+        bat[d]->dev = tdd_device_get(d);
     }
     if (!ok) {
         for (int d = 0; bat && d < ndev; d++)
@@ -765,7 +835,7 @@ int tdd_optim_step_run(tdd_session *s, tdd_ag_session *ag, uint64_t req_id, tdd_
             continue;
         tdd_device *dev = tdd_device_get(d);
         tdd_queue *lane = tdd_device_lane(dev, s->id);
-        bool inline_run = small && tdd_queue_idle(lane);
+        bool inline_run = small && dev->be->host_memory && tdd_queue_idle(lane);
         uint64_t seq = 0;
         if (!inline_run) {
             seq = tdd_queue_next_seq(lane);

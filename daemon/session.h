@@ -85,6 +85,7 @@ typedef struct tdd_session {
     size_t n_reserved;
     uint64_t inflight; /* tasks queued for this session */
     bool has_err;      /* first error since the last synchronising request */
+    uint64_t checks_req; /* the Sync waiting for devices' value checks (tdd_h_sync) */
     td_error err;
     bool grad_enabled;
     uint64_t rng; /* per-session random stream */

@@ -289,7 +289,9 @@ def read_profile(path, start=0):
         for line in f:
             line = line.strip()
             if line:
-                recs.append(json.loads(line))
+                rec = json.loads(line)
+                if "kernel" in rec:  # (host waits have lines of their own: "sync")
+                    recs.append(rec)
     return recs
 
 

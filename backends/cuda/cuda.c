@@ -24,7 +24,8 @@
  * or int64 from elementwise.h; the other kernels are f32, f64 and int64, and via_copies runs
  * them on f16/bf16 (widened to f32, rounded back once), narrower integers and bool (widened),
  * and strided operands of the kernels that want dense ones. Kernels that check values (index
- * and class ranges, integer powers) read a device flag back: INVALID_ARGUMENT, synchronously. */
+ * and class ranges, integer powers) set a flag of their slot's ring (cuda_checks.h), read at
+ * the next download or synchronize: INVALID_ARGUMENT naming the op, then. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -35,6 +36,8 @@
 
 #include "backend.h"
 #include "cublas_abi.h"
+#include "cuda_checks.h"
+#include "cuda_optim.h"
 #include "dtype.h"
 #include "iter.h"
 #include "kernels.h"
@@ -54,6 +57,9 @@ static struct {
     tdd_cublas_sgemm_fn *sgemm;
     tdd_cublas_sgemm_strided_batched_fn *sgemm_strided_batched;
     tdd_cublas_status_string_fn *status_string;
+    tdd_cublas_set_math_mode_fn *set_math_mode;
+    tdd_cublas_gemm_ex_fn *gemm_ex;
+    tdd_cublas_gemm_strided_batched_ex_fn *gemm_strided_batched_ex;
 } blas_api;
 
 #ifndef TDD_CUDA_LIBDIR
@@ -78,6 +84,9 @@ static int blas_load(char *why, size_t why_len)
     blas_api.sgemm = tdc_emu_cublas_sgemm;
     blas_api.sgemm_strided_batched = tdc_emu_cublas_sgemm_strided_batched;
     blas_api.status_string = tdc_emu_cublas_status_string;
+    blas_api.set_math_mode = tdc_emu_cublas_set_math_mode;
+    blas_api.gemm_ex = tdc_emu_cublas_gemm_ex;
+    blas_api.gemm_strided_batched_ex = tdc_emu_cublas_gemm_strided_batched_ex;
     return 0;
 #endif
     static const char *const paths[] = {"libcublas.so.13", TDD_CUDA_LIBDIR "/libcublas.so.13",
@@ -91,7 +100,9 @@ static int blas_load(char *why, size_t why_len)
     if (!BLAS_SYM(create, "cublasCreate_v2") || !BLAS_SYM(destroy, "cublasDestroy_v2") ||
         !BLAS_SYM(set_stream, "cublasSetStream_v2") || !BLAS_SYM(sgemm, "cublasSgemm_v2") ||
         !BLAS_SYM(sgemm_strided_batched, "cublasSgemmStridedBatched") ||
-        !BLAS_SYM(status_string, "cublasGetStatusString")) {
+        !BLAS_SYM(status_string, "cublasGetStatusString") ||
+        !BLAS_SYM(set_math_mode, "cublasSetMathMode") || !BLAS_SYM(gemm_ex, "cublasGemmEx") ||
+        !BLAS_SYM(gemm_strided_batched_ex, "cublasGemmStridedBatchedEx")) {
         snprintf(why, why_len, "cuBLAS lacks a symbol: %s", dlerror());
         dlclose(blas_api.lib);
         blas_api.lib = NULL;
@@ -109,6 +120,7 @@ typedef struct cuda_slot {
     cudaStream_t stream; /* NULL: not made (a session slot nobody uses) */
     cublasHandle_t blas;
     tdc_dev kd;
+    tdc_checks checks;     /* kernels' value checks, read at the next sync (cuda_checks.h) */
     int sessions;          /* sessions issuing on it (session slots); under the device's lock */
     pthread_mutex_t issue; /* the sessions sharing it issue one call at a time */
 } cuda_slot;
@@ -241,11 +253,14 @@ static int blas_rc(cublasStatus_t s)
 /* ------------------------------------------------------------------ devices */
 
 static int streams_per_device = 8; /* cuda_streams: slots for sessions per device */
+static bool gemm_tf32;             /* cuda_tf32: f32 GEMMs in TF32 (each handle's math mode) */
 
 static void slot_close(cuda_slot *sl)
 {
     if (sl->stream)
         (void)cudaStreamSynchronize(sl->stream);
+    if (sl->stream)
+        tdc_checks_close(&sl->checks, &sl->kd, sl->stream);
     if (sl->blas)
         blas_api.destroy(sl->blas);
     if (sl->stream)
@@ -270,6 +285,8 @@ static int slot_open(cuda_slot *sl, int sms, char *why, size_t why_len)
         sl->blas = NULL;
     else
         s = blas_api.set_stream(sl->blas, sl->stream);
+    if (s == CUBLAS_STATUS_SUCCESS && gemm_tf32)
+        s = blas_api.set_math_mode(sl->blas, CUBLAS_TF32_TENSOR_OP_MATH);
     if (s != CUBLAS_STATUS_SUCCESS) {
         snprintf(why, why_len, "cuBLAS: %s", blas_api.status_string(s));
         slot_close(sl);
@@ -277,6 +294,7 @@ static int slot_open(cuda_slot *sl, int sms, char *why, size_t why_len)
     }
     sl->kd.stream = sl->stream;
     sl->kd.sms = sms;
+    tdc_checks_open(&sl->checks, &sl->kd);
     return 0;
 }
 
@@ -504,6 +522,7 @@ static void cuda_session_end(void *ctx, uint64_t session)
             dv->sess[i] = dv->sess[--dv->nsess];
             if (--sl->sessions == 0 && cudaSetDevice(dv->id) == cudaSuccess) {
                 (void)stream_after(dv, sl, &dv->slots[0]);
+                tdc_checks_close(&sl->checks, &sl->kd, dv->slots[0].stream);
                 for (size_t k = 0; k < dv->mem_cap; k++)
                     if (dv->mem[k].base && dv->mem[k].last == sl->idx)
                         dv->mem[k].last = 0;
@@ -556,6 +575,7 @@ static int cuda_init(const tdd_backend_config *cfg, void **ctxp, char *why, size
 {
     if (cfg && cfg->cuda_streams > 0)
         streams_per_device = cfg->cuda_streams;
+    gemm_tf32 = cfg && cfg->cuda_tf32;
 #ifdef TDC_EMU
     tdc_emu_configure(cfg ? cfg->emu_gpus : 0, cfg ? cfg->emu_gpu_memory : 0);
     tdc_emu_configure_sms(cfg ? cfg->emu_sms : 0);
@@ -717,6 +737,20 @@ static void cuda_free(void *ctx, int ordinal, void *p, size_t nbytes)
     pthread_mutex_unlock(&dv->lock);
 }
 
+/* After a read of sl's checks: the calling session's first refused one, as the op itself
+ * answered when its check synchronised. */
+static int checks_refused(cuda_dev *dv, cuda_slot *sl)
+{
+    tdd_op op;
+    if (!tdc_checks_take(&sl->checks, tdd_backend_session, &op))
+        return 0;
+    snprintf(last_err, sizeof last_err,
+             "%s on cuda:%d refused a value (an index or class out of range, or an integer "
+             "power or division it cannot take), found at this synchronising point",
+             op < TDD_OP_COUNT ? tdd_opdefs[op].name : "an op", dv->ord);
+    return TD_EINVALID_ARGUMENT;
+}
+
 static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, size_t n,
                           enum cudaMemcpyKind kind)
 {
@@ -734,10 +768,17 @@ static int cuda_copy_host(void *ctx, int ordinal, void *dst, const void *src, si
     cudaError_t e = cudaSuccess;
     if (!rc)
         e = cudaMemcpyAsync(dst, src, n, kind, sl->stream);
-    if (!rc && !e) /* the host buffer belongs to the caller once we return */
-        e = cudaStreamSynchronize(sl->stream);
+    /* The host buffer belongs to the caller once we return. A download is where the
+     * session learns of its refused value checks; an upload leaves them for it. */
+    if (!rc && !e)
+        e = kind == cudaMemcpyDeviceToHost ? tdc_checks_sync(&sl->checks, sl->stream)
+                                           : cudaStreamSynchronize(sl->stream);
+    if (!rc)
+        rc = cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
+    if (!rc && kind == cudaMemcpyDeviceToHost)
+        rc = checks_refused(dv, sl);
     call_end(sl);
-    return rc ? rc : cuda_rc(dv, e, kind == cudaMemcpyHostToDevice ? "upload" : "download");
+    return rc;
 }
 
 static int cuda_from_host(void *ctx, int ordinal, void *dst, const void *src, size_t n)
@@ -757,12 +798,32 @@ static int cuda_synchronize(void *ctx, int ordinal)
         return TD_EINTERNAL;
     last_err[0] = 0;
     int rc = dev_failed(dv);
-    if (rc)
+    if (rc || (rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
         return rc;
-    cudaError_t e = cudaSetDevice(dv->id);
-    if (!e)
-        e = cudaStreamSynchronize(slot_for(dv, tdd_backend_session)->stream);
-    return cuda_rc(dv, e, "synchronize");
+    cuda_slot *sl = call_begin(dv);
+    rc = cuda_rc(dv, tdc_checks_sync(&sl->checks, sl->stream), "synchronize");
+    if (!rc)
+        rc = checks_refused(dv, sl);
+    call_end(sl);
+    return rc;
+}
+
+/* Whether the session's slot on dv holds value checks not read yet (the daemon's
+ * synchronising requests then synchronize() first). Makes no slot. */
+static bool cuda_checks_pending(void *ctx, int ordinal, uint64_t session)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv || atomic_load(&dv->failed))
+        return false;
+    bool pending = false;
+    pthread_mutex_lock(&dv->lock);
+    for (size_t i = 0; i < dv->nsess; i++)
+        if (dv->sess[i].session == session)
+            pending = tdc_checks_unread(&dv->slots[dv->sess[i].slot].checks);
+    if (!session)
+        pending = tdc_checks_unread(&dv->slots[0].checks);
+    pthread_mutex_unlock(&dv->lock);
+    return pending;
 }
 
 /* ------------------------------------------------------------------ op tables */
@@ -1364,7 +1425,7 @@ static bool batch_stride(const tdd_tensor *v, int nb, int64_t *stride)
 }
 
 typedef struct {
-    const float *p;
+    const void *p;
     int64_t bstride;
     cublasOperation_t op;
     int ld;
@@ -1381,7 +1442,7 @@ static int gemm_prepare(cuda_dev *dv, const tdd_tensor *v, int nb, int64_t batch
         o->p = tdd_data(v);
         return 0;
     }
-    size_t bytes = (size_t)(batch * R * C) * sizeof(float);
+    size_t bytes = (size_t)(batch * R * C) * td_dtype_size(v->dtype);
     cudaError_t e = cudaMallocAsync(tmp, bytes ? bytes : 1, slot_now(dv)->stream);
     if (e)
         return cuda_rc(dv, e, "matmul scratch");
@@ -1430,10 +1491,12 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
     int64_t M = g->i[0], K = g->i[1], N = g->i[2], batch = 1;
     for (int d = 0; d < nb; d++)
         batch *= g->ints[0][d];
-    float *yp = tdd_data(c->out[0]);
+    void *yp = tdd_data(c->out[0]);
+    td_dtype dt = c->out[0]->dtype;
+    size_t es = td_dtype_size(dt);
     if (batch == 0 || M == 0 || N == 0)
         return 0;
-    if (c->out[0]->dtype != TD_F32)
+    if (dt != TD_F32 && !is_half(dt))
         return exec_gemm_naive(dv, c, &a, &b, &y, nb, M, N, K);
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX)
         return TD_EUNSUPPORTED_OP; /* past cuBLAS's 32-bit sizes */
@@ -1445,13 +1508,12 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         const tdd_tensor *ts[2] = {&y, bias};
         tdc_layout l;
         layout_of(&l, y.shape, y.ndim, 2, ts);
-        rc = cuda_rc(dv, tdc_copy(&slot_now(dv)->kd, &l, yp, tdd_data(bias), 4), "linear bias");
+        rc = cuda_rc(dv, tdc_copy(&slot_now(dv)->kd, &l, yp, tdd_data(bias), (int)es),
+                     "linear bias");
         beta = 1.0f;
     } else if (K == 0) {
-        rc = cuda_rc(
-            dv,
-            cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * sizeof(float), slot_now(dv)->stream),
-            "matmul");
+        rc = cuda_rc(dv, cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * es, slot_now(dv)->stream),
+                     "matmul");
     }
     if (rc || K == 0)
         return rc;
@@ -1464,7 +1526,17 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         const float one = 1.0f;
         int m = (int)M, n = (int)N, k = (int)K;
         cublasStatus_t s;
-        if (batch == 1)
+        cudaDataType ht = dt == TD_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        if (is_half(dt) && batch == 1) /* f16/bf16 in, f32 sums, rounded once on store */
+            s = blas_api.gemm_ex(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, ht, B.ld, A.p,
+                                 ht, A.ld, &beta, yp, ht, n, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT);
+        else if (is_half(dt))
+            s = blas_api.gemm_strided_batched_ex(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p,
+                                                 ht, B.ld, B.bstride, A.p, ht, A.ld, A.bstride,
+                                                 &beta, yp, ht, n, M * N, (int)batch,
+                                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        else if (batch == 1)
             s = blas_api.sgemm(slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p, A.ld,
                                &beta, yp, n);
         else
@@ -1663,6 +1735,9 @@ static td_dtype kernel_dtype(const tdd_opcall *c, const tdd_tensor *t, bool out)
         return c->out[0]->dtype; /* the value tensor, converted to the output's dtype */
     if (cuda_kernels[c->op].as_is)
         return t->dtype; /* any dtype as it is */
+    if (is_half(t->dtype) && cuda_kernels[c->op].run == exec_matmul && inputs_are(c, 0, t->dtype) &&
+        c->out[0]->dtype == t->dtype)
+        return t->dtype; /* cublasGemmEx: f16/bf16 operands, f32 sums */
     if (is_half(t->dtype))
         return TD_F32;
     if (tdd_opdefs[c->op].kind == TDD_KIND_REDUCE && !tdd_dtype_is_float(t->dtype)) {
@@ -1800,6 +1875,7 @@ static int cuda_execute(void *ctx, int ordinal, const tdd_opcall *c)
     }
     if (!rc)
         rc = execute_call(ctx, ordinal, c);
+    tdc_checks_name(&sl->checks, tdd_backend_session, c->op);
     call_end(sl);
     return rc;
 }
@@ -2135,6 +2211,37 @@ static int execute_op(cuda_dev *dv, const tdd_opcall *c)
     return cuda_kernels[c->op].run(dv, c); /* supports() let only the table's ops through */
 }
 
+/* The fused optimizer step (cuda_optim.c) as one call of the session: its tensors wait for
+ * their last users on other slots first. */
+static bool cuda_optim_fused(void *ctx, int ordinal, int kind, td_dtype dt)
+{
+    (void)ctx, (void)ordinal;
+    return tdc_optim_fused(kind, dt);
+}
+
+static int cuda_optim_step(void *ctx, int ordinal, const tdd_fused_hyper *h,
+                           const tdd_fused_param *ps, size_t n)
+{
+    cuda_dev *dv = dev_of(ctx, ordinal);
+    if (!dv)
+        return TD_EINTERNAL;
+    last_err[0] = 0;
+    int rc = dev_failed(dv);
+    if (rc || (rc = cuda_rc(dv, cudaSetDevice(dv->id), "cudaSetDevice")))
+        return rc;
+    cuda_slot *sl = call_begin(dv);
+    for (size_t i = 0; i < n && !rc; i++)
+        for (int k = 0; k < 5 && !rc; k++) {
+            const tdd_tensor *t = k == 0 ? ps[i].p : k == 1 ? ps[i].g : ps[i].buf[k - 2];
+            if (t && t->st)
+                rc = mem_use(dv, sl, t->st->data, t->st->nbytes);
+        }
+    if (!rc)
+        rc = cuda_rc(dv, tdc_optim_group(&sl->kd, h, ps, n), "optimizer step");
+    call_end(sl);
+    return rc;
+}
+
 const tdd_backend tdd_backend_cuda = {
     .name = "cuda",
     .host_memory = false,
@@ -2149,6 +2256,9 @@ const tdd_backend tdd_backend_cuda = {
     .supports = cuda_supports,
     .execute = cuda_execute,
     .synchronize = cuda_synchronize,
+    .checks_pending = cuda_checks_pending,
+    .optim_fused = cuda_optim_fused,
+    .optim_step = cuda_optim_step,
     .session_end = cuda_session_end,
     .alloc_error = cuda_alloc_error,
     .error_message = cuda_error_message,

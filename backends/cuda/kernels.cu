@@ -2031,9 +2031,12 @@ extern "C" cudaError_t tdc_rows(const tdc_dev *d, tdc_rowop op, const tdc_rows_l
     }
 }
 
-// An error flag in device memory for kernels that check values (indices, integer powers):
-// zeroed on the stream, read back after the kernel (this synchronises the stream, as a
-// PyTorch index check would if it were typed rather than a device assert).
+// An error flag in device memory for kernels that check values (indices, integer powers).
+// Where the slot keeps a ring of them (tdc_dev's flags, cuda_checks.h) the kernel takes the
+// next entry and nothing waits: the ring is read at the next synchronising point. Without
+// one, or with the ring full, a fresh flag is zeroed on the stream and read back after the
+// kernel (this synchronises the stream, as a PyTorch index check would if it were typed
+// rather than a device assert).
 static cudaError_t flag_new(const tdc_dev *d, int **flag)
 {
     cudaError_t e = cudaMallocAsync((void **)flag, sizeof(int), d->stream);
@@ -2054,13 +2057,25 @@ static cudaError_t flag_read(const tdc_dev *d, int *flag, cudaError_t e, int *ba
     return e != cudaSuccess ? e : f;
 }
 
-// n items of work (none: nothing runs) whose kernels set a fresh error flag: launch(flag)
-// issues them and returns its error; *bad says whether the flag was set.
+// n items of work (none: nothing runs) whose kernels set an error flag: launch(flag)
+// issues them and returns its error; *bad says whether a synchronous flag was set.
 template <typename F> static cudaError_t with_flag(const tdc_dev *d, int64_t n, int *bad, F launch)
 {
     *bad = 0;
     if (n == 0)
         return cudaSuccess;
+    if (d->flags && !*d->flags && d->flags_cap > 0) { // the slot's first check: its ring
+        size_t bytes = sizeof(int) * (size_t)d->flags_cap;
+        if (cudaMallocAsync((void **)d->flags, bytes, d->stream) != cudaSuccess ||
+            cudaMemsetAsync(*d->flags, 0, bytes, d->stream) != cudaSuccess) {
+            if (*d->flags)
+                (void)cudaFreeAsync(*d->flags, d->stream);
+            *d->flags = nullptr;
+            (void)cudaGetLastError(); // no ring: this check and the next synchronise
+        }
+    }
+    if (d->flags && *d->flags && *d->flags_taken < d->flags_cap)
+        return launch(*d->flags + (*d->flags_taken)++);
     int *flag = nullptr;
     cudaError_t e = flag_new(d, &flag);
     if (e != cudaSuccess)

@@ -36,6 +36,12 @@ extern "C" {
 typedef struct {
     cudaStream_t stream;
     int sms; /* multiprocessors: sizes grid-stride launches */
+    /* Value checks read at the next synchronising point (cuda_checks.h): kernels that check
+     * values set (*flags)[*flags_taken] (then advanced), the ring made on the stream at the
+     * first such kernel. flags NULL, the ring full or not made: they synchronise. */
+    int **flags;
+    int *flags_taken;
+    int flags_cap;
 } tdc_dev;
 
 /* Up to TDC_MAX_OPS operands walked together over one shape in C order; operand 0 is
@@ -68,8 +74,8 @@ typedef struct {
     double f[2];  /* binary: other (scalar form), alpha; unary: p0, p1 */
     int64_t n[2]; /* the same as exact integers (clamp's lo, hi) */
 } tdc_ewargs;
-/* *bad: set when an integer expression refused a value (negative power, division by zero);
- * such ops synchronise the stream to read it back. */
+/* *bad: set when an integer expression refused a value (negative power, division by zero),
+ * when the check ran synchronously (see tdc_dev's flags). */
 cudaError_t tdc_ew(const tdc_dev *d, tdd_op op, const tdc_layout *l, void *y, const void *a,
                    const void *b, const tdc_ewargs *g, int *bad);
 /* where(cond, a, b) and masked_fill(x, mask) on elsize-byte elements of one dtype: operands

@@ -42,7 +42,9 @@
  *                            PATH: global bytes read and written, 32-byte sectors per warp
  *                            request against the fewest possible (coalescing), the launch's
  *                            distinct bytes, shared-memory bank wavefronts, FLOPs
- *                            (runtime.cpp's profile section; tools/gpu_report.py reads it) */
+ *                            (runtime.cpp's profile section; tools/gpu_report.py reads it);
+ *                            and one line per host wait ({"sync": "cudaStreamSynchronize",
+ *                            "device": N}), counted by the tests of deferred value checks */
 #ifndef TDC_EMU_H
 #define TDC_EMU_H
 

@@ -27,7 +27,8 @@ emu:
 EMU_RACE_OPS := sum mean var std logsumexp argmax softmax log_softmax cumsum layer_norm \
                 scatter_add embedding_bag cross_entropy nll_loss linspace cast
 EMU_RACE_PYTEST := tests/python/gpu/test_cuda_streams.py tests/python/gpu/test_cuda_devices.py \
-                   tests/python/gpu/test_cuda_optim.py \
+                   tests/python/gpu/test_cuda_optim.py tests/python/gpu/test_cuda_checks.py \
+                   tests/python/gpu/test_cuda_fused_optim.py tests/python/gpu/test_cuda_gemm_ex.py \
                    tests/python/ops/test_embedding_bag.py::test_embedding_bag_matches_torch
 test-emu: emu
 	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M" \
@@ -49,6 +50,12 @@ EMU_CXXFLAGS := -std=c++17 $(OPT) -fPIC -pthread -Wall -Wextra -Werror -DTDC_EMU
 EMU_INSTRUMENT := -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
 
 $(BUILD)/obj/backends/cuda/kernels.emu.o: $(EMU_KERNELS)
+	@mkdir -p $(dir $@)
+	@echo "  CXX      $< (emulated)"
+	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -MMD -MP -c $< -o $@
+
+# The other device code (fused_optim.cu), built and instrumented as kernels.cu is.
+$(BUILD)/obj/backends/cuda/%.emu.o: backends/cuda/%.cu
 	@mkdir -p $(dir $@)
 	@echo "  CXX      $< (emulated)"
 	$(Q)$(CXX) -x c++ $(EMU_CXXFLAGS) $(EMU_INSTRUMENT) -MMD -MP -c $< -o $@

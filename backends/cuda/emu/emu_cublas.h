@@ -15,6 +15,9 @@ tdd_cublas_set_stream_fn tdc_emu_cublas_set_stream;
 tdd_cublas_sgemm_fn tdc_emu_cublas_sgemm;
 tdd_cublas_sgemm_strided_batched_fn tdc_emu_cublas_sgemm_strided_batched;
 tdd_cublas_status_string_fn tdc_emu_cublas_status_string;
+tdd_cublas_set_math_mode_fn tdc_emu_cublas_set_math_mode;
+tdd_cublas_gemm_ex_fn tdc_emu_cublas_gemm_ex;
+tdd_cublas_gemm_strided_batched_ex_fn tdc_emu_cublas_gemm_strided_batched_ex;
 #ifdef __cplusplus
 }
 #endif

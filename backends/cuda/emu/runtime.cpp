@@ -1116,6 +1116,17 @@ void prof_write(long k, int d, const char *name, dim3 grid, dim3 block, const pr
     fflush(prof_file);
 }
 
+// Appends a host wait's line to the profile: what waited (cudaStreamSynchronize, ...) on
+// which device, so tests count the synchronisations a request costs.
+void prof_sync(const char *what, int d)
+{
+    if (!prof_on)
+        return;
+    std::lock_guard<std::mutex> g(prof_mu);
+    fprintf(prof_file, "{\"sync\": \"%s\", \"device\": %d}\n", what, d);
+    fflush(prof_file);
+}
+
 // Every kernel load and store (n bytes at p; w: a store). Host code (the launch wrappers
 // in kernels.cu) runs outside any block and is not checked.
 void mem_access(const void *p, size_t n, bool w, bool atomic = false, bool may_yield = true,
@@ -1437,6 +1448,7 @@ cudaError_t cudaDeviceSynchronize(void)
 {
     if (!valid_dev(cur_dev))
         return fail(cudaErrorInvalidDevice);
+    prof_sync("cudaDeviceSynchronize", cur_dev);
     drain_device(cur_dev, false);
     finish(&st->devs[cur_dev].legacy);
     if (cudaError_t e = sticky(cur_dev))
@@ -1710,6 +1722,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     int d = dev_of(s);
     if (!valid_dev(d))
         return fail(cudaErrorInvalidDevice);
+    prof_sync("cudaStreamSynchronize", d);
     finish(stream_of(s));
     if (cudaError_t e = sticky(d))
         return fail(e);
@@ -1793,6 +1806,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     if (!e)
         return fail(cudaErrorInvalidResourceHandle);
+    prof_sync("cudaEventSynchronize", e->device);
     if (e->recorded && e->stream)
         force(e->stream, e->seq);
     return sticky(e->device);
@@ -1827,13 +1841,14 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 struct cublasContext {
     int device;
     cudaStream_t stream;
+    bool tf32; // cublasSetMathMode(CUBLAS_TF32_TENSOR_OP_MATH): float GEMMs in TF32
 };
 
 cublasStatus_t tdc_emu_cublas_create(cublasHandle_t *h)
 {
     if (!valid_dev(cur_dev))
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    *h = new cublasContext{cur_dev, nullptr};
+    *h = new cublasContext{cur_dev, nullptr, false};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1848,6 +1863,16 @@ cublasStatus_t tdc_emu_cublas_set_stream(cublasHandle_t h, cudaStream_t s)
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
     h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t tdc_emu_cublas_set_math_mode(cublasHandle_t h, cublasMath_t mode)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode != CUBLAS_DEFAULT_MATH && mode != CUBLAS_TF32_TENSOR_OP_MATH)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    h->tf32 = mode == CUBLAS_TF32_TENSOR_OP_MATH;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1881,8 +1906,9 @@ size_t span(int rows, int cols, int ld)
 
 // cuBLAS's argument checks, and every operand in device memory.
 cublasStatus_t gemm_check(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                          int n, int k, const float *a, int lda, long long sa, const float *b,
-                          int ldb, long long sb, float *c, int ldc, long long sc, int batch)
+                          int n, int k, const void *a, int lda, long long sa, const void *b,
+                          int ldb, long long sb, const void *c, int ldc, long long sc, int batch,
+                          size_t ea = 4, size_t eb = 4, size_t ec = 4)
 {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
@@ -1893,9 +1919,9 @@ cublasStatus_t gemm_check(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
         return CUBLAS_STATUS_INVALID_VALUE;
     for (int i = 0; i < (batch > 0 ? 1 : 0) + (batch > 1 ? 1 : 0); i++) {
         long long at = i ? (long long)(batch - 1) : 0; // the first and last matrices
-        if (!is_device(a + at * sa, span(ar, ac, lda) * sizeof(float)) ||
-            !is_device(b + at * sb, span(br, bc, ldb) * sizeof(float)) ||
-            !is_device(c + at * sc, span(m, n, ldc) * sizeof(float))) {
+        if (!is_device((const char *)a + at * sa * (long long)ea, span(ar, ac, lda) * ea) ||
+            !is_device((const char *)b + at * sb * (long long)eb, span(br, bc, ldb) * eb) ||
+            !is_device((const char *)c + at * sc * (long long)ec, span(m, n, ldc) * ec)) {
             fprintf(stderr, "cuda emulator: cuBLAS GEMM operand outside device memory\n");
             return CUBLAS_STATUS_EXECUTION_FAILED;
         }
@@ -1906,6 +1932,119 @@ cublasStatus_t gemm_check(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
 CBLAS_TRANSPOSE tr(cublasOperation_t o)
 {
     return o == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+}
+
+// Element sizes and conversions of the types GemmEx takes (f16 and bf16 rounded to
+// nearest even, as the tensor cores' epilogue rounds).
+size_t type_size(cudaDataType t)
+{
+    return t == CUDA_R_32F ? 4 : t == CUDA_R_16F || t == CUDA_R_16BF ? 2 : 0;
+}
+
+float load_as_float(const void *p, size_t i, cudaDataType t)
+{
+    if (t == CUDA_R_32F)
+        return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    uint32_t b;
+    if (t == CUDA_R_16BF) {
+        b = (uint32_t)h << 16;
+    } else {
+        uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+        if (e == 0) {
+            float v = (float)m * (1.0f / 16777216.0f);
+            return s ? -v : v;
+        }
+        b = e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+void store_from_float(void *p, size_t i, cudaDataType t, float f)
+{
+    if (t == CUDA_R_32F) {
+        ((float *)p)[i] = f;
+        return;
+    }
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t out;
+    if (t == CUDA_R_16BF) {
+        if ((x & 0x7fffffffu) > 0x7f800000u)
+            out = (uint16_t)((x >> 16) | 0x40u);
+        else
+            out = (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    } else {
+        uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu, h;
+        if (ax >= 0x7f800000u) {
+            h = ax > 0x7f800000u ? 0x7e00u : 0x7c00u;
+        } else if (ax >= 0x477ff000u) {
+            h = 0x7c00u;
+        } else if (ax < 0x38800000u) {
+            float a;
+            memcpy(&a, &ax, sizeof a);
+            h = (uint32_t)lrintf(a * 16777216.0f);
+        } else {
+            uint32_t mm = ax & 0x7fffffu, rest = mm & 0x1fffu;
+            h = (((ax >> 23) - 112u) << 10) | (mm >> 13);
+            if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+                h++;
+        }
+        out = (uint16_t)(sign | h);
+    }
+    ((uint16_t *)p)[i] = out;
+}
+
+// TF32 as the tensor cores take a float: 10 mantissa bits, to nearest, ties away from zero.
+float to_tf32(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7f800000u) != 0x7f800000u) { // finite
+        x += 0x1000u;
+        x &= 0xffffe000u;
+    }
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+// A column-major rows x cols operand (leading dimension ld) of type t as dense floats (the
+// transpose flag still applies; ld becomes rows), TF32-rounded when asked.
+std::vector<float> widen(const void *p, cudaDataType t, int rows, int cols, int ld, bool tf32)
+{
+    std::vector<float> w((size_t)rows * (size_t)cols);
+    for (int j = 0; j < cols; j++)
+        for (int i = 0; i < rows; i++) {
+            float v = load_as_float(p, (size_t)j * (size_t)ld + (size_t)i, t);
+            w[(size_t)j * (size_t)rows + (size_t)i] = tf32 ? to_tf32(v) : v;
+        }
+    return w;
+}
+
+// One GEMM of any of the types, accumulated in float (OpenBLAS's sgemm) and stored once.
+void gemm_one(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float al,
+              const void *a, cudaDataType at, int lda, const void *b, cudaDataType bt, int ldb,
+              float be, void *c, cudaDataType ct, int ldc, bool tf32)
+{
+    int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+    int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+    if (at == CUDA_R_32F && bt == CUDA_R_32F && ct == CUDA_R_32F && !tf32) {
+        cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, (const float *)a, lda,
+                    (const float *)b, ldb, be, (float *)c, ldc);
+        return;
+    }
+    std::vector<float> wa = widen(a, at, ar, ac, lda, tf32), wb = widen(b, bt, br, bc, ldb, tf32),
+                       wc((size_t)m * (size_t)n, 0.0f);
+    if (be != 0.0f)
+        wc = widen(c, ct, m, n, ldc, false);
+    cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, wa.data(), ar > 0 ? ar : 1, wb.data(),
+                br > 0 ? br : 1, be, wc.data(), m > 0 ? m : 1);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++)
+            store_from_float(c, (size_t)j * (size_t)ldc + (size_t)i, ct,
+                             wc[(size_t)j * (size_t)m + (size_t)i]);
 }
 } // namespace
 
@@ -1935,8 +2074,8 @@ tdc_emu_cublas_sgemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cub
             return;
         }
         for (int i = 0; i < batch; i++)
-            cblas_sgemm(CblasColMajor, tr(ta), tr(tb), m, n, k, al, a + i * sa, lda, b + i * sb,
-                        ldb, be, c + i * sc, ldc);
+            gemm_one(ta, tb, m, n, k, al, a + i * sa, CUDA_R_32F, lda, b + i * sb, CUDA_R_32F, ldb,
+                     be, c + i * sc, CUDA_R_32F, ldc, h->tf32);
         for (int i = 0; i < batch; i++)
             mark_init(c + i * sc, span(m, n, ldc) * sizeof(float));
         if (prof_on) { // cuBLAS's traffic taken as the least its operands need
@@ -1950,10 +2089,78 @@ tdc_emu_cublas_sgemm_strided_batched(cublasHandle_t h, cublasOperation_t ta, cub
             p.sectors[0] = p.ideal[0] = (rd + 31) / 32;
             p.sectors[1] = p.ideal[1] = (wr + 31) / 32;
             p.flops = (uint64_t)batch * (uint64_t)m * n * (2 * (uint64_t)k + (be != 0.0f));
-            prof_write(0, d, "cublasSgemm", dim3(), dim3(), p);
+            prof_write(0, d, h->tf32 ? "cublasSgemm (TF32)" : "cublasSgemm", dim3(), dim3(), p);
         }
     });
     return CUBLAS_STATUS_SUCCESS;
+}
+
+// GemmEx: f32, f16 and bf16 operands (A and B of one type), C of A's type or f32, computed
+// in f32 (CUBLAS_COMPUTE_32F; _FAST_TF32 rounds the inputs to TF32 first, as does a handle
+// in TF32 math mode for f32 operands).
+extern "C" cublasStatus_t tdc_emu_cublas_gemm_strided_batched_ex(
+    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+    const void *alpha, const void *a, cudaDataType at, int lda, long long sa, const void *b,
+    cudaDataType bt, int ldb, long long sb, const void *beta, void *c, cudaDataType ct, int ldc,
+    long long sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo)
+{
+    init_once();
+    (void)algo;
+    size_t ea = type_size(at), eb = type_size(bt), ec = type_size(ct);
+    if (!ea || at != bt || (ct != at && ct != CUDA_R_32F) ||
+        (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_FAST_TF32))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasStatus_t s =
+        gemm_check(h, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch, ea, eb, ec);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return s;
+    if (sticky(h->device))
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    tdc_emu_stream *ts = h->stream ? h->stream : &st->devs[h->device].legacy;
+    float al = *(const float *)alpha, be = *(const float *)beta;
+    bool tf32 = at == CUDA_R_32F && (compute == CUBLAS_COMPUTE_32F_FAST_TF32 || h->tf32);
+    int d = h->device;
+    submit(ts, [=] {
+        if (sticky(d))
+            return;
+        if (gemm_check(h, ta, tb, m, n, k, a, lda, sa, b, ldb, sb, c, ldc, sc, batch, ea, eb, ec) !=
+            CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cuda emulator: deferred cuBLAS GEMM on freed memory\n");
+            st->devs[d].sticky = cudaErrorIllegalAddress;
+            return;
+        }
+        for (int i = 0; i < batch; i++)
+            gemm_one(ta, tb, m, n, k, al, (const char *)a + i * sa * (long long)ea, at, lda,
+                     (const char *)b + i * sb * (long long)eb, bt, ldb, be,
+                     (char *)c + i * sc * (long long)ec, ct, ldc, tf32);
+        for (int i = 0; i < batch; i++)
+            mark_init((char *)c + i * sc * (long long)ec, span(m, n, ldc) * ec);
+        if (prof_on) {
+            prof_launch p;
+            uint64_t bt_ = (uint64_t)batch,
+                     rd = bt_ * ((uint64_t)m * k * ea + (uint64_t)k * n * eb),
+                     wr = bt_ * (uint64_t)m * n * ec;
+            if (be != 0.0f)
+                rd += wr;
+            p.bytes[0] = p.uniq[0] = rd;
+            p.bytes[1] = p.uniq[1] = wr;
+            p.sectors[0] = p.ideal[0] = (rd + 31) / 32;
+            p.sectors[1] = p.ideal[1] = (wr + 31) / 32;
+            p.flops = bt_ * (uint64_t)m * n * (2 * (uint64_t)k + (be != 0.0f));
+            prof_write(0, d, tf32 ? "cublasGemmEx (TF32)" : "cublasGemmEx", dim3(), dim3(), p);
+        }
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t
+tdc_emu_cublas_gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                       int k, const void *alpha, const void *a, cudaDataType at, int lda,
+                       const void *b, cudaDataType bt, int ldb, const void *beta, void *c,
+                       cudaDataType ct, int ldc, cublasComputeType_t compute, cublasGemmAlgo_t algo)
+{
+    return tdc_emu_cublas_gemm_strided_batched_ex(h, ta, tb, m, n, k, alpha, a, at, lda, 0, b, bt,
+                                                  ldb, 0, beta, c, ct, ldc, 0, 1, compute, algo);
 }
 
 extern "C" cublasStatus_t tdc_emu_cublas_sgemm(cublasHandle_t h, cublasOperation_t ta,
