@@ -1,0 +1,152 @@
+/* session_req.c -- a session's own requests: Hello (the token, the version, a resumed
+ * session), Sync and Goodbye (rows of dispatch.c's table). */
+#include <stdio.h>
+#include <string.h>
+
+#include "handlers.h"
+#include "log.h"
+#include "resume.h"
+#include "stats.h"
+#include "tls.h"
+#include "utf8.h"
+
+typedef Tensordd__V1__Request Request;
+
+static char server_note[256];
+
+void tdd_hello_set_note(const char *note)
+{
+    snprintf(server_note, sizeof server_note, "%s", note);
+}
+
+/* ---------------------------------------------------------------- hello */
+
+/* Compares the offered token with the configured one in time that depends only
+ * on the configured length, so the comparison leaks nothing about the token. */
+static bool token_matches(const char *offered)
+{
+    size_t n = offered ? strlen(offered) : 0;
+    unsigned diff = (unsigned)(n ^ tdd_cfg.token_len);
+    for (size_t i = 0; i < tdd_cfg.token_len; i++)
+        diff |= (unsigned)(uint8_t)(i < n ? offered[i] : 0) ^ (uint8_t)tdd_cfg.token[i];
+    return diff == 0;
+}
+
+int tdd_h_hello(tdd_req *r)
+{
+    tdd_conn *c = r->c;
+    Request *req = r->req;
+    Tensordd__V1__Hello *h = req->hello;
+    td_error err;
+    if (c->hello_done) {
+        tdd_err_set(&err, TD_EPROTOCOL_ERROR, "Hello sent twice");
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (h->min_version > TD_PROTOCOL_VERSION || h->max_version < TD_PROTOCOL_VERSION) {
+        tdd_err_set(&err, TD_EVERSION_MISMATCH,
+                    "client speaks protocol %u..%u, this daemon speaks %u..%u", h->min_version,
+                    h->max_version, TD_PROTOCOL_VERSION, TD_PROTOCOL_VERSION);
+        err.detail_kind = TD_DETAIL_VERSION;
+        err.detail.version.server_min = TD_PROTOCOL_VERSION;
+        err.detail.version.server_max = TD_PROTOCOL_VERSION;
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (tdd_cfg.token_len && !token_matches(h->token)) {
+        tdd_err_set(&err, TD_EUNAUTHENTICATED, "this daemon requires a valid token in Hello");
+        char name[64];
+        td_utf8_copy(name, sizeof name, h->client_name);
+        tdd_stats.auth_failures++;
+        tdd_info("connection %llu: authentication failed (bad or missing token): peer %s, "
+                 "client '%s'; closing it",
+                 (unsigned long long)c->s->id, c->s->peer, name);
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    /* Resume: the session the token names replaces the one made for this connection,
+     * under the same TLS client certificate (its fingerprint: the token was checked above,
+     * as for any Hello). */
+    const char *identity = c->tls ? tdd_tls_peer_id(c->tls) : "";
+    tdd_session *held = NULL;
+    if (h->resume_token.len) {
+        held = tdd_resume_take(h->resume_token.data, h->resume_token.len, identity, tdd_conn_drop,
+                               &err);
+        if (!held) {
+            tdd_info("connection %llu: resume refused (%s)", (unsigned long long)c->s->id,
+                     err.message);
+            tdd_answer_error(r, &err);
+            return TDD_DISPATCH_CLOSE;
+        }
+    }
+    if (tdd_conn_admit(c, &err)) { /* (a resume frees the held slot it takes first) */
+        if (held) {
+            tdd_resume_release(held);
+            tdd_session_close(held);
+        }
+        tdd_answer_error(r, &err);
+        return TDD_DISPATCH_CLOSE;
+    }
+    if (held) {
+        snprintf(held->peer, sizeof held->peer, "%s", c->s->peer);
+        tdd_session_close(c->s);
+        c->s = held;
+        held->conn = c;
+        tdd_log_set_ctx((tdd_log_ctx){held->id, held->id}, NULL);
+        tdd_info("session %llu resumed: peer %s, client '%s', last request applied %llu",
+                 (unsigned long long)held->id, held->peer, held->client_name,
+                 (unsigned long long)held->resume->last_applied);
+    } else {
+        /* Echoed to every client in Stats: valid UTF-8, cut on a character. */
+        td_utf8_copy(c->s->client_name, sizeof c->s->client_name, h->client_name);
+        tdd_stats.sessions_opened++;
+        tdd_log_set_ctx((tdd_log_ctx){c->s->id, c->s->id}, NULL); /* a session from here on */
+        tdd_info("session %llu opened: peer %s, client '%s'", (unsigned long long)c->s->id,
+                 c->s->peer, c->s->client_name);
+        tdd_resume_enable(c->s, h->resume_window, identity);
+    }
+    /* Newer forms a client may use with this daemon (docs/protocol.md, section 7). */
+    static char *features[] = {
+        (char *)"pipelined_steps", /* Backward.pipelined, OptimizerStep.pipelined */
+        (char *)"memfd",           /* Upload.payload_fd, Download.as_fd (Unix sockets) */
+        (char *)"transfer",        /* TransferAccept, TransferSend, TransferPush */
+        (char *)"create_graph",    /* Backward.create_graph and Backward.inputs */
+    };
+    Tensordd__V1__HelloReply hr = TENSORDD__V1__HELLO_REPLY__INIT;
+    hr.version = TD_PROTOCOL_VERSION;
+    hr.n_features = sizeof features / sizeof features[0];
+    hr.features = features;
+    hr.server = (char *)"tensordd " TDD_VERSION;
+    hr.session_id = c->s->id;
+    hr.note = server_note;
+    if (c->s->resume) {
+        hr.resume_token.data = c->s->resume->token;
+        hr.resume_token.len = sizeof c->s->resume->token;
+        hr.resume_window = c->s->resume->window_s;
+        hr.resumed = held != NULL;
+        hr.last_applied = c->s->resume->last_applied;
+    }
+    Tensordd__V1__Response resp = TENSORDD__V1__RESPONSE__INIT;
+    resp.id = req->id;
+    resp.body_case = TENSORDD__V1__RESPONSE__BODY_HELLO;
+    resp.hello = &hr;
+    tdd_conn_send(c, &resp, NULL, 0, NULL);
+    if (held) /* the answer the client missed, the request the old connection waited on */
+        tdd_resume_attach(c, h->last_received);
+    return TDD_DISPATCH_DONE;
+}
+
+/* Sync and Goodbye: the generic path waited for the session's queued work and reported
+ * its pending error, if any; what is left is the Ok. A client may leave on a failure it
+ * has not seen yet: Goodbye tells it first. */
+int tdd_h_sync(tdd_req *r)
+{
+    tdd_conn_send_ok(r->c, r->req->id);
+    return TDD_DISPATCH_DONE;
+}
+
+int tdd_h_goodbye(tdd_req *r)
+{
+    tdd_conn_send_ok(r->c, r->req->id);
+    return TDD_DISPATCH_CLOSE;
+}
