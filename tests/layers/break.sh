@@ -123,6 +123,13 @@ rm "$scratch/obj/backends/ops_args.o" # a hard link to the real object: never wr
 expect_fail "backends/ops_args.c calling tdd_op_prepare (backends/ops.c), which calls it" \
     "a circle across layers: .*backends/ops.c (backends/rules).*backends/ops_args.c (backends/kits)"
 
+# 12. An upward include inside the backends: the rules' helpers including the header of
+# the rule families above them.
+fresh
+sed -i 's|#include "ops_args.h"|#include "ops_impl.h"|' "$scratch/src/backends/ops_args.c"
+expect_fail "backends/ops_args.c including backends/ops_impl.h" \
+    "backends/ops_args.c:[0-9]* (backends/kits) includes backends/ops_impl.h"
+
 if ((fails)); then
     echo "layers-break: $fails break(s) not caught" >&2
     exit 1
