@@ -589,7 +589,7 @@ static int prep_reduce(tdd_prep *p)
 
 /* ------------------------------------------------------------------ schema check */
 
-/* Whether an attribute of kind k is read by the reader of type t (ops_impl.h's readers). */
+/* Whether an attribute of kind k is read by the reader of type t (ops_args.h's readers). */
 static bool type_accepts(tdd_attrtype t, const td_attr *a)
 {
     switch (t) {

@@ -40,7 +40,7 @@
  * Attributes: each op's, with type, default and bounds, are data in tdd_op_schema
  * (ops_schema.c), below as tdd_opschema; docs/ops.md lists them (make docs). Adding an attribute
  * to an op: its row in the op's schema array, then the read in its prepare rule
- * (tdd_p_int & co., ops_impl.h); test_attr_schema.c fails when the two disagree.
+ * (tdd_p_int & co., ops_args.h); test_attr_schema.c fails when the two disagree.
  */
 #ifndef TDD_OPS_H
 #define TDD_OPS_H
@@ -62,7 +62,7 @@ extern const tdd_opdef tdd_opdefs[TDD_OP_COUNT];
  * tdd_op_schema). tdd_op_prepare checks a request's attributes against it before any
  * op rule runs: an attribute the op does not accept, one of the wrong type, or one named
  * twice is INVALID_ARGUMENT naming it (and the attributes the op accepts). The types say
- * what the prepare code's readers (ops_impl.h) accept: */
+ * what the prepare code's readers (ops_args.h) accept: */
 typedef enum {
     TDD_AT_INT,         /* an int (a bool, or a one-element int list, also reads as one) */
     TDD_AT_NUM,         /* a number: float, int or bool */

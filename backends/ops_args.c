@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "dtype.h"
-#include "ops_impl.h"
+#include "ops_args.h"
 
 const td_attr *tdd_attr_get(const tdd_attrs *as, const char *name)
 {

@@ -6,8 +6,6 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "ops_impl.h"
-
 const tdd_opdef tdd_opdefs[TDD_OP_COUNT] = {
 #define TDD__OP_DEF(e, nm, lo, hi, kind) [TDD_OP_##e] = {TDD_OP_##e, nm, lo, hi, TDD_KIND_##kind},
     TDD_OPS(TDD__OP_DEF)

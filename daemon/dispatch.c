@@ -34,12 +34,16 @@ enum {
 
 /* Fills ids with the handles a request names as new (at most TDD_MAX_OP_OUTPUTS). */
 typedef size_t (*new_ids_fn)(const Request *req, uint64_t *ids);
+/* Calls fn on the field of each handle a request reads, in place (a replay puts its
+ * inputs there). */
+typedef void (*read_ids_fn)(Request *req, tdd_id_fn fn, void *arg);
 
 typedef struct {
     int (*handler)(tdd_req *r);
     unsigned flags;
     td_handle_kind creates; /* the kind of the handles new_ids names */
     new_ids_fn new_ids;     /* NULL: the request names no new handle */
+    read_ids_fn read_ids;   /* NULL: the request reads no handle */
 } request_row;
 
 /* A request that names one new handle: its field. */
@@ -69,6 +73,109 @@ ONE_ID(ids_graph_end, graph_end, graph)
 ONE_ID(ids_group_create, group_create, group)
 ONE_ID(ids_all_gather, all_gather, output)
 
+/* The handles a request reads: one field, or a repeated one's elements. */
+#define READS_1(fn, body, field)                                                                   \
+    static void fn(Request *req, tdd_id_fn f, void *arg)                                           \
+    {                                                                                              \
+        f(&req->body->field, arg);                                                                 \
+    }
+#define EACH(body, field)                                                                          \
+    do {                                                                                           \
+        for (size_t i_ = 0; i_ < req->body->n_##field; i_++)                                       \
+            f(&req->body->field[i_], arg);                                                         \
+    } while (0)
+
+READS_1(reads_download, download, handle)
+READS_1(reads_to_device, to_device, input)
+READS_1(reads_describe, describe, handle)
+READS_1(reads_optimizer_state, optimizer_state, optimizer)
+READS_1(reads_group_connect, group_connect, group)
+READS_1(reads_transfer_send, transfer_send, tensor)
+
+static void reads_op(Request *req, tdd_id_fn f, void *arg)
+{
+    EACH(op, inputs);
+}
+
+/* (grad_output 0, ones like the loss, is no handle: f sees it and leaves it) */
+static void reads_backward(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->backward->loss, arg);
+    f(&req->backward->grad_output, arg);
+    EACH(backward, inputs);
+}
+
+static void reads_grad(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->grad->grads, arg);
+    f(&req->grad->tensor, arg);
+}
+
+static void reads_grad_remove(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->grad_remove->grads, arg);
+    f(&req->grad_remove->tensor, arg);
+}
+
+static void reads_grad_replace(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->grad_replace->grads, arg);
+    f(&req->grad_replace->tensor, arg);
+    f(&req->grad_replace->grad, arg);
+}
+
+static void reads_optimizer_create(Request *req, tdd_id_fn f, void *arg)
+{
+    EACH(optimizer_create, params);
+}
+
+static void reads_optimizer_step(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->optimizer_step->optimizer, arg);
+    f(&req->optimizer_step->grads, arg);
+}
+
+static void reads_optimizer_load_state(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->optimizer_load_state->optimizer, arg);
+    EACH(optimizer_load_state, buffers);
+}
+
+static void reads_graph_begin(Request *req, tdd_id_fn f, void *arg)
+{
+    EACH(graph_begin, inputs);
+}
+
+static void reads_graph_end(Request *req, tdd_id_fn f, void *arg)
+{
+    EACH(graph_end, inputs);
+}
+
+static void reads_replay(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->replay->graph, arg);
+    EACH(replay, inputs);
+}
+
+static void reads_all_reduce(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->all_reduce->group, arg);
+    EACH(all_reduce, tensors);
+    f(&req->all_reduce->grads, arg);
+}
+
+static void reads_broadcast(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->broadcast->group, arg);
+    EACH(broadcast, tensors);
+}
+
+static void reads_all_gather(Request *req, tdd_id_fn f, void *arg)
+{
+    f(&req->all_gather->group, arg);
+    f(&req->all_gather->tensor, arg);
+}
+
 #define ROW(body) [TENSORDD__V1__REQUEST__BODY_##body]
 #define SYNC (REQ_SYNC | REQ_ANSWERED)
 #define REC REQ_RECORDED
@@ -77,41 +184,47 @@ static const request_row rows[] = {
     ROW(HELLO) = {tdd_h_hello, REQ_ANSWERED | REQ_BEFORE_HELLO, TD_HANDLE_NONE, NULL},
     ROW(LIST_DEVICES) = {tdd_h_list_devices, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(UPLOAD) = {tdd_h_upload, REQ_PAYLOAD, TD_HANDLE_TENSOR, ids_upload},
-    ROW(DOWNLOAD) = {tdd_h_download, SYNC | REQ_READ, TD_HANDLE_NONE, NULL},
-    ROW(OP) = {tdd_h_op, REC, TD_HANDLE_TENSOR, ids_op},
+    ROW(DOWNLOAD) = {tdd_h_download, SYNC | REQ_READ, TD_HANDLE_NONE, NULL, reads_download},
+    ROW(OP) = {tdd_h_op, REC, TD_HANDLE_TENSOR, ids_op, reads_op},
     ROW(RELEASE) = {tdd_h_release, REC, TD_HANDLE_NONE, NULL},
-    ROW(TO_DEVICE) = {tdd_h_to_device, REC, TD_HANDLE_TENSOR, ids_to_device},
+    ROW(TO_DEVICE) = {tdd_h_to_device, REC, TD_HANDLE_TENSOR, ids_to_device, reads_to_device},
     ROW(SYNC) = {tdd_h_sync, SYNC | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(STATS) = {tdd_h_stats, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
     ROW(LIST_OPS) = {tdd_h_list_ops, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
-    ROW(DESCRIBE) = {tdd_h_describe, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL},
-    ROW(BACKWARD) = {tdd_h_backward, SYNC | REC, TD_HANDLE_GRADIENTS, ids_backward},
-    ROW(GRAD) = {tdd_h_grad, SYNC | REC, TD_HANDLE_TENSOR, ids_grad},
-    ROW(GRAD_REMOVE) = {tdd_h_grad_remove, SYNC | REC, TD_HANDLE_TENSOR, ids_grad_remove},
-    ROW(GRAD_REPLACE) = {tdd_h_grad_replace, SYNC | REC, TD_HANDLE_NONE, NULL},
+    ROW(DESCRIBE) = {tdd_h_describe, REQ_ANSWERED | REQ_READ, TD_HANDLE_NONE, NULL, reads_describe},
+    ROW(BACKWARD) = {tdd_h_backward, SYNC | REC, TD_HANDLE_GRADIENTS, ids_backward, reads_backward},
+    ROW(GRAD) = {tdd_h_grad, SYNC | REC, TD_HANDLE_TENSOR, ids_grad, reads_grad},
+    ROW(GRAD_REMOVE) = {tdd_h_grad_remove, SYNC | REC, TD_HANDLE_TENSOR, ids_grad_remove,
+                        reads_grad_remove},
+    ROW(GRAD_REPLACE) = {tdd_h_grad_replace, SYNC | REC, TD_HANDLE_NONE, NULL, reads_grad_replace},
     ROW(SET_GRAD_MODE) = {tdd_h_set_grad_mode, REC, TD_HANDLE_NONE, NULL},
-    ROW(OPTIMIZER_CREATE) = {tdd_h_optimizer_create, 0, TD_HANDLE_OPTIMIZER, ids_optimizer_create},
-    ROW(OPTIMIZER_STEP) = {tdd_h_optimizer_step, SYNC | REC, TD_HANDLE_NONE, NULL},
+    ROW(OPTIMIZER_CREATE) = {tdd_h_optimizer_create, 0, TD_HANDLE_OPTIMIZER, ids_optimizer_create,
+                             reads_optimizer_create},
+    ROW(OPTIMIZER_STEP) = {tdd_h_optimizer_step, SYNC | REC, TD_HANDLE_NONE, NULL,
+                           reads_optimizer_step},
     ROW(GOODBYE) = {tdd_h_goodbye, SYNC | REQ_CLOSES, TD_HANDLE_NONE, NULL},
     /* OptimizerState binds its new ids all or none, and is answered: no placeholders. */
-    ROW(OPTIMIZER_STATE) = {tdd_h_optimizer_state, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(OPTIMIZER_LOAD_STATE) = {tdd_h_optimizer_load_state, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(GRAPH_BEGIN) = {tdd_h_graph_begin, 0, TD_HANDLE_NONE, NULL},
+    ROW(OPTIMIZER_STATE) = {tdd_h_optimizer_state, SYNC, TD_HANDLE_NONE, NULL,
+                            reads_optimizer_state},
+    ROW(OPTIMIZER_LOAD_STATE) = {tdd_h_optimizer_load_state, SYNC, TD_HANDLE_NONE, NULL,
+                                 reads_optimizer_load_state},
+    ROW(GRAPH_BEGIN) = {tdd_h_graph_begin, 0, TD_HANDLE_NONE, NULL, reads_graph_begin},
     /* GraphEnd waits for the recorded work itself (a failure in it fails the graph) and
      * ends the recording whatever the verdict. */
-    ROW(GRAPH_END) = {tdd_h_graph_end, REQ_ANSWERED | REQ_READ, TD_HANDLE_GRAPH, ids_graph_end},
-    ROW(REPLAY) = {tdd_h_replay, 0, TD_HANDLE_NONE, NULL},
+    ROW(GRAPH_END) = {tdd_h_graph_end, REQ_ANSWERED | REQ_READ, TD_HANDLE_GRAPH, ids_graph_end,
+                      reads_graph_end},
+    ROW(REPLAY) = {tdd_h_replay, 0, TD_HANDLE_NONE, NULL, reads_replay},
     /* Process groups (group.c): each queues one job on the group's device and blocks until
      * it ran (every rank joined, or the collective finished), then answers its verdict. */
     ROW(GROUP_CREATE) = {tdd_h_group_create, SYNC, TD_HANDLE_GROUP, ids_group_create},
-    ROW(ALL_REDUCE) = {tdd_h_all_reduce, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(BROADCAST) = {tdd_h_broadcast, SYNC, TD_HANDLE_NONE, NULL},
-    ROW(ALL_GATHER) = {tdd_h_all_gather, SYNC, TD_HANDLE_TENSOR, ids_all_gather},
-    ROW(GROUP_CONNECT) = {tdd_h_group_connect, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(ALL_REDUCE) = {tdd_h_all_reduce, SYNC, TD_HANDLE_NONE, NULL, reads_all_reduce},
+    ROW(BROADCAST) = {tdd_h_broadcast, SYNC, TD_HANDLE_NONE, NULL, reads_broadcast},
+    ROW(ALL_GATHER) = {tdd_h_all_gather, SYNC, TD_HANDLE_TENSOR, ids_all_gather, reads_all_gather},
+    ROW(GROUP_CONNECT) = {tdd_h_group_connect, SYNC, TD_HANDLE_NONE, NULL, reads_group_connect},
     /* Daemon-to-daemon transfers (transfer.c): TransferSend blocks until its push is
      * decided; TransferPush comes from another daemon, its payload the tensor's bytes. */
     ROW(TRANSFER_ACCEPT) = {tdd_h_transfer_accept, REQ_ANSWERED, TD_HANDLE_NONE, NULL},
-    ROW(TRANSFER_SEND) = {tdd_h_transfer_send, SYNC, TD_HANDLE_NONE, NULL},
+    ROW(TRANSFER_SEND) = {tdd_h_transfer_send, SYNC, TD_HANDLE_NONE, NULL, reads_transfer_send},
     ROW(TRANSFER_PUSH) = {tdd_h_transfer_push, REQ_ANSWERED | REQ_PAYLOAD, TD_HANDLE_NONE, NULL},
 };
 
@@ -247,16 +360,30 @@ done:
     return rc;
 }
 
-/* Whether req reads the tensor id (an Op's or ToDevice's input). */
-static bool reads(const Request *req, uint64_t id)
+void tdd_dispatch_read_ids(Request *req, tdd_id_fn fn, void *arg)
 {
-    if (req->body_case == TENSORDD__V1__REQUEST__BODY_OP) {
-        for (size_t i = 0; i < req->op->n_inputs; i++)
-            if (req->op->inputs[i] == id)
-                return true;
-    } else if (req->body_case == TENSORDD__V1__REQUEST__BODY_TO_DEVICE)
-        return req->to_device->input == id;
-    return false;
+    const request_row *row = row_of(req);
+    if (row && row->read_ids)
+        row->read_ids(req, fn, arg);
+}
+
+typedef struct {
+    uint64_t id;
+    bool found;
+} id_search;
+
+static void find_id(uint64_t *id, void *arg)
+{
+    id_search *q = arg;
+    q->found |= *id == q->id;
+}
+
+/* Whether req reads the handle id. */
+static bool reads(Request *req, uint64_t id)
+{
+    id_search q = {id, false};
+    tdd_dispatch_read_ids(req, find_id, &q);
+    return q.found;
 }
 
 size_t tdd_dispatch_new_ids(const Request *req, uint64_t *ids)

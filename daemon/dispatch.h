@@ -20,4 +20,11 @@ int tdd_dispatch_replayed(tdd_conn *c, Tensordd__V1__Request *req, bool first);
 /* The ids req names as new handles (at most TDD_MAX_OP_OUTPUTS, into ids): their count. */
 size_t tdd_dispatch_new_ids(const Tensordd__V1__Request *req, uint64_t *ids);
 
+/* Called on the field of each handle a request reads (an Op's inputs, a Backward's loss,
+ * grad_output and inputs, ...), which it may rewrite. */
+typedef void (*tdd_id_fn)(uint64_t *id, void *arg);
+/* Calls fn on each handle req reads, from its row of the request table: the one list a
+ * replay's substitution (graph.c) and its rebinding (tdd_dispatch_replayed) both use. */
+void tdd_dispatch_read_ids(Tensordd__V1__Request *req, tdd_id_fn fn, void *arg);
+
 #endif

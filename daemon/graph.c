@@ -307,8 +307,9 @@ int tdd_h_graph_end(tdd_req *r)
     return TDD_DISPATCH_DONE;
 }
 
-static void remap(const tdd_graph *g, uint64_t *id)
+static void remap(uint64_t *id, void *arg)
 {
+    const tdd_graph *g = arg;
     for (size_t i = 0; i < g->nin; i++)
         if (*id == g->in[i].id) {
             *id = g->with[i];
@@ -324,42 +325,18 @@ static bool is_input(const tdd_graph *g, uint64_t id)
     return false;
 }
 
-/* The replay's inputs in place of the recorded ones. A recorded Release of an input is
- * dropped: the replay's inputs remain the client's. */
-static void substitute(const tdd_graph *g, Request *q)
+/* The replay's inputs in place of the recorded ones, wherever the request table says a
+ * request reads a handle. A recorded Release of an input is dropped: the replay's inputs
+ * remain the client's. */
+static void substitute(tdd_graph *g, Request *q)
 {
-    switch (q->body_case) {
-    case TENSORDD__V1__REQUEST__BODY_OP:
-        for (size_t i = 0; i < q->op->n_inputs; i++)
-            remap(g, &q->op->inputs[i]);
-        break;
-    case TENSORDD__V1__REQUEST__BODY_RELEASE: {
+    tdd_dispatch_read_ids(q, remap, g);
+    if (q->body_case == TENSORDD__V1__REQUEST__BODY_RELEASE) {
         size_t k = 0;
         for (size_t i = 0; i < q->release->n_handles; i++)
             if (!is_input(g, q->release->handles[i]))
                 q->release->handles[k++] = q->release->handles[i];
         q->release->n_handles = k;
-        break;
-    }
-    case TENSORDD__V1__REQUEST__BODY_TO_DEVICE:
-        remap(g, &q->to_device->input);
-        break;
-    case TENSORDD__V1__REQUEST__BODY_BACKWARD:
-        remap(g, &q->backward->loss);
-        remap(g, &q->backward->grad_output);
-        break;
-    case TENSORDD__V1__REQUEST__BODY_GRAD:
-        remap(g, &q->grad->tensor);
-        break;
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REMOVE:
-        remap(g, &q->grad_remove->tensor);
-        break;
-    case TENSORDD__V1__REQUEST__BODY_GRAD_REPLACE:
-        remap(g, &q->grad_replace->tensor);
-        remap(g, &q->grad_replace->grad);
-        break;
-    default: /* OptimizerStep, SetGradMode: no tensor of the client's */
-        break;
     }
 }
 

@@ -8,22 +8,28 @@
 
 #include "reply.h"
 
-/* handlers.c */
+/* session_req.c */
 int tdd_h_hello(tdd_req *r);
-int tdd_h_list_devices(tdd_req *r);
-int tdd_h_upload(tdd_req *r);
-int tdd_h_download(tdd_req *r);
-int tdd_h_op(tdd_req *r);
-int tdd_h_release(tdd_req *r);
-int tdd_h_to_device(tdd_req *r);
 int tdd_h_sync(tdd_req *r);
+int tdd_h_goodbye(tdd_req *r);
+/* The line Hello's reply carries for every client (e.g. no GPU). */
+void tdd_hello_set_note(const char *note);
+
+/* query_req.c */
+int tdd_h_list_devices(tdd_req *r);
 int tdd_h_stats(tdd_req *r);
 /* ListOps: every op's schema from the op table (name, kind, inputs, attributes). */
 int tdd_h_list_ops(tdd_req *r);
 int tdd_h_describe(tdd_req *r);
-int tdd_h_goodbye(tdd_req *r);
-/* The line Hello's reply carries for every client (e.g. no GPU). */
-void tdd_hello_set_note(const char *note);
+
+/* data_req.c */
+int tdd_h_upload(tdd_req *r);
+int tdd_h_download(tdd_req *r);
+
+/* op_req.c */
+int tdd_h_op(tdd_req *r);
+int tdd_h_to_device(tdd_req *r);
+int tdd_h_release(tdd_req *r);
 /* A request's device field: the default device when unset, else the one served here;
  * NULL with err set (DEVICE_UNAVAILABLE, or INVALID_ARGUMENT for an unknown backend). */
 struct tdd_device *tdd_resolve_device(const Tensordd__V1__Device *d, td_error *err);

@@ -213,11 +213,44 @@ def cross_layer_circles(edges: dict[str, set[str]], layer: dict[str, str]) -> li
     return out
 
 
+def report_circles(edges, unit_edges, layer, known, layers) -> None:
+    """The circles the lint allows: inside one layer, and across layers once each header is
+    counted as its .c (a header kept in a lower layer because it declares that layer's
+    helpers too hides such a circle from the check)."""
+    def show(comp):
+        return ", ".join(f"{c} ({layers.describe(layer[c])})" for c in comp)
+
+    for comp in cross_layer_circles(unit_edges, {u: u for u in unit_edges}):
+        print(f"check-layers: a circle inside {layers.describe(layer[comp[0]])}: {show(comp)}")
+
+    def with_c(rel):
+        stem, ext = os.path.splitext(rel)
+        if ext == ".h":
+            for cext in (".c", ".cc", ".cu"):
+                if stem + cext in known:
+                    return stem + cext
+        return rel
+
+    merged = {}
+    for a, bs in edges.items():
+        ua = with_c(a)
+        merged.setdefault(ua, set())
+        merged[ua] |= {with_c(b) for b in bs if with_c(b) != ua}
+    for comp in cross_layer_circles(merged, {u: layer[u] for u in merged}):
+        hidden = sorted({h for h in known if h.endswith(".h") and with_c(h) in comp
+                         and with_c(h) != h and layer[h] != layer[with_c(h)]})
+        print(f"check-layers: a circle across layers once {', '.join(hidden)} count as their"
+              f" .c: {show(comp)}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("objdir", nargs="?", default="build/obj")
     ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap.add_argument("--layers", help="the layers file (default ROOT/tools/layers.txt)")
+    ap.add_argument("--circles", action="store_true",
+                    help="also list, without failing, the circles left inside one layer, and "
+                         "those a header placed below its .c hides (counted as its .c's)")
     args = ap.parse_args()
     root = os.path.abspath(args.root)
     layers = Layers(args.layers or os.path.join(root, "tools", "layers.txt"), root)
@@ -298,6 +331,8 @@ def main() -> int:
             if unit(b) != ua:
                 unit_edges[ua].add(unit(b))
     circles = cross_layer_circles(unit_edges, {u: layer[u] for u in unit_edges})
+    if args.circles:
+        report_circles(edges, unit_edges, layer, known, layers)
     for comp in circles:
         print("check-layers: a circle across layers: " +
               ", ".join(f"{c} ({layers.describe(layer[c])})" for c in comp), file=sys.stderr)

@@ -80,6 +80,56 @@ fresh
 echo '/* unplaced.c -- placed nowhere. */' >"$scratch/src/daemon/unplaced.c"
 expect_fail "a daemon file with no layer" "daemon/unplaced.c has no layer"
 
+# 7. An upward call inside the daemon: a file of the lowest daemon layer (placed there in
+# the scratch copy's layers.txt) calling the request table.
+fresh
+printf 'struct tdd_conn;\nint tdd_dispatch_check_table(void);\nint td_layers_probe(void);\nint td_layers_probe(void) { return tdd_dispatch_check_table(); }\n' \
+    >"$scratch/src/daemon/layers_probe.c"
+sed -i 's|^base  *daemon/config.c|& daemon/layers_probe.c|' "$scratch/src/tools/layers.txt"
+cc -c "$scratch/src/daemon/layers_probe.c" -o "$scratch/obj/daemon/layers_probe.o"
+expect_fail "daemon/ (base) calling tdd_dispatch_check_table (daemon/dispatch.c)" \
+    "daemon/layers_probe.c (daemon/base) calls tdd_dispatch_check_table, defined in daemon/dispatch.c"
+
+# 8. An upward include inside the daemon: the sessions including the transport's header.
+fresh
+sed -i '0,/#include "session.h"/s//#include "session.h"\n#include "server_impl.h"/' \
+    "$scratch/src/daemon/session.c"
+expect_fail "daemon/session.c including daemon/server_impl.h" \
+    "daemon/session.c:[0-9]* (daemon/sessions) includes daemon/server_impl.h"
+
+# 9. An upward call inside the client: libtensordd calling tdctl.
+fresh
+printf 'void progress_begin(void);\nvoid td_layers_probe(void);\nvoid td_layers_probe(void) { progress_begin(); }\n' \
+    >"$scratch/src/client/lib/layers_probe.c"
+cc -c "$scratch/src/client/lib/layers_probe.c" -o "$scratch/obj/client/lib/layers_probe.o"
+expect_fail "client/lib calling progress_begin (client/tdctl/progress.c)" \
+    "client/lib/layers_probe.c (client/libtensordd) calls progress_begin, defined in client/tdctl/progress.c"
+
+# 10. An upward include inside the client: libtensordd including a tdctl header.
+fresh
+sed -i '0,/#include "internal.h"/s//#include "internal.h"\n#include "..\/tdctl\/npy.h"/' \
+    "$scratch/src/client/lib/calls.c"
+expect_fail "client/lib/calls.c including client/tdctl/npy.h" \
+    "client/lib/calls.c:[0-9]* (client/libtensordd) includes client/tdctl/npy.h"
+
+# 11. A circle across layers in the backends: the rules' helpers (ops_args.c) calling the
+# rules' dispatch (ops.c), which calls them. ops_args.c is built again in the scratch tree.
+fresh
+printf '\nint td_layers_probe(void);\nint td_layers_probe(void) { return tdd_op_prepare(0, NULL, 0, NULL, 0, NULL, NULL, NULL, NULL); }\n' \
+    >>"$scratch/src/backends/ops_args.c"
+rm "$scratch/obj/backends/ops_args.o" # a hard link to the real object: never written
+(cd "$scratch/src" && cc -D_GNU_SOURCE -Iinclude -Iproto -Icommon -Ibackends \
+    -I"$(dirname "$objdir")/gen" -std=c11 -c backends/ops_args.c -o "$scratch/obj/backends/ops_args.o")
+expect_fail "backends/ops_args.c calling tdd_op_prepare (backends/ops.c), which calls it" \
+    "a circle across layers: .*backends/ops.c (backends/rules).*backends/ops_args.c (backends/kits)"
+
+# 12. An upward include inside the backends: the rules' helpers including the header of
+# the rule families above them.
+fresh
+sed -i 's|#include "ops_args.h"|#include "ops_impl.h"|' "$scratch/src/backends/ops_args.c"
+expect_fail "backends/ops_args.c including backends/ops_impl.h" \
+    "backends/ops_args.c:[0-9]* (backends/kits) includes backends/ops_impl.h"
+
 if ((fails)); then
     echo "layers-break: $fails break(s) not caught" >&2
     exit 1

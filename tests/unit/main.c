@@ -13,6 +13,7 @@ __attribute__((weak)) Suite *exec_suite(void);
 __attribute__((weak)) Suite *attr_schema_suite(void);
 __attribute__((weak)) Suite *shm_suite(void);
 __attribute__((weak)) Suite *pool_suite(void);
+__attribute__((weak)) Suite *dispatch_suite(void);
 
 int main(void)
 {
@@ -21,7 +22,8 @@ int main(void)
     srunner_add_suite(sr, optable_suite());
     srunner_add_suite(sr, wire_suite());
     Suite *(*const optional[])(void) = {conformance_suite, autograd_suite, exec_suite,
-                                        attr_schema_suite, shm_suite,      pool_suite};
+                                        attr_schema_suite, shm_suite,      pool_suite,
+                                        dispatch_suite};
     for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
         if (optional[i])
             srunner_add_suite(sr, optional[i]());

@@ -506,7 +506,7 @@ START_TEST(test_field_numbers)
                       "%s.%s changed packing", ex[i].d->name, ex[i].name);
     }
     /* The hand code writes every field of these: a new one would be dropped. (TensorInfo's
-     * payload_fd and fd_offset are set only in a Download as_fd answer, which handlers.c
+     * payload_fd and fd_offset are set only in a Download as_fd answer, which data_req.c
      * packs with protobuf-c; the TensorInfos tdd_wire_tensor writes leave both at their
      * defaults, which proto3 does not write.) */
     ck_assert_msg(ti->n_fields == 7, "TensorInfo has a new field: update tdd_wire_tensor");
