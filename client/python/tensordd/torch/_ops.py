@@ -1013,23 +1013,23 @@ def _masked_fill(c, a, mask, value):
 def _addcmul(c, a, t1, t2, value=1):
     dt = c.out.dtype
     p = c.op("mul", _cast(c, t1, dt), _cast(c, t2, dt))
-    if value != 1:
-        p = c.op("mul", p, other=_num(value, dt))
+    if value != 1:  # the daemon's add scales its second input: one op
+        return c.op("add", _cast(c, a, dt), p, alpha=_num(value, dt))
     return c.op("add", _cast(c, a, dt), p)
 
 
-@impl(aten.addcdiv.default, uses="div, mul, add")
+@impl(aten.addcdiv.default, uses="div, add")
 def _addcdiv(c, a, t1, t2, value=1):
     dt = c.out.dtype
     p = c.op("div", _cast(c, t1, dt), _cast(c, t2, dt))
-    if value != 1:
-        p = c.op("mul", p, other=_num(value, dt))
+    if value != 1:  # the daemon's add scales its second input: one op
+        return c.op("add", _cast(c, a, dt), p, alpha=_num(value, dt))
     return c.op("add", _cast(c, a, dt), p)
 
 
-@impl(aten.lerp.Scalar, uses="sub, mul, add")
+@impl(aten.lerp.Scalar, uses="sub, add")
 def _lerp(c, a, end, weight):
-    return c.op("add", a, c.op("mul", c.op("sub", end, a), other=float(weight)))
+    return c.op("add", a, c.op("sub", end, a), alpha=float(weight))
 
 
 # ---------------------------------------------------------------- reductions
