@@ -321,25 +321,32 @@ $(BUILD)/tools/opcoverage: tools/opcoverage.c tests/unit/test_conformance_cases.
 
 # docs/ops.md comes from the emulated build (`make emu` builds its opcoverage), whose cuda
 # column is the same on every machine; the PyTorch comparison's counts are the line
-# tests/python/test_opinfo.py holds them to.
-OPINFO_COUNTS := tests/python/opinfo_counts.txt
-docs: emu
+# tests/python/ops/test_opinfo.py holds them to.
+OPINFO_COUNTS := tests/python/ops/opinfo_counts.txt
+docs: emu $(BUILD)/tensordd
 	$(EMU_BUILD)/tools/opcoverage $(OPINFO_COUNTS) > docs/ops.md
 	@echo "docs/ops.md regenerated"
+	$(PY) tools/man/genman.py options-md $(BUILD)/tensordd > docs/options.md
+	@echo "docs/options.md regenerated"
 
-# docs/torch_coverage.md: the torch device's aten op table (tests/python/test_torch_device.py
+# docs/torch_coverage.md: the torch device's aten op table (tests/python/torch_device/test_torch_device.py
 # checks it).
 .PHONY: docs-torch
 docs-torch: $(PYGEN) $(TORCH_GUARD)
 	PYTHONPATH=client/python:$(BUILD)/python $(PY) -m tensordd.torch --doc > docs/torch_coverage.md
 	@echo "docs/torch_coverage.md regenerated"
 
-# Fails when docs/ops.md no longer matches the op table (or the recorded counts).
-test-docs: emu
+# Fails when docs/ops.md no longer matches the op table (or the recorded counts), or
+# docs/options.md the daemon's option table.
+test-docs: emu $(BUILD)/tensordd
 	@$(EMU_BUILD)/tools/opcoverage $(OPINFO_COUNTS) > $(EMU_BUILD)/ops.md.new
 	@if diff -q docs/ops.md $(EMU_BUILD)/ops.md.new >/dev/null; then \
 	    echo "docs: docs/ops.md matches the op table"; \
 	else echo "docs: docs/ops.md is stale: run 'make docs'" >&2; exit 1; fi
+	@$(PY) tools/man/genman.py options-md $(BUILD)/tensordd > $(BUILD)/options.md.new
+	@if diff -q docs/options.md $(BUILD)/options.md.new >/dev/null; then \
+	    echo "docs: docs/options.md matches the option table"; \
+	else echo "docs: docs/options.md is stale: run 'make docs'" >&2; exit 1; fi
 
 # bench/ops also times the cpu backend in-process.
 $(BUILD)/bench/ops: bench/ops.c $(BACKEND_OBJ) $(BUILD)/libtensordd.a
@@ -374,7 +381,7 @@ test-fuzz:
 	else echo "fuzz: no targets yet"; fi
 
 test-python: $(BUILD)/tensordd $(BUILD)/tdctl $(PYGEN)
-	@if ls tests/python/test_*.py >/dev/null 2>&1; then \
+	@if ls tests/python/*/test_*.py >/dev/null 2>&1; then \
 	    TDD_BIN=$(BUILD)/tensordd TDCTL_BIN=$(BUILD)/tdctl PYTHONPATH=client/python:$(BUILD)/python \
 	        $(PY) -m pytest -q -rs -p no:cacheprovider tests/python; \
 	else echo "python: no tests yet"; fi

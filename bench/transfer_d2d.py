@@ -4,7 +4,7 @@ TransferAccept, TransferSend, the source's own connection) against raw TCP betwe
 two network namespaces, in the same run.
 
 Two daemons run in network namespaces of their own joined by a bridge (as the tests make
-them: tests/python/test_parallel.Hosts; root needed, else distinct loopback ports, said in
+them: tests/python/parallel/test_parallel.Hosts; root needed, else distinct loopback ports, said in
 the output). Raw TCP: one Python process in namespace 0 sends MIB MiB with sendall to one
 in namespace 1 that recv_into's them into a preallocated buffer; timed by the receiver from
 its first byte to its last. Transfer: an int32 tensor of MIB MiB made on daemon a, moved to

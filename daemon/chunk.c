@@ -3,7 +3,7 @@
  * daemon's configuration (--chunk-elems, and the device's kind) only, never of what other
  * sessions do: a lane hands the turn to another session between two pieces, but the same
  * request always runs as the same pieces, so its bits never depend on the load
- * (tests/python/test_determinism.py). Splitting along the rows of a GEMM changes no sum
+ * (tests/python/scheduling/test_determinism.py). Splitting along the rows of a GEMM changes no sum
  * in exact arithmetic, but a BLAS may sum an element of C in an order that depends on the
  * call's shape (OpenBLAS's Haswell kernels do at any split, its SkylakeX ones off a
  * 64 grid): so a chunked GEMM's bits may differ from the same GEMM run whole, and the

@@ -71,7 +71,7 @@ struct tdd_conn {
     bool tls_busy, tls_pumping; /* decrypting / encrypting (no reentry) */
     bool tls_failed;            /* a TLS error: no close_notify */
     bool tls_fin, tls_fin_sent; /* shutdown asked for / under way */
-    bool tls_dead;              /* conn_close ran */
+    bool tls_dead;              /* srv_conn_close ran */
     bool sniffed;               /* the first bytes were looked at (TLS vs plaintext) */
     uint64_t linger_ms;         /* after a TLS failure: the peer's bytes dropped until then */
     /* Same-host zero copy (a Unix-socket connection with --max-conn-fds > 0): the fds the
@@ -116,7 +116,7 @@ const char *tdd_server_endpoint(int i);
 uint32_t tdd_server_admitted(void);
 bool tdd_server_accepting(void);
 /* Why a Hello would be refused now ("shutting down", "at --max-sessions", ...), or NULL
- * when it would be admitted: the rule conn_admit applies (tdd_server_accepting is its
+ * when it would be admitted: the rule srv_conn_admit applies (tdd_server_accepting is its
  * NULL). */
 const char *tdd_server_refusal(void);
 /* SIGHUP: the tls:// listeners' certificate, key and client CAs read again from cfg's

@@ -4,7 +4,7 @@
  * conformance suite's cases as sample calls; the cuda column runs each call on cuda:0 of
  * the emulated build (`make emu`), so the table reads the same on every machine.
  *
- *   opcoverage [OPINFO_COUNTS]   (the line tests/python/test_opinfo.py holds its counts to)
+ *   opcoverage [OPINFO_COUNTS]   (the line tests/python/ops/test_opinfo.py holds its counts to)
  *
  * docs/ops.md is its output (`make docs`); never edit that file by hand. */
 #include <stdio.h>
@@ -195,7 +195,7 @@ int main(int argc, char **argv)
     char counts[512];
     if (read_line(argc > 1 ? argv[1] : NULL, counts, sizeof counts))
         printf("\nAgainst PyTorch's own OpInfo sample inputs (torch 1.13, on cpu:0;\n"
-               "tests/python/test_opinfo.py, which holds these counts): %s.\n",
+               "tests/python/ops/test_opinfo.py, which holds these counts): %s.\n",
                counts);
     ref.be->shutdown(ref.ctx);
     cpu.be->shutdown(cpu.ctx);

@@ -10,10 +10,10 @@ ifneq ($(and $(PY_EXT_SUFFIX),$(wildcard $(PY_INCLUDE)/Python.h)),)
 SPEEDUPS := $(BUILD)/python/tensordd/_speedups$(PY_EXT_SUFFIX)
 endif
 # The pure-Python run: what the accelerator replaces, and the suites that drive it hardest.
-PURE_TESTS := tests/python/test_speedups.py tests/python/test_wire_fastpath.py \
-              tests/python/test_session.py tests/python/test_offline.py \
-              tests/python/test_release.py tests/python/test_python_repr.py \
-              tests/python/test_torchlike_honest.py tests/python/test_resume.py
+PURE_TESTS := tests/python/transport/test_speedups.py tests/python/transport/test_wire_fastpath.py \
+              tests/python/client/test_session.py tests/python/client/test_offline.py \
+              tests/python/client/test_release.py tests/python/client/test_python_repr.py \
+              tests/python/client/test_torchlike_honest.py tests/python/transport/test_resume.py
 
 .PHONY: speedups test-python-pure
 speedups: $(SPEEDUPS)

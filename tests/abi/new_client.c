@@ -1,6 +1,6 @@
 /* new_client.c -- today's extensible C interface: connect options by name (a token read
  * from a file), every session through td_stats_sessions (also with the smaller record of
- * an older header), string and float-list attributes (tests/python/test_c_abi.py). */
+ * an older header), string and float-list attributes (tests/python/client/test_c_abi.py). */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>

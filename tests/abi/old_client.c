@@ -1,7 +1,7 @@
 /* old_client.c -- a program built against libtensordd 0.9.0's headers (tests/abi/include-0.9.0,
  * saved as they were before connect options became extensible): td_connect_opts, td_stats
  * and td_error_set (then declared) as it used them. Linked against today's library it must
- * still run a session (tests/python/test_c_abi.py). */
+ * still run a session (tests/python/client/test_c_abi.py). */
 #include <stdio.h>
 #include <string.h>
 

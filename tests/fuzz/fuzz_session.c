@@ -64,7 +64,7 @@ static void tune(tdd_config *c)
     c->device_lanes = 2;
     c->memory_cap = 256u << 20;
     /* A replay yields after every request or two, and waits at a few queued: the paths
-     * a long replay takes (server.c's yields) on every graph the programs replay. */
+     * a long replay takes (server_read.c's yields) on every graph the programs replay. */
     c->replay_slice = 64;
     c->max_inflight = 4;
     /* Pushes may reach loopback only: the daemon itself (a real target: the push lands in

@@ -9,7 +9,7 @@
 #   BUILD=build/emu TDD_GPU_ARGS="--emu-gpus 2" bash tests/gpu/suites.sh   (make test-emu)
 #   BUILD=build TDD_GPU_ARGS="" bash tests/gpu/suites.sh                  (tests/gpu/run.sh)
 #   bash tests/gpu/suites.sh [selftest] [conformance [OP...]] [pytest] [digits]   some steps only
-# GPU_PYTEST="tests/python/x.py ..." replaces the pytest files (make test-emu's race-mode pass).
+# GPU_PYTEST="tests/python/gpu/x.py ..." replaces the pytest files (make test-emu's race-mode pass).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build/emu}
@@ -19,18 +19,18 @@ emulated=0
 [[ "$TDD_GPU_ARGS" == *--emu-gpus* ]] && emulated=1
 # The torch device's model scripts on cuda:0 against local PyTorch: all three on a GPU; on
 # the emulator (where ResNet-18 and the transformer take minutes each) the MNIST one.
-torch_models=tests/python/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch
+torch_models=tests/python/torch_device/test_torch_device_models.py::test_script_on_cuda0_equals_local_pytorch
 [ $emulated = 1 ] && torch_models+="[mnist]"
-GPU_PYTEST=${GPU_PYTEST:-tests/python/test_cuda_ops.py \
-    tests/python/test_cuda_grads.py tests/python/test_cuda_devices.py \
-    tests/python/test_cuda_optim.py \
-    tests/python/test_ops_batch_norm.py tests/python/test_cuda_resnet.py \
-    tests/python/test_cuda_double_backward.py tests/python/test_cuda_conv_input_grad.py \
-    tests/python/test_ops_torch_forms.py tests/python/test_ops_dtypes.py \
-    tests/python/test_ops_attention.py tests/python/test_transformer.py \
-    tests/python/test_cuda_parallel.py tests/python/test_cuda_streams.py \
-    tests/python/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
-    tests/python/test_memfd.py::test_cuda_memfd $torch_models}
+GPU_PYTEST=${GPU_PYTEST:-tests/python/gpu/test_cuda_ops.py \
+    tests/python/gpu/test_cuda_grads.py tests/python/gpu/test_cuda_devices.py \
+    tests/python/gpu/test_cuda_optim.py \
+    tests/python/ops/test_batch_norm.py tests/python/gpu/test_cuda_resnet.py \
+    tests/python/gpu/test_cuda_double_backward.py tests/python/gpu/test_cuda_conv_input_grad.py \
+    tests/python/ops/test_torch_arg_forms.py tests/python/ops/test_small_int_dtypes.py \
+    tests/python/ops/test_attention.py tests/python/models/test_transformer.py \
+    tests/python/gpu/test_cuda_parallel.py tests/python/gpu/test_cuda_streams.py \
+    tests/python/parallel/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
+    tests/python/transport/test_memfd.py::test_cuda_memfd $torch_models}
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(selftest conformance pytest digits)

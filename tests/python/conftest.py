@@ -21,7 +21,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+# Tests live in one folder per subject (ops/, autograd/, client/, ...; README.md); a test
+# module imports another's cases by its name (``import test_grad_torch``), whatever its
+# folder, so every subject folder is on sys.path. Basenames are unique across folders.
+for _subject in sorted(os.listdir(HERE)):
+    if os.path.isdir(os.path.join(HERE, _subject)) and not _subject.startswith((".", "_")):
+        sys.path.insert(1, os.path.join(HERE, _subject))
 
 
 def _generated_path() -> None:

@@ -437,7 +437,7 @@ const conf_case conf_cases[] = {
     {"scaled_dot_product_attention", {"x:3,6,4", "x:3,6,4", "x:3,6,5"}, "is_causal=true", FA, 4},
     {"scaled_dot_product_attention", {"x:2,6,4", "x:2,7,4", "x:2,7,4"}, "dropout_p=0.3", F, 4},
     /* interpolate: nearest and (bi)linear, align_corners, strided (scale_factor, a float list the
-     * table's attributes cannot write: test_ops_attention.py) */
+     * table's attributes cannot write: test_attention.py) */
     {"interpolate", {"x:2,3,4,5"}, "size=[7,3]", FA, 4},
     {"interpolate", {"x:1,2,5,4T"}, "size=[7,3]", F, 4},
     {"interpolate", {"x:2,3,5"}, "size=8;mode='linear'", FA, 4},

@@ -5,6 +5,8 @@
     genman.py tdctl BIN         tdctl(1) from `BIN --help` and each subcommand's --help
     genman.py lib HEADER...     libtensordd(3) from the declarations and comments of tensordd.h
                                 (and of the headers it includes, given after it)
+    genman.py options-md BIN    docs/options.md: the daemon's options as a Markdown table,
+                                from the same `BIN --help`
 
 Writes roff (man macros) on stdout. Nothing here restates an option or a function by
 hand: a new row of the option table or a new declaration in the header appears in the
@@ -347,11 +349,63 @@ def lib_page(header_path, *others):
     return out
 
 
+def md_cell(text):
+    """Text for a Markdown table cell: pipes escaped."""
+    return text.replace("|", "\\|")
+
+
+def options_markdown(binary):
+    """The daemon's options (`--help`, i.e. daemon/config.c's option table) as Markdown:
+    option, what it does, default, whether SIGHUP reloads it; then the environment."""
+    text = run([binary, "--help"]).splitlines()
+    version = run([binary, "--version"]).strip().splitlines()[0]
+    i = 1
+    while i < len(text) and text[i].strip():
+        i += 1
+    opts, notes, env = [], [], []
+    in_env = False
+    for ln in text[i:]:
+        if ln.startswith("Environment ("):
+            in_env = True
+        elif in_env and ln.startswith(" "):
+            env.append(ln)
+        elif ln.startswith("  ") or (opts and ln.startswith(" ")):
+            opts.append(ln)
+        elif ln.strip():
+            notes.append(ln.strip())
+    col = max((len(m.group(0)) for ln in opts for m in [re.match(r"^ {2}\S+(?: \S+)? +", ln)]
+               if m), default=27)
+    out = ["# Daemon options", "",
+           "<!-- Generated from `tensordd --help` (daemon/config.c's option table) by "
+           "tools/man/genman.py; `make docs` rewrites it and `make test` checks it. -->", "",
+           "Every option is a flag, a `key = value` line of the configuration file (the key "
+           "is the long option without its dashes) and, for some, an environment variable. "
+           "Flags override the environment, which overrides the file. A bad value is "
+           "reported on one line and the daemon exits with status 2. This table is of "
+           + version + ".", "",
+           "| option | what it does | default | SIGHUP |", "|---|---|---|---|"]
+    for left, what in option_items(opts, col):
+        default = ""
+        m = re.search(r"\s*\(default ([^()]*(?:\([^()]*\)[^()]*)*)\)\s*$", what)
+        if m:
+            default, what = m.group(1), what[:m.start()]
+        reload = "reloads" if what.rstrip().endswith("[reload]") else ""
+        what = what.rstrip()[:-len("[reload]")].rstrip() if reload else what.strip()
+        out.append("| `%s` | %s | %s | %s |" % (left, md_cell(what), md_cell(default), reload))
+    out += [""] + notes[:]
+    if env:
+        out += ["", "## Environment", "", "| variable | meaning |", "|---|---|"]
+        out += ["| `%s` | %s |" % (left, md_cell(what)) for left, what in option_items(env, col)]
+    return out
+
+
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("tensordd", "tdctl", "lib"):
+    kinds = {"tensordd": daemon_page, "tdctl": tdctl_page, "lib": lib_page,
+             "options-md": options_markdown}
+    if len(sys.argv) < 3 or sys.argv[1] not in kinds:
         sys.exit(__doc__)
     kind, args = sys.argv[1], sys.argv[2:]
-    page = {"tensordd": daemon_page, "tdctl": tdctl_page, "lib": lib_page}[kind](*args)
+    page = kinds[kind](*args)
     sys.stdout.write("\n".join(page) + "\n")
 
 

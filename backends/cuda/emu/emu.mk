@@ -26,8 +26,8 @@ emu:
 # memory, warp operations and atomics, and the pytest files that exercise streams.
 EMU_RACE_OPS := sum mean var std logsumexp argmax softmax log_softmax cumsum layer_norm \
                 scatter_add embedding_bag cross_entropy nll_loss linspace cast
-EMU_RACE_PYTEST := tests/python/test_cuda_streams.py tests/python/test_cuda_devices.py \
-                   tests/python/test_cuda_optim.py
+EMU_RACE_PYTEST := tests/python/gpu/test_cuda_streams.py tests/python/gpu/test_cuda_devices.py \
+                   tests/python/gpu/test_cuda_optim.py
 test-emu: emu
 	@BUILD=$(EMU_BUILD) PY=$(PY) TDD_GPU_ARGS="--emu-gpus 2 --emu-gpu-memory 256M" \
 	    bash tests/gpu/suites.sh

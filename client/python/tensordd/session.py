@@ -562,7 +562,7 @@ class Session:
         """op() for the common case (tensor inputs, one output, no attributes or
         attributes already encoded as extra), its Request encoded by hand: what
         SerializeToString would give, at a fraction of the cost per op
-        (tests/python/test_wire_fastpath.py and test_speedups.py hold the two equal).
+        (tests/python/transport/test_wire_fastpath.py and test_speedups.py hold the two equal).
         The call's description is kept as a tuple, formatted only when an error
         names it. With the accelerator, all of it in one call in the common case."""
         if _op_c is not None:

@@ -157,8 +157,9 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # 
     integer index dtype). ``padding_idx``: its positions give their row as is and send it
     no gradient. ``max_norm``: rows whose ``norm_type``-norm exceeds it come out scaled to
     it, the gradient reaching weight as torch's does; unlike torch the table itself is not
-    renormalized in place (the daemon has no in-place ops on parameters), so a row keeps
-    being scaled at each lookup instead of once."""
+    renormalized in place (this client's tensors are immutable handles), so a row keeps
+    being scaled at each lookup instead of once. The torch device (``tensordd.torch``)
+    renormalizes the table in place, as torch does."""
     if scale_grad_by_freq or sparse:
         raise NotImplementedError("embedding: scale_grad_by_freq and sparse are not supported")
     out = _op("embedding", _as_index(input), weight)

@@ -1149,6 +1149,26 @@ def _embedding(c, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
     return c.op("embedding", _cast(c, indices, torch.int64), weight)
 
 
+@impl(aten.embedding_renorm.default,
+      uses="scatter_add (rows looked up), norm, gt, logical_and, div, where, mul")
+def _embedding_renorm(c, weight, indices, max_norm, norm_type):
+    # nn.Embedding(max_norm=) calls embedding_renorm_ before each lookup: a looked-up row
+    # whose norm_type-norm exceeds max_norm is scaled by max_norm / (norm + 1e-7) in place.
+    # Every other row is multiplied by exactly 1, so its bits do not change. The in-place
+    # form writes this into the weight's storage (the generic in-place rule).
+    rows, dim = _shape(weight)
+    dt = c.out.dtype
+    flat = c.op("reshape", _cast(c, indices, torch.int64), shape=[-1])
+    n = _prod(_shape(indices))
+    hits = c.op("scatter_add", c.create("zeros", (rows,), dt), flat, c.full((n,), 1, dt),
+                dim=0)
+    norm = _vector_norm(c, weight, norm_type, [1], False)
+    over = c.op("logical_and", c.op("gt", hits, other=0), c.op("gt", norm, other=float(max_norm)))
+    scale = c.op("div", c.full((rows,), float(max_norm), dt), c.op("add", norm, other=1e-7))
+    scale = c.op("where", over, scale, c.full((rows,), 1, dt))
+    return c.op("mul", weight, c.op("reshape", scale, shape=[rows, 1]))
+
+
 @impl(aten.embedding_dense_backward.default, uses="reshape, masked_fill, expand, scatter_add")
 def _embedding_dense_backward(c, grad, indices, num_weights, padding_idx,
                               scale_grad_by_freq):

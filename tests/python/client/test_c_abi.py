@@ -15,7 +15,7 @@ import pytest
 from conftest import TDD_BIN
 from daemonproc import Proc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BUILD = os.path.dirname(os.path.abspath(TDD_BIN))
 CC = os.environ.get("CC", "cc")
 

@@ -29,7 +29,7 @@ REFUSALS for that op, code and message (each entry says why); a wrong value, ano
 error or a crash is a failure, except for the samples of KNOWN_WRONG (reported bugs,
 counted apart; an entry that starts to match fails the test, so it goes with the fix).
 One test per OpInfo; test_opinfo_counts (last) prints the counts of the whole file and
-holds them to tests/python/opinfo_counts.txt, the line docs/ops.md quotes (make docs).
+holds them to tests/python/ops/opinfo_counts.txt, the line docs/ops.md quotes (make docs).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ try:
 except Exception as e:  # pragma: no cover (a torch without the test modules)
     pytest.skip(f"torch's OpInfo database does not import: {e}", allow_module_level=True)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COUNTS_FILE = os.path.join(ROOT, "tests", "python", "opinfo_counts.txt")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+COUNTS_FILE = os.path.join(ROOT, "tests", "python", "ops", "opinfo_counts.txt")
 
 CAP = 12  # samples per op and dtype (the first ones)
 TOLS = {"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-9)}

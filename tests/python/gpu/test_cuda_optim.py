@@ -2,7 +2,7 @@
 Adagrad and Adam with two param groups and options changed mid-run (the ops path, which
 cuda takes) against torch.optim; embedding_bag forward and gradient against torch; and
 multinomial's draws on cuda:0 equal to ref:0's for the same seed (the first session of a
-fresh daemon, so the same stream). Tolerances as test_optimizers.py and test_ops_embedding_bag.py."""
+fresh daemon, so the same stream). Tolerances as test_optimizers.py and test_embedding_bag.py."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_optimizers_on_cuda(gs, kind):
 
 @pytest.mark.parametrize("case", [0, 2, 3, 5, 6])
 def test_embedding_bag_on_cuda(gs, case):
-    import test_ops_embedding_bag as b14
+    import test_embedding_bag as b14
     mode, ix, off, last, pad, psw = b14.CASES[case]
     w = gs.tensor(b14.W, device=DEV, requires_grad=True)
     i, o, p = b14._ours(gs, DEV, ix, off, psw)

@@ -135,12 +135,12 @@ def test_sweep_covers_the_ops():
 # ---------------------------------------------------------------- issue 14's ops and forms
 
 def _issue14_cases():
-    """The gradient cases of test_ops_torch_forms.py and test_ops_attention.py (their inputs made
+    """The gradient cases of test_torch_arg_forms.py and test_attention.py (their inputs made
     float64 here), and batch_norm's forms: (id, makers, grads, fn, tfn)."""
     import importlib
     TF = tensordd.nn.functional
     out = []
-    for name in ("test_ops_torch_forms", "test_ops_attention"):
+    for name in ("test_torch_arg_forms", "test_attention"):
         mod = importlib.import_module(name)
         out += [(c.name, c.inputs, c.grads, c.fn, c.tfn) for c in mod.CASES if c.grads]
 

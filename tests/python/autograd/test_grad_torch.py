@@ -26,7 +26,7 @@ Ops without a backward formula in the daemon (it answers UNSUPPORTED_OP to
 Backward) and daemon bugs are marked xfail(strict=True) with the reason, so
 they fail loudly once fixed. Optimizers (SGD momentum/dampening/nesterov/
 weight decay, Adam, AdamW) against torch.optim over many steps are covered by
-tests/python/test_autograd_ops.py and test_autograd.py and not repeated here.
+tests/python/autograd/test_autograd_ops.py and test_autograd.py and not repeated here.
 """
 
 from __future__ import annotations

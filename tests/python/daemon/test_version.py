@@ -12,7 +12,7 @@ import tensordd
 
 from conftest import TDD_BIN
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BUILD = os.path.dirname(os.path.abspath(TDD_BIN))
 TDCTL = os.environ.get("TDCTL_BIN", os.path.join(BUILD, "tdctl"))
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 CASES = [  # input dtype, other, result dtype
     ("int32", 2, "int32"), ("int32", 2.0, "float32"), ("int64", 3, "int64"),

@@ -168,7 +168,7 @@ def test_example_config_is_valid(tmp_path):
     """Valid where it is installed: there the group `tensordd` exists (--check-config
     refuses a --unix-group that does not); here it is this process's group."""
     import grp
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     with open(os.path.join(root, "deploy", "tensordd.conf.example")) as f:
         text = f.read()
     assert "\nunix-group = tensordd\n" in text

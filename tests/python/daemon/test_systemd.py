@@ -17,7 +17,7 @@ import tensordd
 from conftest import TDD_BIN
 from daemonproc import Proc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DEPLOY = os.path.join(ROOT, "deploy")
 ANALYZE = shutil.which("systemd-analyze")
 

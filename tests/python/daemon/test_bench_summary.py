@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PATH = os.path.join(ROOT, "bench", "summary.py")
 _spec = importlib.util.spec_from_file_location("bench_summary", PATH)
 summary = importlib.util.module_from_spec(_spec)

@@ -20,7 +20,7 @@ import pytest
 import tensordd
 import tensordd.nn.functional as TF
 from conftest import Daemon
-from test_ops_torch_forms import (  # noqa: F401 (fd and s are fixtures)
+from test_torch_arg_forms import (  # noqa: F401 (fd and s are fixtures)
     DEVICES, GPU_ARGS, check_case_matches_torch, const, f32, fd, s)
 
 torch = pytest.importorskip("torch")

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tests/python: the shared helpers
 
 import tensordd  # noqa: E402
 from tensordd import tensordd_pb2 as pb  # noqa: E402

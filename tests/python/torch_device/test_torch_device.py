@@ -264,6 +264,35 @@ def test_grouped_and_1d_convolution_grads(dev):
         close(cd.bias.grad, conv.bias.grad, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_embedding_max_norm_renormalizes_the_table_in_place_as_torch(dev, norm_type):
+    # torch scales each looked-up row over max_norm in the table itself (embedding_renorm_)
+    # before the lookup; rows not looked up keep their bits. The scale is computed in f32
+    # here and in double by torch, one rounding apart: a few ulps of float32.
+    eps = torch.finfo(torch.float32).eps
+    torch.manual_seed(2)
+    local = nn.Embedding(7, 5, max_norm=1.5, norm_type=norm_type)
+    with torch.no_grad():
+        local.weight[0] *= 0.1  # one row under max_norm, looked up
+    start = local.weight.detach().clone()
+    remote = copy.deepcopy(local).to(dev)
+    opt_l = torch.optim.SGD(local.parameters(), lr=0.5)
+    opt_r = torch.optim.SGD(remote.parameters(), lr=0.5)
+    for idx in (torch.tensor([[1, 3, 3], [0, 5, 1]]), torch.tensor([2, 3])):
+        g = torch.randn(*idx.shape, 5)
+        out_l, out_r = local(idx), remote(idx.to(dev))
+        close(out_r, out_l, rtol=8 * eps, atol=8 * eps)
+        close(remote.weight.detach(), local.weight.detach(), rtol=8 * eps, atol=8 * eps)
+        (out_l * g).sum().backward()
+        (out_r * g.to(dev)).sum().backward()
+        close(remote.weight.grad, local.weight.grad, rtol=8 * eps, atol=8 * eps)
+        opt_l.step(), opt_r.step()
+        opt_l.zero_grad(), opt_r.zero_grad()
+    w = remote.weight.detach().cpu()
+    assert torch.equal(w[[4, 6]], start[[4, 6]])  # never looked up, never stepped
+    assert (torch.linalg.vector_norm(start[[1, 3, 5]], norm_type, dim=1) > 1.5).all()
+
+
 # ---------------------------------------------------------------- errors
 
 def test_unmapped_op_raises_naming_it_at_the_call(dev):
@@ -403,7 +432,7 @@ def test_port_save_load_and_state_dict_pickling(dev, tmp_path):
 
 def test_coverage_table_is_generated_and_matches_the_docs():
     import os
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     with open(os.path.join(root, "docs", "torch_coverage.md"), encoding="utf-8") as f:
         doc = f.read()
     table = tt.coverage_table()
