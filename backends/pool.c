@@ -26,11 +26,17 @@ struct tdd_pool {
     uint64_t idle_uses, idle_since; /* tdd_pool_trim_idle's last look (ms) */
     tdd_pool_stats st;
     bool stop, idle_wait, has_thread;
+    bool trim_now;    /* tdd_pool_trim_all asked the thread for a trim ... */
+    uint64_t trim_at; /* ... at this CLOCK_MONOTONIC time (ns), the last call's + its delay */
     pthread_t thread;
+    struct tdd_pool *next; /* every pool, for tdd_pool_trim_all */
     freelist cls[NCLASS];
 };
 
 tdd_pool_config tdd_pool_defaults;
+
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+static tdd_pool *pools;
 
 static int class_of(size_t n, size_t *size)
 {
@@ -86,7 +92,21 @@ static uint64_t trim_locked(tdd_pool *p, uint64_t keep)
         }
         pthread_mutex_lock(&p->mu);
     }
+    if (!keep) /* the lists' own arrays too (10^5 small blocks: 800 KB of them) */
+        for (int c = 0; c < NCLASS; c++)
+            if (!p->cls[c].n && p->cls[c].cap > 16) {
+                free(p->cls[c].v);
+                p->cls[c].v = NULL;
+                p->cls[c].cap = 0;
+            }
     return released;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static void deadline_in(struct timespec *ts, uint32_t ms)
@@ -107,6 +127,26 @@ static void *trimmer(void *arg)
     tdd_pool *p = arg;
     pthread_mutex_lock(&p->mu);
     while (!p->stop) {
+        if (p->trim_now) { /* asked: everything cached and the raw allocator's free pages */
+            uint64_t t = now_ns();
+            if (t < p->trim_at) { /* a later call moves it on: wait for the calls to stop */
+                struct timespec dl = {.tv_sec = (time_t)(p->trim_at / 1000000000u),
+                                      .tv_nsec = (long)(p->trim_at % 1000000000u)};
+                int rc = 0;
+                while (!p->stop && rc != ETIMEDOUT)
+                    rc = pthread_cond_timedwait(&p->cv, &p->mu, &dl);
+                continue;
+            }
+            p->trim_now = false;
+            if (trim_locked(p, 0))
+                p->st.idle_trims++;
+            if (p->raw.trimmed) {
+                pthread_mutex_unlock(&p->mu);
+                p->raw.trimmed(p->raw.ctx);
+                pthread_mutex_lock(&p->mu);
+            }
+            continue;
+        }
         if (!p->st.cached) {
             p->idle_wait = true;
             pthread_cond_wait(&p->cv, &p->mu);
@@ -117,9 +157,9 @@ static void *trimmer(void *arg)
         struct timespec dl;
         deadline_in(&dl, p->cfg.trim_after_ms);
         int rc = 0;
-        while (!p->stop && rc != ETIMEDOUT)
+        while (!p->stop && !p->trim_now && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&p->cv, &p->mu, &dl);
-        if (p->stop || p->uses != seen)
+        if (p->stop || p->trim_now || p->uses != seen)
             continue;
         if (trim_locked(p, 0)) {
             p->st.idle_trims++;
@@ -154,6 +194,10 @@ tdd_pool *tdd_pool_new(const tdd_pool_raw *raw, const tdd_pool_config *cfg)
         }
         p->has_thread = true;
     }
+    pthread_mutex_lock(&pools_mu);
+    p->next = pools;
+    pools = p;
+    pthread_mutex_unlock(&pools_mu);
     return p;
 }
 
@@ -161,6 +205,13 @@ void tdd_pool_destroy(tdd_pool *p)
 {
     if (!p)
         return;
+    pthread_mutex_lock(&pools_mu);
+    for (tdd_pool **q = &pools; *q; q = &(*q)->next)
+        if (*q == p) {
+            *q = p->next;
+            break;
+        }
+    pthread_mutex_unlock(&pools_mu);
     if (p->has_thread) {
         pthread_mutex_lock(&p->mu);
         p->stop = true;
@@ -276,6 +327,29 @@ uint64_t tdd_pool_trim(tdd_pool *p, uint64_t keep)
     uint64_t released = trim_locked(p, keep);
     pthread_mutex_unlock(&p->mu);
     return released;
+}
+
+void tdd_pool_trim_all(uint32_t delay_ms)
+{
+    uint64_t at = now_ns() + (uint64_t)delay_ms * 1000000u;
+    pthread_mutex_lock(&pools_mu);
+    for (tdd_pool *p = pools; p; p = p->next) {
+        pthread_mutex_lock(&p->mu);
+        if (p->has_thread) {
+            p->trim_at = at;
+            if (!p->trim_now) { /* one wake-up per trim, not one per call */
+                p->trim_now = true;
+                pthread_cond_signal(&p->cv);
+            }
+            pthread_mutex_unlock(&p->mu);
+            continue;
+        }
+        trim_locked(p, 0);
+        pthread_mutex_unlock(&p->mu);
+        if (p->raw.trimmed)
+            p->raw.trimmed(p->raw.ctx);
+    }
+    pthread_mutex_unlock(&pools_mu);
 }
 
 uint64_t tdd_pool_trim_idle(tdd_pool *p)

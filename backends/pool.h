@@ -15,7 +15,9 @@
  *  - when keeping a freed block would put more than cfg.cap bytes in the cache,
  *  - when a raw allocation would take live + cached bytes past cfg.limit (the daemon's
  *    memory cap): cached blocks go first, largest first,
- *  - when the raw allocator fails: everything cached goes, and the request is retried.
+ *  - when the raw allocator fails: everything cached goes, and the request is retried,
+ *  - when the owner asks every pool at once (tdd_pool_trim_all: the daemon does after its
+ *    sessions released much memory), the raw allocator's trimmed hook called after.
  * Accounting stays with the caller: the pool never refuses what the raw allocator would
  * have granted. Thread-safe (one mutex; the raw allocator runs outside it). */
 #ifndef TDD_POOL_H
@@ -75,6 +77,12 @@ uint64_t tdd_pool_trim(tdd_pool *p, uint64_t keep);
 /* The idle trim for owners without the trim thread: releases everything cached when the
  * pool has been unused for trim_after_ms. Returns the bytes released. */
 uint64_t tdd_pool_trim_idle(tdd_pool *p);
+/* Every pool releases everything cached, then calls its raw allocator's trimmed hook (the
+ * cpu backend's gives the heap's free pages back): pools with a trim thread do it there,
+ * delay_ms after the last of a burst of calls (a caller freeing many objects calls it as
+ * it goes, and the trim comes once they are all freed), the caller never waiting on a raw
+ * free; the others at once, before this returns. */
+void tdd_pool_trim_all(uint32_t delay_ms);
 void tdd_pool_get_stats(tdd_pool *p, tdd_pool_stats *s);
 /* The size class nbytes falls in: what the raw allocator is asked for. */
 size_t tdd_pool_block_size(size_t nbytes);

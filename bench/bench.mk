@@ -20,7 +20,8 @@ bench-codec: $(BUILD)/bench/codec
 
 # make bench-scale: how the daemon's cost grows with sessions and live handles (bench/scale.py):
 # a table in bench/scale.md and a plot in bench/scale.png (python3-matplotlib, installed here
-# when missing and run as root: plotting is the only use). BENCH_ARGS passes options.
+# when missing and run as root: plotting is the only use). BENCH_ARGS passes options
+# (BENCH_ARGS=--why-stalls: each stall set against both ends' run-queue waits).
 .PHONY: bench-scale
 bench-scale: all
 	@if ! $(PY) -c 'import matplotlib' 2>/dev/null && [ "$$(id -u)" = 0 ]; then \

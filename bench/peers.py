@@ -288,9 +288,29 @@ def measure_tdd(td, quick, pid):
     m["down"] = median_time(lambda: holder["t"].numpy(), k)
     del holder["t"]
     for name, kind, shape, opt_name, lr in CASES:
-        m[name, "local"] = per_step(local_step(kind, shape, opt_name, lr), steps[kind])[0]
-        m[name, "tdd"] = per_step(tdd_step(td, kind, shape, opt_name, lr), steps[kind], pid=pid)
+        m[name, "local"], m[name, "tdd"] = alternated(
+            local_step(kind, shape, opt_name, lr), tdd_step(td, kind, shape, opt_name, lr),
+            steps[kind], pid)
     return m
+
+
+def alternated(local, remote, steps, pid, blocks=3):
+    """(local's median seconds per step, (tensordd's, its daemon's page faults per step)):
+    blocks of each in alternating order (local first, then tensordd first, ...), so that a
+    load that comes or goes during the row weighs on both sides alike."""
+    for _ in range(max(3, steps)):  # warm-up: the daemon's pool has what a step needs
+        local()
+        remote()
+    lt, rt, f0 = [], [], faults(pid)
+    for b in range(blocks):
+        for side in ((local, lt), (remote, rt))[::1 if b % 2 == 0 else -1]:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                side[0]()
+            side[1].append((time.perf_counter() - t0) / steps)
+    f1 = faults(pid)  # local steps map nothing in the daemon
+    per = (f1 - f0) / (blocks * steps) if None not in (f0, f1) else None
+    return statistics.median(lt), (statistics.median(rt), per)
 
 
 def measure_rpc(quick):

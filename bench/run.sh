@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # run.sh -- every benchmark, ratios against baselines of the same run, then bench/summary.py's
-# table of issue 11's targets built from the RESULT lines the benchmarks printed.
+# table of issue 11's targets built from the RESULT lines the benchmarks printed, written to
+# bench/RESULTS.md too (a full run only).
 #
 #   BUILD=build PY=/usr/bin/python3 bash bench/run.sh [--quick] [--runs N] [--c-runs N]
-#                                                     [--threads N] [--no-tls]
+#                                     [--threads N] [--no-tls] [--results FILE]
 #
-#   --runs N     the Python rows (Python client, training steps, PyTorch RPC, fairness) N
-#                times (default 3), fresh daemons each run; the summary gives each row's
-#                median over the runs
-#   --c-runs N   the C rows (bench/alloc, latency, ops, transfer, memfd) N times (default 1:
-#                each takes the median or best of its own repetitions, 3 to 9)
+#   --runs N     turns (default 3): each turn runs the C rows, then the Python rows, fresh
+#                daemons each; every benchmark measures tensordd and its baseline in the
+#                same turn (peers.py's training rows in alternating blocks), so a load that
+#                comes and goes weighs on both; the summary gives each row's min / median /
+#                max over the turns and flags a row whose spread is wider than its margin
+#   --c-runs N   the C rows (bench/alloc, latency, ops, transfer, memfd) in the first N turns
+#                only (default: every turn)
+#   --results F  the markdown table's file (default bench/RESULTS.md; - for none)
 #   --threads N  intra-op threads of the daemon that runs the Python rows (training, Python
 #                client, PyTorch RPC comparisons) and of local PyTorch and PyTorch RPC's
 #                server: the same on every side (default 1)
@@ -22,21 +26,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 PY=${PY:-/usr/bin/python3}
-runs=3 c_runs=1 threads=1 quick=0 tls=1
+runs=3 c_runs= threads=1 quick=0 tls=1 results=bench/RESULTS.md
 while [ $# -gt 0 ]; do
     case "$1" in
     --runs) runs=$2; shift ;;
     --c-runs) c_runs=$2; shift ;;
     --threads) threads=$2; shift ;;
-    --quick) quick=1 runs=1 c_runs=1 tls=0 ;;
+    --quick) quick=1 runs=1 c_runs=1 tls=0 results=- ;;
+    --results) results=$2; shift ;;
     --no-tls) tls=0 ;;
     *)
-        echo "usage: bench/run.sh [--quick] [--runs N] [--c-runs N] [--threads N] [--no-tls]" >&2
+        echo "usage: bench/run.sh [--quick] [--runs N] [--c-runs N] [--threads N] [--no-tls]" \
+            "[--results FILE]" >&2
         exit 2
         ;;
     esac
     shift
 done
+c_runs=${c_runs:-$runs}
 export PYTHONPATH="client/python:$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 log=$(mktemp) out=$(mktemp) fair=$(mktemp)
 pid=
@@ -125,7 +132,9 @@ py_suite() {
 {
     trap stop_daemon EXIT # this group is a subshell of its own (the pipe into tee)
     echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-    echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo -)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "cpu:     $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    # BENCH_COMMIT: the commit of a copy of the tree run outside git (a snapshot of it)
+    echo "commit:  ${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo -)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')}"
     echo "command: bench/run.sh --runs $runs --c-runs $c_runs --threads $threads$(q ' --quick' '')"
     if [ "$have_torch" = 0 ]; then
         echo "torch is not installed ($PY -c 'import torch' fails): the PyTorch rows are skipped"
@@ -134,15 +143,15 @@ py_suite() {
             echo "SKIP $r torch is not installed"
         done
     fi
-    for run in $(seq "$c_runs"); do
-        echo
-        echo "== C rows, run $run of $c_runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-        echo
-        c_suite
-    done
     for run in $(seq "$runs"); do
+        if [ "$run" -le "$c_runs" ]; then
+            echo
+            echo "== C rows, turn $run of $runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+            echo
+            c_suite
+        fi
         echo
-        echo "== Python rows, run $run of $runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+        echo "== Python rows, turn $run of $runs, $(date -u +%H:%M:%S) UTC, load average $(cut -d' ' -f1-3 /proc/loadavg)"
         echo
         py_suite
     done
@@ -159,7 +168,12 @@ if [ "$tls" = 1 ]; then
 fi
 echo
 rc=0
-"$PY" bench/summary.py "$log" || rc=$?
+if [ "$results" != - ]; then
+    "$PY" bench/summary.py --markdown "$results" "$log" || rc=$?
+    echo "bench: table written to $results"
+else
+    "$PY" bench/summary.py "$log" || rc=$?
+fi
 [ "$failed" = 0 ] || echo "bench: a benchmark failed (above)"
 [ "$failed" = 0 ] && exit "$rc"
 exit 1

@@ -6,6 +6,11 @@ Starts its own daemon (BUILD/tensordd, --cpu-devices 1) and measures, from outsi
              each looping x.relu().numpy() (a round trip) over its sessions in turn for
              --seconds: round trips per second, latency p50/p99/max, trips slower than
              10 ms ("stalls"), and the daemon's CPU time per round trip (/proc/PID/stat);
+             with --why-stalls, every stall is set against the time the client's thread
+             and the daemon's loop thread spent runnable but not running during it
+             (run_delay, /proc/.../schedstat, read around every trip: a few us more per
+             trip): "sched" counts the stalls that waiting for a CPU explains (at least
+             half the stall), the others are the daemon's or the client's own;
   idle       --idle idle sessions: the daemon's RSS per session while open, and what of it
              is still held once they closed;
   handles    one session holding H live handles (each of --handles): RSS per handle, the
@@ -18,6 +23,7 @@ taken on a quiet machine.
 
     /usr/bin/python3 bench/scale.py [BUILD] [--sessions 1,16,64,256] [--seconds 3]
         [--procs 8] [--idle 256] [--handles 1000,10000,100000] [--out bench/scale]
+        [--why-stalls]
 """
 
 from __future__ import annotations
@@ -43,9 +49,19 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK
 
 
-def _client(build, endpoint, n, seconds, start, out):
+def _delay(fd):
+    """run_delay (ns spent runnable, not running) from an open schedstat file, or 0."""
+    try:
+        return int(os.pread(fd, 128, 0).split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _client(build, endpoint, n, seconds, start, out, dpid=0):
     """One client process: n sessions, each with a 4-element tensor; round trips over them
-    in turn from `start` (a shared wall-clock instant) for `seconds`; latencies to out."""
+    in turn from `start` (a shared wall-clock instant) for `seconds`; latencies to out,
+    and with dpid (the daemon's: its loop thread is its main thread) each stall's
+    (latency, the client's run_delay during it, the daemon loop's)."""
     sys.path[:0] = [os.path.join(ROOT, "client", "python"), os.path.join(build, "python")]
     import numpy as np
     import tensordd
@@ -55,28 +71,40 @@ def _client(build, endpoint, n, seconds, start, out):
         x.relu().numpy()
     while time.time() < start:
         time.sleep(0.001)
-    lat = []
+    lat, why = [], []
     end = start + seconds
     i = 0
+    if dpid:
+        own = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        loop = os.open(f"/proc/{dpid}/task/{dpid}/schedstat", os.O_RDONLY)
+        o0, l0 = _delay(own), _delay(loop)
     while time.time() < end:
         t0 = time.perf_counter_ns()
         xs[i].relu().numpy()
-        lat.append(time.perf_counter_ns() - t0)
+        dt = time.perf_counter_ns() - t0
+        lat.append(dt)
+        if dpid:
+            o1, l1 = _delay(own), _delay(loop)
+            if dt > 10_000_000:
+                why.append((dt, o1 - o0, l1 - l0))
+            o0, l0 = o1, l1
         i = (i + 1) % n
     for s in sessions:
         s.close()
-    out.put(lat)
+    out.put((lat, why))
 
 
-def sessions_part(build, endpoint, pid, ns, procs, seconds):
+def sessions_part(build, endpoint, pid, ns, procs, seconds, why_stalls=False):
     rows = []
     ctx = mp.get_context("spawn")
     for n in ns:
         p = min(procs, n)
         share = [n // p + (k < n % p) for k in range(p)]
         q = ctx.Queue()
-        start = time.time() + 3.0 + n * 0.01  # time to connect every session first
-        workers = [ctx.Process(target=_client, args=(build, endpoint, k, seconds, start, q))
+        start = time.time() + 5.0 + n * 0.03  # time to connect every session first (loaded: longer)
+        workers = [ctx.Process(target=_client,
+                               args=(build, endpoint, k, seconds, start, q,
+                                     pid if why_stalls else 0))
                    for k in share]
         for w in workers:
             w.start()
@@ -85,9 +113,11 @@ def sessions_part(build, endpoint, pid, ns, procs, seconds):
         c0 = cpu_s(pid)
         time.sleep(seconds)
         c1 = cpu_s(pid)
-        lat = []
+        lat, why = [], []
         for _ in workers:
-            lat += q.get(timeout=seconds + 120)
+            la, wh = q.get(timeout=seconds + 120)
+            lat += la
+            why += wh
         for w in workers:
             w.join(60)
         lat.sort()
@@ -98,6 +128,8 @@ def sessions_part(build, endpoint, pid, ns, procs, seconds):
             "p99_us": lat[min(trips - 1, trips * 99 // 100)] / 1e3 if trips else float("nan"),
             "max_ms": lat[-1] / 1e6 if trips else float("nan"),
             "stalls": sum(1 for x in lat if x > 10_000_000),
+            # stalls that waiting for a CPU (the client's or the daemon loop's) explains
+            "sched": sum(1 for dt, o, lp in why if max(o, lp) >= dt / 2) if why_stalls else "-",
             "cpu_us": (c1 - c0) * 1e6 / trips if trips else float("nan")})
     return rows
 
@@ -216,6 +248,8 @@ def main():
     ap.add_argument("--idle", type=int, default=256)
     ap.add_argument("--handles", default="1000,10000,100000")
     ap.add_argument("--out", default=os.path.join(HERE, "scale"))
+    ap.add_argument("--why-stalls", action="store_true",
+                    help="set each stall against the run-queue waits of both ends")
     a = ap.parse_args()
     ns = [int(x) for x in a.sessions.split(",") if x]
     if not ns or min(ns) < 1:
@@ -225,7 +259,7 @@ def main():
                            str(max(ns + [a.idle]) + 16), "--max-inflight", "65536")
     endpoint = f"tcp://127.0.0.1:{port}"
     try:
-        srows = sessions_part(a.build, endpoint, d.pid, ns, a.procs, a.seconds)
+        srows = sessions_part(a.build, endpoint, d.pid, ns, a.procs, a.seconds, a.why_stalls)
         idle = idle_part(a.build, endpoint, d.pid, a.idle) if a.idle else None
         hrows = handles_part(a.build, endpoint, d.pid, counts) if counts else []
     finally:
@@ -239,7 +273,7 @@ def main():
              f"## Sessions ({a.procs} client processes at most, {a.seconds:g} s each)", "",
              table(srows, [("sessions", "{}"), ("procs", "{}"), ("trips_s", "{:.0f}"),
                            ("p50_us", "{:.0f}"), ("p99_us", "{:.0f}"), ("max_ms", "{:.1f}"),
-                           ("stalls", "{}"), ("cpu_us", "{:.1f}")]), ""]
+                           ("stalls", "{}"), ("sched", "{}"), ("cpu_us", "{:.1f}")]), ""]
     parts += [f"- {v}" for v in verdicts(srows)] + [""]
     if idle:
         parts += ["## Idle sessions", "",

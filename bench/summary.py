@@ -11,15 +11,22 @@ figure:
 
 name is [a-z0-9_.]+, value a number (nan when the bench could not compute it), target
 `<=X`, `>=X` or `-` (a figure with no target: a baseline or a peer ratio). A row printed
-more than once (bench/run.sh --runs N) is summarised by its median. A line
+more than once (bench/run.sh --runs N: one line per turn) is summarised by its median, with
+its min, max and number of turns; a row whose spread (max - min) is wider than its median's
+margin to the target is flagged "unsure": one more run could turn its verdict. A line
 
     SKIP <name or prefix.*> <reason...>
 
-says why rows were not measured (torch missing). EXPECTED below is the list of rows issue
-11 asks for, then the torch device's; the table shows each with its value, target and
-verdict (met, missed), and MISSING for one no benchmark printed. Exit status: 0 when every
-expected row was printed or skipped, 1 when one is missing, 2 when a line is malformed or a
-row's target changes between lines.
+says why rows were not measured (torch missing). EXPECTED below is the list of rows the
+suite must print, then the torch device's; the table shows each with its value, target and verdict (met, missed), and
+MISSING for one no benchmark printed. Exit status: 0 when every expected row was printed
+or skipped, 1 when one is missing, 2 when a line is malformed or a row's target changes
+between lines.
+
+    summary.py --markdown bench/RESULTS.md LOG   also writes the table as markdown, headed by
+                                                the run's machine, CPU model, commit, command
+                                                and load averages (the lines bench/run.sh
+                                                prints: machine:, cpu:, commit:, command:, ==)
 """
 from __future__ import annotations
 
@@ -85,6 +92,15 @@ class Row:
     def value(self) -> float:
         return statistics.median(self.values)
 
+    def unsure(self) -> str:
+        """'' or why the verdict could turn: the spread over the turns is wider than the
+        median's distance to the bound."""
+        if self.target == "-" or len(self.values) < 2 or any(map(math.isnan, self.values)):
+            return ""
+        bound = float(TARGET.match(self.target).group(2))
+        spread, margin = max(self.values) - min(self.values), abs(self.value - bound)
+        return f"unsure: spread {fmt(spread)} > margin {fmt(margin)}" if spread > margin else ""
+
     def verdict(self) -> str:
         if self.target == "-":
             return "(no target)"
@@ -139,13 +155,13 @@ def fmt(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 1000 else f"{v:.3g}"
 
 
-def summarise(lines, out=sys.stdout) -> int:
+HEAD = f"  {'row':64} {'median':>9} {'target':>9} {'min':>9} {'max':>9} {'turns':>5}  verdict"
+
+
+def table(lines):
+    """(rows of (name, label, Row or None, verdict), missing names, counts, errors)."""
     rows, skips, errors = parse(lines)
-    runs = max((len(r.values) for r in rows.values()), default=0)
-    print(f"summary: issue 11's rows (median of {runs} run{'s' * (runs != 1)} where a row repeats)",
-          file=out)
-    print(f"  {'row':64} {'value':>9} {'target':>9}  verdict", file=out)
-    missing, counts = [], {"met": 0, "missed": 0}
+    out, missing, counts = [], [], {"met": 0, "missed": 0, "unsure": 0}
     known = {name for name, _ in EXPECTED}
     for name, label in EXPECTED + [(n, n) for n in sorted(rows) if n not in known]:
         row = rows.get(name)
@@ -154,21 +170,91 @@ def summarise(lines, out=sys.stdout) -> int:
             verdict = f"skipped: {why}" if why else "MISSING"
             if not why:
                 missing.append(name)
-            print(f"  {label:64} {'-':>9} {'':>9}  {verdict}", file=out)
+            out.append((name, label, None, verdict))
             continue
         verdict = row.verdict()
         counts[verdict.split()[0]] = counts.get(verdict.split()[0], 0) + 1
-        k = len(row.values)
-        n = f" ({k} run{'s' * (k != 1)})" if k != runs else ""
-        print(f"  {label:64} {fmt(row.value):>9} {row.target:>9}  {verdict}{n}", file=out)
-    print(f"targets met {counts['met']}, missed {counts['missed']}; rows missing {len(missing)}"
-          + (": " + ", ".join(missing) if missing else ""), file=out)
+        unsure = row.unsure()
+        if unsure:
+            counts["unsure"] += 1
+            verdict += f", {unsure}"
+        out.append((name, label, row, verdict))
+    return out, missing, counts, errors
+
+
+def summarise(lines, out=sys.stdout) -> int:
+    rows, missing, counts, errors = table(lines)
+    runs = max((len(r.values) for _, _, r, _ in rows if r), default=0)
+    print(f"summary: issue 11's rows (median, min and max of {runs} turn{'s' * (runs != 1)} "
+          "where a row repeats)", file=out)
+    print(HEAD, file=out)
+    for _, label, row, verdict in rows:
+        if row is None:
+            print(f"  {label:64} {'-':>9} {'':>9} {'':>9} {'':>9} {'':>5}  {verdict}", file=out)
+            continue
+        v = row.values
+        print(f"  {label:64} {fmt(row.value):>9} {row.target:>9} {fmt(min(v)):>9} "
+              f"{fmt(max(v)):>9} {len(v):>5}  {verdict}", file=out)
+    print(f"targets met {counts['met']}, missed {counts['missed']}; unsure {counts['unsure']}; "
+          f"rows missing {len(missing)}" + (": " + ", ".join(missing) if missing else ""),
+          file=out)
     for e in errors:
         print(f"summary: {e}", file=out)
     return 2 if errors else 1 if missing else 0
 
 
+def context(lines):
+    """The run's machine, cpu, commit and command lines and its load averages, from the log."""
+    info, loads = {}, []
+    for line in lines:
+        for key in ("machine", "cpu", "commit", "command"):
+            if line.startswith(key + ":") and key not in info:
+                info[key] = line.split(":", 1)[1].strip()
+        m = re.match(r"== (.*), (\d\d:\d\d:\d\d) UTC, load average ([0-9. ]+)", line)
+        if m:
+            loads.append((m.group(1).strip(), m.group(2), m.group(3).strip()))
+    return info, loads
+
+
+def markdown(lines, path, date=None):
+    """The table as bench/RESULTS.md: generated, replaced by every full make bench."""
+    import datetime
+
+    rows, missing, counts, _ = table(lines)
+    info, loads = context(lines)
+    date = date or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = ["# Benchmark results (generated)", "",
+          "Written by `make bench` (bench/run.sh, then bench/summary.py --markdown); do not edit.",
+          "Each row: the ratio or figure of every turn (a turn runs every benchmark once, "
+          "tensordd and its baseline in the same turn), min / median / max over the turns. "
+          "\"unsure\": the spread over the turns is wider than the median's margin to the "
+          "target. Older figures and notes: bench/archive/.", "",
+          f"- date: {date}"]
+    for key in ("machine", "cpu", "commit", "command"):
+        md.append(f"- {key}: {info.get(key, '-')}")
+    if loads:
+        md.append("- load average (1, 5, 15 min) at each turn's start: "
+                  + "; ".join(f"{when} {t}: {la}" for when, t, la in loads))
+    md += ["", "| row | min | median | max | turns | target | verdict |",
+           "|---|---:|---:|---:|---:|---|---|"]
+    for name, label, row, verdict in rows:
+        if row is None:
+            md.append(f"| {label} (`{name}`) | | | | | | {verdict} |")
+            continue
+        v = row.values
+        md.append(f"| {label} (`{name}`) | {fmt(min(v))} | {fmt(row.value)} | {fmt(max(v))} | "
+                  f"{len(v)} | {row.target.replace('<', '&lt;')} | {verdict} |")
+    md += ["", f"Targets met {counts['met']}, missed {counts['missed']}, unsure "
+           f"{counts['unsure']}; rows missing {len(missing)}"
+           + (": " + ", ".join(missing) if missing else "") + ".", ""]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(md))
+
+
 def main(argv) -> int:
+    md = None
+    if len(argv) > 2 and argv[1] == "--markdown":
+        md, argv = argv[2], argv[:1] + argv[3:]
     if len(argv) > 1:
         lines = []
         for path in argv[1:]:
@@ -176,7 +262,10 @@ def main(argv) -> int:
                 lines += f.readlines()
     else:
         lines = sys.stdin.readlines()
-    return summarise(lines)
+    rc = summarise(lines)
+    if md:
+        markdown(lines, md)
+    return rc
 
 
 if __name__ == "__main__":

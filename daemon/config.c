@@ -154,6 +154,10 @@ static const option_row rows[] = {
      "first when the daemon nears --memory-cap)"},
     {"pool-trim", "SECS", OPT_SECONDS, FIELD(pool_trim_s), 2, 0, 86400, "never",
      "release the kept memory after this long without allocations"},
+    {"trim-released", "BYTES", OPT_BYTES, FIELD(trim_released), 32 * M, 0, UINT64_MAX, "never",
+     "when the handles and sessions released since the last peak held this much bookkeeping "
+     "(about 500 bytes a handle, 16 KiB a session), every device's kept memory and the "
+     "heap's free pages go back to the system, on the pools' own threads"},
     {"max-inflight", "N", OPT_COUNT, FIELD(max_inflight), 4096, 1, 1u << 24, NULL,
      "queued requests per session before reading pauses"},
     {"max-sessions", "N", OPT_COUNT, FIELD(max_sessions), 1024, 1, 1u << 20, NULL,
@@ -176,7 +180,7 @@ static const option_row rows[] = {
     {"poll-min-cpus", "N", OPT_COUNT, FIELD(poll_min_cpus), 1, 0, 4096, NULL,
      "--poll-us only on machines with at least this many online CPUs (on an idle 2-vCPU VM "
      "polling cut a small round trip from ~95 to ~30 us, where a sleeping vCPU is slow to "
-     "wake; under load the preemption rule already stops it: bench/RESULTS.md)"},
+     "wake; under load the preemption rule already stops it: bench/archive/latency.md)"},
     {"inline-work", "N", OPT_COUNT, FIELD(inline_work), 65536, 0, 1u << 24, "never",
      "an op on a host-memory device whose lane is idle runs on the loop thread, not its "
      "worker, when its work is at most this many element passes (a matmul's multiply-adds "
@@ -197,7 +201,8 @@ static const option_row rows[] = {
      "bytes and more (4 MiB at least) are made in memfds of the daemon's own, which a download "
      "as an fd then seals and hands over without a copy (a later in-place update of the "
      "tensor copies the pages it writes); off by default: where shmem has no huge pages, a "
-     "kernel writing fresh 4 KiB shmem pages costs more than the copy saved (bench/RESULTS.md)"},
+     "kernel writing fresh 4 KiB shmem pages costs more than the copy saved "
+     "(bench/archive/transfers.md)"},
     {"max-memfd-storage", "N", OPT_COUNT, FIELD(max_memfd_storage), 256, 0, 1u << 20, "none",
      "memfds holding tensors (memfd-storage-min) daemon-wide, each an open file; past it "
      "tensors are made in anonymous memory and their downloads copied"},

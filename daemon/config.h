@@ -38,6 +38,9 @@ typedef struct tdd_config {
     uint64_t memory_cap;      /* bytes for the whole daemon; 0 = physical memory */
     uint64_t pool_cap;        /* free bytes each device's caching allocator keeps; 0 = none */
     uint32_t pool_trim_s;     /* release them after this long unused; 0 = never */
+    /* bookkeeping bytes released by handles and sessions (net of new ones) past which the
+     * pools' caches and the heap's free pages go back to the system; 0 = never */
+    uint64_t trim_released;
     uint32_t max_inflight;    /* queued requests per session before reading pauses */
     uint32_t max_sessions;    /* concurrent sessions */
     uint32_t idle_timeout_s;  /* close a session silent this long; 0 = never */

@@ -142,7 +142,7 @@ static bool poll_would_steal(uint64_t now)
 /* Runs the loop until no handle is left. For --poll-us after each request the loop
  * polls (non-blocking) instead of sleeping in epoll_wait: a client's next request
  * then finds it awake. On a shared 2-vCPU VM a sleeping daemon took 50-80 us to wake,
- * 4x a raw TCP ping-pong (bench/RESULTS.md); an idle daemon still sleeps, and so does
+ * 4x a raw TCP ping-pong (bench/archive/runs.md); an idle daemon still sleeps, and so does
  * one whose polling would take a core from someone (poll_would_steal). */
 static void run_loop(uv_loop_t *loop)
 {

@@ -11,6 +11,12 @@
 /* Frames up to this size are built on the stack: a small reply with nothing
  * queued ahead of it then costs no allocation at all. */
 #define SMALL_FRAME 512
+/* Payloads up to this size are copied into their frame: written from tensor storage,
+ * frame processing would pause until the write completed (the storage must not change
+ * under it), and the pause stops and restarts reading, two epoll_ctl calls per small
+ * download (relu(4).numpy()'s round trip: read, writev, epoll_ctl ADD failing with EEXIST,
+ * epoll_ctl MOD, against read and write with the payload copied). */
+#define INLINE_PAYLOAD 4096
 
 void srv_free_handle(uv_handle_t *h)
 {
@@ -83,6 +89,20 @@ static uint8_t *frame_begin(tdd_conn *c, size_t mlen, uint64_t plen, uint8_t *sm
 static void send_frame(tdd_conn *c, uint8_t *frame, size_t flen, write_req *wr, const void *payload,
                        uint64_t plen, tdd_storage *hold, bool resume)
 {
+    uint8_t joined[SMALL_FRAME + INLINE_PAYLOAD];
+    if (plen && plen <= INLINE_PAYLOAD && !wr && flen <= SMALL_FRAME) {
+        memcpy(joined, frame, flen);
+        memcpy(joined + flen, payload, (size_t)plen);
+        frame = joined;
+        flen += (size_t)plen;
+        plen = 0;
+        payload = NULL;
+        hold = NULL;
+        if (resume) { /* the pause taken for this reply: nothing to wait for now */
+            c->paused--;
+            resume = false;
+        }
+    }
     size_t sent = 0;
     if (plen == 0 && c->wq_bytes == 0 && !c->tls) {
         /* A reply with nothing queued ahead of it goes out with one write(2) now:

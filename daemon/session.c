@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "pool.h"
 #include "td_error_set.h"
 
 tdd_session *tdd_sessions;
@@ -110,6 +111,43 @@ void tdd_handle_set_free_fn(td_handle_kind kind, tdd_obj_free_fn fn)
     free_fns[kind] = fn;
 }
 
+/* ---------------------------------------------------------------- memory back */
+
+/* Freed handles and sessions go back to the caching pools and glibc's free lists, where a
+ * client that releases 10^5 handles would leave ~50 MB the daemon never uses again (the
+ * pools keep small blocks until they sit idle, which a busy daemon never does, and the
+ * heap's free pages stay mapped). So the loop keeps an estimate of the bookkeeping its
+ * sessions hold (tdd_handle_cost per handle, SESSION_COST per session) and its peak since
+ * the last trim: when the estimate has fallen --trim-released below that peak, every pool
+ * is asked to release what it keeps and the heap its free pages (tdd_pool_trim_all: on
+ * the pools' own threads, the loop never waits), TRIM_QUIET_MS after the last release of
+ * the burst (each release until the next bind moves it on), so the burst's tail goes too.
+ * A steady loop that binds as many handles as it releases never triggers it. Loop thread
+ * only. */
+#define SESSION_COST (16u << 10) /* a session and its connection's buffers, idle */
+#define TRIM_QUIET_MS 100
+static uint64_t held_est, held_peak;
+static bool trim_armed; /* a trim is asked for; releases until the next bind move it on */
+
+static void held_more(uint64_t n)
+{
+    held_est += n;
+    trim_armed = false;
+    if (held_est > held_peak)
+        held_peak = held_est;
+}
+
+static void held_less(uint64_t n)
+{
+    held_est = held_est > n ? held_est - n : 0;
+    if (tdd_cfg.trim_released && held_peak - held_est >= tdd_cfg.trim_released) {
+        held_peak = held_est;
+        trim_armed = true;
+    }
+    if (trim_armed)
+        tdd_pool_trim_all(TRIM_QUIET_MS);
+}
+
 tdd_session *tdd_session_new(struct tdd_conn *conn)
 {
     tdd_session *s = calloc(1, sizeof *s);
@@ -134,6 +172,7 @@ tdd_session *tdd_session_new(struct tdd_conn *conn)
         tdd_sessions->prev = s;
     tdd_sessions = s;
     tdd_nsessions++;
+    held_more(SESSION_COST);
     return s;
 }
 
@@ -263,6 +302,7 @@ void tdd_session_close(tdd_session *s)
         free_fns[TD_HANDLE_GRAPH](s->replaying);
     s->capture = s->replaying = NULL;
     tdd_account_credit(s->acct, charged * tdd_handle_cost());
+    held_less(t.n * tdd_handle_cost() + SESSION_COST);
     s->nhandles = 0;
     id_runs_free(s);
     s->closed = true;
@@ -309,6 +349,7 @@ void tdd_session_fail(tdd_session *s, const td_error *err)
  * with 10^5 live handles). Blocks are placed by splitmix64's finaliser of
  * id / HANDLE_GROUP, so ids that are not consecutive spread as before. */
 #define HANDLE_GROUP 16 /* a power of two; the table's minimum capacity is a multiple */
+#define TABLE_MIN 64
 
 static size_t slot_of(uint64_t id, size_t cap)
 {
@@ -332,26 +373,31 @@ tdd_handle *tdd_handle_find(tdd_session *s, uint64_t id)
     }
 }
 
+/* Rehashes into cap slots (a power of two, over twice t->n). */
+static int table_resize(tdd_handle_table *t, size_t cap)
+{
+    tdd_handle *slots = calloc(cap, sizeof *slots);
+    if (!slots)
+        return TD_ERESOURCE_EXHAUSTED;
+    for (size_t i = 0; i < t->cap; i++) {
+        if (!t->slots[i].id)
+            continue;
+        size_t j = slot_of(t->slots[i].id, cap);
+        while (slots[j].id)
+            j = (j + 1) & (cap - 1);
+        slots[j] = t->slots[i];
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->cap = cap;
+    return 0;
+}
+
 /* Inserts an entry whose id is absent; keeps the load under one half. */
 static int table_put(tdd_handle_table *t, const tdd_handle *e)
 {
-    if (2 * (t->n + 1) > t->cap) {
-        size_t cap = t->cap ? 2 * t->cap : 64;
-        tdd_handle *slots = calloc(cap, sizeof *slots);
-        if (!slots)
-            return TD_ERESOURCE_EXHAUSTED;
-        for (size_t i = 0; i < t->cap; i++) {
-            if (!t->slots[i].id)
-                continue;
-            size_t j = slot_of(t->slots[i].id, cap);
-            while (slots[j].id)
-                j = (j + 1) & (cap - 1);
-            slots[j] = t->slots[i];
-        }
-        free(t->slots);
-        t->slots = slots;
-        t->cap = cap;
-    }
+    if (2 * (t->n + 1) > t->cap && table_resize(t, t->cap ? 2 * t->cap : TABLE_MIN))
+        return TD_ERESOURCE_EXHAUSTED;
     size_t i = slot_of(e->id, t->cap);
     while (t->slots[i].id)
         i = (i + 1) & (t->cap - 1);
@@ -360,7 +406,10 @@ static int table_put(tdd_handle_table *t, const tdd_handle *e)
     return 0;
 }
 
-/* Removes the entry at h and closes the gap (backward shift: no tombstones). */
+/* Removes the entry at h and closes the gap (backward shift: no tombstones). A table
+ * left under an eighth full halves (to under a quarter: a client that binds and releases
+ * around one size does not rehash back and forth), so a session that released most of its
+ * handles gives their slots back. Entries move: no pointer into the table survives. */
 static void table_remove(tdd_handle_table *t, tdd_handle *h)
 {
     size_t mask = t->cap - 1, i = (size_t)(h - t->slots);
@@ -376,6 +425,8 @@ static void table_remove(tdd_handle_table *t, tdd_handle *h)
     t->slots[i].poisoned = false;
     t->slots[i].obj = NULL;
     t->n--;
+    if (t->cap > TABLE_MIN && 8 * t->n < t->cap)
+        (void)table_resize(t, t->cap / 2); /* out of memory: it stays as large, still right */
 }
 
 int tdd_err_unknown_handle(td_error *err, uint64_t id)
@@ -578,6 +629,7 @@ static void handle_put(tdd_session *s, uint64_t id, td_handle_kind kind, bool po
     if (kind == TD_HANDLE_TENSOR || poisoned)
         ((tdd_value *)obj)->handle = id;
     s->nhandles++;
+    held_more(tdd_handle_cost());
     id_remember(s, id);
 }
 
@@ -620,6 +672,7 @@ int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
     table_remove(&s->handles, h);
     s->nhandles--;
     free_obj(kind, poisoned, obj); /* last: freeing may release other handles' objects */
+    held_less(tdd_handle_cost());
     return 0;
 }
 

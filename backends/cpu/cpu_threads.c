@@ -6,7 +6,7 @@
  * ops queued back to back, follow each other that closely) and then sleeps on a futex:
  * between requests the daemon leaves the cores to its clients. libgomp's threads spun
  * for ~300k iterations after every region (milliseconds of a core per op, measured:
- * bench/RESULTS.md), and its spin count is read from the environment before main runs,
+ * bench/archive/memory.md), and its spin count is read from the environment before main runs,
  * so it cannot be set from here. */
 #include <limits.h>
 #include <linux/futex.h>

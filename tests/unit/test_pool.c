@@ -2,8 +2,10 @@
  * allocator that records the size of every block it hands out, so a block reused for a
  * request it is too small for is seen (the bytes past its end would be someone else's). */
 #include <check.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "pool.h"
 
@@ -129,6 +131,53 @@ START_TEST(test_block_sizes_are_monotonic)
 }
 END_TEST
 
+static atomic_int trimmed_calls;
+
+static void raw_trimmed(void *ctx)
+{
+    (void)ctx;
+    atomic_fetch_add(&trimmed_calls, 1);
+}
+
+/* tdd_pool_trim_all: a pool with a trim thread releases everything it keeps there, after
+ * the last of a burst of calls, and calls its trimmed hook once; one without a thread at
+ * once. The idle trim (an hour) is not what releases them. */
+START_TEST(test_trim_all_releases_every_pool)
+{
+    tdd_pool_raw raw = {.alloc = raw_alloc, .free = raw_free, .trimmed = raw_trimmed};
+    tdd_pool_config cfg = {
+        .cap = (uint64_t)1 << 40, .trim_after_ms = 3600u * 1000u, .trim_thread = true};
+    tdd_pool *threaded = tdd_pool_new(&raw, &cfg);
+    cfg.trim_thread = false;
+    tdd_pool *plain = tdd_pool_new(&raw, &cfg);
+    ck_assert_ptr_nonnull(threaded);
+    ck_assert_ptr_nonnull(plain);
+    void *b[200];
+    for (int i = 0; i < 200; i++)
+        b[i] = tdd_pool_alloc(i % 2 ? threaded : plain, 64u * (size_t)(1 + i % 7));
+    for (int i = 0; i < 200; i++)
+        tdd_pool_free(i % 2 ? threaded : plain, b[i], 64u * (size_t)(1 + i % 7));
+    tdd_pool_stats st;
+    tdd_pool_get_stats(threaded, &st);
+    ck_assert_uint_gt(st.cached, 0);
+    atomic_store(&trimmed_calls, 0);
+    for (int i = 0; i < 5; i++) /* a burst: one trim at its end */
+        tdd_pool_trim_all(20);
+    tdd_pool_get_stats(plain, &st);
+    ck_assert_uint_eq(st.cached, 0); /* no thread: done before the call returned */
+    for (int i = 0; i < 500; i++) {
+        tdd_pool_get_stats(threaded, &st);
+        if (!st.cached && atomic_load(&trimmed_calls) >= 6)
+            break;
+        nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
+    }
+    ck_assert_uint_eq(st.cached, 0);
+    ck_assert_int_eq(atomic_load(&trimmed_calls), 6); /* 5 inline, 1 on the thread */
+    tdd_pool_destroy(threaded);
+    tdd_pool_destroy(plain);
+}
+END_TEST
+
 Suite *pool_suite(void)
 {
     Suite *s = suite_create("pool");
@@ -136,6 +185,7 @@ Suite *pool_suite(void)
     tcase_add_test(tc, test_reused_blocks_are_big_enough);
     tcase_add_test(tc, test_four_mib_does_not_take_a_smaller_freed_block);
     tcase_add_test(tc, test_block_sizes_are_monotonic);
+    tcase_add_test(tc, test_trim_all_releases_every_pool);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,8 @@
 """bench/summary.py, the table at the end of `make bench`: fed RESULT lines written here, it
-must show each of issue 11's rows with the median of its values and the right verdict,
-name a row no benchmark printed, and refuse malformed lines. (That every row is really
+must show each of issue 11's rows with the median, min and max of its values, its number of
+turns and the right verdict (flagged unsure when the spread is wider than the margin to the
+target), name a row no benchmark printed, refuse malformed lines, and write the same table as
+markdown headed by the run's machine and loads. (That every row is really
 printed by the benchmarks is `make bench-smoke`: bench/run.sh --quick, whose summary fails
 on a missing row.)"""
 
@@ -23,16 +25,16 @@ _spec.loader.exec_module(summary)
 
 
 def run(lines):
-    """(exit status, {label: (value column, target column, verdict)}, whole text)."""
+    """(exit status, {label: (median column, target column, verdict)}, whole text)."""
     out = io.StringIO()
     rc = summary.summarise(lines, out)
     labels = {label: name for name, label in summary.EXPECTED}
     rows = {}
     for line in out.getvalue().splitlines():
-        # "  <label, 64 wide> <value, 9 wide> <target, 9 wide>  <verdict>"
+        # "  <label, 64> <median, 9> <target, 9> <min, 9> <max, 9> <turns, 5>  <verdict>"
         label = line[2:66].rstrip()
-        if line.startswith("  ") and len(line) > 88:
-            rows[labels.get(label, label)] = (line[67:76].strip(), line[77:86].strip(), line[88:])
+        if line.startswith("  ") and len(line) > 114:
+            rows[labels.get(label, label)] = (line[67:76].strip(), line[77:86].strip(), line[114:])
     rows.pop("row", None)  # the header
     return rc, rows, out.getvalue()
 
@@ -76,7 +78,7 @@ def test_counts_of_met_and_missed():
     assert rows["train.mlp_adam.local"] == ("0.9", "<=1.1", "met")
     assert rows["train.mlp_adam.rpc"] == ("4.9", ">=5", "missed")
     assert rows["extra.row"] == ("7", ">=5", "met")  # a row not in the list is shown too
-    assert "targets met 2, missed 1; rows missing 0" in text
+    assert "targets met 2, missed 1; unsure 0; rows missing 0" in text
 
 
 def test_median_of_runs():
@@ -86,15 +88,29 @@ def test_median_of_runs():
     lines = [line for line in every_row() * 5 if " train.mlp_adam.local " not in line] + lines
     rc, rows, text = run(lines)
     assert rc == 0, text
-    assert rows["train.mlp_adam.local"] == ("1.2", "<=1.1", "missed"), text
-    assert "median of 5 runs" in text
+    assert rows["train.mlp_adam.local"] == (
+        "1.2", "<=1.1", "missed, unsure: spread 8.5 > margin 0.1"), text
+    assert "of 5 turns" in text
+    line = next(x for x in text.splitlines() if x.startswith("  MLP 64-128-10 Adam step: tensordd"))
+    assert line[77:113].split() == ["<=1.1", "0.5", "9", "5"], line  # target, min, max, turns
+
+
+def test_a_spread_inside_the_margin_is_sure():
+    lines = [line for line in every_row() * 3 if " train.mlp_adam.local " not in line]
+    rc, rows, text = run(lines + [f"RESULT train.mlp_adam.local {v} <=1.1\n"
+                                  for v in (0.8, 0.9, 0.85)])
+    assert rc == 0, text
+    assert rows["train.mlp_adam.local"] == ("0.85", "<=1.1", "met"), text
+    assert "unsure 0;" in text
 
 
 def test_a_row_printed_in_fewer_runs_is_marked():
     lines = every_row() * 3 + ["RESULT c.other 5 -\n"]
     rc, rows, text = run(lines)
     assert rc == 0
-    assert rows["c.other"] == ("5", "-", "(no target) (1 run)"), text
+    assert rows["c.other"] == ("5", "-", "(no target)"), text
+    line = next(x for x in text.splitlines() if x.startswith("  c.other "))
+    assert line.split()[1:6] == ["5", "-", "5", "5", "1"], line  # median, target, min, max, turns
 
 
 def test_missing_row_is_named_and_fails():
@@ -103,6 +119,23 @@ def test_missing_row_is_named_and_fails():
     assert rc == 1
     assert rows["memfd.download"] == ("-", "", "MISSING"), text
     assert text.rstrip().endswith("rows missing 1: memfd.download"), text
+
+
+def test_markdown_table(tmp_path):
+    log = ["machine: 2 cores, 24 GiB, Linux 6.1\n", "cpu:     Some CPU 7000\n",
+           "commit:  abc1234\n", "command: bench/run.sh --runs 3\n",
+           "== turn 1 of 3, 10:00:00 UTC, load average 1.50 1.20 0.90\n",
+           "== turn 2 of 3, 10:05:00 UTC, load average 2.00 1.50 1.00\n"]
+    lines = [line for line in every_row() * 3 if " train.conv.local " not in line]
+    lines += [f"RESULT train.conv.local {v} <=1.1\n" for v in (1.0, 1.3, 1.2)]
+    md = tmp_path / "RESULTS.md"
+    summary.markdown(log + lines, str(md), date="2026-12-02 10:10 UTC")
+    text = md.read_text()
+    assert "- cpu: Some CPU 7000" in text and "- commit: abc1234" in text
+    assert "turn 1 of 3 10:00:00: 1.50 1.20 0.90" in text
+    row = next(x for x in text.splitlines() if "`train.conv.local`" in x)
+    assert [c.strip() for c in row.split("|")[2:8]] == [
+        "1", "1.2", "1.3", "3", "&lt;=1.1", "missed, unsure: spread 0.3 > margin 0.1"], row
 
 
 def test_skipped_rows_are_not_missing():
