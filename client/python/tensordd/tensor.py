@@ -80,9 +80,9 @@ class Tensor:
     def __del__(self):
         # Session._release_later, inlined: this runs once per tensor dropped.
         try:
-            session = self._session
-            if session._open:
-                session._pending_release.append(self._handle)
+            st = self._session._state  # (its SessionState: what _open and the rest delegate to)
+            if st.open:
+                st.pending_release.append(self._handle)
         except AttributeError:  # (no session: never fully constructed)
             pass
 
