@@ -126,7 +126,7 @@ BACKEND_SRC += $(filter-out backends/cuda/none.c,$(wildcard backends/cuda/*.c))
 CUDA_CU := $(wildcard backends/cuda/*.cu)
 else ifeq ($(TDD_EMU),1)
 # `make emu` (backends/cuda/emu/emu.mk): the cuda backend on the host compilers' emulator
-BACKEND_SRC += backends/cuda/cuda.c
+BACKEND_SRC += backends/cuda/cuda.c backends/cuda/cuda_exec.c
 EMU_OBJ := $(BUILD)/obj/backends/cuda/kernels.emu.o $(BUILD)/obj/backends/cuda/emu/runtime.emu.o
 else
 BACKEND_SRC += backends/cuda/none.c
@@ -430,7 +430,8 @@ install: all man
 test-gpu-build: $(BUILD)/libtensordd.a
 	@if [ "$(HAVE_CUDA)$(HAVE_CUBLAS_H)" = 11 ]; then \
 	    $(CC) $(CPPFLAGS) $(CUDA_CPPFLAGS) -UTDD_HAVE_CUBLAS_H -DTDD_HAVE_CUBLAS_H=0 $(CFLAGS) \
-	        -fsyntax-only backends/cuda/cuda.c && echo "cuda backend: builds without cublas_v2.h"; fi
+	        -fsyntax-only backends/cuda/cuda.c backends/cuda/cuda_exec.c && \
+	    echo "cuda backend: builds without cublas_v2.h"; fi
 	@if [ "$(HAVE_CUDA)$(HAVE_CUBLAS_H)$(HAVE_CUBLAS_LIB)" = 111 ]; then \
 	    GPU_CHECK_BUILD_ONLY=1 BUILD=$(BUILD) bash bench/gpu_check.sh; \
 	elif [ "$(HAVE_CUDA)" = 1 ]; then \
