@@ -100,6 +100,7 @@ typedef enum {
     X(ADAPTIVE_AVG_POOL2D, "adaptive_avg_pool2d", 1, 1, NN)                                        \
     X(MAX_POOL1D, "max_pool1d", 1, 1, NN)                                                          \
     X(AVG_POOL1D, "avg_pool1d", 1, 1, NN)                                                          \
+    X(MAX_POOL2D_BACKWARD, "max_pool2d_backward", 2, 2, NN)                                        \
     X(FULL, "full", 0, 0, CREATE)                                                                  \
     X(ZEROS, "zeros", 0, 0, CREATE)                                                                \
     X(ONES, "ones", 0, 0, CREATE)                                                                  \

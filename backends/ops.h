@@ -97,6 +97,12 @@ typedef struct {
      * (max_pool2d's "return_indices"); ListOps sends both, so clients need no list */
     int n_outputs;
     const char *outputs_with;
+    /* the backward formula (the gradient of input 0) as a call of one op of the table, which a
+     * client may also send: "max_pool2d_backward(grad, in0)". Its arguments: grad (output
+     * 0's gradient), inK (input K), outK (output K); what backward saves is read off them.
+     * The call gets the forward's attributes, after "; new=old" renames them. NULL: the
+     * daemon's formula (daemon/autograd_fn.c). */
+    const char *grad;
 } tdd_opschema;
 
 #define TDD_OUTPUTS_PIECES (-1)
@@ -160,6 +166,7 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      conv2d padding="same"'s one more row/column at the bottom/right of an even span),
  *      ints[2] dilation, ints[3] kernel (pools), i[0] groups, i[1] ceil_mode,
  *      i[2] count_include_pad, flags bit 2 = bias
+ *  max_pool2d_backward: max_pool2d's (inputs grad_output, input)
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
  *  conv1d: conv2d's, for the input seen as [N, C, 1, L] (tdd_conv1d_by_parts)

@@ -516,6 +516,18 @@ static int exec_nn(cuda_dev *dv, const tdd_opcall *c)
     return cuda_rc(dv, e, tdd_opdefs[c->op].name);
 }
 
+static int exec_max_pool2d_backward(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *go = c->in[0], *x = c->in[1];
+    tdc_pool p;
+    window_of(&p, x, go, c->args, c->args->ints[3][0], c->args->ints[3][1]);
+    p.is_max = 1;
+    return cuda_rc(dv,
+                   tdc_max_pool2d_backward(&cuda_slot_now(dv)->kd, &p, tdd_data(go), tdd_data(x),
+                                           tdd_data(c->out[0]), (int)x->dtype),
+                   "max_pool2d_backward");
+}
+
 /* conv2d as im2col + one strided-batched GEMM per group over the batch: y[n, group] =
  * W[group] (Og x K) col[n] (K x Ho*Wo), K = Cg*kh*kw; a bias is written first (beta = 1). */
 static int exec_conv2d(cuda_dev *dv, const tdd_opcall *c)
@@ -1370,6 +1382,7 @@ static const cuda_kernel cuda_kernels[TDD_OP_COUNT] = {
     [TDD_OP_CONV_TRANSPOSE2D] = {.run = exec_conv_transpose2d, .dense = true},
     [TDD_OP_MAX_POOL2D] = {.run = exec_nn, .dense = true},
     [TDD_OP_AVG_POOL2D] = {.run = exec_nn, .dense = true},
+    [TDD_OP_MAX_POOL2D_BACKWARD] = {.run = exec_max_pool2d_backward, .dense = true},
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = {.run = exec_adaptive_avg_pool2d, .dense = true},
     [TDD_OP_FULL] = {.run = exec_create},
     [TDD_OP_ZEROS] = {.run = exec_create},

@@ -2481,3 +2481,68 @@ extern "C" cudaError_t tdc_multinomial(const tdc_dev *d, const tdc_view *x, cons
         return launched();
     });
 }
+
+// max_pool2d_backward on dense [N, C, H, W]: a thread per input element sums the gradients of
+// the windows whose maximum it is (the forward's choice, asked again), in the windows' order:
+// the reference's order, so the sums round as its do. No atomics: deterministic.
+template <typename T>
+__global__ void max_pool_backward_kernel(__grid_constant__ const tdc_pool p, const T *go,
+                                         const T *x, T *gx)
+{
+    int64_t n = p.N * p.C * p.H * p.W;
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t w = e % p.W, h = (e / p.W) % p.H, nc = e / (p.W * p.H);
+        const T *xp = x + nc * p.H * p.W;
+        const T *gp = go + nc * p.Ho * p.Wo;
+        int64_t lo[2], hi[2], at = h * p.W + w, pos[2] = {h, w}, out[2] = {p.Ho, p.Wo};
+        for (int k = 0; k < 2; k++) { // windows o with o * stride - pad <= pos <= that + span
+            int64_t first = pos[k] + p.pad[k] - (p.k[k] - 1) * p.dil[k];
+            lo[k] = first <= 0 ? 0 : (first + p.stride[k] - 1) / p.stride[k];
+            hi[k] = (pos[k] + p.pad[k]) / p.stride[k];
+            if (hi[k] > out[k] - 1)
+                hi[k] = out[k] - 1;
+        }
+        T s = 0;
+        for (int64_t oh = lo[0]; oh <= hi[0]; oh++) {
+            int64_t h0 = oh * p.stride[0] - p.pad[0];
+            if ((h - h0) % p.dil[0] != 0)
+                continue;
+            for (int64_t ow = lo[1]; ow <= hi[1]; ow++) {
+                int64_t w0 = ow * p.stride[1] - p.pad[1];
+                if ((w - w0) % p.dil[1] != 0)
+                    continue;
+                T best = (T)-INFINITY;
+                int64_t arg = -1;
+                for (int64_t i = 0; i < p.k[0]; i++)
+                    for (int64_t j = 0; j < p.k[1]; j++) {
+                        int64_t hh = h0 + i * p.dil[0], ww = w0 + j * p.dil[1];
+                        if (hh < 0 || hh >= p.H || ww < 0 || ww >= p.W)
+                            continue;
+                        T v = xp[hh * p.W + ww];
+                        if (arg < 0 || v > best || (v != v && best == best)) {
+                            best = v;
+                            arg = hh * p.W + ww;
+                        }
+                    }
+                if (arg == at)
+                    s += gp[oh * p.Wo + ow];
+            }
+        }
+        gx[e] = s;
+    }
+}
+
+extern "C" cudaError_t tdc_max_pool2d_backward(const tdc_dev *d, const tdc_pool *p, const void *go,
+                                               const void *x, void *gx, int dt)
+{
+    int64_t n = p->N * p->C * p->H * p->W;
+    if (n == 0)
+        return cudaSuccess;
+    if (dt == 2)
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, max_pool_backward_kernel<double>)(
+            *p, (const double *)go, (const double *)x, (double *)gx);
+    else
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, max_pool_backward_kernel<float>)(
+            *p, (const float *)go, (const float *)x, (float *)gx);
+    return launched();
+}

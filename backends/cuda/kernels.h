@@ -187,6 +187,9 @@ typedef struct {
  * y dense [N, C, Ho, Wo]. */
 cudaError_t tdc_pool2d(const tdc_dev *d, const tdc_pool *p, const void *x, void *y, int64_t *arg,
                        int dt);
+/* max_pool2d_backward: gx dense [N, C, H, W] from go [N, C, Ho, Wo] and the input x. */
+cudaError_t tdc_max_pool2d_backward(const tdc_dev *d, const tdc_pool *p, const void *go,
+                                    const void *x, void *gx, int dt);
 /* col[n][(ic * kh + i) * kw + j][oh * Wo + ow] for input channels g*Cg .. (g+1)*Cg - 1. */
 cudaError_t tdc_im2col(const tdc_dev *d, const tdc_pool *p, const float *x, float *col, int64_t Cg,
                        int64_t g);
