@@ -167,6 +167,7 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      ints[2] dilation, ints[3] kernel (pools), i[0] groups, i[1] ceil_mode,
  *      i[2] count_include_pad, flags bit 2 = bias
  *  max_pool2d_backward: max_pool2d's (inputs grad_output, input)
+ *  pixel_shuffle/pixel_unshuffle: i[0] the factor (tdd_pixel_src)
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
  *  conv1d: conv2d's, for the input seen as [N, C, 1, L] (tdd_conv1d_by_parts)

@@ -916,6 +916,45 @@ int tdd_prep_nn(tdd_prep *p)
         return prep_conv_pool(p);
     case TDD_OP_MAX_POOL2D_BACKWARD:
         return prep_max_pool2d_backward(p);
+    case TDD_OP_PIXEL_SHUFFLE: /* [*, C r^2, H, W] <-> [*, C, H r, W r], any dtype */
+    case TDD_OP_PIXEL_UNSHUFFLE: {
+        bool up = p->op == TDD_OP_PIXEL_SHUFFLE;
+        const char *an = up ? "upscale_factor" : "downscale_factor";
+        int64_t r, shape[TD_MAX_NDIM], rr, hr, wr, cr;
+        int nd = x->ndim;
+        if (!tdd_p_get(p, an))
+            return tdd_p_missing(p, an);
+        if ((rc = tdd_p_int(p, an, 1, &r)))
+            return rc;
+        if (r < 1 || r > INT32_MAX)
+            return tdd_err_arg(p->err, an, "%s: %s must be >= 1", p->name, an);
+        if (nd < 3)
+            return tdd_err_arg(p->err, "input", "%s: input must have at least 3 dims, got %d-D",
+                               p->name, nd);
+        memcpy(shape, x->shape, (size_t)nd * sizeof *shape);
+        int64_t C = shape[nd - 3], H = shape[nd - 2], W = shape[nd - 1];
+        rr = r * r;
+        if (up && C % rr != 0)
+            return tdd_err_arg(p->err, "input",
+                               "pixel_shuffle: the channels (%lld) must be divisible by "
+                               "upscale_factor^2 (%lld)",
+                               (long long)C, (long long)rr);
+        if (!up && (H % r != 0 || W % r != 0))
+            return tdd_err_arg(p->err, "input",
+                               "pixel_unshuffle: height and width (%lld, %lld) must be divisible "
+                               "by downscale_factor (%lld)",
+                               (long long)H, (long long)W, (long long)r);
+        if (__builtin_mul_overflow(H, r, &hr) || __builtin_mul_overflow(W, r, &wr) ||
+            __builtin_mul_overflow(C, rr, &cr))
+            return tdd_err_arg(p->err, an, "%s: the output is too large", p->name);
+        shape[nd - 3] = up ? C / rr : cr;
+        shape[nd - 2] = up ? hr : H / r;
+        shape[nd - 1] = up ? wr : W / r;
+        g->i[0] = r;
+        g->dtype = g->cdtype = x->dtype;
+        tdd_p_out(p, 0, x->dtype, shape, nd);
+        return 0;
+    }
     case TDD_OP_ADAPTIVE_AVG_POOL2D: {
         int64_t *os = g->ints[3], shape[4];
         if ((rc = need_float(p, x)))

@@ -83,6 +83,7 @@ int cpu_batch_norm(const tdd_opcall *c, int nt);
 int cpu_conv_transpose2d(const tdd_opcall *c, int nt);
 /* cpu_index.c: cat, stack, tril, triu, pad (byte moves, any dtype), dropout */
 int cpu_index(const tdd_opcall *c, int nt);
+int cpu_pixel_shuffle(const tdd_opcall *c, int nt); /* pixel_shuffle, pixel_unshuffle */
 /* A binary/unary op or logsumexp computing in f32/f64 with integer or bool inputs (the
  * rest of that dtype): cpu_via_cast converts them to it and runs the float kernel. */
 bool cpu_ints_to_float(const tdd_opcall *c);

@@ -516,6 +516,18 @@ static int exec_nn(cuda_dev *dv, const tdd_opcall *c)
     return cuda_rc(dv, e, tdd_opdefs[c->op].name);
 }
 
+static int exec_pixel_shuffle(cuda_dev *dv, const tdd_opcall *c)
+{
+    const tdd_tensor *y = c->out[0];
+    int nd = y->ndim;
+    int64_t C = y->shape[nd - 3], H = y->shape[nd - 2], W = y->shape[nd - 1], n = tdd_numel(y);
+    return cuda_rc(dv,
+                   tdc_pixel_shuffle(&cuda_slot_now(dv)->kd, c->op == TDD_OP_PIXEL_UNSHUFFLE,
+                                     c->args->i[0], n ? n / (C * H * W) : 0, C, H, W,
+                                     tdd_data(c->in[0]), tdd_data(y), (int)td_dtype_size(y->dtype)),
+                   tdd_opdefs[c->op].name);
+}
+
 static int exec_max_pool2d_backward(cuda_dev *dv, const tdd_opcall *c)
 {
     const tdd_tensor *go = c->in[0], *x = c->in[1];
@@ -1383,6 +1395,8 @@ static const cuda_kernel cuda_kernels[TDD_OP_COUNT] = {
     [TDD_OP_MAX_POOL2D] = {.run = exec_nn, .dense = true},
     [TDD_OP_AVG_POOL2D] = {.run = exec_nn, .dense = true},
     [TDD_OP_MAX_POOL2D_BACKWARD] = {.run = exec_max_pool2d_backward, .dense = true},
+    [TDD_OP_PIXEL_SHUFFLE] = {.run = exec_pixel_shuffle, .as_is = true, .dense = true},
+    [TDD_OP_PIXEL_UNSHUFFLE] = {.run = exec_pixel_shuffle, .as_is = true, .dense = true},
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = {.run = exec_adaptive_avg_pool2d, .dense = true},
     [TDD_OP_FULL] = {.run = exec_create},
     [TDD_OP_ZEROS] = {.run = exec_create},

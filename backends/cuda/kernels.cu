@@ -2546,3 +2546,40 @@ extern "C" cudaError_t tdc_max_pool2d_backward(const tdc_dev *d, const tdc_pool 
             *p, (const float *)go, (const float *)x, (float *)gx);
     return launched();
 }
+
+// pixel_shuffle / pixel_unshuffle: a thread per output element, its input element's bytes.
+template <typename T>
+__global__ void pixel_shuffle_kernel(int down, int64_t r, int64_t n, int64_t C, int64_t H,
+                                     int64_t W, const T *x, T *y)
+{
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t w = e % W, h = e / W % H, c = e / (W * H) % C, b = e / (W * H * C), ic, ih, iw;
+        tdd_pixel_src(down, r, c, h, w, &ic, &ih, &iw);
+        int64_t iC = down ? C / (r * r) : C * r * r, iH = down ? H * r : H / r,
+                iW = down ? W * r : W / r;
+        y[e] = x[((b * iC + ic) * iH + ih) * iW + iw];
+    }
+}
+
+extern "C" cudaError_t tdc_pixel_shuffle(const tdc_dev *d, int down, int64_t r, int64_t B,
+                                         int64_t C, int64_t H, int64_t W, const void *x, void *y,
+                                         int es)
+{
+    int64_t n = B * C * H * W;
+    if (n == 0)
+        return cudaSuccess;
+    int g = grid_for(d, n);
+    if (es == 8)
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint64_t>)(
+            down, r, n, C, H, W, (const uint64_t *)x, (uint64_t *)y);
+    else if (es == 4)
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint32_t>)(
+            down, r, n, C, H, W, (const uint32_t *)x, (uint32_t *)y);
+    else if (es == 2)
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint16_t>)(
+            down, r, n, C, H, W, (const uint16_t *)x, (uint16_t *)y);
+    else
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint8_t>)(
+            down, r, n, C, H, W, (const uint8_t *)x, (uint8_t *)y);
+    return launched();
+}

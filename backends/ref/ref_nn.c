@@ -411,6 +411,28 @@ int ref_nn(const tdd_opcall *c)
         return ref_sdpa(c);
     case TDD_OP_MAX_POOL2D_BACKWARD:
         return ref_max_pool2d_backward(c);
+    case TDD_OP_PIXEL_SHUFFLE: /* element moves of any dtype (tdd_pixel_src) */
+    case TDD_OP_PIXEL_UNSHUFFLE: {
+        int nd = y->ndim;
+        int64_t C = y->shape[nd - 3], H = y->shape[nd - 2], W = y->shape[nd - 1];
+        size_t es = td_dtype_size(y->dtype);
+        for (int64_t e = 0; e < n; e++) {
+            int64_t rest = e / (C * H * W), ic, ih, iw, src = x->offset, dst = y->offset;
+            for (int d = nd - 4; d >= 0; d--) {
+                int64_t k = rest % y->shape[d];
+                rest /= y->shape[d];
+                src += k * x->strides[d];
+                dst += k * y->strides[d];
+            }
+            int64_t w = e % W, h = e / W % H, ch = e / (W * H) % C;
+            tdd_pixel_src(c->op == TDD_OP_PIXEL_UNSHUFFLE, g->i[0], ch, h, w, &ic, &ih, &iw);
+            src += ic * x->strides[nd - 3] + ih * x->strides[nd - 2] + iw * x->strides[nd - 1];
+            dst += ch * y->strides[nd - 3] + h * y->strides[nd - 2] + w * y->strides[nd - 1];
+            memcpy((char *)y->st->data + (size_t)dst * es,
+                   (const char *)x->st->data + (size_t)src * es, es);
+        }
+        return 0;
+    }
     case TDD_OP_INTERPOLATE:
         return ref_interp(c);
     case TDD_OP_GROUP_NORM: { /* groups of C/G channels x the rest, per sample */
