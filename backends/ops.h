@@ -5,8 +5,9 @@
  * this table (name, arity, kind; views are the kind VIEW, never listed again), the attribute
  * schema (ops_schema.c), the composite column (ops.c, tdd_op_composite: the op run as other
  * ops on every backend), the kernel tables of cpu and cuda (cpu_kernels in cpu/cpu.c,
- * cuda_kernels in cuda/cuda.c) and the daemon's
- * backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output, shape-only).
+ * cuda_kernels in cuda/cuda_exec.c), the backward as a call of one op (the schema's grad) and
+ * the daemon's backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output,
+ * shape-only).
  *
  * Adding an elementwise op: a row in backends/elementwise.h (its name, arity, dtype rule
  * and scalar expression, which ref, cpu and the CUDA kernels all expand), its schema entry
