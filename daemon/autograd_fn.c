@@ -1989,11 +1989,28 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
     return b->rc;
 }
 
+/* max_pool2d's input gradient from its normalised arguments (the node of a max_pool1d seen
+ * as max_pool2d, whose attributes are the 1-D ones): max_pool2d_backward, as max_pool2d's
+ * grad column calls it. */
+static int f_max_pool2d_args(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const int64_t *ks = a->ints[3], *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
+    td_attr at[5] = {A_INTS("kernel_size", ks, 2), A_INTS("stride", st, 2),
+                     A_INTS("padding", pd, 2), A_INTS("dilation", dl, 2),
+                     A_B("ceil_mode", a->i[1] != 0)};
+    tdd_value *in[2] = {g, n->in[0].v};
+    if (n->in[0].needs_grad)
+        gin[0] = tdd_bw_op(b, TDD_OP_MAX_POOL2D_BACKWARD, in, 2, at, 5, 0, NULL);
+    return b->rc;
+}
+
 /* max_pool1d/avg_pool1d are max_pool2d/avg_pool2d on [N, C, 1, L] (tdd_pool1d_by_parts) */
 static int f_pool1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
-    tdd_op twin = n->op == TDD_OP_MAX_POOL1D ? TDD_OP_MAX_POOL2D : TDD_OP_AVG_POOL2D;
-    return f_unit_row(b, n, g, gin, twin, 1, f_nn);
+    if (n->op == TDD_OP_MAX_POOL1D)
+        return f_unit_row(b, n, g, gin, TDD_OP_MAX_POOL2D, 1, f_max_pool2d_args);
+    return f_unit_row(b, n, g, gin, TDD_OP_AVG_POOL2D, 1, f_nn);
 }
 
 int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin)
