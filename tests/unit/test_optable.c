@@ -126,6 +126,9 @@ START_TEST(test_grad_column)
     ck_assert_int_ge(n, 1);
     ck_assert(tdd_formula_saves_inputs(TDD_OP_MAX_POOL2D));
     ck_assert(!tdd_formula_saves_output(TDD_OP_MAX_POOL2D));
+    /* pixel_shuffle's call reads only grad: nothing of the forward is kept */
+    ck_assert(!tdd_formula_saves_inputs(TDD_OP_PIXEL_SHUFFLE));
+    ck_assert(!tdd_formula_saves_output(TDD_OP_PIXEL_UNSHUFFLE));
     char why[96];
     ck_assert_int_eq(tdd_grad_program_check("max_pool2d_backward(grad, in0", why, sizeof why), -1);
     ck_assert_int_eq(tdd_grad_program_check("no_such_op(grad)", why, sizeof why), -1);
