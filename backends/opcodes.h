@@ -100,6 +100,9 @@ typedef enum {
     X(ADAPTIVE_AVG_POOL2D, "adaptive_avg_pool2d", 1, 1, NN)                                        \
     X(MAX_POOL1D, "max_pool1d", 1, 1, NN)                                                          \
     X(AVG_POOL1D, "avg_pool1d", 1, 1, NN)                                                          \
+    X(MAX_POOL2D_BACKWARD, "max_pool2d_backward", 2, 2, NN)                                        \
+    X(PIXEL_SHUFFLE, "pixel_shuffle", 1, 1, NN)                                                    \
+    X(PIXEL_UNSHUFFLE, "pixel_unshuffle", 1, 1, NN)                                                \
     X(FULL, "full", 0, 0, CREATE)                                                                  \
     X(ZEROS, "zeros", 0, 0, CREATE)                                                                \
     X(ONES, "ones", 0, 0, CREATE)                                                                  \
@@ -174,6 +177,23 @@ TDD_HD void tdd_interp_src(int mode, int align_corners, int dbl, double scale, i
     *i0 = k;
     *i1 = k < in - 1 ? k + 1 : k;
     *l1 = l < 0.0 ? 0.0 : l > 1.0 ? 1.0 : l;
+}
+
+/* pixel_shuffle (down 0) / pixel_unshuffle (down 1) by factor r: the input's (channel, row,
+ * column) that the output's (c, h, w) reads, within one sample; the three kernels ask it. */
+TDD_HD void tdd_pixel_src(int down, int64_t r, int64_t c, int64_t h, int64_t w, int64_t *ic,
+                          int64_t *ih, int64_t *iw)
+{
+    if (!down) { /* [C r^2, H, W] -> [C, H r, W r] */
+        *ic = c * r * r + (h % r) * r + w % r;
+        *ih = h / r;
+        *iw = w / r;
+    } else { /* [C, H r, W r] -> [C r^2, H, W] */
+        int64_t k = c % (r * r);
+        *ic = c / (r * r);
+        *ih = h * r + k / r;
+        *iw = w * r + k % r;
+    }
 }
 
 /* pad's source index for position k (counted from the input's start) of a dim of size n > 0,

@@ -5,8 +5,9 @@
  * this table (name, arity, kind; views are the kind VIEW, never listed again), the attribute
  * schema (ops_schema.c), the composite column (ops.c, tdd_op_composite: the op run as other
  * ops on every backend), the kernel tables of cpu and cuda (cpu_kernels in cpu/cpu.c,
- * cuda_kernels in cuda/cuda.c) and the daemon's
- * backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output, shape-only).
+ * cuda_kernels in cuda/cuda_exec.c), the backward as a call of one op (the schema's grad) and
+ * the daemon's backward rows (bw_rows in daemon/autograd_fn.c: formula, saves the output,
+ * shape-only).
  *
  * Adding an elementwise op: a row in backends/elementwise.h (its name, arity, dtype rule
  * and scalar expression, which ref, cpu and the CUDA kernels all expand), its schema entry
@@ -97,6 +98,12 @@ typedef struct {
      * (max_pool2d's "return_indices"); ListOps sends both, so clients need no list */
     int n_outputs;
     const char *outputs_with;
+    /* the backward formula (the gradient of input 0) as a call of one op of the table, which a
+     * client may also send: "max_pool2d_backward(grad, in0)". Its arguments: grad (output
+     * 0's gradient), inK (input K), outK (output K); what backward saves is read off them.
+     * The call gets the forward's attributes, after "; new=old" renames them. NULL: the
+     * daemon's formula (daemon/autograd_fn.c). */
+    const char *grad;
 } tdd_opschema;
 
 #define TDD_OUTPUTS_PIECES (-1)
@@ -160,6 +167,8 @@ enum { TDD_RED_NONE = 0, TDD_RED_MEAN = 1, TDD_RED_SUM = 2 };
  *      conv2d padding="same"'s one more row/column at the bottom/right of an even span),
  *      ints[2] dilation, ints[3] kernel (pools), i[0] groups, i[1] ceil_mode,
  *      i[2] count_include_pad, flags bit 2 = bias
+ *  max_pool2d_backward: max_pool2d's (inputs grad_output, input)
+ *  pixel_shuffle/pixel_unshuffle: i[0] the factor (tdd_pixel_src)
  *  adaptive_avg_pool2d: ints[3] the output size (h, w)
  *  group_norm: i[0] groups, f[0] eps, flags bit 0/1 weight/bias
  *  conv1d: conv2d's, for the input seen as [N, C, 1, L] (tdd_conv1d_by_parts)

@@ -311,7 +311,7 @@ static int prep_conv_pool(tdd_prep *p)
         dl[0] = dl[1] = 1; /* avg_pool2d takes no dilation (as PyTorch) */
         if ((rc = pair(p, "kernel_size", 1, 1, ks)) || (rc = pair(p, "stride", 0, 0, st)) ||
             (rc = pair(p, "padding", 0, 0, pd)) ||
-            (p->op == TDD_OP_MAX_POOL2D && (rc = pair(p, "dilation", 1, 1, dl))) ||
+            (p->op != TDD_OP_AVG_POOL2D && (rc = pair(p, "dilation", 1, 1, dl))) ||
             (rc = tdd_p_bool(p, "ceil_mode", false, &ceil_mode)))
             return rc;
         g->i[1] = ceil_mode;
@@ -353,13 +353,37 @@ static int prep_conv_pool(tdd_prep *p)
     shape[nd++] = out[1];
     g->dtype = g->cdtype = x->dtype;
     tdd_p_out(p, 0, x->dtype, shape, nd);
-    if (p->op == TDD_OP_MAX_POOL2D) {
+    if (p->op == TDD_OP_MAX_POOL2D || p->op == TDD_OP_MAX_POOL2D_BACKWARD) {
         bool ri;
         if ((rc = tdd_p_bool(p, "return_indices", false, &ri)))
             return rc;
         if (ri)
             tdd_p_out(p, 1, TD_I64, shape, nd);
     }
+    return 0;
+}
+
+/* max_pool2d_backward(grad_output, input): max_pool2d's input gradient in one kernel, each
+ * window's gradient added at the position the forward chose (the first of equal maxima, a NaN
+ * over any number). Its attributes are max_pool2d's; grad_output has its output's shape. */
+static int prep_max_pool2d_backward(tdd_prep *p)
+{
+    const tdd_tensor *go = p->in[0], *x = p->in[1];
+    tdd_outdesc fwd[TDD_MAX_OP_OUTPUTS];
+    int nf = 0, rc;
+    tdd_prep q = *p;
+    q.in = p->in + 1;
+    q.n_in = 1;
+    q.out = fwd;
+    q.n_out = &nf;
+    if ((rc = prep_conv_pool(&q)) || (rc = same_dtype(p, go, x)))
+        return rc;
+    if (go->ndim != fwd[0].ndim ||
+        memcmp(go->shape, fwd[0].shape, (size_t)go->ndim * sizeof *go->shape) != 0)
+        return tdd_err_shape(p->err, go->shape, go->ndim, fwd[0].shape, fwd[0].ndim,
+                             "max_pool2d_backward: grad_output must have max_pool2d's output "
+                             "shape");
+    tdd_p_out(p, 0, x->dtype, x->shape, x->ndim);
     return 0;
 }
 
@@ -890,6 +914,47 @@ int tdd_prep_nn(tdd_prep *p)
     case TDD_OP_MAX_POOL2D:
     case TDD_OP_AVG_POOL2D:
         return prep_conv_pool(p);
+    case TDD_OP_MAX_POOL2D_BACKWARD:
+        return prep_max_pool2d_backward(p);
+    case TDD_OP_PIXEL_SHUFFLE: /* [*, C r^2, H, W] <-> [*, C, H r, W r], any dtype */
+    case TDD_OP_PIXEL_UNSHUFFLE: {
+        bool up = p->op == TDD_OP_PIXEL_SHUFFLE;
+        const char *an = up ? "upscale_factor" : "downscale_factor";
+        int64_t r, shape[TD_MAX_NDIM], rr, hr, wr, cr;
+        int nd = x->ndim;
+        if (!tdd_p_get(p, an))
+            return tdd_p_missing(p, an);
+        if ((rc = tdd_p_int(p, an, 1, &r)))
+            return rc;
+        if (r < 1 || r > INT32_MAX)
+            return tdd_err_arg(p->err, an, "%s: %s must be >= 1", p->name, an);
+        if (nd < 3)
+            return tdd_err_arg(p->err, "input", "%s: input must have at least 3 dims, got %d-D",
+                               p->name, nd);
+        memcpy(shape, x->shape, (size_t)nd * sizeof *shape);
+        int64_t C = shape[nd - 3], H = shape[nd - 2], W = shape[nd - 1];
+        rr = r * r;
+        if (up && C % rr != 0)
+            return tdd_err_arg(p->err, "input",
+                               "pixel_shuffle: the channels (%lld) must be divisible by "
+                               "upscale_factor^2 (%lld)",
+                               (long long)C, (long long)rr);
+        if (!up && (H % r != 0 || W % r != 0))
+            return tdd_err_arg(p->err, "input",
+                               "pixel_unshuffle: height and width (%lld, %lld) must be divisible "
+                               "by downscale_factor (%lld)",
+                               (long long)H, (long long)W, (long long)r);
+        if (__builtin_mul_overflow(H, r, &hr) || __builtin_mul_overflow(W, r, &wr) ||
+            __builtin_mul_overflow(C, rr, &cr))
+            return tdd_err_arg(p->err, an, "%s: the output is too large", p->name);
+        shape[nd - 3] = up ? C / rr : cr;
+        shape[nd - 2] = up ? hr : H / r;
+        shape[nd - 1] = up ? wr : W / r;
+        g->i[0] = r;
+        g->dtype = g->cdtype = x->dtype;
+        tdd_p_out(p, 0, x->dtype, shape, nd);
+        return 0;
+    }
     case TDD_OP_ADAPTIVE_AVG_POOL2D: {
         int64_t *os = g->ints[3], shape[4];
         if ((rc = need_float(p, x)))

@@ -105,6 +105,8 @@ static const tdd_attrdef s_topk[] = {
     A("largest", BOOL, "true", NULL), A("sorted", BOOL, "true", "the k come sorted either way")};
 static const tdd_attrdef s_addmm[] = {A("beta", NUM, "1", "an int for integral inputs"),
                                       A("alpha", NUM, "1", "an int for integral inputs")};
+static const tdd_attrdef s_pixel_shuffle[] = {R("upscale_factor", INT, ">= 1")};
+static const tdd_attrdef s_pixel_unshuffle[] = {R("downscale_factor", INT, ">= 1")};
 static const tdd_attrdef s_adaptive[] = {R("output_size", INT_OR_INTS, ">= 1; an int or (h, w)")};
 static const tdd_attrdef s_group_norm[] = {R("num_groups", INT, ">= 1, divides the channels"),
                                            A("eps", NUM, "1e-5", NULL)};
@@ -197,6 +199,10 @@ static const tdd_attrdef s_randint[] = {A("low", INT, "0", "< high"), R("high", 
 #define S_OUT(in, arr, n, with)                                                                    \
     {                                                                                              \
         in, arr, (int)(sizeof arr / sizeof arr[0]), NULL, n, with                                  \
+    }
+#define S_GRAD(in, arr, n, with, grad)                                                             \
+    {                                                                                              \
+        in, arr, (int)(sizeof arr / sizeof arr[0]), NULL, n, with, grad                            \
     }
 #define S_NONE(in)                                                                                 \
     {                                                                                              \
@@ -344,15 +350,24 @@ const tdd_opschema tdd_op_schema[TDD_OP_COUNT] = {
     [TDD_OP_CONV_TRANSPOSE2D] = S("input [N, C, H, W] or [C, H, W], weight [C, O/groups, kh, "
                                   "kw], bias [O] (optional)",
                                   s_conv_transpose2d),
-    [TDD_OP_MAX_POOL2D] = S_OUT("input [N, C, H, W] or [C, H, W] (outputs: values, and int64 "
-                                "indices with return_indices)",
-                                s_max_pool2d, 1, "return_indices"),
+    [TDD_OP_MAX_POOL2D] =
+        S_GRAD("input [N, C, H, W] or [C, H, W] (outputs: values, and int64 "
+               "indices with return_indices)",
+               s_max_pool2d, 1, "return_indices", "max_pool2d_backward(grad, in0)"),
     [TDD_OP_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_avg_pool2d),
     [TDD_OP_ADAPTIVE_AVG_POOL2D] = S("input [N, C, H, W] or [C, H, W]", s_adaptive),
     [TDD_OP_MAX_POOL1D] = S_OUT("input [N, C, L] or [C, L] (outputs: values, and int64 indices "
                                 "with return_indices)",
                                 s_max_pool1d, 1, "return_indices"),
     [TDD_OP_AVG_POOL1D] = S("input [N, C, L] or [C, L]", s_avg_pool1d),
+    [TDD_OP_PIXEL_SHUFFLE] = S_GRAD("input [*, C * upscale_factor^2, H, W]", s_pixel_shuffle, 0,
+                                    NULL, "pixel_unshuffle(grad; downscale_factor=upscale_factor)"),
+    [TDD_OP_PIXEL_UNSHUFFLE] =
+        S_GRAD("input [*, C, H * downscale_factor, W * downscale_factor]", s_pixel_unshuffle, 0,
+               NULL, "pixel_shuffle(grad; upscale_factor=downscale_factor)"),
+    [TDD_OP_MAX_POOL2D_BACKWARD] = S("grad_output (max_pool2d's output shape), input [N, C, H, W] "
+                                     "or [C, H, W]",
+                                     s_max_pool2d),
     [TDD_OP_FULL] = S("", s_full),
     [TDD_OP_ZEROS] = S("", s_create_shape),
     [TDD_OP_ONES] = S("", s_create_shape),

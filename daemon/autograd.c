@@ -88,6 +88,7 @@ void tdd_node_unref(tdd_node *n)
             tdd_value_unref(m->out[k].grad);
         for (int i = 0; i < m->n_in; i++)
             tdd_node_unref(m->in[i].fn);
+        free(m->attrs);
         tdd_account_credit(m->acct, m->bytes);
         tdd_account_unref(m->acct);
         free(m);

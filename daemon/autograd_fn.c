@@ -4,6 +4,8 @@
  * A formula may return gradients in the broadcast shape and a promoted dtype;
  * autograd.c reduces them (sum_to) and casts them to each input's. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd_impl.h"
@@ -216,13 +218,205 @@ static const bw_row bw_rows[TDD_OP_COUNT] = {
 #undef SHAPE_ONLY
 #undef OUT_SHAPE_ONLY
 
+/* ---------------------------------------------------------------- grad programs */
+
+/* An op whose backward is a call of another op (its schema's grad, ops.h):
+ * "name(arg, ...; new=old, ...)", each arg grad, inK or outK. What it saves is read off it. */
+typedef struct {
+    char name[48];
+    int n_args;
+    char args[TDD_MAX_OP_INPUTS][8];
+    int n_renames;
+    char renames[4][2][32]; /* [k][0] new name, [k][1] the forward's */
+} grad_call;
+
+static const char *grad_program(tdd_op op)
+{
+    return (unsigned)op < TDD_OP_COUNT ? tdd_op_schema[op].grad : NULL;
+}
+
+/* Reads the token at *s up to one of ",;=)" (spaces skipped) into buf: its length, -1 when
+ * it does not fit. */
+static int grad_token(const char **s, char *buf, size_t cap)
+{
+    while (**s == ' ')
+        (*s)++;
+    size_t k = 0;
+    while (**s && !strchr(",;=) ", **s)) {
+        if (k + 1 >= cap)
+            return -1;
+        buf[k++] = *(*s)++;
+    }
+    buf[k] = 0;
+    while (**s == ' ')
+        (*s)++;
+    return (int)k;
+}
+
+/* 0, or -1 when the program is malformed (test_optable.c parses every row's). */
+static int grad_parse(const char *prog, grad_call *gc)
+{
+    memset(gc, 0, sizeof *gc);
+    const char *s = strchr(prog, '(');
+    if (!s || (size_t)(s - prog) >= sizeof gc->name)
+        return -1;
+    memcpy(gc->name, prog, (size_t)(s - prog));
+    s++;
+    bool renames = false;
+    for (;;) {
+        char tok[32];
+        if (grad_token(&s, tok, sizeof tok) <= 0)
+            return -1;
+        if (!renames) {
+            if (gc->n_args >= TDD_MAX_OP_INPUTS || strlen(tok) >= sizeof gc->args[0])
+                return -1;
+            strcpy(gc->args[gc->n_args++], tok);
+        } else {
+            if (gc->n_renames >= 4 || *s != '=')
+                return -1;
+            s++;
+            strcpy(gc->renames[gc->n_renames][0], tok);
+            if (grad_token(&s, gc->renames[gc->n_renames][1], sizeof gc->renames[0][1]) <= 0)
+                return -1;
+            gc->n_renames++;
+        }
+        if (*s == ')')
+            return s[1] ? -1 : 0;
+        if (*s == ';' && !renames)
+            renames = true;
+        else if (*s != ',')
+            return -1;
+        s++;
+    }
+}
+
+/* Whether op's grad program names an arg starting with what ("in", "out"). */
+static bool grad_uses(tdd_op op, const char *what)
+{
+    grad_call gc;
+    const char *prog = grad_program(op);
+    if (!prog || grad_parse(prog, &gc))
+        return false;
+    for (int k = 0; k < gc.n_args; k++)
+        if (strncmp(gc.args[k], what, strlen(what)) == 0)
+            return true;
+    return false;
+}
+
+int tdd_grad_program_check(const char *prog, char *why, size_t len)
+{
+    grad_call gc;
+    if (grad_parse(prog, &gc)) {
+        snprintf(why, len, "malformed");
+        return -1;
+    }
+    if (!tdd_op_find(gc.name)) {
+        snprintf(why, len, "no op %s", gc.name);
+        return -1;
+    }
+    for (int k = 0; k < gc.n_args; k++) {
+        const char *a = gc.args[k];
+        if (strcmp(a, "grad") != 0 && !(strncmp(a, "in", 2) == 0 && a[2] >= '0' && a[2] <= '9') &&
+            !(strncmp(a, "out", 3) == 0 && a[3] >= '0' && a[3] <= '9')) {
+            snprintf(why, len, "argument %s is not grad, inK or outK", a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The call: its arguments from the node (the saved inputs and outputs, output 0's gradient),
+ * the forward's attributes renamed; its result is input 0's gradient. */
+static int f_program(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    grad_call gc;
+    if (!n->in[0].needs_grad)
+        return b->rc;
+    const tdd_opdef *d = NULL;
+    if (grad_parse(grad_program(n->op), &gc) || !(d = tdd_op_find(gc.name)))
+        return tdd_bw_fail(b, TD_EINTERNAL, "backward of %s: a malformed grad program",
+                           tdd_opdefs[n->op].name);
+    tdd_value *in[TDD_MAX_OP_INPUTS];
+    for (int k = 0; k < gc.n_args; k++) {
+        const char *a = gc.args[k];
+        int i = a[0] == 'g' ? 0 : atoi(a + (a[0] == 'i' ? 2 : 3));
+        in[k] = a[0] == 'g'   ? g
+                : a[0] == 'i' ? (i < n->n_in ? n->in[i].v : NULL)
+                              : (i < n->n_out ? n->out[i].alias : NULL);
+        if (!in[k])
+            return tdd_bw_fail(b, TD_EINTERNAL, "backward of %s: %s was not kept",
+                               tdd_opdefs[n->op].name, a);
+    }
+    td_attr at[32];
+    size_t na = n->n_attrs < 32 ? n->n_attrs : 32;
+    if (na)
+        memcpy(at, n->attrs, na * sizeof *at);
+    for (size_t k = 0; k < na; k++)
+        for (int r = 0; r < gc.n_renames; r++)
+            if (strcmp(at[k].name, gc.renames[r][1]) == 0)
+                at[k].name = tdd_op_attr(d->op, gc.renames[r][0])
+                                 ? tdd_op_attr(d->op, gc.renames[r][0])->name
+                                 : at[k].name;
+    gin[0] = tdd_bw_op(b, d->op, in, gc.n_args, at, na, 0, NULL);
+    return b->rc;
+}
+
+/* A copy of the forward's attributes in one allocation (strings and lists with them), charged
+ * to the node's account; left NULL when there is no room (the call then sees none). */
+static void keep_attrs(tdd_node *n, const tdd_attrs *as)
+{
+    size_t bytes = as->n * sizeof(td_attr);
+    for (size_t k = 0; k < as->n; k++) {
+        const td_attr *a = &as->a[k];
+        bytes += strlen(a->name) + 1 + (a->s ? strlen(a->s) + 1 : 0) + 16;
+        bytes += a->kind == TD_ATTR_INTS ? a->n * sizeof(int64_t) : 0;
+        bytes += a->kind == TD_ATTR_FLOATS ? a->n * sizeof(double) : 0;
+    }
+    td_error err;
+    if (!as->n || tdd_account_charge(n->acct, bytes, &err))
+        return;
+    char *blob = malloc(bytes);
+    if (!blob) {
+        tdd_account_credit(n->acct, bytes);
+        return;
+    }
+    n->bytes += bytes;
+    td_attr *at = (td_attr *)(void *)blob;
+    char *p = blob + as->n * sizeof(td_attr);
+    for (size_t k = 0; k < as->n; k++) {
+        const td_attr *a = &as->a[k];
+        at[k] = *a;
+        p += (8 - (uintptr_t)p % 8) % 8;
+        if (a->kind == TD_ATTR_INTS && a->n) {
+            at[k].ints = memcpy(p, a->ints, a->n * sizeof(int64_t));
+            p += a->n * sizeof(int64_t);
+        }
+        if (a->kind == TD_ATTR_FLOATS && a->n) {
+            at[k].floats = memcpy(p, a->floats, a->n * sizeof(double));
+            p += a->n * sizeof(double);
+        }
+        at[k].name = strcpy(p, a->name);
+        p += strlen(a->name) + 1;
+        if (a->s) {
+            at[k].s = strcpy(p, a->s);
+            p += strlen(a->s) + 1;
+        }
+    }
+    n->attrs = at;
+    n->n_attrs = as->n;
+}
+
 bool tdd_formula_saves_output(tdd_op op)
 {
+    if (grad_program(op))
+        return grad_uses(op, "out");
     return (unsigned)op < TDD_OP_COUNT && bw_rows[op].saves_output;
 }
 
 bool tdd_formula_saves_inputs(tdd_op op)
 {
+    if (grad_program(op))
+        return grad_uses(op, "in");
     return (unsigned)op < TDD_OP_COUNT && tdd_opdefs[op].kind != TDD_KIND_VIEW &&
            !bw_rows[op].shape_only;
 }
@@ -297,6 +491,8 @@ static void note_dim(tdd_node *n, const tdd_attrs *as, int nd) /* split, chunk *
 
 void tdd_formula_note_attrs(tdd_node *n, const tdd_attrs *as)
 {
+    if (grad_program(n->op))
+        keep_attrs(n, as);
     if ((unsigned)n->op < TDD_OP_COUNT && bw_rows[n->op].note)
         bw_rows[n->op].note(n, as, n->in[0].ndim);
 }
@@ -1509,29 +1705,29 @@ static int f_nn(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
             reshape(b, conv_input_grad(b, g2, k1, kshape, 1, B, H, Ho, st, pd, one), xi->shape, nd);
         return b->rc;
     }
-    case TDD_OP_MAX_POOL2D: {
-        /* The winners' positions: the pool again with indices (deterministic,
-         * so the same as the forward's), then scattered into the input. */
+    case TDD_OP_MAX_POOL2D_BACKWARD: {
+        /* linear in grad_output: its gradient picks gg at each window's maximum (the pool
+         * again with indices, deterministic, so the forward's); none for the input */
+        const tdd_node_in *pi = &n->in[1];
         const int64_t *ks = a->ints[3], *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
         td_attr at[6] = {A_INTS("kernel_size", ks, 2),   A_INTS("stride", st, 2),
                          A_INTS("padding", pd, 2),       A_INTS("dilation", dl, 2),
                          A_B("ceil_mode", a->i[1] != 0), A_B("return_indices", true)};
-        tdd_value *o[2] = {NULL, NULL};
-        if (tdd_bw_op_n(b, TDD_OP_MAX_POOL2D, &x, 1, at, 6, o, 2))
+        tdd_value *o[2] = {NULL, NULL}, *xv = pi->v;
+        if (pi->needs_grad) /* piecewise constant in the input */
+            gin[1] = zeros_in(b, pi);
+        if (!xi->needs_grad || tdd_bw_op_n(b, TDD_OP_MAX_POOL2D, &xv, 1, at, 6, o, 2))
             return b->rc;
-        int nd = xi->ndim;
+        int nd = pi->ndim;
         int64_t fs[4], gs[4];
         for (int d = 0; d < nd - 2; d++)
-            fs[d] = gs[d] = xi->shape[d];
-        fs[nd - 2] = xi->shape[nd - 2] * xi->shape[nd - 1];
-        gs[nd - 2] = n->out[0].shape[nd - 2] * n->out[0].shape[nd - 1];
-        tdd_value *z = zeros(b, fs, nd - 1, xi->dtype, xi->dev);
-        tdd_value *in[3] = {z, reshape(b, o[1], gs, nd - 1), reshape(b, g, gs, nd - 1)};
-        td_attr d = A_INT("dim", -1);
-        tdd_value *sa = in[0] && in[1] && in[2]
-                            ? tdd_bw_op(b, TDD_OP_SCATTER_ADD, in, 3, &d, 1, 0, NULL)
-                            : NULL;
-        gin[0] = reshape(b, sa, xi->shape, nd);
+            fs[d] = gs[d] = pi->shape[d];
+        fs[nd - 2] = pi->shape[nd - 2] * pi->shape[nd - 1];
+        gs[nd - 2] = xi->shape[nd - 2] * xi->shape[nd - 1];
+        tdd_value *in[2] = {reshape(b, g, fs, nd - 1), reshape(b, o[1], gs, nd - 1)};
+        td_attr dd = A_INT("dim", -1);
+        tdd_value *ga = in[0] && in[1] ? tdd_bw_op(b, TDD_OP_GATHER, in, 2, &dd, 1, 0, NULL) : NULL;
+        gin[0] = reshape(b, ga, xi->shape, nd);
         return b->rc;
     }
     case TDD_OP_DROPOUT: {
@@ -1793,16 +1989,35 @@ static int f_shape(tdd_bw *b, tdd_node *n, tdd_value **gin)
     return b->rc;
 }
 
+/* max_pool2d's input gradient from its normalised arguments (the node of a max_pool1d seen
+ * as max_pool2d, whose attributes are the 1-D ones): max_pool2d_backward, as max_pool2d's
+ * grad column calls it. */
+static int f_max_pool2d_args(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
+{
+    const tdd_opargs *a = &n->args;
+    const int64_t *ks = a->ints[3], *st = a->ints[0], *pd = a->ints[1], *dl = a->ints[2];
+    td_attr at[5] = {A_INTS("kernel_size", ks, 2), A_INTS("stride", st, 2),
+                     A_INTS("padding", pd, 2), A_INTS("dilation", dl, 2),
+                     A_B("ceil_mode", a->i[1] != 0)};
+    tdd_value *in[2] = {g, n->in[0].v};
+    if (n->in[0].needs_grad)
+        gin[0] = tdd_bw_op(b, TDD_OP_MAX_POOL2D_BACKWARD, in, 2, at, 5, 0, NULL);
+    return b->rc;
+}
+
 /* max_pool1d/avg_pool1d are max_pool2d/avg_pool2d on [N, C, 1, L] (tdd_pool1d_by_parts) */
 static int f_pool1d(tdd_bw *b, tdd_node *n, tdd_value *g, tdd_value **gin)
 {
-    tdd_op twin = n->op == TDD_OP_MAX_POOL1D ? TDD_OP_MAX_POOL2D : TDD_OP_AVG_POOL2D;
-    return f_unit_row(b, n, g, gin, twin, 1, f_nn);
+    if (n->op == TDD_OP_MAX_POOL1D)
+        return f_unit_row(b, n, g, gin, TDD_OP_MAX_POOL2D, 1, f_max_pool2d_args);
+    return f_unit_row(b, n, g, gin, TDD_OP_AVG_POOL2D, 1, f_nn);
 }
 
 int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin)
 {
     tdd_value *g = n->out[0].grad;
+    if (grad_program(n->op))
+        return f_program(b, n, g, gin);
     if ((unsigned)n->op < TDD_OP_COUNT && bw_rows[n->op].formula)
         return bw_rows[n->op].formula(b, n, g, gin);
     switch (tdd_opdefs[n->op].kind) {

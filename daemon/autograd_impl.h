@@ -43,6 +43,10 @@ typedef struct tdd_node {
     uint32_t capture; /* backward scratch: the outputs that are a grad-of pass's inputs */
     tdd_opargs args;
     int64_t ex[2 * TD_MAX_NDIM]; /* attributes the formula needs beyond args, normalised */
+    /* the forward's attributes as sent, kept for an op whose backward is a call of another op
+     * (its schema's grad): that call gets them (one allocation, counted in bytes) */
+    td_attr *attrs;
+    size_t n_attrs;
     int n_in, n_out;
     int cap_in, cap_out; /* as reserved (tdd_autograd_reserve) */
     tdd_node_in *in;     /* cap_in entries, in the same allocation */
@@ -131,6 +135,8 @@ int tdd_bw_fail(tdd_bw *b, int code, const char *fmt, ...) __attribute__((format
 int tdd_backward_formula(tdd_bw *b, tdd_node *n, tdd_value **gin);
 /* Whether op has a backward formula; and which tensors it saves. */
 bool tdd_formula_exists(tdd_op op);
+/* 0 when prog (an op schema's grad, ops.h) is a call the backward can make; else -1 and why. */
+int tdd_grad_program_check(const char *prog, char *why, size_t len);
 bool tdd_formula_saves_inputs(tdd_op op);
 bool tdd_formula_saves_output(tdd_op op);
 /* An input of an op that saves its inputs which the formula never reads, for these args. */

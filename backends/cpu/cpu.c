@@ -339,6 +339,10 @@ static const cpu_kernel cpu_kernels[TDD_OP_COUNT] = {
     [TDD_OP_CONV2D] = {float_in, cpu_conv2d, true},
     [TDD_OP_MAX_POOL2D] = {float_in, cpu_pool2d, true},
     [TDD_OP_AVG_POOL2D] = {float_in, cpu_pool2d, true},
+    [TDD_OP_MAX_POOL2D_BACKWARD] = {float_in, cpu_max_pool2d_backward, true},
+    /* element moves of any dtype */
+    [TDD_OP_PIXEL_SHUFFLE] = {any_dtype, cpu_pixel_shuffle},
+    [TDD_OP_PIXEL_UNSHUFFLE] = {any_dtype, cpu_pixel_shuffle},
     /* composites (ops.h): their parts run here; native says so in docs/ops.md */
     [TDD_OP_CONV1D] = {float_in},
     [TDD_OP_MAX_POOL1D] = {float_in},

@@ -76,12 +76,14 @@ int cpu_gather(const tdd_opcall *c, int nt);         /* gather, index_select, em
 int cpu_scatter_add(const tdd_opcall *c, int nt);
 /* cpu_pool.c: max_pool2d and avg_pool2d of f32/f64 (f16/bf16 via f32), any strides */
 int cpu_pool2d(const tdd_opcall *c, int nt);
+int cpu_max_pool2d_backward(const tdd_opcall *c, int nt);
 /* cpu_norm.c: batch_norm of a dense input, any float dtype (the running stats in place) */
 int cpu_batch_norm(const tdd_opcall *c, int nt);
 /* cpu_convt.c: conv_transpose2d of dense f32/f64 operands (gemm, then col2im) */
 int cpu_conv_transpose2d(const tdd_opcall *c, int nt);
 /* cpu_index.c: cat, stack, tril, triu, pad (byte moves, any dtype), dropout */
 int cpu_index(const tdd_opcall *c, int nt);
+int cpu_pixel_shuffle(const tdd_opcall *c, int nt); /* pixel_shuffle, pixel_unshuffle */
 /* A binary/unary op or logsumexp computing in f32/f64 with integer or bool inputs (the
  * rest of that dtype): cpu_via_cast converts them to it and runs the float kernel. */
 bool cpu_ints_to_float(const tdd_opcall *c);

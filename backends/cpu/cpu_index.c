@@ -522,3 +522,53 @@ int cpu_via_cast(const tdd_opcall *c, int nt, int (*run)(const tdd_opcall *, int
         free(bufs[k]);
     return rc;
 }
+
+/* pixel_shuffle / pixel_unshuffle: element moves of any dtype, output rows split over the team
+ * (tdd_pixel_src maps each output element to its input element). */
+typedef struct {
+    const tdd_opcall *c;
+    int64_t rows; /* output rows: every dim but the last */
+} pixel_job;
+
+static void pixel_part(void *arg, int t, int nt)
+{
+    const pixel_job *jb = arg;
+    const tdd_tensor *x = jb->c->in[0], *y = jb->c->out[0];
+    int nd = y->ndim, down = jb->c->op == TDD_OP_PIXEL_UNSHUFFLE;
+    int64_t C = y->shape[nd - 3], H = y->shape[nd - 2], W = y->shape[nd - 1], r = jb->c->args->i[0];
+    size_t es = td_dtype_size(y->dtype);
+    const char *xd = (const char *)x->st->data;
+    char *yd = (char *)y->st->data;
+    int64_t lo, hi;
+    cpu_split(jb->rows, t, nt, &lo, &hi);
+    for (int64_t row = lo; row < hi; row++) {
+        int64_t h = row % H, ch = row / H % C, rest = row / (H * C), src0 = x->offset,
+                dst = y->offset;
+        for (int d = nd - 4; d >= 0; d--) {
+            int64_t k = rest % y->shape[d];
+            rest /= y->shape[d];
+            src0 += k * x->strides[d];
+            dst += k * y->strides[d];
+        }
+        dst += ch * y->strides[nd - 3] + h * y->strides[nd - 2];
+        for (int64_t w = 0; w < W; w++) {
+            int64_t ic, ih, iw;
+            tdd_pixel_src(down, r, ch, h, w, &ic, &ih, &iw);
+            int64_t src =
+                src0 + ic * x->strides[nd - 3] + ih * x->strides[nd - 2] + iw * x->strides[nd - 1];
+            memcpy(yd + (size_t)(dst + w * y->strides[nd - 1]) * es, xd + (size_t)src * es, es);
+        }
+    }
+}
+
+int cpu_pixel_shuffle(const tdd_opcall *c, int nt)
+{
+    const tdd_tensor *y = c->out[0];
+    int64_t n = tdd_numel(y);
+    pixel_job jb = {.c = c, .rows = y->shape[y->ndim - 1] ? n / y->shape[y->ndim - 1] : 0};
+    if (n == 0)
+        return 0;
+    cpu_parallel(n >= 256 * 1024 && jb.rows > 1 ? (int)(jb.rows < nt ? jb.rows : nt) : 1,
+                 pixel_part, &jb);
+    return 0;
+}

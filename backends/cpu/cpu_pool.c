@@ -226,3 +226,93 @@ int cpu_pool2d(const tdd_opcall *c, int nt)
     free(jb.jlo);
     return 0;
 }
+
+/* max_pool2d_backward: each plane zeroed, then each window's gradient added at the position
+ * max_pool2d picks (its rule: the first maximum, a NaN wins and stays), in the reference's
+ * order, so the sums are its sums. Planes split over the team. */
+typedef struct {
+    const tdd_opcall *c;
+    int64_t C, H, W, Ho, Wo, planes;
+    int64_t xs[4], gs[4], ys[4]; /* strides as [N, C, H, W] (N stride 0 when unbatched) */
+} pool_bw_job;
+
+#define POOL_BW_PLANES(NAME, T)                                                                    \
+    static void NAME(const pool_bw_job *jb, int64_t lo, int64_t hi)                                \
+    {                                                                                              \
+        const tdd_opargs *g = jb->c->args;                                                         \
+        const int64_t *st = g->ints[0], *pd = g->ints[1], *dl = g->ints[2], *ks = g->ints[3];      \
+        const T *go = tdd_data(jb->c->in[0]), *x = tdd_data(jb->c->in[1]);                         \
+        T *y = tdd_data(jb->c->out[0]);                                                            \
+        for (int64_t pl = lo; pl < hi; pl++) {                                                     \
+            int64_t nn = pl / jb->C, ch = pl % jb->C;                                              \
+            const T *xp = x + nn * jb->xs[0] + ch * jb->xs[1];                                     \
+            const T *gp = go + nn * jb->gs[0] + ch * jb->gs[1];                                    \
+            T *yp = y + nn * jb->ys[0] + ch * jb->ys[1];                                           \
+            for (int64_t h = 0; h < jb->H; h++)                                                    \
+                for (int64_t w = 0; w < jb->W; w++)                                                \
+                    yp[h * jb->ys[2] + w * jb->ys[3]] = 0;                                         \
+            for (int64_t oh = 0; oh < jb->Ho; oh++)                                                \
+                for (int64_t ow = 0; ow < jb->Wo; ow++) {                                          \
+                    int64_t h0 = oh * st[0] - pd[0], w0 = ow * st[1] - pd[1], ah = -1, aw = -1;    \
+                    T best = (T)-INFINITY;                                                         \
+                    for (int64_t i = 0; i < ks[0]; i++)                                            \
+                        for (int64_t j = 0; j < ks[1]; j++) {                                      \
+                            int64_t h = h0 + i * dl[0], w = w0 + j * dl[1];                        \
+                            if (h < 0 || h >= jb->H || w < 0 || w >= jb->W)                        \
+                                continue;                                                          \
+                            T v = xp[h * jb->xs[2] + w * jb->xs[3]];                               \
+                            if (ah < 0 || BETTER(v, best)) {                                       \
+                                best = v;                                                          \
+                                ah = h;                                                            \
+                                aw = w;                                                            \
+                            }                                                                      \
+                        }                                                                          \
+                    if (ah >= 0)                                                                   \
+                        yp[ah * jb->ys[2] + aw * jb->ys[3]] +=                                     \
+                            gp[oh * jb->gs[2] + ow * jb->gs[3]];                                   \
+                }                                                                                  \
+        }                                                                                          \
+    }
+POOL_BW_PLANES(pool_bw_planes_f32, float)
+POOL_BW_PLANES(pool_bw_planes_f64, double)
+
+static void pool_bw_part(void *arg, int t, int nt)
+{
+    const pool_bw_job *jb = arg;
+    int64_t lo, hi;
+    cpu_split(jb->planes, t, nt, &lo, &hi);
+    if (lo >= hi)
+        return;
+    if (jb->c->in[1]->dtype == TD_F64)
+        pool_bw_planes_f64(jb, lo, hi);
+    else
+        pool_bw_planes_f32(jb, lo, hi);
+}
+
+int cpu_max_pool2d_backward(const tdd_opcall *c, int nt)
+{
+    const tdd_tensor *go = c->in[0], *x = c->in[1], *y = c->out[0];
+    const int b = x->ndim == 4;
+    pool_bw_job jb = {.c = c,
+                      .C = x->shape[b],
+                      .H = x->shape[b + 1],
+                      .W = x->shape[b + 2],
+                      .Ho = go->shape[b + 1],
+                      .Wo = go->shape[b + 2]};
+    const tdd_tensor *ts[3] = {x, go, y};
+    int64_t *ss[3] = {jb.xs, jb.gs, jb.ys};
+    for (int k = 0; k < 3; k++) {
+        ss[k][0] = b ? ts[k]->strides[0] : 0;
+        for (int d = 0; d < 3; d++)
+            ss[k][d + 1] = ts[k]->strides[b + d];
+    }
+    jb.planes = (b ? x->shape[0] : 1) * jb.C;
+    if (jb.planes == 0 || jb.H * jb.W == 0)
+        return 0;
+    const int64_t work = jb.planes * jb.Ho * jb.Wo * c->args->ints[3][0] * c->args->ints[3][1];
+    int use = jb.planes > 1 && work >= POOL_PAR_MIN ? nt : 1;
+    if (use > jb.planes)
+        use = (int)jb.planes;
+    cpu_parallel(use, pool_bw_part, &jb);
+    return 0;
+}

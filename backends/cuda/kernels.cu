@@ -2496,3 +2496,105 @@ extern "C" cudaError_t tdc_multinomial(const tdc_dev *d, const tdc_view *x, cons
         return launched();
     });
 }
+
+// max_pool2d_backward on dense [N, C, H, W]: a thread per input element sums the gradients of
+// the windows whose maximum it is (the forward's choice, asked again), in the windows' order:
+// the reference's order, so the sums round as its do. No atomics: deterministic.
+template <typename T>
+__global__ void max_pool_backward_kernel(__grid_constant__ const tdc_pool p, const T *go,
+                                         const T *x, T *gx)
+{
+    int64_t n = p.N * p.C * p.H * p.W;
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t w = e % p.W, h = (e / p.W) % p.H, nc = e / (p.W * p.H);
+        const T *xp = x + nc * p.H * p.W;
+        const T *gp = go + nc * p.Ho * p.Wo;
+        int64_t lo[2], hi[2], at = h * p.W + w, pos[2] = {h, w}, out[2] = {p.Ho, p.Wo};
+        for (int k = 0; k < 2; k++) { // windows o with o * stride - pad <= pos <= that + span
+            int64_t first = pos[k] + p.pad[k] - (p.k[k] - 1) * p.dil[k];
+            lo[k] = first <= 0 ? 0 : (first + p.stride[k] - 1) / p.stride[k];
+            hi[k] = (pos[k] + p.pad[k]) / p.stride[k];
+            if (hi[k] > out[k] - 1)
+                hi[k] = out[k] - 1;
+        }
+        T s = 0;
+        for (int64_t oh = lo[0]; oh <= hi[0]; oh++) {
+            int64_t h0 = oh * p.stride[0] - p.pad[0];
+            if ((h - h0) % p.dil[0] != 0)
+                continue;
+            for (int64_t ow = lo[1]; ow <= hi[1]; ow++) {
+                int64_t w0 = ow * p.stride[1] - p.pad[1];
+                if ((w - w0) % p.dil[1] != 0)
+                    continue;
+                T best = (T)-INFINITY;
+                int64_t arg = -1;
+                for (int64_t i = 0; i < p.k[0]; i++)
+                    for (int64_t j = 0; j < p.k[1]; j++) {
+                        int64_t hh = h0 + i * p.dil[0], ww = w0 + j * p.dil[1];
+                        if (hh < 0 || hh >= p.H || ww < 0 || ww >= p.W)
+                            continue;
+                        T v = xp[hh * p.W + ww];
+                        if (arg < 0 || v > best || (v != v && best == best)) {
+                            best = v;
+                            arg = hh * p.W + ww;
+                        }
+                    }
+                if (arg == at)
+                    s += gp[oh * p.Wo + ow];
+            }
+        }
+        gx[e] = s;
+    }
+}
+
+extern "C" cudaError_t tdc_max_pool2d_backward(const tdc_dev *d, const tdc_pool *p, const void *go,
+                                               const void *x, void *gx, int dt)
+{
+    int64_t n = p->N * p->C * p->H * p->W;
+    if (n == 0)
+        return cudaSuccess;
+    if (dt == 2)
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, max_pool_backward_kernel<double>)(
+            *p, (const double *)go, (const double *)x, (double *)gx);
+    else
+        tdc_launch(grid_for(d, n), kThreads, 0, d->stream, max_pool_backward_kernel<float>)(
+            *p, (const float *)go, (const float *)x, (float *)gx);
+    return launched();
+}
+
+// pixel_shuffle / pixel_unshuffle: a thread per output element, its input element's bytes.
+template <typename T>
+__global__ void pixel_shuffle_kernel(int down, int64_t r, int64_t n, int64_t C, int64_t H,
+                                     int64_t W, const T *x, T *y)
+{
+    for (int64_t e = gtid(); e < n; e += gstride()) {
+        int64_t w = e % W, h = e / W % H, c = e / (W * H) % C, b = e / (W * H * C), ic, ih, iw;
+        tdd_pixel_src(down, r, c, h, w, &ic, &ih, &iw);
+        int64_t iC = down ? C / (r * r) : C * r * r, iH = down ? H * r : H / r,
+                iW = down ? W * r : W / r;
+        y[e] = x[((b * iC + ic) * iH + ih) * iW + iw];
+    }
+}
+
+extern "C" cudaError_t tdc_pixel_shuffle(const tdc_dev *d, int down, int64_t r, int64_t B,
+                                         int64_t C, int64_t H, int64_t W, const void *x, void *y,
+                                         int es)
+{
+    int64_t n = B * C * H * W;
+    if (n == 0)
+        return cudaSuccess;
+    int g = grid_for(d, n);
+    if (es == 8)
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint64_t>)(
+            down, r, n, C, H, W, (const uint64_t *)x, (uint64_t *)y);
+    else if (es == 4)
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint32_t>)(
+            down, r, n, C, H, W, (const uint32_t *)x, (uint32_t *)y);
+    else if (es == 2)
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint16_t>)(
+            down, r, n, C, H, W, (const uint16_t *)x, (uint16_t *)y);
+    else
+        tdc_launch(g, kThreads, 0, d->stream, pixel_shuffle_kernel<uint8_t>)(
+            down, r, n, C, H, W, (const uint8_t *)x, (uint8_t *)y);
+    return launched();
+}

@@ -193,6 +193,13 @@ typedef struct {
  * y dense [N, C, Ho, Wo]. */
 cudaError_t tdc_pool2d(const tdc_dev *d, const tdc_pool *p, const void *x, void *y, int64_t *arg,
                        int dt);
+/* pixel_shuffle (down 0) / pixel_unshuffle (down 1) by r: y dense [B, C, H, W] (the output's
+ * dims), x the dense input; elements of es bytes moved (tdd_pixel_src). */
+cudaError_t tdc_pixel_shuffle(const tdc_dev *d, int down, int64_t r, int64_t B, int64_t C,
+                              int64_t H, int64_t W, const void *x, void *y, int es);
+/* max_pool2d_backward: gx dense [N, C, H, W] from go [N, C, Ho, Wo] and the input x. */
+cudaError_t tdc_max_pool2d_backward(const tdc_dev *d, const tdc_pool *p, const void *go,
+                                    const void *x, void *gx, int dt);
 /* col[n][(ic * kh + i) * kw + j][oh * Wo + ow] for input channels g*Cg .. (g+1)*Cg - 1. */
 cudaError_t tdc_im2col(const tdc_dev *d, const tdc_pool *p, const float *x, float *col, int64_t Cg,
                        int64_t g);

@@ -243,6 +243,53 @@ static int64_t at4(const tdd_tensor *x, int64_t n, int64_t ch, int64_t h, int64_
            w * x->strides[b + 2];
 }
 
+/* max_pool2d's choice in the window of plane (nn, ch) from (h0, w0): its flat index h * W + w
+ * (the first of equal maxima; a NaN wins over any number), -1 when the window holds nothing;
+ * its value in *best. The forward and max_pool2d_backward both ask it. */
+static int64_t max_window(const tdd_tensor *x, const tdd_opargs *g, int64_t nn, int64_t ch,
+                          int64_t h0, int64_t w0, double *best)
+{
+    int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1], arg = -1;
+    const int64_t *dl = g->ints[2], *ks = g->ints[3];
+    *best = -INFINITY;
+    for (int64_t i = 0; i < ks[0]; i++)
+        for (int64_t j = 0; j < ks[1]; j++) {
+            int64_t h = h0 + i * dl[0], ww = w0 + j * dl[1];
+            if (h < 0 || h >= H || ww < 0 || ww >= W)
+                continue;
+            double v = ref_getf(x, at4(x, nn, ch, h, ww));
+            if (arg < 0 || v > *best || (v != v && *best == *best)) {
+                *best = v;
+                arg = h * W + ww;
+            }
+        }
+    return arg;
+}
+
+/* max_pool2d_backward(grad_output, input): each window's gradient added at its maximum. */
+static int ref_max_pool2d_backward(const tdd_opcall *c)
+{
+    const tdd_opargs *g = c->args;
+    const tdd_tensor *go = c->in[0], *x = c->in[1];
+    tdd_tensor *y = c->out[0];
+    int b4 = go->ndim == 4;
+    int64_t C = go->shape[b4], Ho = go->shape[b4 + 1], Wo = go->shape[b4 + 2];
+    int64_t W = x->shape[x->ndim - 1], n = tdd_numel(go), ny = tdd_numel(y);
+    const int64_t *st = g->ints[0], *pd = g->ints[1];
+    for (int64_t e = 0; e < ny; e++)
+        ref_setf(y, ref_index(y, e), 0.0);
+    for (int64_t e = 0; e < n; e++) {
+        int64_t ow = e % Wo, oh = (e / Wo) % Ho, ch = (e / (Wo * Ho)) % C, nn = e / (Wo * Ho * C);
+        double best;
+        int64_t arg = max_window(x, g, nn, ch, oh * st[0] - pd[0], ow * st[1] - pd[1], &best);
+        if (arg < 0)
+            continue;
+        int64_t at = at4(y, nn, ch, arg / W, arg % W);
+        ref_setf(y, at, ref_getf(y, at) + ref_getf(go, ref_index(go, e)));
+    }
+    return 0;
+}
+
 /* scaled_dot_product_attention, row by row in double: the scores, their softmax over the
  * attended positions (none attended: NaN, as softmax over -inf), dropout, then the weighted
  * sum of the values. */
@@ -362,6 +409,30 @@ int ref_nn(const tdd_opcall *c)
         return ref_conv_transpose2d(c);
     case TDD_OP_SDPA:
         return ref_sdpa(c);
+    case TDD_OP_MAX_POOL2D_BACKWARD:
+        return ref_max_pool2d_backward(c);
+    case TDD_OP_PIXEL_SHUFFLE: /* element moves of any dtype (tdd_pixel_src) */
+    case TDD_OP_PIXEL_UNSHUFFLE: {
+        int nd = y->ndim;
+        int64_t C = y->shape[nd - 3], H = y->shape[nd - 2], W = y->shape[nd - 1];
+        size_t es = td_dtype_size(y->dtype);
+        for (int64_t e = 0; e < n; e++) {
+            int64_t rest = e / (C * H * W), ic, ih, iw, src = x->offset, dst = y->offset;
+            for (int d = nd - 4; d >= 0; d--) {
+                int64_t k = rest % y->shape[d];
+                rest /= y->shape[d];
+                src += k * x->strides[d];
+                dst += k * y->strides[d];
+            }
+            int64_t w = e % W, h = e / W % H, ch = e / (W * H) % C;
+            tdd_pixel_src(c->op == TDD_OP_PIXEL_UNSHUFFLE, g->i[0], ch, h, w, &ic, &ih, &iw);
+            src += ic * x->strides[nd - 3] + ih * x->strides[nd - 2] + iw * x->strides[nd - 1];
+            dst += ch * y->strides[nd - 3] + h * y->strides[nd - 2] + w * y->strides[nd - 1];
+            memcpy((char *)y->st->data + (size_t)dst * es,
+                   (const char *)x->st->data + (size_t)src * es, es);
+        }
+        return 0;
+    }
     case TDD_OP_INTERPOLATE:
         return ref_interp(c);
     case TDD_OP_GROUP_NORM: { /* groups of C/G channels x the rest, per sample */
@@ -474,25 +545,14 @@ int ref_nn(const tdd_opcall *c)
         int b4 = y->ndim == 4;
         int64_t C = y->shape[b4], Ho = y->shape[b4 + 1], Wo = y->shape[b4 + 2];
         int64_t H = x->shape[x->ndim - 2], W = x->shape[x->ndim - 1];
-        const int64_t *st = g->ints[0], *pd = g->ints[1], *dl = g->ints[2], *ks = g->ints[3];
+        const int64_t *st = g->ints[0], *pd = g->ints[1], *ks = g->ints[3];
         for (int64_t e = 0; e < n; e++) {
             int64_t ow = e % Wo, oh = (e / Wo) % Ho, ch = (e / (Wo * Ho)) % C,
                     nn = e / (Wo * Ho * C);
             int64_t h0 = oh * st[0] - pd[0], w0 = ow * st[1] - pd[1];
             if (c->op == TDD_OP_MAX_POOL2D) {
-                double best = -INFINITY;
-                int64_t arg = -1;
-                for (int64_t i = 0; i < ks[0]; i++)
-                    for (int64_t j = 0; j < ks[1]; j++) {
-                        int64_t h = h0 + i * dl[0], ww = w0 + j * dl[1];
-                        if (h < 0 || h >= H || ww < 0 || ww >= W)
-                            continue;
-                        double v = ref_getf(x, at4(x, nn, ch, h, ww));
-                        if (arg < 0 || v > best || (v != v && best == best)) {
-                            best = v;
-                            arg = h * W + ww;
-                        }
-                    }
+                double best;
+                int64_t arg = max_window(x, g, nn, ch, h0, w0, &best);
                 ref_setf(y, ref_index(y, e), best);
                 if (c->n_out > 1)
                     ref_seti(c->out[1], ref_index(c->out[1], e), arg);

@@ -38,6 +38,8 @@ GPU_PYTEST=${GPU_PYTEST:-tests/python/ops/test_ops_torch.py \
     tests/python/gpu/test_cuda_parallel.py tests/python/gpu/test_cuda_streams.py \
     tests/python/gpu/test_cuda_checks.py tests/python/gpu/test_cuda_fused_optim.py \
     tests/python/gpu/test_cuda_gemm_ex.py \
+    tests/python/ops/test_pool1d.py tests/python/ops/test_backward_ops.py \
+    tests/python/ops/test_pixel_shuffle.py \
     tests/python/parallel/test_parallel.py::test_cuda_groups_run_staged_and_say_nccl_is_not_used \
     tests/python/transport/test_memfd.py::test_cuda_memfd \
     tests/python/torch_device/test_torch_graph.py $torch_models}

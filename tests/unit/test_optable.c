@@ -3,6 +3,7 @@
 #include <check.h>
 #include <string.h>
 
+#include "autograd_impl.h"
 #include "ops.h"
 
 Suite *optable_suite(void);
@@ -108,6 +109,34 @@ START_TEST(test_composite_column)
 }
 END_TEST
 
+/* The grad column: each row's program is a call of an op of the table the backward can make
+ * (arguments grad, inK, outK), and what a row saves follows from it. */
+START_TEST(test_grad_column)
+{
+    int n = 0;
+    for (int i = 0; i < TDD_OP_COUNT; i++) {
+        const char *prog = tdd_op_schema[i].grad;
+        if (!prog)
+            continue;
+        char why[96];
+        ck_assert_msg(tdd_grad_program_check(prog, why, sizeof why) == 0, "%s: grad \"%s\": %s",
+                      tdd_opdefs[i].name, prog, why);
+        n++;
+    }
+    ck_assert_int_ge(n, 1);
+    ck_assert(tdd_formula_saves_inputs(TDD_OP_MAX_POOL2D));
+    ck_assert(!tdd_formula_saves_output(TDD_OP_MAX_POOL2D));
+    /* pixel_shuffle's call reads only grad: nothing of the forward is kept */
+    ck_assert(!tdd_formula_saves_inputs(TDD_OP_PIXEL_SHUFFLE));
+    ck_assert(!tdd_formula_saves_output(TDD_OP_PIXEL_UNSHUFFLE));
+    char why[96];
+    ck_assert_int_eq(tdd_grad_program_check("max_pool2d_backward(grad, in0", why, sizeof why), -1);
+    ck_assert_int_eq(tdd_grad_program_check("no_such_op(grad)", why, sizeof why), -1);
+    ck_assert_int_eq(tdd_grad_program_check("max_pool2d_backward(grad, x)", why, sizeof why), -1);
+    ck_assert_int_eq(tdd_grad_program_check("max_pool2d(grad; a=b)", why, sizeof why), 0);
+}
+END_TEST
+
 Suite *optable_suite(void)
 {
     Suite *s = suite_create("optable");
@@ -116,6 +145,7 @@ Suite *optable_suite(void)
     tcase_add_test(tc, test_unknown_names);
     tcase_add_test(tc, test_names_unique);
     tcase_add_test(tc, test_composite_column);
+    tcase_add_test(tc, test_grad_column);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -151,6 +151,19 @@ def adaptive_avg_pool2d(input, output_size):  # noqa: A002
     return _op("adaptive_avg_pool2d", input, output_size=_pair(output_size))
 
 
+def pixel_shuffle(input, upscale_factor):  # noqa: A002
+    """[*, C r^2, H, W] -> [*, C, H r, W r] (``torch.nn.functional.pixel_shuffle``)."""
+    return _op("pixel_shuffle", input, upscale_factor=int(upscale_factor))
+
+
+def pixel_unshuffle(input, downscale_factor):  # noqa: A002
+    """[*, C, H r, W r] -> [*, C r^2, H, W] (``torch.nn.functional.pixel_unshuffle``)."""
+    return _op("pixel_unshuffle", input, downscale_factor=int(downscale_factor))
+
+
+__all__ += ["pixel_shuffle", "pixel_unshuffle"]
+
+
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,  # noqa: A002
               scale_grad_by_freq=False, sparse=False):
     """Rows of weight at the integer indices (``torch.nn.functional.embedding``; any

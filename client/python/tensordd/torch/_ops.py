@@ -1616,16 +1616,17 @@ def _max_pool2d_with_indices(c, a, kernel_size, stride=(), padding=0, dilation=1
                   ceil_mode=bool(ceil_mode), return_indices=True)
 
 
-@impl(aten.max_pool2d_with_indices_backward.default, uses="zeros, reshape, scatter_add")
+@impl(aten.max_pool2d_with_indices_backward.default, uses="max_pool2d_backward")
 def _max_pool2d_backward(c, go, a, kernel_size, stride, padding, dilation, ceil_mode,
                          indices):
-    shape = _shape(a)
-    lead = list(shape[:-2])
-    hw = shape[-2] * shape[-1]
-    z = c.create("zeros", lead + [hw], c.out.dtype)
-    out = c.op("scatter_add", z, c.op("reshape", indices, shape=lead + [-1]),
-               c.op("reshape", go, shape=lead + [-1]), dim=len(lead))
-    return c.op("reshape", out, shape=tuple(shape))
+    # one kernel; it finds each window's maximum again by max_pool2d's rule, so the positions
+    # are the forward's indices and indices is not sent
+    return c.op("max_pool2d_backward", go, a, kernel_size=list(kernel_size),
+                stride=list(stride) if stride else list(kernel_size),
+                padding=_spatial(padding if isinstance(padding, (list, tuple)) else [padding], 2),
+                dilation=_spatial(dilation if isinstance(dilation, (list, tuple))
+                                  else [dilation], 2),
+                ceil_mode=bool(ceil_mode))
 
 
 @impl(aten.avg_pool2d.default, uses="avg_pool2d")
