@@ -83,8 +83,8 @@ typedef struct tdd_session {
      * charge (tdd_handle_cost) until tdd_handle_add takes it over or it is given back. */
     uint64_t reserved[2 * TDD_MAX_OP_OUTPUTS];
     size_t n_reserved;
-    uint64_t inflight; /* tasks queued for this session */
-    bool has_err;      /* first error since the last synchronising request */
+    uint64_t inflight;   /* tasks queued for this session */
+    bool has_err;        /* first error since the last synchronising request */
     uint64_t checks_req; /* the Sync waiting for devices' value checks (tdd_h_sync) */
     td_error err;
     bool grad_enabled;

@@ -20,7 +20,9 @@
 #   torch        $PY imports torch (the op checks compare with it)
 #   build        the nvcc build: the daemon, tdctl, the conformance runner
 #   conformance  the conformance table on cuda:0 held to ref
-#   pytest       the cuda pytest files (ops, gradients, streams, ResNet, transformer, groups)
+#   pytest       the cuda pytest files (ops, gradients, streams, value checks read at the
+#                next sync, fused optimizer steps, f16/bf16 GemmEx and TF32, ResNet,
+#                transformer, groups)
 #   digits       digits training on cuda:0, held to 95% test accuracy
 #   memcheck     compute-sanitizer --tool memcheck on a subset of the conformance table
 #   racecheck    compute-sanitizer --tool racecheck on the same subset
