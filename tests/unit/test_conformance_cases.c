@@ -912,6 +912,11 @@ void conf_run_attrs(const conf_case *c, td_dtype dt, int variant, conf_backend *
             res->native = tdd_cpu_native(&call);
         if (execute && sup == 0)
             res->rc[b] = bes[b]->be->execute(bes[b]->ctx, 0, &call);
+        /* A device backend reports a kernel's refused values (an index out of range) at the
+         * next synchronising point, as the daemon's Sync and downloads do: ask it here. */
+        if (execute && sup == 0 && res->rc[b] == 0 && !bes[b]->be->host_memory &&
+            bes[b]->be->synchronize)
+            res->rc[b] = bes[b]->be->synchronize(bes[b]->ctx, 0);
     }
     if (execute && other && res->rc[0] == 0 && res->rc[1] == 0 && res->supported[1]) {
         for (int k = 0; k < n_out && !res->bad; k++) {
