@@ -26,6 +26,33 @@ def start_gpu_daemon(cpu_devices: int = 1) -> Daemon:
     return Daemon("--cpu-devices", str(cpu_devices), *(GPU_ARGS or "").split())
 
 
+def start_profiled_gpu_daemon(directory, *extra: str) -> Daemon:
+    """A GPU daemon whose emulator writes its per-launch profile (TDD_EMU_PROFILE) to
+    directory/profile.jsonl, named by the daemon's .profile (on a real GPU: no profile)."""
+    prof = os.path.join(str(directory), "profile.jsonl")
+    mp = pytest.MonkeyPatch()
+    if GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS:
+        mp.setenv("TDD_EMU_PROFILE", prof)
+    try:
+        d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split(), *extra)
+    finally:
+        mp.undo()
+    d.profile = prof
+    return d
+
+
+def profile_size(daemon) -> int:
+    """The profile's size now: where the next launches' records will start."""
+    return os.path.getsize(daemon.profile) if os.path.exists(daemon.profile) else 0
+
+
+def profile_kernels(daemon, at: int) -> list:
+    """The kernel names launched since byte offset at of the daemon's profile."""
+    with open(daemon.profile) as f:
+        f.seek(at)
+        return [line.split('"kernel": "')[1].split('"')[0] for line in f if '"kernel"' in line]
+
+
 def gpu_daemon_fixture(cpu_devices: int = 1):
     """A module-scoped fixture: one GPU daemon per test file, which must exit 0 on SIGTERM."""
 

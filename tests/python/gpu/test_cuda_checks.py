@@ -17,7 +17,7 @@ import pytest
 
 import tensordd
 
-from gpusuite import GPU_ARGS, only_with_gpu, start_gpu_daemon
+from gpusuite import GPU_ARGS, only_with_gpu, start_profiled_gpu_daemon
 
 pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
@@ -26,15 +26,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    prof = str(tmp_path_factory.mktemp("checks") / "profile.jsonl")
-    mp = pytest.MonkeyPatch()
-    if EMU:
-        mp.setenv("TDD_EMU_PROFILE", prof)
-    try:
-        d = start_gpu_daemon()
-    finally:
-        mp.undo()
-    d.profile = prof
+    d = start_profiled_gpu_daemon(tmp_path_factory.mktemp("checks"))
     yield d
     rc = d.stop()
     assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"

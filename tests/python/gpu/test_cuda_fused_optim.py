@@ -9,14 +9,12 @@ emulator's profile (TDD_EMU_PROFILE), on the emulated build only."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import tensordd
-
-from gpusuite import GPU_ARGS, only_with_gpu, start_gpu_daemon
+from gpusuite import (GPU_ARGS, only_with_gpu, profile_kernels, profile_size,
+                      start_profiled_gpu_daemon)
 
 pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
@@ -35,15 +33,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    prof = str(tmp_path_factory.mktemp("fused") / "profile.jsonl")
-    mp = pytest.MonkeyPatch()
-    if EMU:
-        mp.setenv("TDD_EMU_PROFILE", prof)
-    try:
-        d = start_gpu_daemon()
-    finally:
-        mp.undo()
-    d.profile = prof
+    d = start_profiled_gpu_daemon(tmp_path_factory.mktemp("fused"))
     yield d
     rc = d.stop()
     assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
@@ -54,17 +44,6 @@ def s(daemon):
     sess = tensordd.connect(daemon.endpoint, timeout=120)
     yield sess
     sess.close(raise_errors=False)
-
-
-def launches_since(daemon, at):
-    """The kernel names launched since byte offset at of the profile."""
-    with open(daemon.profile) as f:
-        f.seek(at)
-        return [line.split('"kernel": "')[1].split('"')[0] for line in f if '"kernel"' in line]
-
-
-def profile_size(daemon):
-    return os.path.getsize(daemon.profile) if os.path.exists(daemon.profile) else 0
 
 
 def make(kind):
@@ -96,7 +75,7 @@ def run(s, kind, device, dtype, inits, coefs, groups=1, foreach=None, daemon=Non
         opt.step()
         out = [w.numpy() for w in ws]
         if daemon:
-            launched = launches_since(daemon, at)
+            launched = profile_kernels(daemon, at)
     return out, launched
 
 

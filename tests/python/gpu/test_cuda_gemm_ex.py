@@ -9,15 +9,12 @@ cuBLAS computes GemmEx in float32 and its profile names the calls."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 import tensordd
-from conftest import Daemon
-
-from gpusuite import GPU_ARGS, only_with_gpu
+from gpusuite import (GPU_ARGS, only_with_gpu, profile_kernels, profile_size,
+                      start_profiled_gpu_daemon)
 
 pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
@@ -26,22 +23,9 @@ torch = pytest.importorskip("torch")
 DTYPES = {"float16": (torch.float16, 10), "bfloat16": (torch.bfloat16, 7)}
 
 
-def start(tmp_path, *extra):
-    prof = str(tmp_path / "profile.jsonl")
-    mp = pytest.MonkeyPatch()
-    if EMU:
-        mp.setenv("TDD_EMU_PROFILE", prof)
-    try:
-        d = Daemon("--cpu-devices", "1", *(GPU_ARGS or "").split(), *extra)
-    finally:
-        mp.undo()
-    d.profile = prof
-    return d
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = start(tmp_path_factory.mktemp("gemm"))
+    d = start_profiled_gpu_daemon(tmp_path_factory.mktemp("gemm"))
     yield d
     assert d.stop() == 0, d.log()
 
@@ -51,16 +35,6 @@ def s(daemon):
     sess = tensordd.connect(daemon.endpoint, timeout=120)
     yield sess
     sess.close(raise_errors=False)
-
-
-def launches(daemon, at):
-    with open(daemon.profile) as f:
-        f.seek(at)
-        return [line.split('"kernel": "')[1].split('"')[0] for line in f if '"kernel"' in line]
-
-
-def size(daemon):
-    return os.path.getsize(daemon.profile) if os.path.exists(daemon.profile) else 0
 
 
 def within_one_ulp(ours, want, bits):
@@ -88,7 +62,7 @@ def test_half_gemm_sums_in_float32_and_rounds_once(daemon, s, dtype, op, shapes,
     ts = [torch.from_numpy(rng.standard_normal(sh).astype(np.float32)).to(tdt) for sh in shapes]
     ins = [s.tensor(t.float().numpy(), device="cuda:0").to(dtype=dtype) for t in ts]
     s.tensor(np.zeros(1, np.float32), device="cuda:0").numpy()  # the casts in have run
-    at = size(daemon)
+    at = profile_size(daemon)
     y = s.op(op, *ins, **kw)
     got = y.to(dtype="float32").numpy()
     f = [t.float() for t in ts]
@@ -99,7 +73,7 @@ def test_half_gemm_sums_in_float32_and_rounds_once(daemon, s, dtype, op, shapes,
     assert y.dtype == dtype
     within_one_ulp(got, want, bits)
     if EMU:  # one GemmEx, no widening or narrowing copies: the one cast is the test's own
-        names = launches(daemon, at)
+        names = profile_kernels(daemon, at)
         assert [k for k in names if k.startswith("cublas")] == ["cublasGemmEx"], names
         assert sum("cast" in k for k in names) == 1, names
 
@@ -128,16 +102,16 @@ def test_float32_gemms_are_full_float32_by_default(s):
 
 
 def test_cuda_tf32_makes_float32_gemms_tf32(tmp_path):
-    d = start(tmp_path, "--cuda-tf32")
+    d = start_profiled_gpu_daemon(tmp_path, "--cuda-tf32")
     try:
         with tensordd.connect(d.endpoint, timeout=120) as s:
             got, full, rounded = f32_gemm(s)
             np.testing.assert_allclose(got, rounded, rtol=1e-5, atol=1e-5)
             assert np.max(np.abs(got - full)) > 1e-3
             if EMU:
-                at = size(d)
+                at = profile_size(d)
                 x = s.tensor(np.ones((4, 8), np.float32), device="cuda:0")
                 (x @ x.T).numpy()
-                assert launches(d, at) == ["cublasSgemm (TF32)"]
+                assert profile_kernels(d, at) == ["cublasSgemm (TF32)"]
     finally:
         assert d.stop() == 0, d.log()
