@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensordd
-from test_ops_torch_forms import DEVICES, fd, s  # noqa: F401 (fixtures)
+from test_torch_arg_forms import DEVICES, fd, s  # noqa: F401 (fixtures)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
