@@ -256,11 +256,24 @@ static tdd_queue *pick(tdd_lane *l)
     return NULL;
 }
 
+/* Lowers the calling thread's priority by `by` nice steps below its own (the daemon may
+ * have been started niced itself: the workers stay `by` below the loop thread), at most to
+ * 19. Lowering one's own priority needs no privilege; `by` is checked by the options. */
+static int lower_own_priority(int by)
+{
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int base = getpriority(PRIO_PROCESS, tid);
+    if (base == -1 && errno)
+        return -1;
+    int want = base + by > 19 ? 19 : base + by;
+    return want == base ? 0 : setpriority(PRIO_PROCESS, tid, want);
+}
+
 static void *worker(void *arg)
 {
     tdd_lane *l = arg;
-    /* Lowering one's own priority needs no privilege; the value is checked by the options. */
-    if (l->nice && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), l->nice) != 0)
+    if (l->nice && lower_own_priority(l->nice) != 0)
         tdd_warn("lane %s: setpriority: %s", l->name, strerror(errno));
     pthread_mutex_lock(&l->mu);
     l->started = true; /* tdd_lane_new returns once the priority is set */
@@ -553,7 +566,7 @@ static void *detached_main(void *arg)
 {
     detached d = *(detached *)arg;
     free(arg);
-    if (d.nice && setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), d.nice) != 0)
+    if (d.nice && lower_own_priority(d.nice) != 0)
         tdd_debug("detached task: setpriority: %s", strerror(errno));
     d.t->more = false;
     d.t->run(d.t);

@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "handlers.h"
 #include "exec_op.h"
+#include "handlers.h"
 #include "log.h"
 #include "resume.h"
 #include "stats.h"

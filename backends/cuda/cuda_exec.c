@@ -733,10 +733,9 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
                      "linear bias");
         beta = 1.0f;
     } else if (K == 0) {
-        rc = cuda_rc(dv,
-                     cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * es,
-                                     cuda_slot_now(dv)->stream),
-                     "matmul");
+        rc = cuda_rc(
+            dv, cudaMemsetAsync(yp, 0, (size_t)(batch * M * N) * es, cuda_slot_now(dv)->stream),
+            "matmul");
     }
     if (rc || K == 0)
         return rc;
@@ -751,14 +750,14 @@ static int exec_matmul(cuda_dev *dv, const tdd_opcall *c)
         cublasStatus_t s;
         cudaDataType ht = dt == TD_F16 ? CUDA_R_16F : CUDA_R_16BF;
         if (is_half(dt) && batch == 1) /* f16/bf16 in, f32 sums, rounded once on store */
-            s = cuda_blas.gemm_ex(cuda_slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, ht,
-                                  B.ld, A.p, ht, A.ld, &beta, yp, ht, n, CUBLAS_COMPUTE_32F,
+            s = cuda_blas.gemm_ex(cuda_slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, ht, B.ld,
+                                  A.p, ht, A.ld, &beta, yp, ht, n, CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT);
         else if (is_half(dt))
-            s = cuda_blas.gemm_strided_batched_ex(
-                cuda_slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, ht, B.ld, B.bstride, A.p,
-                ht, A.ld, A.bstride, &beta, yp, ht, n, M * N, (int)batch, CUBLAS_COMPUTE_32F,
-                CUBLAS_GEMM_DEFAULT);
+            s = cuda_blas.gemm_strided_batched_ex(cuda_slot_now(dv)->blas, B.op, A.op, n, m, k,
+                                                  &one, B.p, ht, B.ld, B.bstride, A.p, ht, A.ld,
+                                                  A.bstride, &beta, yp, ht, n, M * N, (int)batch,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         else if (batch == 1)
             s = cuda_blas.sgemm(cuda_slot_now(dv)->blas, B.op, A.op, n, m, k, &one, B.p, B.ld, A.p,
                                 A.ld, &beta, yp, n);
