@@ -71,7 +71,7 @@ def test_the_accelerated_path_is_the_one_taken(session):
     """op and numpy of the accelerator run (no Python round trip) on a plain socket, and
     step aside where the Python path must run (a resumable session's journal)."""
     x = session.tensor(np.array([-1.0, 2.0], np.float32))
-    r = _codec.op(session, "relu", [x.handle])
+    r = _codec.op(session._state, session, "relu", [x.handle])
     assert type(r) is tensordd.Tensor and r._shape is None
     plain = tensordd.Tensor(session, r.handle)  # (made by __init__, which C does not run)
     for name in type(r).__slots__[:-1]:
@@ -95,8 +95,8 @@ def test_the_accelerated_path_is_the_one_taken(session):
     assert r._shape == (2,) and r._dtype == "float32" and str(r._device) == "cpu:0"
     conn._journal = []  # (as enable_resume leaves it): not the accelerator's
     try:
-        assert _codec.op(session, "relu", [x.handle]) is None
-        assert _codec.numpy(session, r) is None
+        assert _codec.op(session._state, session, "relu", [x.handle]) is None
+        assert _codec.numpy(session._state, session, r) is None
     finally:
         conn._journal = None
 
