@@ -604,6 +604,45 @@ int tdd_handle_check_new(tdd_session *s, uint64_t id, td_error *err)
     return reserve(s, id, err);
 }
 
+/* Notes id as declined (see session.h): extends the newest run or starts one, forgetting
+ * the oldest when the array is full. */
+static void declined_note(tdd_session *s, uint64_t id)
+{
+    size_t n = s->n_declined;
+    if (n && s->declined[n - 1][1] + 1 == id) {
+        s->declined[n - 1][1] = id;
+        return;
+    }
+    if (n == TDD_DECLINED_RUNS) {
+        memmove(s->declined[0], s->declined[1], (n - 1) * sizeof s->declined[0]);
+        n--;
+    }
+    s->declined[n][0] = s->declined[n][1] = id;
+    s->n_declined = n + 1;
+}
+
+/* Whether id is a declined id; it no longer is after (a second Release says UNKNOWN_HANDLE,
+ * except for an id inside a run, which is not split). */
+static bool declined_take(tdd_session *s, uint64_t id)
+{
+    for (size_t i = 0; i < s->n_declined; i++) {
+        uint64_t *r = s->declined[i];
+        if (id < r[0] || id > r[1])
+            continue;
+        if (r[0] == r[1]) {
+            memmove(s->declined[i], s->declined[i + 1],
+                    (s->n_declined - i - 1) * sizeof s->declined[0]);
+            s->n_declined--;
+        } else if (id == r[0]) {
+            r[0]++;
+        } else if (id == r[1]) {
+            r[1]--;
+        }
+        return true;
+    }
+    return false;
+}
+
 static void handle_put(tdd_session *s, uint64_t id, td_handle_kind kind, bool poisoned, void *obj)
 {
     if (s->n_rebind && rebinding(s, id) && tdd_handle_find(s, id)) {
@@ -640,11 +679,17 @@ void tdd_handle_add(tdd_session *s, uint64_t id, td_handle_kind kind, void *obj)
 
 void tdd_handle_bind_failed(tdd_session *s, uint64_t id, td_handle_kind kind, const td_error *err)
 {
-    if (kind == TD_HANDLE_NONE || tdd_handle_check_new(s, id, NULL))
-        return; /* not a new id (its own error says so), or no room: nothing to bind */
+    if (kind == TD_HANDLE_NONE)
+        return;
+    int rc = tdd_handle_check_new(s, id, NULL);
+    if (rc == TD_ERESOURCE_EXHAUSTED)
+        declined_note(s, id); /* no room: nothing bound; its Release is answered Ok */
+    if (rc)
+        return; /* not a new id (its own error says so), or no room */
     tdd_value *v = tdd_value_new(tdd_default_device());
     if (!v) {
         tdd_handle_unreserve(s, id);
+        declined_note(s, id);
         return;
     }
     int code = err->code;
@@ -662,6 +707,8 @@ void tdd_handle_bind_failed(tdd_session *s, uint64_t id, td_handle_kind kind, co
 int tdd_handle_release(tdd_session *s, uint64_t id, td_error *err)
 {
     tdd_handle *h = tdd_handle_find(s, id);
+    if (!h && declined_take(s, id))
+        return 0; /* a failed request's id that had no room for a placeholder */
     if (!h)
         return unknown_handle(s, err, id);
     td_handle_kind kind = h->kind;

@@ -78,6 +78,13 @@ typedef struct tdd_session {
      * from one never seen. A client counting ids up keeps this at one run. */
     struct tdd_id_run *id_runs;
     size_t n_id_runs, cap_id_runs;
+    /* Ids of failed requests the session had no room to bind a placeholder for (its memory
+     * quota was spent): a Release of one is answered Ok, as the client drops the handles
+     * the failed request named. A few runs [lo, hi] in a fixed array, no allocation; past
+     * TDD_DECLINED_RUNS the oldest is forgotten (its Release then says UNKNOWN_HANDLE). */
+#define TDD_DECLINED_RUNS 16
+    uint64_t declined[TDD_DECLINED_RUNS][2];
+    size_t n_declined;
     tdd_account *acct;
     /* Ids that passed tdd_handle_check_new and are not bound yet: each holds the per-handle
      * charge (tdd_handle_cost) until tdd_handle_add takes it over or it is given back. */
