@@ -41,6 +41,27 @@ def start_profiled_gpu_daemon(directory, *extra: str) -> Daemon:
     return d
 
 
+def profiled_fixtures(tag: str):
+    """(daemon, s): a module's profiled GPU daemon (start_profiled_gpu_daemon), which must
+    exit 0 on SIGTERM, and a session on it per test. Assign them to the names `daemon` and
+    `s` in the test module."""
+
+    @pytest.fixture(scope="module", name="daemon")
+    def daemon(tmp_path_factory):
+        d = start_profiled_gpu_daemon(tmp_path_factory.mktemp(tag))
+        yield d
+        rc = d.stop()
+        assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
+
+    @pytest.fixture(name="s")
+    def s(daemon):
+        sess = tensordd.connect(daemon.endpoint, timeout=120)
+        yield sess
+        sess.close(raise_errors=False)
+
+    return daemon, s
+
+
 def profile_size(daemon) -> int:
     """The profile's size now: where the next launches' records will start."""
     return os.path.getsize(daemon.profile) if os.path.exists(daemon.profile) else 0

@@ -17,26 +17,14 @@ import pytest
 
 import tensordd
 
-from gpusuite import GPU_ARGS, only_with_gpu, start_profiled_gpu_daemon
+from gpusuite import GPU_ARGS, only_with_gpu, profiled_fixtures
 
 pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = start_profiled_gpu_daemon(tmp_path_factory.mktemp("checks"))
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
-
-
-@pytest.fixture
-def s(daemon):
-    sess = tensordd.connect(daemon.endpoint, timeout=120)
-    yield sess
-    sess.close(raise_errors=False)
+daemon, s = profiled_fixtures("checks")
 
 
 def host_waits(daemon):

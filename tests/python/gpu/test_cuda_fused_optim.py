@@ -14,7 +14,7 @@ import pytest
 
 import tensordd
 from gpusuite import (GPU_ARGS, only_with_gpu, profile_kernels, profile_size,
-                      start_profiled_gpu_daemon)
+                      profiled_fixtures)
 
 pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
@@ -31,19 +31,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = start_profiled_gpu_daemon(tmp_path_factory.mktemp("fused"))
-    yield d
-    rc = d.stop()
-    assert rc == 0, f"daemon exited with {rc} on SIGTERM:\n{d.log()}"
-
-
-@pytest.fixture
-def s(daemon):
-    sess = tensordd.connect(daemon.endpoint, timeout=120)
-    yield sess
-    sess.close(raise_errors=False)
+daemon, s = profiled_fixtures("fused")
 
 
 def make(kind):

@@ -14,7 +14,7 @@ import pytest
 
 import tensordd
 from gpusuite import (GPU_ARGS, only_with_gpu, profile_kernels, profile_size,
-                      start_profiled_gpu_daemon)
+                      start_profiled_gpu_daemon, profiled_fixtures)
 
 pytestmark = only_with_gpu
 EMU = GPU_ARGS is not None and "--emu-gpus" in GPU_ARGS
@@ -23,18 +23,7 @@ torch = pytest.importorskip("torch")
 DTYPES = {"float16": (torch.float16, 10), "bfloat16": (torch.bfloat16, 7)}
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = start_profiled_gpu_daemon(tmp_path_factory.mktemp("gemm"))
-    yield d
-    assert d.stop() == 0, d.log()
-
-
-@pytest.fixture
-def s(daemon):
-    sess = tensordd.connect(daemon.endpoint, timeout=120)
-    yield sess
-    sess.close(raise_errors=False)
+daemon, s = profiled_fixtures("gemm")
 
 
 def within_one_ulp(ours, want, bits):
