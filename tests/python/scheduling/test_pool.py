@@ -107,8 +107,10 @@ def test_1mib_uploads_on_4_connections_take_no_page_faults(start_daemon):
 
         upload_all(20)  # warm-up
         before = _stat(d.proc.pid)["minflt"]
-        upload_all(100)
-        per_upload = (_stat(d.proc.pid)["minflt"] - before) / 400
+        # 800 uploads: a one-off event of the run (a buffer of the loaded machine's slow
+        # turn, ~256 faults) stays under the bound; one block mapped anew per upload does not
+        upload_all(200)
+        per_upload = (_stat(d.proc.pid)["minflt"] - before) / 800
         assert all(s.stats()["handles"] == 0 for s in sessions)
     finally:
         for s in sessions:
