@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mutate.sh -- shows that the emulated suites catch kernel bugs (issue 10's mutation check).
+# mutate.sh -- shows that the emulated suites catch kernel bugs (the mutation check).
 #
 # Breaks a copy of backends/cuda/kernels.cu in three ways (and a fourth), builds the emulated conformance
 # runner from each copy (build/emu-mutant; the tree is never touched), runs the reduction

@@ -390,7 +390,7 @@ START_TEST(test_optimizer_errors)
             0);
         ck_assert_msg(td_sync(c, &e) == bad[i].code, "case %zu: got %s (%s)", i,
                       td_err_name(e.code), e.message);
-        /* The handle is bound to a placeholder of the failed create (issue 9). */
+        /* The handle is bound to a placeholder of the failed create. */
         ck_assert_int_eq(td_optimizer_step(c, o, o, &e), TD_EPOISONED);
         ck_assert_int_eq(td_release(c, &o, 1, &e), 0);
     }

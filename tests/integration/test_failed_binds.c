@@ -1,5 +1,5 @@
 /* test_failed_binds.c -- integration: a request that names a new handle and fails still
- * binds it, to a poisoned placeholder of the right kind (issue 9). Releasing the id then
+ * binds it, to a poisoned placeholder of the right kind. Releasing the id then
  * succeeds, and using it is POISONED naming the failed request. Before, Backward,
  * Grad, GradRemove and OptimizerCreate left the id unbound: the client's Release of it
  * was answered UNKNOWN_HANDLE at the next, unrelated synchronising call. */
@@ -109,7 +109,7 @@ static int use_optimizer(td_client *c, td_handle o, td_error *e)
     return td_optimizer_step(c, o, o, e);
 }
 
-START_TEST(test_issue_reproduction)
+START_TEST(test_bad_conv_attribute_then_backward_and_step_are_typed)
 {
     td_client *c = it_client("failed-binds-repro");
     int64_t s4[4] = {1, 1, 4, 4}, s3[4] = {1, 1, 3, 3};
@@ -316,7 +316,7 @@ Suite *it_failed_binds_suite(void)
     Suite *s = suite_create("failed-binds");
     TCase *tc = tcase_create("placeholders");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_issue_reproduction);
+    tcase_add_test(tc, test_bad_conv_attribute_then_backward_and_step_are_typed);
     tcase_add_test(tc, test_failed_backward);
     tcase_add_test(tc, test_failed_grad);
     tcase_add_test(tc, test_failed_optimizer_create);

@@ -1,4 +1,4 @@
-/* test_handles.c -- integration: the handle table at scale (issue 11: pipelined ops with
+/* test_handles.c -- integration: the handle table at scale (pipelined ops with
  * 200k live handles). 200k tensors, each holding its own index, a third of them released,
  * 100k more bound behind them: every sampled live handle still names its own tensor (read
  * back, and through an op), every released one is UNKNOWN_HANDLE, and the session's handle

@@ -99,7 +99,7 @@ END_TEST
 /* Every small table row again with each scalar attribute of its op (tdd_op_schema in
  * backends/ops_schema.c) at its extremes, and each ordered pair reversed: prepare either refuses
  * it with a typed error (INVALID_ARGUMENT naming an attribute, RESOURCE_EXHAUSTED, ...)
- * or every backend runs it and agrees with ref (issue 8: tril/triu with diagonal INT64_MAX
+ * or every backend runs it and agrees with ref (tril/triu with diagonal INT64_MAX
  * and clamp with min > max or a NaN bound differed, and overflowed under UBSan). */
 #define GEN_MAX_NUMEL 4096 /* rows with larger inputs are skipped; outputs are bounded too */
 

@@ -381,7 +381,7 @@ const conf_case conf_cases[] = {
     {"rand", {NULL}, "shape=[70000]", FA, 1},
     {"randn", {NULL}, "shape=[5,7]", FA, 1},
     {"randint", {NULL}, "low=-3;high=9;shape=[40]", "il", 1},
-    /* issue 14: the argument forms PyTorch accepts (kept last: a row's data is seeded by its
+    /* the argument forms PyTorch accepts (kept last: a row's data is seeded by its
      * index, so rows added above would change the data of every row below) */
     {"clamp", {"x:3,4", "x:4", "x:3,1"}, "", NUM, 1}, /* tensor bounds */
     {"clamp", {"x:3,4", "x:"}, "", NUM, 1},

@@ -1,4 +1,4 @@
-"""Double backward (issue 14, item 3): backward(create_graph=True) and
+"""Double backward: backward(create_graph=True) and
 tensordd.autograd.grad against torch 1.13's torch.autograd.grad(..., create_graph=True)
 on CPU, the same computation on the same random inputs on both sides.
 
@@ -162,9 +162,9 @@ def test_sweep_covers_the_ops():
     assert len(ops) >= 60, sorted(ops)
 
 
-# ---------------------------------------------------------------- issue 14's ops and forms
+# ---------------------------------------------------------------- argument forms, attention, batch_norm
 
-def _issue14_cases():
+def _arg_form_cases():
     """The gradient cases of test_torch_arg_forms.py and test_attention.py (their inputs made
     float64 here), and batch_norm's forms: (id, makers, grads, fn, tfn)."""
     import importlib
@@ -197,15 +197,15 @@ def _issue14_cases():
     return out
 
 
-def _issue14_params():
+def _arg_form_params():
     try:
-        return [pytest.param(c, id=c[0]) for c in _issue14_cases()]
+        return [pytest.param(c, id=c[0]) for c in _arg_form_cases()]
     except ImportError as e:  # a module of the cases missing from this tree
-        return [pytest.param(None, id="issue14", marks=pytest.mark.skip(reason=str(e)))]
+        return [pytest.param(None, id="arg_forms", marks=pytest.mark.skip(reason=str(e)))]
 
 
-@pytest.mark.parametrize("c", _issue14_params())
-def test_hvp_of_issue14_ops_matches_torch(ad, c):
+@pytest.mark.parametrize("c", _arg_form_params())
+def test_hvp_of_arg_form_and_attention_ops_matches_torch(ad, c):
     """float64 on cpu:0, rtol 1e-8, atol 1e-9 (these cases' sizes sum up to ~30 terms)."""
     name, makers, req, fn, tfn = c
     rng = np.random.default_rng(zlib.crc32(f"dbl14/{name}".encode()))

@@ -1,5 +1,5 @@
 """Gradient checks for every differentiable op of the daemon's autodiff
-(daemon/autograd_fn.c) against PyTorch autograd (issue 5).
+(daemon/autograd_fn.c) against PyTorch autograd.
 
 For each case the same computation runs in tensordd and in torch on the same
 random inputs (numpy RNG seeded per case): leaves created with

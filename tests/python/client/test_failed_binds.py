@@ -1,4 +1,4 @@
-"""A request that names a new handle and fails still binds it (issue 9).
+"""A request that names a new handle and fails still binds it.
 
 The daemon binds every new id of a failed request (Op and Upload outputs,
 ToDevice, Backward's Gradients, Grad/GradRemove outputs, OptimizerCreate) to a
@@ -39,7 +39,7 @@ def then_unrelated_call_works(s, x):
     s.sync()
 
 
-def test_issue_reproduction(session):
+def test_bad_conv_attribute_then_backward_and_step_are_typed(session):
     s = session
     x, w = tensors(s)
     try:

@@ -524,7 +524,7 @@ def test_indexing(session):
     np.testing.assert_array_equal(t[idx].numpy(), x[[3, 0, 3]])
     with pytest.raises(IndexError):
         t[4]
-    # negative steps as numpy has them (torch refuses them; issue 12 asks for them)
+    # negative steps as numpy has them (torch refuses them; ours has them)
     for key in [(slice(None, None, -1),), (slice(None), slice(4, 0, -2)), (Ellipsis, slice(None, None, -3)),
                 (slice(-1, -5, -1), 2)]:
         np.testing.assert_array_equal(t[key].numpy(), x[key], err_msg=repr(key))

@@ -1,4 +1,4 @@
-"""Issue 12, Build 5 and the bugs listed there: the client stays honest after
+"""The client stays honest after
 every error.
 
 - iteration and integer indexing are bounded by the real shape, asked from

@@ -1,5 +1,5 @@
 """bench/summary.py, the table at the end of `make bench`: fed RESULT lines written here, it
-must show each of issue 11's rows with the median, min and max of its values, its number of
+must show each of the rows with the median, min and max of its values, its number of
 turns and the right verdict (flagged unsure when the spread is wider than the margin to the
 target), name a row no benchmark printed, refuse malformed lines, and write the same table as
 markdown headed by the run's machine and loads. (That every row is really

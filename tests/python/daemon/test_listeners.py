@@ -1,4 +1,4 @@
-"""Listeners fail loudly and never take over another daemon's socket (issue 13 item 3).
+"""Listeners fail loudly and never take over another daemon's socket.
 
 Every listen failure names the endpoint and the system's reason and exits 1
 (before: a missing directory or a privileged port exited 1 with no message,

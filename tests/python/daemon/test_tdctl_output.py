@@ -1,4 +1,4 @@
-"""tdctl's output file and exit codes under failure (issue 13, item 6): a full
+"""tdctl's output file and exit codes under failure: a full
 filesystem is a clear message and exit 1, never a signal, and leaves neither a
 partial output nor a temporary file; an existing output survives a failed run; a
 malformed endpoint is a usage error (2), not a failed connect (3)."""

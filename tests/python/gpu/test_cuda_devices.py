@@ -1,4 +1,4 @@
-"""cuda devices through the daemon (issue 10): the grad_replace mismatch matrix with
+"""cuda devices through the daemon: the grad_replace mismatch matrix with
 real GPU devices, device memory accounting, and the emulator's fault injection.
 
 Runs only when TDD_GPU_ARGS is set (gpusuite.py). The fault injections need the

@@ -1,4 +1,4 @@
-"""A CUDA stream per session (issue 11): sessions interleaving work on cuda:0 get numpy's
+"""A CUDA stream per session: sessions interleaving work on cuda:0 get numpy's
 answers, each on a stream of its own (sessions past --cuda-streams share them), and a block
 a session frees is released in that session's stream order, after its own queued kernels.
 

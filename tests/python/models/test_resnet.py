@@ -1,4 +1,4 @@
-"""Issue 14's must-show: a ResNet-style CNN trains as torch's does.
+"""A ResNet-style CNN trains as torch's does.
 
 One model source text (conv2d, batch_norm, relu, residual adds, a strided projection
 shortcut, adaptive_avg_pool2d, linear, cross_entropy) runs under torch and, with only its

@@ -1,4 +1,4 @@
-"""Issue 14's must-show: a small transformer trained through the daemon matches PyTorch.
+"""A small transformer trained through the daemon matches PyTorch.
 
 One model source (token embedding, a positional parameter added, pre-norm blocks of
 layer_norm, causal multi-head attention, linear, gelu and residual adds, a final

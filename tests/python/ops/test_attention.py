@@ -1,4 +1,4 @@
-"""scaled_dot_product_attention, einsum and interpolate (issue 14) against torch 1.13.
+"""scaled_dot_product_attention, einsum and interpolate against torch 1.13.
 
 torch 1.13 has no F.scaled_dot_product_attention, so the oracle is torch 2.x's definition
 written out: softmax(q @ k^T * scale + mask) @ v, the mask a masked_fill of -inf where a bool

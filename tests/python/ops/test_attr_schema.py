@@ -1,4 +1,4 @@
-"""Op attributes are checked against the op's schema before anything is queued (issue 9):
+"""Op attributes are checked against the op's schema before anything is queued:
 an unknown attribute (a typo), one of the wrong type, or one given twice is an
 InvalidArgumentError naming the attribute, the op and the attributes the op accepts, from
 Python, from tdctl and for an optimizer. Before, the typo was silently ignored: sum with

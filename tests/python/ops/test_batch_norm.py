@@ -1,4 +1,4 @@
-"""batch_norm, conv1d and conv_transpose2d (issue 14) against torch 1.13: F.batch_norm's forms
+"""batch_norm, conv1d and conv_transpose2d against torch 1.13: F.batch_norm's forms
 and nn.BatchNorm1d/2d; F.conv1d/nn.Conv1d and F.conv_transpose2d/nn.ConvTranspose2d.
 
 Forward values, the running stats the daemon updates in place, and the gradients of

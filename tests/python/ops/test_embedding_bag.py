@@ -1,4 +1,4 @@
-"""Issue 14: embedding_bag (forward, and the gradients of weight and per_sample_weights)
+"""Embedding_bag (forward, and the gradients of weight and per_sample_weights)
 against torch 1.13,
 and multinomial's draws: their law (chi-square), no repeats without replacement,
 the same samples for the same seed, and the typed refusals.

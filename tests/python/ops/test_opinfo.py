@@ -1,4 +1,4 @@
-"""The daemon's ops on PyTorch's own OpInfo sample inputs (issue 14, conformance).
+"""The daemon's ops on PyTorch's own OpInfo sample inputs (conformance).
 
 torch 1.13's op database (torch.testing._internal.common_methods_invocations.op_db)
 holds, per op, the sample inputs PyTorch tests itself with: edge shapes (0-d, empty,

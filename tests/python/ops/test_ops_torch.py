@@ -1,4 +1,4 @@
-"""The daemon's ops through the Python client against PyTorch (issue 4).
+"""The daemon's ops through the Python client against PyTorch.
 
 Table-driven: every op of the daemon's op table (backends/ops.h) that PyTorch
 has, on cpu:0 and ref:0 (cuda:0 in the GPU suites: a case the cuda backend declines,

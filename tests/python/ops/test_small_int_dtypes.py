@@ -1,4 +1,4 @@
-"""uint8, int8 and int16 tensors (issue 14), against torch: uploads and downloads, PyTorch's
+"""uint8, int8 and int16 tensors, against torch: uploads and downloads, PyTorch's
 type promotion, casts (wrapping as torch's), elementwise ops, reductions, indexing and
 tdctl's .npy, on cpu:0 and ref:0 (cuda:0 when TDD_GPU_ARGS is set: make test-emu).
 """

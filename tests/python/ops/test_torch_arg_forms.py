@@ -1,4 +1,4 @@
-"""PyTorch's argument forms the op table used to refuse (issue 14), against torch.
+"""PyTorch's argument forms the op table used to refuse, against torch.
 
 Each case is one form PyTorch accepts: masked_fill with a 0-d tensor value and with a mask
 that broadcasts the input larger, conv2d with padding="same"/"valid", gather on a 0-d

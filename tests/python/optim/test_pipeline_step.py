@@ -1,4 +1,4 @@
-"""Pipelined training steps (Backward.pipelined, OptimizerStep.pipelined; issue 11):
+"""Pipelined training steps (Backward.pipelined, OptimizerStep.pipelined):
 ``loss.backward(); opt.step(); loss.item()`` is one write and one read, gives results
 bit-identical to the synchronous path (each request waiting for its answer), and a
 failure poisons exactly what the synchronous path would have, reported at the next

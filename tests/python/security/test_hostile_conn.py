@@ -2,7 +2,7 @@
 middle of an upload, silent connects that would hold every session slot, a
 client that never reads, names that are not UTF-8, sessions that look idle but
 are busy, a payload on a fire-and-forget op. Each test fails on the daemon
-before the fix (issue 8, items 1, 2, 3, 7, 8, 12)."""
+before the fix."""
 
 import os
 import signal

@@ -1,4 +1,4 @@
-"""Issue 8, items 4, 5, 6 and 13: what a hostile or careless client could do to the
+"""What a hostile or careless client could do to the
 engine (sessions, optimizers, autodiff) against a real daemon, with torch (CPU) as
 the oracle for the numbers and for what is refused.
 

@@ -1,4 +1,4 @@
-"""TLS between clients and the daemon (issue 13 item 1).
+"""TLS between clients and the daemon.
 
 Certificates are made here at run time with the openssl CLI: a CA, a server
 certificate for 127.0.0.1/localhost, a client certificate from the same CA, and
