@@ -414,7 +414,7 @@ START_TEST(test_garbage_does_not_hurt_others)
 END_TEST
 
 /* An attribute the op does not take (a typo) is INVALID_ARGUMENT naming it, the op and the
- * attributes it accepts, answered before anything is queued; before it was checked it was ignored. */
+ * attributes it accepts, answered before anything is queued (it used to be ignored). */
 START_TEST(test_unknown_attribute)
 {
     td_client *c = it_client("unknown-attribute");
