@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""step11.py -- the per-step and per-request costs of issue 11's step11 work, for A/B runs.
+"""step_costs.py -- the per-step and per-request costs of the small training steps, for A/B runs.
 
-    PYTHONPATH=client/python:build/python /usr/bin/python3 bench/step11.py ENDPOINT DAEMON_PID
+    PYTHONPATH=client/python:build/python /usr/bin/python3 bench/step_costs.py ENDPOINT DAEMON_PID
 
 One line: for bench/peers.py's 64-128-10 MLP with SGD and with Adam, and its conv net
 (the same model code, tensordd.nn/optim against torch.nn/optim with one thread), the
@@ -82,7 +82,7 @@ def main():
         pp = p50(ping)
         rt = p50(lambda: x4.relu().numpy())
     parts.append(f"relu {rt:.1f}/{pp:.1f} us = {rt / pp:.2f}x")
-    print(f"{os.environ.get('TAG', 'step11')}: " + "; ".join(parts), flush=True)
+    print(f"{os.environ.get('TAG', 'step_costs')}: " + "; ".join(parts), flush=True)
     return 0
 
 

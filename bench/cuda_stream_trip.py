@@ -1,4 +1,4 @@
-"""stream11.py -- a small op's round trip on cuda:0 while another session keeps cuda:0 busy.
+"""cuda_stream_trip.py -- a small op's round trip on cuda:0 while another session keeps cuda:0 busy.
 
 Starts the emulated daemon (BUILD-emu/tensordd --emu-gpus 1; no GPU here) and times
 relu(4) + download on cuda:0 from one session, alone and while a second process loops
@@ -15,7 +15,7 @@ keeps one session's issue from waiting on another's; on a GPU the streams would 
 the kernels overlap on the device. Not a GPU timing. --rounds R alternates the
 configurations (A B A B ..) and prints medians.
 
-    /usr/bin/python3 bench/stream11.py [EMU_BUILD] [--reps N] [--rounds R]
+    /usr/bin/python3 bench/cuda_stream_trip.py [EMU_BUILD] [--reps N] [--rounds R]
 """
 
 from __future__ import annotations
